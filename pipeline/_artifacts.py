@@ -1,0 +1,122 @@
+"""Typed artifacts: what every attachment becomes before any text is rendered."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, Self, runtime_checkable
+
+import attrs
+
+from pipeline._hashing import content_hash
+
+__all__ = [
+    "Artifact",
+    "AttachmentSpec",
+    "Link",
+    "Payload",
+    "Processed",
+    "SourceResolver",
+    "make_artifact",
+]
+
+
+@runtime_checkable
+class Payload(Protocol):
+    """What every source type's payload offers the generic stages and renderers."""
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def locator(self) -> str:
+        """Where the model or host can get the content again (path, URL, video id)."""
+        ...
+
+    def body(self) -> str:
+        """The full content as markdown (headings kept, so previews keep structure)."""
+        ...
+
+    def attributes(self) -> tuple[tuple[str, str], ...]:
+        """Extra rendered attributes besides key and title, in a fixed order."""
+        ...
+
+    def replace_text(self, fn: Callable[[str], str]) -> Self:
+        """A copy whose textual content is mapped through ``fn`` (for redaction stages)."""
+        ...
+
+
+@attrs.frozen
+class Artifact:
+    """One unit of context: identity (key), class (recoverable), content and its hash."""
+
+    key: str
+    source_type: str
+    recoverable: bool
+    payload: Payload
+    content_hash: str
+
+    @property
+    def title(self) -> str:
+        return self.payload.title
+
+    @property
+    def locator(self) -> str:
+        return self.payload.locator
+
+    def with_payload(self, payload: Payload) -> Artifact:
+        """The same artifact holding ``payload``, with its hash recomputed."""
+        return make_artifact(self.source_type, self.key, payload, recoverable=self.recoverable)
+
+
+def make_artifact(
+    source_type: str, key: str, payload: Payload, *, recoverable: bool
+) -> Artifact:
+    """Build an artifact, hashing the canonical bytes of its source type and payload."""
+    if not key.startswith(f"{source_type}:"):
+        raise ValueError(f"artifact key {key!r} must start with {source_type + ':'!r}")
+    digest = content_hash({"source_type": source_type, "payload": payload})
+    return Artifact(key, source_type, recoverable, payload, digest)
+
+
+class AttachmentSpec(Protocol):
+    """What a host attaches: a kind (the processor's name) and its own fields."""
+
+    @property
+    def kind(self) -> str: ...
+
+    def describe(self) -> str:
+        """A short human label for errors and reports, e.g. ``note docs/a.md``."""
+        ...
+
+
+@attrs.frozen
+class Link:
+    """A provenance edge: ``source`` contains, links to or embeds ``target``."""
+
+    source: str
+    target: str
+    kind: str  # "contains" | "links" | "embeds"
+
+
+@attrs.frozen
+class Processed:
+    """What one attachment spec produced: artifacts in order, an optional group, edges."""
+
+    artifacts: tuple[Artifact, ...]
+    group: str | None = None
+    links: tuple[Link, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+class SourceResolver(Protocol):
+    """Turns specs into artifacts (I/O lives behind this); see ``processors.Sources``."""
+
+    def process(self, spec: AttachmentSpec) -> Processed: ...
+
+    def with_changes(self, changes: Mapping[str, str]) -> SourceResolver:
+        """A resolver that sees ``changes`` (vault-relative path -> text) over its vault."""
+        ...
+
+    def parse(self, data: Mapping[str, Any]) -> AttachmentSpec:
+        """A spec from its script form, e.g. ``{"note": "a.md"}``."""
+        ...

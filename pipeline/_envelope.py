@@ -1,0 +1,221 @@
+"""The envelope: five typed layers of segments, their hashes, and the message texts."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+import attrs
+
+from pipeline._hashing import text_hash
+
+__all__ = [
+    "LIBRARY_HEADING",
+    "QUERY_LABEL",
+    "REFERENCES_INTRO",
+    "BuildReport",
+    "Decision",
+    "Envelope",
+    "Form",
+    "Layer",
+    "LayerName",
+    "Segment",
+    "View",
+    "join_blocks",
+]
+
+LIBRARY_HEADING = (
+    "# Context Library\n"
+    "Context the user attached in earlier turns, one entry per key, oldest first. "
+    'Entries marked form="preview" or form="excerpt" are shortened: ask for an entry '
+    "by its key or path to get its full text again."
+)
+REFERENCES_INTRO = (
+    "Context attached to this message (find it in the Context Library in the system prompt):"
+)
+QUERY_LABEL = "---\n[User query]:\n"
+BLOCK_SEP = "\n\n"
+
+
+class Form(enum.StrEnum):
+    """How much of an artifact a segment shows."""
+
+    FULL = "full"
+    PREVIEW = "preview"
+    SUMMARY = "summary"
+    EXCERPT = "excerpt"
+    REFERENCE = "reference"
+    TEXT = "text"
+
+
+class LayerName(enum.StrEnum):
+    L1 = "L1"
+    L2 = "L2"
+    L3 = "L3"
+    L4 = "L4"
+    L5 = "L5"
+
+
+@attrs.frozen
+class View:
+    """A typed view of an artifact in one form, before it is rendered to text."""
+
+    key: str
+    source_type: str
+    form: Form
+    title: str
+    locator: str
+    recoverable: bool
+    content_hash: str
+    attributes: tuple[tuple[str, str], ...] = ()
+    body: str = ""
+    marks: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
+class Segment:
+    """One block of a layer: identity, form, content hash, rendered text and its tokens."""
+
+    key: str
+    form: Form
+    source_type: str
+    content_hash: str
+    text: str
+    tokens: int
+    title: str = ""
+    locator: str = ""
+    recoverable: bool = True
+    role: str = ""
+
+
+def join_blocks(texts: Iterable[str]) -> str:
+    """Blocks joined by a blank line, empty ones skipped (the one layout rule)."""
+    return BLOCK_SEP.join(t for t in texts if t)
+
+
+@attrs.frozen
+class Layer:
+    """One of the five layers: its segments, joined text, hash and exact token count."""
+
+    name: LayerName
+    segments: tuple[Segment, ...]
+    tokens: int
+    text: str = attrs.field(init=False)
+    hash: str = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        text = join_blocks(s.text for s in self.segments)
+        object.__setattr__(self, "text", text)
+        object.__setattr__(self, "hash", text_hash(text))
+
+    def keys(self) -> tuple[str, ...]:
+        return tuple(s.key for s in self.segments)
+
+    def get(self, key: str) -> Segment | None:
+        return next((s for s in self.segments if s.key == key), None)
+
+
+@attrs.frozen
+class Decision:
+    """One recorded choice about an artifact or history turn (form before -> after)."""
+
+    stage: str
+    target: str
+    from_form: str
+    to_form: str
+    reason: str
+    tokens_saved: int = 0
+    layer: str = "L3"
+
+
+@attrs.frozen
+class BuildReport:
+    """What a build did: attached keys, decisions, warnings, and counters."""
+
+    turn: int
+    attached: tuple[str, ...] = ()
+    decisions: tuple[Decision, ...] = ()
+    warnings: tuple[str, ...] = ()
+    stats: tuple[tuple[str, int], ...] = ()
+
+    def stat(self, name: str) -> int:
+        return dict(self.stats).get(name, 0)
+
+
+@attrs.frozen
+class Envelope:
+    """L1..L5 as typed segments, with the texts the request messages are made of.
+
+    ``system_text`` (L1, then the library heading and L2) and ``user_text`` (references,
+    new context, the query) are the only place message content is assembled, so hashes,
+    token budgets and every provider request agree byte for byte.
+    """
+
+    turn: int
+    layers: tuple[Layer, Layer, Layer, Layer, Layer]
+    report: BuildReport
+    system_text: str = attrs.field(init=False)
+    user_text: str = attrs.field(init=False)
+    prefix_hash: str = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        system = system_parts(self.layers[0], self.layers[1])
+        user = user_parts(self.layers[2], self.layers[4])
+        object.__setattr__(self, "system_text", join_blocks(system))
+        object.__setattr__(self, "user_text", join_blocks(user))
+        object.__setattr__(self, "prefix_hash", text_hash(self.system_text))
+
+    def layer(self, name: LayerName | str) -> Layer:
+        return self.layers[int(str(name)[1]) - 1]
+
+    @property
+    def l1(self) -> Layer:
+        return self.layers[0]
+
+    @property
+    def l2(self) -> Layer:
+        return self.layers[1]
+
+    @property
+    def l3(self) -> Layer:
+        return self.layers[2]
+
+    @property
+    def l4(self) -> Layer:
+        return self.layers[3]
+
+    @property
+    def l5(self) -> Layer:
+        return self.layers[4]
+
+    @property
+    def query(self) -> str:
+        return self.l5.text
+
+    def history(self) -> tuple[tuple[str, str], ...]:
+        """L4 as (role, text) pairs, oldest first."""
+        return tuple((s.role, s.text) for s in self.l4.segments)
+
+
+def system_parts(l1: Layer, l2: Layer) -> list[str]:
+    """The system message's blocks: L1 segments, then the library heading and L2 entries."""
+    parts = [s.text for s in l1.segments]
+    if l2.segments:
+        parts.append(LIBRARY_HEADING)
+        parts.extend(s.text for s in l2.segments)
+    return [p for p in parts if p]
+
+
+def user_parts(l3: Layer, l5: Layer) -> list[str]:
+    """The user message's blocks: references, new context, then the labelled query."""
+    refs = [s.text for s in l3.segments if s.form is Form.REFERENCE]
+    full = [s.text for s in l3.segments if s.form is not Form.REFERENCE]
+    parts: list[str] = []
+    if refs:
+        parts.append(REFERENCES_INTRO + "\n" + "\n".join(refs))
+    parts.extend(full)
+    if parts:
+        parts.append(QUERY_LABEL + l5.text)
+    else:
+        parts.append(l5.text)
+    return [p for p in parts if p]

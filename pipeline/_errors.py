@@ -1,0 +1,181 @@
+"""Lamina's one error tree; every error names the input it is about.
+
+    LaminaError
+    ├── ConfigError            bad settings, policies or profiles (.setting)
+    ├── PipelineError          stage wiring refused at build time (.stage)
+    ├── StageError             a stage failed while running (.stage)
+    ├── RegistryError          processor / renderer registration (.kind)
+    │   └── PluginError        a plugin failed to load (.plugin)
+    ├── AttachmentError        an attachment could not be turned into artifacts (.spec)
+    │   ├── UnknownAttachmentKind (.kind, .known)
+    │   ├── PathOutsideVault      (.path)
+    │   ├── NoteNotFound          (.path, .suggestions)
+    │   ├── FetchError            (.url, .reason)  web pages
+    │   ├── TranscriptError       (.video)        YouTube
+    │   └── PdfError              (.path, .reason)
+    ├── ConversationError      a conversation method was called out of order
+    ├── ScriptError            a conversation script is malformed (.path, .where)
+    ├── InvariantViolation     an envelope broke a DESIGN.md invariant (.invariant, .key)
+    └── BudgetExceeded         the payload cannot fit the window (.report)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "AttachmentError",
+    "BudgetExceeded",
+    "ConfigError",
+    "ConversationError",
+    "FetchError",
+    "InvariantViolation",
+    "LaminaError",
+    "NoteNotFound",
+    "PathOutsideVault",
+    "PdfError",
+    "PipelineError",
+    "PluginError",
+    "RegistryError",
+    "ScriptError",
+    "StageError",
+    "TranscriptError",
+    "UnknownAttachmentKind",
+]
+
+
+class LaminaError(Exception):
+    """Root of every error Lamina raises on purpose."""
+
+
+class ConfigError(LaminaError):
+    """A setting, policy or profile value is invalid."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        self.setting = setting
+        super().__init__(f"{setting}: {problem}")
+
+
+class PipelineError(LaminaError):
+    """The stage graph is invalid (unknown dependency, cycle, duplicate name)."""
+
+    def __init__(self, stage: str, problem: str) -> None:
+        self.stage = stage
+        super().__init__(f"stage {stage!r}: {problem}")
+
+
+class StageError(LaminaError):
+    """A stage raised while building a turn."""
+
+    def __init__(self, stage: str, problem: str) -> None:
+        self.stage = stage
+        super().__init__(f"stage {stage!r} failed: {problem}")
+
+
+class RegistryError(LaminaError):
+    """A processor or renderer could not be registered or found."""
+
+    def __init__(self, kind: str, problem: str) -> None:
+        self.kind = kind
+        super().__init__(f"{kind!r}: {problem}")
+
+
+class PluginError(RegistryError):
+    """An installed plugin failed to load; the others still load."""
+
+    def __init__(self, plugin: str, problem: str) -> None:
+        self.plugin = plugin
+        super().__init__(plugin, f"plugin failed to load: {problem}")
+
+
+class AttachmentError(LaminaError):
+    """An attachment could not be turned into artifacts."""
+
+    def __init__(self, spec: str, problem: str) -> None:
+        self.spec = spec
+        super().__init__(f"{spec}: {problem}")
+
+
+class UnknownAttachmentKind(AttachmentError):
+    """No processor is registered for an attachment kind."""
+
+    def __init__(self, kind: str, known: Sequence[str]) -> None:
+        self.kind = kind
+        self.known = tuple(sorted(known))
+        super().__init__(kind, f"unknown attachment kind (known: {', '.join(self.known)})")
+
+
+class PathOutsideVault(AttachmentError):
+    """A path escapes the vault (``..``, absolute, or a symlink out of it)."""
+
+    def __init__(self, path: str, problem: str = "path escapes the vault") -> None:
+        self.path = path
+        super().__init__(path, problem)
+
+
+class NoteNotFound(AttachmentError):
+    """A note does not exist; carries close matches to suggest."""
+
+    def __init__(self, path: str, suggestions: Sequence[str] = ()) -> None:
+        self.path = path
+        self.suggestions = tuple(suggestions)
+        hint = f" (did you mean: {', '.join(self.suggestions)}?)" if self.suggestions else ""
+        super().__init__(path, f"no such note in the vault{hint}")
+
+
+class FetchError(AttachmentError):
+    """A web page could not be fetched; ``reason`` is a short machine-readable word."""
+
+    def __init__(self, url: str, reason: str, detail: str) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(url, f"{reason}: {detail}")
+
+
+class TranscriptError(AttachmentError):
+    """A YouTube reference or transcript file is invalid."""
+
+    def __init__(self, video: str, problem: str) -> None:
+        self.video = video
+        super().__init__(video, problem)
+
+
+class PdfError(AttachmentError):
+    """A PDF could not be read; ``reason`` is encrypted, corrupt, pages, ..."""
+
+    def __init__(self, path: str, reason: str, detail: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(path, f"{reason}: {detail}")
+
+
+class ConversationError(LaminaError):
+    """A conversation method was called out of order (e.g. reply() before turn())."""
+
+
+class ScriptError(LaminaError):
+    """A conversation script is malformed; ``where`` points into it."""
+
+    def __init__(self, path: str, where: str, problem: str) -> None:
+        self.path = path
+        self.where = where
+        loc = f" at {where}" if where else ""
+        super().__init__(f"{path}{loc}: {problem}")
+
+
+class InvariantViolation(LaminaError):
+    """An envelope broke one of DESIGN.md's invariants."""
+
+    def __init__(self, invariant: int, problem: str, key: str | None = None) -> None:
+        self.invariant = invariant
+        self.key = key
+        super().__init__(f"invariant {invariant} violated: {problem}")
+
+
+class BudgetExceeded(LaminaError):
+    """Even the most aggressive cuts cannot fit the payload; carries the report."""
+
+    def __init__(self, problem: str, report: Any = None) -> None:
+        self.report = report
+        super().__init__(problem)

@@ -1,0 +1,122 @@
+"""The per-turn artifact graph: artifacts, groups, links and derived views (networkx)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import attrs
+import networkx as nx
+
+from pipeline._artifacts import Artifact, Processed
+from pipeline._envelope import Decision, Form
+from pipeline._library import Library
+from pipeline._tokens import TokenCounter
+from pipeline._views import Policy, SegmentRenderer
+
+__all__ = ["Placement", "TurnContext", "TurnGraph"]
+
+
+@attrs.frozen
+class Placement:
+    """Where an artifact goes this turn: its key in L3 and the form it takes."""
+
+    key: str
+    form: Form = Form.FULL
+    marks: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
+class TurnContext:
+    """What stages may read besides the graph: turn number, counter, renderer, policy."""
+
+    turn: int
+    counter: TokenCounter = attrs.field(eq=False)
+    renderer: SegmentRenderer = attrs.field(eq=False)
+    policy: Policy = Policy()
+
+
+@attrs.frozen
+class TurnGraph:
+    """One turn's state as it flows through the stages; stages return evolved copies.
+
+    ``graph`` nodes are keys with a ``kind`` ("artifact", "group", "linked", "view") and,
+    for artifacts, the ``artifact``; edges carry a ``kind`` ("contains", "links",
+    "embeds", "view"). The graph is never mutated in place: ``with_artifact`` and
+    ``with_views`` copy it.
+    """
+
+    graph: nx.DiGraph = attrs.field(eq=False, repr=False)
+    ctx: TurnContext = attrs.field(eq=False)
+    roots: tuple[str, ...] = ()
+    items: tuple[Placement, ...] = ()
+    library: Library = Library()
+    promoted: Library | None = None
+    decisions: tuple[Decision, ...] = ()
+    warnings: tuple[str, ...] = ()
+    stats: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def build(cls, processed: Sequence[Processed], ctx: TurnContext, library: Library) -> TurnGraph:
+        """The graph of what was attached, in attachment order."""
+        graph = nx.DiGraph()
+        roots: list[str] = []
+        warnings: list[str] = []
+        for p in processed:
+            warnings.extend(p.warnings)
+            for artifact in p.artifacts:
+                existing = graph.nodes.get(artifact.key, {}).get("artifact")
+                if existing is not None and existing.content_hash != artifact.content_hash:
+                    warnings.append(f"{artifact.key}: attached twice with different content; kept the first")
+                    continue
+                graph.add_node(artifact.key, kind="artifact", artifact=artifact)
+            if p.group is not None:
+                graph.add_node(p.group, kind="group", artifact=None)
+                roots.append(p.group)
+            else:
+                roots.extend(a.key for a in p.artifacts)
+            for link in p.links:
+                for end in (link.source, link.target):
+                    if end not in graph:
+                        graph.add_node(end, kind="linked", artifact=None)
+                graph.add_edge(link.source, link.target, kind=link.kind)
+        return cls(graph, ctx, tuple(roots), library=library, warnings=tuple(warnings))
+
+    def artifact(self, key: str) -> Artifact:
+        artifact: Artifact | None = self.graph.nodes[key].get("artifact")
+        if artifact is None:
+            raise KeyError(f"{key} is not an artifact of this turn")
+        return artifact
+
+    def artifacts(self) -> Iterator[Artifact]:
+        for _, data in self.graph.nodes(data=True):
+            if data.get("artifact") is not None:
+                yield data["artifact"]
+
+    def successors(self, key: str, kind: str) -> list[str]:
+        return [t for t in self.graph.successors(key) if self.graph.edges[key, t]["kind"] == kind]
+
+    def kind(self, key: str) -> str:
+        kind: str = self.graph.nodes[key]["kind"]
+        return kind
+
+    def with_artifact(self, artifact: Artifact) -> TurnGraph:
+        """A copy whose node for ``artifact.key`` holds ``artifact`` (e.g. after redaction)."""
+        graph = self.graph.copy()
+        graph.nodes[artifact.key]["artifact"] = artifact
+        return attrs.evolve(self, graph=graph)
+
+    def with_views(self) -> TurnGraph:
+        """A copy with a derived-view node per placement (``key#form``)."""
+        graph = self.graph.copy()
+        for item in self.items:
+            view = f"{item.key}#{item.form}"
+            graph.add_node(view, kind="view", artifact=None)
+            graph.add_edge(item.key, view, kind="view")
+        return attrs.evolve(self, graph=graph)
+
+    def decide(self, *decisions: Decision) -> TurnGraph:
+        return attrs.evolve(self, decisions=(*self.decisions, *decisions))
+
+    def with_stat(self, name: str, value: int) -> TurnGraph:
+        stats = tuple((k, v) for k, v in self.stats if k != name)
+        return attrs.evolve(self, stats=(*stats, (name, value)))

@@ -1,0 +1,31 @@
+"""Canonical bytes and xxh3-128 hashes: the only identity Lamina uses."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import cattrs
+import xxhash
+
+__all__ = ["canonical_bytes", "content_hash", "text_hash"]
+
+_converter = cattrs.Converter()
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """Unstructure ``value`` with cattrs and encode it as sorted, compact UTF-8 JSON."""
+    plain = _converter.unstructure(value)
+    return json.dumps(
+        plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode("utf-8", "surrogatepass")
+
+
+def content_hash(value: Any) -> str:
+    """xxh3-128 hex of the canonical bytes of ``value``."""
+    return xxhash.xxh3_128_hexdigest(canonical_bytes(value))
+
+
+def text_hash(text: str) -> str:
+    """xxh3-128 hex of ``text`` encoded as UTF-8."""
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))

@@ -1,0 +1,102 @@
+"""DESIGN.md's invariants 1-6, checked on envelopes by code hosts and tests both call."""
+
+from __future__ import annotations
+
+
+from pipeline._envelope import Envelope, Form, Layer
+from pipeline._errors import InvariantViolation
+from pipeline._hashing import text_hash
+from pipeline._history import has_context_markup
+from pipeline._views import Policy
+
+__all__ = ["check_envelope"]
+
+_COMPACTED = (Form.PREVIEW, Form.SUMMARY, Form.EXCERPT, Form.REFERENCE)
+
+
+def check_envelope(
+    envelope: Envelope, previous: Envelope | None = None, policy: Policy | None = None
+) -> None:
+    """Raise InvariantViolation on the first broken invariant; ``previous`` enables 5."""
+    policy = policy or Policy()
+    _hashes_match(envelope)
+    for layer in envelope.layers:
+        _unique_keys(layer)
+    _references_and_resends(envelope, policy)
+    _history_is_bare(envelope)
+    if previous is not None:
+        _library_is_append_only(envelope, previous)
+    _non_recoverable_kept(envelope)
+    _compacted_keep_identity(envelope)
+
+
+def _hashes_match(env: Envelope) -> None:
+    for layer in env.layers:
+        if layer.hash != text_hash(layer.text):
+            raise InvariantViolation(1, f"{layer.name} hash does not match its text")
+    if env.prefix_hash != text_hash(env.system_text):
+        raise InvariantViolation(1, "prefix hash does not match the system text")
+
+
+def _unique_keys(layer: Layer) -> None:
+    seen: set[str] = set()
+    for key in layer.keys():
+        if key in seen:
+            raise InvariantViolation(2, f"{key} appears twice in {layer.name}", key)
+        seen.add(key)
+
+
+def _references_and_resends(env: Envelope, policy: Policy) -> None:
+    library = {s.key: s for s in env.l2.segments}
+    for seg in env.l3.segments:
+        entry = library.get(seg.key)
+        if seg.form is Form.REFERENCE:
+            if entry is None:
+                raise InvariantViolation(3, f"{seg.key} is a reference but not in L2", seg.key)
+            continue
+        if entry is None or entry.content_hash != seg.content_hash:
+            continue
+        shortened = entry.form in _COMPACTED
+        if not (shortened and policy.reattach == "full"):
+            raise InvariantViolation(3, f"{seg.key} is in L2 and sent again unchanged in L3", seg.key)
+
+
+def _history_is_bare(env: Envelope) -> None:
+    for seg in env.l4.segments:
+        if seg.form is not Form.TEXT or has_context_markup(seg.text):
+            raise InvariantViolation(4, f"{seg.key} holds context markup", seg.key)
+
+
+def _library_is_append_only(env: Envelope, prev: Envelope) -> None:
+    explained = {d.target for d in env.report.decisions if d.layer in ("L1", "L2")}
+    before, now = prev.l2.keys(), env.l2.keys()
+    missing = [k for k in before if k not in now and k not in explained]
+    if missing:
+        raise InvariantViolation(5, f"L2 lost {missing[0]} with no reported decision", missing[0])
+    if [k for k in before if k in now] != [k for k in now if k in before]:
+        raise InvariantViolation(5, "L2 entries were reordered")
+    if not env.system_text.startswith(prev.system_text):
+        if not explained:
+            raise InvariantViolation(
+                5, "the system message is not an extension of the previous one and no decision says why"
+            )
+
+
+def _non_recoverable_kept(env: Envelope) -> None:
+    present = {s.key: s for layer in (env.l2, env.l3) for s in layer.segments}
+    for key in env.report.attached:
+        if key not in present:
+            raise InvariantViolation(6, f"{key} was attached but is in neither L2 nor L3", key)
+    for layer in (env.l2, env.l3):
+        for seg in layer.segments:
+            if not seg.recoverable and seg.form is Form.SUMMARY:
+                raise InvariantViolation(6, f"non-recoverable {seg.key} was summarized", seg.key)
+
+
+def _compacted_keep_identity(env: Envelope) -> None:
+    for layer in (env.l2, env.l3):
+        for seg in layer.segments:
+            if seg.form in _COMPACTED and not (seg.key and seg.title and seg.key in seg.text):
+                raise InvariantViolation(8, f"{seg.key} lost its key or title when compacted", seg.key)
+
+

@@ -1,0 +1,336 @@
+"""Deterministic carry-forward forms cut by tokens: structure + preview, and marked excerpts.
+
+Every cut keeps a true prefix (and, for excerpts, a true suffix) of the input and moves
+back to a sentence, paragraph, line or word end, looking back no further than half of
+the limit (the anchor allowed half or 80%; half keeps more text when no boundary is near).
+Only the characters near the cut are ever encoded, so a 1 MB input costs what its kept
+part costs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import attrs
+import tiktoken
+
+from pipeline._errors import ConfigError
+from pipeline._tokens import TokenCounter
+
+__all__ = [
+    "ELLIPSIS",
+    "EXCERPT_MIN_TOKENS",
+    "Boundary",
+    "Excerpt",
+    "Preview",
+    "cut_to_tokens",
+    "make_excerpt",
+    "make_preview",
+]
+
+Boundary = Literal["sentence", "paragraph", "line", "word"]
+
+ELLIPSIS = "…"
+EXCERPT_MIN_TOKENS = 32
+"""Below this an excerpt cannot hold its own marker line, so ``make_excerpt`` refuses."""
+
+# Preferred boundary first; the hard token cut is the last resort of every chain.
+_CHAINS: dict[str, tuple[str, ...]] = {
+    "sentence": ("sentence", "paragraph", "word"),
+    "paragraph": ("paragraph", "sentence", "word"),
+    "line": ("line", "word"),
+    "word": ("word",),
+}
+# A cut position p is valid when the regex matches text[:p] at its end (lookbehind) and
+# the text continues with whitespace (lookahead), so "3.14" or "e.g.x" never count.
+_BOUNDARY_RES: dict[str, re.Pattern[str]] = {
+    # Closers: quotes and brackets; \u3002\uff01\uff1f are the CJK full stop, ! and ?.
+    "sentence": re.compile(r"(?:(?<=[.!?…])[\"'\u201d\u2019)\]]*(?=\s)|(?<=[\u3002\uff01\uff1f]))"),
+    "paragraph": re.compile(r"(?<=\S)[ \t]*(?=\n[ \t]*\n)"),
+    "line": re.compile(r"(?<=[^\n])(?=\n)"),
+    "word": re.compile(r"(?<=\S)(?=\s)"),
+}
+_HEADING_OR_FENCE = re.compile(
+    r"^ {0,3}(?:(?P<heading>#{1,6})(?:[ \t][^\n]*)?$|(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$)",
+    re.MULTILINE,
+)
+_LINE_START = re.compile(r"(?<=\n)")
+_WORD_START = re.compile(r"(?<=\s)(?=\S)")
+_FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n]*)$", re.MULTILINE)
+
+
+@attrs.frozen
+class Preview:
+    """A structure + preview form: headings kept, section bodies cut, dropped sections counted."""
+
+    text: str
+    sections_total: int
+    sections_kept: int
+    cut: bool
+
+
+@attrs.frozen
+class Excerpt:
+    """An extractive excerpt of non-recoverable text: head and tail kept, middle marked as cut.
+
+    ``text[:head_chars]`` and the input's last ``tail_chars`` characters appear verbatim;
+    ``head_chars + cut_chars + tail_chars == total_chars``.
+    """
+
+    text: str
+    cut_chars: int
+    total_chars: int
+    head_chars: int
+    tail_chars: int
+
+
+def _count(enc: tiktoken.Encoding, text: str) -> int:
+    return len(enc.encode_ordinary(text)) if text else 0
+
+
+def _hard_prefix(text: str, enc: tiktoken.Encoding, max_tokens: int) -> str:
+    """A prefix of ``text`` with at most ``max_tokens`` tokens, ``text`` itself if it fits.
+
+    Encodes a growing window of the text, never the whole of a long input.
+    """
+    if max_tokens <= 0 or not text:
+        return ""
+    window = max_tokens * 4 + 64
+    while True:
+        chunk = text[:window]
+        tokens = enc.encode_ordinary(chunk)
+        if len(tokens) <= max_tokens:
+            if len(chunk) == len(text):
+                return text
+            window *= 2
+            continue
+        decoded = enc.decode_bytes(tokens[:max_tokens]).decode("utf-8", errors="ignore")
+        prefix = chunk[: len(decoded)]
+        while prefix and _count(enc, prefix) > max_tokens:
+            prefix = prefix[: len(prefix) - max(1, len(prefix) // 64)]
+        return prefix
+
+
+def _hard_suffix(text: str, enc: tiktoken.Encoding, max_tokens: int) -> str:
+    """A suffix of ``text`` with at most ``max_tokens`` tokens, ``text`` itself if it fits."""
+    if max_tokens <= 0 or not text:
+        return ""
+    window = max_tokens * 4 + 64
+    while True:
+        chunk = text[-window:]
+        tokens = enc.encode_ordinary(chunk)
+        if len(tokens) <= max_tokens:
+            if len(chunk) == len(text):
+                return text
+            window *= 2
+            continue
+        decoded = enc.decode_bytes(tokens[-max_tokens:]).decode("utf-8", errors="ignore")
+        suffix = chunk[len(chunk) - len(decoded) :] if decoded else ""
+        while suffix and _count(enc, suffix) > max_tokens:
+            suffix = suffix[max(1, len(suffix) // 64) :]
+        return suffix
+
+
+def _last_boundary(text: str, end: int, kind: str) -> int | None:
+    """The last cut position of ``kind`` in [end // 2, end], judged against the full text."""
+    lo = end // 2
+    region = text[max(0, lo - 1) : end + 64]
+    offset = max(0, lo - 1)
+    best: int | None = None
+    for m in _BOUNDARY_RES[kind].finditer(region):
+        pos = offset + m.end()
+        if lo <= pos <= end and pos > 0:
+            best = pos
+    return best
+
+
+def _cut_position(text: str, counter: TokenCounter, max_tokens: int, boundary: Boundary) -> int:
+    """Where to cut ``text`` so the prefix has at most ``max_tokens`` tokens (len if it fits)."""
+    if boundary not in _CHAINS:
+        raise ValueError(f"unknown boundary {boundary!r} (known: {', '.join(_CHAINS)})")
+    hard = _hard_prefix(text, counter.encoding, max_tokens)
+    if len(hard) == len(text):
+        return len(text)
+    for kind in _CHAINS[boundary]:
+        pos = _last_boundary(text, len(hard), kind)
+        if pos is not None:
+            return pos
+    return len(hard)
+
+
+def cut_to_tokens(
+    text: str, counter: TokenCounter, max_tokens: int, *, boundary: Boundary = "sentence"
+) -> str:
+    """The longest prefix of ``text`` within ``max_tokens`` that ends at ``boundary``.
+
+    Falls back along sentence -> paragraph -> word (or paragraph -> sentence -> word,
+    line -> word), then to a plain token cut, never looking back more than half the kept
+    length. Returns ``text`` unchanged when it fits; a cut prefix has trailing blanks removed.
+    """
+    pos = _cut_position(text, counter, max_tokens, boundary)
+    if pos == len(text):
+        return text
+    return text[:pos].rstrip()
+
+
+def _open_fence(text: str) -> str | None:
+    """The fence string (for example "```") left open at the end of ``text``, if any."""
+    opener: str | None = None
+    for m in _FENCE_LINE.finditer(text):
+        fence, rest = m.group(1), m.group(2)
+        if opener is None:
+            if not (fence[0] == "`" and "`" in rest):
+                opener = fence
+        elif fence[0] == opener[0] and len(fence) >= len(opener) and not rest.strip():
+            opener = None
+    return opener
+
+
+def _cut_with_marker(
+    text: str, counter: TokenCounter, max_tokens: int, boundary: Boundary
+) -> tuple[str, bool]:
+    """``text`` if it fits; else a cut prefix, any open fence closed, and an ellipsis."""
+    if _cut_position(text, counter, max_tokens, boundary) == len(text):
+        return text, False
+    limit = max_tokens
+    while True:
+        kept = cut_to_tokens(text, counter, max(limit, 1), boundary=boundary)
+        fence = _open_fence(kept)
+        if fence:
+            out = f"{kept}\n{fence}\n{ELLIPSIS}"
+        elif _FENCE_LINE.fullmatch(kept.rsplit("\n", 1)[-1]):  # "``` …" would reopen it
+            out = f"{kept}\n{ELLIPSIS}"
+        else:
+            out = f"{kept} {ELLIPSIS}".lstrip()
+        excess = _count(counter.encoding, out) - max_tokens
+        if excess <= 0 or limit <= 1:
+            return out, True
+        limit -= excess
+
+
+def _trim_blank_lines(text: str) -> str:
+    """``text`` without leading blank lines and trailing whitespace (indentation kept)."""
+    return re.sub(r"\A(?:[ \t]*\n)+", "", text).rstrip()
+
+
+def _split_sections(body: str) -> list[tuple[str | None, str]]:
+    """(heading line or None, section body) pairs split at ATX headings outside code fences."""
+    starts: list[tuple[int, int]] = []  # (line start, line end) of each heading
+    fence: str | None = None
+    for m in _HEADING_OR_FENCE.finditer(body):
+        if m.group("fence") is not None:
+            mark, info = m.group("fence"), m.group("info")
+            if fence is None:
+                if not (mark[0] == "`" and "`" in info):
+                    fence = mark
+            elif mark[0] == fence[0] and len(mark) >= len(fence) and not info.strip():
+                fence = None
+        elif fence is None:
+            starts.append((m.start(), m.end()))
+    if not starts:
+        return [(None, body)]
+    sections: list[tuple[str | None, str]] = []
+    if body[: starts[0][0]].strip():
+        sections.append((None, body[: starts[0][0]]))
+    for i, (start, end) in enumerate(starts):
+        nxt = starts[i + 1][0] if i + 1 < len(starts) else len(body)
+        sections.append((body[start:end].strip(), body[end + 1 : nxt]))
+    return sections
+
+
+def _omitted_line(n: int) -> str:
+    return f"[... {n} more section{'s' if n != 1 else ''} omitted ...]"
+
+
+def make_preview(
+    body: str,
+    counter: TokenCounter,
+    *,
+    max_sections: int = 20,
+    section_tokens: int = 125,
+    headless_tokens: int = 500,
+) -> Preview:
+    """Structure + preview of a markdown body, the L2 carry-forward form of large recoverable items.
+
+    Splits at ATX headings (outside fences); keeps the first ``max_sections`` sections, each
+    body cut to ``section_tokens`` at a sentence/paragraph/word end with an ellipsis (headings
+    longer than that are cut at a word); counts dropped sections. A body without headings
+    keeps its first ``headless_tokens`` tokens the same way.
+    """
+    if max_sections < 1 or section_tokens < 8 or headless_tokens < 8:
+        raise ConfigError(
+            "preview",
+            f"max_sections must be >= 1 and token limits >= 8, got {max_sections}, "
+            f"{section_tokens}, {headless_tokens}",
+        )
+    sections = _split_sections(body)
+    if sections[0][0] is None and len(sections) == 1:
+        text, cut = _cut_with_marker(_trim_blank_lines(body), counter, headless_tokens, "sentence")
+        return Preview(text, 1, 1, cut)
+    kept = sections[:max_sections]
+    dropped = len(sections) - len(kept)
+    blocks: list[str] = []
+    any_cut = dropped > 0
+    for heading, section_body in kept:
+        lines: list[str] = []
+        if heading is not None:
+            head, head_cut = _cut_with_marker(heading, counter, section_tokens, "word")
+            lines.append(head)
+            any_cut = any_cut or head_cut
+        trimmed = _trim_blank_lines(section_body)
+        if trimmed:
+            text, cut = _cut_with_marker(trimmed, counter, section_tokens, "sentence")
+            lines.append(text)
+            any_cut = any_cut or cut
+        blocks.append("\n".join(lines))
+    if dropped:
+        blocks.append(_omitted_line(dropped))
+    return Preview("\n\n".join(blocks), len(sections), len(kept), any_cut)
+
+
+def _excerpt_marker(cut: int, total: int) -> str:
+    return f"[... {cut} of {total} characters cut here (non-recoverable: head and tail kept) ...]"
+
+
+def _first_boundary(text: str, start: int, kinds: tuple[str, ...]) -> int:
+    """The first line start, else word start, in [start, start + half the rest], else start."""
+    if start == 0 or text[start - 1] == "\n":
+        return start
+    hi = start + (len(text) - start) // 2
+    for kind in kinds:
+        m = (_LINE_START if kind == "line" else _WORD_START).search(text, start, hi + 1)
+        if m is not None:
+            return m.start()
+    return start
+
+
+def make_excerpt(text: str, counter: TokenCounter, max_tokens: int) -> Excerpt:
+    """A bounded extractive excerpt: head (about 2/3) and tail (1/3) kept, a marker line between.
+
+    The result, marker included, has at most ``max_tokens`` tokens; nothing is paraphrased.
+    ``max_tokens`` below ``EXCERPT_MIN_TOKENS`` raises ``ValueError``.
+    """
+    if max_tokens < EXCERPT_MIN_TOKENS:
+        raise ValueError(f"max_tokens must be >= {EXCERPT_MIN_TOKENS}, got {max_tokens}")
+    enc = counter.encoding
+    total = len(text)
+    if len(_hard_prefix(text, enc, max_tokens)) == total:
+        return Excerpt(text, 0, total, total, 0)
+    budget = max_tokens - _count(enc, _excerpt_marker(total, total)) - 2
+    while True:
+        head_budget = max(budget, 0) * 2 // 3
+        tail_budget = max(budget, 0) - head_budget
+        head_end = _cut_position(text, counter, head_budget, "line") if head_budget else 0
+        suffix = _hard_suffix(text, enc, tail_budget)
+        tail_start = _first_boundary(text, total - len(suffix), ("line", "word"))
+        if not suffix:
+            tail_start = total
+        tail_start = max(tail_start, head_end)
+        head, tail = text[:head_end], text[tail_start:]
+        cut = tail_start - head_end
+        out = "\n".join(part for part in (head, _excerpt_marker(cut, total), tail) if part)
+        excess = _count(enc, out) - max_tokens
+        if excess <= 0 or budget <= 0:
+            return Excerpt(out, cut, total, head_end, total - tail_start)
+        budget -= excess

@@ -1,0 +1,197 @@
+"""Model profiles as data: window, output reserve, tokenizer and caching facts per model.
+
+Figures come from the providers' model pages and caching guides as published up to 2026
+(OpenAI model pages, Anthropic models overview and prompt-caching guide, Gemini model
+cards and caching guide). Where sources disagreed, the conservative value is used and a
+comment says so. Hosts override any field with ``get_profile(name, field=value)``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any, Literal
+
+import attrs
+
+from pipeline._errors import ConfigError
+from pipeline._tokens import TOKENIZERS
+
+__all__ = ["PROFILES", "ModelProfile", "Provider", "get_profile"]
+
+Provider = Literal["openai", "anthropic", "gemini"]
+_PROVIDERS = ("anthropic", "gemini", "openai")
+
+ANTHROPIC_MARGIN = 0.30
+"""Claude's tokenizer is not public. Measured on English prose and code, Claude 3.5 Sonnet
+used 20-30% more tokens than GPT-4o's o200k for the same text (more on code and JSON), so
+o200k counts are scaled up by 30%. Unverified for newer Claude tokenizers: override it."""
+
+GEMINI_MARGIN = 0.15
+"""Gemini's tokenizer (SentencePiece, ~256k entries) is not available offline. Third-party
+comparisons put o200k-based estimates within 5-15% for prose and worse for code; we know of
+no careful measurement, so 15% is a guess on the safe side. Override it when you measure."""
+
+
+@attrs.frozen
+class ModelProfile:
+    """What the budget needs to know about one model.
+
+    ``context_window`` bounds input plus output; ``default_output_reserve`` is what the
+    budget keeps free for the reply (the ``max_tokens`` a host should send);
+    ``exact_tokens`` is True only where the provider's tokenizer runs locally (OpenAI
+    o200k/cl100k); otherwise counts are scaled by ``1 + safety_margin``.
+    ``min_cacheable_tokens`` is the provider's smallest prefix it will cache;
+    ``per_message_tokens`` and ``priming_tokens`` are the chat framing overhead (OpenAI:
+    3 per message and 3 to prime the reply).
+    """
+
+    name: str
+    provider: Provider
+    context_window: int
+    default_output_reserve: int
+    tokenizer: str = "o200k_base"
+    exact_tokens: bool = True
+    safety_margin: float = 0.0
+    min_cacheable_tokens: int = 1024
+    per_message_tokens: int = 3
+    priming_tokens: int = 3
+    max_output_tokens: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        problems: list[str] = []
+        if self.provider not in _PROVIDERS:
+            problems.append(f"provider {self.provider!r} is not one of {', '.join(_PROVIDERS)}")
+        if self.tokenizer not in TOKENIZERS:
+            problems.append(f"tokenizer {self.tokenizer!r} is not one of {', '.join(TOKENIZERS)}")
+        if self.context_window <= 0:
+            problems.append(f"context_window must be > 0, got {self.context_window}")
+        if not 0 <= self.default_output_reserve < self.context_window:
+            problems.append(
+                f"default_output_reserve must be in [0, context_window), "
+                f"got {self.default_output_reserve}"
+            )
+        if not 0.0 <= self.safety_margin < 1.0:
+            problems.append(f"safety_margin must be in [0, 1), got {self.safety_margin}")
+        if self.exact_tokens and self.safety_margin:
+            problems.append("an exact tokenizer needs no safety_margin")
+        if min(self.min_cacheable_tokens, self.per_message_tokens, self.priming_tokens) < 0:
+            problems.append("token counts must be >= 0")
+        if problems:
+            raise ConfigError(f"profile {self.name!r}", "; ".join(problems))
+
+    @property
+    def input_budget(self) -> int:
+        """Tokens left for the whole request once the output reserve is set aside."""
+        return self.context_window - self.default_output_reserve
+
+    def effective_tokens(self, counted: int) -> int:
+        """A local count scaled to what the provider may bill (unchanged when exact)."""
+        if self.exact_tokens:
+            return counted
+        return math.ceil(counted * (1.0 + self.safety_margin))
+
+    def framing_tokens(self, messages: int) -> int:
+        """Chat framing overhead for ``messages`` messages (before margin)."""
+        return self.per_message_tokens * messages + self.priming_tokens
+
+
+def _openai(name: str, window: int, reserve: int, max_out: int) -> ModelProfile:
+    # OpenAI caches prompts of 1024+ tokens automatically.
+    return ModelProfile(name, "openai", window, reserve, max_output_tokens=max_out)
+
+
+def _anthropic(name: str, window: int, reserve: int, max_out: int, cache_min: int) -> ModelProfile:
+    # Framing overhead of the Messages API is not published; 3 + 3 is a placeholder that
+    # the safety margin dwarfs.
+    return ModelProfile(
+        name,
+        "anthropic",
+        window,
+        reserve,
+        exact_tokens=False,
+        safety_margin=ANTHROPIC_MARGIN,
+        min_cacheable_tokens=cache_min,
+        max_output_tokens=max_out,
+    )
+
+
+def _gemini(name: str, window: int, reserve: int, max_out: int, cache_min: int) -> ModelProfile:
+    return ModelProfile(
+        name,
+        "gemini",
+        window,
+        reserve,
+        exact_tokens=False,
+        safety_margin=GEMINI_MARGIN,
+        min_cacheable_tokens=cache_min,
+        max_output_tokens=max_out,
+    )
+
+
+_ALL = (
+    # OpenAI: context window / max output from the model pages.
+    _openai("gpt-4o", 128_000, 16_384, 16_384),
+    _openai("gpt-4o-mini", 128_000, 16_384, 16_384),
+    _openai("gpt-4.1", 1_047_576, 32_768, 32_768),
+    _openai("gpt-4.1-mini", 1_047_576, 32_768, 32_768),
+    _openai("gpt-4.1-nano", 1_047_576, 32_768, 32_768),
+    # Reasoning models: OpenAI suggests keeping >= 25k tokens for reasoning plus output.
+    _openai("o3", 200_000, 25_000, 100_000),
+    _openai("o4-mini", 200_000, 25_000, 100_000),
+    # GPT-5 family: 400k window but at most 272k input tokens, so the reserve is the
+    # full 128k output (400k - 128k = 272k).
+    _openai("gpt-5", 400_000, 128_000, 128_000),
+    _openai("gpt-5-mini", 400_000, 128_000, 128_000),
+    _openai("gpt-5-nano", 400_000, 128_000, 128_000),
+    # Anthropic: 200k windows (Sonnet 4/4.5 offer 1M in beta; override context_window).
+    # Input + max_tokens must fit the window, so the reserve is a default max_tokens.
+    # Cache minimums from the prompt-caching guide.
+    _anthropic("claude-opus-4", 200_000, 16_384, 32_000, 1024),
+    _anthropic("claude-opus-4-1", 200_000, 16_384, 32_000, 1024),
+    _anthropic("claude-opus-4-5", 200_000, 16_384, 64_000, 4096),
+    _anthropic("claude-opus-4-6", 1_000_000, 16_384, 128_000, 4096),
+    _anthropic("claude-sonnet-4", 200_000, 16_384, 64_000, 1024),
+    _anthropic("claude-sonnet-4-5", 200_000, 16_384, 64_000, 1024),
+    # Sources disagree on Sonnet 4.6's cache minimum (1024 or 2048): the larger is used.
+    _anthropic("claude-sonnet-4-6", 1_000_000, 16_384, 64_000, 2048),
+    _anthropic("claude-haiku-4-5", 200_000, 16_384, 64_000, 4096),
+    _anthropic("claude-3-5-haiku", 200_000, 8_192, 8_192, 2048),
+    # Gemini: 1,048,576 is the input limit and 65,536 the output limit. Treating the input
+    # limit as the whole window under-uses it by the reserve, which errs on the safe side.
+    # Implicit-cache minimums changed across doc revisions (1024/4096, later 2048/2048);
+    # the latest revision's 2048 is used for both.
+    _gemini("gemini-2.5-pro", 1_048_576, 65_536, 65_536, 2048),
+    _gemini("gemini-2.5-flash", 1_048_576, 65_536, 65_536, 2048),
+)
+
+PROFILES: Mapping[str, ModelProfile] = MappingProxyType({p.name: p for p in _ALL})
+"""Built-in profiles by model name (aliases without a date suffix)."""
+
+_DATE_SUFFIX = re.compile(r"-(?:\d{8}|\d{4}-\d{2}-\d{2}|latest)$")
+_FIELDS = frozenset(a.name for a in attrs.fields(ModelProfile)) - {"name"}
+
+
+def get_profile(name: str, **overrides: Any) -> ModelProfile:
+    """The profile for ``name`` (dated snapshots such as ``gpt-4o-2024-08-06`` resolve to
+    their alias), with ``overrides`` applied; unknown names or fields raise ``ConfigError``."""
+    profile = PROFILES.get(name) or PROFILES.get(_DATE_SUFFIX.sub("", name))
+    if profile is None:
+        close = difflib.get_close_matches(name, sorted(PROFILES), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError("model", f"unknown model {name!r}{hint} (known: {', '.join(PROFILES)})")
+    unknown = sorted(set(overrides) - _FIELDS)
+    if unknown:
+        raise ConfigError(
+            "model",
+            f"unknown profile field(s) {', '.join(unknown)} for {name!r} "
+            f"(known: {', '.join(sorted(_FIELDS))})",
+        )
+    if not overrides:
+        return profile
+    if overrides.get("exact_tokens") is True and "safety_margin" not in overrides:
+        overrides["safety_margin"] = 0.0
+    return attrs.evolve(profile, **overrides)

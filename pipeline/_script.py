@@ -1,0 +1,138 @@
+"""Scripted conversations (JSON or YAML) for the CLI, demos and replay tests."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from pipeline._artifacts import AttachmentSpec, SourceResolver
+from pipeline._conversation import Conversation, SystemPrompt
+from pipeline._envelope import Envelope
+from pipeline._errors import LaminaError, ScriptError
+from pipeline._invariants import check_envelope
+
+__all__ = ["Script", "ScriptTurn", "load_script", "parse_script", "run_script"]
+
+
+@attrs.frozen
+class ScriptTurn:
+    user: str
+    attach: tuple[Mapping[str, Any], ...] = ()
+    reply: str | None = None
+    vault_changes: tuple[tuple[str, str], ...] = ()
+
+
+@attrs.frozen
+class Script:
+    """A parsed script; ``vault`` is already resolved against the script's folder."""
+
+    path: str
+    system: SystemPrompt
+    turns: tuple[ScriptTurn, ...]
+    vault: Path | None = None
+
+
+def load_script(path: str | Path) -> Script:
+    """Read and validate a JSON or YAML script file."""
+    p = Path(path)
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ScriptError(str(p), "", "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScriptError(str(p), "", f"cannot read: {exc}") from None
+    try:
+        data = json.loads(raw) if p.suffix == ".json" else yaml.safe_load(raw)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ScriptError(str(p), "", f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
+    return parse_script(data, str(p), base=p.parent)
+
+
+def _text(value: Any, path: str, where: str, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ScriptError(path, where, f"must be a string, got {type(value).__name__}")
+    return value
+
+
+def parse_script(data: Any, path: str = "<script>", base: Path | None = None) -> Script:
+    """Validate the script structure (attachments are checked by ``run_script``)."""
+    if not isinstance(data, Mapping):
+        raise ScriptError(path, "", "a script must be a mapping with a 'turns' list")
+    unknown = sorted(set(data) - {"system", "vault", "turns"})
+    if unknown:
+        raise ScriptError(path, unknown[0], "unknown top-level field")
+    system_raw = data.get("system", "")
+    if isinstance(system_raw, Mapping):
+        extra = sorted(set(system_raw) - {"stable", "mutable"})
+        if extra:
+            raise ScriptError(path, f"system.{extra[0]}", "unknown field (use stable/mutable)")
+        system = SystemPrompt(
+            _text(system_raw.get("stable", ""), path, "system.stable") or "",
+            _text(system_raw.get("mutable", ""), path, "system.mutable") or "",
+        )
+    else:
+        system = SystemPrompt(_text(system_raw, path, "system") or "")
+    vault_raw = _text(data.get("vault"), path, "vault", optional=True)
+    vault = None if vault_raw is None else (base or Path(".")) / vault_raw
+    turns_raw = data.get("turns")
+    if not isinstance(turns_raw, list) or not turns_raw:
+        raise ScriptError(path, "turns", "must be a non-empty list")
+    turns = tuple(_turn(t, path, f"turns[{i}]") for i, t in enumerate(turns_raw))
+    return Script(path, system, turns, vault)
+
+
+def _turn(raw: Any, path: str, where: str) -> ScriptTurn:
+    if not isinstance(raw, Mapping):
+        raise ScriptError(path, where, "a turn must be a mapping with a 'user' field")
+    unknown = sorted(set(raw) - {"user", "attach", "reply", "vault_changes"})
+    if unknown:
+        raise ScriptError(path, f"{where}.{unknown[0]}", "unknown turn field")
+    user = _text(raw.get("user"), path, f"{where}.user") or ""
+    attach = raw.get("attach", [])
+    if not isinstance(attach, list) or not all(isinstance(a, Mapping) for a in attach):
+        raise ScriptError(path, f"{where}.attach", 'must be a list of mappings like {"note": "a.md"}')
+    reply = _text(raw.get("reply"), path, f"{where}.reply", optional=True)
+    changes = raw.get("vault_changes", {})
+    if not isinstance(changes, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in changes.items()
+    ):
+        raise ScriptError(path, f"{where}.vault_changes", "must map note paths to new text")
+    return ScriptTurn(user, tuple(attach), reply, tuple(sorted(changes.items())))
+
+
+def run_script(
+    script: Script, conversation: Conversation, *, check: bool = True
+) -> list[Envelope]:
+    """Run every turn; attachments are parsed up front so a typo fails before turn 1."""
+    specs = _parse_attachments(script, conversation.sources)
+    envelopes: list[Envelope] = []
+    previous: Envelope | None = None
+    for turn, turn_specs in zip(script.turns, specs, strict=True):
+        envelope = conversation.turn(turn.user, turn_specs, vault_changes=dict(turn.vault_changes))
+        if check:
+            check_envelope(envelope, previous, conversation.policy)
+        if turn.reply is not None:
+            conversation.reply(turn.reply)
+        envelopes.append(envelope)
+        previous = envelope
+    return envelopes
+
+
+def _parse_attachments(script: Script, sources: SourceResolver) -> list[Sequence[AttachmentSpec]]:
+    out: list[Sequence[AttachmentSpec]] = []
+    for i, turn in enumerate(script.turns):
+        specs: list[AttachmentSpec] = []
+        for j, raw in enumerate(turn.attach):
+            try:
+                specs.append(sources.parse(raw))
+            except LaminaError as exc:
+                raise ScriptError(script.path, f"turns[{i}].attach[{j}]", str(exc)) from None
+        out.append(specs)
+    return out

@@ -1,0 +1,203 @@
+"""Stages and the pipeline that orders them; built-ins: expand, dedup, reference, promote."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import attrs
+import networkx as nx
+
+from pipeline._artifacts import Artifact
+from pipeline._envelope import Decision, Form
+from pipeline._errors import LaminaError, PipelineError, StageError
+from pipeline._graph import Placement, TurnContext, TurnGraph
+from pipeline._library import LibraryEntry
+from pipeline._views import carry_forward
+
+__all__ = ["Dedup", "Expand", "Pipeline", "Promote", "Reference", "Stage", "library_entry"]
+
+
+class Stage(Protocol):
+    """A named, small step: ``TurnGraph -> TurnGraph``, ordered by ``after``/``before``."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def after(self) -> tuple[str, ...]: ...
+
+    def __call__(self, turn: TurnGraph) -> TurnGraph: ...
+
+
+def library_entry(artifact: Artifact, ctx: TurnContext) -> LibraryEntry:
+    """The L2 entry for ``artifact``: its carry-forward view, rendered and counted."""
+    view = carry_forward(artifact, ctx.counter, ctx.policy)
+    text = ctx.renderer.render(view)
+    return LibraryEntry(view, text, ctx.counter.count(text), ctx.turn)
+
+
+@attrs.frozen
+class Expand:
+    """Replace folder and tag groups by their notes, keeping attachment order."""
+
+    name: str = "expand"
+    after: tuple[str, ...] = ()
+
+    def __call__(self, turn: TurnGraph) -> TurnGraph:
+        keys: list[str] = []
+        for root in turn.roots:
+            if turn.kind(root) == "group":
+                keys.extend(turn.successors(root, "contains"))
+            else:
+                keys.append(root)
+        items = tuple(Placement(k) for k in keys)
+        return attrs.evolve(turn, items=items).with_stat("attached", len(items))
+
+
+@attrs.frozen
+class Dedup:
+    """Keep the first occurrence of each artifact key within a turn."""
+
+    name: str = "dedup"
+    after: tuple[str, ...] = ("expand",)
+
+    def __call__(self, turn: TurnGraph) -> TurnGraph:
+        seen: set[str] = set()
+        kept: list[Placement] = []
+        for item in turn.items:
+            if item.key not in seen:
+                seen.add(item.key)
+                kept.append(item)
+        removed = len(turn.items) - len(kept)
+        return attrs.evolve(turn, items=tuple(kept)).with_stat("duplicates_removed", removed)
+
+
+@attrs.frozen
+class Reference:
+    """Turn L3 items that L2 already holds into references, following the policy."""
+
+    name: str = "reference"
+    after: tuple[str, ...] = ("dedup",)
+
+    def __call__(self, turn: TurnGraph) -> TurnGraph:
+        policy = turn.ctx.policy
+        library = turn.library
+        items: list[Placement] = []
+        decisions: list[Decision] = []
+        for item in turn.items:
+            artifact = turn.artifact(item.key)
+            entry = library.get(item.key)
+            if entry is None:
+                items.append(item)
+                continue
+            if entry.content_hash != artifact.content_hash:
+                if policy.freshness == "pin":
+                    items.append(attrs.evolve(item, form=Form.FULL, marks=(("newer", "true"),)))
+                    decisions.append(
+                        Decision(self.name, item.key, "reference", "full", "content changed; L2 entry pinned")
+                    )
+                    continue
+                fresh = library_entry(artifact, turn.ctx)
+                library = library.replace(fresh)
+                decisions.append(
+                    Decision(
+                        self.name, item.key, str(entry.form), str(fresh.form),
+                        "content changed; L2 entry refreshed in place",
+                        layer="L2",
+                    )
+                )
+                entry = fresh
+            if entry.form is Form.FULL or policy.reattach == "reference":
+                items.append(attrs.evolve(item, form=Form.REFERENCE))
+                decisions.append(
+                    Decision(self.name, item.key, "full", "reference", f"in library as {entry.form}")
+                )
+            else:
+                items.append(attrs.evolve(item, form=Form.FULL, marks=(("library", str(entry.form)),)))
+                decisions.append(
+                    Decision(self.name, item.key, "reference", "full", f"library holds only a {entry.form}")
+                )
+        refs = sum(1 for i in items if i.form is Form.REFERENCE)
+        out = attrs.evolve(turn, items=tuple(items), library=library).decide(*decisions)
+        return out.with_stat("references", refs)
+
+
+@attrs.frozen
+class Promote:
+    """After the turn, L3 items new to the library enter L2 in carry-forward form."""
+
+    name: str = "promote"
+    after: tuple[str, ...] = ("reference",)
+
+    def __call__(self, turn: TurnGraph) -> TurnGraph:
+        library = turn.library
+        for item in turn.items:
+            if item.key not in library:
+                library = library.append(library_entry(turn.artifact(item.key), turn.ctx))
+        return attrs.evolve(turn, promoted=library).with_views()
+
+
+class Pipeline:
+    """Stages ordered by their declared dependencies, validated when built.
+
+    A stage may declare ``after`` (names it runs after) and, optionally, ``before``
+    (names it must run before). Among independent stages the given order is kept.
+    """
+
+    def __init__(self, stages: Iterable[Stage]) -> None:
+        given = list(stages)
+        names = [s.name for s in given]
+        by_name: dict[str, Stage] = {}
+        for stage in given:
+            if stage.name in by_name:
+                raise PipelineError(stage.name, "two stages have this name")
+            by_name[stage.name] = stage
+        graph = nx.DiGraph()
+        graph.add_nodes_from(names)
+        for stage in given:
+            for dep in stage.after:
+                if dep not in by_name:
+                    raise PipelineError(stage.name, f"runs after unknown stage {dep!r}")
+                graph.add_edge(dep, stage.name)
+            for dep in getattr(stage, "before", ()):
+                if dep not in by_name:
+                    raise PipelineError(stage.name, f"runs before unknown stage {dep!r}")
+                graph.add_edge(stage.name, dep)
+        try:
+            cycle = nx.find_cycle(graph)
+        except nx.NetworkXNoCycle:
+            cycle = []
+        if cycle:
+            path = " -> ".join([str(u) for u, _ in cycle] + [str(cycle[0][0])])
+            raise PipelineError(str(cycle[0][0]), f"dependency cycle: {path}")
+        position = {name: i for i, name in enumerate(names)}
+        order = nx.lexicographical_topological_sort(graph, key=lambda n: position[n])
+        self.stages: tuple[Stage, ...] = tuple(by_name[n] for n in order)
+
+    @classmethod
+    def default(cls) -> Pipeline:
+        return cls([Expand(), Dedup(), Reference(), Promote()])
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.stages)
+
+    def with_stage(self, stage: Stage) -> Pipeline:
+        """A new pipeline with ``stage`` added (validated again)."""
+        return Pipeline([*self.stages, stage])
+
+    def without(self, name: str) -> Pipeline:
+        if name not in self.names:
+            raise PipelineError(name, "no stage with this name")
+        return Pipeline([s for s in self.stages if s.name != name])
+
+    def run(self, turn: TurnGraph) -> TurnGraph:
+        for stage in self.stages:
+            try:
+                turn = stage(turn)
+            except LaminaError:
+                raise
+            except Exception as exc:
+                raise StageError(stage.name, f"{type(exc).__name__}: {exc}") from exc
+        return turn

@@ -1,0 +1,460 @@
+"""Summaries of recoverable content: an offline extractive default, an LLM adapter, a memo.
+
+Only recoverable items may be summarized (DESIGN.md invariant 6); callers enforce that.
+Every summarizer returns text within its token target, and reports what went wrong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import re
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+import attrs
+
+from pipeline._errors import ConfigError
+from pipeline._preview import _split_sections, _trim_blank_lines, cut_to_tokens
+from pipeline._tokens import TokenCounter
+
+__all__ = [
+    "Complete",
+    "LLMSummarizer",
+    "Summarizer",
+    "SummaryCache",
+    "SummaryResult",
+    "TextRankSummarizer",
+]
+
+Complete = Callable[[str], str | Awaitable[str]]
+"""Any prompt -> completion callable, sync or async (e.g. a thin wrapper over an SDK call)."""
+
+_T = TypeVar("_T")
+
+
+@attrs.frozen
+class SummaryResult:
+    """A summary and what failed while making it (empty when everything worked)."""
+
+    text: str
+    failures: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    """Turns text into at most ``target_tokens`` tokens; ``id`` keys the summary memo."""
+
+    @property
+    def id(self) -> str: ...
+
+    def summarize(self, text: str, target_tokens: int) -> SummaryResult: ...
+
+
+# --- TextRank -------------------------------------------------------------------------
+
+_STOPWORDS = frozenset(
+    re.findall(
+        r"\w+",
+        "a an and are as at be but by for from has have he her his i if in into is it its "
+        "of on or our she so than that the their them then there these they this to was we "
+        "were what when which who will with would you your",
+    )
+)
+_WORD = re.compile(r"\w+", re.UNICODE)
+_SENTENCE_END = re.compile(r"(?<=[.!?…])[\"'\u201d\u2019)\]]*\s+|(?<=[\u3002\uff01\uff1f])")
+_LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d{1,9}[.)])\s+")
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_WS = re.compile(r"\s+")
+
+
+@attrs.frozen
+class _Sentence:
+    index: int
+    heading: int  # index into the heading list, -1 before the first heading
+    paragraph: int
+    text: str
+    words: frozenset[str]
+
+
+def _paragraphs(body: str) -> list[str]:
+    """Prose paragraphs of a section body: blank-line separated, list items apart, code skipped."""
+    out: list[str] = []
+    current: list[str] = []
+    fence: str | None = None
+
+    def flush() -> None:
+        if current:
+            out.append(" ".join(current))
+            current.clear()
+
+    for line in body.splitlines():
+        m = _FENCE.match(line)
+        if fence is not None:
+            if m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence):
+                fence = None
+            continue
+        if m:
+            flush()
+            fence = m.group(1)
+            continue
+        if not line.strip():
+            flush()
+        elif _LIST_ITEM.match(line):
+            flush()
+            current.append(line.strip())
+        else:
+            current.append(line.strip())
+    flush()
+    return out
+
+
+def _sentences(text: str) -> tuple[list[str], list[_Sentence]]:
+    """Headings and sentences (with their heading and paragraph) in document order."""
+    headings: list[str] = []
+    sentences: list[_Sentence] = []
+    paragraph = 0
+    for heading, body in _split_sections(text):
+        if heading is not None:
+            headings.append(heading)
+        for para in _paragraphs(body):
+            for raw in _SENTENCE_END.split(para):
+                clean = _WS.sub(" ", raw).strip()
+                if not clean:
+                    continue
+                words = frozenset(
+                    w for w in _WORD.findall(clean.lower()) if w not in _STOPWORDS and len(w) > 1
+                )
+                sentences.append(
+                    _Sentence(len(sentences), len(headings) - 1, paragraph, clean, words)
+                )
+            paragraph += 1
+    return headings, sentences
+
+
+def _pagerank(
+    weights: list[dict[int, float]], *, damping: float, max_iter: int, tol: float
+) -> list[float]:
+    """Weighted PageRank by power iteration with a fixed node order (bit-for-bit repeatable).
+
+    Same definition and defaults as ``networkx.pagerank``; written out because networkx 3
+    needs scipy for it, and a fixed summation order keeps scores identical on every machine.
+    """
+    n = len(weights)
+    if n == 0:
+        return []
+    edges = [sorted(w.items()) for w in weights]
+    out_sum = [sum(w for _, w in e) for e in edges]
+    rank = [1.0 / n] * n
+    for _ in range(max_iter):
+        dangling = damping * sum(rank[i] for i in range(n) if out_sum[i] == 0.0) / n
+        new = [(1.0 - damping) / n + dangling] * n
+        for i in range(n):
+            if out_sum[i] == 0.0:
+                continue
+            share = damping * rank[i] / out_sum[i]
+            for j, w in edges[i]:
+                new[j] += share * w
+        err = sum(abs(new[i] - rank[i]) for i in range(n))
+        rank = new
+        if err < n * tol:
+            break
+    return rank
+
+
+def _similarity(a: frozenset[str], b: frozenset[str]) -> float:
+    """TextRank overlap: shared words over log|a| + log|b| (Mihalcea & Tarau 2004)."""
+    common = len(a & b)
+    if not common:
+        return 0.0
+    return common / (math.log(len(a) + 1) + math.log(len(b) + 1))
+
+
+@attrs.frozen
+class TextRankSummarizer:
+    """Deterministic, offline extractive summary: TextRank sentences in document order.
+
+    Sentences are graph nodes joined by word-overlap similarity; PageRank (damping 0.85)
+    ranks them; the best are kept, in original order under their headings, while the
+    exact token count stays within the target. Ties go to the earlier sentence. Long
+    inputs are ranked in windows of ``window`` sentences so the cost stays linear.
+    """
+
+    counter: TokenCounter = attrs.field(factory=TokenCounter)
+    window: int = 100
+    damping: float = 0.85
+    max_iter: int = 100
+    tol: float = 1e-6
+
+    @property
+    def id(self) -> str:
+        return f"textrank-v1:{self.counter.name}"
+
+    def _scores(self, sentences: list[_Sentence]) -> list[float]:
+        scores: list[float] = []
+        for start in range(0, len(sentences), self.window):
+            block = sentences[start : start + self.window]
+            weights: list[dict[int, float]] = [{} for _ in block]
+            for i, a in enumerate(block):
+                for j in range(i + 1, len(block)):
+                    w = _similarity(a.words, block[j].words)
+                    if w > 0.0:
+                        weights[i][j] = w
+                        weights[j][i] = w
+            ranks = _pagerank(weights, damping=self.damping, max_iter=self.max_iter, tol=self.tol)
+            # Scale by block size so windows of different sizes compare fairly.
+            scores.extend(r * len(block) for r in ranks)
+        return scores
+
+    def summarize(self, text: str, target_tokens: int) -> SummaryResult:
+        """At most ``target_tokens`` tokens of ``text``'s most central sentences."""
+        if target_tokens <= 0:
+            return SummaryResult("")
+        if cut_to_tokens(text, self.counter, target_tokens) == text:
+            return SummaryResult(text)
+        headings, sentences = _sentences(text)
+        if not sentences:
+            return SummaryResult(cut_to_tokens(text, self.counter, target_tokens, boundary="word"))
+        scores = self._scores(sentences)
+        order = sorted(range(len(sentences)), key=lambda i: (-round(scores[i], 12), i))
+        chosen: set[int] = set()
+        used_headings: set[int] = set()
+        spent = 0
+        for i in order:
+            s = sentences[i]
+            cost = self.counter.count(s.text) + 1
+            if s.heading >= 0 and s.heading not in used_headings:
+                cost += self.counter.count(headings[s.heading]) + 2
+            if spent + cost > target_tokens:
+                continue
+            chosen.add(i)
+            spent += cost
+            if s.heading >= 0:
+                used_headings.add(s.heading)
+        while chosen:
+            out = _render(headings, [sentences[i] for i in sorted(chosen)])
+            if self.counter.count(out) <= target_tokens:
+                return SummaryResult(out)
+            chosen.discard(max(chosen, key=lambda i: (round(scores[i], 12) * -1, i)))
+        return SummaryResult(cut_to_tokens(text, self.counter, target_tokens, boundary="word"))
+
+
+def _render(headings: list[str], chosen: list[_Sentence]) -> str:
+    """Chosen sentences in order: one line per paragraph, headings before their first sentence."""
+    blocks: list[str] = []
+    line: list[str] = []
+    heading = -1
+    paragraph = -1
+    for s in chosen:
+        if s.heading != heading or s.paragraph != paragraph:
+            if line:
+                blocks.append(" ".join(line))
+                line = []
+            if s.heading != heading and s.heading >= 0:
+                blocks.append(headings[s.heading])
+            heading, paragraph = s.heading, s.paragraph
+        line.append(s.text)
+    if line:
+        blocks.append(" ".join(line))
+    return "\n\n".join(blocks)
+
+
+# --- LLM map-reduce -------------------------------------------------------------------
+
+_CHUNK_PROMPT = (
+    "Summarize the following text in at most {target} tokens. Keep headings, names, "
+    "numbers, identifiers and decisions; do not add anything that is not in the text. "
+    "Reply with the summary only.\n\n<text>\n{text}\n</text>"
+)
+_REDUCE_PROMPT = (
+    "The following are summaries of consecutive parts of one document. Combine them into "
+    "one summary of at most {target} tokens, in document order, without adding anything. "
+    "Reply with the summary only.\n\n<summaries>\n{text}\n</summaries>"
+)
+
+
+def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``coro`` to completion from sync code, even when an event loop is running here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lamina-summary") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+@attrs.define
+class LLMSummarizer:
+    """Map-reduce summaries through any ``complete(prompt) -> str`` callable, sync or async.
+
+    The text is chunked by tokens at paragraph/sentence ends; chunks are summarized with at
+    most ``concurrency`` calls in flight, each limited to ``timeout`` seconds. A chunk whose
+    call fails, times out or returns nothing keeps its original text (cut to its share of
+    the target) and is reported. Partial summaries are combined by a reduce call; whatever
+    still exceeds the target is cut at a sentence end, and that is reported too. A sync
+    ``complete`` that times out keeps running in its worker thread until it returns.
+    """
+
+    complete: Complete
+    counter: TokenCounter = attrs.field(factory=TokenCounter)
+    chunk_tokens: int = 4000
+    concurrency: int = 4
+    timeout: float | None = 120.0
+    id: str = "llm"
+    max_rounds: int = 3
+
+    def __attrs_post_init__(self) -> None:
+        if self.chunk_tokens < 64:
+            raise ConfigError("chunk_tokens", f"must be >= 64, got {self.chunk_tokens}")
+        if self.concurrency < 1:
+            raise ConfigError("concurrency", f"must be >= 1, got {self.concurrency}")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ConfigError("timeout", f"must be > 0 seconds or None, got {self.timeout}")
+
+    def summarize(self, text: str, target_tokens: int) -> SummaryResult:
+        """At most ``target_tokens`` tokens summarizing ``text``; failures listed, never raised."""
+        return _run_sync(self.asummarize(text, target_tokens))
+
+    async def asummarize(self, text: str, target_tokens: int) -> SummaryResult:
+        """The same as ``summarize``, for hosts that already run an event loop."""
+        if target_tokens <= 0:
+            return SummaryResult("")
+        if cut_to_tokens(text, self.counter, target_tokens) == text:
+            return SummaryResult(text)
+        failures: list[str] = []
+        pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="lamina-llm")
+        try:
+            current = text
+            for round_no in range(1, self.max_rounds + 1):
+                chunks = self._chunks(current)
+                if len(chunks) == 1:
+                    prompt = _REDUCE_PROMPT if round_no > 1 else _CHUNK_PROMPT
+                    out, err = await self._call(
+                        pool, prompt.format(target=target_tokens, text=current)
+                    )
+                    if err is None:
+                        current = out
+                    else:
+                        failures.append(f"round {round_no}: {err}; kept the text as it was")
+                    break
+                current = await self._map(pool, chunks, target_tokens, round_no, failures)
+                if self.counter.count(current) <= target_tokens:
+                    break
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        used = self.counter.count(current)
+        if used > target_tokens:
+            current = cut_to_tokens(current, self.counter, target_tokens, boundary="sentence")
+            failures.append(f"result had {used} tokens > target {target_tokens}; cut to fit")
+        return SummaryResult(current, tuple(failures))
+
+    def _chunks(self, text: str) -> list[str]:
+        """``text`` split into pieces of at most ``chunk_tokens`` at paragraph/sentence ends."""
+        chunks: list[str] = []
+        rest = _trim_blank_lines(text)
+        while rest:
+            piece = cut_to_tokens(rest, self.counter, self.chunk_tokens, boundary="paragraph")
+            if not piece:  # a single character over the limit cannot happen at >= 64 tokens
+                piece = rest[:1]
+            chunks.append(piece)
+            rest = _trim_blank_lines(rest[len(piece) :])
+        return chunks
+
+    async def _map(
+        self,
+        pool: ThreadPoolExecutor,
+        chunks: list[str],
+        target: int,
+        round_no: int,
+        failures: list[str],
+    ) -> str:
+        sizes = [self.counter.count(c) for c in chunks]
+        total = sum(sizes)
+        shares = [max(16, target * size // total) for size in sizes]
+        sem = asyncio.Semaphore(self.concurrency)
+
+        async def one(chunk: str, share: int) -> tuple[str, str | None]:
+            async with sem:
+                return await self._call(pool, _CHUNK_PROMPT.format(target=share, text=chunk))
+
+        results = await asyncio.gather(*(one(c, s) for c, s in zip(chunks, shares, strict=True)))
+        parts: list[str] = []
+        for i, ((out, err), chunk, share) in enumerate(zip(results, chunks, shares, strict=True)):
+            if err is None:
+                parts.append(out)
+            else:
+                failures.append(
+                    f"round {round_no} chunk {i + 1}/{len(chunks)}: {err}; kept its original text"
+                )
+                parts.append(cut_to_tokens(chunk, self.counter, share, boundary="sentence"))
+        return "\n\n".join(parts)
+
+    async def _call(self, pool: ThreadPoolExecutor, prompt: str) -> tuple[str, str | None]:
+        """(completion, None) or ("", reason); never raises for a failing ``complete``."""
+        try:
+            if inspect.iscoroutinefunction(self.complete):
+                pending: Awaitable[Any] = self.complete(prompt)
+            else:
+                loop = asyncio.get_running_loop()
+                pending = loop.run_in_executor(pool, self.complete, prompt)
+            result = await asyncio.wait_for(_settle(pending), self.timeout)
+        except TimeoutError:
+            return "", f"timed out after {self.timeout} s"
+        except Exception as exc:
+            return "", f"{type(exc).__name__}: {exc}"
+        if not isinstance(result, str):
+            return "", f"returned {type(result).__name__}, not str"
+        if not result.strip():
+            return "", "returned an empty summary"
+        return result.strip(), None
+
+
+async def _settle(pending: Awaitable[Any]) -> Any:
+    """Await ``pending``, and its result too when a sync callable returned an awaitable."""
+    result = await pending
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+# --- memo -----------------------------------------------------------------------------
+
+
+@attrs.define
+class SummaryCache:
+    """Summaries memoized by (content hash, target, summarizer id), so a compacted artifact
+    renders to the same bytes every turn and the cached prefix survives."""
+
+    _entries: dict[tuple[str, int, str], SummaryResult] = attrs.field(factory=dict, repr=False)
+    hits: int = 0
+    misses: int = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(
+        self, content_hash: str, target_tokens: int, summarizer_id: str
+    ) -> SummaryResult | None:
+        """The stored summary, or None."""
+        return self._entries.get((content_hash, target_tokens, summarizer_id))
+
+    def put(
+        self, content_hash: str, target_tokens: int, summarizer_id: str, result: SummaryResult
+    ) -> None:
+        """Store ``result`` (first write wins: a stored summary never changes under a key)."""
+        self._entries.setdefault((content_hash, target_tokens, summarizer_id), result)
+
+    def summarize(
+        self, summarizer: Summarizer, content_hash: str, text: str, target_tokens: int
+    ) -> SummaryResult:
+        """The memoized summary of ``text``, made by ``summarizer`` on a miss."""
+        found = self.get(content_hash, target_tokens, summarizer.id)
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        result = summarizer.summarize(text, target_tokens)
+        self.put(content_hash, target_tokens, summarizer.id, result)
+        return result

@@ -1,0 +1,145 @@
+"""Exact, offline token counts with the encodings shipped inside this package."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from importlib import resources
+
+import attrs
+import tiktoken
+from tiktoken.load import load_tiktoken_bpe
+
+from pipeline._errors import ConfigError
+from pipeline._hashing import text_hash
+
+__all__ = ["TOKENIZERS", "TokenCounter", "get_encoding"]
+
+_ENDOFTEXT = "<|endoftext|>"
+_FIM_PREFIX = "<|fim_prefix|>"
+_FIM_MIDDLE = "<|fim_middle|>"
+_FIM_SUFFIX = "<|fim_suffix|>"
+_ENDOFPROMPT = "<|endofprompt|>"
+
+# pat_str and special tokens as in tiktoken_ext/openai_public.py (tiktoken 0.14).
+_O200K_PAT = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+_CL100K_PAT = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+
+
+@attrs.frozen
+class _Spec:
+    pat_str: str
+    sha256: str
+    special_tokens: dict[str, int]
+
+
+_SPECS: dict[str, _Spec] = {
+    "o200k_base": _Spec(
+        _O200K_PAT,
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+        {_ENDOFTEXT: 199999, _ENDOFPROMPT: 200018},
+    ),
+    "cl100k_base": _Spec(
+        _CL100K_PAT,
+        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+        {
+            _ENDOFTEXT: 100257,
+            _FIM_PREFIX: 100258,
+            _FIM_MIDDLE: 100259,
+            _FIM_SUFFIX: 100260,
+            _ENDOFPROMPT: 100276,
+        },
+    ),
+}
+
+TOKENIZERS: tuple[str, ...] = tuple(sorted(_SPECS))
+
+_lock = threading.Lock()
+_encodings: dict[str, tiktoken.Encoding] = {}
+
+
+def get_encoding(name: str) -> tiktoken.Encoding:
+    """The named encoding, built once per process from package data (no network)."""
+    if name not in _SPECS:
+        raise ConfigError("tokenizer", f"unknown tokenizer {name!r} (known: {', '.join(TOKENIZERS)})")
+    with _lock:
+        enc = _encodings.get(name)
+        if enc is None:
+            spec = _SPECS[name]
+            path = resources.files("pipeline") / "_encodings" / f"{name}.tiktoken"
+            with resources.as_file(path) as real:
+                ranks = load_tiktoken_bpe(str(real), expected_hash=spec.sha256)
+            enc = tiktoken.Encoding(
+                name=name,
+                pat_str=spec.pat_str,
+                mergeable_ranks=ranks,
+                special_tokens=dict(spec.special_tokens),
+            )
+            _encodings[name] = enc
+        return enc
+
+
+@attrs.define
+class TokenCounter:
+    """Counts tokens exactly; remembers counts by the text's hash so nothing is counted twice.
+
+    ``encoded_chars`` counts the characters actually sent to the encoder, so tests and
+    benchmarks can show that a warm turn only encodes what is new.
+    """
+
+    name: str = "o200k_base"
+    _cache: dict[str, int] = attrs.field(factory=dict, repr=False)
+    encoded_chars: int = 0
+    hits: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        if self.name not in _SPECS:
+            raise ConfigError(
+                "tokenizer", f"unknown tokenizer {self.name!r} (known: {', '.join(TOKENIZERS)})"
+            )
+
+    @property
+    def encoding(self) -> tiktoken.Encoding:
+        return get_encoding(self.name)
+
+    def count(self, text: str) -> int:
+        """Exact token count of ``text`` (special-token strings count as plain text)."""
+        if not text:
+            return 0
+        digest = text_hash(text)
+        cached = self._cache.get(digest)
+        if cached is not None:
+            self.hits += 1
+            return cached
+        self.encoded_chars += len(text)
+        n = len(self.encoding.encode_ordinary(text))
+        self._cache[digest] = n
+        return n
+
+    def count_joined(self, parts: Sequence[str], sep: str = "\n\n") -> int:
+        """Exact count of ``sep.join(parts)``, reusing each part's cached count.
+
+        After a newline, tiktoken's pre-tokenizer always starts a new piece unless the next
+        character is whitespace or (o200k) a slash, so the count is additive over
+        ``part + sep`` pieces; otherwise the joined text is counted whole.
+        """
+        parts = [p for p in parts if p]
+        if not parts:
+            return 0
+        if not sep.endswith("\n") or any(p[0].isspace() or p[0] == "/" for p in parts[1:]):
+            return self.count(sep.join(parts))
+        return sum(self.count(p + sep) for p in parts[:-1]) + self.count(parts[-1])
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (uncached; for prefix comparisons)."""
+        return self.encoding.encode_ordinary(text)

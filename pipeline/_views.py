@@ -1,0 +1,133 @@
+"""Views of an artifact in each form, and the carry-forward form L2 keeps."""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import attrs
+
+from pipeline._artifacts import Artifact
+from pipeline._envelope import Form, View
+from pipeline._errors import ConfigError
+from pipeline._tokens import TokenCounter
+
+__all__ = [
+    "Policy",
+    "SegmentRenderer",
+    "carry_forward",
+    "excerpt_view",
+    "full_view",
+    "preview_view",
+    "reference_view",
+]
+
+Freshness = Literal["pin", "refresh"]
+Reattach = Literal["full", "reference"]
+
+
+def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"policy.{attribute.name}", f"must be a positive number, got {value}")
+
+
+@attrs.frozen
+class Policy:
+    """How artifacts move between layers.
+
+    ``freshness`` decides what happens when an artifact already in L2 comes back with new
+    content. The default, ``pin``, leaves the L2 bytes alone so the cached prefix survives,
+    and sends the new version in full in L3 marked ``newer``; ``refresh`` replaces the L2
+    entry in place (last write wins) and reports the prefix break. Pin is the default
+    because a refresh invalidates every cached token after the entry (the rest of the
+    library and all history), while a pin costs only the changed item, only in turns
+    that attach it.
+
+    ``reattach`` decides what L3 carries when the user attaches again an item that L2
+    holds only shortened (preview/excerpt): ``full`` (default) re-sends it in full, since a
+    bare reference would leave the model with the preview alone; ``reference`` saves tokens.
+
+    Carry-forward: an item whose body has at most ``verbatim_tokens`` tokens enters L2
+    verbatim; a larger recoverable one becomes a structure + preview (``section_tokens``
+    per section, ``max_sections`` sections, ``headless_tokens`` when it has no headings); a
+    larger non-recoverable one an excerpt of ``verbatim_tokens`` tokens, never dropped.
+    """
+
+    freshness: Freshness = attrs.field(default="pin")
+    reattach: Reattach = attrs.field(default="full")
+    verbatim_tokens: int = attrs.field(default=1250, validator=_positive)
+    section_tokens: int = attrs.field(default=125, validator=_positive)
+    max_sections: int = attrs.field(default=20, validator=_positive)
+    headless_tokens: int = attrs.field(default=500, validator=_positive)
+
+    @freshness.validator
+    def _check_freshness(self, _: attrs.Attribute[str], value: str) -> None:
+        if value not in ("pin", "refresh"):
+            raise ConfigError("policy.freshness", f"must be 'pin' or 'refresh', got {value!r}")
+
+    @reattach.validator
+    def _check_reattach(self, _: attrs.Attribute[str], value: str) -> None:
+        if value not in ("full", "reference"):
+            raise ConfigError("policy.reattach", f"must be 'full' or 'reference', got {value!r}")
+
+
+class SegmentRenderer(Protocol):
+    """Turns a typed view into segment text (XML by default: ``renderers.XmlRenderer``)."""
+
+    def render(self, view: View) -> str: ...
+
+
+def _view(artifact: Artifact, form: Form, body: str, marks: tuple[tuple[str, str], ...]) -> View:
+    return View(
+        key=artifact.key,
+        source_type=artifact.source_type,
+        form=form,
+        title=artifact.title,
+        locator=artifact.locator,
+        recoverable=artifact.recoverable,
+        content_hash=artifact.content_hash,
+        attributes=artifact.payload.attributes(),
+        body=body,
+        marks=marks,
+    )
+
+
+def full_view(artifact: Artifact, marks: tuple[tuple[str, str], ...] = ()) -> View:
+    return _view(artifact, Form.FULL, artifact.payload.body(), marks)
+
+
+def reference_view(artifact: Artifact, marks: tuple[tuple[str, str], ...] = ()) -> View:
+    return _view(artifact, Form.REFERENCE, "", marks)
+
+
+def preview_view(
+    artifact: Artifact, counter: TokenCounter, policy: Policy, marks: tuple[tuple[str, str], ...] = ()
+) -> View:
+    from pipeline._preview import make_preview
+
+    preview = make_preview(
+        artifact.payload.body(),
+        counter,
+        max_sections=policy.max_sections,
+        section_tokens=policy.section_tokens,
+        headless_tokens=policy.headless_tokens,
+    )
+    return _view(artifact, Form.PREVIEW, preview.text, marks)
+
+
+def excerpt_view(
+    artifact: Artifact, counter: TokenCounter, max_tokens: int, marks: tuple[tuple[str, str], ...] = ()
+) -> View:
+    from pipeline._preview import make_excerpt
+
+    excerpt = make_excerpt(artifact.payload.body(), counter, max_tokens)
+    return _view(artifact, Form.EXCERPT, excerpt.text, marks)
+
+
+def carry_forward(artifact: Artifact, counter: TokenCounter, policy: Policy) -> View:
+    """The form an artifact takes when promoted into L2 (DESIGN.md compaction classes)."""
+    body = artifact.payload.body()
+    if counter.count(body) <= policy.verbatim_tokens:
+        return full_view(artifact)
+    if artifact.recoverable:
+        return preview_view(artifact, counter, policy)
+    return excerpt_view(artifact, counter, policy.verbatim_tokens)

@@ -1,0 +1,25 @@
+"""The processors that ship with Lamina, in registration order."""
+
+from __future__ import annotations
+
+from processors._registry import Processor
+
+__all__ = ["builtin_processors"]
+
+
+def builtin_processors() -> list[Processor]:
+    from processors._notes import FolderProcessor, NoteProcessor, TagProcessor
+    from processors._pdf import PdfProcessor
+    from processors._selection import SelectionProcessor
+    from processors._web import UrlProcessor
+    from processors._youtube import YoutubeProcessor
+
+    return [
+        NoteProcessor(),
+        FolderProcessor(),
+        TagProcessor(),
+        SelectionProcessor(),
+        UrlProcessor(),
+        YoutubeProcessor(),
+        PdfProcessor(),
+    ]

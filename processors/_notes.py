@@ -1,0 +1,430 @@
+"""Notes, folders and tags from a vault: frontmatter, body, inline tags and wikilinks.
+
+Wikilinks become provenance edges (``links`` / ``embeds``); they are never expanded here.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Self
+
+import attrs
+import yaml
+
+from pipeline._artifacts import Artifact, Link, Processed, make_artifact
+from pipeline._errors import AttachmentError
+from processors._context import ProcessContext
+from processors._vault import Vault
+
+__all__ = [
+    "FolderProcessor",
+    "FolderSpec",
+    "NotePayload",
+    "NoteProcessor",
+    "NoteSpec",
+    "TagProcessor",
+    "TagSpec",
+    "WikiLink",
+    "folder",
+    "note",
+    "parse_note",
+    "resolve_link",
+    "tag",
+]
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+_INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
+_WIKILINK = re.compile(r"(!?)\[\[([^\[\]\n]+?)\]\]")
+# A tag starts after whitespace or line start and needs at least one non-digit.
+_INLINE_TAG = re.compile(r"(?<![^\s])#([\w/-]+)")
+_TAG_TEXT = re.compile(r"^[\w/-]+$")
+
+
+@attrs.frozen
+class WikiLink:
+    """``[[target#subpath|alias]]`` or an embed ``![[...]]``; ``subpath`` is ``heading`` or
+    ``^block`` without the ``#``, kept separately from the target."""
+
+    target: str
+    alias: str | None = None
+    embed: bool = False
+    subpath: str | None = None
+
+
+@attrs.frozen
+class NotePayload:
+    """One note: identity (path), title, metadata from frontmatter and body, the body."""
+
+    path: str
+    title: str
+    aliases: tuple[str, ...]
+    tags: tuple[str, ...]
+    body_text: str
+    links: tuple[WikiLink, ...]
+
+    @property
+    def locator(self) -> str:
+        return self.path
+
+    def body(self) -> str:
+        return self.body_text
+
+    def attributes(self) -> tuple[tuple[str, str], ...]:
+        return (("path", self.path),)
+
+    def replace_text(self, fn: Callable[[str], str]) -> Self:
+        """Map the body; path and title are the note's identity and stay."""
+        return attrs.evolve(self, body_text=fn(self.body_text))
+
+    def has_tag(self, query: str) -> bool:
+        """Whether the note carries ``query`` or a tag nested below it (``a/b`` matches ``a``)."""
+        wanted = normalize_tag(query)
+        return any(t == wanted or t.startswith(wanted + "/") for t in self.tags)
+
+
+# --- parsing -------------------------------------------------------------------------
+
+
+def normalize_tag(raw: str) -> str:
+    """Tag text without ``#``, outer slashes or case: ``#Project/Lamina`` -> ``project/lamina``."""
+    return raw.strip().lstrip("#").strip("/").lower()
+
+
+def _valid_tag(tag: str) -> bool:
+    return bool(tag) and bool(_TAG_TEXT.match(tag)) and not tag.replace("/", "").isdigit()
+
+
+def _split_frontmatter(path: str, text: str) -> tuple[dict[str, Any], str, list[str]]:
+    """Frontmatter mapping, the body, and warnings; bad frontmatter is left in the body."""
+    lines = text.split("\n")
+    if not lines or lines[0].rstrip() != "---":
+        return {}, text, []
+    for i in range(1, len(lines)):
+        if lines[i].rstrip() in ("---", "..."):
+            break
+    else:
+        return {}, text, [f"{path}: frontmatter is not closed by '---'; read as body"]
+    raw = "\n".join(lines[1:i])
+    body = "\n".join(lines[i + 1 :]).lstrip("\n")
+    try:
+        data = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 2}" if mark is not None else ""
+        return {}, text, [f"{path}: malformed YAML frontmatter{where}; read as body"]
+    if data is None:
+        return {}, body, []
+    if not isinstance(data, dict):
+        return {}, text, [f"{path}: frontmatter is not a mapping; read as body"]
+    return data, body, []
+
+
+def _strings(value: Any, *, split_spaces: bool) -> list[str]:
+    """Frontmatter list-ish values: a list, or a comma (and optionally space) separated string."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [str(v).strip() for v in value if v is not None and not isinstance(v, (dict, list))]
+    if isinstance(value, (dict, bool)):
+        return []
+    parts = re.split(r"[,\s]+" if split_spaces else r",", str(value))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _code_free_lines(body: str) -> Iterable[str]:
+    """Body lines outside fenced code blocks, with inline code spans blanked."""
+    fence: str | None = None
+    for line in body.split("\n"):
+        match = _FENCE.match(line)
+        if fence is None:
+            # A backtick fence's info string has no backticks (else it is inline code).
+            if match and not (match.group(1)[0] == "`" and "`" in line[match.end() :]):
+                fence = match.group(1)
+                continue
+            yield _INLINE_CODE.sub(" ", line)
+        elif (
+            match
+            and match.group(1)[0] == fence[0]
+            and len(match.group(1)) >= len(fence)
+            and not line.strip().lstrip(fence[0])
+        ):
+            fence = None
+
+
+def _links_and_tags(body: str) -> tuple[list[WikiLink], list[str]]:
+    links: list[WikiLink] = []
+    tags: list[str] = []
+    for line in _code_free_lines(body):
+        for m in _WIKILINK.finditer(line):
+            inner = m.group(2).replace("\\|", "|")
+            target, bar, alias = inner.partition("|")
+            target, hash_, subpath = target.partition("#")
+            links.append(
+                WikiLink(
+                    target=target.strip(),
+                    alias=alias.strip() or None if bar else None,
+                    embed=m.group(1) == "!",
+                    subpath=subpath.strip() or None if hash_ else None,
+                )
+            )
+        for m in _INLINE_TAG.finditer(_WIKILINK.sub(" ", line)):
+            tag_ = normalize_tag(m.group(1))
+            if _valid_tag(tag_):
+                tags.append(tag_)
+    return links, tags
+
+
+def parse_note(path: str, text: str) -> tuple[NotePayload, tuple[str, ...]]:
+    """A note's payload from its text, and warnings (bad frontmatter never raises)."""
+    meta, body, warnings = _split_frontmatter(path, text)
+    stem = posixpath.splitext(posixpath.basename(path))[0]
+    title_value = meta.get("title")
+    title = stem
+    if title_value is not None and not isinstance(title_value, (dict, list, bool)):
+        title = str(title_value).strip() or stem
+    front_tags = _strings(meta.get("tags", meta.get("tag")), split_spaces=True)
+    aliases = _strings(meta.get("aliases", meta.get("alias")), split_spaces=False)
+    links, inline_tags = _links_and_tags(body)
+    tags = {normalize_tag(t) for t in front_tags} | set(inline_tags)
+    payload = NotePayload(
+        path=path,
+        title=title,
+        aliases=tuple(dict.fromkeys(a for a in aliases if a)),
+        tags=tuple(sorted(t for t in tags if _valid_tag(t))),
+        body_text=body,
+        links=tuple(links),
+    )
+    return payload, tuple(warnings)
+
+
+def resolve_link(target: str, source: str, notes: tuple[str, ...]) -> str | None:
+    """Obsidian-style: ``./``/``../`` relative to the source note only; else the exact vault
+    path, then relative to the source, then by path suffix / file name (fewest folders,
+    then shortest, then sorted path wins); else None."""
+    name = target.strip().replace("\\", "/").lstrip("/")
+    if not name:
+        return None
+    # Only notes resolve: "diagram.png" looks for "diagram.png.md" and stays unresolved.
+    wanted = name if name.lower().endswith(".md") else name + ".md"
+    known = set(notes)
+    relative = posixpath.normpath(posixpath.join(posixpath.dirname(source), wanted))
+    if wanted.startswith(("./", "../")):
+        return relative if relative in known else None
+    exact = posixpath.normpath(wanted)
+    if exact in known:
+        return exact
+    if relative in known:
+        return relative
+    folded = wanted.casefold()
+    matches = [n for n in notes if n.casefold() == folded or n.casefold().endswith("/" + folded)]
+    if not matches:
+        return None
+    return min(matches, key=lambda n: (n.count("/"), len(n), n))
+
+
+# --- specs ---------------------------------------------------------------------------
+
+
+def _path_arg(kind: str, value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise AttachmentError(f"{kind} {value!r}"[:80], f"a {kind} path must be a non-empty string")
+    return value
+
+
+@attrs.frozen
+class NoteSpec:
+    """Attach one note by vault-relative path (``.md`` may be left off)."""
+
+    path: str
+
+    @property
+    def kind(self) -> str:
+        return "note"
+
+    def describe(self) -> str:
+        return f"note {self.path}"
+
+
+@attrs.frozen
+class FolderSpec:
+    """Attach every note below a folder, sorted by path."""
+
+    path: str
+
+    @property
+    def kind(self) -> str:
+        return "folder"
+
+    def describe(self) -> str:
+        return f"folder {self.path}"
+
+
+@attrs.frozen
+class TagSpec:
+    """Attach every note tagged ``#tag`` or a tag nested below it; ``tag`` is normalized."""
+
+    tag: str
+
+    @property
+    def kind(self) -> str:
+        return "tag"
+
+    def describe(self) -> str:
+        return f"tag #{self.tag}"
+
+
+def note(path: str) -> NoteSpec:
+    """Spec for one note, e.g. ``note("docs/api-docs.md")``."""
+    return NoteSpec(_path_arg("note", path))
+
+
+def folder(path: str) -> FolderSpec:
+    """Spec for all notes below a folder, e.g. ``folder("docs")``."""
+    return FolderSpec(_path_arg("folder", path))
+
+
+def tag(name: str) -> TagSpec:
+    """Spec for the notes tagged ``name`` (``"#a"`` also matches notes tagged ``#a/b``)."""
+    if not isinstance(name, str):
+        raise AttachmentError(f"tag {name!r}"[:80], "a tag must be a string like '#project'")
+    norm = normalize_tag(name)
+    if not _valid_tag(norm):
+        raise AttachmentError(
+            f"tag {name}", "not a valid tag (letters, digits, _ - / and at least one non-digit)"
+        )
+    return TagSpec(norm)
+
+
+def _script_field(kind: str, data: Mapping[str, Any]) -> Any:
+    extra = sorted(str(k) for k in data if k != kind)
+    if extra:
+        raise AttachmentError(
+            f"{kind} {data.get(kind)!r}"[:80], f"unknown fields: {', '.join(extra)}"
+        )
+    return data.get(kind)
+
+
+# --- processing ----------------------------------------------------------------------
+
+
+def _need_vault(ctx: ProcessContext, what: str) -> Vault:
+    if ctx.vault is None:
+        raise AttachmentError(what, "a vault is required to attach notes (none was given)")
+    return ctx.vault
+
+
+def _load(vault: Vault, rel: str) -> tuple[NotePayload, list[str]]:
+    text, decode_warning = vault.read_text(rel)
+    payload, warnings = parse_note(rel, text)
+    return payload, ([decode_warning] if decode_warning else []) + list(warnings)
+
+
+def _note_artifact(payload: NotePayload) -> Artifact:
+    return make_artifact("note", f"note:{payload.path}", payload, recoverable=True)
+
+
+def _note_links(payload: NotePayload, notes: tuple[str, ...]) -> list[Link]:
+    source = f"note:{payload.path}"
+    edges: list[Link] = []
+    for link in payload.links:
+        if not link.target:
+            continue  # [[#heading]] points into the note itself
+        resolved = resolve_link(link.target, payload.path, notes)
+        target = f"note:{resolved}" if resolved else f"unresolved:{link.target}"
+        edges.append(Link(source, target, "embeds" if link.embed else "links"))
+    return list(dict.fromkeys(edges))
+
+
+def _notes_processed(
+    payloads: list[NotePayload], notes: tuple[str, ...], group: str | None, warnings: list[str]
+) -> Processed:
+    links: list[Link] = []
+    if group is not None:
+        links.extend(Link(group, f"note:{p.path}", "contains") for p in payloads)
+    for p in payloads:
+        links.extend(_note_links(p, notes))
+    return Processed(
+        artifacts=tuple(_note_artifact(p) for p in payloads),
+        group=group,
+        links=tuple(links),
+        warnings=tuple(warnings),
+    )
+
+
+@attrs.frozen
+class NoteProcessor:
+    """``{"note": path}``: one note artifact plus its wikilink edges."""
+
+    @property
+    def kind(self) -> str:
+        return "note"
+
+    def parse(self, data: Mapping[str, Any]) -> NoteSpec:
+        return note(_script_field("note", data))
+
+    def process(self, spec: NoteSpec, ctx: ProcessContext) -> Processed:
+        vault = _need_vault(ctx, spec.describe())
+        rel = vault.note_path(spec.path)
+        payload, warnings = _load(vault, rel)
+        return _notes_processed([payload], vault.notes(), None, warnings)
+
+
+@attrs.frozen
+class FolderProcessor:
+    """``{"folder": path}``: every note below the folder, sorted by path, as a group."""
+
+    @property
+    def kind(self) -> str:
+        return "folder"
+
+    def parse(self, data: Mapping[str, Any]) -> FolderSpec:
+        return folder(_script_field("folder", data))
+
+    def process(self, spec: FolderSpec, ctx: ProcessContext) -> Processed:
+        vault = _need_vault(ctx, spec.describe())
+        rel = vault.resolve(spec.path)
+        notes = vault.notes()
+        if rel in notes:
+            raise AttachmentError(spec.describe(), "is a note, not a folder; attach it as a note")
+        members = list(notes) if rel == "." else [n for n in notes if n.startswith(rel + "/")]
+        if not members:
+            if rel == "." or rel in vault.folders() or (vault.root / rel).is_dir():
+                raise AttachmentError(spec.describe(), "the folder holds no notes")
+            hints = vault.suggest(rel, vault.folders())
+            hint = f" (did you mean: {', '.join(hints)}?)" if hints else ""
+            raise AttachmentError(spec.describe(), f"no such folder in the vault{hint}")
+        payloads: list[NotePayload] = []
+        warnings: list[str] = []
+        for member in members:
+            payload, found = _load(vault, member)
+            payloads.append(payload)
+            warnings.extend(found)
+        return _notes_processed(payloads, notes, f"folder:{rel}", warnings)
+
+
+@attrs.frozen
+class TagProcessor:
+    """``{"tag": "#t"}``: every note whose frontmatter or inline tags include ``#t``."""
+
+    @property
+    def kind(self) -> str:
+        return "tag"
+
+    def parse(self, data: Mapping[str, Any]) -> TagSpec:
+        return tag(_script_field("tag", data))
+
+    def process(self, spec: TagSpec, ctx: ProcessContext) -> Processed:
+        vault = _need_vault(ctx, spec.describe())
+        notes = vault.notes()
+        payloads: list[NotePayload] = []
+        warnings: list[str] = []
+        for rel in notes:
+            payload, found = _load(vault, rel)
+            if payload.has_tag(spec.tag):
+                payloads.append(payload)
+                warnings.extend(found)
+        if not payloads:
+            raise AttachmentError(spec.describe(), "no note in the vault carries this tag")
+        return _notes_processed(payloads, notes, f"tag:#{spec.tag}", warnings)

@@ -1,0 +1,345 @@
+"""PDFs: text per page with pypdfium2, page ranges in the key, a page cap, typed failures.
+
+Library choice, measured on the same fpdf2-generated 100-page PDFs (4 paragraphs a page):
+pypdfium2 5.15 extracted a Helvetica file in 23 ms and a DejaVu (embedded TrueType,
+accented text) file in 37 ms, every paragraph verbatim (400/400); pypdf 7.1 took 106 ms
+and 337 ms and, on the TrueType file, put two spaces between words so only 154/400
+paragraphs matched verbatim. Both refuse truncated, garbage and encrypted files. So
+pypdfium2: 4.5-9x faster and more faithful text; pypdf stays a test-only tool.
+pdfium is C and not thread-safe: every call runs under one lock inside a guard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import attrs
+
+from pipeline import (
+    AttachmentError,
+    ConfigError,
+    PathOutsideVault,
+    PdfError,
+    Processed,
+    make_artifact,
+)
+from processors._context import ProcessContext
+
+__all__ = [
+    "PdfPayload",
+    "PdfProcessor",
+    "PdfSpec",
+    "format_page_range",
+    "parse_page_range",
+    "pdf",
+]
+
+DEFAULT_MAX_PAGES = 200
+DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+_MAX_RANGE_CHARS = 200
+_PDFIUM_LOCK = threading.Lock()
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f\ufffe\uffff]")
+_BLANK_RUNS = re.compile(r"\n{3,}")
+_TERM = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+NO_TEXT = (
+    "No extractable text: the pages hold no text layer (an image-only or scanned PDF; "
+    "no OCR is done)."
+)
+EMPTY_PAGE = "(no extractable text on this page)"
+
+
+# --- page ranges -------------------------------------------------------------
+
+
+def parse_page_range(text: str | int, *, path: str = "") -> tuple[tuple[int, int], ...]:
+    """1-based inclusive spans from ``"1-3,7"``, sorted and merged; PdfError "pages" if bad."""
+    label = path or str(text)
+    if isinstance(text, bool) or not isinstance(text, str | int):
+        raise PdfError(label, "pages", f"expected a string like '1-3,7', not {text!r}")
+    raw = str(text)
+    if len(raw) > _MAX_RANGE_CHARS:
+        raise PdfError(label, "pages", f"page range is longer than {_MAX_RANGE_CHARS} characters")
+    spans: list[tuple[int, int]] = []
+    for term in raw.split(","):
+        match = _TERM.fullmatch(term)
+        if match is None:
+            raise PdfError(
+                label, "pages", f"{term.strip()!r} in {raw!r} is not a page or a range like 2-5"
+            )
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) else first
+        if first < 1:
+            raise PdfError(label, "pages", f"pages are numbered from 1 ({raw!r})")
+        if last < first:
+            raise PdfError(label, "pages", f"range {first}-{last} runs backwards ({raw!r})")
+        spans.append((first, last))
+    merged: list[tuple[int, int]] = []
+    for first, last in sorted(spans):
+        if merged and first <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], last))
+        else:
+            merged.append((first, last))
+    return tuple(merged)
+
+
+def format_page_range(spans: tuple[tuple[int, int], ...]) -> str:
+    """The canonical text of spans: ``1-3,7``."""
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+# --- payload -----------------------------------------------------------------
+
+
+@attrs.frozen
+class PdfPayload:
+    """Text of a PDF's (selected) pages, with flags for truncation and image-only files."""
+
+    path: str
+    pages: str
+    title: str
+    page_texts: tuple[tuple[int, str], ...]
+    page_count: int
+    truncated: bool
+    image_only: bool
+
+    @property
+    def locator(self) -> str:
+        return f"{self.path}#pages={self.pages}" if self.pages else self.path
+
+    def body(self) -> str:
+        """``## Page N`` sections; a leading note when pages were cut or there is no text."""
+        blocks: list[str] = []
+        if self.truncated:
+            selected = (
+                sum(b - a + 1 for a, b in parse_page_range(self.pages))
+                if self.pages
+                else self.page_count
+            )
+            scope = "selected pages" if self.pages else "pages"
+            blocks.append(
+                f"[Truncated: extracted the first {len(self.page_texts)} of {selected} {scope}; "
+                f"ask for a page range to read the rest.]"
+            )
+        if self.image_only:
+            blocks.append(NO_TEXT)
+            return "\n\n".join(blocks)
+        for number, text in self.page_texts:
+            blocks.append(f"## Page {number}")
+            blocks.append(text or EMPTY_PAGE)
+        return "\n\n".join(blocks)
+
+    def attributes(self) -> tuple[tuple[str, str], ...]:
+        if self.pages:
+            return (("path", self.path), ("pages", self.pages))
+        return (("path", self.path),)
+
+    def replace_text(self, fn: Callable[[str], str]) -> Self:
+        return attrs.evolve(
+            self,
+            title=fn(self.title),
+            page_texts=tuple((n, fn(t)) for n, t in self.page_texts),
+        )
+
+
+# --- spec and processor ------------------------------------------------------
+
+
+@attrs.frozen
+class PdfSpec:
+    """A PDF to attach: vault-relative (or allowed absolute) path and a normalized range."""
+
+    path: str
+    pages: str = ""
+    kind: str = attrs.field(default="pdf", init=False)
+
+    def describe(self) -> str:
+        return f"pdf {self.path}" + (f" pages {self.pages}" if self.pages else "")
+
+
+def pdf(path: str, pages: str | int | None = None) -> PdfSpec:
+    """Attach a PDF, optionally only ``pages`` like ``"1-3,7"`` (1-based)."""
+    if not isinstance(path, str) or not path.strip():
+        raise PdfError(repr(path)[:60], "path", "a PDF path must be a non-empty string")
+    if pages is None or (isinstance(pages, str) and not pages.strip()):
+        return PdfSpec(path)
+    return PdfSpec(path, format_page_range(parse_page_range(pages, path=path)))
+
+
+class PdfProcessor:
+    """PDF files in the vault (or absolute paths when the host allows them)."""
+
+    kind = "pdf"
+
+    def parse(self, data: Mapping[str, Any]) -> PdfSpec:
+        unknown = sorted(set(data) - {"pdf", "pages"})
+        if unknown:
+            raise AttachmentError(
+                f"pdf {data.get('pdf')!r}", f"unknown fields: {', '.join(unknown)}"
+            )
+        return pdf(data["pdf"], data.get("pages"))
+
+    def process(self, spec: PdfSpec, ctx: ProcessContext) -> Processed:
+        rel, full = _locate(spec.path, ctx)
+        max_pages = _int_option(ctx, "pdf_max_pages", DEFAULT_MAX_PAGES)
+        max_bytes = _int_option(ctx, "pdf_max_bytes", DEFAULT_MAX_BYTES)
+        data = _read(full, rel, max_bytes)
+        spans = parse_page_range(spec.pages, path=rel) if spec.pages else ()
+        extracted = _extract(data, rel, spans, max_pages)
+        payload = PdfPayload(
+            path=rel,
+            pages=spec.pages,
+            title=extracted.title or Path(rel).stem,
+            page_texts=extracted.page_texts,
+            page_count=extracted.page_count,
+            truncated=extracted.truncated,
+            image_only=not any(text for _, text in extracted.page_texts),
+        )
+        key = f"pdf:{payload.locator}"
+        artifact = make_artifact("pdf", key, payload, recoverable=True)
+        return Processed((artifact,), warnings=extracted.warnings)
+
+
+def _int_option(ctx: ProcessContext, name: str, default: int) -> int:
+    value = ctx.options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(name, f"must be a positive integer, not {value!r}")
+    return value
+
+
+def _locate(path: str, ctx: ProcessContext) -> tuple[str, Path]:
+    """(the path used in the key, the file to read): vault-relative, or absolute if allowed."""
+    if os.path.isabs(path):
+        if not ctx.allow_absolute_paths:
+            raise PathOutsideVault(
+                path, "absolute paths are not allowed (the host did not enable them)"
+            )
+        absolute = os.path.normpath(path)
+        if ctx.vault is not None:
+            inside = os.path.relpath(os.path.realpath(absolute), ctx.vault.root)
+            if inside != os.pardir and not inside.startswith(os.pardir + os.sep):
+                rel = ctx.vault.resolve(inside.replace(os.sep, "/"))
+                return rel, ctx.vault.root / rel
+        return absolute, Path(absolute)
+    if ctx.vault is None:
+        raise PdfError(path, "path", "a relative PDF path needs a vault")
+    rel = ctx.vault.resolve(path)
+    return rel, ctx.vault.root / rel
+
+
+def _read(full: Path, label: str, max_bytes: int) -> bytes:
+    try:
+        with open(full, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except (FileNotFoundError, NotADirectoryError):
+        raise PdfError(label, "missing", "no such file") from None
+    except IsADirectoryError:
+        raise PdfError(label, "missing", "the path is a directory, not a PDF") from None
+    except OSError as exc:
+        raise PdfError(label, "unreadable", exc.strerror or str(exc)) from None
+    if len(data) > max_bytes:
+        raise PdfError(label, "too-large", f"the file is over {max_bytes} bytes")
+    return data
+
+
+@attrs.frozen
+class _Extracted:
+    title: str
+    page_texts: tuple[tuple[int, str], ...]
+    page_count: int
+    truncated: bool
+    warnings: tuple[str, ...]
+
+
+def _extract(
+    data: bytes, label: str, spans: tuple[tuple[int, int], ...], max_pages: int
+) -> _Extracted:
+    if b"%PDF-" not in data[:1024]:
+        raise PdfError(label, "corrupt", "not a PDF (no %PDF- header)")
+    if b"%%EOF" not in data[-1024:]:
+        raise PdfError(label, "corrupt", "the file is truncated (no %%EOF marker at its end)")
+    import pypdfium2 as pdfium
+
+    with _PDFIUM_LOCK:
+        try:
+            document = pdfium.PdfDocument(data)
+        except pdfium.PdfiumError as exc:
+            message = str(exc)
+            if "password" in message.lower() or "security" in message.lower():
+                raise PdfError(label, "encrypted", "the PDF needs a password") from None
+            raise PdfError(label, "corrupt", _short(message)) from None
+        except Exception as exc:  # pdfium may fail in ways its wrapper does not classify
+            raise PdfError(label, "corrupt", f"{type(exc).__name__}: {_short(str(exc))}") from None
+        try:
+            return _read_pages(document, label, spans, max_pages)
+        finally:
+            with contextlib.suppress(Exception):  # closing must never mask the outcome
+                document.close()
+
+
+def _read_pages(
+    document: Any, label: str, spans: tuple[tuple[int, int], ...], max_pages: int
+) -> _Extracted:
+    try:
+        page_count = len(document)
+    except Exception as exc:
+        raise PdfError(label, "corrupt", f"cannot count pages: {_short(str(exc))}") from None
+    if page_count < 1:
+        raise PdfError(label, "corrupt", "the document has no pages")
+    if spans and spans[-1][1] > page_count:
+        raise PdfError(
+            label,
+            "pages",
+            f"page {spans[-1][1]} is past the end (the document has {page_count} pages)",
+        )
+    wanted: Sequence[int] = (
+        [n for first, last in spans for n in range(first, last + 1)]
+        if spans
+        else range(1, page_count + 1)
+    )
+    truncated = len(wanted) > max_pages
+    texts: list[tuple[int, str]] = []
+    warnings: list[str] = []
+    for number in wanted[:max_pages]:
+        try:
+            texts.append((number, _page_text(document, number - 1)))
+        except Exception as exc:  # one unreadable page must not lose the others
+            texts.append((number, ""))
+            warnings.append(f"{label}: page {number} could not be read ({_short(str(exc))})")
+    return _Extracted(_title(document), tuple(texts), page_count, truncated, tuple(warnings))
+
+
+def _page_text(document: Any, index: int) -> str:
+    page = document[index]
+    try:
+        textpage = page.get_textpage()
+        try:
+            raw = str(textpage.get_text_range())
+        finally:
+            textpage.close()
+    finally:
+        page.close()
+    return _clean(raw)
+
+
+def _title(document: Any) -> str:
+    try:
+        value = document.get_metadata_value("Title")
+    except Exception:  # a broken info dictionary only costs the title
+        return ""
+    return " ".join(str(value).split()) if value else ""
+
+
+def _clean(text: str) -> str:
+    text = _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+    lines = [line.rstrip() for line in text.split("\n")]
+    return _BLANK_RUNS.sub("\n\n", "\n".join(lines)).strip()
+
+
+def _short(message: str) -> str:
+    return " ".join(message.split())[:200]

@@ -1,0 +1,187 @@
+"""A vault: a folder of markdown notes addressed by vault-relative ``/`` paths.
+
+Every path goes through ``resolve`` so nothing outside the root is ever read, and an
+in-memory overlay lets scripts change notes for a turn without writing to disk.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import posixpath
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import attrs
+
+from pipeline._errors import AttachmentError, ConfigError, NoteNotFound, PathOutsideVault
+
+__all__ = ["MAX_NOTE_BYTES", "Vault"]
+
+MAX_NOTE_BYTES = 16 * 1024 * 1024
+"""Notes larger than this are refused rather than read into memory."""
+
+_BOM = "\ufeff"
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def _root(value: str | os.PathLike[str]) -> Path:
+    return Path(os.path.realpath(os.fspath(value)))
+
+
+def _overlay(value: Mapping[str, str] | None) -> Mapping[str, str]:
+    items: dict[str, str] = {}
+    for rel, text in (value or {}).items():
+        if not isinstance(text, str):
+            raise AttachmentError(str(rel), "a vault change must be text")
+        norm = _normalize(rel)
+        if norm == ".":
+            raise PathOutsideVault(str(rel), "a vault change must name a note, not the vault root")
+        if "." not in posixpath.basename(norm):
+            norm += ".md"
+        items[norm] = text
+    return MappingProxyType(dict(sorted(items.items())))
+
+
+def _normalize(rel: Any) -> str:
+    """Lexically normalize a vault-relative path; refuse absolute paths and ``..`` escapes."""
+    if not isinstance(rel, str):
+        raise AttachmentError(repr(rel)[:60], "a vault path must be a string")
+    if "\x00" in rel:
+        raise AttachmentError(repr(rel)[:60], "a vault path must not contain NUL")
+    path = rel.replace("\\", "/").strip()
+    if path.startswith("/") or _DRIVE.match(path):
+        raise PathOutsideVault(rel, "absolute paths are refused; give a path relative to the vault")
+    norm = posixpath.normpath(path) if path else "."
+    if norm == ".." or norm.startswith("../"):
+        raise PathOutsideVault(rel, "path escapes the vault with '..'")
+    return norm
+
+
+def _hidden(rel: str) -> bool:
+    return any(part.startswith(".") for part in rel.split("/") if part != ".")
+
+
+@attrs.frozen
+class Vault:
+    """Notes under ``root``; ``overlay`` (path -> text) is applied over disk, in memory."""
+
+    root: Path = attrs.field(converter=_root)
+    overlay: Mapping[str, str] = attrs.field(default=None, converter=_overlay, hash=False)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.root.is_dir():
+            raise ConfigError("vault", f"{self.root} is not a directory")
+
+    def resolve(self, rel: str) -> str:
+        """The normalized vault-relative path; refuses escapes, including symlinks out."""
+        norm = _normalize(rel)
+        root = str(self.root)
+        real = os.path.realpath(os.path.join(root, norm))
+        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise PathOutsideVault(rel, "path leads outside the vault through a symlink")
+        return norm
+
+    def exists(self, rel: str) -> bool:
+        """Whether ``rel`` is a readable note (overlay or a regular file, not hidden)."""
+        norm = self.resolve(rel)
+        if norm in self.overlay:
+            return True
+        return not _hidden(norm) and os.path.isfile(os.path.join(self.root, norm))
+
+    def note_path(self, rel: str) -> str:
+        """The resolved path of an existing note (``.md`` may be left off), else NoteNotFound."""
+        norm = self.resolve(rel)
+        if norm.endswith(".md") and self.exists(norm):
+            return norm
+        if not norm.endswith(".md") and norm != "." and self.exists(norm + ".md"):
+            return self.resolve(norm + ".md")
+        raise NoteNotFound(rel, self.suggest(rel))
+
+    def read_text(self, rel: str) -> tuple[str, str | None]:
+        """Text of a note (BOM stripped, newlines as ``\\n``) and a warning if bytes were bad."""
+        norm = self.resolve(rel)
+        if norm in self.overlay:
+            return _clean(self.overlay[norm]), None
+        path = os.path.join(self.root, norm)
+        if _hidden(norm) or not os.path.isfile(path):
+            raise NoteNotFound(rel, self.suggest(rel))
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_NOTE_BYTES + 1)
+        except OSError as exc:
+            raise AttachmentError(norm, f"cannot read: {exc.strerror or exc}") from None
+        if len(data) > MAX_NOTE_BYTES:
+            raise AttachmentError(norm, f"note is larger than {MAX_NOTE_BYTES} bytes")
+        try:
+            return _clean(data.decode("utf-8")), None
+        except UnicodeDecodeError as exc:
+            text = data.decode("utf-8", errors="replace")
+            warning = (
+                f"{norm}: not valid UTF-8 (first bad byte at offset {exc.start}); "
+                "undecodable bytes were replaced with U+FFFD"
+            )
+            return _clean(text), warning
+
+    def notes(self) -> tuple[str, ...]:
+        """Every ``.md`` note (disk and overlay), sorted by path; hidden folders skipped."""
+        found = set(self._disk_notes())
+        found.update(p for p in self.overlay if p.endswith(".md") and not _hidden(p))
+        return tuple(sorted(found))
+
+    def folders(self) -> tuple[str, ...]:
+        """Every folder that holds at least one note (at any depth), sorted."""
+        dirs: set[str] = set()
+        for rel in self.notes():
+            parent = posixpath.dirname(rel)
+            while parent:
+                dirs.add(parent)
+                parent = posixpath.dirname(parent)
+        return tuple(sorted(dirs))
+
+    def with_changes(self, changes: Mapping[str, str]) -> Vault:
+        """A vault that sees ``changes`` (path -> text) over this one; disk is not written."""
+        return Vault(self.root, {**self.overlay, **_overlay(changes)})
+
+    def suggest(self, rel: str, candidates: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        """Close matches for a path that was not found, by full path and by file name."""
+        pool = self.notes() if candidates is None else candidates
+        wanted = str(rel).replace("\\", "/").strip().strip("/")
+        if not wanted or not pool:
+            return ()
+        if candidates is None and not wanted.endswith(".md"):
+            wanted += ".md"
+        found = difflib.get_close_matches(wanted, pool, n=5, cutoff=0.6)
+        by_name: dict[str, list[str]] = {}
+        for path in pool:
+            by_name.setdefault(posixpath.basename(path).lower(), []).append(path)
+        name = posixpath.basename(wanted).lower()
+        for close in difflib.get_close_matches(name, list(by_name), n=5, cutoff=0.6):
+            found.extend(by_name[close])
+        return tuple(dict.fromkeys(found))[:5]
+
+    def _disk_notes(self) -> Iterator[str]:
+        root = str(self.root)
+        prefix = root.rstrip(os.sep) + os.sep
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            rel_dir = os.path.relpath(dirpath, root)
+            for name in filenames:
+                if name.startswith(".") or not name.endswith(".md"):
+                    continue
+                full = os.path.join(dirpath, name)
+                if os.path.islink(full) and not os.path.realpath(full).startswith(prefix):
+                    continue
+                if not os.path.isfile(full):
+                    continue
+                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                yield rel.replace(os.sep, "/")
+
+
+def _clean(text: str) -> str:
+    if text.startswith(_BOM):
+        text = text[1:]
+    return text.replace("\r\n", "\n").replace("\r", "\n")

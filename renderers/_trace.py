@@ -1,0 +1,49 @@
+"""The JSON trace: a public, stable record of each turn's layers, segments and messages."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pipeline import Envelope, TokenCounter, request_tokens
+
+from renderers._openai import openai_messages
+
+__all__ = ["TRACE_VERSION", "trace_document", "trace_turn"]
+
+TRACE_VERSION = 1
+
+
+def trace_turn(envelope: Envelope, counter: TokenCounter) -> dict[str, Any]:
+    """One turn of the trace (README: "Trace format")."""
+    return {
+        "turn": envelope.turn,
+        "prefix_hash": envelope.prefix_hash,
+        "tokens_total": request_tokens(envelope, counter),
+        "layers": {
+            str(layer.name): {
+                "hash": layer.hash,
+                "tokens": layer.tokens,
+                "segments": [
+                    {
+                        "key": s.key,
+                        "source_type": s.source_type,
+                        "form": str(s.form),
+                        "content_hash": s.content_hash,
+                        "tokens": s.tokens,
+                    }
+                    for s in layer.segments
+                ],
+            }
+            for layer in envelope.layers
+        },
+        "messages": openai_messages(envelope),
+    }
+
+
+def trace_document(envelopes: Sequence[Envelope], counter: TokenCounter) -> dict[str, Any]:
+    return {
+        "lamina_trace": TRACE_VERSION,
+        "tokenizer": counter.name,
+        "turns": [trace_turn(e, counter) for e in envelopes],
+    }

@@ -1,0 +1,289 @@
+"""Structure + preview, marked excerpts and token cuts (pipeline._preview)."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline._errors import ConfigError
+from pipeline._preview import (
+    EXCERPT_MIN_TOKENS,
+    cut_to_tokens,
+    make_excerpt,
+    make_preview,
+)
+from pipeline._tokens import TokenCounter
+
+COUNTER = TokenCounter()
+
+NOTE = """Lamina builds prompts from typed artifacts. It keeps the cached prefix stable across turns.
+
+# Goals
+
+Every request must fit the window. Nothing that cannot be fetched again may be lost. The prefix stays byte-identical between turns.
+
+## Non-goals
+
+Streaming is out of scope.
+
+## Example
+
+```python
+# this comment is not a heading
+def turn(text):
+    return envelope(text) + other(text) + more(text)
+```
+
+Done.
+"""
+
+NOTE_PREVIEW = """Lamina builds prompts from typed artifacts. It keeps the cached prefix stable across …
+
+# Goals
+Every request must fit the window. Nothing that cannot be fetched again may be …
+
+## Non-goals
+Streaming is out of scope.
+
+## Example
+```python
+# this comment is not a heading
+def
+```
+…"""
+
+
+def _sections(n: int, words: int = 10) -> str:
+    return "\n\n".join(f"## Part {i}\n\n" + " ".join(["word"] * words) + "." for i in range(n))
+
+
+def _fence_open_at_end(text: str) -> bool:
+    """CommonMark's rule, for backtick fences: any fence opens, a bare one closes."""
+    open_fence = False
+    for line in text.split("\n"):
+        if line.startswith("```"):
+            open_fence = line.strip() != "```" if not open_fence else line.strip() != "```"
+    return open_fence
+
+
+def test_small_note_preview_is_exact() -> None:
+    """Headings kept, bodies cut at a sentence or word end with an ellipsis, fence closed."""
+    preview = make_preview(NOTE, COUNTER, section_tokens=16)
+    assert preview.text == NOTE_PREVIEW
+    assert (preview.sections_total, preview.sections_kept, preview.cut) == (4, 4, True)
+
+
+def test_note_within_limits_is_kept_whole() -> None:
+    preview = make_preview("# Title\n\nShort body.\n\n## Next\n\nAlso short.\n", COUNTER)
+    assert preview.text == "# Title\nShort body.\n\n## Next\nAlso short."
+    assert preview.cut is False
+
+
+def test_dropped_sections_are_counted() -> None:
+    preview = make_preview(_sections(25), COUNTER, max_sections=20)
+    assert preview.text.endswith("\n\n[... 5 more sections omitted ...]")
+    assert "## Part 19\n" in preview.text and "## Part 20" not in preview.text
+    assert (preview.sections_total, preview.sections_kept, preview.cut) == (25, 20, True)
+
+
+def test_one_dropped_section_is_singular() -> None:
+    preview = make_preview(_sections(3), COUNTER, max_sections=2)
+    assert preview.text.endswith("[... 1 more section omitted ...]")
+
+
+def test_text_before_the_first_heading_is_a_section() -> None:
+    preview = make_preview("Intro line.\n\n# A\n\nBody.", COUNTER, max_sections=1)
+    assert preview.text == "Intro line.\n\n[... 1 more section omitted ...]"
+
+
+def test_headless_note_keeps_its_first_tokens() -> None:
+    body = " ".join(f"Sentence number {i} says something." for i in range(400))
+    preview = make_preview(body, COUNTER, headless_tokens=100)
+    assert preview.cut is True
+    assert preview.text.endswith(" …")
+    assert body.startswith(preview.text.removesuffix(" …"))
+    assert preview.text.removesuffix(" …").endswith(".")
+    assert 50 <= COUNTER.count(preview.text) <= 100
+
+
+def test_short_headless_note_is_unchanged() -> None:
+    preview = make_preview("\n\nJust a line.\n", COUNTER)
+    assert preview == type(preview)("Just a line.", 1, 1, False)
+
+
+def test_tags_and_commented_code_are_not_headings() -> None:
+    body = "#tag at the start\n\n```sh\n# comment\n```\n\n####### seven hashes\n\n# Real"
+    preview = make_preview(body, COUNTER)
+    assert preview.sections_total == 2
+    assert preview.text.startswith("#tag at the start\n\n```sh\n# comment\n```")
+
+
+def test_long_heading_is_cut_at_a_word() -> None:
+    heading = "# " + " ".join(["longword"] * 200)
+    preview = make_preview(heading + "\n\nBody.", COUNTER, section_tokens=20)
+    first = preview.text.splitlines()[0]
+    assert first.endswith(" …") and COUNTER.count(first) <= 20
+
+
+def test_section_bodies_stay_within_section_tokens() -> None:
+    body = _sections(5, words=300)
+    preview = make_preview(body, COUNTER, section_tokens=40)
+    for block in preview.text.split("\n\n"):
+        assert COUNTER.count(block.split("\n", 1)[1]) <= 40
+
+
+def test_cut_inside_a_code_block_closes_the_fence() -> None:
+    code = "\n".join(f"x{i} = compute({i})" for i in range(200))
+    body = f"# Code\n\nSetup first.\n\n~~~~python\n{code}\n~~~~\n\n# After\n\nText."
+    preview = make_preview(body, COUNTER, section_tokens=40)
+    block = preview.text.split("\n\n# After")[0]
+    assert block.endswith("\n~~~~\n…")
+    assert preview.text.endswith("# After\nText.")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["# H", "## H", "text", "```", "```py", "more words here."]),
+            st.integers(0, 30),
+        ),
+        max_size=40,
+    ),
+    st.integers(8, 60),
+)
+def test_fences_are_never_left_open(lines: list[tuple[str, int]], limit: int) -> None:
+    body = "\n".join(kind if kind.startswith("```") else f"{kind} " + "w " * n for kind, n in lines)
+    if _fence_open_at_end(body):
+        body += "\n```"
+    preview = make_preview(body, COUNTER, section_tokens=limit, headless_tokens=limit)
+    for block in re.split(r"\n\n(?=#)", preview.text):
+        assert not _fence_open_at_end(block), block
+
+
+def test_preview_is_deterministic() -> None:
+    body = _sections(30, words=120)
+    first = make_preview(body, TokenCounter())
+    second = make_preview(body, TokenCounter())
+    assert first == second
+
+
+def test_one_megabyte_input_is_bounded() -> None:
+    """A 1 MB note gives a preview bounded by the section limits (timing not asserted)."""
+    rng = random.Random(7)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    parts = []
+    while sum(map(len, parts)) < 1_000_000:
+        n = len(parts)
+        prose = " ".join(rng.choice(words) + ("." if rng.random() < 0.1 else "") for _ in range(90))
+        parts.append(f"## Section {n}\n\n{prose}\n\n```\ncode {n}\n```\n")
+    body = "\n".join(parts)
+    preview = make_preview(body, COUNTER, max_sections=20, section_tokens=125)
+    assert preview.sections_total == len(parts)
+    assert COUNTER.count(preview.text) <= 20 * (125 + 10) + 20
+    assert preview.text.endswith(f"[... {len(parts) - 20} more sections omitted ...]")
+
+
+def test_bad_preview_limits_are_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="max_sections"):
+        make_preview("x", COUNTER, max_sections=0)
+
+
+# --- cut_to_tokens ---------------------------------------------------------------------
+
+CUT_TEXT = (
+    "The first paragraph is long enough to be worth keeping on its own\n\n"
+    "Second paragraph has a sentence. And more words follow here and there and everywhere."
+)
+
+
+def test_sentence_cut_prefers_a_sentence_end() -> None:
+    assert cut_to_tokens(CUT_TEXT, COUNTER, 24, boundary="sentence").endswith("has a sentence.")
+
+
+def test_paragraph_cut_prefers_a_paragraph_end() -> None:
+    cut = cut_to_tokens(CUT_TEXT, COUNTER, 24, boundary="paragraph")
+    assert cut == "The first paragraph is long enough to be worth keeping on its own"
+
+
+def test_word_cut_keeps_whole_words() -> None:
+    cut = cut_to_tokens(CUT_TEXT, COUNTER, 24, boundary="word")
+    assert cut.endswith(("follow", "here", "and", "there", "words")), cut
+    assert CUT_TEXT.startswith(cut) and COUNTER.count(cut) <= 24
+
+
+def test_sentence_cut_falls_back_to_a_word_without_sentence_ends() -> None:
+    text = " ".join(["word"] * 100)
+    cut = cut_to_tokens(text, COUNTER, 10, boundary="sentence")
+    assert cut == " ".join(["word"] * 10)
+
+
+def test_text_that_fits_is_returned_unchanged() -> None:
+    assert cut_to_tokens("fits  \n", COUNTER, 10) == "fits  \n"
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.text(max_size=600), st.integers(1, 80), st.sampled_from(["sentence", "paragraph", "word"]))
+def test_cut_is_a_prefix_within_the_limit(text: str, limit: int, boundary: str) -> None:
+    cut = cut_to_tokens(text, COUNTER, limit, boundary=boundary)  # type: ignore[arg-type]
+    assert text.startswith(cut)
+    assert COUNTER.count(cut) <= limit
+
+
+# --- make_excerpt ----------------------------------------------------------------------
+
+
+def test_excerpt_keeps_head_and_tail_with_a_marker() -> None:
+    text = "line one\nline two\nline three\n" + "middle words " * 200 + "\nthe last line"
+    excerpt = make_excerpt(text, COUNTER, 40)
+    assert excerpt.text == (
+        "line one\nline two\nline three\n"
+        "[... 2602 of 2643 characters cut here (non-recoverable: head and tail kept) ...]\n"
+        "the last line"
+    )
+    assert (excerpt.cut_chars, excerpt.total_chars) == (2602, 2643)
+
+
+def test_excerpt_of_text_that_fits_is_the_text() -> None:
+    excerpt = make_excerpt("short selection", COUNTER, 64)
+    assert (excerpt.text, excerpt.cut_chars) == ("short selection", 0)
+
+
+def test_excerpt_below_the_floor_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_tokens"):
+        make_excerpt("anything", COUNTER, EXCERPT_MIN_TOKENS - 1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.one_of(
+        st.text(min_size=0, max_size=3000),
+        st.lists(st.sampled_from(["word", "word.", "\n", "日本語", "🙂", "  "]), max_size=1500).map(
+            " ".join
+        ),
+    ),
+    st.integers(EXCERPT_MIN_TOKENS, 300),
+)
+def test_excerpt_is_bounded_and_extractive(text: str, limit: int) -> None:
+    excerpt = make_excerpt(text, COUNTER, limit)
+    assert COUNTER.count(excerpt.text) <= limit
+    head = text[: excerpt.head_chars]
+    tail = text[len(text) - excerpt.tail_chars :] if excerpt.tail_chars else ""
+    assert excerpt.head_chars + excerpt.cut_chars + excerpt.tail_chars == len(text)
+    assert excerpt.text.startswith(head) and excerpt.text.endswith(tail)
+    if excerpt.cut_chars:
+        assert f"[... {excerpt.cut_chars} of {len(text)} characters cut here" in excerpt.text
+    else:
+        assert excerpt.text == text
+
+
+def test_excerpt_of_one_megabyte_is_bounded() -> None:
+    text = "word " * 200_000 + "the end"
+    excerpt = make_excerpt(text, COUNTER, 500)
+    assert COUNTER.count(excerpt.text) <= 500
+    assert excerpt.text.endswith("the end")
+    assert excerpt.head_chars > 0
