@@ -68,9 +68,7 @@ class Artifact:
         return make_artifact(self.source_type, self.key, payload, recoverable=self.recoverable)
 
 
-def make_artifact(
-    source_type: str, key: str, payload: Payload, *, recoverable: bool
-) -> Artifact:
+def make_artifact(source_type: str, key: str, payload: Payload, *, recoverable: bool) -> Artifact:
     """Build an artifact, hashing the canonical bytes of its source type and payload."""
     if not key.startswith(f"{source_type}:"):
         raise ValueError(f"artifact key {key!r} must start with {source_type + ':'!r}")

@@ -22,7 +22,9 @@ __all__ = ["main"]
 
 DEMO_SCRIPT: dict[str, Any] = {
     "system": {
-        "stable": "You are Lamina's demo assistant. Answer from the attached context; cite note paths.",
+        "stable": (
+            "You are Lamina's demo assistant. Answer from the attached context; cite note paths."
+        ),
         "mutable": "User memory: prefers short answers with bullet points.",
     },
     "turns": [
@@ -46,7 +48,9 @@ def _demo_vault() -> Path:
         candidate = base / "examples" / "vault"
         if candidate.is_dir():
             return candidate
-    raise ScriptError("demo", "vault", "examples/vault not found; run from the repository or pass --vault")
+    raise ScriptError(
+        "demo", "vault", "examples/vault not found; run from the repository or pass --vault"
+    )
 
 
 def _conversation(script: Script, vault: str | None, tokenizer: str) -> Conversation:
@@ -95,7 +99,9 @@ def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, f
             content = m["content"]
             lines = content.splitlines()
             if not full and len(lines) > 24:
-                content = "\n".join(lines[:24]) + f"\n… ({len(lines) - 24} more lines; --full shows all)"
+                content = (
+                    "\n".join(lines[:24]) + f"\n… ({len(lines) - 24} more lines; --full shows all)"
+                )
             console.print(f"[cyan]{m['role']}[/cyan]:")
             console.print(content, markup=False, highlight=False, soft_wrap=True)
         share = f"{cached / total:.0%}" if total else "0%"
@@ -112,7 +118,9 @@ def cli() -> None:
 
 
 @cli.command()
-@click.option("--vault", type=click.Path(file_okay=False), help="Vault folder (default: examples/vault).")
+@click.option(
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (default: examples/vault)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace instead of tables.")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
 @click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
@@ -129,7 +137,9 @@ def demo(vault: str | None, as_json: bool, full: bool, tokenizer: str) -> None:
 
 @cli.command()
 @click.argument("script_path", metavar="SCRIPT")
-@click.option("--vault", type=click.Path(file_okay=False), help="Vault folder (overrides the script's).")
+@click.option(
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (overrides the script's)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace (the public format).")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
 @click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
@@ -147,7 +157,9 @@ def run(script_path: str, vault: str | None, as_json: bool, full: bool, tokenize
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit status."""
     try:
-        cli.main(args=list(argv) if argv is not None else None, prog_name="lamina", standalone_mode=False)
+        cli.main(
+            args=list(argv) if argv is not None else None, prog_name="lamina", standalone_mode=False
+        )
     except LaminaError as exc:
         click.echo(f"lamina: error: {exc}", err=True)
         return 2

@@ -75,7 +75,7 @@ class ConversationState:
     vault_changes: tuple[tuple[str, str], ...] = ()
     last_system: SystemPrompt | None = None
     tokenizer: str = "o200k_base"
-    policy: Policy = Policy()
+    policy: Policy = attrs.field(factory=Policy)
 
 
 class Conversation:
@@ -275,13 +275,25 @@ class Conversation:
             l4.append(self._text_segment(f"history:{h.turn}:user", "history", h.user, "user"))
             if h.assistant is not None:
                 l4.append(
-                    self._text_segment(f"history:{h.turn}:assistant", "history", h.assistant, "assistant")
+                    self._text_segment(
+                        f"history:{h.turn}:assistant", "history", h.assistant, "assistant"
+                    )
                 )
         l5 = [self._text_segment("query", "query", query, "user")]
         decisions = list(graph.decisions)
         if self._last_system is not None and self._last_system != self._system:
             changed = "stable" if self._last_system.stable != self._system.stable else "mutable"
-            decisions.insert(0, Decision("system", f"system:{changed}", "text", "text", "system prompt changed", layer="L1"))
+            decisions.insert(
+                0,
+                Decision(
+                    "system",
+                    f"system:{changed}",
+                    "text",
+                    "text",
+                    "system prompt changed",
+                    layer="L1",
+                ),
+            )
         layers = (
             self._layer(LayerName.L1, l1),
             self._layer(LayerName.L2, l2),

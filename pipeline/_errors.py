@@ -1,22 +1,28 @@
 """Lamina's one error tree; every error names the input it is about.
 
-    LaminaError
-    ├── ConfigError            bad settings, policies or profiles (.setting)
-    ├── PipelineError          stage wiring refused at build time (.stage)
-    ├── StageError             a stage failed while running (.stage)
-    ├── RegistryError          processor / renderer registration (.kind)
-    │   └── PluginError        a plugin failed to load (.plugin)
-    ├── AttachmentError        an attachment could not be turned into artifacts (.spec)
-    │   ├── UnknownAttachmentKind (.kind, .known)
-    │   ├── PathOutsideVault      (.path)
-    │   ├── NoteNotFound          (.path, .suggestions)
-    │   ├── FetchError            (.url, .reason)  web pages
-    │   ├── TranscriptError       (.video)        YouTube
-    │   └── PdfError              (.path, .reason)
-    ├── ConversationError      a conversation method was called out of order
-    ├── ScriptError            a conversation script is malformed (.path, .where)
-    ├── InvariantViolation     an envelope broke a DESIGN.md invariant (.invariant, .key)
-    └── BudgetExceeded         the payload cannot fit the window (.report)
+LaminaError
+├── ConfigError            bad settings, policies or profiles (.setting)
+├── PipelineError          stage wiring refused at build time (.stage)
+├── StageError             a stage failed while running (.stage)
+├── RegistryError          processor / renderer registration (.kind)
+│   └── PluginError        a plugin failed to load (.plugin)
+├── AttachmentError        an attachment could not be turned into artifacts (.spec)
+│   ├── UnknownAttachmentKind (.kind, .known)
+│   ├── PathOutsideVault      (.path)
+│   ├── NoteNotFound          (.path, .suggestions)
+│   ├── FetchError            (.url, .reason)  web pages
+│   ├── TranscriptError       (.video)        YouTube
+│   └── PdfError              (.path, .reason)
+├── ConversationError      a conversation method was called out of order
+├── ScriptError            a conversation script is malformed (.path, .where)
+├── InvariantViolation     an envelope broke a DESIGN.md invariant (.invariant, .key)
+├── StoreError             a conversation store file cannot be used (.path)
+│   ├── StoreLocked           another process holds the write lock too long
+│   ├── StoreCorrupt          not a Lamina store, or its bytes are damaged
+│   ├── StoreSchemaTooNew     written by a newer Lamina (.found, .supported)
+│   └── UnknownConversation   no conversation with that id (.conversation_id)
+├── ChatTranscriptError    a markdown chat transcript cannot be read (.path, .line)
+└── BudgetExceeded         the payload cannot fit the window (.report)
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 __all__ = [
     "AttachmentError",
     "BudgetExceeded",
+    "ChatTranscriptError",
     "ConfigError",
     "ConversationError",
     "FetchError",
@@ -40,8 +47,13 @@ __all__ = [
     "RegistryError",
     "ScriptError",
     "StageError",
+    "StoreCorrupt",
+    "StoreError",
+    "StoreLocked",
+    "StoreSchemaTooNew",
     "TranscriptError",
     "UnknownAttachmentKind",
+    "UnknownConversation",
 ]
 
 
@@ -179,3 +191,49 @@ class BudgetExceeded(LaminaError):
     def __init__(self, problem: str, report: Any = None) -> None:
         self.report = report
         super().__init__(problem)
+
+
+class StoreError(LaminaError):
+    """A conversation store cannot be opened, read or written; names the file."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path = path
+        super().__init__(f"store {path}: {problem}")
+
+
+class StoreLocked(StoreError):
+    """Another process held the store's write lock longer than the timeout."""
+
+
+class StoreCorrupt(StoreError):
+    """The file is not a Lamina store, or a stored record fails its hash check."""
+
+
+class StoreSchemaTooNew(StoreError):
+    """The store was written by a newer Lamina whose schema this version cannot read."""
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            path,
+            f"schema version {found} is newer than this Lamina supports ({supported}); upgrade Lamina",
+        )
+
+
+class UnknownConversation(StoreError):
+    """No conversation with this id is in the store."""
+
+    def __init__(self, path: str, conversation_id: str) -> None:
+        self.conversation_id = conversation_id
+        super().__init__(path, f"no conversation {conversation_id!r}")
+
+
+class ChatTranscriptError(LaminaError):
+    """A markdown chat transcript is malformed; ``line`` is 1-based (0 when unknown)."""
+
+    def __init__(self, path: str, line: int, problem: str) -> None:
+        self.path = path
+        self.line = line
+        loc = f":{line}" if line else ""
+        super().__init__(f"{path}{loc}: {problem}")

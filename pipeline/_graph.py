@@ -32,7 +32,7 @@ class TurnContext:
     turn: int
     counter: TokenCounter = attrs.field(eq=False)
     renderer: SegmentRenderer = attrs.field(eq=False)
-    policy: Policy = Policy()
+    policy: Policy = attrs.field(factory=Policy)
 
 
 @attrs.frozen
@@ -49,7 +49,7 @@ class TurnGraph:
     ctx: TurnContext = attrs.field(eq=False)
     roots: tuple[str, ...] = ()
     items: tuple[Placement, ...] = ()
-    library: Library = Library()
+    library: Library = attrs.field(factory=Library)
     promoted: Library | None = None
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
@@ -66,7 +66,9 @@ class TurnGraph:
             for artifact in p.artifacts:
                 existing = graph.nodes.get(artifact.key, {}).get("artifact")
                 if existing is not None and existing.content_hash != artifact.content_hash:
-                    warnings.append(f"{artifact.key}: attached twice with different content; kept the first")
+                    warnings.append(
+                        f"{artifact.key}: attached twice with different content; kept the first"
+                    )
                     continue
                 graph.add_node(artifact.key, kind="artifact", artifact=artifact)
             if p.group is not None:

@@ -16,9 +16,9 @@ _converter = cattrs.Converter()
 def canonical_bytes(value: Any) -> bytes:
     """Unstructure ``value`` with cattrs and encode it as sorted, compact UTF-8 JSON."""
     plain = _converter.unstructure(value)
-    return json.dumps(
-        plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False
-    ).encode("utf-8", "surrogatepass")
+    return json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8", "surrogatepass"
+    )
 
 
 def content_hash(value: Any) -> str:

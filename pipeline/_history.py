@@ -31,7 +31,7 @@ class HistoryEntry:
 
 
 def strip_reply(text: str) -> str:
-    """Replace context blocks by ``[context: key]`` and tool payloads by ``[tool output omitted]``."""
+    """Replace context blocks by ``[context: key]`` and tool payloads by ``[<tag> omitted]``."""
     text = _CONTEXT_BLOCK.sub(lambda m: f"[context: {m.group('key')}]", text)
     return _TOOL_BLOCK.sub(lambda m: f"[{m.group('tag')} omitted]", text)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from pipeline._envelope import Envelope, Form, Layer
 from pipeline._errors import InvariantViolation
 from pipeline._hashing import text_hash
@@ -40,7 +39,7 @@ def _hashes_match(env: Envelope) -> None:
 
 def _unique_keys(layer: Layer) -> None:
     seen: set[str] = set()
-    for key in layer.keys():
+    for key in (s.key for s in layer.segments):
         if key in seen:
             raise InvariantViolation(2, f"{key} appears twice in {layer.name}", key)
         seen.add(key)
@@ -58,7 +57,9 @@ def _references_and_resends(env: Envelope, policy: Policy) -> None:
             continue
         shortened = entry.form in _COMPACTED
         if not (shortened and policy.reattach == "full"):
-            raise InvariantViolation(3, f"{seg.key} is in L2 and sent again unchanged in L3", seg.key)
+            raise InvariantViolation(
+                3, f"{seg.key} is in L2 and sent again unchanged in L3", seg.key
+            )
 
 
 def _history_is_bare(env: Envelope) -> None:
@@ -75,11 +76,10 @@ def _library_is_append_only(env: Envelope, prev: Envelope) -> None:
         raise InvariantViolation(5, f"L2 lost {missing[0]} with no reported decision", missing[0])
     if [k for k in before if k in now] != [k for k in now if k in before]:
         raise InvariantViolation(5, "L2 entries were reordered")
-    if not env.system_text.startswith(prev.system_text):
-        if not explained:
-            raise InvariantViolation(
-                5, "the system message is not an extension of the previous one and no decision says why"
-            )
+    if not env.system_text.startswith(prev.system_text) and not explained:
+        raise InvariantViolation(
+            5, "the system message changed at its start and no decision says why"
+        )
 
 
 def _non_recoverable_kept(env: Envelope) -> None:
@@ -97,6 +97,6 @@ def _compacted_keep_identity(env: Envelope) -> None:
     for layer in (env.l2, env.l3):
         for seg in layer.segments:
             if seg.form in _COMPACTED and not (seg.key and seg.title and seg.key in seg.text):
-                raise InvariantViolation(8, f"{seg.key} lost its key or title when compacted", seg.key)
-
-
+                raise InvariantViolation(
+                    8, f"{seg.key} lost its key or title when compacted", seg.key
+                )

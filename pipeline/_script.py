@@ -49,7 +49,9 @@ def load_script(path: str | Path) -> Script:
     try:
         data = json.loads(raw) if p.suffix == ".json" else yaml.safe_load(raw)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ScriptError(str(p), "", f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
+        raise ScriptError(
+            str(p), "", f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}"
+        ) from None
     return parse_script(data, str(p), base=p.parent)
 
 
@@ -97,7 +99,9 @@ def _turn(raw: Any, path: str, where: str) -> ScriptTurn:
     user = _text(raw.get("user"), path, f"{where}.user") or ""
     attach = raw.get("attach", [])
     if not isinstance(attach, list) or not all(isinstance(a, Mapping) for a in attach):
-        raise ScriptError(path, f"{where}.attach", 'must be a list of mappings like {"note": "a.md"}')
+        raise ScriptError(
+            path, f"{where}.attach", 'must be a list of mappings like {"note": "a.md"}'
+        )
     reply = _text(raw.get("reply"), path, f"{where}.reply", optional=True)
     changes = raw.get("vault_changes", {})
     if not isinstance(changes, Mapping) or not all(
@@ -107,9 +111,7 @@ def _turn(raw: Any, path: str, where: str) -> ScriptTurn:
     return ScriptTurn(user, tuple(attach), reply, tuple(sorted(changes.items())))
 
 
-def run_script(
-    script: Script, conversation: Conversation, *, check: bool = True
-) -> list[Envelope]:
+def run_script(script: Script, conversation: Conversation, *, check: bool = True) -> list[Envelope]:
     """Run every turn; attachments are parsed up front so a typo fails before turn 1."""
     specs = _parse_attachments(script, conversation.sources)
     envelopes: list[Envelope] = []

@@ -95,14 +95,23 @@ class Reference:
                 if policy.freshness == "pin":
                     items.append(attrs.evolve(item, form=Form.FULL, marks=(("newer", "true"),)))
                     decisions.append(
-                        Decision(self.name, item.key, "reference", "full", "content changed; L2 entry pinned")
+                        Decision(
+                            self.name,
+                            item.key,
+                            "reference",
+                            "full",
+                            "content changed; L2 entry pinned",
+                        )
                     )
                     continue
                 fresh = library_entry(artifact, turn.ctx)
                 library = library.replace(fresh)
                 decisions.append(
                     Decision(
-                        self.name, item.key, str(entry.form), str(fresh.form),
+                        self.name,
+                        item.key,
+                        str(entry.form),
+                        str(fresh.form),
                         "content changed; L2 entry refreshed in place",
                         layer="L2",
                     )
@@ -111,12 +120,22 @@ class Reference:
             if entry.form is Form.FULL or policy.reattach == "reference":
                 items.append(attrs.evolve(item, form=Form.REFERENCE))
                 decisions.append(
-                    Decision(self.name, item.key, "full", "reference", f"in library as {entry.form}")
+                    Decision(
+                        self.name, item.key, "full", "reference", f"in library as {entry.form}"
+                    )
                 )
             else:
-                items.append(attrs.evolve(item, form=Form.FULL, marks=(("library", str(entry.form)),)))
+                items.append(
+                    attrs.evolve(item, form=Form.FULL, marks=(("library", str(entry.form)),))
+                )
                 decisions.append(
-                    Decision(self.name, item.key, "reference", "full", f"library holds only a {entry.form}")
+                    Decision(
+                        self.name,
+                        item.key,
+                        "reference",
+                        "full",
+                        f"library holds only a {entry.form}",
+                    )
                 )
         refs = sum(1 for i in items if i.form is Form.REFERENCE)
         out = attrs.evolve(turn, items=tuple(items), library=library).decide(*decisions)

@@ -58,9 +58,12 @@ class Summarizer(Protocol):
 _STOPWORDS = frozenset(
     re.findall(
         r"\w+",
-        "a an and are as at be but by for from has have he her his i if in into is it its "
-        "of on or our she so than that the their them then there these they this to was we "
-        "were what when which who will with would you your",
+        "a about after all also an and any are as at be been before being but by can could "
+        "did do does each for from had has have he her his how i if in into is it its just "
+        "may more most much must no not of on only or other our out over own same she should "
+        "so some such than that the their them then there these they this those through to "
+        "too under up very was we were what when where which while who why will with would "
+        "you your",
     )
 )
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -204,8 +207,10 @@ class TextRankSummarizer:
                         weights[i][j] = w
                         weights[j][i] = w
             ranks = _pagerank(weights, damping=self.damping, max_iter=self.max_iter, tol=self.tol)
-            # Scale by block size so windows of different sizes compare fairly.
-            scores.extend(r * len(block) for r in ranks)
+            # Scale by block size so windows of different sizes compare fairly. A sentence
+            # sharing no word with any other keeps PageRank's uniform share (about 1/n,
+            # more than weakly linked ones get), though it is central to nothing: zero it.
+            scores.extend(r * len(block) if weights[i] else 0.0 for i, r in enumerate(ranks))
         return scores
 
     def summarize(self, text: str, target_tokens: int) -> SummaryResult:
@@ -285,7 +290,7 @@ def _run_sync(coro: Coroutine[Any, Any, _T]) -> _T:
         return pool.submit(asyncio.run, coro).result()
 
 
-@attrs.define
+@attrs.frozen
 class LLMSummarizer:
     """Map-reduce summaries through any ``complete(prompt) -> str`` callable, sync or async.
 
@@ -299,11 +304,11 @@ class LLMSummarizer:
 
     complete: Complete
     counter: TokenCounter = attrs.field(factory=TokenCounter)
-    chunk_tokens: int = 4000
-    concurrency: int = 4
-    timeout: float | None = 120.0
-    id: str = "llm"
-    max_rounds: int = 3
+    chunk_tokens: int = attrs.field(default=4000, kw_only=True)
+    concurrency: int = attrs.field(default=4, kw_only=True)
+    timeout: float | None = attrs.field(default=120.0, kw_only=True)
+    id: str = attrs.field(default="llm", kw_only=True)
+    max_rounds: int = attrs.field(default=3, kw_only=True)
 
     def __attrs_post_init__(self) -> None:
         if self.chunk_tokens < 64:

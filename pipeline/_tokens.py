@@ -33,7 +33,7 @@ _O200K_PAT = "|".join(
         r"""\s+""",
     ]
 )
-_CL100K_PAT = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+_CL100K_PAT = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""  # noqa: E501
 
 
 @attrs.frozen
@@ -71,7 +71,9 @@ _encodings: dict[str, tiktoken.Encoding] = {}
 def get_encoding(name: str) -> tiktoken.Encoding:
     """The named encoding, built once per process from package data (no network)."""
     if name not in _SPECS:
-        raise ConfigError("tokenizer", f"unknown tokenizer {name!r} (known: {', '.join(TOKENIZERS)})")
+        raise ConfigError(
+            "tokenizer", f"unknown tokenizer {name!r} (known: {', '.join(TOKENIZERS)})"
+        )
     with _lock:
         enc = _encodings.get(name)
         if enc is None:

@@ -100,7 +100,10 @@ def reference_view(artifact: Artifact, marks: tuple[tuple[str, str], ...] = ()) 
 
 
 def preview_view(
-    artifact: Artifact, counter: TokenCounter, policy: Policy, marks: tuple[tuple[str, str], ...] = ()
+    artifact: Artifact,
+    counter: TokenCounter,
+    policy: Policy,
+    marks: tuple[tuple[str, str], ...] = (),
 ) -> View:
     from pipeline._preview import make_preview
 
@@ -115,7 +118,10 @@ def preview_view(
 
 
 def excerpt_view(
-    artifact: Artifact, counter: TokenCounter, max_tokens: int, marks: tuple[tuple[str, str], ...] = ()
+    artifact: Artifact,
+    counter: TokenCounter,
+    max_tokens: int,
+    marks: tuple[tuple[str, str], ...] = (),
 ) -> View:
     from pipeline._preview import make_excerpt
 

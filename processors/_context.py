@@ -8,7 +8,6 @@ from typing import Any
 import attrs
 
 from pipeline import AttachmentSpec, Processed
-
 from processors._registry import Registry
 from processors._vault import Vault
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline import AttachmentSpec, Processed, PluginError, RegistryError, UnknownAttachmentKind
+from pipeline import AttachmentSpec, PluginError, Processed, RegistryError, UnknownAttachmentKind
 from pipeline._errors import AttachmentError
 
 if TYPE_CHECKING:
@@ -62,7 +62,9 @@ class Registry:
     def parse(self, data: Mapping[str, Any]) -> AttachmentSpec:
         """Find the one registered kind among ``data``'s keys and let its processor parse."""
         if not isinstance(data, Mapping):
-            raise AttachmentError(repr(data)[:60], "an attachment must be a mapping like {\"note\": path}")
+            raise AttachmentError(
+                repr(data)[:60], 'an attachment must be a mapping like {"note": path}'
+            )
         kinds = [k for k in data if k in self._processors]
         if len(kinds) > 1:
             raise AttachmentError(str(dict(data))[:80], f"names several kinds: {', '.join(kinds)}")

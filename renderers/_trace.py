@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline import Envelope, TokenCounter, request_tokens
-
 from renderers._openai import openai_messages
 
 __all__ = ["TRACE_VERSION", "trace_document", "trace_turn"]

@@ -42,7 +42,9 @@ def render_xml(view: View) -> str:
     """
     attrs = [("key", view.key), ("title", view.title), *view.attributes]
     if view.form is Form.REFERENCE:
-        el = _element("reference", [("key", view.key), ("source", view.source_type), *attrs[1:], *view.marks])
+        el = _element(
+            "reference", [("key", view.key), ("source", view.source_type), *attrs[1:], *view.marks]
+        )
         return etree.tostring(el, encoding="unicode")
     if view.form is not Form.FULL:
         attrs.append(("form", str(view.form)))

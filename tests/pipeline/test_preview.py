@@ -20,41 +20,51 @@ from pipeline._tokens import TokenCounter
 
 COUNTER = TokenCounter()
 
-NOTE = """Lamina builds prompts from typed artifacts. It keeps the cached prefix stable across turns.
+NOTE = "\n".join(
+    [
+        "Lamina builds prompts from typed artifacts. "
+        "It keeps the cached prefix stable across turns.",
+        "",
+        "# Goals",
+        "",
+        "Every request must fit the window. Nothing that cannot be fetched again may be lost. "
+        "The prefix stays byte-identical between turns.",
+        "",
+        "## Non-goals",
+        "",
+        "Streaming is out of scope.",
+        "",
+        "## Example",
+        "",
+        "```python",
+        "# this comment is not a heading",
+        "def turn(text):",
+        "    return envelope(text) + other(text) + more(text)",
+        "```",
+        "",
+        "Done.",
+        "",
+    ]
+)
 
-# Goals
-
-Every request must fit the window. Nothing that cannot be fetched again may be lost. The prefix stays byte-identical between turns.
-
-## Non-goals
-
-Streaming is out of scope.
-
-## Example
-
-```python
-# this comment is not a heading
-def turn(text):
-    return envelope(text) + other(text) + more(text)
-```
-
-Done.
-"""
-
-NOTE_PREVIEW = """Lamina builds prompts from typed artifacts. It keeps the cached prefix stable across …
-
-# Goals
-Every request must fit the window. Nothing that cannot be fetched again may be …
-
-## Non-goals
-Streaming is out of scope.
-
-## Example
-```python
-# this comment is not a heading
-def
-```
-…"""
+NOTE_PREVIEW = "\n".join(
+    [
+        "Lamina builds prompts from typed artifacts. It keeps the cached prefix stable across …",
+        "",
+        "# Goals",
+        "Every request must fit the window. Nothing that cannot be fetched again may be …",
+        "",
+        "## Non-goals",
+        "Streaming is out of scope.",
+        "",
+        "## Example",
+        "```python",
+        "# this comment is not a heading",
+        "def",
+        "```",
+        "…",
+    ]
+)
 
 
 def _sections(n: int, words: int = 10) -> str:
@@ -66,7 +76,8 @@ def _fence_open_at_end(text: str) -> bool:
     open_fence = False
     for line in text.split("\n"):
         if line.startswith("```"):
-            open_fence = line.strip() != "```" if not open_fence else line.strip() != "```"
+            # Outside a fence any fence line opens one; inside, only a bare one closes it.
+            open_fence = not open_fence or line.strip() != "```"
     return open_fence
 
 
@@ -175,9 +186,9 @@ def test_preview_is_deterministic() -> None:
 def test_one_megabyte_input_is_bounded() -> None:
     """A 1 MB note gives a preview bounded by the section limits (timing not asserted)."""
     rng = random.Random(7)
-    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
-    parts = []
-    while sum(map(len, parts)) < 1_000_000:
+    words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta"]
+    parts: list[str] = []
+    while sum(len(p) for p in parts) < 1_000_000:
         n = len(parts)
         prose = " ".join(rng.choice(words) + ("." if rng.random() < 0.1 else "") for _ in range(90))
         parts.append(f"## Section {n}\n\n{prose}\n\n```\ncode {n}\n```\n")
@@ -227,7 +238,9 @@ def test_text_that_fits_is_returned_unchanged() -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.text(max_size=600), st.integers(1, 80), st.sampled_from(["sentence", "paragraph", "word"]))
+@given(
+    st.text(max_size=600), st.integers(1, 80), st.sampled_from(["sentence", "paragraph", "word"])
+)
 def test_cut_is_a_prefix_within_the_limit(text: str, limit: int, boundary: str) -> None:
     cut = cut_to_tokens(text, COUNTER, limit, boundary=boundary)  # type: ignore[arg-type]
     assert text.startswith(cut)

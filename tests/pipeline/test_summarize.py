@@ -11,9 +11,9 @@ import pytest
 from pipeline._errors import ConfigError
 from pipeline._summarize import (
     LLMSummarizer,
+    Summarizer,
     SummaryCache,
     SummaryResult,
-    Summarizer,
     TextRankSummarizer,
 )
 from pipeline._tokens import TokenCounter
@@ -24,13 +24,13 @@ DOC = """# Caching
 
 Prompt caching saves money when the prefix of a request stays the same.
 The cached prefix covers the system prompt and the library.
-Cats sleep most of the day.
+Cats sleep most of the day, dreaming of mice, birds, sunny windowsills and long quiet afternoons.
 
 # Budget
 
 A budget keeps the request inside the window of the model.
 The budget cuts history first and keeps the cached prefix stable.
-Bananas are yellow.
+Bananas are yellow when ripe, green before, brown after, and sold by weight in most markets.
 """
 
 

@@ -1,0 +1,228 @@
+"""Provider-neutral prompts in three layouts: default (library in system), append-only, naive.
+
+Every provider request renderer and the cache simulator start from a ``Prompt``, so the
+bytes that are sent and the bytes that are costed are the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import attrs
+
+from pipeline import QUERY_LABEL, ConfigError, Envelope, Form, Segment, View
+from pipeline._envelope import join_blocks, system_parts
+from renderers._xml import render_xml
+
+__all__ = [
+    "APPEND_REFERENCES_INTRO",
+    "LAYOUTS",
+    "Block",
+    "Layout",
+    "Message",
+    "Prompt",
+    "append_only_prompt",
+    "build_prompt",
+    "default_prompt",
+    "naive_prompt",
+]
+
+Layout = Literal["default", "append-only", "naive"]
+LAYOUTS: tuple[Layout, ...] = ("default", "append-only", "naive")
+
+APPEND_REFERENCES_INTRO = (
+    "Context attached to this message (sent in full earlier in this conversation):"
+)
+
+# Anchors name the positions a cache breakpoint may go, so renderers and the simulator
+# agree on where they are whatever the layout.
+L1_STABLE = "l1-stable"
+SYSTEM_END = "system-end"
+HISTORY_END = "history-end"
+TURN_END = "turn-end"
+
+
+@attrs.frozen
+class Block:
+    """One text block; ``anchor`` marks a position a cache breakpoint may use."""
+
+    text: str
+    anchor: str = ""
+
+
+@attrs.frozen
+class Message:
+    role: Literal["user", "assistant"]
+    blocks: tuple[Block, ...]
+
+    @property
+    def text(self) -> str:
+        return join_blocks(b.text for b in self.blocks)
+
+
+@attrs.frozen
+class Prompt:
+    """System blocks and the message list of one request, in one layout."""
+
+    layout: Layout
+    turn: int
+    system: tuple[Block, ...]
+    messages: tuple[Message, ...]
+
+    @property
+    def system_text(self) -> str:
+        return join_blocks(b.text for b in self.system)
+
+    def chat(self) -> list[tuple[str, str]]:
+        """(role, content) pairs with the system message first (omitted when empty)."""
+        head = [("system", self.system_text)] if self.system_text else []
+        return head + [(m.role, m.text) for m in self.messages]
+
+
+def _system_blocks(texts: Sequence[tuple[str, str]]) -> tuple[Block, ...]:
+    kept = [(key, text) for key, text in texts if text]
+    blocks: list[Block] = []
+    for i, (key, text) in enumerate(kept):
+        if i == len(kept) - 1:
+            anchor = SYSTEM_END
+        elif key == "system:stable":
+            anchor = L1_STABLE
+        else:
+            anchor = ""
+        blocks.append(Block(text, anchor))
+    return tuple(blocks)
+
+
+def _l1(envelope: Envelope) -> list[tuple[str, str]]:
+    return [(s.key, s.text) for s in envelope.l1.segments]
+
+
+def _history(pairs: Sequence[tuple[str, str]]) -> list[Message]:
+    out = [Message("assistant" if r == "assistant" else "user", (Block(t),)) for r, t in pairs]
+    if out:
+        last = out[-1]
+        out[-1] = Message(last.role, (attrs.evolve(last.blocks[-1], anchor=HISTORY_END),))
+    return out
+
+
+def default_prompt(envelope: Envelope) -> Prompt:
+    """``[system: L1 + L2] -> [L4 history] -> [user: L3 + L5]``: the envelope as built."""
+    l1 = _l1(envelope)
+    parts = system_parts(envelope.l1, envelope.l2)
+    keyed = l1 + [("", p) for p in parts[len(l1) :]]
+    user = Message("user", (Block(envelope.user_text),))
+    return Prompt(
+        "default", envelope.turn, _system_blocks(keyed), (*_history(envelope.history()), user)
+    )
+
+
+def _reference_text(segment: Segment) -> str:
+    view = View(
+        key=segment.key,
+        source_type=segment.source_type,
+        form=Form.REFERENCE,
+        title=segment.title,
+        locator=segment.locator,
+        recoverable=segment.recoverable,
+        content_hash=segment.content_hash,
+    )
+    return render_xml(view)
+
+
+def _append_user_text(envelope: Envelope, sent: dict[str, str]) -> str:
+    """This turn's user message when context stays where it was first sent."""
+    refs: list[str] = []
+    full: list[str] = []
+    for seg in envelope.l3.segments:
+        if seg.form is Form.REFERENCE:
+            if sent.get(seg.key) == seg.content_hash:
+                refs.append(seg.text)
+                continue
+            # Refreshed in L2 since it was sent: the earlier message holds old bytes.
+            entry = envelope.l2.get(seg.key)
+            full.append(entry.text if entry is not None else seg.text)
+            sent[seg.key] = seg.content_hash
+        elif sent.get(seg.key) == seg.content_hash and seg.form is Form.FULL:
+            refs.append(_reference_text(seg))
+        else:
+            full.append(seg.text)
+            if seg.form is Form.FULL:
+                sent[seg.key] = seg.content_hash
+    parts: list[str] = []
+    if refs:
+        parts.append(APPEND_REFERENCES_INTRO + "\n" + "\n".join(refs))
+    parts.extend(full)
+    parts.append(QUERY_LABEL + envelope.query if parts else envelope.query)
+    return join_blocks(parts)
+
+
+def _replies(envelope: Envelope) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for seg in envelope.l4.segments:
+        if seg.role == "assistant":
+            out[int(seg.key.split(":")[1])] = seg.text
+    return out
+
+
+def append_only_prompt(envelopes: Sequence[Envelope]) -> Prompt:
+    """Context stays in the user message of the turn that attached it; later turns refer
+    back, so each request extends the previous one byte for byte (``envelopes`` is the
+    conversation so far, the current turn last)."""
+    if not envelopes:
+        raise ConfigError("layout", "append-only needs at least one envelope")
+    current = envelopes[-1]
+    replies = _replies(current)
+    sent: dict[str, str] = {}
+    messages: list[Message] = []
+    for env in envelopes:
+        text = _append_user_text(env, sent)
+        if env is current:
+            if messages:
+                last = messages[-1]
+                messages[-1] = Message(last.role, (Block(last.blocks[0].text, HISTORY_END),))
+            messages.append(Message("user", (Block(text, TURN_END),)))
+            break
+        messages.append(Message("user", (Block(text),)))
+        if env.turn in replies:
+            messages.append(Message("assistant", (Block(replies[env.turn]),)))
+    return Prompt("append-only", current.turn, _system_blocks(_l1(current)), tuple(messages))
+
+
+def naive_prompt(envelopes: Sequence[Envelope]) -> Prompt:
+    """The baseline: L1 as system, bare history, and every attachment so far in full in
+    the user message, each turn."""
+    if not envelopes:
+        raise ConfigError("layout", "naive needs at least one envelope")
+    current = envelopes[-1]
+    latest: dict[str, str] = {}
+    for env in envelopes:
+        for seg in env.l3.segments:
+            if seg.form is not Form.REFERENCE:
+                latest[seg.key] = seg.text
+            elif seg.key not in latest:
+                entry = env.l2.get(seg.key)
+                latest[seg.key] = entry.text if entry is not None else seg.text
+    parts = [*latest.values(), QUERY_LABEL + current.query] if latest else [current.query]
+    user = Message("user", (Block(join_blocks(parts)),))
+    return Prompt(
+        "naive",
+        current.turn,
+        _system_blocks(_l1(current)),
+        (*_history(current.history()), user),
+    )
+
+
+def build_prompt(envelopes: Sequence[Envelope], layout: Layout = "default") -> Prompt:
+    """The prompt for the last envelope in ``layout`` (earlier envelopes feed append-only
+    and naive; the default layout needs only the last)."""
+    if not envelopes:
+        raise ConfigError("layout", "no envelope to build a prompt from")
+    if layout == "default":
+        return default_prompt(envelopes[-1])
+    if layout == "append-only":
+        return append_only_prompt(envelopes)
+    if layout == "naive":
+        return naive_prompt(envelopes)
+    raise ConfigError("layout", f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
+

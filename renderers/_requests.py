@@ -1,0 +1,104 @@
+"""The request-renderer registry: built-in provider renderers, and the host's own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from pipeline import Envelope, RegistryError, TokenCounter
+from pipeline._profiles import ModelProfile
+
+from renderers._layouts import Layout, Prompt, build_prompt
+from renderers._providers import (
+    RenderedRequest,
+    RequestOptions,
+    Ttl,
+    anthropic_request,
+    gemini_request,
+    openai_chat_request,
+    openai_responses_request,
+    request_options,
+)
+
+__all__ = ["RequestRenderer", "RequestRegistry", "render_request"]
+
+RequestRenderer = Callable[[Prompt, RequestOptions], RenderedRequest]
+
+
+@attrs.frozen
+class _Entry:
+    renderer: RequestRenderer
+    provider: str
+
+
+class RequestRegistry:
+    """Request renderers by name; each names the provider whose models and cache rules
+    apply (``openai``, ``anthropic`` or ``gemini``)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+
+    def register(self, name: str, renderer: RequestRenderer, *, provider: str) -> None:
+        if name in self._entries:
+            raise RegistryError(name, "a request renderer is already registered under this name")
+        if provider not in ("openai", "anthropic", "gemini"):
+            raise RegistryError(name, f"unknown provider {provider!r} (openai, anthropic, gemini)")
+        self._entries[name] = _Entry(renderer, provider)
+
+    def get(self, name: str) -> RequestRenderer:
+        return self._entry(name).renderer
+
+    def provider(self, name: str) -> str:
+        return self._entry(name).provider
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._entries))
+
+    def _entry(self, name: str) -> _Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            known = ", ".join(self.names())
+            raise RegistryError(name, f"no request renderer with this name (known: {known})") from None
+
+    @classmethod
+    def builtin(cls) -> RequestRegistry:
+        registry = cls()
+        registry.register("openai", openai_chat_request, provider="openai")
+        registry.register("openai-responses", openai_responses_request, provider="openai")
+        registry.register("anthropic", anthropic_request, provider="anthropic")
+        registry.register("gemini", gemini_request, provider="gemini")
+        return registry
+
+
+def render_request(
+    envelopes: Envelope | Sequence[Envelope],
+    renderer: str = "openai",
+    model: str | None = None,
+    *,
+    layout: Layout = "default",
+    registry: RequestRegistry | None = None,
+    profile: ModelProfile | None = None,
+    counter: TokenCounter | None = None,
+    max_tokens: int | None = None,
+    conversation_id: str | None = None,
+    ttl: Ttl | None = None,
+) -> RenderedRequest:
+    """The request for the last envelope, rendered by ``renderer`` in ``layout``.
+
+    Pass the conversation's envelopes so far for the append-only and naive layouts; the
+    default layout needs only the current one.
+    """
+    reg = registry or RequestRegistry.builtin()
+    options = request_options(
+        reg.provider(renderer),
+        model,
+        profile=profile,
+        counter=counter,
+        max_tokens=max_tokens,
+        conversation_id=conversation_id,
+        ttl=ttl,
+    )
+    envs = [envelopes] if isinstance(envelopes, Envelope) else list(envelopes)
+    return reg.get(renderer)(build_prompt(envs, layout), options)

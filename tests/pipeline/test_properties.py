@@ -1,0 +1,52 @@
+"""Random conversations keep invariants 1-6 on every turn and replay identically."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from pipeline import Conversation, Policy, parse_script, run_script
+from renderers import trace_document
+from tests.strategies import conversations, write_property_vault
+
+
+@pytest.fixture(scope="module")
+def prop_vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_property_vault(tmp_path_factory.mktemp("propvault"))
+
+
+def _trace(script: dict[str, Any], vault: Path, policy: Policy) -> str:
+    parsed = parse_script(script, "generated")
+    conv = Conversation(parsed.system, vault=vault, policy=policy)
+    envelopes = run_script(parsed, conv, check=True)  # check_envelope(env, previous) per turn
+    return json.dumps(trace_document(envelopes, conv.counter), sort_keys=True)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [Policy(), Policy(freshness="refresh"), Policy(reattach="reference", verbatim_tokens=200)],
+    ids=["pin", "refresh", "reference-small-l2"],
+)
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(script=conversations)
+def test_random_conversations_keep_invariants_and_replay_identically(
+    script: dict[str, Any], prop_vault: Path, policy: Policy
+) -> None:
+    first = _trace(script, prop_vault, policy)
+    assert first == _trace(script, prop_vault, policy)
+    turns = json.loads(first)["turns"]
+    for turn in turns:
+        for seg in turn["layers"]["L3"]["segments"] + turn["layers"]["L2"]["segments"]:
+            if seg["source_type"] == "selection":
+                assert seg["form"] in ("full", "excerpt", "reference")
+    for earlier, later in itertools.pairwise(turns):
+        l2_before = [s["key"] for s in earlier["layers"]["L2"]["segments"]]
+        l2_after = [s["key"] for s in later["layers"]["L2"]["segments"]]
+        assert l2_after[: len(l2_before)] == l2_before

@@ -1,0 +1,66 @@
+"""Offline, exact token counts with the shipped encodings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline import ConfigError, TokenCounter, get_encoding
+
+
+def test_encodings_load_from_package_data_without_network() -> None:
+    code = (
+        "import socket\n"
+        "def no(*a, **k): raise SystemExit('network used')\n"
+        "socket.socket.connect = no; socket.create_connection = no\n"
+        "from pipeline import TokenCounter\n"
+        "o, c = TokenCounter('o200k_base'), TokenCounter('cl100k_base')\n"
+        "print(o.count('hello world'), c.count('hello world'))\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "TIKTOKEN_CACHE_DIR": "/nonexistent"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    assert out.stdout.split() == ["2", "2"]
+
+
+def test_counts_match_tiktoken_reference_values() -> None:
+    assert TokenCounter().count("Lamina builds prompts.") == len(
+        get_encoding("o200k_base").encode_ordinary("Lamina builds prompts.")
+    )
+    assert TokenCounter().count("") == 0
+
+
+def test_special_token_text_counts_as_plain_text() -> None:
+    assert TokenCounter().count("<|endoftext|>") > 1
+
+
+def test_unknown_tokenizer_names_the_choices() -> None:
+    with pytest.raises(ConfigError, match="unknown tokenizer 'gpt2'.*cl100k_base, o200k_base"):
+        TokenCounter("gpt2")
+
+
+def test_counts_are_cached_by_content() -> None:
+    counter = TokenCounter()
+    counter.count("some text")
+    counter.count("some text")
+    assert counter.hits == 1
+    assert counter.encoded_chars == len("some text")
+
+
+_piece = st.text(alphabet=st.sampled_from(list("ab <>/\n\t.,!?'\"#-é漢😀0123\r")), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    parts=st.lists(_piece, min_size=1, max_size=6),
+    name=st.sampled_from(["o200k_base", "cl100k_base"]),
+)
+def test_count_joined_equals_counting_the_joined_text(parts: list[str], name: str) -> None:
+    counter = TokenCounter(name)
+    joined = "\n\n".join(p for p in parts if p)
+    assert counter.count_joined(parts) == len(get_encoding(name).encode_ordinary(joined))
