@@ -1,20 +1,24 @@
-"""The ``lamina`` command: demo, run. Any LaminaError is one line on stderr, exit 2."""
+"""The ``lamina`` command: demo, run, resume, export, import.
+
+Any LaminaError is one line on stderr, exit 2.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from pipeline._conversation import Conversation, request_tokens
+from pipeline._budget import Budget
+from pipeline._conversation import Conversation
 from pipeline._envelope import Envelope
-from pipeline._errors import LaminaError, ScriptError
+from pipeline._errors import ConfigError, LaminaError, ScriptError
 from pipeline._script import Script, load_script, parse_script, run_script
 from pipeline._tokens import TOKENIZERS
 
@@ -38,9 +42,30 @@ DEMO_SCRIPT: dict[str, Any] = {
             "attach": [{"note": "project-spec.md"}, {"note": "docs/api-docs.md"}],
             "reply": "The API lists its endpoints in docs/api-docs.md.",
         },
-        {"user": "Explain the auth flow from the spec", "attach": [{"note": "project-spec.md"}]},
+        {
+            "user": "Explain the auth flow from the spec",
+            "attach": [{"note": "project-spec.md"}],
+            "reply": "Devices sign in with short-lived tokens; see docs/auth.md.",
+        },
+        {
+            "user": "What did the design review and the talk decide about offline sync?",
+            "attach": [
+                {"folder": "meetings"},
+                {"pdf": "media/sync-design-review.pdf"},
+                {
+                    "youtube": "https://youtu.be/Fb5yncT4lk1",
+                    "transcript": "media/offline-sync-talk.vtt",
+                },
+                {
+                    "selection": "Conflicts are kept as two versions until a person resolves them.",
+                    "source": "project-spec.md",
+                },
+            ],
+        },
     ],
 }
+# The demo's budget is small on purpose, so that turn 4 shows the budget at work.
+DEMO_BUDGET = Budget(context_window=4200, reserve_output=1000)
 
 
 def _demo_vault() -> Path:
@@ -53,17 +78,66 @@ def _demo_vault() -> Path:
     )
 
 
-def _conversation(script: Script, vault: str | None, tokenizer: str) -> Conversation:
+def _conversation(
+    script: Script, vault: str | None, tokenizer: str, budget: Budget | None = None
+) -> Conversation:
     root = Path(vault) if vault else script.vault
     if root is not None and not root.is_dir():
         raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
-    return Conversation(script.system, vault=root, tokenizer=tokenizer)
+    return Conversation(script.system, vault=root, tokenizer=tokenizer, budget=budget)
 
 
-def _trace(envelopes: Sequence[Envelope], conv: Conversation) -> dict[str, Any]:
-    from renderers import trace_document
+def _budget(window: int | None, reserve: int | None, model: str | None) -> Budget | None:
+    """A budget from --model (its profile) and/or --window/--reserve; None if none given."""
+    overrides: dict[str, Any] = {}
+    if window is not None:
+        overrides["context_window"] = window
+    if reserve is not None:
+        overrides["reserve_output"] = reserve
+    if model is not None:
+        return Budget.for_model(model, **overrides)
+    if window is None:
+        if reserve is not None:
+            raise ConfigError("--reserve", "needs --window or --model")
+        return None
+    return Budget(**overrides)
 
-    return trace_document(envelopes, conv.counter)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def budget_options(fn: F) -> F:
+    """--window, --reserve and --model: the whole-payload token budget."""
+    fn = click.option("--model", help="Model profile for the budget (window, reserve, framing).")(
+        fn
+    )
+    fn = click.option("--reserve", type=int, help="Tokens kept free for the reply (default 4096).")(
+        fn
+    )
+    fn = click.option("--window", type=int, help="Context window in tokens: enforce a budget.")(fn)
+    return fn
+
+
+def _trace(
+    envelopes: Sequence[Envelope],
+    conv: Conversation,
+    *,
+    provider: str | None = None,
+    model: str | None = None,
+    conversation_id: str | None = None,
+) -> dict[str, Any]:
+    """The JSON trace, with per-turn "cache" reports and, given a provider, "request"."""
+    from renderers import annotate_trace, trace_document
+
+    trace = trace_document(envelopes, conv.counter)
+    return annotate_trace(
+        trace,
+        envelopes,
+        conv.counter,
+        provider=provider,
+        model=model,
+        conversation_id=conversation_id,
+    )
 
 
 def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, full: bool) -> None:
@@ -72,7 +146,7 @@ def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, f
     previous = None
     for env in envelopes:
         messages = openai_messages(env)
-        total = request_tokens(env, conv.counter)
+        total = conv.count_request(env)
         cached = common_prefix_tokens(previous, messages, conv.counter)
         console.rule(f"[bold]Turn {env.turn}[/bold]: {env.query}")
         table = Table(show_lines=False)
@@ -86,6 +160,12 @@ def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, f
         console.print(table)
         layers = "  ".join(f"{layer.name}={layer.tokens}" for layer in env.layers)
         console.print(f"layers: {layers}  request={total} tokens")
+        budget = env.report.budget
+        if budget is not None:
+            console.print(
+                f"budget: {budget.effective} of {budget.limit} tokens used (window "
+                f"{budget.window} - reserve {budget.reserve_output}); headroom {budget.headroom}"
+            )
         for d in env.report.decisions:
             console.print(
                 f"  decision {d.stage}: {d.target} {d.from_form} -> {d.to_form} ({d.reason})",
@@ -93,7 +173,7 @@ def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, f
                 soft_wrap=True,
             )
         for w in env.report.warnings:
-            console.print(f"  [yellow]warning[/yellow] {w}")
+            console.print(f"  warning: {w}", markup=False, soft_wrap=True)
         console.print("[bold]request[/bold]")
         for m in messages:
             content = m["content"]
@@ -124,10 +204,25 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace instead of tables.")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
 @click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
-def demo(vault: str | None, as_json: bool, full: bool, tokenizer: str) -> None:
-    """Three turns over the example vault: attach, add, keep (the layer walkthrough)."""
+@budget_options
+def demo(
+    vault: str | None,
+    as_json: bool,
+    full: bool,
+    tokenizer: str,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
+) -> None:
+    """Four turns over the example vault: the layer walkthrough, then a turn over budget.
+
+    Turn 1 attaches project-spec.md; turn 2 keeps it and adds docs/api-docs.md; turn 3
+    keeps only the spec; turn 4 attaches meetings, a PDF, a video transcript and a
+    selection, more than the demo's 4,200-token window holds, so the budget cuts.
+    """
     script = parse_script(DEMO_SCRIPT, "demo")
-    conv = _conversation(script, vault or str(_demo_vault()), tokenizer)
+    budget = _budget(window, reserve, model) or DEMO_BUDGET
+    conv = _conversation(script, vault or str(_demo_vault()), tokenizer, budget)
     envelopes = run_script(script, conv)
     if as_json:
         click.echo(json.dumps(_trace(envelopes, conv), indent=2, ensure_ascii=False))
@@ -143,15 +238,205 @@ def demo(vault: str | None, as_json: bool, full: bool, tokenizer: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace (the public format).")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
 @click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
-def run(script_path: str, vault: str | None, as_json: bool, full: bool, tokenizer: str) -> None:
-    """Run a scripted conversation (JSON or YAML)."""
+@click.option("--store", "store_path", help="Save every turn to this store file (SQLite).")
+@click.option("--conversation", "conversation_id", help="Id for the saved conversation.")
+@click.option(
+    "--provider",
+    type=click.Choice(["openai", "openai-responses", "anthropic", "gemini"]),
+    help="Add each turn's request body for this provider to the JSON trace.",
+)
+@budget_options
+def run(
+    script_path: str,
+    vault: str | None,
+    as_json: bool,
+    full: bool,
+    tokenizer: str,
+    store_path: str | None,
+    conversation_id: str | None,
+    provider: str | None,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
+) -> None:
+    """Run a scripted conversation (JSON or YAML); with --store, persist as it goes.
+
+    --window/--reserve (or --model's profile) enforce a whole-payload budget; --provider
+    adds the exact request body per turn (model from --model, else a default per provider).
+    """
     script = load_script(script_path)
-    conv = _conversation(script, vault, tokenizer)
-    envelopes = run_script(script, conv)
+    conv = _conversation(script, vault, tokenizer, _budget(window, reserve, model))
+    if store_path is None:
+        if conversation_id is not None:
+            raise ScriptError(script.path, "", "--conversation needs --store")
+        envelopes = run_script(script, conv)
+        trace = _trace(envelopes, conv, provider=provider, model=model)
+    else:
+        from pipeline._store import (
+            ConversationInfo,
+            SqliteStore,
+            new_conversation_id,
+            now_stamp,
+            run_saved,
+        )
+
+        cid = conversation_id or new_conversation_id()
+        root = Path(vault) if vault else script.vault
+        with SqliteStore(store_path) as store:
+            store.create(
+                ConversationInfo(
+                    cid, now_stamp(), vault="" if root is None else str(root.resolve())
+                )
+            )
+            envelopes = run_saved(script, conv, store, cid)
+        trace = {
+            "conversation_id": cid,
+            **_trace(envelopes, conv, provider=provider, model=model, conversation_id=cid),
+        }
     if as_json:
-        click.echo(json.dumps(_trace(envelopes, conv), indent=2, ensure_ascii=False))
+        click.echo(json.dumps(trace, indent=2, ensure_ascii=False))
     else:
         _show(Console(), envelopes, conv, full)
+
+
+@cli.command()
+@click.argument("store_path", metavar="FILE")
+@click.option("--conversation", "conversation_id", required=True, help="The saved chat's id.")
+@click.option("--script", "script_path", required=True, help="Script of the turns to add.")
+@click.option(
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (default: script's, saved)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON trace of the new turns.")
+@click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
+@click.option(
+    "--provider",
+    type=click.Choice(["openai", "openai-responses", "anthropic", "gemini"]),
+    help="Add each turn's request body for this provider to the JSON trace.",
+)
+@budget_options
+def resume(
+    store_path: str,
+    conversation_id: str,
+    script_path: str,
+    vault: str | None,
+    as_json: bool,
+    full: bool,
+    provider: str | None,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
+) -> None:
+    """Continue a saved chat with more scripted turns (turn numbers continue).
+
+    Give the same --window/--reserve/--model as the original run: the budget is a setting
+    of the run, not part of the saved state.
+    """
+    from pipeline._store import SqliteStore, load_conversation, rebuild_envelope, run_saved
+
+    script = load_script(script_path)
+    if not Path(store_path).is_file():
+        raise ScriptError(store_path, "", "no such store file")
+    with SqliteStore(store_path) as store:
+        saved = store.conversation(conversation_id).vault
+        root = Path(vault) if vault else script.vault or (Path(saved) if saved else None)
+        if root is not None and not root.is_dir():
+            raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
+        budget = _budget(window, reserve, model)
+        conv = load_conversation(store, conversation_id, vault=root, budget=budget)
+        # The last saved turn, replayed, so cache reports compare with the real previous turn.
+        previous = rebuild_envelope(store, conversation_id, vault=root, budget=budget)
+        if script.system.stable or script.system.mutable:
+            conv.set_system(script.system.stable, script.system.mutable)
+        envelopes = run_saved(script, conv, store, conversation_id, previous=previous)
+    if as_json:
+        shown = [previous, *envelopes] if previous is not None else envelopes
+        document = _trace(
+            shown, conv, provider=provider, model=model, conversation_id=conversation_id
+        )
+        if previous is not None:
+            document["turns"] = document["turns"][1:]
+        trace = {"conversation_id": conversation_id, **document}
+        click.echo(json.dumps(trace, indent=2, ensure_ascii=False))
+    else:
+        _show(Console(), envelopes, conv, full)
+
+
+@cli.command("export")
+@click.argument("store_path", metavar="FILE")
+@click.option("--conversation", "conversation_id", required=True, help="The saved chat's id.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
+def export_cmd(store_path: str, conversation_id: str, out: str | None) -> None:
+    """Export a saved chat as a markdown transcript."""
+    from pipeline._store import SqliteStore
+    from pipeline._transcript import export_transcript
+
+    if not Path(store_path).is_file():
+        raise ScriptError(store_path, "", "no such store file")
+    with SqliteStore(store_path) as store:
+        text = export_transcript(store, conversation_id)
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        Path(out).write_text(text, encoding="utf-8")
+
+
+@cli.command("import")
+@click.argument("transcript_path", metavar="TRANSCRIPT")
+@click.option("--store", "store_path", required=True, help="Store file to import into.")
+@click.option("--vault", type=click.Path(file_okay=False), required=True, help="Vault folder.")
+@click.option("--allow-fetch", is_flag=True, help="Fetch URLs and videos again.")
+@click.option("--conversation", "conversation_id", help="Id for the imported chat.")
+def import_cmd(
+    transcript_path: str,
+    store_path: str,
+    vault: str,
+    allow_fetch: bool,
+    conversation_id: str | None,
+) -> None:
+    """Import a markdown transcript (Lamina's or the original plugin's) into a store."""
+    from pipeline._errors import ChatTranscriptError
+    from pipeline._store import SqliteStore
+    from pipeline._transcript import import_transcript
+
+    try:
+        text = Path(transcript_path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ChatTranscriptError(transcript_path, 0, f"cannot read: {exc}") from None
+    if not Path(vault).is_dir():
+        raise ScriptError(transcript_path, "vault", f"vault folder {vault} does not exist")
+    with SqliteStore(store_path) as store:
+        report = import_transcript(
+            text,
+            store,
+            vault=vault,
+            allow_fetch=allow_fetch,
+            conversation_id=conversation_id,
+            path=transcript_path,
+        )
+    click.echo(f"imported conversation {report.conversation_id}: {report.turns} turns")
+    for problem in report.problems:
+        click.echo(f"not rebuilt: {problem}")
+
+
+@cli.command()
+@click.argument("script_path", metavar="SCRIPT")
+@click.option(
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (overrides the script's)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Per layout and provider, per turn, as JSON.")
+@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
+def simulate(script_path: str, vault: str | None, as_json: bool, tokenizer: str) -> None:
+    """Cache cost of a script per provider: default vs append-only vs naive layout."""
+    from renderers import format_simulation
+    from renderers import simulate as run_simulation
+
+    script = load_script(script_path)
+    conv = _conversation(script, vault, tokenizer)
+    sim = run_simulation(run_script(script, conv), counter=conv.counter)
+    if as_json:
+        click.echo(json.dumps(sim.to_json(), indent=2))
+    else:
+        click.echo(format_simulation(sim))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args=list(argv) if argv is not None else None, prog_name="lamina", standalone_mode=False
         )
     except LaminaError as exc:
-        click.echo(f"lamina: error: {exc}", err=True)
+        click.echo(f"lamina: error: {' '.join(str(exc).split())}", err=True)
         return 2
     except click.exceptions.Abort:
         click.echo("lamina: aborted", err=True)

@@ -4,37 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from pipeline._artifacts import AttachmentSpec, Processed, SourceResolver
-from pipeline._envelope import (
-    BuildReport,
-    Decision,
-    Envelope,
-    Form,
-    Layer,
-    LayerName,
-    Segment,
-    system_parts,
-    user_parts,
-)
+from pipeline._assemble import assemble
+from pipeline._envelope import Decision, Envelope, system_parts, user_parts
 from pipeline._errors import ConfigError, ConversationError
-from pipeline._graph import TurnContext, TurnGraph
-from pipeline._hashing import text_hash
+from pipeline._graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
 from pipeline._history import HistoryEntry, strip_reply
 from pipeline._library import Library, LibraryEntry
 from pipeline._stages import Pipeline
+from pipeline._summarize import Summarizer, SummaryCache, TextRankSummarizer
 from pipeline._tokens import TokenCounter
-from pipeline._views import (
-    Policy,
-    SegmentRenderer,
-    excerpt_view,
-    full_view,
-    preview_view,
-    reference_view,
-)
+from pipeline._views import Policy, SegmentRenderer
+
+if TYPE_CHECKING:
+    from pipeline._budget import Budget
 
 __all__ = [
     "MESSAGE_OVERHEAD",
@@ -48,14 +35,6 @@ __all__ = [
 # OpenAI chat framing: every message costs 3 tokens, and the reply is primed with 3.
 MESSAGE_OVERHEAD = 3
 REPLY_PRIMING = 3
-
-
-@attrs.frozen
-class SystemPrompt:
-    """L1: a stable contract and an optional mutable part (memory, project overlays)."""
-
-    stable: str = ""
-    mutable: str = ""
 
 
 Attachment = AttachmentSpec | Mapping[str, Any]
@@ -76,6 +55,7 @@ class ConversationState:
     last_system: SystemPrompt | None = None
     tokenizer: str = "o200k_base"
     policy: Policy = attrs.field(factory=Policy)
+    history_view: HistoryView = attrs.field(factory=HistoryView)
 
 
 class Conversation:
@@ -96,6 +76,8 @@ class Conversation:
         policy: Policy | None = None,
         pipeline: Pipeline | None = None,
         renderer: SegmentRenderer | None = None,
+        budget: Budget | None = None,
+        summarizer: Summarizer | None = None,
     ) -> None:
         if sources is not None and vault is not None:
             raise ConfigError("vault", "give either vault= or sources=, not both")
@@ -109,6 +91,10 @@ class Conversation:
         self._history: list[HistoryEntry] = []
         self._last_system: SystemPrompt | None = None
         self._vault_changes: dict[str, str] = {}
+        self.budget = budget
+        self.summarizer = summarizer or TextRankSummarizer()
+        self.summaries = SummaryCache()
+        self._history_view = HistoryView()
 
     @property
     def state(self) -> ConversationState:
@@ -120,6 +106,7 @@ class Conversation:
             last_system=self._last_system,
             tokenizer=self.counter.name,
             policy=self.policy,
+            history_view=self._history_view,
         )
 
     @classmethod
@@ -131,6 +118,8 @@ class Conversation:
         sources: SourceResolver | None = None,
         pipeline: Pipeline | None = None,
         renderer: SegmentRenderer | None = None,
+        budget: Budget | None = None,
+        summarizer: Summarizer | None = None,
     ) -> Conversation:
         """A conversation that continues exactly where ``state`` was taken."""
         conv = cls(
@@ -141,6 +130,8 @@ class Conversation:
             policy=state.policy,
             pipeline=pipeline,
             renderer=renderer,
+            budget=budget,
+            summarizer=summarizer,
         )
         if state.vault_changes:
             conv._vault_changes = dict(state.vault_changes)
@@ -148,6 +139,7 @@ class Conversation:
         conv._library = Library(state.library)
         conv._history = list(state.history)
         conv._last_system = state.last_system
+        conv._history_view = state.history_view
         return conv
 
     @property
@@ -187,10 +179,33 @@ class Conversation:
         specs = [self._sources.parse(a) if isinstance(a, Mapping) else a for a in attach]
         processed = [self._sources.process(spec) for spec in specs]
         number = len(self._history) + 1
-        ctx = TurnContext(number, self.counter, self.renderer, self.policy)
-        graph = self.pipeline.run(TurnGraph.build(processed, ctx, self._library))
-        envelope = self._assemble(graph, text)
+        ctx = TurnContext(
+            number,
+            self.counter,
+            self.renderer,
+            self.policy,
+            budget=self.budget,
+            summaries=self.summaries,
+            summarizer=self.summarizer,
+        )
+        start = TurnGraph.build(
+            processed,
+            ctx,
+            self._library,
+            system=self._system,
+            history=tuple(self._history),
+            history_view=self._history_view,
+            query=text,
+        )
+        if self._last_system is not None and self._last_system != self._system:
+            part = "stable" if self._last_system.stable != self._system.stable else "mutable"
+            start = start.decide(
+                Decision("system", f"system:{part}", "text", "text", "system prompt changed", layer="L1")
+            )
+        graph = self.pipeline.run(start)
+        envelope = assemble(graph)
         self._library = graph.promoted if graph.promoted is not None else graph.library
+        self._history_view = graph.history_view
         self._history.append(HistoryEntry(number, text))
         self._last_system = self._system
         return envelope
@@ -209,121 +224,33 @@ class Conversation:
         parsed = self._sources.parse(spec) if isinstance(spec, Mapping) else spec
         return self._sources.process(parsed)
 
-    # -- assembly: the render step -------------------------------------------------
-
-    def _text_segment(self, key: str, source_type: str, text: str, role: str = "") -> Segment:
-        return Segment(
-            key=key,
-            form=Form.TEXT,
-            source_type=source_type,
-            content_hash=text_hash(text),
-            text=text,
-            tokens=self.counter.count(text),
-            role=role,
-        )
-
-    def _layer(self, name: LayerName, segments: Sequence[Segment]) -> Layer:
-        return Layer(name, tuple(segments), self.counter.count_joined([s.text for s in segments]))
-
-    def _assemble(self, graph: TurnGraph, query: str) -> Envelope:
-        l1 = [
-            self._text_segment(f"system:{part}", "system", text)
-            for part, text in (("stable", self._system.stable), ("mutable", self._system.mutable))
-            if text
-        ]
-        l2 = [
-            Segment(
-                key=e.key,
-                form=e.form,
-                source_type=e.view.source_type,
-                content_hash=e.content_hash,
-                text=e.text,
-                tokens=e.tokens,
-                title=e.view.title,
-                locator=e.view.locator,
-                recoverable=e.view.recoverable,
+    def count_request(self, envelope: Envelope) -> int:
+        """Exact request tokens, with the budget's framing when the conversation has one."""
+        if self.budget is not None:
+            return request_tokens(
+                envelope,
+                self.counter,
+                per_message=self.budget.per_message_tokens,
+                priming=self.budget.priming_tokens,
             )
-            for e in graph.library
-        ]
-        l3_refs: list[Segment] = []
-        l3_full: list[Segment] = []
-        for item in graph.items:
-            artifact = graph.artifact(item.key)
-            if item.form is Form.REFERENCE:
-                view = reference_view(artifact, item.marks)
-            elif item.form is Form.PREVIEW:
-                view = preview_view(artifact, self.counter, self.policy, item.marks)
-            elif item.form is Form.EXCERPT:
-                view = excerpt_view(artifact, self.counter, self.policy.verbatim_tokens, item.marks)
-            else:
-                view = full_view(artifact, item.marks)
-            text = self.renderer.render(view)
-            segment = Segment(
-                key=view.key,
-                form=view.form,
-                source_type=view.source_type,
-                content_hash=view.content_hash,
-                text=text,
-                tokens=self.counter.count(text),
-                title=view.title,
-                locator=view.locator,
-                recoverable=view.recoverable,
-            )
-            (l3_refs if view.form is Form.REFERENCE else l3_full).append(segment)
-        l4: list[Segment] = []
-        for h in self._history:
-            l4.append(self._text_segment(f"history:{h.turn}:user", "history", h.user, "user"))
-            if h.assistant is not None:
-                l4.append(
-                    self._text_segment(
-                        f"history:{h.turn}:assistant", "history", h.assistant, "assistant"
-                    )
-                )
-        l5 = [self._text_segment("query", "query", query, "user")]
-        decisions = list(graph.decisions)
-        if self._last_system is not None and self._last_system != self._system:
-            changed = "stable" if self._last_system.stable != self._system.stable else "mutable"
-            decisions.insert(
-                0,
-                Decision(
-                    "system",
-                    f"system:{changed}",
-                    "text",
-                    "text",
-                    "system prompt changed",
-                    layer="L1",
-                ),
-            )
-        layers = (
-            self._layer(LayerName.L1, l1),
-            self._layer(LayerName.L2, l2),
-            self._layer(LayerName.L3, [*l3_refs, *l3_full]),
-            self._layer(LayerName.L4, l4),
-            self._layer(LayerName.L5, l5),
-        )
-        report = BuildReport(
-            turn=graph.ctx.turn,
-            attached=tuple(i.key for i in graph.items),
-            decisions=tuple(decisions),
-            warnings=graph.warnings,
-            stats=graph.stats,
-        )
-        envelope = Envelope(graph.ctx.turn, layers, report)
-        return envelope
-
-    def request_tokens(self, envelope: Envelope) -> int:
         return request_tokens(envelope, self.counter)
 
 
-def request_tokens(envelope: Envelope, counter: TokenCounter) -> int:
+def request_tokens(
+    envelope: Envelope,
+    counter: TokenCounter,
+    *,
+    per_message: int = MESSAGE_OVERHEAD,
+    priming: int = REPLY_PRIMING,
+) -> int:
     """Exact tokens of the chat request (contents + per-message framing + reply priming)."""
-    total = REPLY_PRIMING
+    total = priming
     system = system_parts(envelope.l1, envelope.l2)
     if system:
-        total += counter.count_joined(system) + MESSAGE_OVERHEAD
+        total += counter.count_joined(system) + per_message
     for segment in envelope.l4.segments:
-        total += segment.tokens + MESSAGE_OVERHEAD
-    total += counter.count_joined(user_parts(envelope.l3, envelope.l5)) + MESSAGE_OVERHEAD
+        total += segment.tokens + per_message
+    total += counter.count_joined(user_parts(envelope.l3, envelope.l5)) + per_message
     return total
 
 

@@ -13,6 +13,7 @@ __all__ = [
     "LIBRARY_HEADING",
     "QUERY_LABEL",
     "REFERENCES_INTRO",
+    "BudgetReport",
     "BuildReport",
     "Decision",
     "Envelope",
@@ -129,14 +130,33 @@ class Decision:
 
 
 @attrs.frozen
+class BudgetReport:
+    """How the whole payload was fitted: window, reserve, use, headroom and the cuts."""
+
+    window: int
+    reserve_output: int
+    limit: int
+    used: int
+    effective: int
+    before: tuple[tuple[str, int], ...]
+    after: tuple[tuple[str, int], ...]
+    decisions: tuple[Decision, ...] = ()
+
+    @property
+    def headroom(self) -> int:
+        return self.limit - self.effective
+
+
+@attrs.frozen
 class BuildReport:
-    """What a build did: attached keys, decisions, warnings, and counters."""
+    """What a build did: attached keys, decisions, warnings, counters and the budget."""
 
     turn: int
     attached: tuple[str, ...] = ()
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     stats: tuple[tuple[str, int], ...] = ()
+    budget: BudgetReport | None = None
 
     def stat(self, name: str) -> int:
         return dict(self.stats).get(name, 0)

@@ -217,7 +217,8 @@ class StoreSchemaTooNew(StoreError):
         self.supported = supported
         super().__init__(
             path,
-            f"schema version {found} is newer than this Lamina supports ({supported}); upgrade Lamina",
+            f"schema version {found} is newer than this Lamina supports ({supported}); "
+            "upgrade Lamina",
         )
 
 

@@ -3,26 +3,53 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import networkx as nx
 
 from pipeline._artifacts import Artifact, Processed
-from pipeline._envelope import Decision, Form
+from pipeline._envelope import BudgetReport, Decision, Form
+from pipeline._history import HistoryEntry
 from pipeline._library import Library
+from pipeline._summarize import Summarizer, SummaryCache, TextRankSummarizer
 from pipeline._tokens import TokenCounter
 from pipeline._views import Policy, SegmentRenderer
 
-__all__ = ["Placement", "TurnContext", "TurnGraph"]
+if TYPE_CHECKING:
+    from pipeline._budget import Budget
+
+__all__ = ["HistoryView", "Placement", "SystemPrompt", "TurnContext", "TurnGraph"]
 
 
 @attrs.frozen
 class Placement:
-    """Where an artifact goes this turn: its key in L3 and the form it takes."""
+    """Where an artifact goes this turn: its key in L3, its form, and for excerpts a size."""
 
     key: str
     form: Form = Form.FULL
     marks: tuple[tuple[str, str], ...] = ()
+    limit: int = 0
+
+
+@attrs.frozen
+class SystemPrompt:
+    """L1: a stable contract and an optional mutable part (memory, project overlays)."""
+
+    stable: str = ""
+    mutable: str = ""
+
+
+@attrs.frozen
+class HistoryView:
+    """What L4 shows: turns from ``start`` on, with the listed replies shortened.
+
+    Kept between turns so the history cut point moves in steps (hysteresis) and a reply,
+    once shortened, stays shortened: both keep the cached prefix stable.
+    """
+
+    start: int = 1
+    shortened: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -33,6 +60,9 @@ class TurnContext:
     counter: TokenCounter = attrs.field(eq=False)
     renderer: SegmentRenderer = attrs.field(eq=False)
     policy: Policy = attrs.field(factory=Policy)
+    budget: Budget | None = None
+    summaries: SummaryCache = attrs.field(factory=SummaryCache, eq=False)
+    summarizer: Summarizer = attrs.field(factory=TextRankSummarizer, eq=False)
 
 
 @attrs.frozen
@@ -54,9 +84,20 @@ class TurnGraph:
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     stats: tuple[tuple[str, int], ...] = ()
+    system: SystemPrompt = attrs.field(factory=SystemPrompt)
+    history: tuple[HistoryEntry, ...] = ()
+    history_view: HistoryView = attrs.field(factory=HistoryView)
+    query: str = ""
+    budget_report: BudgetReport | None = None
 
     @classmethod
-    def build(cls, processed: Sequence[Processed], ctx: TurnContext, library: Library) -> TurnGraph:
+    def build(
+        cls,
+        processed: Sequence[Processed],
+        ctx: TurnContext,
+        library: Library,
+        **rest: Any,
+    ) -> TurnGraph:
         """The graph of what was attached, in attachment order."""
         graph = nx.DiGraph()
         roots: list[str] = []
@@ -81,7 +122,7 @@ class TurnGraph:
                     if end not in graph:
                         graph.add_node(end, kind="linked", artifact=None)
                 graph.add_edge(link.source, link.target, kind=link.kind)
-        return cls(graph, ctx, tuple(roots), library=library, warnings=tuple(warnings))
+        return cls(graph, ctx, tuple(roots), library=library, warnings=tuple(warnings), **rest)
 
     def artifact(self, key: str) -> Artifact:
         artifact: Artifact | None = self.graph.nodes[key].get("artifact")

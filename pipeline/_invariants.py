@@ -47,10 +47,14 @@ def _unique_keys(layer: Layer) -> None:
 
 def _references_and_resends(env: Envelope, policy: Policy) -> None:
     library = {s.key: s for s in env.l2.segments}
+    # A reference to an item L2 lacks is allowed only as a reported budget cut.
+    budget_refs = {
+        d.target for d in env.report.decisions if d.stage == "budget" and d.to_form == "reference"
+    }
     for seg in env.l3.segments:
         entry = library.get(seg.key)
         if seg.form is Form.REFERENCE:
-            if entry is None:
+            if entry is None and seg.key not in budget_refs:
                 raise InvariantViolation(3, f"{seg.key} is a reference but not in L2", seg.key)
             continue
         if entry is None or entry.content_hash != seg.content_hash:

@@ -48,10 +48,14 @@ def load_script(path: str | Path) -> Script:
         raise ScriptError(str(p), "", f"cannot read: {exc}") from None
     try:
         data = json.loads(raw) if p.suffix == ".json" else yaml.safe_load(raw)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ScriptError(
-            str(p), "", f"not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}"
-        ) from None
+    except json.JSONDecodeError as exc:
+        raise ScriptError(str(p), f"line {exc.lineno}", f"not valid JSON: {exc.msg}") from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ScriptError(str(p), where, f"not valid YAML: {exc.problem}") from None
+    except yaml.YAMLError as exc:
+        raise ScriptError(str(p), "", f"not valid YAML: {exc}") from None
     return parse_script(data, str(p), base=p.parent)
 
 

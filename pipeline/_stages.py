@@ -152,7 +152,8 @@ class Promote:
     def __call__(self, turn: TurnGraph) -> TurnGraph:
         library = turn.library
         for item in turn.items:
-            if item.key not in library:
+            # A new item the budget could only refer to was not sent; it is not promoted.
+            if item.key not in library and item.form is not Form.REFERENCE:
                 library = library.append(library_entry(turn.artifact(item.key), turn.ctx))
         return attrs.evolve(turn, promoted=library).with_views()
 
@@ -196,7 +197,9 @@ class Pipeline:
 
     @classmethod
     def default(cls) -> Pipeline:
-        return cls([Expand(), Dedup(), Reference(), Promote()])
+        from pipeline._budget import Enforce
+
+        return cls([Expand(), Dedup(), Reference(), Enforce(), Promote()])
 
     @property
     def names(self) -> tuple[str, ...]:

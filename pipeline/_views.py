@@ -9,6 +9,7 @@ import attrs
 from pipeline._artifacts import Artifact
 from pipeline._envelope import Form, View
 from pipeline._errors import ConfigError
+from pipeline._summarize import Summarizer, SummaryCache
 from pipeline._tokens import TokenCounter
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "full_view",
     "preview_view",
     "reference_view",
+    "summary_view",
 ]
 
 Freshness = Literal["pin", "refresh"]
@@ -127,6 +129,20 @@ def excerpt_view(
 
     excerpt = make_excerpt(artifact.payload.body(), counter, max_tokens)
     return _view(artifact, Form.EXCERPT, excerpt.text, marks)
+
+
+def summary_view(
+    artifact: Artifact,
+    cache: SummaryCache,
+    summarizer: Summarizer,
+    target_tokens: int,
+    marks: tuple[tuple[str, str], ...] = (),
+) -> View:
+    """A memoized abstractive-or-extractive summary; never for non-recoverable artifacts."""
+    if not artifact.recoverable:
+        raise ValueError(f"{artifact.key} is not recoverable and may only be excerpted")
+    result = cache.summarize(summarizer, artifact.content_hash, artifact.payload.body(), target_tokens)
+    return _view(artifact, Form.SUMMARY, result.text, marks)
 
 
 def carry_forward(artifact: Artifact, counter: TokenCounter, policy: Policy) -> View:

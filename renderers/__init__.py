@@ -1,17 +1,60 @@
 """Renderers: segment text (XML), provider requests and traces, from typed envelopes."""
 
+from renderers._cache import PrefixReport, classify_break, prefix_report, prefix_reports
+from renderers._layouts import LAYOUTS, Block, Layout, Message, Prompt, build_prompt
 from renderers._openai import ChatMessage, chatml, common_prefix_tokens, openai_messages
+from renderers._providers import (
+    DEFAULT_MODELS,
+    CacheRules,
+    GeminiCachePlan,
+    RenderedRequest,
+    RequestOptions,
+    anthropic_breakpoints,
+    cache_rules,
+    gemini_cache_plan,
+    prompt_cache_key,
+    request_options,
+)
+from renderers._requests import RequestRegistry, RequestRenderer, annotate_trace, render_request
+from renderers._simulate import Simulation, format_simulation, simulate
 from renderers._trace import TRACE_VERSION, trace_document, trace_turn
 from renderers._xml import XmlRenderer, render_xml, xml_safe
 
 __all__ = [
+    "DEFAULT_MODELS",
+    "LAYOUTS",
     "TRACE_VERSION",
+    "Block",
+    "CacheRules",
     "ChatMessage",
+    "GeminiCachePlan",
+    "Layout",
+    "Message",
+    "PrefixReport",
+    "Prompt",
+    "RenderedRequest",
+    "RequestOptions",
+    "RequestRegistry",
+    "RequestRenderer",
+    "Simulation",
     "XmlRenderer",
+    "annotate_trace",
+    "anthropic_breakpoints",
+    "build_prompt",
+    "cache_rules",
     "chatml",
+    "classify_break",
     "common_prefix_tokens",
+    "format_simulation",
+    "gemini_cache_plan",
     "openai_messages",
+    "prefix_report",
+    "prefix_reports",
+    "prompt_cache_key",
+    "render_request",
     "render_xml",
+    "request_options",
+    "simulate",
     "trace_document",
     "trace_turn",
     "xml_safe",

@@ -225,4 +225,3 @@ def build_prompt(envelopes: Sequence[Envelope], layout: Layout = "default") -> P
     if layout == "naive":
         return naive_prompt(envelopes)
     raise ConfigError("layout", f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
-

@@ -49,7 +49,7 @@ Ttl = Literal["5m", "1h"]
 
 DEFAULT_MODELS: dict[str, str] = {
     "openai": "gpt-4.1",
-    "anthropic": "claude-sonnet-4-5",
+    "anthropic": "claude-sonnet-4-6",
     "gemini": "gemini-2.5-flash",
 }
 
@@ -118,7 +118,9 @@ def request_options(
 ) -> RequestOptions:
     """Options with the provider's default model and that model's profile."""
     if provider not in DEFAULT_MODELS:
-        raise ConfigError("provider", f"unknown provider {provider!r} (known: openai, anthropic, gemini)")
+        raise ConfigError(
+            "provider", f"unknown provider {provider!r} (known: openai, anthropic, gemini)"
+        )
     name = model or DEFAULT_MODELS[provider]
     prof = profile or get_profile(name)
     if prof.provider != provider:
@@ -253,8 +255,12 @@ def _contents(prompt: Prompt) -> list[dict[str, Any]]:
 
 
 def _generation_config(body: dict[str, Any], options: RequestOptions) -> dict[str, Any]:
+    # google-genai always sends the (possibly empty) generationConfig; so do we, so the
+    # SDK's wire body and ours are equal.
+    config: dict[str, Any] = {}
     if options.max_tokens is not None:
-        body["generationConfig"] = {"maxOutputTokens": options.max_tokens}
+        config["maxOutputTokens"] = options.max_tokens
+    body["generationConfig"] = config
     return body
 
 
@@ -310,4 +316,3 @@ def gemini_cache_plan(
     body = _generation_config(body, options)
     path = f"/v1beta/models/{options.model}:generateContent"
     return GeminiCachePlan(display, tokens, create, RenderedRequest("gemini", path, body))
-

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
 from pipeline import Envelope, RegistryError, TokenCounter
 from pipeline._profiles import ModelProfile
-
 from renderers._layouts import Layout, Prompt, build_prompt
 from renderers._providers import (
     RenderedRequest,
@@ -21,7 +21,7 @@ from renderers._providers import (
     request_options,
 )
 
-__all__ = ["RequestRenderer", "RequestRegistry", "render_request"]
+__all__ = ["RequestRegistry", "RequestRenderer", "annotate_trace", "render_request"]
 
 RequestRenderer = Callable[[Prompt, RequestOptions], RenderedRequest]
 
@@ -60,7 +60,9 @@ class RequestRegistry:
             return self._entries[name]
         except KeyError:
             known = ", ".join(self.names())
-            raise RegistryError(name, f"no request renderer with this name (known: {known})") from None
+            raise RegistryError(
+                name, f"no request renderer with this name (known: {known})"
+            ) from None
 
     @classmethod
     def builtin(cls) -> RequestRegistry:
@@ -102,3 +104,30 @@ def render_request(
     )
     envs = [envelopes] if isinstance(envelopes, Envelope) else list(envelopes)
     return reg.get(renderer)(build_prompt(envs, layout), options)
+
+
+def annotate_trace(
+    document: dict[str, Any],
+    envelopes: Sequence[Envelope],
+    counter: TokenCounter,
+    *,
+    provider: str | None = None,
+    model: str | None = None,
+    conversation_id: str | None = None,
+) -> dict[str, Any]:
+    """Add ``"cache"`` (and, with ``provider``, ``"request"``: the body as it would be
+    sent) to each turn of a ``trace_document``; returns the same document."""
+    from renderers._cache import prefix_reports
+
+    reports = prefix_reports(envelopes, counter)
+    for i, (turn, report) in enumerate(zip(document["turns"], reports, strict=True)):
+        turn["cache"] = report.trace()
+        if provider is not None:
+            turn["request"] = render_request(
+                envelopes[: i + 1],
+                provider,
+                model,
+                counter=counter,
+                conversation_id=conversation_id,
+            ).body
+    return document

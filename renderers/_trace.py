@@ -13,12 +13,14 @@ __all__ = ["TRACE_VERSION", "trace_document", "trace_turn"]
 TRACE_VERSION = 1
 
 
-def trace_turn(envelope: Envelope, counter: TokenCounter) -> dict[str, Any]:
+def trace_turn(
+    envelope: Envelope, counter: TokenCounter, *, tokens_total: int | None = None
+) -> dict[str, Any]:
     """One turn of the trace (README: "Trace format")."""
-    return {
+    out: dict[str, Any] = {
         "turn": envelope.turn,
         "prefix_hash": envelope.prefix_hash,
-        "tokens_total": request_tokens(envelope, counter),
+        "tokens_total": request_tokens(envelope, counter) if tokens_total is None else tokens_total,
         "layers": {
             str(layer.name): {
                 "hash": layer.hash,
@@ -38,6 +40,24 @@ def trace_turn(envelope: Envelope, counter: TokenCounter) -> dict[str, Any]:
         },
         "messages": openai_messages(envelope),
     }
+    budget = envelope.report.budget
+    if budget is not None:
+        out["budget"] = {
+            "window": budget.window,
+            "reserve_output": budget.reserve_output,
+            "used": budget.used,
+            "decisions": [
+                {
+                    "target": d.target,
+                    "from": d.from_form,
+                    "to": d.to_form,
+                    "tokens_saved": d.tokens_saved,
+                    "reason": d.reason,
+                }
+                for d in budget.decisions
+            ],
+        }
+    return out
 
 
 def trace_document(envelopes: Sequence[Envelope], counter: TokenCounter) -> dict[str, Any]:

@@ -1,0 +1,146 @@
+"""The render step: a finished TurnGraph becomes an Envelope of five typed layers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+from pipeline._envelope import BuildReport, Envelope, Form, Layer, LayerName, Segment, View
+from pipeline._graph import Placement, TurnGraph
+from pipeline._hashing import text_hash
+from pipeline._history import HistoryEntry
+from pipeline._preview import cut_to_tokens
+from pipeline._tokens import TokenCounter
+from pipeline._views import excerpt_view, full_view, preview_view, reference_view, summary_view
+
+__all__ = [
+    "DEFAULT_REPLY_TOKENS",
+    "assemble",
+    "item_view",
+    "shorten_reply",
+    "summary_target",
+    "visible_history",
+]
+
+DEFAULT_REPLY_TOKENS = 400
+
+
+def shorten_reply(text: str, counter: TokenCounter, max_tokens: int) -> str:
+    """A long old reply cut to ``max_tokens`` at a sentence end, with a marker saying so."""
+    head = cut_to_tokens(text, counter, max_tokens)
+    if head == text:
+        return text
+    return f"{head}\n[... reply shortened: {len(text) - len(head)} of {len(text)} characters cut ...]"
+
+
+def visible_history(turn: TurnGraph) -> list[tuple[HistoryEntry, str | None]]:
+    """The history entries L4 shows, with each reply as it is sent (maybe shortened)."""
+    view = turn.history_view
+    limit = turn.ctx.budget.reply_tokens if turn.ctx.budget else DEFAULT_REPLY_TOKENS
+    shown: list[tuple[HistoryEntry, str | None]] = []
+    for entry in turn.history:
+        if entry.turn < view.start:
+            continue
+        reply = entry.assistant
+        if reply is not None and entry.turn in view.shortened:
+            reply = shorten_reply(reply, turn.ctx.counter, limit)
+        shown.append((entry, reply))
+    return shown
+
+
+def summary_target(turn: TurnGraph, body: str) -> int:
+    """Summary size: a third of the body, at least 64 tokens, at most the budget's cap."""
+    cap = turn.ctx.budget.summary_tokens if turn.ctx.budget else turn.ctx.policy.section_tokens * 2
+    return min(cap, max(64, turn.ctx.counter.count(body) // 3))
+
+
+def item_view(turn: TurnGraph, item: Placement) -> View:
+    """The view of an L3 item in the form its placement says."""
+    artifact = turn.artifact(item.key)
+    ctx = turn.ctx
+    if item.form is Form.REFERENCE:
+        return reference_view(artifact, item.marks)
+    if item.form is Form.PREVIEW:
+        return preview_view(artifact, ctx.counter, ctx.policy, item.marks)
+    if item.form is Form.SUMMARY:
+        target = summary_target(turn, artifact.payload.body())
+        return summary_view(artifact, ctx.summaries, ctx.summarizer, target, item.marks)
+    if item.form is Form.EXCERPT:
+        limit = item.limit or ctx.policy.verbatim_tokens
+        return excerpt_view(artifact, ctx.counter, limit, item.marks)
+    return full_view(artifact, item.marks)
+
+
+def _segment(view: View, text: str, tokens: int) -> Segment:
+    return Segment(
+        key=view.key,
+        form=view.form,
+        source_type=view.source_type,
+        content_hash=view.content_hash,
+        text=text,
+        tokens=tokens,
+        title=view.title,
+        locator=view.locator,
+        recoverable=view.recoverable,
+    )
+
+
+def assemble(turn: TurnGraph) -> Envelope:
+    """Render every layer of ``turn`` (segment text and exact token counts) into an envelope."""
+    counter = turn.ctx.counter
+
+    def text_segment(key: str, source_type: str, text: str, role: str = "") -> Segment:
+        return Segment(
+            key=key,
+            form=Form.TEXT,
+            source_type=source_type,
+            content_hash=text_hash(text),
+            text=text,
+            tokens=counter.count(text),
+            role=role,
+        )
+
+    def layer(name: LayerName, segments: Sequence[Segment]) -> Layer:
+        return Layer(name, tuple(segments), counter.count_joined([s.text for s in segments]))
+
+    system = turn.system
+    l1 = [
+        text_segment(f"system:{part}", "system", text)
+        for part, text in (("stable", system.stable), ("mutable", system.mutable))
+        if text
+    ]
+    l2 = [_segment(e.view, e.text, e.tokens) for e in turn.library]
+    refs: list[Segment] = []
+    full: list[Segment] = []
+    for item in turn.items:
+        view = item_view(turn, item)
+        text = turn.ctx.renderer.render(view)
+        (refs if view.form is Form.REFERENCE else full).append(
+            _segment(view, text, counter.count(text))
+        )
+    l4: list[Segment] = []
+    for entry, reply in visible_history(turn):
+        l4.append(text_segment(f"history:{entry.turn}:user", "history", entry.user, "user"))
+        if reply is not None:
+            l4.append(
+                text_segment(f"history:{entry.turn}:assistant", "history", reply, "assistant")
+            )
+    l5 = [text_segment("query", "query", turn.query, "user")]
+    layers = (
+        layer(LayerName.L1, l1),
+        layer(LayerName.L2, l2),
+        layer(LayerName.L3, [*refs, *full]),
+        layer(LayerName.L4, l4),
+        layer(LayerName.L5, l5),
+    )
+    report = BuildReport(
+        turn=turn.ctx.turn,
+        attached=tuple(i.key for i in turn.items),
+        decisions=turn.decisions,
+        warnings=turn.warnings,
+        stats=turn.stats,
+        budget=turn.budget_report,
+    )
+    return Envelope(turn.ctx.turn, layers, report)
+
+

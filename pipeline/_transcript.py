@@ -1,0 +1,438 @@
+"""Markdown chat transcripts: export a stored conversation, import one (also the plugin's).
+
+A transcript is what a person reads in a notes app: YAML frontmatter, then per message
+``**user**: ...`` / ``**ai**: ...``, a ``[Context: Notes: a.md | URLs: ...]`` line and a
+``[Timestamp: ...]`` line. Import replays the turns, rebuilding attachments by running the
+processors again; whatever cannot be rebuilt is listed in the ``ImportReport``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from pipeline._artifacts import SourceResolver
+from pipeline._conversation import Conversation, SystemPrompt
+from pipeline._envelope import Envelope
+from pipeline._errors import ChatTranscriptError, LaminaError, StoreError
+from pipeline._hashing import text_hash
+from pipeline._store import (
+    AttachmentRecord,
+    ConversationInfo,
+    Store,
+    attachment_record,
+    save_turn,
+)
+
+__all__ = [
+    "CONTEXT_CATEGORIES",
+    "ChatMessage",
+    "ChatTranscript",
+    "ImportProblem",
+    "ImportReport",
+    "export_transcript",
+    "import_transcript",
+    "parse_transcript",
+    "render_transcript",
+]
+
+# Context-line category -> attachment kind, in the order the line lists them.
+CONTEXT_CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("Notes", "note"),
+    ("URLs", "url"),
+    ("Tags", "tag"),
+    ("Folders", "folder"),
+    ("YouTube", "youtube"),
+    ("PDFs", "pdf"),
+    ("Selections", "selection"),
+)
+_CATEGORY = dict(CONTEXT_CATEGORIES)
+_LABEL = {kind: name for name, kind in CONTEXT_CATEGORIES}
+_MARKER = re.compile(r"^\*\*(user|ai)\*\*:(?: |$)")
+_CONTEXT = re.compile(r"^\[Context: (.*)\]$")
+_TIMESTAMP = re.compile(r"^\[Timestamp: (.*)\]$")
+# Message lines that would read as structure get one more leading backslash on export.
+_STRUCTURAL = re.compile(r"^\\*(?:\*\*(?:user|ai)\*\*:|\[Context: |\[Timestamp: )")
+_FETCHED = ("url", "youtube")
+
+
+@attrs.frozen
+class ChatMessage:
+    """One transcript message; ``context`` lists (kind, label) pairs as the line shows them."""
+
+    role: str  # "user" | "ai"
+    text: str
+    context: tuple[tuple[str, str], ...] = ()
+    timestamp: str = ""
+    line: int = attrs.field(default=0, eq=False)  # where it starts in the file
+
+
+@attrs.frozen
+class ChatTranscript:
+    """A parsed transcript: the header fields Lamina knows and the messages."""
+
+    conversation_id: str = ""
+    model: str = ""
+    created: str = ""
+    tags: tuple[str, ...] = ()
+    title: str = ""
+    system: SystemPrompt = attrs.field(factory=SystemPrompt)
+    messages: tuple[ChatMessage, ...] = ()
+
+
+@attrs.frozen
+class ImportProblem:
+    """Something in a transcript that could not be rebuilt, and why."""
+
+    turn: int  # 0 when the message did not become a turn
+    kind: str
+    label: str
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"turn {self.turn}" if self.turn else "not imported"
+        return f"{where}: {self.kind} {self.label}: {self.reason}"
+
+
+@attrs.frozen
+class ImportReport:
+    """What an import did: the conversation id, turns made, rebuilt items and problems."""
+
+    conversation_id: str
+    turns: int
+    rebuilt: tuple[str, ...] = ()
+    problems: tuple[ImportProblem, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return not self.problems
+
+
+# --- export -----------------------------------------------------------------------------
+
+
+def _escape(text: str) -> str:
+    return "\n".join("\\" + ln if _STRUCTURAL.match(ln) else ln for ln in text.split("\n"))
+
+
+def _unescape(line: str) -> str:
+    return line[1:] if _STRUCTURAL.match(line) and line.startswith("\\") else line
+
+
+def _context_line(context: Sequence[tuple[str, str]]) -> str:
+    groups: dict[str, list[str]] = {}
+    for kind, label in context:
+        groups.setdefault(kind, []).append(label)
+    parts = [
+        f"{_LABEL.get(kind, kind)}: {', '.join(labels)}"
+        for kind, labels in sorted(groups.items(), key=lambda kv: _order(kv[0]))
+    ]
+    return f"[Context: {' | '.join(parts)}]"
+
+
+def _order(kind: str) -> tuple[int, str]:
+    kinds = [k for _, k in CONTEXT_CATEGORIES]
+    return (kinds.index(kind), "") if kind in kinds else (len(kinds), kind)
+
+
+def render_transcript(transcript: ChatTranscript) -> str:
+    """The markdown text; the same transcript always gives the same bytes."""
+    header: dict[str, Any] = {
+        "conversation_id": transcript.conversation_id,
+        "model": transcript.model,
+        "created": transcript.created,
+        "tags": list(transcript.tags),
+    }
+    if transcript.title:
+        header["title"] = transcript.title
+    if transcript.system != SystemPrompt():
+        header["system"] = {
+            "stable": transcript.system.stable,
+            "mutable": transcript.system.mutable,
+        }
+    front = yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1_000_000)
+    blocks = []
+    for m in transcript.messages:
+        lines = [f"**{m.role}**: {_escape(m.text)}"]
+        if m.context:
+            lines.append(_context_line(m.context))
+        if m.timestamp:
+            lines.append(f"[Timestamp: {m.timestamp}]")
+        blocks.append("\n".join(lines))
+    return f"---\n{front}---\n\n" + "\n\n".join(blocks) + "\n"
+
+
+def _record_context(attachments: Sequence[AttachmentRecord]) -> tuple[tuple[str, str], ...]:
+    return tuple((a.kind, a.label) for a in attachments)
+
+
+def export_transcript(store: Store, conversation_id: str) -> str:
+    """The stored conversation as markdown (deterministic given the store)."""
+    info = store.conversation(conversation_id)
+    records = store.turns(conversation_id)
+    system = store.load(conversation_id).system if records else SystemPrompt()
+    messages: list[ChatMessage] = []
+    for r in records:
+        messages.append(ChatMessage("user", r.user, _record_context(r.attachments), r.created))
+        if r.reply is not None:
+            messages.append(ChatMessage("ai", r.reply, (), r.reply_created))
+    return render_transcript(
+        ChatTranscript(
+            info.id, info.model, info.created, info.tags, info.title, system, tuple(messages)
+        )
+    )
+
+
+# --- parse ------------------------------------------------------------------------------
+
+
+def _scalar(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
+def _frontmatter(lines: list[str], path: str) -> tuple[dict[str, Any], int]:
+    if not lines or lines[0].rstrip() != "---":
+        return {}, 0
+    for end in range(1, len(lines)):
+        if lines[end].rstrip() in ("---", "..."):
+            break
+    else:
+        raise ChatTranscriptError(path, 1, "frontmatter is not closed by '---'")
+    try:
+        # BaseLoader keeps every scalar a string, so timestamps and epochs stay verbatim.
+        data = yaml.load("\n".join(lines[1:end]), Loader=yaml.BaseLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 2 if mark is not None else 1
+        raise ChatTranscriptError(path, line, f"malformed YAML frontmatter: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ChatTranscriptError(path, 2, "frontmatter must be a mapping")
+    return data, end + 1
+
+
+def _created(meta: Mapping[str, Any]) -> str:
+    if "created" in meta:
+        return _scalar(meta["created"])
+    epoch = _scalar(meta.get("epoch"))
+    if epoch.isdigit():  # the plugin's epoch milliseconds
+        stamp = datetime.datetime.fromtimestamp(int(epoch) / 1000, tz=datetime.UTC)
+        return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return epoch
+
+
+def _tags(value: Any) -> tuple[str, ...]:
+    if isinstance(value, list):
+        return tuple(_scalar(v) for v in value if _scalar(v))
+    text = _scalar(value)
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _system(value: Any, path: str) -> SystemPrompt:
+    if value is None:
+        return SystemPrompt()
+    if isinstance(value, str):
+        return SystemPrompt(value)
+    if isinstance(value, dict):
+        return SystemPrompt(_scalar(value.get("stable")), _scalar(value.get("mutable")))
+    raise ChatTranscriptError(path, 0, "frontmatter 'system' must be text or stable/mutable")
+
+
+def _parse_context(inner: str) -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
+    for part in inner.split(" | "):
+        name, sep, rest = part.partition(":")
+        if not sep:
+            out.append(("unknown", part.strip()))
+            continue
+        kind = _CATEGORY.get(name.strip(), name.strip().lower() or "unknown")
+        out.extend((kind, item.strip()) for item in rest.split(", ") if item.strip())
+    return tuple(out)
+
+
+def parse_transcript(text: str, path: str = "<transcript>") -> ChatTranscript:
+    """Read a Lamina or original-plugin transcript; ChatTranscriptError if malformed."""
+    lines = text.replace("\r\n", "\n").split("\n")
+    meta, start = _frontmatter(lines, path)
+    messages: list[ChatMessage] = []
+    current: tuple[str, int, list[str]] | None = None
+
+    def finish() -> None:
+        if current is None:
+            return
+        role, line, body = current
+        while body and not body[-1].strip():
+            body.pop()
+        timestamp = ""
+        context: tuple[tuple[str, str], ...] = ()
+        for _ in range(2):
+            if body and (m := _TIMESTAMP.match(body[-1])) and not timestamp:
+                timestamp = m.group(1)
+                body.pop()
+            elif body and (m := _CONTEXT.match(body[-1])) and not context:
+                context = _parse_context(m.group(1))
+                body.pop()
+        messages.append(
+            ChatMessage(role, "\n".join(_unescape(b) for b in body), context, timestamp, line)
+        )
+
+    for number, line in enumerate(lines[start:], start=start + 1):
+        m = _MARKER.match(line)
+        if m:
+            finish()
+            current = (m.group(1), number, [line[m.end() :]])
+        elif current is not None:
+            current[2].append(line)
+        elif line.strip():
+            raise ChatTranscriptError(
+                path, number, "text before the first **user**: or **ai**: message"
+            )
+    finish()
+    return ChatTranscript(
+        conversation_id=_scalar(meta.get("conversation_id")),
+        model=_scalar(meta.get("model", meta.get("modelKey"))),
+        created=_created(meta),
+        tags=_tags(meta.get("tags")),
+        title=_scalar(meta.get("title", meta.get("topic"))),
+        system=_system(meta.get("system"), path),
+        messages=tuple(messages),
+    )
+
+
+# --- import -----------------------------------------------------------------------------
+
+
+def _resolve_note(label: str, notes: Sequence[str]) -> tuple[str | None, str]:
+    """A vault path for a transcript's note label, or None and why not."""
+    name = label.strip().lstrip("/")
+    wanted = name if name.lower().endswith(".md") else name + ".md"
+    if wanted in notes:
+        return wanted, ""
+    base = posixpath.basename(wanted).casefold()
+    matches = sorted(n for n in notes if posixpath.basename(n).casefold() == base)
+    if len(matches) == 1:
+        return matches[0], ""
+    if matches:
+        return None, f"ambiguous basename: matches {', '.join(matches)}"
+    return None, "no such note in the vault (deleted or renamed?)"
+
+
+def _attempt(
+    conv: Conversation,
+    kind: str,
+    label: str,
+    store: Store,
+    notes: Sequence[str] | None,
+    allow_fetch: bool,
+) -> tuple[dict[str, Any] | None, str, str]:
+    """(script form, label to keep, reason it failed)."""
+    if kind == "note":
+        if notes is None:
+            return None, label, "no vault given to read notes from"
+        path, why = _resolve_note(label, notes)
+        if path is None:
+            return None, label, why
+        form: dict[str, Any] = {"note": path}
+        label = path
+    elif kind in ("tag", "folder"):
+        if notes is None:
+            return None, label, "no vault given to read notes from"
+        form = {kind: label}
+    elif kind in _FETCHED:
+        if not allow_fetch:
+            return None, label, "fetching is not allowed (pass allow_fetch / --allow-fetch)"
+        form = {kind: label}
+    elif kind == "pdf":
+        file, _, pages = label.partition("#pages=")
+        form = {"pdf": file} | ({"pages": pages} if pages else {})
+    elif kind == "selection":
+        found = store.find_attachment("selection", label)
+        if found is None or found.data() is None:
+            return None, label, "selected text is not in the store (transcripts do not carry it)"
+        form = found.data() or {}
+    else:
+        return None, label, "unknown context category"
+    try:
+        conv.process(form)
+    except LaminaError as exc:
+        return None, label, str(exc)
+    return form, label, ""
+
+
+def import_transcript(
+    text: str,
+    store: Store,
+    *,
+    vault: str | Path | None = None,
+    sources: SourceResolver | None = None,
+    allow_fetch: bool = False,
+    conversation_id: str | None = None,
+    path: str = "<transcript>",
+) -> ImportReport:
+    """Replay a transcript into ``store`` as a new conversation; report what did not rebuild.
+
+    Notes are found in the vault by path, else by a unique basename; URLs and videos are
+    fetched only with ``allow_fetch``; selections only if the store kept their text.
+    """
+    parsed = parse_transcript(text, path)
+    cid = conversation_id or parsed.conversation_id or text_hash(text)
+    conv = Conversation(parsed.system, vault=vault, sources=sources)
+    notes = _vault_notes(conv)
+    store.create(ConversationInfo(cid, parsed.created, parsed.model, parsed.tags, parsed.title))
+    problems: list[ImportProblem] = []
+    rebuilt: list[str] = []
+    last: tuple[Envelope, list[AttachmentRecord], str] | None = None
+    for m in parsed.messages:
+        if m.role == "ai":
+            if last is None or conv.history[-1].assistant is not None:
+                problems.append(
+                    ImportProblem(
+                        0,
+                        "message",
+                        f"line {m.line}",
+                        "an ai message with no user message before it",
+                    )
+                )
+                continue
+            conv.reply(m.text)
+            envelope, records, created = last
+            save_turn(
+                store, cid, conv, envelope, records, created=created, reply_created=m.timestamp
+            )
+            continue
+        turn = len(conv.history) + 1
+        forms: list[dict[str, Any]] = []
+        records = []
+        for kind, label in m.context:
+            form, kept, why = _attempt(conv, kind, label, store, notes, allow_fetch)
+            if form is None:
+                problems.append(ImportProblem(turn, kind, label, why))
+                records.append(AttachmentRecord(kind, kept, "", rebuilt=False))
+            else:
+                forms.append(form)
+                rebuilt.append(f"{kind} {kept}")
+                records.append(attrs.evolve(attachment_record(form, conv), label=kept))
+        try:
+            envelope = conv.turn(m.text, forms)
+        except LaminaError as exc:
+            raise StoreError(store.path, f"importing {path} turn {turn}: {exc}") from None
+        save_turn(store, cid, conv, envelope, records, created=m.timestamp, reply_created="")
+        last = (envelope, records, m.timestamp)
+    return ImportReport(cid, len(conv.history), tuple(rebuilt), tuple(problems))
+
+
+def _vault_notes(conv: Conversation) -> tuple[str, ...] | None:
+    context = getattr(conv.sources, "context", None)
+    vault = getattr(context, "vault", None)
+    if vault is None:
+        return None
+    notes: tuple[str, ...] = vault.notes()
+    return notes

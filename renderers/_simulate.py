@@ -1,0 +1,257 @@
+"""Cache-cost simulator: per turn, the tokens each provider would serve from its prompt cache.
+
+Every layout's requests come from ``renderers._layouts`` and every rule from
+``renderers._providers.cache_rules`` (the table the request renderers use), so the
+numbers describe the requests Lamina actually sends. The cache is assumed warm for the
+whole conversation (every earlier request is still cached: no TTL expiry, same routing).
+Token counts use the conversation's local tokenizer for all three providers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from pipeline import Envelope, TokenCounter, text_hash
+from renderers._layouts import LAYOUTS, Layout, Prompt, build_prompt
+from renderers._openai import chatml
+from renderers._providers import (
+    CacheRules,
+    Ttl,
+    anthropic_breakpoints,
+    flat_blocks,
+    request_options,
+)
+
+__all__ = [
+    "PROVIDERS",
+    "Series",
+    "Simulation",
+    "TurnCost",
+    "breakpoint_cache_costs",
+    "format_simulation",
+    "prefix_cache_costs",
+    "simulate",
+]
+
+PROVIDERS = ("openai", "anthropic", "gemini")
+
+
+@attrs.frozen
+class TurnCost:
+    """One request: input tokens, how many were read from / written to the cache, and
+    the input cost relative to the same request sent uncached."""
+
+    turn: int
+    input_tokens: int
+    cached_tokens: int
+    written_tokens: int
+    cost: float
+
+    @property
+    def uncached_tokens(self) -> int:
+        return self.input_tokens - self.cached_tokens
+
+    @property
+    def relative_cost(self) -> float:
+        return self.cost / self.input_tokens if self.input_tokens else 1.0
+
+
+@attrs.frozen
+class Series:
+    """One layout under one provider's rules, turn by turn."""
+
+    layout: Layout
+    provider: str
+    model: str
+    turns: tuple[TurnCost, ...]
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(t.input_tokens for t in self.turns)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(t.cached_tokens for t in self.turns)
+
+    @property
+    def cost(self) -> float:
+        return sum(t.cost for t in self.turns)
+
+    @property
+    def cached_share(self) -> float:
+        return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    @property
+    def relative_cost(self) -> float:
+        """Cost over the same requests sent uncached."""
+        return self.cost / self.input_tokens if self.input_tokens else 1.0
+
+
+@attrs.frozen
+class Simulation:
+    """All series; ``baseline`` is the naive layout's uncached input per provider, the
+    common yardstick for comparing layouts."""
+
+    series: tuple[Series, ...]
+
+    def get(self, layout: str, provider: str) -> Series:
+        for s in self.series:
+            if s.layout == layout and s.provider == provider:
+                return s
+        raise KeyError((layout, provider))
+
+    def vs_naive(self, layout: str, provider: str) -> float | None:
+        """Cost of ``layout`` over the naive layout's uncached input (None without naive)."""
+        try:
+            naive = self.get("naive", provider)
+        except KeyError:
+            return None
+        return self.get(layout, provider).cost / naive.input_tokens if naive.input_tokens else None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for s in self.series:
+            out.setdefault(s.layout, {})[s.provider] = {
+                "model": s.model,
+                "input_tokens": s.input_tokens,
+                "cached_tokens": s.cached_tokens,
+                "cached_share": round(s.cached_share, 4),
+                "relative_cost": round(s.relative_cost, 4),
+                "cost_vs_naive": _round(self.vs_naive(s.layout, s.provider)),
+                "turns": [
+                    {
+                        "turn": t.turn,
+                        "input_tokens": t.input_tokens,
+                        "cached_tokens": t.cached_tokens,
+                        "uncached_tokens": t.uncached_tokens,
+                        "written_tokens": t.written_tokens,
+                        "relative_cost": round(t.relative_cost, 4),
+                    }
+                    for t in s.turns
+                ],
+            }
+        return {"lamina_simulation": 1, "layouts": out}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def prefix_cache_costs(requests: Sequence[Sequence[int]], rules: CacheRules) -> list[TurnCost]:
+    """Automatic prefix caching (OpenAI, Gemini implicit): a request reads the longest
+    token prefix it shares with any earlier request, if at least ``rules.min_tokens``
+    long, rounded down to ``rules.step``; everything else is billed at the input price."""
+    costs: list[TurnCost] = []
+    for n, tokens in enumerate(requests):
+        best = 0
+        for earlier in requests[:n]:
+            same = 0
+            for x, y in zip(earlier, tokens, strict=False):
+                if x != y:
+                    break
+                same += 1
+            best = max(best, same)
+        cached = best - best % rules.step if best >= rules.min_tokens else 0
+        cost = (len(tokens) - cached) + rules.read * cached
+        costs.append(TurnCost(n + 1, len(tokens), cached, 0, cost))
+    return costs
+
+
+def breakpoint_cache_costs(
+    requests: Sequence[tuple[Sequence[tuple[str, int]], Sequence[int]]], rules: CacheRules
+) -> list[TurnCost]:
+    """Anthropic's explicit caching. Each request is ``(blocks, breakpoints)``: blocks as
+    (identity, tokens) in order, breakpoints as block indices. A breakpoint reads the
+    longest cached prefix ending at it or up to ``rules.lookback`` blocks before it; the
+    tokens from there to the last breakpoint are written (``rules.write``); the rest is
+    plain input. Every breakpoint's prefix is cached for later requests."""
+    store: set[str] = set()
+    costs: list[TurnCost] = []
+    for n, (blocks, marks) in enumerate(requests):
+        keys: list[str] = []
+        cum: list[int] = []
+        chain, total = "", 0
+        for ident, tokens in blocks:
+            chain = text_hash(chain + "\x00" + ident)
+            total += tokens
+            keys.append(chain)
+            cum.append(total)
+        read = 0
+        for bp in marks:
+            for j in range(bp, max(-1, bp - rules.lookback - 1), -1):
+                if keys[j] in store:
+                    read = max(read, cum[j])
+                    break
+        written = max(0, cum[marks[-1]] - read) if marks else 0
+        store.update(keys[bp] for bp in marks)
+        cost = (total - read - written) + rules.read * read + rules.write * written
+        costs.append(TurnCost(n + 1, total, read, written, cost))
+    return costs
+
+
+def _anthropic_request(
+    prompt: Prompt, counter: TokenCounter, rules: CacheRules
+) -> tuple[list[tuple[str, int]], tuple[int, ...]]:
+    flat = flat_blocks(prompt)
+    roles = ["system", *(m.role for m in prompt.messages)]
+    blocks = [(f"{m}:{roles[m + 1]}:{b.text}", counter.count(b.text)) for m, b in flat]
+    return blocks, anthropic_breakpoints(prompt, counter, rules.min_tokens, rules.breakpoints)
+
+
+def _chat_tokens(prompt: Prompt, counter: TokenCounter) -> list[int]:
+    return counter.encode(chatml([{"role": r, "content": t} for r, t in prompt.chat()]))
+
+
+def simulate(
+    envelopes: Sequence[Envelope],
+    *,
+    counter: TokenCounter | None = None,
+    providers: Sequence[str] = PROVIDERS,
+    models: Mapping[str, str] | None = None,
+    layouts: Sequence[Layout] = LAYOUTS,
+    ttl: Ttl | None = None,
+) -> Simulation:
+    """Cost every layout of a conversation (its envelopes in order) under each provider."""
+    count = counter or TokenCounter()
+    prompts = {
+        layout: [build_prompt(envelopes[: i + 1], layout) for i in range(len(envelopes))]
+        for layout in layouts
+    }
+    series: list[Series] = []
+    chat: dict[Layout, list[list[int]]] = {}
+    for layout in layouts:
+        for provider in providers:
+            options = request_options(
+                provider, (models or {}).get(provider), counter=count, ttl=ttl
+            )
+            rules = options.rules
+            if provider == "anthropic":
+                reqs = [_anthropic_request(p, count, rules) for p in prompts[layout]]
+                costs = breakpoint_cache_costs(reqs, rules)
+            else:
+                if layout not in chat:
+                    chat[layout] = [_chat_tokens(p, count) for p in prompts[layout]]
+                costs = prefix_cache_costs(chat[layout], rules)
+            turns = tuple(
+                attrs.evolve(c, turn=e.turn) for c, e in zip(costs, envelopes, strict=True)
+            )
+            series.append(Series(layout, provider, options.model, turns))
+    return Simulation(tuple(series))
+
+
+def format_simulation(sim: Simulation) -> str:
+    """A plain-text table: per layout and provider, cached share and relative costs."""
+    head = f"{'layout':<12} {'provider':<10} {'model':<18} {'input':>9} {'cached':>9} "
+    head += f"{'cached%':>8} {'cost/uncached':>14} {'cost/naive':>11}"
+    lines = [head, "-" * len(head)]
+    for s in sim.series:
+        naive = sim.vs_naive(s.layout, s.provider)
+        lines.append(
+            f"{s.layout:<12} {s.provider:<10} {s.model:<18} {s.input_tokens:>9} "
+            f"{s.cached_tokens:>9} {s.cached_share:>8.1%} {s.relative_cost:>14.3f} "
+            f"{'-' if naive is None else f'{naive:.3f}':>11}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,197 @@
+"""The whole-payload budget: every turn fits or fails loudly, cuts are ordered and reported."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline import (
+    Budget,
+    BudgetExceeded,
+    ConfigError,
+    Conversation,
+    Envelope,
+    Form,
+    LLMSummarizer,
+    SystemPrompt,
+    TokenCounter,
+    check_envelope,
+    get_encoding,
+    parse_script,
+)
+from processors import folder, note, selection
+from renderers import openai_messages, trace_document
+from tests.strategies import conversations, write_property_vault
+
+ENC = get_encoding("o200k_base")
+
+
+def exact_request_tokens(env: Envelope) -> int:
+    """Count the rendered request from scratch: o200k contents + 3 per message + 3."""
+    return sum(len(ENC.encode_ordinary(m["content"])) + 3 for m in openai_messages(env)) + 3
+
+
+def _note(i: int, size: int = 30) -> str:
+    body = "\n\n".join(
+        f"## Section {s}\n\n" + " ".join(f"Fact {i}.{s}.{k} about sample store {i}." for k in range(size))
+        for s in range(4)
+    )
+    return f"# Note {i}\n\n{body}\n"
+
+
+@pytest.fixture(scope="module")
+def prop_vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_property_vault(tmp_path_factory.mktemp("budgetvault"))
+
+
+def _run(script: dict[str, Any], vault: Path, budget: Budget) -> tuple[list[Envelope | None], str]:
+    parsed = parse_script(script, "generated")
+    conv = Conversation(parsed.system, vault=vault, budget=budget)
+    out: list[Envelope | None] = []
+    previous: Envelope | None = None
+    for turn in parsed.turns:
+        try:
+            env = conv.turn(turn.user, turn.attach, vault_changes=dict(turn.vault_changes))
+        except BudgetExceeded as exc:
+            assert exc.report is not None and exc.report.effective > exc.report.limit
+            out.append(None)
+            break
+        check_envelope(env, previous)
+        out.append(env)
+        previous = env
+        if turn.reply is not None:
+            conv.reply(turn.reply)
+    done = [e for e in out if e is not None]
+    return out, json.dumps(trace_document(done, conv.counter), sort_keys=True)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(script=conversations, window=st.integers(min_value=300, max_value=6000))
+def test_every_turn_fits_exactly_or_raises(script: dict[str, Any], window: int, prop_vault: Path) -> None:
+    budget = Budget(context_window=window, reserve_output=window // 5, history_step=3)
+    envelopes, trace = _run(script, prop_vault, budget)
+    assert trace == _run(script, prop_vault, budget)[1], "a budgeted run must be deterministic"
+    for env, turn in zip(envelopes, script["turns"], strict=False):
+        if env is None:
+            continue
+        assert env.report.budget is not None
+        assert exact_request_tokens(env) == env.report.budget.used <= budget.limit
+        assert env.query == turn["user"]
+        cut = {d.target for d in env.report.decisions if d.stage == "budget"}
+        for seg in env.l3.segments:
+            if seg.source_type == "selection":
+                assert seg.form in (Form.FULL, Form.EXCERPT, Form.REFERENCE)
+            if seg.form in (Form.PREVIEW, Form.SUMMARY, Form.EXCERPT):
+                assert seg.key in cut
+        for seg in env.l2.segments:
+            assert seg.recoverable or seg.form in (Form.FULL, Form.EXCERPT)
+    done = [e for e in envelopes if e is not None]
+    for earlier, later in zip(done, done[1:], strict=False):
+        if earlier.l4.segments and later.l4.segments and (
+            earlier.l4.segments[0].key.split(":")[1] != later.l4.segments[0].key.split(":")[1]
+        ):
+            assert any(d.target.startswith("history:") for d in later.report.decisions)
+        last_turn = f"history:{earlier.turn}:user"
+        assert later.l4.get(last_turn) is not None, "the last turn is never cut"
+
+
+def test_query_larger_than_the_window_raises_with_the_report() -> None:
+    conv = Conversation(budget=Budget(context_window=500, reserve_output=100))
+    with pytest.raises(BudgetExceeded, match=r"turn 1: \d+ tokens do not fit the limit of 400") as err:
+        conv.turn("word " * 1000)
+    report = err.value.report
+    assert report.limit == 400 and report.effective > 400
+    assert dict(report.before)["L5"] > 400
+
+
+def test_history_cut_point_moves_in_steps_and_prefix_is_stable(vault: Path) -> None:
+    """30 turns at a tight window: the cut point changes at most once every 3 turns."""
+    (vault / "big.md").write_text(_note(0))
+    conv = Conversation("You are terse.", vault=vault, budget=Budget(3000, 500, history_step=4))
+    starts: list[int] = []
+    envs: list[Envelope] = []
+    for i in range(30):
+        attach = [note("big.md")] if i == 0 else []
+        env = conv.turn(f"question {i} " + "detail " * 30, attach=attach)
+        conv.reply(f"answer {i} " + "because " * 60)
+        envs.append(env)
+        starts.append(int(env.l4.segments[0].key.split(":")[1]) if env.l4.segments else 1)
+    changes = [i for i in range(1, 30) if starts[i] != starts[i - 1]]
+    assert len(changes) >= 3, "the window is tight enough to cut"
+    assert all(b - a >= 3 for a, b in zip(changes, changes[1:], strict=False)), changes
+    for prev, env in zip(envs, envs[1:], strict=False):
+        assert exact_request_tokens(env) <= 2500
+        if not any(d.layer in ("L1", "L2") for d in env.report.decisions):
+            assert env.system_text.startswith(prev.system_text)
+
+
+def test_the_277m_incident_scaled_down_fits_and_lists_every_cut(tmp_path: Path) -> None:
+    for i in range(40):
+        (tmp_path / "lib" / f"n{i:02d}.md").parent.mkdir(exist_ok=True)
+        (tmp_path / "lib" / f"n{i:02d}.md").write_text(_note(i, size=12))
+    overlay = "# Project overlay\n\n" + "\n\n".join(_note(100 + i, size=8) for i in range(3))
+    conv = Conversation(SystemPrompt("You are a lab assistant.", overlay), vault=tmp_path)
+    conv.turn("load the library", attach=[folder("lib")])
+    for i in range(20):
+        conv.reply(f"reply {i}: " + "long explanation " * 120)
+        conv.turn(f"follow-up {i}")
+    conv.reply("ok")
+    unbudgeted = conv.turn("measure")  # an unbudgeted turn tells how big the payload is now
+    conv.reply("ok")
+    size = exact_request_tokens(unbudgeted)
+    window = size // 3
+    conv.budget = Budget(context_window=window, reserve_output=window // 10)
+    env = conv.turn("what do we know about store 7?", attach=[selection("keep me verbatim")])
+    assert size > 3 * conv.budget.limit * 0.9
+    assert exact_request_tokens(env) <= conv.budget.limit
+    report = env.report.budget
+    assert report is not None and report.decisions
+    targets = {d.target for d in report.decisions}
+    for seg in env.l2.segments:
+        before = unbudgeted.l2.get(seg.key)
+        if before is not None and before.text != seg.text:
+            assert seg.key in targets, f"{seg.key} changed without a decision"
+        assert seg.key and seg.title and seg.key in seg.text  # invariant 8: identity kept
+    shown = {s.key.split(":")[1] for s in env.l4.segments}
+    dropped = [t for t in range(1, env.turn) if str(t) not in shown]
+    assert dropped and any(d.target.startswith("history:") and d.to_form == "dropped" for d in report.decisions)
+    assert "keep me verbatim" in env.user_text
+    assert all(d.tokens_saved >= 0 for d in report.decisions)
+
+
+def test_llm_summaries_that_fail_or_overrun_still_fit_and_are_reported(tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def complete(prompt: str) -> str:
+        calls["n"] += 1
+        if calls["n"] % 3 == 1:
+            raise RuntimeError("provider said 529")
+        if calls["n"] % 3 == 2:
+            time.sleep(0.3)
+            return "slow summary"
+        return "way too long " * 2000
+
+    (tmp_path / "big.md").write_text(_note(1, size=200))
+    summarizer = LLMSummarizer(complete, TokenCounter(), chunk_tokens=500, timeout=0.1)
+    conv = Conversation(vault=tmp_path, budget=Budget(600, 100), summarizer=summarizer)
+    env = conv.turn("summarize", attach=[note("big.md")])
+    assert exact_request_tokens(env) <= 500
+    assert env.l3.segments[0].form in (Form.SUMMARY, Form.REFERENCE)
+    assert any("summary" in w for w in env.report.warnings), env.report.warnings
+
+
+def test_budget_from_model_profile_and_validation() -> None:
+    budget = Budget.for_model("gpt-4o")
+    assert budget.context_window == 128_000 and budget.safety_margin == 0.0
+    claude = Budget.for_model("claude-sonnet-4", reserve_output=8000)
+    assert claude.safety_margin > 0 and claude.limit < claude.context_window - 8000
+    with pytest.raises(ConfigError, match="budget.reserve_output"):
+        Budget(context_window=100, reserve_output=100)
+    with pytest.raises(ConfigError, match="budget.context_window"):
+        Budget(context_window=0)

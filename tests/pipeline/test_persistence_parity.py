@@ -1,0 +1,150 @@
+"""After a save and a reload in a fresh process, later turns are byte-identical."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline import (
+    Conversation,
+    ConversationInfo,
+    SqliteStore,
+    load_conversation,
+    parse_script,
+    run_saved,
+    run_script,
+)
+from renderers import trace_turn
+from tests.strategies import conversations, write_property_vault
+
+
+@pytest.fixture(scope="module")
+def prop_vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_property_vault(tmp_path_factory.mktemp("vault"))
+
+
+def _lamina(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline._cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _turns(script: dict[str, Any], vault: Path) -> list[str]:
+    parsed = parse_script(script)
+    conv = Conversation(parsed.system, vault=vault)
+    return [json.dumps(trace_turn(e, conv.counter)) for e in run_script(parsed, conv)]
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(chat=conversations, data=st.data())
+def test_reload_in_a_fresh_process_gives_identical_traces(
+    chat: dict[str, Any],
+    data: st.DataObject,
+    prop_vault: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    k = data.draw(st.integers(1, len(chat["turns"]) - 1), label="save after turn")
+    expected = _turns(chat, prop_vault)
+    work = tmp_path_factory.mktemp("parity")
+    store_path = work / "s.db"
+    first = parse_script({"system": chat["system"], "turns": chat["turns"][:k]})
+    with SqliteStore(store_path) as store:
+        store.create(ConversationInfo("p"))
+        conv = Conversation(first.system, vault=prop_vault)
+        run_saved(first, conv, store, "p")
+    rest = work / "rest.json"
+    rest.write_text(json.dumps({"turns": chat["turns"][k:]}), encoding="utf-8")
+    out = _lamina(
+        "resume", str(store_path), "--conversation", "p", "--script", str(rest),
+        "--vault", str(prop_vault), "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    trace = json.loads(out.stdout)
+    assert trace["conversation_id"] == "p"
+    assert [json.dumps(t) for t in trace["turns"]] == expected[k:]
+
+
+@pytest.mark.parametrize("budget", [(), ("--window", "1200", "--reserve", "200")])
+def test_cli_run_then_resume_equals_one_run(
+    tmp_path: Path, vault: Path, budget: tuple[str, ...]
+) -> None:
+    turns = [
+        {"user": "Summarize", "attach": [{"note": "project-spec.md"}], "reply": "A spec."},
+        {"user": "API?", "attach": [{"note": "docs/api-docs.md"}, {"selection": "picked"}]},
+        {"user": "Auth?", "attach": [{"note": "docs/auth.md"}], "reply": "Tokens."},
+        {"user": "Again", "attach": [{"note": "project-spec.md"}]},
+    ]
+    for name, part in (("all", turns), ("head", turns[:2]), ("tail", turns[2:])):
+        body = {"system": "Be terse.", "turns": part} if name != "tail" else {"turns": part}
+        (tmp_path / f"{name}.json").write_text(json.dumps(body), encoding="utf-8")
+    whole = _lamina("run", str(tmp_path / "all.json"), "--vault", str(vault), "--json", *budget)
+    assert whole.returncode == 0, whole.stderr
+    head = _lamina(
+        "run", str(tmp_path / "head.json"), "--vault", str(vault), "--json",
+        "--store", str(tmp_path / "s.db"), *budget,
+    )  # fmt: skip
+    assert head.returncode == 0, head.stderr
+    cid = json.loads(head.stdout)["conversation_id"]
+    assert len(cid) == 32
+    tail = _lamina(
+        "resume",
+        str(tmp_path / "s.db"),
+        "--conversation",
+        cid,
+        "--script",
+        str(tmp_path / "tail.json"),
+        "--json",
+    )  # fmt: skip  (the vault comes from the store)
+    assert tail.returncode == 0, tail.stderr
+    joined = json.loads(head.stdout)["turns"] + json.loads(tail.stdout)["turns"]
+    assert [t["turn"] for t in joined] == [1, 2, 3, 4]
+    assert json.dumps(joined) == json.dumps(json.loads(whole.stdout)["turns"])
+
+
+def test_loading_an_earlier_turn_forks_identically(tmp_path: Path, vault: Path) -> None:
+    """Loading the state after turn 1 and running turn 2 again matches the original turn 2."""
+    script = parse_script(
+        {
+            "turns": [
+                {"user": "one", "attach": [{"note": "project-spec.md"}], "reply": "ok"},
+                {"user": "two", "attach": [{"note": "docs/auth.md"}]},
+            ]
+        }
+    )
+    with SqliteStore(tmp_path / "s.db") as store:
+        store.create(ConversationInfo("f"))
+        conv = Conversation(script.system, vault=vault)
+        original = run_saved(script, conv, store, "f")[1]
+        fork = load_conversation(store, "f", turn=1, vault=vault)
+    assert fork.turn("two", [{"note": "docs/auth.md"}]) == original
+
+
+def test_run_with_existing_conversation_id_is_refused(tmp_path: Path, vault: Path) -> None:
+    (tmp_path / "a.json").write_text(json.dumps({"turns": [{"user": "hi"}]}), encoding="utf-8")
+    args = (
+        "run",
+        str(tmp_path / "a.json"),
+        "--vault",
+        str(vault),
+        "--store",
+        str(tmp_path / "s.db"),
+    )
+    assert _lamina(*args, "--conversation", "x").returncode == 0
+    again = _lamina(*args, "--conversation", "x")
+    assert again.returncode == 2
+    assert again.stderr.strip().endswith("conversation 'x' already exists")

@@ -1,0 +1,180 @@
+"""Prefix-change reports: scripted changes produce the expected break reason, and no
+break is reported where the previous request's cacheable bytes did not change."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from pipeline import (
+    Conversation,
+    Decision,
+    Envelope,
+    Form,
+    Library,
+    Pipeline,
+    Policy,
+    SystemPrompt,
+    TurnGraph,
+)
+from renderers import chatml, common_prefix_tokens, openai_messages, prefix_report, prefix_reports
+
+VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
+SYSTEM = SystemPrompt("You answer from the attached context.", "Memory: short answers.")
+
+
+def _conv(**kw: object) -> Conversation:
+    return Conversation(SYSTEM, vault=VAULT, **kw)  # type: ignore[arg-type]
+
+
+def _two_turns(conv: Conversation) -> None:
+    conv.turn("Summarize", [{"note": "project-spec.md"}, {"note": "glossary.md"}])
+    conv.reply("A spec.")
+
+
+def test_first_turn_and_unchanged_growth() -> None:
+    conv = _conv()
+    envs = [conv.turn("Summarize", [{"note": "project-spec.md"}])]
+    conv.reply("A spec.")
+    envs.append(conv.turn("And the API?", [{"note": "docs/api-docs.md"}]))
+    conv.reply("Endpoints.")
+    envs.append(conv.turn("Thanks"))
+    reports = prefix_reports(envs, conv.counter)
+    assert [r.break_reason for r in reports] == ["first-turn", None, None]
+    assert reports[0].common_prefix_tokens == 0
+    assert reports[2].trace() == {
+        "common_prefix_tokens": reports[2].common_prefix_tokens,
+        "break_reason": None,
+    }
+
+
+def test_common_prefix_counts_tokens_and_bytes() -> None:
+    conv = _conv()
+    a = conv.turn("Summarize", [{"note": "project-spec.md"}])
+    conv.reply("A spec.")
+    b = conv.turn("Thanks")
+    report = prefix_report(a, b, conv.counter)
+    prev, cur = openai_messages(a), openai_messages(b)
+    assert report.common_prefix_tokens == common_prefix_tokens(prev, cur, conv.counter)
+    shared = chatml(cur).encode()[: report.common_prefix_bytes]
+    assert chatml(prev).encode().startswith(shared)
+    assert report.common_prefix_bytes >= len(a.system_text.encode())
+    assert report.l2_hash == b.l2.hash and report.l1_hash == b.l1.hash
+
+
+def test_edit_under_pin_is_not_a_break() -> None:
+    conv = _conv()
+    _two_turns(conv)
+    before = conv.turn("Anything new?")
+    conv.reply("No.")
+    after = conv.turn(
+        "Now?",
+        [{"note": "glossary.md"}],
+        vault_changes={"glossary.md": "# Glossary\n\nHLC: a clock.\n"},
+    )
+    assert prefix_report(before, after, conv.counter).break_reason is None
+    assert after.l3.segments[0].form is Form.FULL
+
+
+def test_edit_under_refresh_is_an_artifact_change() -> None:
+    conv = _conv(policy=Policy(freshness="refresh"))
+    _two_turns(conv)
+    before = conv.turn("Anything new?")
+    conv.reply("No.")
+    after = conv.turn(
+        "Now?",
+        [{"note": "glossary.md"}],
+        vault_changes={"glossary.md": "# Glossary\n\nHLC: a clock.\n"},
+    )
+    assert prefix_report(before, after, conv.counter).reasons == (
+        "artifact-changed:note:glossary.md",
+    )
+
+
+def test_memory_change() -> None:
+    conv = _conv()
+    _two_turns(conv)
+    before = conv.turn("Anything new?")
+    conv.reply("No.")
+    conv.set_system(mutable="Memory: long answers.")
+    after = conv.turn("Now?")
+    assert prefix_report(before, after, conv.counter).break_reason == "memory-changed"
+
+
+def test_system_change() -> None:
+    conv = _conv()
+    _two_turns(conv)
+    before = conv.turn("Anything new?")
+    conv.set_system(stable="You are a pirate.")
+    after = conv.turn("Now?")
+    assert prefix_report(before, after, conv.counter).break_reason == "system-changed"
+
+
+@attrs.frozen
+class _Cut:
+    """A stand-in budget stage: evict or compact one L2 entry, with an L2 decision."""
+
+    key: str
+    evict: bool
+    name: str = "cut"
+    after: tuple[str, ...] = ("reference",)
+    before: tuple[str, ...] = ("promote",)
+
+    def __call__(self, turn: TurnGraph) -> TurnGraph:
+        entry = turn.library.get(self.key)
+        if entry is None:
+            return turn
+        if self.evict:
+            library = Library(tuple(e for e in turn.library if e.key != self.key))
+            decision = Decision(
+                self.name, self.key, str(entry.form), "evicted", "budget", layer="L2"
+            )
+        else:
+            view = attrs.evolve(entry.view, form=Form.PREVIEW, body="(shortened)")
+            text = turn.ctx.renderer.render(view)
+            library = turn.library.replace(attrs.evolve(entry, view=view, text=text))
+            decision = Decision(
+                self.name, self.key, str(entry.form), "preview", "budget", layer="L2"
+            )
+        return attrs.evolve(turn, library=library).decide(decision)
+
+
+def _cut_run(evict: bool) -> tuple[Envelope, Envelope, Conversation]:
+    conv = _conv()
+    _two_turns(conv)
+    before = conv.turn("Anything new?")
+    conv.reply("No.")
+    conv.pipeline = Pipeline.default().with_stage(_Cut("note:project-spec.md", evict))
+    return before, conv.turn("Now?"), conv
+
+
+def test_budget_eviction_is_reported_with_its_key() -> None:
+    before, after, conv = _cut_run(evict=True)
+    assert after.l2.get("note:project-spec.md") is None
+    assert prefix_report(before, after, conv.counter).reasons == (
+        "l2-evicted:note:project-spec.md",
+    )
+
+
+def test_budget_compaction_is_reported_with_its_key() -> None:
+    before, after, conv = _cut_run(evict=False)
+    assert (
+        prefix_report(before, after, conv.counter).break_reason
+        == "l2-compacted:note:project-spec.md"
+    )
+
+
+def test_history_cut_moved() -> None:
+    conv = _conv()
+    _two_turns(conv)
+    conv.turn("Second")
+    conv.reply("Two.")
+    before = conv.turn("Third")
+    conv.reply("Three.")
+    after = conv.turn("Fourth")
+    l4 = after.l4
+    cut = attrs.evolve(l4, segments=l4.segments[2:])
+    trimmed = attrs.evolve(after, layers=(after.l1, after.l2, after.l3, cut, after.l5))
+    assert prefix_report(before, trimmed, conv.counter).break_reason == "history-cut-moved"
+    assert prefix_report(before, after, conv.counter).break_reason is None

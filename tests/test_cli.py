@@ -1,0 +1,104 @@
+"""The CLI as a user runs it: subprocesses, byte-identical output, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def lamina(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline._cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def script(tmp_path: Path, vault: Path) -> Path:
+    path = tmp_path / "chat.yaml"
+    path.write_text(
+        f"""
+system: {{stable: "You are terse.", mutable: "Memory: metric units."}}
+vault: {vault}
+turns:
+  - user: Summarize this
+    attach: [{{note: project-spec.md}}, {{selection: "x = 1", source: a.py, lines: [1, 1]}}]
+    reply: It is a spec.
+  - user: And the API?
+    attach: [{{note: project-spec.md}}, {{folder: docs}}]
+    vault_changes: {{docs/auth.md: "# Auth\\n\\nchanged"}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_run_json_is_byte_identical_across_processes(script: Path) -> None:
+    first, second = lamina("run", str(script), "--json"), lamina("run", str(script), "--json")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    trace = json.loads(first.stdout)
+    assert trace["lamina_trace"] == 1 and trace["tokenizer"] == "o200k_base"
+    t1, t2 = trace["turns"]
+    assert [s["key"] for s in t1["layers"]["L1"]["segments"]] == ["system:stable", "system:mutable"]
+    assert t1["layers"]["L5"]["segments"][0]["key"] == "query"
+    assert [s["form"] for s in t2["layers"]["L3"]["segments"]] == ["reference", "full", "full"]
+    assert [s["key"] for s in t2["layers"]["L4"]["segments"]] == [
+        "history:1:user",
+        "history:1:assistant",
+    ]
+    assert t2["messages"][0]["role"] == "system"
+    assert t2["tokens_total"] > sum(layer["tokens"] for layer in t2["layers"].values())
+
+
+def test_demo_runs_and_json_is_stable() -> None:
+    out = lamina("demo")
+    assert out.returncode == 0, out.stderr
+    assert "cacheable prefix" in out.stdout and "Turn 3" in out.stdout
+    a, b = lamina("demo", "--json"), lamina("demo", "--json")
+    assert a.stdout == b.stdout
+    turns = json.loads(a.stdout)["turns"]
+    assert [s["key"] for s in turns[2]["layers"]["L2"]["segments"]] == [
+        "note:project-spec.md",
+        "note:docs/api-docs.md",
+    ]
+
+
+def test_cl100k_tokenizer_option(script: Path) -> None:
+    out = lamina("run", str(script), "--json", "--tokenizer", "cl100k_base")
+    assert json.loads(out.stdout)["tokenizer"] == "cl100k_base"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file"),
+        ("turns: [", "not valid YAML"),
+        ("turns: []", "turns: must be a non-empty list"),
+        ("turns: [{user: hi, attach: [{video: x}]}]", "unknown attachment kind"),
+        ("turns: [{user: hi, attach: [{note: ../../etc/passwd}]}]", "escapes the vault"),
+        ("turns: [{user: hi, attach: [{note: nope.md}]}]", "no such note"),
+        ("turns: [{user: hi, colour: red}]", "unknown turn field"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, vault: Path, content: str | None, message: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    out = lamina("run", str(path), "--vault", str(vault))
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lamina: error:"), out.stderr
+    assert message in lines[0]
+    assert "Traceback" not in out.stderr
