@@ -97,6 +97,7 @@ from pipeline._store import (
     attachment_record,
     load_conversation,
     new_conversation_id,
+    rebuild_envelope,
     run_saved,
     save_turn,
 )
@@ -254,6 +255,7 @@ __all__ = [
     "parse_script",
     "parse_transcript",
     "preview_view",
+    "rebuild_envelope",
     "reference_view",
     "render_transcript",
     "request_tokens",

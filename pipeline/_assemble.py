@@ -109,7 +109,6 @@ def assemble(turn: TurnGraph) -> Envelope:
         for part, text in (("stable", system.stable), ("mutable", system.mutable))
         if text
     ]
-    l2 = [_segment(e.view, e.text, e.tokens) for e in turn.library]
     refs: list[Segment] = []
     full: list[Segment] = []
     for item in turn.items:
@@ -128,7 +127,7 @@ def assemble(turn: TurnGraph) -> Envelope:
     l5 = [text_segment("query", "query", turn.query, "user")]
     layers = (
         layer(LayerName.L1, l1),
-        layer(LayerName.L2, l2),
+        turn.library.layer(counter),
         layer(LayerName.L3, [*refs, *full]),
         layer(LayerName.L4, l4),
         layer(LayerName.L5, l5),

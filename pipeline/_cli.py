@@ -439,6 +439,27 @@ def simulate(script_path: str, vault: str | None, as_json: bool, tokenizer: str)
         click.echo(format_simulation(sim))
 
 
+@cli.command()
+@click.option(
+    "--scale", type=click.Choice(["small", "medium", "large"]), default="small", show_default=True
+)
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON results here.")
+def bench(scale: str, out: str | None) -> None:
+    """Build-latency benchmarks vs floor, naive rebuild and peers (needs a source checkout)."""
+    import importlib
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "benchmarks" / "run.py").is_file():
+        raise ConfigError(
+            "bench", f"{root / 'benchmarks'} not found: run from a source checkout of Lamina"
+        )
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    status = importlib.import_module("benchmarks.run").main(scale, out)
+    if status:
+        raise click.exceptions.Exit(status)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit status."""
     try:

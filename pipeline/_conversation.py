@@ -10,7 +10,14 @@ import attrs
 
 from pipeline._artifacts import AttachmentSpec, Processed, SourceResolver
 from pipeline._assemble import assemble
-from pipeline._envelope import Decision, Envelope, system_parts, user_parts
+from pipeline._envelope import (
+    BLOCK_SEP,
+    LIBRARY_HEADING,
+    Decision,
+    Envelope,
+    system_parts,
+    user_parts,
+)
 from pipeline._errors import ConfigError, ConversationError
 from pipeline._graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
 from pipeline._history import HistoryEntry, strip_reply
@@ -245,8 +252,12 @@ def request_tokens(
 ) -> int:
     """Exact tokens of the chat request (contents + per-message framing + reply priming)."""
     total = priming
-    system = system_parts(envelope.l1, envelope.l2)
-    if system:
+    l2 = envelope.l2
+    if l2.segments and l2.text[0] not in ("/", " ", "\n", "\t"):
+        # Additive at the block boundary (see TokenCounter.count_joined): L2 is counted once.
+        head = [s.text for s in envelope.l1.segments if s.text] + [LIBRARY_HEADING]
+        total += counter.count(BLOCK_SEP.join(head) + BLOCK_SEP) + l2.tokens + per_message
+    elif system := system_parts(envelope.l1, l2):
         total += counter.count_joined(system) + per_message
     for segment in envelope.l4.segments:
         total += segment.tokens + per_message

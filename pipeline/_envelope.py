@@ -36,6 +36,8 @@ REFERENCES_INTRO = (
 )
 QUERY_LABEL = "---\n[User query]:\n"
 BLOCK_SEP = "\n\n"
+# Source type of tool results (pipeline._tools): first in the user message, never in L1/L2.
+TOOL_SOURCE = "tool"
 
 
 class Form(enum.StrEnum):
@@ -101,13 +103,12 @@ class Layer:
     name: LayerName
     segments: tuple[Segment, ...]
     tokens: int
-    text: str = attrs.field(init=False)
-    hash: str = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        text = join_blocks(s.text for s in self.segments)
-        object.__setattr__(self, "text", text)
-        object.__setattr__(self, "hash", text_hash(text))
+    # Computed from the segments unless a caller that maintains them incrementally
+    # (the L2 library) passes them in.
+    text: str = attrs.field(
+        default=attrs.Factory(lambda self: join_blocks(s.text for s in self.segments), takes_self=True)
+    )
+    hash: str = attrs.field(default=attrs.Factory(lambda self: text_hash(self.text), takes_self=True))
 
     def keys(self) -> tuple[str, ...]:
         return tuple(s.key for s in self.segments)
@@ -227,10 +228,12 @@ def system_parts(l1: Layer, l2: Layer) -> list[str]:
 
 
 def user_parts(l3: Layer, l5: Layer) -> list[str]:
-    """The user message's blocks: references, new context, then the labelled query."""
-    refs = [s.text for s in l3.segments if s.form is Form.REFERENCE]
-    full = [s.text for s in l3.segments if s.form is not Form.REFERENCE]
-    parts: list[str] = []
+    """The user message's blocks: tool results, references, new context, the labelled query."""
+    tools = [s.text for s in l3.segments if s.source_type == TOOL_SOURCE]
+    rest = [s for s in l3.segments if s.source_type != TOOL_SOURCE]
+    refs = [s.text for s in rest if s.form is Form.REFERENCE]
+    full = [s.text for s in rest if s.form is not Form.REFERENCE]
+    parts: list[str] = [*tools]
     if refs:
         parts.append(REFERENCES_INTRO + "\n" + "\n".join(refs))
     parts.extend(full)

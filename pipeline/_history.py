@@ -30,10 +30,32 @@ class HistoryEntry:
     assistant: str | None = None
 
 
+_OPEN_TAG = re.compile(r"<[A-Za-z_][\w.-]*\s(?P<attrs>[^<>]*?)/?>")
+_ATTR = re.compile(r"(?P<name>[A-Za-z_][\w.-]*)=\"(?P<value>[^\"]*)\"")
+
+
+def _tool_summary(match: re.Match[str]) -> str:
+    """A tool payload as the titles and locators of what it held (note reads, search hits)."""
+    found: list[str] = []
+    for tag in _OPEN_TAG.finditer(match.group(0)):
+        attrs_ = dict((a.group("name"), a.group("value")) for a in _ATTR.finditer(tag["attrs"]))
+        locator = attrs_.get("path") or attrs_.get("url") or attrs_.get("key")
+        if locator is None:
+            continue
+        title = attrs_.get("title", "")
+        item = f"{title} ({locator})" if title and title != locator else locator
+        if item not in found:
+            found.append(item)
+    if not found:
+        return f"[{match.group('tag')} omitted]"
+    return f"[{match.group('tag')}: " + "; ".join(found) + "]"
+
+
 def strip_reply(text: str) -> str:
-    """Replace context blocks by ``[context: key]`` and tool payloads by ``[<tag> omitted]``."""
-    text = _CONTEXT_BLOCK.sub(lambda m: f"[context: {m.group('key')}]", text)
-    return _TOOL_BLOCK.sub(lambda m: f"[{m.group('tag')} omitted]", text)
+    """Tool payloads become the titles and locators they held (``[<tag> omitted]`` if none);
+    other context blocks become ``[context: key]``."""
+    text = _TOOL_BLOCK.sub(_tool_summary, text)
+    return _CONTEXT_BLOCK.sub(lambda m: f"[context: {m.group('key')}]", text)
 
 
 def has_context_markup(text: str) -> bool:

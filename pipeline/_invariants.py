@@ -6,6 +6,7 @@ from pipeline._envelope import Envelope, Form, Layer
 from pipeline._errors import InvariantViolation
 from pipeline._hashing import text_hash
 from pipeline._history import has_context_markup
+from pipeline._tools import TOOL_SOURCE, chunk_source
 from pipeline._views import Policy
 
 __all__ = ["check_envelope"]
@@ -23,6 +24,7 @@ def check_envelope(
         _unique_keys(layer)
     _references_and_resends(envelope, policy)
     _history_is_bare(envelope)
+    _tool_output_turn_scoped(envelope)
     if previous is not None:
         _library_is_append_only(envelope, previous)
     _non_recoverable_kept(envelope)
@@ -54,6 +56,9 @@ def _references_and_resends(env: Envelope, policy: Policy) -> None:
     for seg in env.l3.segments:
         entry = library.get(seg.key)
         if seg.form is Form.REFERENCE:
+            source = chunk_source(seg.key)
+            if source is not None and source in library:
+                continue
             if entry is None and seg.key not in budget_refs:
                 raise InvariantViolation(3, f"{seg.key} is a reference but not in L2", seg.key)
             continue
@@ -70,6 +75,18 @@ def _history_is_bare(env: Envelope) -> None:
     for seg in env.l4.segments:
         if seg.form is not Form.TEXT or has_context_markup(seg.text):
             raise InvariantViolation(4, f"{seg.key} holds context markup", seg.key)
+
+
+def _tool_output_turn_scoped(env: Envelope) -> None:
+    """Tool results and retrieval chunks live in L3 only: never in L1, L2 or L4."""
+    tool_texts = [s.text for s in env.l3.segments if s.source_type == TOOL_SOURCE and s.text]
+    for layer in (env.l1, env.l2):
+        for seg in layer.segments:
+            if seg.source_type == TOOL_SOURCE or chunk_source(seg.key) is not None:
+                raise InvariantViolation(4, f"tool output {seg.key} is in {layer.name}", seg.key)
+    for text in tool_texts:
+        if text in env.system_text or any(text in s.text for s in env.l4.segments):
+            raise InvariantViolation(4, "a tool result is in the system message or history")
 
 
 def _library_is_append_only(env: Envelope, prev: Envelope) -> None:

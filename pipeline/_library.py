@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import attrs
+import xxhash
 
-from pipeline._envelope import Form, View
+from pipeline._envelope import BLOCK_SEP, Form, Layer, LayerName, Segment, View
+from pipeline._tokens import TokenCounter
 
 __all__ = ["Library", "LibraryEntry"]
 
@@ -32,6 +34,29 @@ class LibraryEntry:
     def form(self) -> Form:
         return self.view.form
 
+    def segment(self) -> Segment:
+        view = self.view
+        return Segment(
+            key=view.key,
+            form=view.form,
+            source_type=view.source_type,
+            content_hash=view.content_hash,
+            text=self.text,
+            tokens=self.tokens,
+            title=view.title,
+            locator=view.locator,
+            recoverable=view.recoverable,
+        )
+
+
+@attrs.define
+class _Rendered:
+    """The L2 layer of a library, kept so that appending extends it instead of redoing it."""
+
+    layer: Layer
+    hasher: xxhash.xxh3_128
+    counter_name: str
+
 
 @attrs.frozen
 class Library:
@@ -39,6 +64,7 @@ class Library:
 
     entries: tuple[LibraryEntry, ...] = ()
     _index: dict[str, int] = attrs.field(init=False, repr=False, eq=False)
+    _rendered: _Rendered | None = attrs.field(default=None, repr=False, eq=False, alias="_rendered")
 
     def __attrs_post_init__(self) -> None:
         index = {e.key: i for i, e in enumerate(self.entries)}
@@ -62,12 +88,55 @@ class Library:
     def keys(self) -> tuple[str, ...]:
         return tuple(e.key for e in self.entries)
 
-    def append(self, entry: LibraryEntry) -> Library:
+    def append(self, entry: LibraryEntry, counter: TokenCounter | None = None) -> Library:
+        """A library with ``entry`` last; its L2 layer is extended when it was rendered."""
         if entry.key in self._index:
             raise ValueError(f"{entry.key} is already in the library")
-        return Library((*self.entries, entry))
+        grown = Library((*self.entries, entry))
+        done = self._rendered
+        if done is not None and counter is not None and done.counter_name == counter.name:
+            object.__setattr__(grown, "_rendered", _extend(done, entry, counter))
+        return grown
 
     def replace(self, entry: LibraryEntry) -> Library:
         """Replace the entry with the same key in place (its position is kept)."""
         i = self._index[entry.key]
         return Library((*self.entries[:i], entry, *self.entries[i + 1 :]))
+
+    def layer(self, counter: TokenCounter) -> Layer:
+        """The L2 layer (segments, text, hash, exact tokens), computed once per library."""
+        done = self._rendered
+        if done is None or done.counter_name != counter.name:
+            segments = tuple(e.segment() for e in self.entries)
+            texts = [s.text for s in segments]
+            text = BLOCK_SEP.join(t for t in texts if t)
+            hasher = xxhash.xxh3_128(text.encode("utf-8", "surrogatepass"))
+            layer = Layer(LayerName.L2, segments, counter.count_joined(texts), text, hasher.hexdigest())
+            done = _Rendered(layer, hasher, counter.name)
+            object.__setattr__(self, "_rendered", done)
+        return done.layer
+
+
+def _additive(text: str) -> bool:
+    """Whether a block starts where tiktoken always starts a new piece (see count_joined)."""
+    return bool(text) and not text[0].isspace() and text[0] != "/"
+
+
+def _extend(done: _Rendered, entry: LibraryEntry, counter: TokenCounter) -> _Rendered:
+    old = done.layer
+    segment = entry.segment()
+    if not old.segments:
+        hasher = xxhash.xxh3_128(entry.text.encode("utf-8", "surrogatepass"))
+        layer = Layer(LayerName.L2, (segment,), entry.tokens, entry.text, hasher.hexdigest())
+        return _Rendered(layer, hasher, counter.name)
+    hasher = done.hasher.copy()
+    hasher.update((BLOCK_SEP + entry.text).encode("utf-8", "surrogatepass"))
+    text = old.text + BLOCK_SEP + entry.text
+    last = old.segments[-1].text
+    if not (_additive(entry.text) and (len(old.segments) == 1 or _additive(last))):
+        tokens = counter.count_joined([s.text for s in old.segments] + [entry.text])
+    else:
+        # count_joined's additive rule: only the old last block gains a separator.
+        tokens = old.tokens - counter.count(last) + counter.count(last + BLOCK_SEP) + entry.tokens
+    layer = Layer(LayerName.L2, (*old.segments, segment), tokens, text, hasher.hexdigest())
+    return _Rendered(layer, hasher, counter.name)

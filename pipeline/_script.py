@@ -25,6 +25,8 @@ class ScriptTurn:
     attach: tuple[Mapping[str, Any], ...] = ()
     reply: str | None = None
     vault_changes: tuple[tuple[str, str], ...] = ()
+    tools: tuple[Mapping[str, Any], ...] = ()
+    agent: tuple[tuple[Mapping[str, Any], ...], ...] = ()
 
 
 @attrs.frozen
@@ -97,7 +99,7 @@ def parse_script(data: Any, path: str = "<script>", base: Path | None = None) ->
 def _turn(raw: Any, path: str, where: str) -> ScriptTurn:
     if not isinstance(raw, Mapping):
         raise ScriptError(path, where, "a turn must be a mapping with a 'user' field")
-    unknown = sorted(set(raw) - {"user", "attach", "reply", "vault_changes"})
+    unknown = sorted(set(raw) - {"user", "attach", "reply", "vault_changes", "tools", "agent"})
     if unknown:
         raise ScriptError(path, f"{where}.{unknown[0]}", "unknown turn field")
     user = _text(raw.get("user"), path, f"{where}.user") or ""
@@ -112,7 +114,36 @@ def _turn(raw: Any, path: str, where: str) -> ScriptTurn:
         isinstance(k, str) and isinstance(v, str) for k, v in changes.items()
     ):
         raise ScriptError(path, f"{where}.vault_changes", "must map note paths to new text")
-    return ScriptTurn(user, tuple(attach), reply, tuple(sorted(changes.items())))
+    tools = _calls(raw.get("tools", []), path, f"{where}.tools")
+    agent_raw = raw.get("agent", [])
+    if not isinstance(agent_raw, list) or not all(
+        isinstance(s, Mapping) and set(s) == {"calls"} for s in agent_raw
+    ):
+        raise ScriptError(path, f"{where}.agent", 'must be a list of {"calls": [...]} steps')
+    agent = tuple(
+        _calls(s["calls"], path, f"{where}.agent[{i}].calls", empty=False)
+        for i, s in enumerate(agent_raw)
+    )
+    return ScriptTurn(user, tuple(attach), reply, tuple(sorted(changes.items())), tools, agent)
+
+
+def _calls(raw: Any, path: str, where: str, *, empty: bool = True) -> tuple[Mapping[str, Any], ...]:
+    """Tool calls: ``[{"name": str, "args": {...}, "result": str}, ...]``."""
+    if not isinstance(raw, list) or (not empty and not raw):
+        raise ScriptError(path, where, "must be a list of tool calls")
+    for i, call in enumerate(raw):
+        ok = (
+            isinstance(call, Mapping)
+            and set(call) <= {"name", "args", "result"}
+            and isinstance(call.get("name"), str)
+            and isinstance(call.get("args", {}), Mapping)
+            and isinstance(call.get("result", ""), str)
+        )
+        if not ok:
+            raise ScriptError(
+                path, f"{where}[{i}]", 'a call is {"name": str, "args": {...}, "result": str}'
+            )
+    return tuple(raw)
 
 
 def run_script(script: Script, conversation: Conversation, *, check: bool = True) -> list[Envelope]:
@@ -121,7 +152,7 @@ def run_script(script: Script, conversation: Conversation, *, check: bool = True
     envelopes: list[Envelope] = []
     previous: Envelope | None = None
     for turn, turn_specs in zip(script.turns, specs, strict=True):
-        envelope = conversation.turn(turn.user, turn_specs, vault_changes=dict(turn.vault_changes))
+        envelope = _run_turn(conversation, turn, turn_specs)
         if check:
             check_envelope(envelope, previous, conversation.policy)
         if turn.reply is not None:
@@ -129,6 +160,27 @@ def run_script(script: Script, conversation: Conversation, *, check: bool = True
         envelopes.append(envelope)
         previous = envelope
     return envelopes
+
+
+def _run_turn(
+    conversation: Conversation, turn: ScriptTurn, specs: Sequence[AttachmentSpec]
+) -> Envelope:
+    """A turn, with single-shot tool results and a recorded agent loop when it has them."""
+    changes = dict(turn.vault_changes)
+    if not turn.tools and not turn.agent:
+        return conversation.turn(turn.user, specs, vault_changes=changes)
+    from pipeline._agent import AgentTurn, agent_call
+    from pipeline._tools import tool, tool_turn
+
+    tools = [tool(c["name"], c.get("args", {}), c.get("result", "")) for c in turn.tools]
+    if not turn.agent:
+        return tool_turn(conversation, turn.user, specs, tools=tools, vault_changes=changes)
+    agent = AgentTurn.start(conversation, turn.user, specs, tools=tools, vault_changes=changes)
+    for step in turn.agent:
+        calls = [agent_call(c["name"], c.get("args", {}), c.get("result", "")) for c in step]
+        agent = agent.step(*calls)
+    agent.fit()  # the recorded loop must fit the budget, or the script fails loudly
+    return agent.envelope
 
 
 def _parse_attachments(script: Script, sources: SourceResolver) -> list[Sequence[AttachmentSpec]]:

@@ -12,8 +12,9 @@ from pipeline._artifacts import Artifact
 from pipeline._envelope import Decision, Form
 from pipeline._errors import LaminaError, PipelineError, StageError
 from pipeline._graph import Placement, TurnContext, TurnGraph
-from pipeline._library import LibraryEntry
-from pipeline._views import carry_forward
+from pipeline._library import Library, LibraryEntry
+from pipeline._tools import chunk_source, is_turn_scoped
+from pipeline._views import carry_forward, full_view, reference_view
 
 __all__ = ["Dedup", "Expand", "Pipeline", "Promote", "Reference", "Stage", "library_entry"]
 
@@ -65,12 +66,29 @@ class Dedup:
     def __call__(self, turn: TurnGraph) -> TurnGraph:
         seen: set[str] = set()
         kept: list[Placement] = []
+        decisions: list[Decision] = []
         for item in turn.items:
             if item.key not in seen:
                 seen.add(item.key)
                 kept.append(item)
+            elif is_turn_scoped(artifact := turn.artifact(item.key)):
+                # The same chunk (or call) from two tools: sent once; the saving is reported.
+                text = turn.ctx.renderer.render(full_view(artifact))
+                saved = turn.ctx.counter.count(text)
+                decisions.append(
+                    Decision(
+                        self.name, item.key, "full", "dropped", "duplicate hit sent once", saved
+                    )
+                )
         removed = len(turn.items) - len(kept)
-        return attrs.evolve(turn, items=tuple(kept)).with_stat("duplicates_removed", removed)
+        out = attrs.evolve(turn, items=tuple(kept)).decide(*decisions)
+        if decisions:
+            out = out.with_stat(
+                "retrieval_tokens_saved",
+                dict(turn.stats).get("retrieval_tokens_saved", 0)
+                + sum(d.tokens_saved for d in decisions),
+            )
+        return out.with_stat("duplicates_removed", removed)
 
 
 @attrs.frozen
@@ -87,6 +105,12 @@ class Reference:
         decisions: list[Decision] = []
         for item in turn.items:
             artifact = turn.artifact(item.key)
+            source = chunk_source(item.key)
+            if source is not None and source in library:
+                placed, decision = self._chunk(turn, library, item, source)
+                items.append(placed)
+                decisions.append(decision)
+                continue
             entry = library.get(item.key)
             if entry is None:
                 items.append(item)
@@ -139,7 +163,42 @@ class Reference:
                 )
         refs = sum(1 for i in items if i.form is Form.REFERENCE)
         out = attrs.evolve(turn, items=tuple(items), library=library).decide(*decisions)
+        saved = sum(d.tokens_saved for d in decisions if d.stage == self.name)
+        if saved:
+            out = out.with_stat(
+                "retrieval_tokens_saved", dict(turn.stats).get("retrieval_tokens_saved", 0) + saved
+            )
         return out.with_stat("references", refs)
+
+    def _chunk(
+        self, turn: TurnGraph, library: Library, item: Placement, source: str
+    ) -> tuple[Placement, Decision]:
+        """A retrieval chunk whose source L2 holds: a reference if L2 has its text in full,
+        else sent, marked as overlapping the (shortened or older) L2 entry."""
+        artifact = turn.artifact(item.key)
+        entry = library.get(source)
+        assert entry is not None
+        text = artifact.payload.body().strip()
+        if entry.form is Form.FULL and text and text in entry.view.body:
+            ref_marks = (("entry", source),)
+            ctx = turn.ctx
+            full = ctx.counter.count(ctx.renderer.render(full_view(artifact, item.marks)))
+            ref = ctx.counter.count(ctx.renderer.render(reference_view(artifact, ref_marks)))
+            decision = Decision(
+                self.name,
+                item.key,
+                "full",
+                "reference",
+                f"chunk of {source}, in library in full",
+                max(0, full - ref),
+            )
+            return attrs.evolve(item, form=Form.REFERENCE, marks=ref_marks), decision
+        marks = (*item.marks, ("overlaps", source), ("library", str(entry.form)))
+        why = "its text differs" if entry.form is Form.FULL else f"it holds a {entry.form}"
+        decision = Decision(
+            self.name, item.key, "full", "full", f"chunk of {source} sent: the library entry {why}"
+        )
+        return attrs.evolve(item, marks=marks), decision
 
 
 @attrs.frozen
@@ -151,10 +210,17 @@ class Promote:
 
     def __call__(self, turn: TurnGraph) -> TurnGraph:
         library = turn.library
+        library.layer(turn.ctx.counter)  # rendered once here, so appends extend it
         for item in turn.items:
             # A new item the budget could only refer to was not sent; it is not promoted.
-            if item.key not in library and item.form is not Form.REFERENCE:
-                library = library.append(library_entry(turn.artifact(item.key), turn.ctx))
+            # Tool results and retrieval chunks are turn-scoped: they never enter L2.
+            if (
+                item.key not in library
+                and item.form is not Form.REFERENCE
+                and not is_turn_scoped(turn.artifact(item.key))
+            ):
+                entry = library_entry(turn.artifact(item.key), turn.ctx)
+                library = library.append(entry, turn.ctx.counter)
         return attrs.evolve(turn, promoted=library).with_views()
 
 

@@ -368,7 +368,9 @@ class NoteProcessor:
         vault = _need_vault(ctx, spec.describe())
         rel = vault.note_path(spec.path)
         payload, warnings = _load(vault, rel)
-        return _notes_processed([payload], vault.notes(), None, warnings)
+        # Listing the vault costs a walk of every folder: only link resolution needs it.
+        notes = vault.notes() if payload.links else ()
+        return _notes_processed([payload], notes, None, warnings)
 
 
 @attrs.frozen

@@ -21,7 +21,7 @@ from pipeline import (
     run_saved,
     run_script,
 )
-from renderers import trace_turn
+from renderers import annotate_trace, trace_document
 from tests.strategies import conversations, write_property_vault
 
 
@@ -41,9 +41,12 @@ def _lamina(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _turns(script: dict[str, Any], vault: Path) -> list[str]:
+    """Each turn of the uninterrupted run's JSON trace (as ``lamina run --json`` writes it)."""
     parsed = parse_script(script)
     conv = Conversation(parsed.system, vault=vault)
-    return [json.dumps(trace_turn(e, conv.counter)) for e in run_script(parsed, conv)]
+    envelopes = run_script(parsed, conv)
+    document = annotate_trace(trace_document(envelopes, conv.counter), envelopes, conv.counter)
+    return [json.dumps(t) for t in document["turns"]]
 
 
 @settings(
@@ -101,15 +104,11 @@ def test_cli_run_then_resume_equals_one_run(
     assert head.returncode == 0, head.stderr
     cid = json.loads(head.stdout)["conversation_id"]
     assert len(cid) == 32
+    # No --vault: resume finds the vault recorded in the store.
     tail = _lamina(
-        "resume",
-        str(tmp_path / "s.db"),
-        "--conversation",
-        cid,
-        "--script",
-        str(tmp_path / "tail.json"),
-        "--json",
-    )  # fmt: skip  (the vault comes from the store)
+        "resume", str(tmp_path / "s.db"), "--conversation", cid,
+        "--script", str(tmp_path / "tail.json"), "--json", *budget,
+    )  # fmt: skip
     assert tail.returncode == 0, tail.stderr
     joined = json.loads(head.stdout)["turns"] + json.loads(tail.stdout)["turns"]
     assert [t["turn"] for t in joined] == [1, 2, 3, 4]

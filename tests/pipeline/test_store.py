@@ -20,6 +20,7 @@ from pipeline import (
     SummaryResult,
     UnknownConversation,
     load_conversation,
+    rebuild_envelope,
     save_turn,
 )
 from pipeline._cli import main
@@ -220,3 +221,17 @@ def test_cli_reports_corrupt_store_in_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "bad.db" in err and "not a SQLite database" in err
+
+
+def test_last_turn_is_rebuilt_identically_or_not_at_all(tmp_path: Path, vault: Path) -> None:
+    with SqliteStore(tmp_path / "s.db") as store:
+        store.create(ConversationInfo("c1"))
+        conv = Conversation("Be terse.", vault=vault)
+        envelopes = []
+        for i, note in enumerate(["project-spec.md", "docs/auth.md"], start=1):
+            envelopes.append(conv.turn(f"q{i}", [{"note": note}]))
+            save_turn(store, "c1", conv, envelopes[-1], [{"note": note}])
+        assert rebuild_envelope(store, "c1", vault=vault) == envelopes[1]
+        assert rebuild_envelope(store, "c1", 1, vault=vault) == envelopes[0]
+        (vault / "docs" / "auth.md").write_text("# Auth\n\nRewritten.\n", encoding="utf-8")
+        assert rebuild_envelope(store, "c1", vault=vault) is None

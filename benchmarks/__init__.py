@@ -1,0 +1,1 @@
+"""Lamina's benchmark suite (run with ``lamina bench``); not an installed package."""

@@ -1,0 +1,301 @@
+"""Agent loops: one turn's message list grown with native tool calls, fitted to the budget.
+
+The envelope is built once (``[system: L1 + L2] -> [L4] -> [user: L3 + L5]``); each step
+appends the assistant's tool-call message and one result per call. A call and its result
+are one unit: the budget may shorten or stub a result (the stub keeps the tool name and
+arguments, so the model can call it again) but never separates or drops either half.
+When the turn ends, L4 keeps the bare query and the final answer only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from pipeline._envelope import BudgetReport, Decision, Envelope
+from pipeline._errors import BudgetExceeded, ConversationError
+from pipeline._preview import EXCERPT_MIN_TOKENS, cut_to_tokens
+from pipeline._tokens import TokenCounter
+from pipeline._tools import Hit, ToolUse, canonical_args, tool_artifact, tool_key, tool_turn
+
+if TYPE_CHECKING:
+    from pipeline._budget import Budget
+    from pipeline._conversation import Conversation
+
+__all__ = [
+    "CALL_OVERHEAD",
+    "QUESTION_AGAIN",
+    "AgentCall",
+    "AgentStep",
+    "AgentTurn",
+    "Loop",
+    "LoopCall",
+    "LoopStep",
+    "agent_call",
+]
+
+# Framing of one native tool call (id, type, function wrapper) beyond its name and args.
+CALL_OVERHEAD = 8
+QUESTION_AGAIN = "---\n[User query, repeated after the tool result]:\n"
+
+CallForm = Literal["full", "excerpt", "stub"]
+
+
+@attrs.frozen
+class AgentCall:
+    """One tool call the model made and what it returned (``args`` is canonical JSON)."""
+
+    name: str
+    args: str
+    result: str
+    id: str = ""
+    recoverable: bool = True
+
+    @property
+    def key(self) -> str:
+        return tool_key(self.name, self.args)
+
+
+def agent_call(
+    name: str,
+    args: Mapping[str, Any] | str | None = None,
+    result: str = "",
+    *,
+    id: str = "",
+    recoverable: bool = True,
+) -> AgentCall:
+    """A recorded call: ``agent_call("search", {"q": "sync"}, "...results...")``."""
+    tool_artifact(name, args or {}, result)  # validates the name and the arguments
+    return AgentCall(name, canonical_args(args or {}), result, id, recoverable)
+
+
+@attrs.frozen
+class AgentStep:
+    """One model turn inside the loop: optional text plus its tool calls."""
+
+    calls: tuple[AgentCall, ...]
+    text: str = ""
+
+
+@attrs.frozen
+class LoopCall:
+    """A call as it is sent: its id, name, args and the result content in some form."""
+
+    id: str
+    name: str
+    args: str
+    content: str
+    form: CallForm = "full"
+    question_repeated: bool = False
+
+
+@attrs.frozen
+class LoopStep:
+    text: str
+    calls: tuple[LoopCall, ...]
+
+
+@attrs.frozen
+class Loop:
+    """The fitted loop: steps as sent, the budget decisions and the request size."""
+
+    envelope: Envelope
+    steps: tuple[LoopStep, ...]
+    decisions: tuple[Decision, ...] = ()
+    tokens: int = 0
+    report: BudgetReport | None = None
+
+
+def _stub(call: AgentCall) -> str:
+    return (
+        f"[result of {call.name} compacted for lack of room: "
+        f"call {call.name} with {call.args} again to see it]"
+    )
+
+
+def _excerpt(text: str, counter: TokenCounter, tokens: int) -> str:
+    head = cut_to_tokens(text, counter, tokens, boundary="word")
+    return f"{head}\n[... result cut: {len(text) - len(head)} of {len(text)} characters ...]"
+
+
+@attrs.frozen
+class AgentTurn:
+    """A turn that runs an agent loop; frozen, ``step`` returns a grown copy.
+
+    >>> agent = AgentTurn.start(conv, "What changed?")
+    >>> agent = agent.step(agent_call("search", {"q": "changes"}, "..."))
+    >>> body = agent_request(agent, "anthropic").body     # renderers
+    >>> agent.finish(conv, "The sync interval changed.")
+    """
+
+    envelope: Envelope
+    question: str
+    counter: TokenCounter = attrs.field(eq=False)
+    budget: Budget | None = None
+    steps: tuple[AgentStep, ...] = ()
+    repeat_after_tokens: int = 1000
+
+    @classmethod
+    def start(
+        cls,
+        conv: Conversation,
+        text: str,
+        attach: Iterable[Any] = (),
+        *,
+        tools: Iterable[ToolUse] = (),
+        hits: Iterable[Hit] = (),
+        budget: Budget | None = None,
+        repeat_after_tokens: int = 1000,
+        vault_changes: Mapping[str, str] | None = None,
+    ) -> AgentTurn:
+        """Build the turn's envelope; ``budget`` (default: the conversation's) fits the loop."""
+        env = tool_turn(conv, text, attach, tools=tools, hits=hits, vault_changes=vault_changes)
+        return cls(
+            env,
+            text,
+            conv.counter,
+            budget if budget is not None else conv.budget,
+            repeat_after_tokens=repeat_after_tokens,
+        )
+
+    def step(self, *calls: AgentCall, text: str = "") -> AgentTurn:
+        """The loop after one more model turn with these tool calls and their results."""
+        if not calls:
+            raise ConversationError("an agent step needs at least one tool call")
+        number = len(self.steps) + 1
+        named = tuple(
+            c if c.id else attrs.evolve(c, id=f"call_{number}_{i + 1}") for i, c in enumerate(calls)
+        )
+        ids = [c.id for s in self.steps for c in s.calls] + [c.id for c in named]
+        if len(set(ids)) != len(ids):
+            raise ConversationError(f"step {number}: tool call ids must be unique in a turn")
+        return attrs.evolve(self, steps=(*self.steps, AgentStep(named, text)))
+
+    def finish(self, conv: Conversation, answer: str) -> None:
+        """End the turn: L4 keeps the bare query and ``answer`` (tool payloads stripped)."""
+        conv.reply(answer)
+
+    def _full(self, call: AgentCall) -> tuple[str, bool]:
+        if self.counter.count(call.result) >= self.repeat_after_tokens:
+            return f"{call.result}\n\n{QUESTION_AGAIN}{self.question}", True
+        return call.result, False
+
+    def _framing(self) -> tuple[int, int]:
+        if self.budget is None:
+            return 3, 3
+        return self.budget.per_message_tokens, self.budget.priming_tokens
+
+    def loop_tokens(self, steps: Iterable[LoopStep]) -> int:
+        """Tokens the loop adds: per message framing, texts, call names and arguments."""
+        per_message, _ = self._framing()
+        total = 0
+        for step in steps:
+            total += per_message + self.counter.count(step.text)
+            for call in step.calls:
+                total += CALL_OVERHEAD + self.counter.count(call.name + call.args)
+                total += per_message + self.counter.count(call.content)
+        return total
+
+    def base_tokens(self) -> int:
+        from pipeline._conversation import request_tokens
+
+        per_message, priming = self._framing()
+        return request_tokens(self.envelope, self.counter, per_message=per_message, priming=priming)
+
+    def fit(self) -> Loop:
+        """The loop as sent: old results stubbed, then the newest cut, until it fits.
+
+        Raises ``BudgetExceeded`` (with a report) when even stubs do not fit; a
+        non-recoverable result is cut to a marked excerpt, never stubbed.
+        """
+        steps: list[list[LoopCall]] = []
+        for step in self.steps:
+            row = []
+            for call in step.calls:
+                content, repeated = self._full(call)
+                row.append(LoopCall(call.id, call.name, call.args, content, "full", repeated))
+            steps.append(row)
+        base = self.base_tokens()
+
+        def shown() -> tuple[LoopStep, ...]:
+            return tuple(
+                LoopStep(s.text, tuple(row)) for s, row in zip(self.steps, steps, strict=True)
+            )
+
+        used = base + self.loop_tokens(shown())
+        if self.budget is None:
+            return Loop(self.envelope, shown(), (), used)
+        budget = self.budget
+        decisions: list[Decision] = []
+        while budget.effective(used) > budget.limit:
+            cut = self._next_cut(steps)
+            if cut is None:
+                report = self._report(budget, used, decisions)
+                raise BudgetExceeded(
+                    f"turn {self.envelope.turn}: agent loop of {len(self.steps)} steps needs "
+                    f"{budget.effective(used)} tokens, over the limit of {budget.limit}, even "
+                    f"with every old tool result stubbed",
+                    report,
+                )
+            i, j, new, reason = cut
+            old = steps[i][j]
+            steps[i][j] = new
+            now = base + self.loop_tokens(shown())
+            key = self.steps[i].calls[j].key
+            decisions.append(
+                Decision("agent", key, old.form, new.form, reason, used - now, layer="loop")
+            )
+            used = now
+        return Loop(
+            self.envelope, shown(), tuple(decisions), used, self._report(budget, used, decisions)
+        )
+
+    def _next_cut(self, steps: list[list[LoopCall]]) -> tuple[int, int, LoopCall, str] | None:
+        last = len(steps) - 1
+        # Oldest first: a result the model has already acted on is the cheapest loss.
+        for i, row in enumerate(steps[:last]):
+            for j, shown in enumerate(row):
+                call = self.steps[i].calls[j]
+                smaller = self.counter.count(_stub(call)) < self.counter.count(shown.content)
+                if shown.form != "stub" and call.recoverable and smaller:
+                    stub = attrs.evolve(
+                        shown, content=_stub(call), form="stub", question_repeated=False
+                    )
+                    return i, j, stub, "old tool result stubbed (name and arguments kept)"
+        sized = [
+            (self.counter.count(shown.content), i, j)
+            for i, row in enumerate(steps)
+            for j, shown in enumerate(row)
+            if shown.form != "stub"
+        ]
+        for size, i, j in sorted(sized, key=lambda t: (-t[0], t[1], t[2])):
+            call, shown = self.steps[i].calls[j], steps[i][j]
+            limit = size // 2
+            if limit >= EXCERPT_MIN_TOKENS:
+                body = _excerpt(call.result, self.counter, limit)
+                if shown.question_repeated:
+                    body = f"{body}\n\n{QUESTION_AGAIN}{self.question}"
+                new = attrs.evolve(shown, content=body, form="excerpt")
+                if self.counter.count(new.content) < size:
+                    return i, j, new, f"tool result cut to a {limit}-token excerpt"
+            if call.recoverable and self.counter.count(_stub(call)) < size:
+                stub = attrs.evolve(
+                    shown, content=_stub(call), form="stub", question_repeated=False
+                )
+                return i, j, stub, "tool result stubbed (name and arguments kept)"
+        return None
+
+    def _report(self, budget: Budget, used: int, decisions: list[Decision]) -> BudgetReport:
+        layers = tuple((str(layer.name), layer.tokens) for layer in self.envelope.layers)
+        return BudgetReport(
+            window=budget.context_window,
+            reserve_output=budget.reserve_output,
+            limit=budget.limit,
+            used=used,
+            effective=budget.effective(used),
+            before=layers,
+            after=(*layers, ("loop", used - self.base_tokens())),
+            decisions=tuple(decisions),
+        )

@@ -1,0 +1,133 @@
+"""Agent-loop requests: the envelope's request plus native tool-call and tool-result messages.
+
+Each step becomes the assistant's call message followed by its results, in the shape
+each API validates: OpenAI chat (``tool_calls`` + ``role: tool``), OpenAI Responses
+(``function_call`` + ``function_call_output`` items), Anthropic (``tool_use`` blocks, then
+one user message of ``tool_result`` blocks) and Gemini (``functionCall`` parts, then one
+user content of ``functionResponse`` parts). Calls and results are never separated.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pipeline import ConfigError, TokenCounter
+from pipeline._agent import AgentTurn, Loop, LoopStep
+from renderers._providers import RenderedRequest
+from renderers._requests import render_request
+
+__all__ = ["AGENT_RENDERERS", "agent_request", "loop_messages"]
+
+AGENT_RENDERERS = ("anthropic", "gemini", "openai", "openai-responses")
+
+
+def _args(step_args: str) -> dict[str, Any]:
+    value: dict[str, Any] = json.loads(step_args)
+    return value
+
+
+def _openai_chat(steps: tuple[LoopStep, ...]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for step in steps:
+        calls = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.args}}
+            for c in step.calls
+        ]
+        out.append({"role": "assistant", "content": step.text or None, "tool_calls": calls})
+        out.extend({"role": "tool", "tool_call_id": c.id, "content": c.content} for c in step.calls)
+    return out
+
+
+def _openai_responses(steps: tuple[LoopStep, ...]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for step in steps:
+        if step.text:
+            out.append({"role": "assistant", "content": step.text})
+        out.extend(
+            {"type": "function_call", "call_id": c.id, "name": c.name, "arguments": c.args}
+            for c in step.calls
+        )
+        out.extend(
+            {"type": "function_call_output", "call_id": c.id, "output": c.content}
+            for c in step.calls
+        )
+    return out
+
+
+def _anthropic(steps: tuple[LoopStep, ...]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for step in steps:
+        content: list[dict[str, Any]] = [{"type": "text", "text": step.text}] if step.text else []
+        content.extend(
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": _args(c.args)}
+            for c in step.calls
+        )
+        out.append({"role": "assistant", "content": content})
+        results = [
+            {"type": "tool_result", "tool_use_id": c.id, "content": c.content} for c in step.calls
+        ]
+        out.append({"role": "user", "content": results})
+    return out
+
+
+def _gemini(steps: tuple[LoopStep, ...]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for step in steps:
+        parts: list[dict[str, Any]] = [{"text": step.text}] if step.text else []
+        parts.extend(
+            {"functionCall": {"id": c.id, "name": c.name, "args": _args(c.args)}}
+            for c in step.calls
+        )
+        out.append({"role": "model", "parts": parts})
+        responses = [
+            {"functionResponse": {"id": c.id, "name": c.name, "response": {"result": c.content}}}
+            for c in step.calls
+        ]
+        out.append({"role": "user", "parts": responses})
+    return out
+
+
+_FORMATS = {
+    "openai": ("messages", _openai_chat),
+    "openai-responses": ("input", _openai_responses),
+    "anthropic": ("messages", _anthropic),
+    "gemini": ("contents", _gemini),
+}
+
+
+def loop_messages(loop: Loop, renderer: str) -> list[dict[str, Any]]:
+    """The loop's messages (appended after the turn's user message) in one API's format."""
+    if renderer not in _FORMATS:
+        raise ConfigError(
+            "renderer",
+            f"no agent-loop format for {renderer!r} (known: {', '.join(AGENT_RENDERERS)})",
+        )
+    return _FORMATS[renderer][1](loop.steps)
+
+
+def agent_request(
+    agent: AgentTurn | Loop,
+    renderer: str = "openai",
+    model: str | None = None,
+    *,
+    counter: TokenCounter | None = None,
+    max_tokens: int | None = None,
+    conversation_id: str | None = None,
+) -> RenderedRequest:
+    """The next request of an agent loop: the envelope's request (default layout, so the
+    system + L2 prefix is the turn's own) with the fitted loop appended."""
+    loop = agent.fit() if isinstance(agent, AgentTurn) else agent
+    extra = loop_messages(loop, renderer)
+    base = render_request(
+        loop.envelope,
+        renderer,
+        model,
+        counter=counter,
+        max_tokens=max_tokens,
+        conversation_id=conversation_id,
+    )
+    field = _FORMATS[renderer][0]
+    body = dict(base.body)
+    body[field] = [*body[field], *extra]
+    return RenderedRequest(base.provider, base.path, body)

@@ -1,0 +1,72 @@
+"""`lamina bench` at its smallest scale, end to end, so the benchmark cannot rot."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.comparators import NOT_INSTALLED, PEERS
+from benchmarks.workload import conversation_workload, library_workload, make_note
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_small_scale_runs_end_to_end_and_writes_the_result_shape(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline._cli", "bench", "--scale", "small", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,  # the command finds benchmarks/ from its own location, not the cwd
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert time.perf_counter() - start < 60
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["scale"] == "small"
+    assert doc["machine"]["cores"] >= 1
+    assert {p["kind"] for p in doc["points"]} == {"cold", "library", "conversation"}
+    for point in doc["points"]:
+        lamina = point["lamina"]
+        assert lamina["cold_s"] > 0 and lamina["request_tokens"] > 0
+        assert lamina["peak_bytes"] > 0 and point["payload_bytes"] > 0
+        assert point["naive"]["p50_s"] > 0
+        if point["kind"] == "cold":
+            assert point["floor"]["tiktoken_s"] > 0
+        else:
+            assert lamina["warm_p50_s"] > 0 and lamina["warm_p95_s"] >= lamina["warm_p50_s"]
+            assert point["floor"]["p50_s"] > 0
+        assert set(point["peers"]) == set(PEERS)
+        for name, peer in point["peers"].items():
+            assert peer["cannot_express"], name
+            assert peer.get("p50_s", 0) > 0 or peer["status"] == NOT_INSTALLED, (name, peer)
+    assert doc["targets"] and all("met" in t for t in doc["targets"])
+    assert "targets" in proc.stdout
+
+
+def test_workloads_are_the_same_bytes_for_the_same_seed() -> None:
+    a, b = conversation_workload(3, 10), conversation_workload(3, 10)
+    assert a == b
+    assert a != conversation_workload(4, 10)
+
+
+def test_notes_have_headings_lists_and_code_at_the_asked_size() -> None:
+    text = make_note(random.Random(1), 20_000, "Sizes")
+    assert 20_000 <= len(text) < 25_000
+    assert text.startswith("# Sizes\n") and "\n## " in text
+    assert "\n- " in text or "\n1. " in text
+    assert "```" in text
+
+
+def test_library_turns_each_add_one_new_10_kb_note_and_reattach_library_notes() -> None:
+    work = library_workload(1, 10, 3)
+    assert len(work.library) == 10 and len(work.turns) == 3
+    for turn in work.turns:
+        (new,) = turn.new
+        assert 10_000 <= len(work.notes[new]) < 13_000
+        assert any(p in work.library for p in turn.attach)

@@ -1,0 +1,127 @@
+"""Agent loops: calls and results as one unit, fitted to the budget; L4 keeps the answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline import Budget, BudgetExceeded, Conversation, check_envelope
+from pipeline._agent import QUESTION_AGAIN, AgentTurn, agent_call
+
+QUESTION = "Which devices lost edits last week?"
+
+
+def _payload(step: int) -> str:
+    return "\n".join(
+        f"Hit {step}.{i}: device {i} pushed {step * i} ops to the sync log." for i in range(120)
+    )
+
+
+def _recorded(agent: AgentTurn, steps: int = 10) -> AgentTurn:
+    for n in range(1, steps + 1):
+        if n % 2:
+            agent = agent.step(agent_call("search", {"q": f"edits {n}"}, _payload(n)))
+        else:
+            agent = agent.step(
+                agent_call("read_note", {"path": f"log-{n}.md"}, f"# Log {n}\n\nShort note."),
+                agent_call("search", {"q": f"lost {n}"}, _payload(n)),
+                text=f"Checking step {n}.",
+            )
+    return agent
+
+
+def test_ten_step_loop_fits_and_repeats_the_question_once_per_large_payload(vault: Path) -> None:
+    budget = Budget(context_window=16000, reserve_output=1000)
+    conv = Conversation("You are an agent.", vault=vault, budget=budget)
+    agent = _recorded(
+        AgentTurn.start(conv, QUESTION, [{"note": "docs/auth.md"}], repeat_after_tokens=500)
+    )
+    loop = agent.fit()
+    assert loop.tokens <= budget.limit
+    assert loop.report is not None and loop.report.used == loop.tokens
+    contents = [c for s in loop.steps for c in s.calls]
+    large = [c for c in contents if c.form != "stub" and c.name == "search"]
+    assert large, "the newest search result is kept"
+    for call in large:
+        assert call.content.count(QUESTION) == 1
+        assert call.content.endswith(QUESTION_AGAIN + QUESTION)
+    assert all(QUESTION not in c.content for c in contents if c.name == "read_note")
+
+
+def test_old_results_become_stubs_that_keep_name_and_args(vault: Path) -> None:
+    conv = Conversation("", vault=vault, budget=Budget(context_window=9000, reserve_output=1000))
+    loop = _recorded(AgentTurn.start(conv, QUESTION)).fit()
+    stubs = [c for s in loop.steps for c in s.calls if c.form == "stub"]
+    assert stubs
+    for call in stubs:
+        assert call.name in call.content and call.args in call.content
+    assert loop.steps[-1].calls[-1].form != "stub"
+    assert all(d.stage == "agent" and d.tokens_saved > 0 for d in loop.decisions)
+
+
+def test_loop_that_cannot_fit_raises_with_a_report(vault: Path) -> None:
+    conv = Conversation("", vault=vault, budget=Budget(context_window=400, reserve_output=100))
+    agent = AgentTurn.start(conv, QUESTION)
+    agent = agent.step(
+        *(agent_call("paste", {"n": i}, _payload(i), recoverable=False) for i in range(6))
+    )
+    with pytest.raises(BudgetExceeded) as err:
+        agent.fit()
+    assert err.value.report is not None
+
+
+def test_finish_keeps_bare_query_and_answer_in_history(vault: Path) -> None:
+    conv = Conversation("", vault=vault)
+    agent = _recorded(AgentTurn.start(conv, QUESTION), 3)
+    agent.finish(
+        conv,
+        "Devices 3 and 7. "
+        '<tool_result><note key="note:a.md" title="A" path="a.md">x</note></tool_result>',
+    )
+    nxt = conv.turn("Thanks")
+    assert nxt.history() == (
+        ("user", QUESTION),
+        ("assistant", "Devices 3 and 7. [tool_result: A (a.md)]"),
+    )
+    assert all("Hit 1.1" not in s.text for s in nxt.l4.segments)
+    check_envelope(nxt)
+
+
+def test_plain_chat_mode_has_no_tool_blocks(vault: Path) -> None:
+    conv = Conversation("Be brief.", vault=vault)
+    env = conv.turn("Hello")
+    assert env.user_text == "Hello" and env.l3.segments == ()
+    loop = AgentTurn(env, "Hello", conv.counter).fit()
+    assert loop.steps == () and loop.tokens > 0
+
+
+def test_call_ids_are_deterministic_and_unique(vault: Path) -> None:
+    conv = Conversation("", vault=vault)
+    agent = _recorded(AgentTurn.start(conv, QUESTION), 2)
+    ids = [c.id for s in agent.steps for c in s.calls]
+    assert ids == ["call_1_1", "call_2_1", "call_2_2"]
+
+
+def test_script_turns_carry_tools_and_recorded_agent_steps(vault: Path) -> None:
+    from pipeline import ScriptError, parse_script, run_script
+
+    script = parse_script(
+        {
+            "turns": [
+                {"user": "Hi", "reply": "hi"},
+                {"user": "S", "tools": [{"name": "search", "args": {"q": "x"}, "result": "R1"}]},
+                {
+                    "user": "A",
+                    "agent": [{"calls": [{"name": "search", "args": {"q": "y"}, "result": "R2"}]}],
+                },
+            ]
+        }
+    )
+    envs = run_script(script, Conversation("", vault=vault))
+    assert "R1" in envs[1].user_text and envs[1].user_text.index("R1") < envs[1].user_text.index(
+        "S"
+    )
+    assert envs[2].user_text == "A"
+    with pytest.raises(ScriptError, match=r"turns\[0\]\.tools\[0\]"):
+        parse_script({"turns": [{"user": "x", "tools": [{"name": 3}]}]})

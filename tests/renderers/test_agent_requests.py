@@ -1,0 +1,156 @@
+"""Agent-loop requests in every format: no call without its result, no result without its call."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import TypeAdapter
+
+from pipeline import Budget, BudgetExceeded, Conversation
+from pipeline._agent import AgentTurn, agent_call
+from renderers._agent import agent_request
+from tests.conftest import write_vault
+
+anthropic_types = pytest.importorskip("anthropic.types")
+openai_chat = pytest.importorskip("openai.types.chat")
+openai_responses = pytest.importorskip("openai.types.responses")
+genai_types = pytest.importorskip("google.genai.types")
+
+OPENAI_MESSAGES = TypeAdapter(list[openai_chat.ChatCompletionMessageParam])
+RESPONSES_INPUT = TypeAdapter(openai_responses.ResponseInputParam)
+ANTHROPIC_MESSAGES = TypeAdapter(list[anthropic_types.MessageParam])
+
+
+def _pairs_openai(messages: list[dict[str, Any]]) -> None:
+    pending: set[str] = set()
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            assert not pending, "a call message came before the last one's results"
+            pending = {c["id"] for c in m["tool_calls"]}
+        elif m["role"] == "tool":
+            assert m["tool_call_id"] in pending, "a result whose call is missing"
+            pending.discard(m["tool_call_id"])
+        else:
+            assert not pending, "a call without its result"
+    assert not pending, "a call without its result"
+
+
+def _pairs_responses(items: list[dict[str, Any]]) -> None:
+    calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
+    outputs = [i["call_id"] for i in items if i.get("type") == "function_call_output"]
+    assert sorted(calls) == sorted(outputs) and len(set(calls)) == len(calls)
+    for cid in calls:
+        c = next(k for k, i in enumerate(items) if i.get("call_id") == cid)
+        o = max(k for k, i in enumerate(items) if i.get("call_id") == cid)
+        assert c < o
+
+
+def _pairs_anthropic(messages: list[dict[str, Any]]) -> None:
+    roles = [m["role"] for m in messages]
+    assert all(a != b for a, b in itertools.pairwise(roles)), "roles must alternate"
+    for k, m in enumerate(messages):
+        blocks = m["content"] if isinstance(m["content"], list) else []
+        uses = {b["id"] for b in blocks if b.get("type") == "tool_use"}
+        results = {b["tool_use_id"] for b in blocks if b.get("type") == "tool_result"}
+        if uses:
+            nxt = messages[k + 1]["content"]
+            assert {b["tool_use_id"] for b in nxt if b.get("type") == "tool_result"} == uses
+        if results:
+            prev = messages[k - 1]["content"]
+            assert {b["id"] for b in prev if b.get("type") == "tool_use"} == results
+
+
+def _pairs_gemini(contents: list[dict[str, Any]]) -> None:
+    for k, c in enumerate(contents):
+        genai_types.Content.model_validate(c)
+        calls = [p["functionCall"]["id"] for p in c["parts"] if "functionCall" in p]
+        responses = [p["functionResponse"]["id"] for p in c["parts"] if "functionResponse" in p]
+        if calls:
+            nxt = contents[k + 1]["parts"]
+            assert [p["functionResponse"]["id"] for p in nxt if "functionResponse" in p] == calls
+        if responses:
+            prev = contents[k - 1]["parts"]
+            assert [p["functionCall"]["id"] for p in prev if "functionCall" in p] == responses
+
+
+def check_all_formats(agent: AgentTurn) -> None:
+    """Render the loop in every format, validate with the SDK types and check pairing."""
+    loop = agent.fit()
+    chat = agent_request(loop, "openai").body["messages"]
+    OPENAI_MESSAGES.validate_python(chat)
+    _pairs_openai(chat)
+    items = agent_request(loop, "openai-responses").body["input"]
+    RESPONSES_INPUT.validate_python(items)
+    _pairs_responses(items)
+    messages = agent_request(loop, "anthropic").body["messages"]
+    ANTHROPIC_MESSAGES.validate_python(messages)
+    _pairs_anthropic(messages)
+    _pairs_gemini(agent_request(loop, "gemini").body["contents"])
+    n = sum(len(s.calls) for s in agent.steps)
+    assert sum(len(s.calls) for s in loop.steps) == n
+
+
+_calls = st.lists(
+    st.tuples(
+        st.sampled_from(["search", "read_note", "fetch"]),
+        st.integers(0, 5),
+        st.integers(0, 400),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+@pytest.fixture(scope="module")
+def vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_vault(tmp_path_factory.mktemp("v"), {"a.md": "# A\n\nAlpha note.\n"})
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(steps=st.lists(_calls, min_size=1, max_size=8), window=st.integers(300, 12000))
+def test_random_loops_never_split_a_call_from_its_result(
+    vault: Path, steps: list[list[tuple[str, int, int, bool]]], window: int
+) -> None:
+    budget = Budget(context_window=window, reserve_output=min(200, window - 1))
+    conv = Conversation("Agent.", vault=vault)
+    agent = AgentTurn.start(
+        conv, "Where is alpha?", [{"note": "a.md"}], budget=budget, repeat_after_tokens=300
+    )
+    for calls in steps:
+        agent = agent.step(
+            *(
+                agent_call(name, {"q": q}, " ".join(["word"] * size), recoverable=rec)
+                for name, q, size, rec in calls
+            )
+        )
+    try:
+        loop = agent.fit()
+    except BudgetExceeded as err:
+        assert err.report is not None
+        return
+    assert loop.tokens <= budget.limit
+    check_all_formats(agent)
+
+
+def test_a_known_loop_renders_in_every_format(vault: Path) -> None:
+    conv = Conversation("Agent.", vault=vault)
+    agent = AgentTurn.start(conv, "Q?").step(
+        agent_call("search", {"q": "alpha"}, "hit"),
+        agent_call("read_note", {"p": "a.md"}, "A"),
+        text="Looking.",
+    )
+    check_all_formats(agent)
+    body = agent_request(agent, "openai").body
+    assert body["messages"][-3]["tool_calls"][0]["function"] == {
+        "name": "search",
+        "arguments": '{"q":"alpha"}',
+    }
+    assert body["messages"][-1] == {"role": "tool", "tool_call_id": "call_1_2", "content": "A"}
