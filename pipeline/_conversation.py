@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from pipeline._envelope import (
     LIBRARY_HEADING,
     Decision,
     Envelope,
+    Form,
     system_parts,
     user_parts,
 )
@@ -183,8 +185,12 @@ class Conversation:
         if vault_changes:
             self._sources = self._sources.with_changes(vault_changes)
             self._vault_changes.update(vault_changes)
+        started = time.perf_counter()
+        hits, encoded = self.counter.hits, self.counter.encoded_chars
+        summary_hits = self.summaries.hits
         specs = [self._sources.parse(a) if isinstance(a, Mapping) else a for a in attach]
         processed = [self._sources.process(spec) for spec in specs]
+        process_time = time.perf_counter() - started
         number = len(self._history) + 1
         ctx = TurnContext(
             number,
@@ -210,7 +216,26 @@ class Conversation:
                 Decision("system", f"system:{part}", "text", "text", "system prompt changed", layer="L1")
             )
         graph = self.pipeline.run(start)
+        rendering = time.perf_counter()
         envelope = assemble(graph)
+        timings = (
+            ("process", process_time),
+            *graph.timings,
+            ("render", time.perf_counter() - rendering),
+            ("total", time.perf_counter() - started),
+        )
+        meters = (
+            ("token_cache_hits", self.counter.hits - hits),
+            ("encoded_chars", self.counter.encoded_chars - encoded),
+            ("summary_cache_hits", self.summaries.hits - summary_hits),
+        )
+        report = attrs.evolve(
+            envelope.report,
+            stats=(*envelope.report.stats, *_layer_stats(envelope)),
+            timings=timings,
+            meters=meters,
+        )
+        envelope = attrs.evolve(envelope, report=report)
         self._library = graph.promoted if graph.promoted is not None else graph.library
         self._history_view = graph.history_view
         self._history.append(HistoryEntry(number, text))
@@ -263,6 +288,20 @@ def request_tokens(
         total += segment.tokens + per_message
     total += counter.count_joined(user_parts(envelope.l3, envelope.l5)) + per_message
     return total
+
+
+def _layer_stats(envelope: Envelope) -> list[tuple[str, int]]:
+    """Deterministic counts for the report: segments per layer, compacted context segments."""
+    stats = [(f"segments_{layer.name}", len(layer.segments)) for layer in envelope.layers]
+    shortened = (Form.PREVIEW, Form.SUMMARY, Form.EXCERPT)
+    cut_to_reference = {
+        d.target for d in envelope.report.decisions if d.stage == "budget" and d.to_form == "reference"
+    }
+    compacted = sum(1 for s in envelope.l2.segments if s.form is not Form.FULL) + sum(
+        1 for s in envelope.l3.segments if s.form in shortened or s.key in cut_to_reference
+    )
+    context = len(envelope.l2.segments) + len(envelope.l3.segments)
+    return [*stats, ("context_segments", context), ("compacted_segments", compacted)]
 
 
 def _default_sources(vault: str | Path | None) -> SourceResolver:

@@ -158,6 +158,10 @@ class BuildReport:
     warnings: tuple[str, ...] = ()
     stats: tuple[tuple[str, int], ...] = ()
     budget: BudgetReport | None = None
+    # Measurements, not results: they differ between runs, so they take no part in equality
+    # and appear in the JSON trace only when asked for (``--timings``).
+    timings: tuple[tuple[str, float], ...] = attrs.field(default=(), eq=False)
+    meters: tuple[tuple[str, int], ...] = attrs.field(default=(), eq=False)
 
     def stat(self, name: str) -> int:
         return dict(self.stats).get(name, 0)
@@ -175,16 +179,21 @@ class Envelope:
     turn: int
     layers: tuple[Layer, Layer, Layer, Layer, Layer]
     report: BuildReport
-    system_text: str = attrs.field(init=False)
-    user_text: str = attrs.field(init=False)
-    prefix_hash: str = attrs.field(init=False)
-
-    def __attrs_post_init__(self) -> None:
-        system = system_parts(self.layers[0], self.layers[1])
-        user = user_parts(self.layers[2], self.layers[4])
-        object.__setattr__(self, "system_text", join_blocks(system))
-        object.__setattr__(self, "user_text", join_blocks(user))
-        object.__setattr__(self, "prefix_hash", text_hash(self.system_text))
+    # Derived from the layers; init fields only so that ``attrs.evolve`` (e.g. to add
+    # timings to the report) copies them instead of assembling the texts again.
+    system_text: str = attrs.field(
+        default=attrs.Factory(
+            lambda self: join_blocks(system_parts(self.layers[0], self.layers[1])), takes_self=True
+        )
+    )
+    user_text: str = attrs.field(
+        default=attrs.Factory(
+            lambda self: join_blocks(user_parts(self.layers[2], self.layers[4])), takes_self=True
+        )
+    )
+    prefix_hash: str = attrs.field(
+        default=attrs.Factory(lambda self: text_hash(self.system_text), takes_self=True)
+    )
 
     def layer(self, name: LayerName | str) -> Layer:
         return self.layers[int(str(name)[1]) - 1]

@@ -89,6 +89,7 @@ class TurnGraph:
     history_view: HistoryView = attrs.field(factory=HistoryView)
     query: str = ""
     budget_report: BudgetReport | None = None
+    timings: tuple[tuple[str, float], ...] = attrs.field(default=(), eq=False)
 
     @classmethod
     def build(

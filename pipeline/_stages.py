@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -281,11 +282,15 @@ class Pipeline:
         return Pipeline([s for s in self.stages if s.name != name])
 
     def run(self, turn: TurnGraph) -> TurnGraph:
+        """Run every stage in order, timing each (``report.timings``)."""
+        timings = list(turn.timings)
         for stage in self.stages:
+            start = time.perf_counter()
             try:
                 turn = stage(turn)
             except LaminaError:
                 raise
             except Exception as exc:
                 raise StageError(stage.name, f"{type(exc).__name__}: {exc}") from exc
-        return turn
+            timings.append((stage.name, time.perf_counter() - start))
+        return attrs.evolve(turn, timings=tuple(timings))

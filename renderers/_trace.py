@@ -13,8 +13,35 @@ __all__ = ["TRACE_VERSION", "trace_document", "trace_turn"]
 TRACE_VERSION = 1
 
 
+def _stats(envelope: Envelope) -> dict[str, Any]:
+    report = envelope.report
+    attached = report.stat("attached")
+    context = report.stat("context_segments")
+    return {
+        "segments": {str(layer.name): len(layer.segments) for layer in envelope.layers},
+        "attached": attached,
+        "duplicates_removed": report.stat("duplicates_removed"),
+        "dedup_ratio": round(report.stat("duplicates_removed") / attached, 4) if attached else 0.0,
+        "references": report.stat("references"),
+        "compacted_proportion": (
+            round(report.stat("compacted_segments") / context, 4) if context else 0.0
+        ),
+    }
+
+
+def _timings(envelope: Envelope) -> dict[str, Any]:
+    return {
+        "ms": {name: round(seconds * 1000, 3) for name, seconds in envelope.report.timings},
+        **dict(envelope.report.meters),
+    }
+
+
 def trace_turn(
-    envelope: Envelope, counter: TokenCounter, *, tokens_total: int | None = None
+    envelope: Envelope,
+    counter: TokenCounter,
+    *,
+    tokens_total: int | None = None,
+    timings: bool = False,
 ) -> dict[str, Any]:
     """One turn of the trace (README: "Trace format")."""
     out: dict[str, Any] = {
@@ -39,7 +66,10 @@ def trace_turn(
             for layer in envelope.layers
         },
         "messages": openai_messages(envelope),
+        "stats": _stats(envelope),
     }
+    if timings:
+        out["timings"] = _timings(envelope)
     budget = envelope.report.budget
     if budget is not None:
         out["budget"] = {
@@ -60,9 +90,12 @@ def trace_turn(
     return out
 
 
-def trace_document(envelopes: Sequence[Envelope], counter: TokenCounter) -> dict[str, Any]:
+def trace_document(
+    envelopes: Sequence[Envelope], counter: TokenCounter, *, timings: bool = False
+) -> dict[str, Any]:
+    """The trace of a run; ``timings`` adds per-phase times and cache meters (not stable)."""
     return {
         "lamina_trace": TRACE_VERSION,
         "tokenizer": counter.name,
-        "turns": [trace_turn(e, counter) for e in envelopes],
+        "turns": [trace_turn(e, counter, timings=timings) for e in envelopes],
     }

@@ -16,14 +16,17 @@ from pipeline._agent import AgentTurn, agent_call
 from renderers._agent import agent_request
 from tests.conftest import write_vault
 
-anthropic_types = pytest.importorskip("anthropic.types")
-openai_chat = pytest.importorskip("openai.types.chat")
-openai_responses = pytest.importorskip("openai.types.responses")
+pytest.importorskip("anthropic")
+pytest.importorskip("openai")
 genai_types = pytest.importorskip("google.genai.types")
 
-OPENAI_MESSAGES = TypeAdapter(list[openai_chat.ChatCompletionMessageParam])
-RESPONSES_INPUT = TypeAdapter(openai_responses.ResponseInputParam)
-ANTHROPIC_MESSAGES = TypeAdapter(list[anthropic_types.MessageParam])
+from anthropic.types import MessageParam  # noqa: E402
+from openai.types.chat import ChatCompletionMessageParam  # noqa: E402
+from openai.types.responses import ResponseInputParam  # noqa: E402
+
+OPENAI_MESSAGES = TypeAdapter(list[ChatCompletionMessageParam])
+RESPONSES_INPUT = TypeAdapter(ResponseInputParam)
+ANTHROPIC_MESSAGES = TypeAdapter(list[MessageParam])
 
 
 def _pairs_openai(messages: list[dict[str, Any]]) -> None:
