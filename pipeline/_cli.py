@@ -141,7 +141,7 @@ def _trace(
 
 
 def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, full: bool) -> None:
-    from renderers import common_prefix_tokens, openai_messages
+    from renderers import chatml, common_prefix_tokens, openai_messages
 
     previous = None
     for env in envelopes:
@@ -184,10 +184,12 @@ def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, f
                 )
             console.print(f"[cyan]{m['role']}[/cyan]:")
             console.print(content, markup=False, highlight=False, soft_wrap=True)
-        share = f"{cached / total:.0%}" if total else "0%"
+        # Both counts over the same chat markup, so the share is of like with like.
+        as_read = len(conv.counter.encode(chatml(messages)))
+        share = f"{cached / as_read:.0%}" if as_read else "0%"
         console.print(
-            f"[bold green]cacheable prefix[/bold green]: {cached} of {total} tokens identical "
-            f"to the previous turn's request ({share})"
+            f"[bold green]cacheable prefix[/bold green]: {cached} of {as_read} tokens (as the "
+            f"model reads the chat) identical to the previous turn's request ({share})"
         )
         previous = messages
 

@@ -180,8 +180,13 @@ class Conversation:
         attach: Iterable[Attachment] = (),
         *,
         vault_changes: Mapping[str, str] | None = None,
+        tools: Iterable[AttachmentSpec] = (),
     ) -> Envelope:
-        """Build this turn's envelope from the query and its attachments."""
+        """Build this turn's envelope from the query, its attachments and tool results.
+
+        ``tools`` are turn-scoped specs that carry their own content (``pipeline.tool``,
+        ``pipeline.hits``): they go to the user message first and never enter L1, L2 or L4.
+        """
         if vault_changes:
             self._sources = self._sources.with_changes(vault_changes)
             self._vault_changes.update(vault_changes)
@@ -189,7 +194,7 @@ class Conversation:
         hits, encoded = self.counter.hits, self.counter.encoded_chars
         summary_hits = self.summaries.hits
         specs = [self._sources.parse(a) if isinstance(a, Mapping) else a for a in attach]
-        processed = [self._sources.process(spec) for spec in specs]
+        processed = [_self_contained(s) or self._sources.process(s) for s in [*tools, *specs]]
         process_time = time.perf_counter() - started
         number = len(self._history) + 1
         ctx = TurnContext(
@@ -288,6 +293,12 @@ def request_tokens(
         total += segment.tokens + per_message
     total += counter.count_joined(user_parts(envelope.l3, envelope.l5)) + per_message
     return total
+
+
+def _self_contained(spec: AttachmentSpec) -> Processed | None:
+    """Specs that carry their content (tool results, retrieval hits) need no resolver."""
+    processed = getattr(spec, "processed", None)
+    return processed() if callable(processed) else None
 
 
 def _layer_stats(envelope: Envelope) -> list[tuple[str, int]]:

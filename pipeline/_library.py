@@ -137,6 +137,6 @@ def _extend(done: _Rendered, entry: LibraryEntry, counter: TokenCounter) -> _Ren
         tokens = counter.count_joined([s.text for s in old.segments] + [entry.text])
     else:
         # count_joined's additive rule: only the old last block gains a separator.
-        tokens = old.tokens - counter.count(last) + counter.count(last + BLOCK_SEP) + entry.tokens
+        tokens = old.tokens - counter.count(last) + counter.count_with_sep(last) + entry.tokens
     layer = Layer(LayerName.L2, (*old.segments, segment), tokens, text, hasher.hexdigest())
     return _Rendered(layer, hasher, counter.name)

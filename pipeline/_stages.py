@@ -34,8 +34,7 @@ class Stage(Protocol):
 
 def library_entry(artifact: Artifact, ctx: TurnContext) -> LibraryEntry:
     """The L2 entry for ``artifact``: its carry-forward view, rendered and counted."""
-    view = carry_forward(artifact, ctx.counter, ctx.policy)
-    text = ctx.renderer.render(view)
+    view, text = carry_forward(artifact, ctx.counter, ctx.policy, ctx.renderer)
     return LibraryEntry(view, text, ctx.counter.count(text), ctx.turn)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 import threading
 from collections.abc import Sequence
 from importlib import resources
@@ -64,6 +65,7 @@ _SPECS: dict[str, _Spec] = {
 
 TOKENIZERS: tuple[str, ...] = tuple(sorted(_SPECS))
 
+_PUNCT = frozenset(string.punctuation)
 _lock = threading.Lock()
 _encodings: dict[str, tiktoken.Encoding] = {}
 
@@ -140,7 +142,35 @@ class TokenCounter:
             return 0
         if not sep.endswith("\n") or any(p[0].isspace() or p[0] == "/" for p in parts[1:]):
             return self.count(sep.join(parts))
-        return sum(self.count(p + sep) for p in parts[:-1]) + self.count(parts[-1])
+        return sum(self.count_with_sep(p, sep) for p in parts[:-1]) + self.count(parts[-1])
+
+    def count_with_sep(self, text: str, sep: str = "\n\n") -> int:
+        """Exact count of ``text + sep`` for a newline ``sep``, without encoding ``text`` again.
+
+        Only the last pre-tokenizer piece of ``text`` can change when newlines follow: an
+        ASCII letter or digit piece does not absorb them (add ``sep``'s own count); a run of
+        ASCII punctuation, with at most one space before it, does (re-count just that run).
+        Anything else is encoded whole.
+        """
+        if not text or sep.strip("\n"):
+            return self.count(text + sep)
+        last = text[-1]
+        if last.isascii() and last.isalnum():
+            return self.count(text) + self.count(sep)
+        if last not in _PUNCT:
+            return self.count(text + sep)
+        start = len(text)
+        while start > 0 and text[start - 1] in _PUNCT:
+            start -= 1
+        if start == 0:
+            return self.count(text + sep)
+        before = text[start - 1]
+        if before == " ":
+            start -= 1
+        elif not (before.isascii() and before.isalnum()):
+            return self.count(text + sep)
+        tail = text[start:]
+        return self.count(text) - self.count(tail) + self.count(tail + sep)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (uncached; for prefix comparisons)."""

@@ -305,16 +305,6 @@ class ToolSources:
         return ToolSources(self.inner.with_changes(changes))
 
 
-def with_tool_sources(conv: Conversation) -> Conversation:
-    """Let ``conv`` take tool results and hits as attachments (idempotent).
-
-    Interim hook until ``Conversation`` takes ``tools=`` itself: wraps its resolver.
-    """
-    if not isinstance(conv._sources, ToolSources):
-        conv._sources = ToolSources(conv._sources)
-    return conv
-
-
 def tool_turn(
     conv: Conversation,
     text: str,
@@ -325,9 +315,8 @@ def tool_turn(
     vault_changes: Mapping[str, str] | None = None,
 ) -> Envelope:
     """One turn with single-shot tool results and retrieval hits besides the attachments."""
-    with_tool_sources(conv)
     found = tuple(hits)
-    specs: list[Any] = [*tools]
+    specs: list[AttachmentSpec] = [*tools]
     if found:
         specs.append(Hits(found))
-    return conv.turn(text, [*specs, *attach], vault_changes=vault_changes)
+    return conv.turn(text, attach, vault_changes=vault_changes, tools=specs)

@@ -48,15 +48,17 @@ class Policy:
     holds only shortened (preview/excerpt): ``full`` (default) re-sends it in full, since a
     bare reference would leave the model with the preview alone; ``reference`` saves tokens.
 
-    Carry-forward: an item whose body has at most ``verbatim_tokens`` tokens enters L2
-    verbatim; a larger recoverable one becomes a structure + preview (``section_tokens``
-    per section, ``max_sections`` sections, ``headless_tokens`` when it has no headings); a
-    larger non-recoverable one an excerpt of ``verbatim_tokens`` tokens, never dropped.
+    Carry-forward: an item whose full rendering (its block, tag included) has at most
+    ``verbatim_tokens`` tokens enters L2 verbatim (1,300: about the original's 5,000
+    characters plus the tag); a larger recoverable one becomes a structure + preview
+    (``section_tokens`` per section, ``max_sections`` sections, ``headless_tokens`` when it
+    has no headings); a larger non-recoverable one an excerpt of ``verbatim_tokens`` tokens,
+    never dropped.
     """
 
     freshness: Freshness = attrs.field(default="pin")
     reattach: Reattach = attrs.field(default="full")
-    verbatim_tokens: int = attrs.field(default=1250, validator=_positive)
+    verbatim_tokens: int = attrs.field(default=1300, validator=_positive)
     section_tokens: int = attrs.field(default=125, validator=_positive)
     max_sections: int = attrs.field(default=20, validator=_positive)
     headless_tokens: int = attrs.field(default=500, validator=_positive)
@@ -145,11 +147,18 @@ def summary_view(
     return _view(artifact, Form.SUMMARY, result.text, marks)
 
 
-def carry_forward(artifact: Artifact, counter: TokenCounter, policy: Policy) -> View:
-    """The form an artifact takes when promoted into L2 (DESIGN.md compaction classes)."""
-    body = artifact.payload.body()
-    if counter.count(body) <= policy.verbatim_tokens:
-        return full_view(artifact)
-    if artifact.recoverable:
-        return preview_view(artifact, counter, policy)
-    return excerpt_view(artifact, counter, policy.verbatim_tokens)
+def carry_forward(
+    artifact: Artifact, counter: TokenCounter, policy: Policy, renderer: SegmentRenderer
+) -> tuple[View, str]:
+    """The form an artifact takes when promoted into L2 (DESIGN.md compaction classes), and
+    its text. The full rendering is usually counted already (it is what L3 sent), so
+    deciding costs no encoding."""
+    view = full_view(artifact)
+    text = renderer.render(view)
+    if counter.count(text) > policy.verbatim_tokens:
+        if artifact.recoverable:
+            view = preview_view(artifact, counter, policy)
+        else:
+            view = excerpt_view(artifact, counter, policy.verbatim_tokens)
+        text = renderer.render(view)
+    return view, text

@@ -111,7 +111,9 @@ class Vault:
             raise NoteNotFound(rel, self.suggest(rel))
         try:
             with open(path, "rb") as handle:
-                data = handle.read(MAX_NOTE_BYTES + 1)
+                # Ask for the file's size (capped), not the cap: read(n) allocates n bytes.
+                size = os.fstat(handle.fileno()).st_size
+                data = handle.read(min(size, MAX_NOTE_BYTES) + 1)
         except OSError as exc:
             raise AttachmentError(norm, f"cannot read: {exc.strerror or exc}") from None
         if len(data) > MAX_NOTE_BYTES:

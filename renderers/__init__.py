@@ -1,5 +1,10 @@
 """Renderers: segment text (XML), provider requests and traces, from typed envelopes."""
 
+from renderers._agent import (
+    AGENT_RENDERERS,
+    agent_request,
+    loop_messages,
+)
 from renderers._cache import PrefixReport, classify_break, prefix_report, prefix_reports
 from renderers._layouts import LAYOUTS, Block, Layout, Message, Prompt, build_prompt
 from renderers._openai import ChatMessage, chatml, common_prefix_tokens, openai_messages
@@ -21,6 +26,7 @@ from renderers._trace import TRACE_VERSION, trace_document, trace_turn
 from renderers._xml import XmlRenderer, render_xml, xml_safe
 
 __all__ = [
+    "AGENT_RENDERERS",
     "DEFAULT_MODELS",
     "LAYOUTS",
     "TRACE_VERSION",
@@ -38,6 +44,7 @@ __all__ = [
     "RequestRenderer",
     "Simulation",
     "XmlRenderer",
+    "agent_request",
     "annotate_trace",
     "anthropic_breakpoints",
     "build_prompt",
@@ -47,6 +54,7 @@ __all__ = [
     "common_prefix_tokens",
     "format_simulation",
     "gemini_cache_plan",
+    "loop_messages",
     "openai_messages",
     "prefix_report",
     "prefix_reports",

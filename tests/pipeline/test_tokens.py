@@ -64,3 +64,18 @@ def test_count_joined_equals_counting_the_joined_text(parts: list[str], name: st
     counter = TokenCounter(name)
     joined = "\n\n".join(p for p in parts if p)
     assert counter.count_joined(parts) == len(get_encoding(name).encode_ordinary(joined))
+
+
+_xmlish = st.text(
+    alphabet=st.sampled_from(list("ab Z9<>/=\"'.,!?#-_:;()[]{}\n\té漢😀\u0301")), min_size=1, max_size=30
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(text=_xmlish, name=st.sampled_from(["o200k_base", "cl100k_base"]))
+def test_count_with_sep_equals_encoding_text_and_separator(text: str, name: str) -> None:
+    counter = TokenCounter(name)
+    assert counter.count_with_sep(text) == len(get_encoding(name).encode_ordinary(text + "\n\n"))
+    assert counter.count_with_sep(text + ">") == len(
+        get_encoding(name).encode_ordinary(text + ">\n\n")
+    )
