@@ -15,6 +15,7 @@ import yaml
 
 from pipeline._artifacts import Artifact, Link, Processed, make_artifact
 from pipeline._errors import AttachmentError
+from pipeline._hashing import text_hash
 from processors._context import ProcessContext
 from processors._vault import Vault
 
@@ -315,9 +316,18 @@ def _need_vault(ctx: ProcessContext, what: str) -> Vault:
     return ctx.vault
 
 
-def _load(vault: Vault, rel: str) -> tuple[NotePayload, list[str]]:
+def _load(
+    vault: Vault, rel: str, cache: dict[str, Any] | None = None
+) -> tuple[NotePayload, list[str]]:
+    """Read and parse a note; with a conversation cache, an unchanged note is parsed once."""
     text, decode_warning = vault.read_text(rel)
-    payload, warnings = parse_note(rel, text)
+    memo = f"note-parse:{rel}:{text_hash(text)}"
+    found = None if cache is None else cache.get(memo)
+    if found is None:
+        found = parse_note(rel, text)
+        if cache is not None:
+            cache[memo] = found
+    payload, warnings = found
     return payload, ([decode_warning] if decode_warning else []) + list(warnings)
 
 
@@ -367,7 +377,7 @@ class NoteProcessor:
     def process(self, spec: NoteSpec, ctx: ProcessContext) -> Processed:
         vault = _need_vault(ctx, spec.describe())
         rel = vault.note_path(spec.path)
-        payload, warnings = _load(vault, rel)
+        payload, warnings = _load(vault, rel, ctx.cache)
         # Listing the vault costs a walk of every folder: only link resolution needs it.
         notes = vault.notes() if payload.links else ()
         return _notes_processed([payload], notes, None, warnings)
@@ -400,7 +410,7 @@ class FolderProcessor:
         payloads: list[NotePayload] = []
         warnings: list[str] = []
         for member in members:
-            payload, found = _load(vault, member)
+            payload, found = _load(vault, member, ctx.cache)
             payloads.append(payload)
             warnings.extend(found)
         return _notes_processed(payloads, notes, f"folder:{rel}", warnings)
@@ -423,7 +433,7 @@ class TagProcessor:
         payloads: list[NotePayload] = []
         warnings: list[str] = []
         for rel in notes:
-            payload, found = _load(vault, rel)
+            payload, found = _load(vault, rel, ctx.cache)
             if payload.has_tag(spec.tag):
                 payloads.append(payload)
                 warnings.extend(found)

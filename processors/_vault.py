@@ -166,21 +166,36 @@ class Vault:
         return tuple(dict.fromkeys(found))[:5]
 
     def _disk_notes(self) -> Iterator[str]:
+        # scandir's entries know their type from the directory listing, so a walk costs
+        # one listing per folder and a stat only for symlinks (link resolution lists the
+        # vault on every note with links).
         root = str(self.root)
         prefix = root.rstrip(os.sep) + os.sep
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            rel_dir = os.path.relpath(dirpath, root)
-            for name in filenames:
-                if name.startswith(".") or not name.endswith(".md"):
+        stack = [(root, "")]
+        while stack:
+            folder, rel_dir = stack.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in entries:
+                name = entry.name
+                if name.startswith("."):
                     continue
-                full = os.path.join(dirpath, name)
-                if os.path.islink(full) and not os.path.realpath(full).startswith(prefix):
+                rel = f"{rel_dir}{name}"
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append((entry.path, rel + "/"))
                     continue
-                if not os.path.isfile(full):
+                if not name.endswith(".md"):
                     continue
-                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-                yield rel.replace(os.sep, "/")
+                if entry.is_symlink():
+                    if not os.path.realpath(entry.path).startswith(prefix):
+                        continue
+                    if not os.path.isfile(entry.path):
+                        continue
+                elif not entry.is_file(follow_symlinks=False):
+                    continue
+                yield rel
 
 
 def _clean(text: str) -> str:
