@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import attrs
 
-from pipeline._assemble import assemble, summary_target, visible_history
+from pipeline._assemble import assemble, item_view, summary_target, visible_history
 from pipeline._conversation import request_tokens
 from pipeline._envelope import BudgetReport, Decision, Envelope, Form
 from pipeline._errors import BudgetExceeded, ConfigError
@@ -91,6 +91,11 @@ def compact_l3(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | N
         return None
     index, item = max(candidates, key=lambda c: (sizes.get(c[1].key, 0), -c[0]))
     to = _NEXT_RECOVERABLE[item.form]
+    if to is Form.PREVIEW:
+        # A short item's preview is no shorter than the item: go on to the summary.
+        preview = item_view(turn, attrs.evolve(item, form=Form.PREVIEW))
+        if turn.ctx.counter.count(turn.ctx.renderer.render(preview)) >= sizes.get(item.key, 0):
+            to = Form.SUMMARY
     marks = item.marks
     reason = f"L3 item compacted to a {to}"
     if to is Form.REFERENCE:

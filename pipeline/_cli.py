@@ -100,6 +100,8 @@ def _budget(window: int | None, reserve: int | None, model: str | None) -> Budge
         if reserve is not None:
             raise ConfigError("--reserve", "needs --window or --model")
         return None
+    # Without --reserve, keep 4,096 tokens for the reply, or a quarter of a small window.
+    overrides.setdefault("reserve_output", min(4096, window // 4))
     return Budget(**overrides)
 
 
@@ -111,9 +113,9 @@ def budget_options(fn: F) -> F:
     fn = click.option("--model", help="Model profile for the budget (window, reserve, framing).")(
         fn
     )
-    fn = click.option("--reserve", type=int, help="Tokens kept free for the reply (default 4096).")(
-        fn
-    )
+    fn = click.option(
+        "--reserve", type=int, help="Tokens kept free for the reply (default min(4096, window/4))."
+    )(fn)
     fn = click.option("--window", type=int, help="Context window in tokens: enforce a budget.")(fn)
     return fn
 
@@ -125,11 +127,12 @@ def _trace(
     provider: str | None = None,
     model: str | None = None,
     conversation_id: str | None = None,
+    timings: bool = False,
 ) -> dict[str, Any]:
     """The JSON trace, with per-turn "cache" reports and, given a provider, "request"."""
     from renderers import annotate_trace, trace_document
 
-    trace = trace_document(envelopes, conv.counter)
+    trace = trace_document(envelopes, conv.counter, timings=timings)
     return annotate_trace(
         trace,
         envelopes,
@@ -247,6 +250,9 @@ def demo(
     type=click.Choice(["openai", "openai-responses", "anthropic", "gemini"]),
     help="Add each turn's request body for this provider to the JSON trace.",
 )
+@click.option(
+    "--timings", is_flag=True, help="Add per-phase timings and cache meters (not stable)."
+)
 @budget_options
 def run(
     script_path: str,
@@ -257,6 +263,7 @@ def run(
     store_path: str | None,
     conversation_id: str | None,
     provider: str | None,
+    timings: bool,
     window: int | None,
     reserve: int | None,
     model: str | None,
@@ -272,7 +279,7 @@ def run(
         if conversation_id is not None:
             raise ScriptError(script.path, "", "--conversation needs --store")
         envelopes = run_script(script, conv)
-        trace = _trace(envelopes, conv, provider=provider, model=model)
+        trace = _trace(envelopes, conv, provider=provider, model=model, timings=timings)
     else:
         from pipeline._store import (
             ConversationInfo,
@@ -293,7 +300,14 @@ def run(
             envelopes = run_saved(script, conv, store, cid)
         trace = {
             "conversation_id": cid,
-            **_trace(envelopes, conv, provider=provider, model=model, conversation_id=cid),
+            **_trace(
+                envelopes,
+                conv,
+                provider=provider,
+                model=model,
+                conversation_id=cid,
+                timings=timings,
+            ),
         }
     if as_json:
         click.echo(json.dumps(trace, indent=2, ensure_ascii=False))
@@ -460,6 +474,63 @@ def bench(scale: str, out: str | None) -> None:
     status = importlib.import_module("benchmarks.run").main(scale, out)
     if status:
         raise click.exceptions.Exit(status)
+
+
+def _inspect_turn(console: Console, env: Envelope, conv: Conversation, width: int = 48) -> None:
+    """One turn: every artifact with its layer, form, tokens and decisions; a window bar."""
+    decisions: dict[str, list[str]] = {}
+    for d in env.report.decisions:
+        decisions.setdefault(d.target, []).append(f"{d.stage}: {d.from_form}->{d.to_form}")
+    table = Table(title=f"turn {env.turn}: {env.query[:60]}", show_lines=False)
+    for col in ("layer", "key", "form", "tokens", "decisions"):
+        table.add_column(col, justify="right" if col == "tokens" else "left")
+    for layer in env.layers:
+        for seg in layer.segments:
+            table.add_row(
+                str(layer.name),
+                seg.key,
+                str(seg.form),
+                str(seg.tokens),
+                "; ".join(decisions.get(seg.key, [])),
+            )
+    for target, notes in decisions.items():
+        if not any(target in layer.keys() for layer in env.layers):
+            table.add_row("-", target, "(not sent)", "0", "; ".join(notes))
+    console.print(table)
+    total = conv.count_request(env)
+    budget = env.report.budget
+    window = budget.limit if budget is not None else total
+    marks = "12345"
+    bar = ""
+    for mark, layer in zip(marks, env.layers, strict=True):
+        bar += mark * round(width * layer.tokens / window) if window else ""
+    bar = bar[:width].ljust(width, ".")
+    label = f"limit {window}" if budget is not None else f"request {total}"
+    shares = "  ".join(f"L{i}={layer.tokens}" for i, layer in enumerate(env.layers, 1))
+    console.print(f"[{bar}] {total} of {label} tokens  ({shares}; digits = layer)", markup=False)
+
+
+@cli.command()
+@click.argument("script_path", metavar="SCRIPT")
+@click.option(
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (overrides the script's)."
+)
+@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
+@budget_options
+def inspect(
+    script_path: str,
+    vault: str | None,
+    tokenizer: str,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
+) -> None:
+    """Per turn: every artifact's layer, form, tokens and decisions, and how the window is spent."""
+    script = load_script(script_path)
+    conv = _conversation(script, vault, tokenizer, _budget(window, reserve, model))
+    console = Console()
+    for env in run_script(script, conv):
+        _inspect_turn(console, env, conv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

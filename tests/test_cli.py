@@ -102,3 +102,34 @@ def test_bad_input_is_one_line_and_exit_2(
     assert len(lines) == 1 and lines[0].startswith("lamina: error:"), out.stderr
     assert message in lines[0]
     assert "Traceback" not in out.stderr
+
+
+def test_run_with_a_window_adds_the_budget_and_fits(script: Path) -> None:
+    out = lamina("run", str(script), "--json", "--window", "900", "--reserve", "100")
+    assert out.returncode == 0, out.stderr
+    for turn in json.loads(out.stdout)["turns"]:
+        assert turn["budget"]["window"] == 900 and turn["budget"]["reserve_output"] == 100
+        assert turn["budget"]["used"] <= 800
+        assert "timings" not in turn
+        assert set(turn["cache"]) == {"common_prefix_tokens", "break_reason"}
+
+
+def test_a_window_smaller_than_the_query_fails_loudly(script: Path) -> None:
+    out = lamina("run", str(script), "--window", "20", "--reserve", "10")
+    assert out.returncode == 2
+    assert "do not fit the limit of 10" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_timings_are_opt_in(script: Path) -> None:
+    out = lamina("run", str(script), "--json", "--timings")
+    turn = json.loads(out.stdout)["turns"][1]
+    assert set(turn["timings"]["ms"]) >= {"process", "expand", "dedup", "reference", "render"}
+    assert turn["timings"]["ms"]["total"] > 0
+    assert turn["stats"]["segments"]["L2"] == 2
+
+
+def test_inspect_shows_every_artifact_and_the_window_bar(script: Path) -> None:
+    out = lamina("inspect", str(script), "--window", "4000")
+    assert out.returncode == 0, out.stderr
+    assert "note:project-spec.md" in out.stdout and "reference" in out.stdout
+    assert "of limit 3000 tokens" in out.stdout
