@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-
 from pipeline._envelope import BuildReport, Envelope, Form, Layer, LayerName, Segment, View
 from pipeline._graph import Placement, TurnGraph
 from pipeline._hashing import text_hash
@@ -30,7 +29,9 @@ def shorten_reply(text: str, counter: TokenCounter, max_tokens: int) -> str:
     head = cut_to_tokens(text, counter, max_tokens)
     if head == text:
         return text
-    return f"{head}\n[... reply shortened: {len(text) - len(head)} of {len(text)} characters cut ...]"
+    return (
+        f"{head}\n[... reply shortened: {len(text) - len(head)} of {len(text)} characters cut ...]"
+    )
 
 
 def visible_history(turn: TurnGraph) -> list[tuple[HistoryEntry, str | None]]:
@@ -141,5 +142,3 @@ def assemble(turn: TurnGraph) -> Envelope:
         budget=turn.budget_report,
     )
     return Envelope(turn.ctx.turn, layers, report)
-
-

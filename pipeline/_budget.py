@@ -70,13 +70,21 @@ def shorten_replies(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision
                 turn.history_view.start, tuple(sorted({*turn.history_view.shortened, entry.turn}))
             )
             decision = _decision(
-                f"history:{entry.turn}:assistant", "text", "excerpt", "long old reply shortened", "L4"
+                f"history:{entry.turn}:assistant",
+                "text",
+                "excerpt",
+                "long old reply shortened",
+                "L4",
             )
             return attrs.evolve(turn, history_view=view), decision
     return None
 
 
-_NEXT_RECOVERABLE = {Form.FULL: Form.PREVIEW, Form.PREVIEW: Form.SUMMARY, Form.SUMMARY: Form.REFERENCE}
+_NEXT_RECOVERABLE = {
+    Form.FULL: Form.PREVIEW,
+    Form.PREVIEW: Form.SUMMARY,
+    Form.SUMMARY: Form.REFERENCE,
+}
 
 
 def compact_l3(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | None:
@@ -265,10 +273,13 @@ class Budget:
         if not 0 <= self.reserve_output < self.context_window:
             raise ConfigError(
                 "budget.reserve_output",
-                f"must be >= 0 and below the window ({self.context_window}), got {self.reserve_output}",
+                f"must be >= 0 and below the window ({self.context_window}), "
+                f"got {self.reserve_output}",
             )
         if not 0.0 <= self.safety_margin < 1.0:
-            raise ConfigError("budget.safety_margin", f"must be in [0, 1), got {self.safety_margin}")
+            raise ConfigError(
+                "budget.safety_margin", f"must be in [0, 1), got {self.safety_margin}"
+            )
 
     @classmethod
     def for_model(cls, name: str, **overrides: object) -> Budget:
@@ -329,7 +340,8 @@ class Enforce:
             else:
                 report = self._report(budget, used, before, env, decisions)
                 raise BudgetExceeded(
-                    f"turn {turn.ctx.turn}: {budget.effective(used)} tokens do not fit the limit of "
+                    f"turn {turn.ctx.turn}: {budget.effective(used)} tokens do not fit "
+                    "the limit of "
                     f"{budget.limit} (window {budget.context_window} - reserve "
                     f"{budget.reserve_output}) even after {len(decisions)} cuts",
                     report,

@@ -106,9 +106,13 @@ class Layer:
     # Computed from the segments unless a caller that maintains them incrementally
     # (the L2 library) passes them in.
     text: str = attrs.field(
-        default=attrs.Factory(lambda self: join_blocks(s.text for s in self.segments), takes_self=True)
+        default=attrs.Factory(
+            lambda self: join_blocks(s.text for s in self.segments), takes_self=True
+        )
     )
-    hash: str = attrs.field(default=attrs.Factory(lambda self: text_hash(self.text), takes_self=True))
+    hash: str = attrs.field(
+        default=attrs.Factory(lambda self: text_hash(self.text), takes_self=True)
+    )
 
     def keys(self) -> tuple[str, ...]:
         return tuple(s.key for s in self.segments)

@@ -111,7 +111,9 @@ class Library:
             texts = [s.text for s in segments]
             text = BLOCK_SEP.join(t for t in texts if t)
             hasher = xxhash.xxh3_128(text.encode("utf-8", "surrogatepass"))
-            layer = Layer(LayerName.L2, segments, counter.count_joined(texts), text, hasher.hexdigest())
+            layer = Layer(
+                LayerName.L2, segments, counter.count_joined(texts), text, hasher.hexdigest()
+            )
             done = _Rendered(layer, hasher, counter.name)
             object.__setattr__(self, "_rendered", done)
         return done.layer

@@ -143,7 +143,8 @@ def summary_view(
     """A memoized abstractive-or-extractive summary; never for non-recoverable artifacts."""
     if not artifact.recoverable:
         raise ValueError(f"{artifact.key} is not recoverable and may only be excerpted")
-    result = cache.summarize(summarizer, artifact.content_hash, artifact.payload.body(), target_tokens)
+    body = artifact.payload.body()
+    result = cache.summarize(summarizer, artifact.content_hash, body, target_tokens)
     return _view(artifact, Form.SUMMARY, result.text, marks)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from pathlib import Path
@@ -39,7 +40,8 @@ def exact_request_tokens(env: Envelope) -> int:
 
 def _note(i: int, size: int = 30) -> str:
     body = "\n\n".join(
-        f"## Section {s}\n\n" + " ".join(f"Fact {i}.{s}.{k} about sample store {i}." for k in range(size))
+        f"## Section {s}\n\n"
+        + " ".join(f"Fact {i}.{s}.{k} about sample store {i}." for k in range(size))
         for s in range(4)
     )
     return f"# Note {i}\n\n{body}\n"
@@ -71,9 +73,13 @@ def _run(script: dict[str, Any], vault: Path, budget: Budget) -> tuple[list[Enve
     return out, json.dumps(trace_document(done, conv.counter), sort_keys=True)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(script=conversations, window=st.integers(min_value=300, max_value=6000))
-def test_every_turn_fits_exactly_or_raises(script: dict[str, Any], window: int, prop_vault: Path) -> None:
+def test_every_turn_fits_exactly_or_raises(
+    script: dict[str, Any], window: int, prop_vault: Path
+) -> None:
     budget = Budget(context_window=window, reserve_output=window // 5, history_step=3)
     envelopes, trace = _run(script, prop_vault, budget)
     assert trace == _run(script, prop_vault, budget)[1], "a budgeted run must be deterministic"
@@ -92,9 +98,11 @@ def test_every_turn_fits_exactly_or_raises(script: dict[str, Any], window: int, 
         for seg in env.l2.segments:
             assert seg.recoverable or seg.form in (Form.FULL, Form.EXCERPT)
     done = [e for e in envelopes if e is not None]
-    for earlier, later in zip(done, done[1:], strict=False):
-        if earlier.l4.segments and later.l4.segments and (
-            earlier.l4.segments[0].key.split(":")[1] != later.l4.segments[0].key.split(":")[1]
+    for earlier, later in itertools.pairwise(done):
+        if (
+            earlier.l4.segments
+            and later.l4.segments
+            and (earlier.l4.segments[0].key.split(":")[1] != later.l4.segments[0].key.split(":")[1])
         ):
             assert any(d.target.startswith("history:") for d in later.report.decisions)
         last_turn = f"history:{earlier.turn}:user"
@@ -103,7 +111,9 @@ def test_every_turn_fits_exactly_or_raises(script: dict[str, Any], window: int, 
 
 def test_query_larger_than_the_window_raises_with_the_report() -> None:
     conv = Conversation(budget=Budget(context_window=500, reserve_output=100))
-    with pytest.raises(BudgetExceeded, match=r"turn 1: \d+ tokens do not fit the limit of 400") as err:
+    with pytest.raises(
+        BudgetExceeded, match=r"turn 1: \d+ tokens do not fit the limit of 400"
+    ) as err:
         conv.turn("word " * 1000)
     report = err.value.report
     assert report.limit == 400 and report.effective > 400
@@ -124,8 +134,8 @@ def test_history_cut_point_moves_in_steps_and_prefix_is_stable(vault: Path) -> N
         starts.append(int(env.l4.segments[0].key.split(":")[1]) if env.l4.segments else 1)
     changes = [i for i in range(1, 30) if starts[i] != starts[i - 1]]
     assert len(changes) >= 3, "the window is tight enough to cut"
-    assert all(b - a >= 3 for a, b in zip(changes, changes[1:], strict=False)), changes
-    for prev, env in zip(envs, envs[1:], strict=False):
+    assert all(b - a >= 3 for a, b in itertools.pairwise(changes)), changes
+    for prev, env in itertools.pairwise(envs):
         assert exact_request_tokens(env) <= 2500
         if not any(d.layer in ("L1", "L2") for d in env.report.decisions):
             assert env.system_text.startswith(prev.system_text)
@@ -160,7 +170,9 @@ def test_the_277m_incident_scaled_down_fits_and_lists_every_cut(tmp_path: Path) 
         assert seg.key and seg.title and seg.key in seg.text  # invariant 8: identity kept
     shown = {s.key.split(":")[1] for s in env.l4.segments}
     dropped = [t for t in range(1, env.turn) if str(t) not in shown]
-    assert dropped and any(d.target.startswith("history:") and d.to_form == "dropped" for d in report.decisions)
+    assert dropped and any(
+        d.target.startswith("history:") and d.to_form == "dropped" for d in report.decisions
+    )
     assert "keep me verbatim" in env.user_text
     assert all(d.tokens_saved >= 0 for d in report.decisions)
 

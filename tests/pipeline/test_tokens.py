@@ -67,7 +67,9 @@ def test_count_joined_equals_counting_the_joined_text(parts: list[str], name: st
 
 
 _xmlish = st.text(
-    alphabet=st.sampled_from(list("ab Z9<>/=\"'.,!?#-_:;()[]{}\n\té漢😀\u0301")), min_size=1, max_size=30
+    alphabet=st.sampled_from(list("ab Z9<>/=\"'.,!?#-_:;()[]{}\n\té漢😀\u0301")),
+    min_size=1,
+    max_size=30,
 )
 
 
