@@ -25,9 +25,6 @@ import attrs
 import httpx
 import lxml.etree
 import lxml.html
-import trafilatura
-from charset_normalizer import from_bytes
-from trafilatura.xml import xmltotxt
 
 from pipeline import FetchError, Processed, make_artifact
 from pipeline._errors import AttachmentError, ConfigError
@@ -382,6 +379,8 @@ def _decode(content: bytes, header_charset: str | None, *, sniff_meta: bool) -> 
 
 def _detect(content: bytes) -> str:
     """charset-normalizer's guess; windows-1252 (the web's legacy default) wins a tie."""
+    from charset_normalizer import from_bytes
+
     matches = from_bytes(content)
     best = matches.best()
     if best is None:
@@ -407,6 +406,10 @@ def _codec(label: str | None) -> str | None:
 
 def _extract_html(html: str, page_url: str) -> tuple[str, str]:
     """Title and main text as markdown; the whole visible text if no main part is found."""
+    # Imported here: trafilatura costs ~150 ms to import, and most turns fetch no page.
+    import trafilatura
+    from trafilatura.xml import xmltotxt
+
     document = trafilatura.bare_extraction(
         html,
         url=page_url,
