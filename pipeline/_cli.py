@@ -84,7 +84,11 @@ def _conversation(
     root = Path(vault) if vault else script.vault
     if root is not None and not root.is_dir():
         raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
-    return Conversation(script.system, vault=root, tokenizer=tokenizer, budget=budget)
+    conv = Conversation(script.system, vault=root, tokenizer=tokenizer, budget=budget)
+    # A broken plugin is skipped by the registry; say so, one line each, and carry on.
+    for error in getattr(getattr(conv.sources, "registry", None), "plugin_errors", ()):
+        click.echo(f"lamina: warning: {' '.join(str(error).split())}", err=True)
+    return conv
 
 
 def _budget(window: int | None, reserve: int | None, model: str | None) -> Budget | None:
@@ -494,7 +498,7 @@ def _inspect_turn(console: Console, env: Envelope, conv: Conversation, width: in
                 "; ".join(decisions.get(seg.key, [])),
             )
     for target, notes in decisions.items():
-        if not any(target in layer.keys() for layer in env.layers):
+        if all(layer.get(target) is None for layer in env.layers):
             table.add_row("-", target, "(not sent)", "0", "; ".join(notes))
     console.print(table)
     total = conv.count_request(env)

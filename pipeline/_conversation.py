@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +95,7 @@ class Conversation:
         self.counter = TokenCounter(tokenizer)
         self.policy = policy or Policy()
         self.pipeline = pipeline or Pipeline.default()
-        self.renderer = renderer if renderer is not None else _default_renderer()
+        self.renderer = renderer if renderer is not None else _default_renderer(self._sources)
         self._library = Library()
         self._history: list[HistoryEntry] = []
         self._last_system: SystemPrompt | None = None
@@ -218,7 +218,9 @@ class Conversation:
         if self._last_system is not None and self._last_system != self._system:
             part = "stable" if self._last_system.stable != self._system.stable else "mutable"
             start = start.decide(
-                Decision("system", f"system:{part}", "text", "text", "system prompt changed", layer="L1")
+                Decision(
+                    "system", f"system:{part}", "text", "text", "system prompt changed", layer="L1"
+                )
             )
         graph = self.pipeline.run(start)
         rendering = time.perf_counter()
@@ -306,7 +308,9 @@ def _layer_stats(envelope: Envelope) -> list[tuple[str, int]]:
     stats = [(f"segments_{layer.name}", len(layer.segments)) for layer in envelope.layers]
     shortened = (Form.PREVIEW, Form.SUMMARY, Form.EXCERPT)
     cut_to_reference = {
-        d.target for d in envelope.report.decisions if d.stage == "budget" and d.to_form == "reference"
+        d.target
+        for d in envelope.report.decisions
+        if d.stage == "budget" and d.to_form == "reference"
     }
     compacted = sum(1 for s in envelope.l2.segments if s.form is not Form.FULL) + sum(
         1 for s in envelope.l3.segments if s.form in shortened or s.key in cut_to_reference
@@ -323,7 +327,12 @@ def _default_sources(vault: str | Path | None) -> SourceResolver:
     return Sources.for_vault(Vault(vault))
 
 
-def _default_renderer() -> SegmentRenderer:
+def _default_renderer(sources: SourceResolver) -> SegmentRenderer:
+    """The sources' renderer when they offer one (it holds plugin renderers), else plain XML."""
+    make = getattr(sources, "renderer", None)
+    if callable(make):
+        renderer: SegmentRenderer = make()
+        return renderer
     from renderers import XmlRenderer
 
     return XmlRenderer()

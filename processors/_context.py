@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from pipeline import AttachmentSpec, Processed
 from processors._registry import Registry
 from processors._vault import Vault
+
+if TYPE_CHECKING:
+    from renderers import XmlRenderer
 
 __all__ = ["ProcessContext", "Sources"]
 
@@ -45,6 +48,10 @@ class Sources:
 
     def parse(self, data: Mapping[str, Any]) -> AttachmentSpec:
         return self.registry.parse(data)
+
+    def renderer(self) -> XmlRenderer:
+        """The segment renderer with the registry's processor renderers (plugins too)."""
+        return self.registry.renderer()
 
     def with_changes(self, changes: Mapping[str, str]) -> Sources:
         if not changes:

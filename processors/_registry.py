@@ -3,22 +3,38 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pipeline import AttachmentSpec, PluginError, Processed, RegistryError, UnknownAttachmentKind
+from pipeline import (
+    AttachmentSpec,
+    Form,
+    PluginError,
+    Processed,
+    RegistryError,
+    UnknownAttachmentKind,
+    View,
+)
 from pipeline._errors import AttachmentError
 
 if TYPE_CHECKING:
     from processors._context import ProcessContext
+    from renderers import XmlRenderer
 
 __all__ = ["ENTRY_POINT_GROUP", "Processor", "Registry"]
 
 ENTRY_POINT_GROUP = "lamina.processors"
 
 
+ViewRenderer = Callable[[View], str]
+
+
 class Processor(Protocol):
-    """Turns one attachment spec of its ``kind`` into artifacts."""
+    """Turns one attachment spec of its ``kind`` into artifacts.
+
+    A processor may also have ``renderers``: a mapping ``(source_type, form) -> fn(View)
+    -> str`` that the registry hands to the segment renderer (see ``Registry.renderer``).
+    """
 
     @property
     def kind(self) -> str: ...
@@ -35,6 +51,7 @@ class Registry:
 
     def __init__(self, processors: Iterable[Processor] = ()) -> None:
         self._processors: dict[str, Processor] = {}
+        self._renderers: dict[tuple[str, Form], ViewRenderer] = {}
         self.plugin_errors: list[PluginError] = []
         for processor in processors:
             self.register(processor)
@@ -45,7 +62,21 @@ class Registry:
             raise RegistryError(kind, "a kind must be a non-empty word")
         if kind in self._processors:
             raise RegistryError(kind, "a processor for this kind is already registered")
+        renderers = _renderers_of(processor)
+        taken = [f"{t}/{f}" for t, f in renderers if (t, f) in self._renderers]
+        if taken:
+            raise RegistryError(kind, f"a renderer is already registered for {', '.join(taken)}")
         self._processors[kind] = processor
+        self._renderers.update(renderers)
+
+    def renderer(self) -> XmlRenderer:
+        """The XML segment renderer with every registered processor's renderers added."""
+        from renderers import XmlRenderer
+
+        xml = XmlRenderer()
+        for (source_type, form), fn in self._renderers.items():
+            xml.register(source_type, form, fn)
+        return xml
 
     def get(self, kind: str) -> Processor:
         try:
@@ -82,7 +113,8 @@ class Registry:
                 processor = loaded() if isinstance(loaded, type) or _is_factory(loaded) else loaded
                 self.register(processor)
             except Exception as exc:  # a plugin may fail in any way; report it by name
-                errors.append(PluginError(ep.name, f"{type(exc).__name__}: {exc}"))
+                problem = f"{type(exc).__name__}: {exc}{_origin(ep)}"
+                errors.append(PluginError(ep.name, problem))
         self.plugin_errors.extend(errors)
         return errors
 
@@ -99,6 +131,35 @@ class Registry:
         registry = cls.builtin()
         registry.load_entry_points()
         return registry
+
+
+def _renderers_of(processor: Processor) -> dict[tuple[str, Form], ViewRenderer]:
+    """A processor's optional ``renderers``, checked: (source type, form) -> callable."""
+    declared = getattr(processor, "renderers", None)
+    if declared is None:
+        return {}
+    kind = processor.kind
+    if not isinstance(declared, Mapping):
+        raise RegistryError(kind, "renderers must be a mapping (source_type, form) -> function")
+    found: dict[tuple[str, Form], ViewRenderer] = {}
+    for key, fn in declared.items():
+        if not (isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str)):
+            raise RegistryError(kind, f"renderer key {key!r} is not (source_type, form)")
+        try:
+            form = Form(key[1])
+        except ValueError:
+            known = ", ".join(str(f) for f in Form)
+            raise RegistryError(kind, f"renderer form {key[1]!r} is not one of {known}") from None
+        if not callable(fn):
+            raise RegistryError(kind, f"renderer for {key[0]}/{form} is not callable")
+        found[(key[0], form)] = fn
+    return found
+
+
+def _origin(ep: EntryPoint) -> str:
+    """`` (from <distribution> <version>)``, so the user knows which package to fix."""
+    dist = ep.dist
+    return f" (from {dist.name} {dist.version})" if dist is not None else ""
 
 
 def _is_factory(obj: object) -> bool:

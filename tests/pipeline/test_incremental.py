@@ -10,7 +10,8 @@ from processors import note
 
 def _note(i: int) -> str:
     sections = "\n\n".join(
-        f"## Part {s}\n\n" + " ".join(f"Sample {i}.{s}.{k} was logged in store {k}." for k in range(12))
+        f"## Part {s}\n\n"
+        + " ".join(f"Sample {i}.{s}.{k} was logged in store {k}." for k in range(12))
         for s in range(3)
     )
     return f"# Note {i}\n\n{sections}\n"
