@@ -51,6 +51,7 @@ DEMO_SCRIPT: dict[str, Any] = {
             "user": "What did the design review and the talk decide about offline sync?",
             "attach": [
                 {"folder": "meetings"},
+                {"tag": "#project/lamina"},
                 {"pdf": "media/sync-design-review.pdf"},
                 {
                     "youtube": "https://youtu.be/Fb5yncT4lk1",
@@ -65,7 +66,7 @@ DEMO_SCRIPT: dict[str, Any] = {
     ],
 }
 # The demo's budget is small on purpose, so that turn 4 shows the budget at work.
-DEMO_BUDGET = Budget(context_window=4200, reserve_output=1000)
+DEMO_BUDGET = Budget(context_window=4800, reserve_output=1000)
 
 
 def _demo_vault() -> Path:
@@ -226,8 +227,9 @@ def demo(
     """Four turns over the example vault: the layer walkthrough, then a turn over budget.
 
     Turn 1 attaches project-spec.md; turn 2 keeps it and adds docs/api-docs.md; turn 3
-    keeps only the spec; turn 4 attaches meetings, a PDF, a video transcript and a
-    selection, more than the demo's 4,200-token window holds, so the budget cuts.
+    keeps only the spec; turn 4 attaches a folder, a tag (its notes overlap the folder
+    and the library: dedup and references), a PDF, a video transcript and a selection,
+    more than the demo's 4,800-token window holds, so the budget cuts.
     """
     script = parse_script(DEMO_SCRIPT, "demo")
     budget = _budget(window, reserve, model) or DEMO_BUDGET
