@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
 from pipeline._envelope import BuildReport, Envelope, Form, Layer, LayerName, Segment, View
 from pipeline._graph import Placement, TurnGraph
 from pipeline._hashing import text_hash
@@ -86,8 +88,24 @@ def _segment(view: View, text: str, tokens: int) -> Segment:
     )
 
 
+def _report(turn: TurnGraph) -> BuildReport:
+    return BuildReport(
+        turn=turn.ctx.turn,
+        attached=tuple(i.key for i in turn.items),
+        decisions=turn.decisions,
+        warnings=turn.warnings,
+        stats=turn.stats,
+        budget=turn.budget_report,
+    )
+
+
 def assemble(turn: TurnGraph) -> Envelope:
     """Render every layer of ``turn`` (segment text and exact token counts) into an envelope."""
+    if turn.measured is not None:
+        measured, inputs = turn.measured
+        if all(a is b for a, b in zip(inputs, turn.render_inputs(), strict=True)):
+            # Nothing the layers depend on changed since the budget stage rendered them.
+            return attrs.evolve(measured, report=_report(turn))
     counter = turn.ctx.counter
 
     def text_segment(key: str, source_type: str, text: str, role: str = "") -> Segment:
@@ -133,12 +151,4 @@ def assemble(turn: TurnGraph) -> Envelope:
         layer(LayerName.L4, l4),
         layer(LayerName.L5, l5),
     )
-    report = BuildReport(
-        turn=turn.ctx.turn,
-        attached=tuple(i.key for i in turn.items),
-        decisions=turn.decisions,
-        warnings=turn.warnings,
-        stats=turn.stats,
-        budget=turn.budget_report,
-    )
-    return Envelope(turn.ctx.turn, layers, report)
+    return Envelope(turn.ctx.turn, layers, _report(turn))

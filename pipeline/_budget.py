@@ -352,7 +352,8 @@ class Enforce:
             decisions.append(attrs.evolve(decision, tokens_saved=used - now))
             used = now
         report = self._report(budget, used, before, env, decisions)
-        return attrs.evolve(turn, budget_report=report).decide(*decisions)
+        measured = (env, turn.render_inputs())
+        return attrs.evolve(turn, budget_report=report, measured=measured).decide(*decisions)
 
     @staticmethod
     def _report(

@@ -9,7 +9,7 @@ import attrs
 import networkx as nx
 
 from pipeline._artifacts import Artifact, Processed
-from pipeline._envelope import BudgetReport, Decision, Form
+from pipeline._envelope import BudgetReport, Decision, Envelope, Form
 from pipeline._history import HistoryEntry
 from pipeline._library import Library
 from pipeline._summarize import Summarizer, SummaryCache, TextRankSummarizer
@@ -90,6 +90,15 @@ class TurnGraph:
     query: str = ""
     budget_report: BudgetReport | None = None
     timings: tuple[tuple[str, float], ...] = attrs.field(default=(), eq=False)
+    # The envelope the budget stage measured, with what it was measured from, so the
+    # render step can reuse its layers when no later stage changed those inputs.
+    measured: tuple[Envelope, tuple[object, ...]] | None = attrs.field(
+        default=None, eq=False, repr=False
+    )
+
+    def render_inputs(self) -> tuple[object, ...]:
+        """What the layers are rendered from; compared by identity, not value."""
+        return (self.items, self.library, self.system, self.history, self.history_view, self.query)
 
     @classmethod
     def build(
