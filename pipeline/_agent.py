@@ -289,13 +289,6 @@ class AgentTurn:
 
     def _report(self, budget: Budget, used: int, decisions: list[Decision]) -> BudgetReport:
         layers = tuple((str(layer.name), layer.tokens) for layer in self.envelope.layers)
-        return BudgetReport(
-            window=budget.context_window,
-            reserve_output=budget.reserve_output,
-            limit=budget.limit,
-            used=used,
-            effective=budget.effective(used),
-            before=layers,
-            after=(*layers, ("loop", used - self.base_tokens())),
-            decisions=tuple(decisions),
+        return budget.report(
+            used, layers, (*layers, ("loop", used - self.base_tokens())), decisions
         )

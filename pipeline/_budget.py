@@ -9,7 +9,7 @@ carrying the report. Never cut: the query, the last history turn, L1's stable pa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -303,6 +303,25 @@ class Budget:
     def effective(self, tokens: int) -> int:
         return math.ceil(tokens * (1.0 + self.safety_margin))
 
+    def report(
+        self,
+        used: int,
+        before: tuple[tuple[str, int], ...],
+        after: tuple[tuple[str, int], ...],
+        decisions: Sequence[Decision],
+    ) -> BudgetReport:
+        """The report of a fit: this budget's window and limit, the use, and the cuts."""
+        return BudgetReport(
+            window=self.context_window,
+            reserve_output=self.reserve_output,
+            limit=self.limit,
+            used=used,
+            effective=self.effective(used),
+            before=before,
+            after=after,
+            decisions=tuple(decisions),
+        )
+
     def used(self, env: Envelope, turn: TurnGraph) -> int:
         return request_tokens(
             env,
@@ -338,7 +357,7 @@ class Enforce:
                 if step is not None:
                     break
             else:
-                report = self._report(budget, used, before, env, decisions)
+                report = budget.report(used, before, _layer_tokens(env), decisions)
                 raise BudgetExceeded(
                     f"turn {turn.ctx.turn}: {budget.effective(used)} tokens do not fit "
                     "the limit of "
@@ -351,25 +370,6 @@ class Enforce:
             now = budget.used(env, turn)
             decisions.append(attrs.evolve(decision, tokens_saved=used - now))
             used = now
-        report = self._report(budget, used, before, env, decisions)
+        report = budget.report(used, before, _layer_tokens(env), decisions)
         measured = (env, turn.render_inputs())
         return attrs.evolve(turn, budget_report=report, measured=measured).decide(*decisions)
-
-    @staticmethod
-    def _report(
-        budget: Budget,
-        used: int,
-        before: tuple[tuple[str, int], ...],
-        env: Envelope,
-        decisions: list[Decision],
-    ) -> BudgetReport:
-        return BudgetReport(
-            window=budget.context_window,
-            reserve_output=budget.reserve_output,
-            limit=budget.limit,
-            used=used,
-            effective=budget.effective(used),
-            before=before,
-            after=_layer_tokens(env),
-            decisions=tuple(decisions),
-        )
