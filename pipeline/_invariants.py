@@ -1,4 +1,5 @@
-"""DESIGN.md's invariants 1-6, checked on envelopes by code hosts and tests both call."""
+"""DESIGN.md's invariants (1-8; 7 when a budget was set), checked by code that hosts and
+tests both call. Tool output is also checked to stay turn-scoped."""
 
 from __future__ import annotations
 
@@ -28,7 +29,16 @@ def check_envelope(
     if previous is not None:
         _library_is_append_only(envelope, previous)
     _non_recoverable_kept(envelope)
+    _fits_budget(envelope)
     _compacted_keep_identity(envelope)
+
+
+def _fits_budget(env: Envelope) -> None:
+    budget = env.report.budget
+    if budget is not None and budget.effective > budget.limit:
+        raise InvariantViolation(
+            7, f"{budget.effective} tokens are over the budget's limit of {budget.limit}"
+        )
 
 
 def _hashes_match(env: Envelope) -> None:

@@ -114,3 +114,16 @@ def test_reply_stripping_removes_context_and_tool_blocks() -> None:
     assert strip_reply(reply) == (
         "Per [context: note:a.md] and [context: note:b.md], plus [tool_result omitted] done."
     )
+
+
+def test_a_payload_over_its_budget_is_refused(vault: Path) -> None:
+    from pipeline import Budget
+
+    conv = Conversation("sys", vault=vault, budget=Budget(context_window=5000, reserve_output=500))
+    env = conv.turn("a", attach=[note("project-spec.md")])
+    check_envelope(env)
+    assert env.report.budget is not None
+    over = attrs.evolve(env.report.budget, effective=env.report.budget.limit + 1)
+    bad = attrs.evolve(env, report=attrs.evolve(env.report, budget=over))
+    with pytest.raises(InvariantViolation, match="invariant 7"):
+        check_envelope(bad)
