@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 
 from lxml import etree
@@ -54,17 +55,32 @@ def render_xml(view: View) -> str:
 
 
 class XmlRenderer:
-    """Dispatches by (source type, form) to registered renderers, else ``render_xml``."""
+    """Dispatches by (source type, form) to registered renderers, else ``render_xml``.
 
-    def __init__(self) -> None:
+    Renderings are memoized by view (a bounded LRU): the same view is rendered once per
+    turn and across turns, and L2 and L3 share one string instead of holding two copies.
+    """
+
+    def __init__(self, memo_size: int = 4096) -> None:
         self._custom: dict[tuple[str, Form], ViewRenderer] = {}
+        self._memo: OrderedDict[View, str] = OrderedDict()
+        self._memo_size = memo_size
 
     def register(self, source_type: str, form: Form | str, renderer: ViewRenderer) -> None:
         key = (source_type, Form(form))
         if key in self._custom:
             raise RegistryError(f"{source_type}/{form}", "a renderer is already registered")
         self._custom[key] = renderer
+        self._memo.clear()  # earlier renderings may have used the default for this key
 
     def render(self, view: View) -> str:
+        text = self._memo.get(view)
+        if text is not None:
+            self._memo.move_to_end(view)
+            return text
         renderer = self._custom.get((view.source_type, view.form), render_xml)
-        return renderer(view)
+        text = renderer(view)
+        self._memo[view] = text
+        if len(self._memo) > self._memo_size:
+            self._memo.popitem(last=False)
+        return text
