@@ -144,7 +144,7 @@ def _code_free_lines(body: str) -> Iterable[str]:
             if match and not (match.group(1)[0] == "`" and "`" in line[match.end() :]):
                 fence = match.group(1)
                 continue
-            yield _INLINE_CODE.sub(" ", line)
+            yield _INLINE_CODE.sub(" ", line) if "`" in line else line
         elif (
             match
             and match.group(1)[0] == fence[0]
@@ -158,7 +158,8 @@ def _links_and_tags(body: str) -> tuple[list[WikiLink], list[str]]:
     links: list[WikiLink] = []
     tags: list[str] = []
     for line in _code_free_lines(body):
-        for m in _WIKILINK.finditer(line):
+        has_link = "[[" in line
+        for m in _WIKILINK.finditer(line) if has_link else ():
             inner = m.group(2).replace("\\|", "|")
             target, bar, alias = inner.partition("|")
             target, hash_, subpath = target.partition("#")
@@ -170,7 +171,9 @@ def _links_and_tags(body: str) -> tuple[list[WikiLink], list[str]]:
                     subpath=subpath.strip() or None if hash_ else None,
                 )
             )
-        for m in _INLINE_TAG.finditer(_WIKILINK.sub(" ", line)):
+        if "#" not in line:
+            continue
+        for m in _INLINE_TAG.finditer(_WIKILINK.sub(" ", line) if has_link else line):
             tag_ = normalize_tag(m.group(1))
             if _valid_tag(tag_):
                 tags.append(tag_)
