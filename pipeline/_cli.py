@@ -350,8 +350,7 @@ def resume(
 ) -> None:
     """Continue a saved chat with more scripted turns (turn numbers continue).
 
-    Give the same --window/--reserve/--model as the original run: the budget is a setting
-    of the run, not part of the saved state.
+    The chat's saved budget applies; --window/--reserve/--model replace it for the new turns.
     """
     from pipeline._store import SqliteStore, load_conversation, rebuild_envelope, run_saved
 
@@ -364,9 +363,12 @@ def resume(
         if root is not None and not root.is_dir():
             raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
         budget = _budget(window, reserve, model)
+        saved_budget = store.load(conversation_id).budget
         conv = load_conversation(store, conversation_id, vault=root, budget=budget)
-        # The last saved turn, replayed, so cache reports compare with the real previous turn.
-        previous = rebuild_envelope(store, conversation_id, vault=root, budget=budget)
+        # The last saved turn, replayed (with the budget it was built with, or the flags' for
+        # stores that did not save one), so cache reports compare with the real previous turn.
+        replay = budget if saved_budget is None else None
+        previous = rebuild_envelope(store, conversation_id, vault=root, budget=replay)
         if script.system.stable or script.system.mutable:
             conv.set_system(script.system.stable, script.system.mutable)
         envelopes = run_saved(script, conv, store, conversation_id, previous=previous)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MESSAGE_OVERHEAD",
     "REPLY_PRIMING",
+    "BudgetSettings",
     "Conversation",
     "ConversationState",
     "SystemPrompt",
@@ -50,11 +51,45 @@ Attachment = AttachmentSpec | Mapping[str, Any]
 
 
 @attrs.frozen
+class BudgetSettings:
+    """A ``Budget``'s plain numbers (every field but the cut order), so a store can keep it."""
+
+    context_window: int
+    reserve_output: int = 4096
+    per_message_tokens: int = 3
+    priming_tokens: int = 3
+    safety_margin: float = 0.0
+    history_step: int = 4
+    reply_tokens: int = 400
+    summary_tokens: int = 256
+
+    @classmethod
+    def of(cls, budget: Budget) -> BudgetSettings:
+        return cls(
+            budget.context_window,
+            budget.reserve_output,
+            budget.per_message_tokens,
+            budget.priming_tokens,
+            budget.safety_margin,
+            budget.history_step,
+            budget.reply_tokens,
+            budget.summary_tokens,
+        )
+
+    def budget(self) -> Budget:
+        """The ``Budget`` with these numbers and the default cut order (validated)."""
+        from pipeline._budget import Budget
+
+        return Budget(**attrs.asdict(self))
+
+
+@attrs.frozen
 class ConversationState:
     """Everything a conversation carries between turns, as plain typed data.
 
     A store saves this (cattrs unstructures it generically) and ``Conversation.restore``
     rebuilds a conversation whose next turn is byte-identical to the uninterrupted one.
+    ``budget`` is None for a conversation without one (and in states saved before it).
     """
 
     system: SystemPrompt
@@ -65,6 +100,7 @@ class ConversationState:
     tokenizer: str = "o200k_base"
     policy: Policy = attrs.field(factory=Policy)
     history_view: HistoryView = attrs.field(factory=HistoryView)
+    budget: BudgetSettings | None = None
 
 
 class Conversation:
@@ -116,6 +152,7 @@ class Conversation:
             tokenizer=self.counter.name,
             policy=self.policy,
             history_view=self._history_view,
+            budget=None if self.budget is None else BudgetSettings.of(self.budget),
         )
 
     @classmethod
@@ -130,7 +167,13 @@ class Conversation:
         budget: Budget | None = None,
         summarizer: Summarizer | None = None,
     ) -> Conversation:
-        """A conversation that continues exactly where ``state`` was taken."""
+        """A conversation that continues exactly where ``state`` was taken.
+
+        Without ``budget=``, the saved budget's numbers come back with the default cut
+        order; an explicit ``budget`` wins (set ``conv.budget = None`` to drop it).
+        """
+        if budget is None and state.budget is not None:
+            budget = state.budget.budget()
         conv = cls(
             state.system,
             vault=vault,

@@ -38,7 +38,7 @@ from pipeline._errors import (
     UnknownConversation,
 )
 from pipeline._script import Script
-from pipeline._summarize import SummaryResult
+from pipeline._summarize import SummaryKey, SummaryResult
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -208,8 +208,10 @@ class Store(Protocol):
         record: TurnRecord,
         state: ConversationState,
         manifest: Manifest | None = None,
+        summaries: Sequence[tuple[SummaryKey, SummaryResult]] = (),
     ) -> None:
-        """Save turn ``record.turn`` (the next one, or the last one again) atomically."""
+        """Save turn ``record.turn`` (the next one, or the last one again) atomically,
+        with the summaries the turn made (memo rows, first write wins)."""
         ...
 
     def turns(self, conversation_id: str) -> tuple[TurnRecord, ...]: ...
@@ -329,6 +331,7 @@ class SqliteStore:
     def __init__(self, path: str | Path, *, timeout: float = 10.0) -> None:
         self._path = str(path)
         self._timeout = timeout
+        self._closed = False
         if Path(self._path).is_dir():
             raise StoreError(self._path, "is a folder, not a store file")
         try:
@@ -356,6 +359,7 @@ class SqliteStore:
         self.close()
 
     def close(self) -> None:
+        self._closed = True
         self._db.close()
 
     # -- plumbing ---------------------------------------------------------------------
@@ -379,6 +383,8 @@ class SqliteStore:
     @contextlib.contextmanager
     def _tx(self, write: bool) -> Iterator[sqlite3.Connection]:
         """One transaction: IMMEDIATE for writes (take the lock up front), deferred reads."""
+        if self._closed:
+            raise StoreError(self._path, "the store is closed")
         with self._errors():
             self._db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             try:
@@ -493,6 +499,7 @@ class SqliteStore:
         record: TurnRecord,
         state: ConversationState,
         manifest: Manifest | None = None,
+        summaries: Sequence[tuple[SummaryKey, SummaryResult]] = (),
     ) -> None:
         plain = _converter.unstructure(state)
         split = {p: plain.pop(p) for p in _SPLIT_PARTS if isinstance(plain.get(p), list)}
@@ -563,6 +570,10 @@ class SqliteStore:
                     (conversation_id, k, i, a.kind, a.label, a.spec, int(a.rebuilt))
                     for i, a in enumerate(record.attachments)
                 ],
+            )
+            db.executemany(
+                "INSERT OR IGNORE INTO summaries VALUES (?, ?, ?, ?, ?)",
+                [(*key, r.text, json.dumps(list(r.failures))) for key, r in summaries],
             )
 
     def _current(
@@ -667,6 +678,10 @@ class SqliteStore:
     def get_summary(
         self, content_hash: str, target_tokens: int, summarizer_id: str
     ) -> SummaryResult | None:
+        """The memoized summary, or None (always None once closed: a conversation that
+        outlives its store stops reading it rather than failing)."""
+        if self._closed:
+            return None
         with self._tx(write=False) as db:
             row = db.execute(
                 "SELECT text, failures FROM summaries WHERE content_hash = ? AND target_tokens = ? "
@@ -802,13 +817,24 @@ def save_turn(
         if reply_created is None
         else reply_created,
     )
+    _connect(conversation, store)
+    summaries = conversation.summaries.unsaved()
     store.save_turn(
         conversation_id,
         record,
         conversation.state,
         None if envelope is None else Manifest.of(envelope),
+        summaries,
     )
+    conversation.summaries.mark_saved(key for key, _ in summaries)
     return record
+
+
+def _connect(conversation: Conversation, store: Store) -> Conversation:
+    """Back the conversation's summary memo with ``store`` (unless it has a backing)."""
+    if conversation.summaries.backing is None:
+        conversation.summaries.backing = store
+    return conversation
 
 
 def load_conversation(
@@ -818,8 +844,12 @@ def load_conversation(
     turn: int | None = None,
     **restore: Any,
 ) -> Conversation:
-    """``Conversation.restore`` of a stored state; ``restore`` takes vault=, sources=, ..."""
-    return Conversation.restore(store.load(conversation_id, turn), **restore)
+    """``Conversation.restore`` of a stored state; ``restore`` takes vault=, sources=, ...
+
+    The saved budget comes back unless ``budget=`` is given; summaries are read from and
+    saved to the store's memo, so an LLM summary renders to the same bytes after a reload.
+    """
+    return _connect(Conversation.restore(store.load(conversation_id, turn), **restore), store)
 
 
 def run_saved(
@@ -837,6 +867,7 @@ def run_saved(
     """
     from pipeline._invariants import check_envelope
 
+    _connect(conversation, store)
     specs = []
     for i, turn in enumerate(script.turns):
         for j, raw in enumerate(turn.attach):
@@ -877,13 +908,18 @@ def rebuild_envelope(
         return None
     after = store.load(conversation_id, k)
     system = after.last_system or after.system
+    # The budget the turn was built with (saved with its state), unless one is given.
+    options = dict(restore)
+    if options.get("budget") is None and after.budget is not None:
+        options["budget"] = after.budget.budget()
     if k > 1:
         before = store.load(conversation_id, k - 1)
-        conv = Conversation.restore(before, **restore)
+        conv = Conversation.restore(before, **options)
         conv.set_system(system.stable, system.mutable)
     else:
         before = ConversationState(system)
-        conv = Conversation(system, tokenizer=after.tokenizer, policy=after.policy, **restore)
+        conv = Conversation(system, tokenizer=after.tokenizer, policy=after.policy, **options)
+    _connect(conv, store)
     earlier = dict(before.vault_changes)
     changes = {p: t for p, t in after.vault_changes if earlier.get(p) != t}
     try:

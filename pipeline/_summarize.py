@@ -10,7 +10,7 @@ import asyncio
 import inspect
 import math
 import re
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -24,7 +24,9 @@ __all__ = [
     "Complete",
     "LLMSummarizer",
     "Summarizer",
+    "SummaryBacking",
     "SummaryCache",
+    "SummaryKey",
     "SummaryResult",
     "TextRankSummarizer",
 ]
@@ -427,14 +429,36 @@ async def _settle(pending: Awaitable[Any]) -> Any:
 # --- memo -----------------------------------------------------------------------------
 
 
+SummaryKey = tuple[str, int, str]
+"""A memoized summary's key: (content hash, target tokens, summarizer id)."""
+
+
+class SummaryBacking(Protocol):
+    """Where memoized summaries outlive the process (a ``Store`` is one): get/put by key."""
+
+    def get_summary(
+        self, content_hash: str, target_tokens: int, summarizer_id: str
+    ) -> SummaryResult | None: ...
+
+    def put_summary(
+        self, content_hash: str, target_tokens: int, summarizer_id: str, result: SummaryResult
+    ) -> None: ...
+
+
 @attrs.define
 class SummaryCache:
     """Summaries memoized by (content hash, target, summarizer id), so a compacted artifact
-    renders to the same bytes every turn and the cached prefix survives."""
+    renders to the same bytes every turn and the cached prefix survives.
 
-    _entries: dict[tuple[str, int, str], SummaryResult] = attrs.field(factory=dict, repr=False)
+    With a ``backing``, a miss reads it before summarizing; summaries made here stay
+    ``unsaved()`` until a store writes them with a turn (``mark_saved``) or ``flush()``.
+    """
+
+    _entries: dict[SummaryKey, SummaryResult] = attrs.field(factory=dict, repr=False)
     hits: int = 0
     misses: int = 0
+    backing: SummaryBacking | None = attrs.field(default=None, kw_only=True, repr=False)
+    _unsaved: dict[SummaryKey, None] = attrs.field(factory=dict, repr=False, kw_only=True)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -442,14 +466,23 @@ class SummaryCache:
     def get(
         self, content_hash: str, target_tokens: int, summarizer_id: str
     ) -> SummaryResult | None:
-        """The stored summary, or None."""
-        return self._entries.get((content_hash, target_tokens, summarizer_id))
+        """The stored summary (here, else in the backing), or None."""
+        key = (content_hash, target_tokens, summarizer_id)
+        found = self._entries.get(key)
+        if found is None and self.backing is not None:
+            found = self.backing.get_summary(*key)
+            if found is not None:
+                self._entries[key] = found
+        return found
 
     def put(
         self, content_hash: str, target_tokens: int, summarizer_id: str, result: SummaryResult
     ) -> None:
         """Store ``result`` (first write wins: a stored summary never changes under a key)."""
-        self._entries.setdefault((content_hash, target_tokens, summarizer_id), result)
+        key = (content_hash, target_tokens, summarizer_id)
+        if key not in self._entries:
+            self._entries[key] = result
+            self._unsaved[key] = None
 
     def summarize(
         self, summarizer: Summarizer, content_hash: str, text: str, target_tokens: int
@@ -463,3 +496,20 @@ class SummaryCache:
         result = summarizer.summarize(text, target_tokens)
         self.put(content_hash, target_tokens, summarizer.id, result)
         return result
+
+    def unsaved(self) -> tuple[tuple[SummaryKey, SummaryResult], ...]:
+        """Summaries made here and not yet written to a backing, oldest first."""
+        return tuple((key, self._entries[key]) for key in self._unsaved)
+
+    def mark_saved(self, keys: Iterable[SummaryKey]) -> None:
+        """Forget that ``keys`` are unsaved (a store wrote them, e.g. with a turn)."""
+        for key in keys:
+            self._unsaved.pop(key, None)
+
+    def flush(self) -> None:
+        """Write every unsaved summary to the backing (one call each); no-op without one."""
+        if self.backing is None:
+            return
+        for key, result in self.unsaved():
+            self.backing.put_summary(*key, result)
+            self._unsaved.pop(key, None)

@@ -1,0 +1,268 @@
+"""A reload keeps the budget and the memoized summaries, so later turns stay byte-identical."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import xxhash
+
+from pipeline import (
+    DEFAULT_ORDER,
+    Budget,
+    Conversation,
+    ConversationInfo,
+    LLMSummarizer,
+    SqliteStore,
+    StoreError,
+    TokenCounter,
+    load_conversation,
+    parse_script,
+    run_saved,
+    save_turn,
+)
+from pipeline._conversation import BudgetSettings
+from renderers import openai_messages
+
+
+def _note(i: int, size: int) -> str:
+    body = "\n\n".join(
+        f"## Section {s}\n\n" + " ".join(f"Fact {i}.{s}.{k} about store {i}." for k in range(size))
+        for s in range(4)
+    )
+    return f"# Note {i}\n\n{body}\n"
+
+
+@pytest.fixture
+def big_vault(tmp_path: Path) -> Path:
+    """Two notes: big.md (about 1,300 tokens) and other.md (about 350)."""
+    root = tmp_path / "bigvault"
+    root.mkdir()
+    (root / "big.md").write_text(_note(1, 40), encoding="utf-8")
+    (root / "other.md").write_text(_note(2, 10), encoding="utf-8")
+    return root
+
+
+# Turn 3 attaches big.md again: the library holds only its preview, so the budget cuts
+# the L3 copy to a summary, and turn 4 needs the same summary again.
+TURNS: list[dict[str, Any]] = [
+    {"user": "q1", "attach": [{"note": "big.md"}], "reply": "answer 1"},
+    {"user": "q2", "attach": [{"note": "other.md"}], "reply": "answer 2"},
+    {"user": "q3", "attach": [{"note": "big.md"}], "reply": "answer 3"},
+    {"user": "q4", "attach": [{"note": "big.md"}], "reply": "answer 4"},
+    {"user": "q5", "attach": [{"note": "other.md"}, {"note": "big.md"}]},
+]
+WINDOW = ("--window", "1500", "--reserve", "200")
+
+
+def _lamina(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline._cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _write(path: Path, body: dict[str, Any]) -> str:
+    path.write_text(json.dumps(body), encoding="utf-8")
+    return str(path)
+
+
+def test_resume_without_budget_flags_continues_with_the_saved_budget(
+    tmp_path: Path, big_vault: Path
+) -> None:
+    whole = _lamina(
+        "run", _write(tmp_path / "all.json", {"system": "Be terse.", "turns": TURNS}),
+        "--vault", str(big_vault), "--json", *WINDOW,
+    )  # fmt: skip
+    assert whole.returncode == 0, whole.stderr
+    head = _lamina(
+        "run", _write(tmp_path / "head.json", {"system": "Be terse.", "turns": TURNS[:3]}),
+        "--vault", str(big_vault), "--json", "--store", str(tmp_path / "s.db"),
+        "--conversation", "c", *WINDOW,
+    )  # fmt: skip
+    assert head.returncode == 0, head.stderr
+    tail = _lamina(
+        "resume", str(tmp_path / "s.db"), "--conversation", "c",
+        "--script", _write(tmp_path / "tail.json", {"turns": TURNS[3:]}), "--json",
+    )  # fmt: skip
+    assert tail.returncode == 0, tail.stderr
+    resumed = json.loads(tail.stdout)["turns"]
+    assert [t["budget"]["window"] for t in resumed] == [1500, 1500]
+    assert any(t["budget"]["decisions"] for t in resumed)
+    joined = json.loads(head.stdout)["turns"] + resumed
+    assert json.dumps(joined) == json.dumps(json.loads(whole.stdout)["turns"])
+
+
+def test_budget_flags_on_resume_replace_the_saved_budget(tmp_path: Path, big_vault: Path) -> None:
+    with SqliteStore(tmp_path / "s.db") as store:
+        store.create(ConversationInfo("c", vault=str(big_vault)))
+        conv = Conversation("Be terse.", vault=big_vault, budget=Budget(1500, 200))
+        run_saved(parse_script({"turns": TURNS[:2]}), conv, store, "c")
+    tail = _lamina(
+        "resume", str(tmp_path / "s.db"), "--conversation", "c",
+        "--script", _write(tmp_path / "tail.json", {"turns": TURNS[2:3]}), "--json",
+        "--window", "6000", "--reserve", "500",
+    )  # fmt: skip
+    assert tail.returncode == 0, tail.stderr
+    budget = json.loads(tail.stdout)["turns"][0]["budget"]
+    assert (budget["window"], budget["reserve_output"], budget["decisions"]) == (6000, 500, [])
+
+
+def test_state_records_the_budget_and_restore_rebuilds_it(tmp_path: Path, vault: Path) -> None:
+    budget = Budget(2000, 300, safety_margin=0.1, history_step=2, summary_tokens=128)
+    conv = Conversation("Be terse.", vault=vault, budget=budget)
+    env = conv.turn("hi", [{"note": "project-spec.md"}])
+    with SqliteStore(tmp_path / "s.db") as store:
+        store.create(ConversationInfo("c"))
+        save_turn(store, "c", conv, env)
+        state = store.load("c")
+        again = load_conversation(store, "c", vault=vault)
+    assert state.budget == BudgetSettings(2000, 300, 3, 3, 0.1, 2, 400, 128)
+    assert again.budget == budget
+    assert again.budget is not None and again.budget.order == DEFAULT_ORDER
+
+
+def test_an_explicit_budget_wins_over_the_saved_one(vault: Path) -> None:
+    conv = Conversation(vault=vault, budget=Budget(2000, 300))
+    conv.turn("hi")
+    explicit = Budget(9000, 100)
+    assert Conversation.restore(conv.state, vault=vault, budget=explicit).budget is explicit
+
+
+def test_budget_settings_hold_every_budget_field_but_the_order() -> None:
+    budget_fields = [f.name for f in attrs.fields(Budget) if f.name != "order"]
+    assert [f.name for f in attrs.fields(BudgetSettings)] == budget_fields
+    budget = Budget.for_model("claude-sonnet-4", reply_tokens=99)
+    assert BudgetSettings.of(budget).budget() == budget
+
+
+def test_a_state_saved_before_budgets_were_kept_loads_without_one(
+    tmp_path: Path, vault: Path
+) -> None:
+    """A stored state blob with no "budget" key (older stores) loads, budget None."""
+    path = tmp_path / "s.db"
+    conv = Conversation("Be terse.", vault=vault, budget=Budget(2000, 300))
+    env = conv.turn("hi", [{"note": "project-spec.md"}])
+    with SqliteStore(path) as store:
+        store.create(ConversationInfo("c"))
+        save_turn(store, "c", conv, env)
+    db = sqlite3.connect(path)
+    (digest,) = db.execute("SELECT state_hash FROM turns").fetchone()
+    (blob,) = db.execute("SELECT body FROM snapshots WHERE hash = ?", (digest,)).fetchone()
+    plain = json.loads(zlib.decompress(blob))
+    del plain["budget"]
+    body = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    old = xxhash.xxh3_128_hexdigest(body)
+    with db:
+        db.execute("INSERT INTO snapshots VALUES (?, 'state', ?)", (old, zlib.compress(body)))
+        db.execute("UPDATE turns SET state_hash = ?", (old,))
+    db.close()
+    with SqliteStore(path) as store:
+        assert store.load("c").budget is None
+        assert load_conversation(store, "c", vault=vault).budget is None
+
+
+# --- memoized summaries ----------------------------------------------------------------
+
+# Run in a fresh process: load the chat saved after turn 3, run turn 4 with a summarizer
+# whose answers start at 1000 (a new summary would show), print the request and the calls.
+_RESUME = """
+import itertools, json, sys
+from pipeline import LLMSummarizer, SqliteStore, TokenCounter, load_conversation
+from renderers import openai_messages
+
+store_path, vault = sys.argv[1], sys.argv[2]
+numbers, calls = itertools.count(1000), []
+def complete(prompt):
+    calls.append(next(numbers))
+    return f"Summary number {calls[-1]} of the text."
+summarizer = LLMSummarizer(complete, TokenCounter())
+with SqliteStore(store_path) as store:
+    conv = load_conversation(store, "c", vault=vault, summarizer=summarizer)
+    env = conv.turn("q4", [{"note": "big.md"}])
+print(json.dumps({"messages": openai_messages(env), "calls": calls}))
+"""
+
+
+def _counting_summarizer() -> tuple[LLMSummarizer, list[int]]:
+    """A non-deterministic ``complete``: every call answers with the next number."""
+    numbers, calls = itertools.count(1), []
+
+    def complete(prompt: str) -> str:
+        calls.append(next(numbers))
+        return f"Summary number {calls[-1]} of the text."
+
+    return LLMSummarizer(complete, TokenCounter()), calls
+
+
+def test_llm_summaries_render_identically_after_a_reload_in_a_fresh_process(
+    tmp_path: Path, big_vault: Path
+) -> None:
+    summarizer, calls = _counting_summarizer()
+    conv = Conversation(
+        "Be terse.", vault=big_vault, budget=Budget(1500, 200), summarizer=summarizer
+    )
+    with SqliteStore(tmp_path / "s.db") as store:
+        store.create(ConversationInfo("c"))
+        run_saved(parse_script({"turns": TURNS[:3]}), conv, store, "c")
+    assert calls == [1]
+    expected = openai_messages(conv.turn("q4", [{"note": "big.md"}]))
+    assert calls == [1]  # the uninterrupted turn 4 reuses turn 3's summary
+    assert "Summary number 1 of the text." in expected[-1]["content"]
+    out = subprocess.run(
+        [sys.executable, "-c", _RESUME, str(tmp_path / "s.db"), str(big_vault)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    resumed = json.loads(out.stdout)
+    assert resumed["calls"] == []
+    assert json.dumps(resumed["messages"]) == json.dumps(expected)
+
+
+def test_summaries_are_saved_in_the_same_transaction_as_their_turn(
+    tmp_path: Path, big_vault: Path
+) -> None:
+    summarizer, _ = _counting_summarizer()
+    conv = Conversation(vault=big_vault, budget=Budget(1500, 200), summarizer=summarizer)
+    with SqliteStore(tmp_path / "s.db") as store:
+        store.create(ConversationInfo("c"))
+        run_saved(parse_script({"turns": TURNS[:2]}), conv, store, "c")
+        conv.turn("q3", [{"note": "big.md"}])
+        ((key, result),) = made = conv.summaries.unsaved()
+        with pytest.raises(StoreError):  # a failed save writes neither the turn nor its summary
+            save_turn(store, "missing", conv)
+        assert store.get_summary(*key) is None
+        assert conv.summaries.unsaved() == made
+        save_turn(store, "c", conv)
+        assert store.get_summary(*key) == result
+        assert conv.summaries.unsaved() == ()
+    assert result.text == "Summary number 1 of the text."
+
+
+def test_a_conversation_outliving_its_store_still_summarizes(
+    tmp_path: Path, big_vault: Path
+) -> None:
+    """Once the store is closed the memo stops reading it instead of failing the turn."""
+    summarizer, calls = _counting_summarizer()
+    conv = Conversation(vault=big_vault, budget=Budget(1500, 200), summarizer=summarizer)
+    with SqliteStore(tmp_path / "s.db") as store:
+        store.create(ConversationInfo("c"))
+        run_saved(parse_script({"turns": TURNS[:2]}), conv, store, "c")
+    env = conv.turn("q3", [{"note": "big.md"}])
+    assert calls == [1] and "Summary number 1 of the text." in env.user_text
+    with pytest.raises(StoreError, match="closed"):
+        save_turn(store, "c", conv)
