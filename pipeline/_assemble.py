@@ -85,6 +85,7 @@ def _segment(view: View, text: str, tokens: int) -> Segment:
         title=view.title,
         locator=view.locator,
         recoverable=view.recoverable,
+        attributes=view.attributes,
     )
 
 

@@ -89,6 +89,9 @@ class Segment:
     locator: str = ""
     recoverable: bool = True
     role: str = ""
+    # The view's extra XML attributes (e.g. ``path``), so a layout can re-render the
+    # segment as a reference without its artifact.
+    attributes: tuple[tuple[str, str], ...] = ()
 
 
 def join_blocks(texts: Iterable[str]) -> str:

@@ -46,6 +46,7 @@ class LibraryEntry:
             title=view.title,
             locator=view.locator,
             recoverable=view.recoverable,
+            attributes=view.attributes,
         )
 
 

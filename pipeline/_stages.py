@@ -101,15 +101,16 @@ class Reference:
     def __call__(self, turn: TurnGraph) -> TurnGraph:
         policy = turn.ctx.policy
         library = turn.library
-        items: list[Placement] = []
+        items: list[Placement | None] = []
         decisions: list[Decision] = []
+        chunks: list[tuple[int, Placement, str]] = []
         for item in turn.items:
             artifact = turn.artifact(item.key)
             source = chunk_source(item.key)
-            if source is not None and source in library:
-                placed, decision = self._chunk(turn, library, item, source)
-                items.append(placed)
-                decisions.append(decision)
+            if source is not None:
+                # Placed once every other item's form is known (see ``_chunks``).
+                chunks.append((len(items), item, source))
+                items.append(None)
                 continue
             entry = library.get(item.key)
             if entry is None:
@@ -161,14 +162,51 @@ class Reference:
                         f"library holds only a {entry.form}",
                     )
                 )
-        refs = sum(1 for i in items if i.form is Form.REFERENCE)
-        out = attrs.evolve(turn, items=tuple(items), library=library).decide(*decisions)
+        decisions.extend(self._chunks(turn, library, items, chunks))
+        placed = tuple(i for i in items if i is not None)
+        refs = sum(1 for i in placed if i.form is Form.REFERENCE)
+        out = attrs.evolve(turn, items=placed, library=library).decide(*decisions)
         saved = sum(d.tokens_saved for d in decisions if d.stage == self.name)
         if saved:
             out = out.with_stat(
                 "retrieval_tokens_saved", dict(turn.stats).get("retrieval_tokens_saved", 0) + saved
             )
         return out.with_stat("references", refs)
+
+    def _chunks(
+        self,
+        turn: TurnGraph,
+        library: Library,
+        items: list[Placement | None],
+        chunks: list[tuple[int, Placement, str]],
+    ) -> list[Decision]:
+        """Fill the chunk slots of ``items``: a chunk whose source this turn sends in full
+        (and whose text that source holds) is dropped, since the note is right beside it;
+        one whose source L2 holds goes through ``_chunk``; any other is sent as it is."""
+        full_here = {i.key for i in items if i is not None and i.form is Form.FULL}
+        decisions: list[Decision] = []
+        for index, item, source in chunks:
+            artifact = turn.artifact(item.key)
+            text = artifact.payload.body().strip()
+            if source in full_here and text and text in turn.artifact(source).payload.body():
+                ctx = turn.ctx
+                saved = ctx.counter.count(ctx.renderer.render(full_view(artifact, item.marks)))
+                decisions.append(
+                    Decision(
+                        self.name,
+                        item.key,
+                        "full",
+                        "dropped",
+                        f"chunk of {source}, sent in full in this turn",
+                        saved,
+                    )
+                )
+            elif source in library:
+                items[index], decision = self._chunk(turn, library, item, source)
+                decisions.append(decision)
+            else:
+                items[index] = item
+        return decisions
 
     def _chunk(
         self, turn: TurnGraph, library: Library, item: Placement, source: str

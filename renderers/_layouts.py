@@ -11,7 +11,16 @@ from typing import Literal
 
 import attrs
 
-from pipeline import QUERY_LABEL, ConfigError, Envelope, Form, Segment, View
+from pipeline import (
+    QUERY_LABEL,
+    TOOL_SOURCE,
+    ConfigError,
+    Envelope,
+    Form,
+    Segment,
+    View,
+    chunk_source,
+)
 from pipeline._envelope import join_blocks, system_parts
 from renderers._xml import render_xml
 
@@ -126,15 +135,33 @@ def _reference_text(segment: Segment) -> str:
         locator=segment.locator,
         recoverable=segment.recoverable,
         content_hash=segment.content_hash,
+        attributes=segment.attributes,
     )
     return render_xml(view)
 
 
+def _turn_scoped(envelope: Envelope) -> tuple[list[Segment], list[Segment]]:
+    """This turn's tool results and retrieval chunks (which live for one turn only), and
+    the other L3 segments, each in L3 order."""
+    segments = envelope.l3.segments
+    tools = [s for s in segments if s.source_type == TOOL_SOURCE]
+    chunks = [s for s in segments if s.source_type != TOOL_SOURCE and chunk_source(s.key)]
+    rest = [s for s in segments if s.source_type != TOOL_SOURCE and not chunk_source(s.key)]
+    return tools + chunks, rest
+
+
 def _append_user_text(envelope: Envelope, sent: dict[str, str]) -> str:
-    """This turn's user message when context stays where it was first sent."""
-    refs: list[str] = []
+    """This turn's user message when context stays where it was first sent.
+
+    Tool results and retrieval chunks come first and are never recorded as sent: they
+    belong to this turn, so a later turn sends them again instead of referring back. A
+    chunk the pipeline made a reference points at its source entry, sent in full earlier.
+    """
+    scoped, rest = _turn_scoped(envelope)
+    first = [s.text for s in scoped if s.form is not Form.REFERENCE]
+    refs = [s.text for s in scoped if s.form is Form.REFERENCE]
     full: list[str] = []
-    for seg in envelope.l3.segments:
+    for seg in rest:
         if seg.form is Form.REFERENCE:
             if sent.get(seg.key) == seg.content_hash:
                 refs.append(seg.text)
@@ -149,7 +176,7 @@ def _append_user_text(envelope: Envelope, sent: dict[str, str]) -> str:
             full.append(seg.text)
             if seg.form is Form.FULL:
                 sent[seg.key] = seg.content_hash
-    parts: list[str] = []
+    parts = [*first]
     if refs:
         parts.append(APPEND_REFERENCES_INTRO + "\n" + "\n".join(refs))
     parts.extend(full)
@@ -191,19 +218,21 @@ def append_only_prompt(envelopes: Sequence[Envelope]) -> Prompt:
 
 def naive_prompt(envelopes: Sequence[Envelope]) -> Prompt:
     """The baseline: L1 as system, bare history, and every attachment so far in full in
-    the user message, each turn."""
+    the user message, each turn; this turn's tool results and retrieval chunks come first
+    and are not carried into later turns."""
     if not envelopes:
         raise ConfigError("layout", "naive needs at least one envelope")
     current = envelopes[-1]
     latest: dict[str, str] = {}
     for env in envelopes:
-        for seg in env.l3.segments:
+        for seg in _turn_scoped(env)[1]:
             if seg.form is not Form.REFERENCE:
                 latest[seg.key] = seg.text
             elif seg.key not in latest:
                 entry = env.l2.get(seg.key)
                 latest[seg.key] = entry.text if entry is not None else seg.text
-    parts = [*latest.values(), QUERY_LABEL + current.query] if latest else [current.query]
+    context = [*(s.text for s in _turn_scoped(current)[0]), *latest.values()]
+    parts = [*context, QUERY_LABEL + current.query] if context else [current.query]
     user = Message("user", (Block(join_blocks(parts)),))
     return Prompt(
         "naive",

@@ -97,3 +97,35 @@ def test_qa_mode_sends_hits_before_the_question(tmp_path: Path) -> None:
     assert text.index("First passage.") < text.index("Second.") < text.index("Which facts?")
     assert env.system_text == "Answer from the hits."
     check_envelope(env)
+
+
+def test_chunk_of_a_note_sent_in_full_this_turn_is_dropped_and_saving_reported(
+    tmp_path: Path,
+) -> None:
+    """The note is beside it in the same message: the chunk would send its lines twice."""
+    conv = _conv(tmp_path)
+    env = tool_turn(
+        conv,
+        "When do pushes retry?",
+        [{"note": "docs/small.md"}],
+        hits=[hit("note:docs/small.md", (8, 27), SMALL_CHUNK)],
+    )
+    assert env.l3.keys() == ("note:docs/small.md",)
+    assert env.user_text.count("Fact 5: pushes retry") == 1
+    saved = env.report.stat("retrieval_tokens_saved")
+    assert saved > 100
+    (drop,) = [d for d in env.report.decisions if d.target == "note:docs/small.md#L8-27"]
+    assert (drop.to_form, drop.tokens_saved) == ("dropped", saved)
+    check_envelope(env)
+
+
+def test_chunk_not_found_in_the_note_sent_this_turn_is_still_sent(tmp_path: Path) -> None:
+    conv = _conv(tmp_path)
+    env = tool_turn(
+        conv,
+        "Q",
+        [{"note": "docs/small.md"}],
+        hits=[hit("note:docs/small.md", (2, 2), "A line the index saw before an edit.")],
+    )
+    assert "A line the index saw before an edit." in env.user_text
+    assert env.report.stat("retrieval_tokens_saved") == 0
