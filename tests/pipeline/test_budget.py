@@ -74,7 +74,7 @@ def _run(script: dict[str, Any], vault: Path, budget: Budget) -> tuple[list[Enve
 
 
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(script=conversations, window=st.integers(min_value=300, max_value=6000))
 def test_every_turn_fits_exactly_or_raises(

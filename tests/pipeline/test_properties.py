@@ -33,7 +33,7 @@ def _trace(script: dict[str, Any], vault: Path, policy: Policy) -> str:
     ids=["pin", "refresh", "reference-small-l2"],
 )
 @settings(
-    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(script=conversations)
 def test_random_conversations_keep_invariants_and_replay_identically(
