@@ -172,7 +172,8 @@ def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, f
         if budget is not None:
             console.print(
                 f"budget: {budget.effective} of {budget.limit} tokens used (window "
-                f"{budget.window} - reserve {budget.reserve_output}); headroom {budget.headroom}"
+                f"{budget.window} - reserve {budget.reserve_output}); headroom {budget.headroom}",
+                soft_wrap=True,
             )
         for d in env.report.decisions:
             console.print(
@@ -197,7 +198,8 @@ def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, f
         share = f"{cached / as_read:.0%}" if as_read else "0%"
         console.print(
             f"[bold green]cacheable prefix[/bold green]: {cached} of {as_read} tokens (as the "
-            f"model reads the chat) identical to the previous turn's request ({share})"
+            f"model reads the chat) identical to the previous turn's request ({share})",
+            soft_wrap=True,
         )
         previous = messages
 
