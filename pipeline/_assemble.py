@@ -100,9 +100,13 @@ def _report(turn: TurnGraph) -> BuildReport:
     )
 
 
-def assemble(turn: TurnGraph) -> Envelope:
-    """Render every layer of ``turn`` (segment text and exact token counts) into an envelope."""
-    if turn.measured is not None:
+def assemble(turn: TurnGraph, *, measure_only: bool = False) -> Envelope:
+    """Render every layer of ``turn`` (segment text and exact token counts) into an envelope.
+
+    ``measure_only`` skips what only the final request needs (joined layer texts, message
+    texts, hashes: left empty) for the budget stage, which re-measures after every cut.
+    """
+    if turn.measured is not None and not measure_only:
         measured, inputs = turn.measured
         if all(a is b for a, b in zip(inputs, turn.render_inputs(), strict=True)):
             # Nothing the layers depend on changed since the budget stage rendered them.
@@ -121,7 +125,10 @@ def assemble(turn: TurnGraph) -> Envelope:
         )
 
     def layer(name: LayerName, segments: Sequence[Segment]) -> Layer:
-        return Layer(name, tuple(segments), counter.count_joined([s.text for s in segments]))
+        tokens = counter.count_joined([s.text for s in segments])
+        if measure_only:
+            return Layer(name, tuple(segments), tokens, "", "")
+        return Layer(name, tuple(segments), tokens)
 
     system = turn.system
     l1 = [
@@ -152,4 +159,6 @@ def assemble(turn: TurnGraph) -> Envelope:
         layer(LayerName.L4, l4),
         layer(LayerName.L5, l5),
     )
+    if measure_only:
+        return Envelope(turn.ctx.turn, layers, _report(turn), "", "", "")
     return Envelope(turn.ctx.turn, layers, _report(turn))

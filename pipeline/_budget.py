@@ -36,7 +36,10 @@ __all__ = [
 ]
 
 Cut = Callable[[TurnGraph, Envelope], "tuple[TurnGraph, Decision] | None"]
-"""One cut: the smallest next reduction of ``turn`` (and its decision), or None if none."""
+"""One cut: the smallest next reduction of ``turn`` (and its decision), or None if none.
+
+The envelope a cut gets is a measurement: its segments (text, tokens) are real, its
+joined layer and message texts and hashes are left empty."""
 
 
 def _decision(target: str, before: str, after: str, reason: str, layer: str) -> Decision:
@@ -347,7 +350,7 @@ class Enforce:
         budget = turn.ctx.budget
         if budget is None:
             return turn
-        env = assemble(turn)
+        env = assemble(turn, measure_only=True)
         used = budget.used(env, turn)
         before = _layer_tokens(env)
         decisions: list[Decision] = []
@@ -366,10 +369,10 @@ class Enforce:
                     report,
                 )
             turn, decision = step
-            env = assemble(turn)
+            env = assemble(turn, measure_only=True)
             now = budget.used(env, turn)
             decisions.append(attrs.evolve(decision, tokens_saved=used - now))
             used = now
         report = budget.report(used, before, _layer_tokens(env), decisions)
-        measured = (env, turn.render_inputs())
+        measured = (assemble(turn), turn.render_inputs())
         return attrs.evolve(turn, budget_report=report, measured=measured).decide(*decisions)

@@ -328,7 +328,7 @@ def request_tokens(
     """Exact tokens of the chat request (contents + per-message framing + reply priming)."""
     total = priming
     l2 = envelope.l2
-    if l2.segments and l2.text[0] not in ("/", " ", "\n", "\t"):
+    if l2.segments and l2.segments[0].text[:1] not in ("", "/", " ", "\n", "\t"):
         # Additive at the block boundary (see TokenCounter.count_joined): L2 is counted once.
         head = [s.text for s in envelope.l1.segments if s.text] + [LIBRARY_HEADING]
         total += counter.count(BLOCK_SEP.join(head) + BLOCK_SEP) + l2.tokens + per_message

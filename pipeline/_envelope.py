@@ -227,7 +227,7 @@ class Envelope:
 
     @property
     def query(self) -> str:
-        return self.l5.text
+        return join_blocks(s.text for s in self.l5.segments)
 
     def history(self) -> tuple[tuple[str, str], ...]:
         """L4 as (role, text) pairs, oldest first."""
@@ -253,8 +253,8 @@ def user_parts(l3: Layer, l5: Layer) -> list[str]:
     if refs:
         parts.append(REFERENCES_INTRO + "\n" + "\n".join(refs))
     parts.extend(full)
-    if parts:
-        parts.append(QUERY_LABEL + l5.text)
-    else:
-        parts.append(l5.text)
+    query = join_blocks(
+        s.text for s in l5.segments
+    )  # from segments: measurements leave l5.text empty
+    parts.append(QUERY_LABEL + query if parts else query)
     return [p for p in parts if p]
