@@ -5,9 +5,14 @@ Any LaminaError is one line on stderr, exit 2.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
 import json
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -65,6 +70,37 @@ DEMO_SCRIPT: dict[str, Any] = {
         },
     ],
 }
+DEMO_SITE_PORT = 47231
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log on the demo's screen."""
+
+
+@contextlib.contextmanager
+def _demo_site(root: Path) -> Iterator[str | None]:
+    """Serve examples/site on 127.0.0.1 (a fixed port, so the trace is stable) for the demo.
+
+    Yields the base URL, or None when no port could be had (the demo then skips the page).
+    """
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    for port in range(DEMO_SITE_PORT, DEMO_SITE_PORT + 5):
+        try:
+            server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        except OSError:
+            continue
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.shutdown()
+            server.server_close()
+        return
+    yield None
+
+
 # The demo's budget is small on purpose, so that turn 4 shows the budget at work.
 DEMO_BUDGET = Budget(context_window=4800, reserve_output=1000)
 
@@ -80,12 +116,23 @@ def _demo_vault() -> Path:
 
 
 def _conversation(
-    script: Script, vault: str | None, tokenizer: str, budget: Budget | None = None
+    script: Script,
+    vault: str | None,
+    tokenizer: str,
+    budget: Budget | None = None,
+    *,
+    allow_private_network: bool = False,
 ) -> Conversation:
+    from processors import ProcessContext, Sources, Vault
+
     root = Path(vault) if vault else script.vault
     if root is not None and not root.is_dir():
         raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
-    conv = Conversation(script.system, vault=root, tokenizer=tokenizer, budget=budget)
+    context = ProcessContext(
+        vault=None if root is None else Vault(root), allow_private_network=allow_private_network
+    )
+    sources = Sources(context=context)
+    conv = Conversation(script.system, sources=sources, tokenizer=tokenizer, budget=budget)
     # A broken plugin is skipped by the registry; say so, one line each, and carry on.
     for error in getattr(getattr(conv.sources, "registry", None), "plugin_errors", ()):
         click.echo(f"lamina: warning: {' '.join(str(error).split())}", err=True)
@@ -111,6 +158,15 @@ def _budget(window: int | None, reserve: int | None, model: str | None) -> Budge
 
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def network_option(fn: F) -> F:
+    """--allow-private-network: let URLs reach loopback and private addresses."""
+    return click.option(
+        "--allow-private-network",
+        is_flag=True,
+        help="Allow URLs on loopback, private and link-local addresses (refused by default).",
+    )(fn)
 
 
 def budget_options(fn: F) -> F:
@@ -230,13 +286,19 @@ def demo(
 
     Turn 1 attaches project-spec.md; turn 2 keeps it and adds docs/api-docs.md; turn 3
     keeps only the spec; turn 4 attaches a folder, a tag (its notes overlap the folder
-    and the library: dedup and references), a PDF, a video transcript and a selection,
-    more than the demo's 4,800-token window holds, so the budget cuts.
+    and the library: dedup and references), a PDF, a video transcript, a selection and a
+    web page (served from examples/site on 127.0.0.1), more than the demo's 4,800-token
+    window holds, so the budget cuts.
     """
-    script = parse_script(DEMO_SCRIPT, "demo")
+    root = Path(vault) if vault else _demo_vault()
     budget = _budget(window, reserve, model) or DEMO_BUDGET
-    conv = _conversation(script, vault or str(_demo_vault()), tokenizer, budget)
-    envelopes = run_script(script, conv)
+    with _demo_site(root.parent / "site") as site:
+        data = copy.deepcopy(DEMO_SCRIPT)
+        if site is not None:
+            data["turns"][3]["attach"].append({"url": f"{site}/offline-sync-faq.html"})
+        script = parse_script(data, "demo")
+        conv = _conversation(script, str(root), tokenizer, budget, allow_private_network=True)
+        envelopes = run_script(script, conv)
     if as_json:
         click.echo(json.dumps(_trace(envelopes, conv), indent=2, ensure_ascii=False))
     else:
@@ -262,6 +324,7 @@ def demo(
     "--timings", is_flag=True, help="Add per-phase timings and cache meters (not stable)."
 )
 @budget_options
+@network_option
 def run(
     script_path: str,
     vault: str | None,
@@ -275,6 +338,7 @@ def run(
     window: int | None,
     reserve: int | None,
     model: str | None,
+    allow_private_network: bool,
 ) -> None:
     """Run a scripted conversation (JSON or YAML); with --store, persist as it goes.
 
@@ -282,7 +346,13 @@ def run(
     adds the exact request body per turn (model from --model, else a default per provider).
     """
     script = load_script(script_path)
-    conv = _conversation(script, vault, tokenizer, _budget(window, reserve, model))
+    conv = _conversation(
+        script,
+        vault,
+        tokenizer,
+        _budget(window, reserve, model),
+        allow_private_network=allow_private_network,
+    )
     if store_path is None:
         if conversation_id is not None:
             raise ScriptError(script.path, "", "--conversation needs --store")
@@ -451,13 +521,16 @@ def import_cmd(
 )
 @click.option("--json", "as_json", is_flag=True, help="Per layout and provider, per turn, as JSON.")
 @click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
-def simulate(script_path: str, vault: str | None, as_json: bool, tokenizer: str) -> None:
+@network_option
+def simulate(
+    script_path: str, vault: str | None, as_json: bool, tokenizer: str, allow_private_network: bool
+) -> None:
     """Cache cost of a script per provider: default vs append-only vs naive layout."""
     from renderers import format_simulation
     from renderers import simulate as run_simulation
 
     script = load_script(script_path)
-    conv = _conversation(script, vault, tokenizer)
+    conv = _conversation(script, vault, tokenizer, allow_private_network=allow_private_network)
     sim = run_simulation(run_script(script, conv), counter=conv.counter)
     if as_json:
         click.echo(json.dumps(sim.to_json(), indent=2))
@@ -527,6 +600,7 @@ def _inspect_turn(console: Console, env: Envelope, conv: Conversation, width: in
 )
 @click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
 @budget_options
+@network_option
 def inspect(
     script_path: str,
     vault: str | None,
@@ -534,10 +608,14 @@ def inspect(
     window: int | None,
     reserve: int | None,
     model: str | None,
+    allow_private_network: bool,
 ) -> None:
     """Per turn: every artifact's layer, form, tokens and decisions, and how the window is spent."""
     script = load_script(script_path)
-    conv = _conversation(script, vault, tokenizer, _budget(window, reserve, model))
+    budget = _budget(window, reserve, model)
+    conv = _conversation(
+        script, vault, tokenizer, budget, allow_private_network=allow_private_network
+    )
     console = Console()
     for env in run_script(script, conv):
         _inspect_turn(console, env, conv)

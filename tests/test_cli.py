@@ -133,3 +133,21 @@ def test_inspect_shows_every_artifact_and_the_window_bar(script: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "note:project-spec.md" in out.stdout and "reference" in out.stdout
     assert "of limit 3000 tokens" in out.stdout
+
+
+def test_demo_shows_every_builtin_source_type() -> None:
+    out = lamina("demo", "--json")
+    keys = [
+        s["key"] for t in json.loads(out.stdout)["turns"] for s in t["layers"]["L3"]["segments"]
+    ]
+    kinds = {k.split(":", 1)[0] for k in keys}
+    assert kinds >= {"note", "selection", "pdf", "youtube", "url"}, kinds
+
+
+def test_private_network_urls_are_refused_unless_allowed(tmp_path: Path) -> None:
+    script = tmp_path / "url.yaml"
+    script.write_text("turns: [{user: hi, attach: [{url: 'http://127.0.0.1:9/x'}]}]")
+    out = lamina("run", str(script))
+    assert out.returncode == 2 and "private-network" in out.stderr
+    allowed = lamina("run", str(script), "--allow-private-network")
+    assert allowed.returncode == 2 and "private-network" not in allowed.stderr
