@@ -74,21 +74,6 @@ def item_view(turn: TurnGraph, item: Placement) -> View:
     return full_view(artifact, item.marks)
 
 
-def _segment(view: View, text: str, tokens: int) -> Segment:
-    return Segment(
-        key=view.key,
-        form=view.form,
-        source_type=view.source_type,
-        content_hash=view.content_hash,
-        text=text,
-        tokens=tokens,
-        title=view.title,
-        locator=view.locator,
-        recoverable=view.recoverable,
-        attributes=view.attributes,
-    )
-
-
 def _report(turn: TurnGraph) -> BuildReport:
     return BuildReport(
         turn=turn.ctx.turn,
@@ -142,7 +127,7 @@ def assemble(turn: TurnGraph, *, measure_only: bool = False) -> Envelope:
         view = item_view(turn, item)
         text = turn.ctx.renderer.render(view)
         (refs if view.form is Form.REFERENCE else full).append(
-            _segment(view, text, counter.count(text))
+            Segment.of_view(view, text, counter.count(text))
         )
     l4: list[Segment] = []
     for entry, reply in visible_history(turn):

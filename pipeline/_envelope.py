@@ -93,6 +93,22 @@ class Segment:
     # segment as a reference without its artifact.
     attributes: tuple[tuple[str, str], ...] = ()
 
+    @classmethod
+    def of_view(cls, view: View, text: str, tokens: int) -> Segment:
+        """The segment of a context view, given its rendered text and that text's tokens."""
+        return cls(
+            key=view.key,
+            form=view.form,
+            source_type=view.source_type,
+            content_hash=view.content_hash,
+            text=text,
+            tokens=tokens,
+            title=view.title,
+            locator=view.locator,
+            recoverable=view.recoverable,
+            attributes=view.attributes,
+        )
+
 
 def join_blocks(texts: Iterable[str]) -> str:
     """Blocks joined by a blank line, empty ones skipped (the one layout rule)."""

@@ -35,19 +35,7 @@ class LibraryEntry:
         return self.view.form
 
     def segment(self) -> Segment:
-        view = self.view
-        return Segment(
-            key=view.key,
-            form=view.form,
-            source_type=view.source_type,
-            content_hash=view.content_hash,
-            text=self.text,
-            tokens=self.tokens,
-            title=view.title,
-            locator=view.locator,
-            recoverable=view.recoverable,
-            attributes=view.attributes,
-        )
+        return Segment.of_view(self.view, self.text, self.tokens)
 
 
 @attrs.define
