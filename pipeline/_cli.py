@@ -20,6 +20,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from pipeline._artifacts import SourceResolver
 from pipeline._budget import Budget
 from pipeline._conversation import Conversation
 from pipeline._envelope import Envelope
@@ -123,20 +124,23 @@ def _conversation(
     *,
     allow_private_network: bool = False,
 ) -> Conversation:
-    from processors import ProcessContext, Sources, Vault
-
     root = Path(vault) if vault else script.vault
     if root is not None and not root.is_dir():
         raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
-    context = ProcessContext(
-        vault=None if root is None else Vault(root), allow_private_network=allow_private_network
-    )
-    sources = Sources(context=context)
+    sources = _sources(root, allow_private_network)
     conv = Conversation(script.system, sources=sources, tokenizer=tokenizer, budget=budget)
     # A broken plugin is skipped by the registry; say so, one line each, and carry on.
     for error in getattr(getattr(conv.sources, "registry", None), "plugin_errors", ()):
         click.echo(f"lamina: warning: {' '.join(str(error).split())}", err=True)
     return conv
+
+
+def _sources(root: Path | None, allow_private_network: bool) -> SourceResolver:
+    """The CLI's processors: the vault (if any) and the network permission."""
+    from processors import ProcessContext, Sources, Vault
+
+    vault = None if root is None else Vault(root)
+    return Sources(context=ProcessContext(vault=vault, allow_private_network=allow_private_network))
 
 
 def _budget(window: int | None, reserve: int | None, model: str | None) -> Budget | None:
@@ -408,6 +412,7 @@ def run(
     help="Add each turn's request body for this provider to the JSON trace.",
 )
 @budget_options
+@network_option
 def resume(
     store_path: str,
     conversation_id: str,
@@ -419,6 +424,7 @@ def resume(
     window: int | None,
     reserve: int | None,
     model: str | None,
+    allow_private_network: bool,
 ) -> None:
     """Continue a saved chat with more scripted turns (turn numbers continue).
 
@@ -436,11 +442,12 @@ def resume(
             raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
         budget = _budget(window, reserve, model)
         saved_budget = store.load(conversation_id).budget
-        conv = load_conversation(store, conversation_id, vault=root, budget=budget)
+        sources = _sources(root, allow_private_network)
+        conv = load_conversation(store, conversation_id, sources=sources, budget=budget)
         # The last saved turn, replayed (with the budget it was built with, or the flags' for
         # stores that did not save one), so cache reports compare with the real previous turn.
         replay = budget if saved_budget is None else None
-        previous = rebuild_envelope(store, conversation_id, vault=root, budget=replay)
+        previous = rebuild_envelope(store, conversation_id, sources=sources, budget=replay)
         if script.system.stable or script.system.mutable:
             conv.set_system(script.system.stable, script.system.mutable)
         envelopes = run_saved(script, conv, store, conversation_id, previous=previous)

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
+import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,46 @@ _TRANSCRIPT = "WEBVTT\n\n" + "\n".join(
 )
 
 
+SITE = {
+    "article.html": (
+        "<html><head><title>Sync article</title></head><body><nav>Home | Pricing</nav>"
+        "<article><h1>Sync article</h1><p>Operations are pushed in batches of 500 and "
+        "pulled by sequence number.</p><h2>Conflicts</h2><p>Both versions are kept until "
+        "a person resolves them.</p></article><footer>Copyright</footer></body></html>"
+    ),
+    "notes.md": "# Field notes\n\nSamples are logged per store.\n",
+}
+
+
+@contextlib.contextmanager
+def serve_site(root: Path) -> Iterator[str]:
+    """Serve ``root`` on 127.0.0.1 (a random port) for ``{"url": "site:/..."}`` attachments."""
+    handler = functools.partial(_Quiet, directory=str(root))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log in test output."""
+
+
+def localize(script: dict[str, Any], base: str) -> dict[str, Any]:
+    """The script with ``site:`` URLs pointing at the test's own server."""
+    out = copy.deepcopy(script)
+    for turn in out["turns"]:
+        for attachment in turn.get("attach", []):
+            url = attachment.get("url")
+            if isinstance(url, str) and url.startswith("site:"):
+                attachment["url"] = base + url[len("site:") :]
+    return out
+
+
 def write_property_vault(root: Path) -> Path:
     """The vault the generated conversations attach from (notes, a transcript, a PDF)."""
     for rel, text in NOTES.items():
@@ -46,6 +92,9 @@ def write_property_vault(root: Path) -> Path:
         pdf.add_page()
         pdf.multi_cell(0, 8, f"Page {page} of the design review. Decision {page}: keep the log.")
     pdf.output(str(root / "media" / "review.pdf"))
+    (root / "site").mkdir(exist_ok=True)
+    for name, text in SITE.items():
+        (root / "site" / name).write_text(text, encoding="utf-8")
     return root
 
 
@@ -62,6 +111,8 @@ attachments: st.SearchStrategy[dict[str, Any]] = st.one_of(
             {"youtube": "https://youtu.be/dQw4w9WgXcQ", "transcript": "media/talk.vtt"},
             {"pdf": "media/review.pdf"},
             {"pdf": "media/review.pdf", "pages": "1,3"},
+            {"url": "site:/article.html"},
+            {"url": "site:/notes.md"},
         ]
     ),
     st.builds(

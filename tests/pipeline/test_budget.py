@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,9 @@ from pipeline import (
     get_encoding,
     parse_script,
 )
-from processors import folder, note, selection
+from processors import ProcessContext, Sources, Vault, folder, note, selection
 from renderers import openai_messages, trace_document
-from tests.strategies import conversations, write_property_vault
+from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 ENC = get_encoding("o200k_base")
 
@@ -48,13 +49,19 @@ def _note(i: int, size: int = 30) -> str:
 
 
 @pytest.fixture(scope="module")
-def prop_vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_property_vault(tmp_path_factory.mktemp("budgetvault"))
+def prop_vault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    root = write_property_vault(tmp_path_factory.mktemp("budgetvault"))
+    with serve_site(root / "site") as base:
+        yield root, base
 
 
-def _run(script: dict[str, Any], vault: Path, budget: Budget) -> tuple[list[Envelope | None], str]:
-    parsed = parse_script(script, "generated")
-    conv = Conversation(parsed.system, vault=vault, budget=budget)
+def _run(
+    script: dict[str, Any], vault: tuple[Path, str], budget: Budget
+) -> tuple[list[Envelope | None], str]:
+    root, base = vault
+    parsed = parse_script(localize(script, base), "generated")
+    sources = Sources(context=ProcessContext(vault=Vault(root), allow_private_network=True))
+    conv = Conversation(parsed.system, sources=sources, budget=budget)
     out: list[Envelope | None] = []
     previous: Envelope | None = None
     for turn in parsed.turns:
@@ -78,7 +85,7 @@ def _run(script: dict[str, Any], vault: Path, budget: Budget) -> tuple[list[Enve
 )
 @given(script=conversations, window=st.integers(min_value=300, max_value=6000))
 def test_every_turn_fits_exactly_or_raises(
-    script: dict[str, Any], window: int, prop_vault: Path
+    script: dict[str, Any], window: int, prop_vault: tuple[Path, str]
 ) -> None:
     budget = Budget(context_window=window, reserve_output=window // 5, history_step=3)
     envelopes, trace = _run(script, prop_vault, budget)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +22,20 @@ from pipeline import (
     run_saved,
     run_script,
 )
+from processors import ProcessContext, Sources, Vault
 from renderers import annotate_trace, trace_document
-from tests.strategies import conversations, write_property_vault
+from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 
 @pytest.fixture(scope="module")
-def prop_vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_property_vault(tmp_path_factory.mktemp("vault"))
+def site_vault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    root = write_property_vault(tmp_path_factory.mktemp("vault"))
+    with serve_site(root / "site") as base:
+        yield root, base
+
+
+def _sources(vault: Path) -> Sources:
+    return Sources(context=ProcessContext(vault=Vault(vault), allow_private_network=True))
 
 
 def _lamina(*args: str) -> subprocess.CompletedProcess[str]:
@@ -43,7 +51,7 @@ def _lamina(*args: str) -> subprocess.CompletedProcess[str]:
 def _turns(script: dict[str, Any], vault: Path) -> list[str]:
     """Each turn of the uninterrupted run's JSON trace (as ``lamina run --json`` writes it)."""
     parsed = parse_script(script)
-    conv = Conversation(parsed.system, vault=vault)
+    conv = Conversation(parsed.system, sources=_sources(vault))
     envelopes = run_script(parsed, conv)
     document = annotate_trace(trace_document(envelopes, conv.counter), envelopes, conv.counter)
     return [json.dumps(t) for t in document["turns"]]
@@ -58,9 +66,11 @@ def _turns(script: dict[str, Any], vault: Path) -> list[str]:
 def test_reload_in_a_fresh_process_gives_identical_traces(
     chat: dict[str, Any],
     data: st.DataObject,
-    prop_vault: Path,
+    site_vault: tuple[Path, str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
+    prop_vault, base = site_vault
+    chat = localize(chat, base)
     k = data.draw(st.integers(1, len(chat["turns"]) - 1), label="save after turn")
     expected = _turns(chat, prop_vault)
     work = tmp_path_factory.mktemp("parity")
@@ -68,13 +78,13 @@ def test_reload_in_a_fresh_process_gives_identical_traces(
     first = parse_script({"system": chat["system"], "turns": chat["turns"][:k]})
     with SqliteStore(store_path) as store:
         store.create(ConversationInfo("p"))
-        conv = Conversation(first.system, vault=prop_vault)
+        conv = Conversation(first.system, sources=_sources(prop_vault))
         run_saved(first, conv, store, "p")
     rest = work / "rest.json"
     rest.write_text(json.dumps({"turns": chat["turns"][k:]}), encoding="utf-8")
     out = _lamina(
         "resume", str(store_path), "--conversation", "p", "--script", str(rest),
-        "--vault", str(prop_vault), "--json",
+        "--vault", str(prop_vault), "--json", "--allow-private-network",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     trace = json.loads(out.stdout)

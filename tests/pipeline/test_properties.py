@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,18 +12,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from pipeline import Conversation, Policy, parse_script, run_script
+from processors import ProcessContext, Sources, Vault
 from renderers import trace_document
-from tests.strategies import conversations, write_property_vault
+from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 
 @pytest.fixture(scope="module")
-def prop_vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_property_vault(tmp_path_factory.mktemp("propvault"))
+def prop_vault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    root = write_property_vault(tmp_path_factory.mktemp("propvault"))
+    with serve_site(root / "site") as base:
+        yield root, base
 
 
-def _trace(script: dict[str, Any], vault: Path, policy: Policy) -> str:
-    parsed = parse_script(script, "generated")
-    conv = Conversation(parsed.system, vault=vault, policy=policy)
+def _trace(script: dict[str, Any], vault: tuple[Path, str], policy: Policy) -> str:
+    root, base = vault
+    parsed = parse_script(localize(script, base), "generated")
+    sources = Sources(context=ProcessContext(vault=Vault(root), allow_private_network=True))
+    conv = Conversation(parsed.system, sources=sources, policy=policy)
     envelopes = run_script(parsed, conv, check=True)  # check_envelope(env, previous) per turn
     return json.dumps(trace_document(envelopes, conv.counter), sort_keys=True)
 
@@ -37,7 +43,7 @@ def _trace(script: dict[str, Any], vault: Path, policy: Policy) -> str:
 )
 @given(script=conversations)
 def test_random_conversations_keep_invariants_and_replay_identically(
-    script: dict[str, Any], prop_vault: Path, policy: Policy
+    script: dict[str, Any], prop_vault: tuple[Path, str], policy: Policy
 ) -> None:
     first = _trace(script, prop_vault, policy)
     assert first == _trace(script, prop_vault, policy)
