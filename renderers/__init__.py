@@ -7,7 +7,13 @@ from renderers._agent import (
 )
 from renderers._cache import PrefixReport, classify_break, prefix_report, prefix_reports
 from renderers._layouts import LAYOUTS, Block, Layout, Message, Prompt, build_prompt
-from renderers._openai import ChatMessage, chatml, common_prefix_tokens, openai_messages
+from renderers._openai import (
+    ChatMessage,
+    chatml,
+    common_prefix_length,
+    common_prefix_tokens,
+    openai_messages,
+)
 from renderers._providers import (
     DEFAULT_MODELS,
     CacheRules,
@@ -51,6 +57,7 @@ __all__ = [
     "cache_rules",
     "chatml",
     "classify_break",
+    "common_prefix_length",
     "common_prefix_tokens",
     "format_simulation",
     "gemini_cache_plan",

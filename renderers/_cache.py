@@ -13,7 +13,12 @@ from typing import Any
 import attrs
 
 from pipeline import Envelope, TokenCounter
-from renderers._openai import chatml, common_prefix_tokens, openai_messages
+from renderers._openai import (
+    chatml,
+    common_prefix_length,
+    common_prefix_tokens,
+    openai_messages,
+)
 
 __all__ = ["PrefixReport", "classify_break", "prefix_report", "prefix_reports"]
 
@@ -101,15 +106,6 @@ def classify_break(previous: Envelope | None, current: Envelope) -> tuple[str, .
     return tuple(reasons)
 
 
-def _common_bytes(a: bytes, b: bytes) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def prefix_report(
     previous: Envelope | None, current: Envelope, counter: TokenCounter
 ) -> PrefixReport:
@@ -119,7 +115,7 @@ def prefix_report(
     tokens = common_prefix_tokens(prev_messages, messages, counter)
     same = 0
     if prev_messages is not None:
-        same = _common_bytes(chatml(prev_messages).encode(), chatml(messages).encode())
+        same = common_prefix_length(chatml(prev_messages).encode(), chatml(messages).encode())
     return PrefixReport(
         turn=current.turn,
         l1_hash=current.l1.hash,
