@@ -122,16 +122,20 @@ class Layer:
     name: LayerName
     segments: tuple[Segment, ...]
     tokens: int
-    # Computed from the segments unless a caller that maintains them incrementally
-    # (the L2 library) passes them in.
-    text: str = attrs.field(
-        default=attrs.Factory(
-            lambda self: join_blocks(s.text for s in self.segments), takes_self=True
-        )
-    )
+    # The joined text is made on first use when a caller that keeps the hash incrementally
+    # (the L2 library) leaves it out: a warm turn then never copies the whole library.
+    _text: str | None = attrs.field(default=None, alias="text", eq=False, repr=False)
     hash: str = attrs.field(
         default=attrs.Factory(lambda self: text_hash(self.text), takes_self=True)
     )
+
+    @property
+    def text(self) -> str:
+        """The segments' texts joined by a blank line (the bytes the hash is over)."""
+        if self._text is None:
+            object.__setattr__(self, "_text", join_blocks(s.text for s in self.segments))
+        assert self._text is not None
+        return self._text
 
     def keys(self) -> tuple[str, ...]:
         return tuple(s.key for s in self.segments)

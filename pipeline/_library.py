@@ -122,12 +122,12 @@ def _extend(done: _Rendered, entry: LibraryEntry, counter: TokenCounter) -> _Ren
         return _Rendered(layer, hasher, counter.name)
     hasher = done.hasher.copy()
     hasher.update((BLOCK_SEP + entry.text).encode("utf-8", "surrogatepass"))
-    text = old.text + BLOCK_SEP + entry.text
     last = old.segments[-1].text
     if not (_additive(entry.text) and (len(old.segments) == 1 or _additive(last))):
         tokens = counter.count_joined([s.text for s in old.segments] + [entry.text])
     else:
         # count_joined's additive rule: only the old last block gains a separator.
         tokens = old.tokens - counter.count(last) + counter.count_with_sep(last) + entry.tokens
-    layer = Layer(LayerName.L2, (*old.segments, segment), tokens, text, hasher.hexdigest())
+    # No text: the layer joins it on first use, so appending does not copy the library.
+    layer = Layer(LayerName.L2, (*old.segments, segment), tokens, None, hasher.hexdigest())
     return _Rendered(layer, hasher, counter.name)
