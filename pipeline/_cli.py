@@ -11,6 +11,7 @@ import functools
 import json
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -83,13 +84,17 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 def _demo_site(root: Path) -> Iterator[str | None]:
     """Serve examples/site on 127.0.0.1 (a fixed port, so the trace is stable) for the demo.
 
-    Yields the base URL, or None when no port could be had (the demo then skips the page).
+    Another demo may hold the port for a moment: wait for it (up to ~5 s) before trying the
+    next ports. Yields the base URL, or None when no port could be had (the page is skipped).
     """
     handler = functools.partial(_QuietHandler, directory=str(root))
-    for port in range(DEMO_SITE_PORT, DEMO_SITE_PORT + 5):
+    ports = [DEMO_SITE_PORT] * 50 + list(range(DEMO_SITE_PORT + 1, DEMO_SITE_PORT + 5))
+    for attempt, port in enumerate(ports):
         try:
             server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         except OSError:
+            if attempt < 50:
+                time.sleep(0.1)
             continue
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
