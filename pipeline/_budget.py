@@ -19,7 +19,13 @@ from pipeline._envelope import BudgetReport, Decision, Envelope, Form
 from pipeline._errors import BudgetExceeded, ConfigError
 from pipeline._graph import HistoryView, SystemPrompt, TurnGraph
 from pipeline._library import LibraryEntry
-from pipeline._preview import EXCERPT_MIN_TOKENS, cut_to_tokens, make_excerpt, make_preview
+from pipeline._preview import (
+    ELLIPSIS,
+    EXCERPT_MIN_TOKENS,
+    cut_to_tokens,
+    make_excerpt,
+    make_preview,
+)
 from pipeline._profiles import get_profile
 
 __all__ = [
@@ -196,7 +202,7 @@ def compact_l1_mutable(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decis
     if counter.count(preview) < tokens:
         new, to = preview, "preview"
     else:
-        new, to = cut_to_tokens(text, counter, tokens // 2) + " …", "excerpt"
+        new, to = cut_to_tokens(text, counter, tokens // 2) + " " + ELLIPSIS, "excerpt"
     system = SystemPrompt(turn.system.stable, new)
     decision = _decision("system:mutable", "text", to, "L1 mutable part compacted", "L1")
     return attrs.evolve(turn, system=system), decision

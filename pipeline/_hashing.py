@@ -26,6 +26,15 @@ def content_hash(value: Any) -> str:
     return xxhash.xxh3_128_hexdigest(canonical_bytes(value))
 
 
+_CHUNK = 1 << 20
+
+
 def text_hash(text: str) -> str:
-    """xxh3-128 hex of ``text`` encoded as UTF-8."""
-    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
+    """xxh3-128 hex of ``text`` encoded as UTF-8 (a long text is encoded a megabyte at a
+    time, so hashing a whole request does not hold a second copy of it as bytes)."""
+    if len(text) <= _CHUNK:
+        return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
+    hasher = xxhash.xxh3_128()
+    for start in range(0, len(text), _CHUNK):
+        hasher.update(text[start : start + _CHUNK].encode("utf-8", "surrogatepass"))
+    return hasher.hexdigest()

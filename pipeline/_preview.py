@@ -31,7 +31,9 @@ __all__ = [
 
 Boundary = Literal["sentence", "paragraph", "line", "word"]
 
-ELLIPSIS = "…"
+# ASCII on purpose: one "…" in a preview makes CPython store the whole system message
+# (library included) at two bytes per character instead of one.
+ELLIPSIS = "..."
 EXCERPT_MIN_TOKENS = 32
 """Below this an excerpt cannot hold its own marker line, so ``make_excerpt`` refuses."""
 
@@ -199,7 +201,7 @@ def _cut_with_marker(
         fence = _open_fence(kept)
         if fence:
             out = f"{kept}\n{fence}\n{ELLIPSIS}"
-        elif _FENCE_LINE.fullmatch(kept.rsplit("\n", 1)[-1]):  # "``` …" would reopen it
+        elif _FENCE_LINE.fullmatch(kept.rsplit("\n", 1)[-1]):  # "``` ..." would reopen it
             out = f"{kept}\n{ELLIPSIS}"
         else:
             out = f"{kept} {ELLIPSIS}".lstrip()

@@ -49,10 +49,10 @@ NOTE = "\n".join(
 
 NOTE_PREVIEW = "\n".join(
     [
-        "Lamina builds prompts from typed artifacts. It keeps the cached prefix stable across …",
+        "Lamina builds prompts from typed artifacts. It keeps the cached prefix stable across ...",
         "",
         "# Goals",
-        "Every request must fit the window. Nothing that cannot be fetched again may be …",
+        "Every request must fit the window. Nothing that cannot be fetched again may be ...",
         "",
         "## Non-goals",
         "Streaming is out of scope.",
@@ -62,7 +62,7 @@ NOTE_PREVIEW = "\n".join(
         "# this comment is not a heading",
         "def",
         "```",
-        "…",
+        "...",
     ]
 )
 
@@ -115,9 +115,9 @@ def test_headless_note_keeps_its_first_tokens() -> None:
     body = " ".join(f"Sentence number {i} says something." for i in range(400))
     preview = make_preview(body, COUNTER, headless_tokens=100)
     assert preview.cut is True
-    assert preview.text.endswith(" …")
-    assert body.startswith(preview.text.removesuffix(" …"))
-    assert preview.text.removesuffix(" …").endswith(".")
+    assert preview.text.endswith(" ...")
+    assert body.startswith(preview.text.removesuffix(" ..."))
+    assert preview.text.removesuffix(" ...").endswith(".")
     assert 50 <= COUNTER.count(preview.text) <= 100
 
 
@@ -137,7 +137,7 @@ def test_long_heading_is_cut_at_a_word() -> None:
     heading = "# " + " ".join(["longword"] * 200)
     preview = make_preview(heading + "\n\nBody.", COUNTER, section_tokens=20)
     first = preview.text.splitlines()[0]
-    assert first.endswith(" …") and COUNTER.count(first) <= 20
+    assert first.endswith(" ...") and COUNTER.count(first) <= 20
 
 
 def test_section_bodies_stay_within_section_tokens() -> None:
@@ -152,7 +152,7 @@ def test_cut_inside_a_code_block_closes_the_fence() -> None:
     body = f"# Code\n\nSetup first.\n\n~~~~python\n{code}\n~~~~\n\n# After\n\nText."
     preview = make_preview(body, COUNTER, section_tokens=40)
     block = preview.text.split("\n\n# After")[0]
-    assert block.endswith("\n~~~~\n…")
+    assert block.endswith("\n~~~~\n...")
     assert preview.text.endswith("# After\nText.")
 
 

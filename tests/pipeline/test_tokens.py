@@ -81,3 +81,12 @@ def test_count_with_sep_equals_encoding_text_and_separator(text: str, name: str)
     assert counter.count_with_sep(text + ">") == len(
         get_encoding(name).encode_ordinary(text + ">\n\n")
     )
+
+
+def test_text_hash_of_a_long_text_equals_hashing_its_bytes() -> None:
+    import xxhash
+
+    from pipeline import text_hash
+
+    text = ("é漢😀 plain ascii " * 200_000)[:3_000_001]
+    assert text_hash(text) == xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
