@@ -31,6 +31,7 @@ from pipeline import (
 )
 from pipeline._conversation import BudgetSettings
 from renderers import openai_messages
+from tests.cli import lamina
 
 
 def _note(i: int, size: int) -> str:
@@ -63,16 +64,6 @@ TURNS: list[dict[str, Any]] = [
 WINDOW = ("--window", "1500", "--reserve", "200")
 
 
-def _lamina(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline._cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def _write(path: Path, body: dict[str, Any]) -> str:
     path.write_text(json.dumps(body), encoding="utf-8")
     return str(path)
@@ -81,18 +72,18 @@ def _write(path: Path, body: dict[str, Any]) -> str:
 def test_resume_without_budget_flags_continues_with_the_saved_budget(
     tmp_path: Path, big_vault: Path
 ) -> None:
-    whole = _lamina(
+    whole = lamina(
         "run", _write(tmp_path / "all.json", {"system": "Be terse.", "turns": TURNS}),
         "--vault", str(big_vault), "--json", *WINDOW,
     )  # fmt: skip
     assert whole.returncode == 0, whole.stderr
-    head = _lamina(
+    head = lamina(
         "run", _write(tmp_path / "head.json", {"system": "Be terse.", "turns": TURNS[:3]}),
         "--vault", str(big_vault), "--json", "--store", str(tmp_path / "s.db"),
         "--conversation", "c", *WINDOW,
     )  # fmt: skip
     assert head.returncode == 0, head.stderr
-    tail = _lamina(
+    tail = lamina(
         "resume", str(tmp_path / "s.db"), "--conversation", "c",
         "--script", _write(tmp_path / "tail.json", {"turns": TURNS[3:]}), "--json",
     )  # fmt: skip
@@ -109,7 +100,7 @@ def test_budget_flags_on_resume_replace_the_saved_budget(tmp_path: Path, big_vau
         store.create(ConversationInfo("c", vault=str(big_vault)))
         conv = Conversation("Be terse.", vault=big_vault, budget=Budget(1500, 200))
         run_saved(parse_script({"turns": TURNS[:2]}), conv, store, "c")
-    tail = _lamina(
+    tail = lamina(
         "resume", str(tmp_path / "s.db"), "--conversation", "c",
         "--script", _write(tmp_path / "tail.json", {"turns": TURNS[2:3]}), "--json",
         "--window", "6000", "--reserve", "500",

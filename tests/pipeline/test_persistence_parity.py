@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from pipeline import (
 )
 from processors import ProcessContext, Sources, Vault
 from renderers import annotate_trace, trace_document
+from tests.cli import lamina
 from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 
@@ -36,16 +35,6 @@ def site_vault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
 
 def _sources(vault: Path) -> Sources:
     return Sources(context=ProcessContext(vault=Vault(vault), allow_private_network=True))
-
-
-def _lamina(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline._cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def _turns(script: dict[str, Any], vault: Path) -> list[str]:
@@ -82,7 +71,7 @@ def test_reload_in_a_fresh_process_gives_identical_traces(
         run_saved(first, conv, store, "p")
     rest = work / "rest.json"
     rest.write_text(json.dumps({"turns": chat["turns"][k:]}), encoding="utf-8")
-    out = _lamina(
+    out = lamina(
         "resume", str(store_path), "--conversation", "p", "--script", str(rest),
         "--vault", str(prop_vault), "--json", "--allow-private-network",
     )  # fmt: skip
@@ -105,9 +94,9 @@ def test_cli_run_then_resume_equals_one_run(
     for name, part in (("all", turns), ("head", turns[:2]), ("tail", turns[2:])):
         body = {"system": "Be terse.", "turns": part} if name != "tail" else {"turns": part}
         (tmp_path / f"{name}.json").write_text(json.dumps(body), encoding="utf-8")
-    whole = _lamina("run", str(tmp_path / "all.json"), "--vault", str(vault), "--json", *budget)
+    whole = lamina("run", str(tmp_path / "all.json"), "--vault", str(vault), "--json", *budget)
     assert whole.returncode == 0, whole.stderr
-    head = _lamina(
+    head = lamina(
         "run", str(tmp_path / "head.json"), "--vault", str(vault), "--json",
         "--store", str(tmp_path / "s.db"), *budget,
     )  # fmt: skip
@@ -115,7 +104,7 @@ def test_cli_run_then_resume_equals_one_run(
     cid = json.loads(head.stdout)["conversation_id"]
     assert len(cid) == 32
     # No --vault: resume finds the vault recorded in the store.
-    tail = _lamina(
+    tail = lamina(
         "resume", str(tmp_path / "s.db"), "--conversation", cid,
         "--script", str(tmp_path / "tail.json"), "--json", *budget,
     )  # fmt: skip
@@ -153,7 +142,7 @@ def test_run_with_existing_conversation_id_is_refused(tmp_path: Path, vault: Pat
         "--store",
         str(tmp_path / "s.db"),
     )
-    assert _lamina(*args, "--conversation", "x").returncode == 0
-    again = _lamina(*args, "--conversation", "x")
+    assert lamina(*args, "--conversation", "x").returncode == 0
+    again = lamina(*args, "--conversation", "x")
     assert again.returncode == 2
     assert again.stderr.strip().endswith("conversation 'x' already exists")

@@ -8,7 +8,6 @@ in a folder put on sys.path (or PYTHONPATH for the CLI).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from pipeline import (
     check_envelope,
 )
 from processors import ProcessContext, Registry, Sources, Vault, note
+from tests.cli import lamina
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN_SOURCE = ROOT / "examples" / "plugin_csv" / "lamina_csv"
@@ -290,15 +290,7 @@ def test_bad_csv_attachments_raise_typed_errors(
 
 
 def _lamina(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline._cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=site.parent,
-        timeout=120,
-    )
+    return lamina(*args, cwd=site.parent, env={"PYTHONPATH": str(site)})
 
 
 def _script(tmp_path: Path, vault: Path) -> Path:
