@@ -110,7 +110,9 @@ class Registry:
         for ep in sorted(entry_points(group=group), key=lambda e: e.name):
             try:
                 loaded = ep.load()
-                processor = loaded() if isinstance(loaded, type) or _is_factory(loaded) else loaded
+                # An entry point names a processor instance, or a class / factory making one.
+                is_instance = hasattr(loaded, "process") and not isinstance(loaded, type)
+                processor = loaded if is_instance else loaded()
                 self.register(processor)
             except Exception as exc:  # a plugin may fail in any way; report it by name
                 problem = f"{type(exc).__name__}: {exc}{_origin(ep)}"
@@ -161,9 +163,3 @@ def _origin(ep: EntryPoint) -> str:
     dist = ep.dist
     return f" (from {dist.name} {dist.version})" if dist is not None else ""
 
-
-def _is_factory(obj: object) -> bool:
-    return callable(obj) and not hasattr(obj, "process")
-
-
-ProcessorFactory = Callable[[], Processor]
