@@ -162,4 +162,3 @@ def _origin(ep: EntryPoint) -> str:
     """`` (from <distribution> <version>)``, so the user knows which package to fix."""
     dist = ep.dist
     return f" (from {dist.name} {dist.version})" if dist is not None else ""
-
