@@ -27,6 +27,7 @@ from pipeline._preview import (
     make_preview,
 )
 from pipeline._profiles import get_profile
+from pipeline._tokens import TokenCounter
 
 __all__ = [
     "DEFAULT_ORDER",
@@ -331,12 +332,10 @@ class Budget:
             decisions=tuple(decisions),
         )
 
-    def used(self, env: Envelope, turn: TurnGraph) -> int:
+    def used(self, env: Envelope, counter: TokenCounter) -> int:
+        """Exact request tokens of ``env`` with this budget's message framing."""
         return request_tokens(
-            env,
-            turn.ctx.counter,
-            per_message=self.per_message_tokens,
-            priming=self.priming_tokens,
+            env, counter, per_message=self.per_message_tokens, priming=self.priming_tokens
         )
 
 
@@ -357,7 +356,7 @@ class Enforce:
         if budget is None:
             return turn
         env = assemble(turn, measure_only=True)
-        used = budget.used(env, turn)
+        used = budget.used(env, turn.ctx.counter)
         before = _layer_tokens(env)
         decisions: list[Decision] = []
         while budget.effective(used) > budget.limit:
@@ -376,7 +375,7 @@ class Enforce:
                 )
             turn, decision = step
             env = assemble(turn, measure_only=True)
-            now = budget.used(env, turn)
+            now = budget.used(env, turn.ctx.counter)
             decisions.append(attrs.evolve(decision, tokens_saved=used - now))
             used = now
         report = budget.report(used, before, _layer_tokens(env), decisions)

@@ -309,12 +309,7 @@ class Conversation:
     def count_request(self, envelope: Envelope) -> int:
         """Exact request tokens, with the budget's framing when the conversation has one."""
         if self.budget is not None:
-            return request_tokens(
-                envelope,
-                self.counter,
-                per_message=self.budget.per_message_tokens,
-                priming=self.budget.priming_tokens,
-            )
+            return self.budget.used(envelope, self.counter)
         return request_tokens(envelope, self.counter)
 
 
