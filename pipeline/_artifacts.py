@@ -111,6 +111,10 @@ class SourceResolver(Protocol):
 
     def process(self, spec: AttachmentSpec) -> Processed: ...
 
+    def for_turn(self) -> SourceResolver:
+        """A resolver for one turn's specs; it may list the vault once and reuse the listing."""
+        ...
+
     def with_changes(self, changes: Mapping[str, str]) -> SourceResolver:
         """A resolver that sees ``changes`` (vault-relative path -> text) over its vault."""
         ...

@@ -237,7 +237,8 @@ class Conversation:
         hits, encoded = self.counter.hits, self.counter.encoded_chars
         summary_hits = self.summaries.hits
         specs = [self._sources.parse(a) if isinstance(a, Mapping) else a for a in attach]
-        processed = [_self_contained(s) or self._sources.process(s) for s in [*tools, *specs]]
+        sources = self._sources.for_turn()
+        processed = [_self_contained(s) or sources.process(s) for s in [*tools, *specs]]
         process_time = time.perf_counter() - started
         number = len(self._history) + 1
         ctx = TurnContext(

@@ -91,13 +91,24 @@ def _count(enc: tiktoken.Encoding, text: str) -> int:
     return len(enc.encode_ordinary(text)) if text else 0
 
 
-def _hard_prefix(text: str, enc: tiktoken.Encoding, max_tokens: int) -> str:
+def _surely_fits(text: str, max_tokens: int) -> bool:
+    """True when ``text`` cannot exceed ``max_tokens``: a token is at least one UTF-8 byte."""
+    return len(text) <= max_tokens // 4 or (
+        len(text) <= max_tokens and len(text.encode("utf-8")) <= max_tokens
+    )
+
+
+def _hard_prefix(text: str, enc: tiktoken.Encoding, max_tokens: int, *, exact: bool = True) -> str:
     """A prefix of ``text`` with at most ``max_tokens`` tokens, ``text`` itself if it fits.
 
-    Encodes a growing window of the text, never the whole of a long input.
+    Encodes a growing window of the text, never the whole of a long input. With
+    ``exact=False`` the prefix is where the window's ``max_tokens`` tokens end, not
+    re-counted: for callers that count their final text anyway.
     """
     if max_tokens <= 0 or not text:
         return ""
+    if _surely_fits(text, max_tokens):
+        return text
     window = max_tokens * 4 + 64
     while True:
         chunk = text[:window]
@@ -109,7 +120,7 @@ def _hard_prefix(text: str, enc: tiktoken.Encoding, max_tokens: int) -> str:
             continue
         decoded = enc.decode_bytes(tokens[:max_tokens]).decode("utf-8", errors="ignore")
         prefix = chunk[: len(decoded)]
-        while prefix and _count(enc, prefix) > max_tokens:
+        while exact and prefix and _count(enc, prefix) > max_tokens:
             prefix = prefix[: len(prefix) - max(1, len(prefix) // 64)]
         return prefix
 
@@ -147,11 +158,16 @@ def _last_boundary(text: str, end: int, kind: str) -> int | None:
     return best
 
 
-def _cut_position(text: str, counter: TokenCounter, max_tokens: int, boundary: Boundary) -> int:
-    """Where to cut ``text`` so the prefix has at most ``max_tokens`` tokens (len if it fits)."""
+def _cut_position(
+    text: str, counter: TokenCounter, max_tokens: int, boundary: Boundary, *, exact: bool = True
+) -> int:
+    """Where to cut ``text`` so the prefix has at most ``max_tokens`` tokens (len if it fits).
+
+    ``exact=False`` skips re-counting the hard prefix (see ``_hard_prefix``).
+    """
     if boundary not in _CHAINS:
         raise ValueError(f"unknown boundary {boundary!r} (known: {', '.join(_CHAINS)})")
-    hard = _hard_prefix(text, counter.encoding, max_tokens)
+    hard = _hard_prefix(text, counter.encoding, max_tokens, exact=exact)
     if len(hard) == len(text):
         return len(text)
     for kind in _CHAINS[boundary]:
@@ -192,12 +208,17 @@ def _open_fence(text: str) -> str | None:
 def _cut_with_marker(
     text: str, counter: TokenCounter, max_tokens: int, boundary: Boundary
 ) -> tuple[str, bool]:
-    """``text`` if it fits; else a cut prefix, any open fence closed, and an ellipsis."""
-    if _cut_position(text, counter, max_tokens, boundary) == len(text):
+    """``text`` if it fits; else a cut prefix, any open fence closed, and an ellipsis.
+
+    The marked result is counted, so the cut itself need not be: two encodes of about
+    ``max_tokens`` tokens each in the usual case.
+    """
+    pos = _cut_position(text, counter, max_tokens, boundary, exact=False)
+    if pos == len(text):
         return text, False
     limit = max_tokens
     while True:
-        kept = cut_to_tokens(text, counter, max(limit, 1), boundary=boundary)
+        kept = text[:pos].rstrip()
         fence = _open_fence(kept)
         if fence:
             out = f"{kept}\n{fence}\n{ELLIPSIS}"
@@ -208,7 +229,8 @@ def _cut_with_marker(
         excess = _count(counter.encoding, out) - max_tokens
         if excess <= 0 or limit <= 1:
             return out, True
-        limit -= excess
+        limit = max(limit - excess, 1)
+        pos = _cut_position(text, counter, limit, boundary, exact=False)
 
 
 def _trim_blank_lines(text: str) -> str:

@@ -304,6 +304,9 @@ class ToolSources:
     def with_changes(self, changes: Mapping[str, str]) -> ToolSources:
         return ToolSources(self.inner.with_changes(changes))
 
+    def for_turn(self) -> ToolSources:
+        return ToolSources(self.inner.for_turn())
+
 
 def tool_turn(
     conv: Conversation,

@@ -46,6 +46,13 @@ class Sources:
     def process(self, spec: AttachmentSpec) -> Processed:
         return self.registry.get(spec.kind).process(spec, self.context)
 
+    def for_turn(self) -> Sources:
+        """These sources with the vault listed at most once (see ``Vault.snapshot``)."""
+        if self.context.vault is None:
+            return self
+        vault = self.context.vault.snapshot()
+        return attrs.evolve(self, context=attrs.evolve(self.context, vault=vault))
+
     def parse(self, data: Mapping[str, Any]) -> AttachmentSpec:
         return self.registry.parse(data)
 

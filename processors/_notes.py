@@ -5,9 +5,10 @@ Wikilinks become provenance edges (``links`` / ``embeds``); they are never expan
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Self
 
 import attrs
@@ -35,11 +36,13 @@ __all__ = [
     "tag",
 ]
 
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
-_INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
-_WIKILINK = re.compile(r"(!?)\[\[([^\[\]\n]+?)\]\]")
-# A tag starts after whitespace or line start and needs at least one non-digit.
-_INLINE_TAG = re.compile(r"(?<![^\s])#([\w/-]+)")
+# A code span: a backtick run, then the shortest text (not starting with the run) up to
+# the same run, on one line.
+_INLINE_CODE = re.compile(r"`(`*)(?!`\1)[^\n]+?`\1")
+_WIKILINK = re.compile(r"\[\[([^\[\]\n]+?)\]\]")  # "!" before it makes an embed
+# A tag starts after whitespace or line start (checked by the caller) and needs at least
+# one non-digit.
+_INLINE_TAG = re.compile(r"#([\w/-]+)")
 _TAG_TEXT = re.compile(r"^[\w/-]+$")
 
 
@@ -99,8 +102,10 @@ def _valid_tag(tag: str) -> bool:
 
 def _split_frontmatter(path: str, text: str) -> tuple[dict[str, Any], str, list[str]]:
     """Frontmatter mapping, the body, and warnings; bad frontmatter is left in the body."""
+    if not text.startswith("---"):
+        return {}, text, []
     lines = text.split("\n")
-    if not lines or lines[0].rstrip() != "---":
+    if lines[0].rstrip() != "---":
         return {}, text, []
     for i in range(1, len(lines)):
         if lines[i].rstrip() in ("---", "..."):
@@ -134,46 +139,78 @@ def _strings(value: Any, *, split_spaces: bool) -> list[str]:
     return [p.strip() for p in parts if p.strip()]
 
 
-def _code_free_lines(body: str) -> Iterable[str]:
-    """Body lines outside fenced code blocks, with inline code spans blanked."""
+# Literal-first patterns: the regex engine then skips to candidates instead of trying
+# every position of the body.
+_FENCE_RUNS = (re.compile(r"```+"), re.compile(r"~~~+"))
+
+
+def _fence_lines(body: str) -> list[tuple[int, int, str]]:
+    """(line start, line end, fence run) of each line starting with a fence, in order."""
+    found: list[tuple[int, int, str]] = []
+    for pattern in _FENCE_RUNS:
+        for m in pattern.finditer(body):
+            start = body.rfind("\n", 0, m.start()) + 1
+            if m.start() - start > 3 or body[start : m.start()].strip(" "):
+                continue
+            end = body.find("\n", m.end())
+            found.append((start, len(body) if end < 0 else end, m.group()))
+    found.sort()
+    return found
+
+
+def _code_free_text(body: str) -> str:
+    """The body without fenced code blocks (fence lines included), inline code spans blanked.
+
+    Lines are kept whole, so per-line patterns (links, tags) find what they would find
+    line by line; only the few fence lines are looked at in Python.
+    """
+    pieces: list[str] = []
+    start = 0
     fence: str | None = None
-    for line in body.split("\n"):
-        match = _FENCE.match(line)
+    for line_start, line_end, mark in _fence_lines(body):
         if fence is None:
             # A backtick fence's info string has no backticks (else it is inline code).
-            if match and not (match.group(1)[0] == "`" and "`" in line[match.end() :]):
-                fence = match.group(1)
+            if mark[0] == "`" and "`" in body[line_start:line_end].lstrip(" ")[len(mark) :]:
                 continue
-            yield _INLINE_CODE.sub(" ", line) if "`" in line else line
+            pieces.append(body[start:line_start])
+            fence = mark
         elif (
-            match
-            and match.group(1)[0] == fence[0]
-            and len(match.group(1)) >= len(fence)
-            and not line.strip().lstrip(fence[0])
+            mark[0] == fence[0]
+            and len(mark) >= len(fence)
+            and not body[line_start:line_end].strip().lstrip(fence[0])
         ):
             fence = None
+            start = line_end
+    if fence is None:
+        pieces.append(body[start:])
+    text = "\n".join(pieces)
+    return _INLINE_CODE.sub(" ", text) if "`" in text else text
 
 
 def _links_and_tags(body: str) -> tuple[list[WikiLink], list[str]]:
+    if "[[" not in body and "#" not in body:
+        return [], []
+    text = _code_free_text(body)
     links: list[WikiLink] = []
-    tags: list[str] = []
-    for line in _code_free_lines(body):
-        has_link = "[[" in line
-        for m in _WIKILINK.finditer(line) if has_link else ():
-            inner = m.group(2).replace("\\|", "|")
-            target, bar, alias = inner.partition("|")
-            target, hash_, subpath = target.partition("#")
-            links.append(
-                WikiLink(
-                    target=target.strip(),
-                    alias=alias.strip() or None if bar else None,
-                    embed=m.group(1) == "!",
-                    subpath=subpath.strip() or None if hash_ else None,
-                )
+    for m in _WIKILINK.finditer(text) if "[[" in text else ():
+        inner = m.group(1).replace("\\|", "|")
+        target, bar, alias = inner.partition("|")
+        target, hash_, subpath = target.partition("#")
+        links.append(
+            WikiLink(
+                target=target.strip(),
+                alias=alias.strip() or None if bar else None,
+                embed=m.start() > 0 and text[m.start() - 1] == "!",
+                subpath=subpath.strip() or None if hash_ else None,
             )
-        if "#" not in line:
-            continue
-        for m in _INLINE_TAG.finditer(_WIKILINK.sub(" ", line) if has_link else line):
+        )
+    if "#" not in text:
+        return links, []
+    if links:
+        text = _WIKILINK.sub(" ", text)
+    tags: list[str] = []
+    for m in _INLINE_TAG.finditer(text):
+        if m.start() == 0 or text[m.start() - 1].isspace():
             tag_ = normalize_tag(m.group(1))
             if _valid_tag(tag_):
                 tags.append(tag_)
@@ -203,6 +240,15 @@ def parse_note(path: str, text: str) -> tuple[NotePayload, tuple[str, ...]]:
     return payload, tuple(warnings)
 
 
+@functools.lru_cache(maxsize=8)
+def _note_index(notes: tuple[str, ...]) -> tuple[frozenset[str], dict[str, tuple[str, ...]]]:
+    """The notes as a set and by case-folded file name (for suffix and name matches)."""
+    by_name: dict[str, list[str]] = {}
+    for n in notes:
+        by_name.setdefault(posixpath.basename(n.casefold()), []).append(n)
+    return frozenset(notes), {k: tuple(v) for k, v in by_name.items()}
+
+
 def resolve_link(target: str, source: str, notes: tuple[str, ...]) -> str | None:
     """Obsidian-style: ``./``/``../`` relative to the source note only; else the exact vault
     path, then relative to the source, then by path suffix / file name (fewest folders,
@@ -212,7 +258,7 @@ def resolve_link(target: str, source: str, notes: tuple[str, ...]) -> str | None
         return None
     # Only notes resolve: "diagram.png" looks for "diagram.png.md" and stays unresolved.
     wanted = name if name.lower().endswith(".md") else name + ".md"
-    known = set(notes)
+    known, by_name = _note_index(notes)
     relative = posixpath.normpath(posixpath.join(posixpath.dirname(source), wanted))
     if wanted.startswith(("./", "../")):
         return relative if relative in known else None
@@ -222,7 +268,10 @@ def resolve_link(target: str, source: str, notes: tuple[str, ...]) -> str | None
     if relative in known:
         return relative
     folded = wanted.casefold()
-    matches = [n for n in notes if n.casefold() == folded or n.casefold().endswith("/" + folded)]
+    candidates = by_name.get(posixpath.basename(folded), ())
+    matches = [
+        n for n in candidates if n.casefold() == folded or n.casefold().endswith("/" + folded)
+    ]
     if not matches:
         return None
     return min(matches, key=lambda n: (n.count("/"), len(n), n))

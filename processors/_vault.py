@@ -71,6 +71,10 @@ class Vault:
 
     root: Path = attrs.field(converter=_root)
     overlay: Mapping[str, str] = attrs.field(default=None, converter=_overlay, hash=False)
+    # Set on a snapshot: the listing, made on first use and kept (see ``snapshot``).
+    _listing: dict[str, tuple[str, ...]] | None = attrs.field(
+        default=None, eq=False, hash=False, repr=False, alias="listing"
+    )
 
     def __attrs_post_init__(self) -> None:
         if not self.root.is_dir():
@@ -128,11 +132,23 @@ class Vault:
             )
             return _clean(text), warning
 
+    def snapshot(self) -> Vault:
+        """This vault, listed at most once: one turn resolves every link against one listing.
+
+        Reading notes is not affected (a note's text is always read from disk).
+        """
+        return Vault(self.root, self.overlay, listing={})
+
     def notes(self) -> tuple[str, ...]:
         """Every ``.md`` note (disk and overlay), sorted by path; hidden folders skipped."""
+        if self._listing is not None and "notes" in self._listing:
+            return self._listing["notes"]
         found = set(self._disk_notes())
         found.update(p for p in self.overlay if p.endswith(".md") and not _hidden(p))
-        return tuple(sorted(found))
+        listed = tuple(sorted(found))
+        if self._listing is not None:
+            self._listing["notes"] = listed
+        return listed
 
     def folders(self) -> tuple[str, ...]:
         """Every folder that holds at least one note (at any depth), sorted."""
