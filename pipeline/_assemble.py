@@ -6,7 +6,17 @@ from collections.abc import Sequence
 
 import attrs
 
-from pipeline._envelope import BuildReport, Envelope, Form, Layer, LayerName, Segment, View
+from pipeline._envelope import (
+    BuildReport,
+    Envelope,
+    Form,
+    Layer,
+    LayerName,
+    Segment,
+    View,
+    join_blocks,
+    user_parts,
+)
 from pipeline._graph import Placement, TurnGraph
 from pipeline._hashing import text_hash
 from pipeline._history import HistoryEntry
@@ -146,4 +156,6 @@ def assemble(turn: TurnGraph, *, measure_only: bool = False) -> Envelope:
     )
     if measure_only:
         return Envelope(turn.ctx.turn, layers, _report(turn), "", "", "")
-    return Envelope(turn.ctx.turn, layers, _report(turn))
+    system_text, prefix_hash = turn.library.system_text(counter, tuple(s.text for s in l1))
+    user_text = join_blocks(user_parts(layers[2], layers[4]))
+    return Envelope(turn.ctx.turn, layers, _report(turn), system_text, user_text, prefix_hash)

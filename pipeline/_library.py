@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import attrs
 import xxhash
 
-from pipeline._envelope import BLOCK_SEP, Form, Layer, LayerName, Segment, View
+from pipeline._envelope import BLOCK_SEP, LIBRARY_HEADING, Form, Layer, LayerName, Segment, View
 from pipeline._tokens import TokenCounter
 
 __all__ = ["Library", "LibraryEntry"]
@@ -39,12 +39,22 @@ class LibraryEntry:
 
 
 @attrs.define
+class _System:
+    """A system message text (L1 blocks, the library heading, L2) and its running hash."""
+
+    head: tuple[str, ...]
+    text: str
+    hasher: xxhash.xxh3_128
+
+
+@attrs.define
 class _Rendered:
     """The L2 layer of a library, kept so that appending extends it instead of redoing it."""
 
     layer: Layer
     hasher: xxhash.xxh3_128
     counter_name: str
+    system: _System | None = None
 
 
 @attrs.frozen
@@ -99,7 +109,7 @@ class Library:
             segments = tuple(e.segment() for e in self.entries)
             texts = [s.text for s in segments]
             text = BLOCK_SEP.join(t for t in texts if t)
-            hasher = xxhash.xxh3_128(text.encode("utf-8", "surrogatepass"))
+            hasher = xxhash.xxh3_128(_utf8(text))
             layer = Layer(
                 LayerName.L2, segments, counter.count_joined(texts), text, hasher.hexdigest()
             )
@@ -107,21 +117,53 @@ class Library:
             object.__setattr__(self, "_rendered", done)
         return done.layer
 
+    def system_text(self, counter: TokenCounter, head: tuple[str, ...]) -> tuple[str, str]:
+        """The system message text, ``head`` blocks (L1) then the library, and its hash.
+
+        Kept with the rendered layer and extended on ``append`` (one copy of the text per
+        appended entry, no re-hash), so a warm turn does not join and hash the library again.
+        """
+        self.layer(counter)
+        done = self._rendered
+        assert done is not None
+        head = tuple(t for t in head if t)
+        if done.system is None or done.system.head != head:
+            blocks = [*head, LIBRARY_HEADING, *(s.text for s in done.layer.segments)]
+            text = (
+                BLOCK_SEP.join(t for t in blocks if t)
+                if done.layer.segments
+                else BLOCK_SEP.join(head)
+            )
+            done.system = _System(head, text, xxhash.xxh3_128(_utf8(text)))
+        return done.system.text, done.system.hasher.hexdigest()
+
 
 def _additive(text: str) -> bool:
     """Whether a block starts where tiktoken always starts a new piece (see count_joined)."""
     return bool(text) and not text[0].isspace() and text[0] != "/"
 
 
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _extend_system(system: _System | None, entry: LibraryEntry) -> _System | None:
+    if system is None or not entry.text:
+        return system
+    hasher = system.hasher.copy()
+    hasher.update(_utf8(BLOCK_SEP + entry.text))
+    return _System(system.head, "".join((system.text, BLOCK_SEP, entry.text)), hasher)
+
+
 def _extend(done: _Rendered, entry: LibraryEntry, counter: TokenCounter) -> _Rendered:
     old = done.layer
     segment = entry.segment()
     if not old.segments:
-        hasher = xxhash.xxh3_128(entry.text.encode("utf-8", "surrogatepass"))
+        hasher = xxhash.xxh3_128(_utf8(entry.text))
         layer = Layer(LayerName.L2, (segment,), entry.tokens, entry.text, hasher.hexdigest())
         return _Rendered(layer, hasher, counter.name)
     hasher = done.hasher.copy()
-    hasher.update((BLOCK_SEP + entry.text).encode("utf-8", "surrogatepass"))
+    hasher.update(_utf8(BLOCK_SEP + entry.text))
     last = old.segments[-1].text
     if not (_additive(entry.text) and (len(old.segments) == 1 or _additive(last))):
         tokens = counter.count_joined([s.text for s in old.segments] + [entry.text])
@@ -130,4 +172,4 @@ def _extend(done: _Rendered, entry: LibraryEntry, counter: TokenCounter) -> _Ren
         tokens = old.tokens - counter.count(last) + counter.count_with_sep(last) + entry.tokens
     # No text: the layer joins it on first use, so appending does not copy the library.
     layer = Layer(LayerName.L2, (*old.segments, segment), tokens, None, hasher.hexdigest())
-    return _Rendered(layer, hasher, counter.name)
+    return _Rendered(layer, hasher, counter.name, _extend_system(done.system, entry))

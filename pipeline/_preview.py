@@ -116,7 +116,8 @@ def _hard_prefix(text: str, enc: tiktoken.Encoding, max_tokens: int, *, exact: b
         if len(tokens) <= max_tokens:
             if len(chunk) == len(text):
                 return text
-            window *= 2
+            # Grow to where max_tokens should end at this chunk's characters per token.
+            window = max(window + 64, len(chunk) * (max_tokens + 16) // max(len(tokens), 1))
             continue
         decoded = enc.decode_bytes(tokens[:max_tokens]).decode("utf-8", errors="ignore")
         prefix = chunk[: len(decoded)]
