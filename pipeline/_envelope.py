@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from pipeline._hashing import text_hash
+from pipeline._hashing import joined_hash, text_hash
 
 __all__ = [
     "LIBRARY_HEADING",
@@ -126,7 +126,14 @@ class Layer:
     # (the L2 library) leaves it out: a warm turn then never copies the whole library.
     _text: str | None = attrs.field(default=None, alias="text", eq=False, repr=False)
     hash: str = attrs.field(
-        default=attrs.Factory(lambda self: text_hash(self.text), takes_self=True)
+        default=attrs.Factory(
+            lambda self: (
+                text_hash(self._text)
+                if self._text is not None
+                else joined_hash((s.text for s in self.segments), BLOCK_SEP)
+            ),
+            takes_self=True,
+        )
     )
 
     @property

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import cattrs
 import xxhash
 
-__all__ = ["canonical_bytes", "content_hash", "text_hash"]
+__all__ = ["canonical_bytes", "content_hash", "hash_joined", "joined_hash", "text_hash"]
 
 _converter = cattrs.Converter()
 
@@ -27,6 +28,25 @@ def content_hash(value: Any) -> str:
 
 
 _CHUNK = 1 << 20
+
+
+def hash_joined(hasher: xxhash.xxh3_128, texts: Iterable[str], sep: str) -> xxhash.xxh3_128:
+    """Feed ``sep.join(texts)`` (empty texts skipped) to ``hasher`` a megabyte at a time."""
+    first = True
+    for text in texts:
+        if not text:
+            continue
+        if not first:
+            hasher.update(sep.encode("utf-8"))
+        first = False
+        for start in range(0, len(text), _CHUNK):
+            hasher.update(text[start : start + _CHUNK].encode("utf-8", "surrogatepass"))
+    return hasher
+
+
+def joined_hash(texts: Iterable[str], sep: str) -> str:
+    """``text_hash(sep.join(texts))`` without making the joined text (empty texts skipped)."""
+    return hash_joined(xxhash.xxh3_128(), texts, sep).hexdigest()
 
 
 def text_hash(text: str) -> str:

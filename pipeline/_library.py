@@ -8,6 +8,7 @@ import attrs
 import xxhash
 
 from pipeline._envelope import BLOCK_SEP, LIBRARY_HEADING, Form, Layer, LayerName, Segment, View
+from pipeline._hashing import hash_joined
 from pipeline._tokens import TokenCounter
 
 __all__ = ["Library", "LibraryEntry"]
@@ -45,6 +46,9 @@ class _System:
     head: tuple[str, ...]
     text: str
     hasher: xxhash.xxh3_128
+    # Entries appended since ``text`` was made: joined on first use, so a library whose
+    # next turn replaces an entry never copies the text for nothing.
+    pending: tuple[str, ...] = ()
 
 
 @attrs.define
@@ -108,10 +112,10 @@ class Library:
         if done is None or done.counter_name != counter.name:
             segments = tuple(e.segment() for e in self.entries)
             texts = [s.text for s in segments]
-            text = BLOCK_SEP.join(t for t in texts if t)
-            hasher = xxhash.xxh3_128(_utf8(text))
+            hasher = hash_joined(xxhash.xxh3_128(), texts, BLOCK_SEP)
+            # The joined text is left to first use (Layer.text): the system message has it.
             layer = Layer(
-                LayerName.L2, segments, counter.count_joined(texts), text, hasher.hexdigest()
+                LayerName.L2, segments, counter.count_joined(texts), None, hasher.hexdigest()
             )
             done = _Rendered(layer, hasher, counter.name)
             object.__setattr__(self, "_rendered", done)
@@ -120,8 +124,8 @@ class Library:
     def system_text(self, counter: TokenCounter, head: tuple[str, ...]) -> tuple[str, str]:
         """The system message text, ``head`` blocks (L1) then the library, and its hash.
 
-        Kept with the rendered layer and extended on ``append`` (one copy of the text per
-        appended entry, no re-hash), so a warm turn does not join and hash the library again.
+        Kept with the rendered layer; ``append`` extends the hash and the text is extended
+        on first use (one copy), so a warm turn does not join and hash the library again.
         """
         self.layer(counter)
         done = self._rendered
@@ -129,13 +133,15 @@ class Library:
         head = tuple(t for t in head if t)
         if done.system is None or done.system.head != head:
             blocks = [*head, LIBRARY_HEADING, *(s.text for s in done.layer.segments)]
-            text = (
-                BLOCK_SEP.join(t for t in blocks if t)
-                if done.layer.segments
-                else BLOCK_SEP.join(head)
-            )
-            done.system = _System(head, text, xxhash.xxh3_128(_utf8(text)))
-        return done.system.text, done.system.hasher.hexdigest()
+            if not done.layer.segments:
+                blocks = list(head)
+            text = BLOCK_SEP.join(t for t in blocks if t)
+            done.system = _System(head, text, hash_joined(xxhash.xxh3_128(), [text], ""))
+        system = done.system
+        if system.pending:
+            text = "".join((system.text, *(BLOCK_SEP + t for t in system.pending)))
+            system = done.system = _System(head, text, system.hasher)
+        return system.text, system.hasher.hexdigest()
 
 
 def _additive(text: str) -> bool:
@@ -152,7 +158,7 @@ def _extend_system(system: _System | None, entry: LibraryEntry) -> _System | Non
         return system
     hasher = system.hasher.copy()
     hasher.update(_utf8(BLOCK_SEP + entry.text))
-    return _System(system.head, "".join((system.text, BLOCK_SEP, entry.text)), hasher)
+    return _System(system.head, system.text, hasher, (*system.pending, entry.text))
 
 
 def _extend(done: _Rendered, entry: LibraryEntry, counter: TokenCounter) -> _Rendered:

@@ -231,7 +231,9 @@ class TextRankSummarizer:
         spent = 0
         for i in order:
             s = sentences[i]
-            cost = self.counter.count(s.text) + 1
+            if target_tokens - spent < 2:
+                break
+            cost = self.counter.count_once(s.text) + 1
             if s.heading >= 0 and s.heading not in used_headings:
                 cost += self.counter.count(headings[s.heading]) + 2
             if spent + cost > target_tokens:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import string
 import threading
 from collections.abc import Sequence
@@ -93,6 +94,10 @@ def get_encoding(name: str) -> tiktoken.Encoding:
         return enc
 
 
+MAX_REMEMBERED = 1 << 16
+"""Counts a ``TokenCounter`` keeps (by text hash) before it forgets the oldest quarter."""
+
+
 @attrs.define
 class TokenCounter:
     """Counts tokens exactly; remembers counts by the text's hash so nothing is counted twice.
@@ -125,10 +130,20 @@ class TokenCounter:
         if cached is not None:
             self.hits += 1
             return cached
-        self.encoded_chars += len(text)
-        n = len(self.encoding.encode_ordinary(text))
+        n = self.count_once(text)
+        if len(self._cache) >= MAX_REMEMBERED:
+            # Forget the oldest quarter: a long conversation must not grow this forever.
+            for old in list(itertools.islice(self._cache, MAX_REMEMBERED // 4)):
+                del self._cache[old]
         self._cache[digest] = n
         return n
+
+    def count_once(self, text: str) -> int:
+        """Exact count of a text not worth remembering (a sentence being ranked, say)."""
+        if not text:
+            return 0
+        self.encoded_chars += len(text)
+        return len(self.encoding.encode_ordinary(text))
 
     def count_joined(self, parts: Sequence[str], sep: str = "\n\n") -> int:
         """Exact count of ``sep.join(parts)``, reusing each part's cached count.
