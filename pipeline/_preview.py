@@ -9,7 +9,10 @@ part costs.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import re
+from collections.abc import Iterator
 from typing import Literal
 
 import attrs
@@ -57,6 +60,8 @@ _HEADING_OR_FENCE = re.compile(
     r"^ {0,3}(?:(?P<heading>#{1,6})(?:[ \t][^\n]*)?$|(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$)",
     re.MULTILINE,
 )
+# Where such a line may start: a literal-first pattern the regex engine scans quickly.
+_LINE_CANDIDATE = re.compile(r"\n {0,3}[#`~]")
 _LINE_START = re.compile(r"(?<=\n)")
 _WORD_START = re.compile(r"(?<=\s)(?=\S)")
 _FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n]*)$", re.MULTILINE)
@@ -98,32 +103,48 @@ def _surely_fits(text: str, max_tokens: int) -> bool:
     )
 
 
-def _hard_prefix(text: str, enc: tiktoken.Encoding, max_tokens: int, *, exact: bool = True) -> str:
-    """A prefix of ``text`` with at most ``max_tokens`` tokens, ``text`` itself if it fits.
-
-    Encodes a growing window of the text, never the whole of a long input. With
-    ``exact=False`` the prefix is where the window's ``max_tokens`` tokens end, not
-    re-counted: for callers that count their final text anyway.
-    """
-    if max_tokens <= 0 or not text:
-        return ""
+def _token_window(
+    text: str, enc: tiktoken.Encoding, max_tokens: int
+) -> tuple[str, list[int]] | None:
+    """A leading chunk of ``text`` with more than ``max_tokens`` tokens, and its tokens;
+    None when the whole text fits. Encodes a growing window, never a long input whole."""
     if _surely_fits(text, max_tokens):
-        return text
+        return None
     window = max_tokens * 4 + 64
     while True:
         chunk = text[:window]
         tokens = enc.encode_ordinary(chunk)
-        if len(tokens) <= max_tokens:
-            if len(chunk) == len(text):
-                return text
-            # Grow to where max_tokens should end at this chunk's characters per token.
-            window = max(window + 64, len(chunk) * (max_tokens + 16) // max(len(tokens), 1))
-            continue
-        decoded = enc.decode_bytes(tokens[:max_tokens]).decode("utf-8", errors="ignore")
-        prefix = chunk[: len(decoded)]
-        while exact and prefix and _count(enc, prefix) > max_tokens:
-            prefix = prefix[: len(prefix) - max(1, len(prefix) // 64)]
-        return prefix
+        if len(tokens) > max_tokens:
+            return chunk, tokens
+        if len(chunk) == len(text):
+            return None
+        # Grow to where max_tokens should end at this chunk's characters per token.
+        window = max(window + 64, len(chunk) * (max_tokens + 16) // max(len(tokens), 1))
+
+
+def _token_prefix(chunk: str, enc: tiktoken.Encoding, tokens: list[int], n: int) -> tuple[str, int]:
+    """The characters of ``chunk`` that its first ``n`` tokens cover (a partial one dropped),
+    and those tokens' byte length."""
+    raw = enc.decode_bytes(tokens[:n])
+    return chunk[: len(raw.decode("utf-8", errors="ignore"))], len(raw)
+
+
+def _hard_prefix(text: str, enc: tiktoken.Encoding, max_tokens: int, *, exact: bool = True) -> str:
+    """A prefix of ``text`` with at most ``max_tokens`` tokens, ``text`` itself if it fits.
+
+    With ``exact=False`` the prefix is where the window's ``max_tokens`` tokens end, not
+    re-counted: for callers that count their final text anyway.
+    """
+    if max_tokens <= 0 or not text:
+        return ""
+    found = _token_window(text, enc, max_tokens)
+    if found is None:
+        return text
+    chunk, tokens = found
+    prefix = _token_prefix(chunk, enc, tokens, max_tokens)[0]
+    while exact and prefix and _count(enc, prefix) > max_tokens:
+        prefix = prefix[: len(prefix) - max(1, len(prefix) // 64)]
+    return prefix
 
 
 def _hard_suffix(text: str, enc: tiktoken.Encoding, max_tokens: int) -> str:
@@ -159,23 +180,25 @@ def _last_boundary(text: str, end: int, kind: str) -> int | None:
     return best
 
 
-def _cut_position(
-    text: str, counter: TokenCounter, max_tokens: int, boundary: Boundary, *, exact: bool = True
-) -> int:
-    """Where to cut ``text`` so the prefix has at most ``max_tokens`` tokens (len if it fits).
-
-    ``exact=False`` skips re-counting the hard prefix (see ``_hard_prefix``).
-    """
+def _boundary_before(text: str, end: int, boundary: Boundary) -> int:
+    """The last ``boundary`` cut (falling back along its chain) in [end // 2, end], else end."""
     if boundary not in _CHAINS:
         raise ValueError(f"unknown boundary {boundary!r} (known: {', '.join(_CHAINS)})")
-    hard = _hard_prefix(text, counter.encoding, max_tokens, exact=exact)
-    if len(hard) == len(text):
-        return len(text)
     for kind in _CHAINS[boundary]:
-        pos = _last_boundary(text, len(hard), kind)
+        pos = _last_boundary(text, end, kind)
         if pos is not None:
             return pos
-    return len(hard)
+    return end
+
+
+def _cut_position(text: str, counter: TokenCounter, max_tokens: int, boundary: Boundary) -> int:
+    """Where to cut ``text`` so the prefix has at most ``max_tokens`` tokens (len if it fits)."""
+    if boundary not in _CHAINS:
+        raise ValueError(f"unknown boundary {boundary!r} (known: {', '.join(_CHAINS)})")
+    hard = _hard_prefix(text, counter.encoding, max_tokens)
+    if len(hard) == len(text):
+        return len(text)
+    return _boundary_before(text, len(hard), boundary)
 
 
 def cut_to_tokens(
@@ -206,32 +229,65 @@ def _open_fence(text: str) -> str | None:
     return opener
 
 
+@functools.lru_cache(maxsize=8)
+def _marker_tokens(enc: tiktoken.Encoding) -> int:
+    return _count(enc, " " + ELLIPSIS)
+
+
+def _tokens_up_to(
+    enc: tiktoken.Encoding, tokens: list[int], n: int, n_bytes: int, text: str, kept: str
+) -> int | None:
+    """Exact count of ``kept + " ..."`` from the window's first ``n`` tokens (``n_bytes``
+    long), without encoding it.
+
+    ``kept`` is a prefix of the window that ends in a non-blank followed by a space or a
+    tab. No pre-tokenizer piece of o200k or cl100k crosses such a point (a piece takes a
+    space only as its first character), so kept's pieces, hence its tokens, are the
+    window's up to there, and " ..." is a piece of its own. None if the point falls
+    inside a token (then the caller counts).
+    """
+    if not kept or text[len(kept)] not in " \t":
+        return None
+    size = len(kept.encode("utf-8", "surrogatepass"))
+    while n_bytes > size and n > 0:
+        n -= 1
+        n_bytes -= len(enc.decode_single_token_bytes(tokens[n]))
+    if n_bytes != size:
+        return None
+    return n + _marker_tokens(enc)
+
+
 def _cut_with_marker(
     text: str, counter: TokenCounter, max_tokens: int, boundary: Boundary
 ) -> tuple[str, bool]:
     """``text`` if it fits; else a cut prefix, any open fence closed, and an ellipsis.
 
-    The marked result is counted, so the cut itself need not be: two encodes of about
-    ``max_tokens`` tokens each in the usual case.
+    One encode of a window of about ``max_tokens`` tokens decides the cut; the marked
+    result is counted from that window's tokens when the cut allows it (see
+    ``_tokens_up_to``), else encoded once more.
     """
-    pos = _cut_position(text, counter, max_tokens, boundary, exact=False)
-    if pos == len(text):
+    enc = counter.encoding
+    found = _token_window(text, enc, max_tokens) if max_tokens > 0 else (text, [])
+    if found is None:
         return text, False
+    chunk, tokens = found
     limit = max_tokens
     while True:
-        kept = text[:pos].rstrip()
+        hard, hard_bytes = _token_prefix(chunk, enc, tokens, max(limit, 0))
+        kept = text[: _boundary_before(text, len(hard), boundary)].rstrip()
         fence = _open_fence(kept)
+        counted = None
         if fence:
             out = f"{kept}\n{fence}\n{ELLIPSIS}"
         elif _FENCE_LINE.fullmatch(kept.rsplit("\n", 1)[-1]):  # "``` ..." would reopen it
             out = f"{kept}\n{ELLIPSIS}"
         else:
             out = f"{kept} {ELLIPSIS}".lstrip()
-        excess = _count(counter.encoding, out) - max_tokens
+            counted = _tokens_up_to(enc, tokens, max(limit, 0), hard_bytes, text, kept)
+        excess = (_count(enc, out) if counted is None else counted) - max_tokens
         if excess <= 0 or limit <= 1:
             return out, True
         limit = max(limit - excess, 1)
-        pos = _cut_position(text, counter, limit, boundary, exact=False)
 
 
 def _trim_blank_lines(text: str) -> str:
@@ -239,11 +295,20 @@ def _trim_blank_lines(text: str) -> str:
     return re.sub(r"\A(?:[ \t]*\n)+", "", text).rstrip()
 
 
+def _heading_or_fence_lines(body: str) -> Iterator[re.Match[str]]:
+    """``_HEADING_OR_FENCE.finditer(body)``, trying only lines that can match."""
+    starts = itertools.chain((0,), (c.start() + 1 for c in _LINE_CANDIDATE.finditer(body)))
+    for start in starts:
+        m = _HEADING_OR_FENCE.match(body, start)
+        if m is not None:
+            yield m
+
+
 def _split_sections(body: str) -> list[tuple[str | None, str]]:
     """(heading line or None, section body) pairs split at ATX headings outside code fences."""
     starts: list[tuple[int, int]] = []  # (line start, line end) of each heading
     fence: str | None = None
-    for m in _HEADING_OR_FENCE.finditer(body):
+    for m in _heading_or_fence_lines(body):
         if m.group("fence") is not None:
             mark, info = m.group("fence"), m.group("info")
             if fence is None:

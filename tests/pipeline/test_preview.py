@@ -300,3 +300,85 @@ def test_excerpt_of_one_megabyte_is_bounded() -> None:
     assert COUNTER.count(excerpt.text) <= 500
     assert excerpt.text.endswith("the end")
     assert excerpt.head_chars > 0
+
+
+# Pieces that stress the pre-tokenizer: contractions, digit runs, punctuation that absorbs
+# newlines, slashes, tabs, non-ASCII letters and marks, and the ellipsis itself.
+_PIECES = st.sampled_from(
+    [
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\n\n",
+        ".",
+        "...",
+        "!?",
+        "'s",
+        "'",
+        '"',
+        ")",
+        "/",
+        "-",
+        "#",
+        "`",
+        "123",
+        "4567",
+        "word",
+        "Word",
+        "WORD",
+        "é",
+        "Ω",
+        "日本",
+        "\u0301",
+        "\u3000",
+        "\u00a0",
+        "\x1c",
+        "…",
+        "a.b",
+        "e.g.",
+        "x/y",
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=st.lists(_PIECES, min_size=4, max_size=80).map("".join),
+    limit=st.integers(min_value=1, max_value=24),
+    name=st.sampled_from(["o200k_base", "cl100k_base"]),
+)
+def test_marked_cut_counted_from_the_window_equals_encoding_it(
+    text: str, limit: int, name: str
+) -> None:
+    """Where the cut is counted from the window's tokens, the count is the true one."""
+    from pipeline._preview import ELLIPSIS, _token_window, _tokens_up_to
+
+    enc = TokenCounter(name).encoding
+    found = _token_window(text, enc, limit)
+    if found is None:
+        assert len(enc.encode_ordinary(text)) <= limit
+        return
+    chunk, tokens = found
+    for pos in range(1, len(chunk)):
+        kept = text[:pos].rstrip()
+        n_bytes = len(enc.decode_bytes(tokens))
+        counted = _tokens_up_to(enc, tokens, len(tokens), n_bytes, text, kept)
+        if counted is not None:
+            assert counted == len(enc.encode_ordinary(f"{kept} {ELLIPSIS}")), (kept, text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=st.lists(_PIECES, min_size=4, max_size=200).map("".join),
+    limit=st.integers(min_value=8, max_value=60),
+    boundary=st.sampled_from(["sentence", "paragraph", "line", "word"]),
+)
+def test_marked_cut_stays_within_its_limit(text: str, limit: int, boundary: str) -> None:
+    from pipeline._preview import _cut_with_marker
+
+    out, cut = _cut_with_marker(text, COUNTER, limit, boundary)  # type: ignore[arg-type]
+    if not cut:
+        assert out == text and COUNTER.count(text) <= limit
+    else:
+        assert COUNTER.count(out) <= limit
