@@ -133,12 +133,10 @@ def assemble(turn: TurnGraph, *, measure_only: bool = False) -> Envelope:
     ]
     refs: list[Segment] = []
     full: list[Segment] = []
-    for item in turn.items:
-        view = item_view(turn, item)
-        text = turn.ctx.renderer.render(view)
-        (refs if view.form is Form.REFERENCE else full).append(
-            Segment.of_view(view, text, counter.count(text))
-        )
+    views = [item_view(turn, item) for item in turn.items]
+    texts = [turn.ctx.renderer.render(view) for view in views]
+    for view, text, tokens in zip(views, texts, counter.count_many(texts), strict=True):
+        (refs if view.form is Form.REFERENCE else full).append(Segment.of_view(view, text, tokens))
     l4: list[Segment] = []
     for entry, reply in visible_history(turn):
         l4.append(text_segment(f"history:{entry.turn}:user", "history", entry.user, "user"))

@@ -247,18 +247,20 @@ class Promote:
     after: tuple[str, ...] = ("reference",)
 
     def __call__(self, turn: TurnGraph) -> TurnGraph:
+        ctx = turn.ctx
         library = turn.library
-        library.layer(turn.ctx.counter)  # rendered once here, so appends extend it
-        for item in turn.items:
-            # A new item the budget could only refer to was not sent; it is not promoted.
-            # Tool results and retrieval chunks are turn-scoped: they never enter L2.
-            if (
-                item.key not in library
-                and item.form is not Form.REFERENCE
-                and not is_turn_scoped(turn.artifact(item.key))
-            ):
-                entry = library_entry(turn.artifact(item.key), turn.ctx)
-                library = library.append(entry, turn.ctx.counter)
+        library.layer(ctx.counter)  # rendered once here, so appends extend it
+        # A new item the budget could only refer to was not sent; it is not promoted.
+        # Tool results and retrieval chunks are turn-scoped: they never enter L2.
+        new = [
+            turn.artifact(key)
+            for key in dict.fromkeys(i.key for i in turn.items if i.form is not Form.REFERENCE)
+            if key not in library and not is_turn_scoped(turn.artifact(key))
+        ]
+        forms = [carry_forward(a, ctx.counter, ctx.policy, ctx.renderer) for a in new]
+        counts = ctx.counter.count_many([text for _, text in forms])
+        for (view, text), tokens in zip(forms, counts, strict=True):
+            library = library.append(LibraryEntry(view, text, tokens, ctx.turn), ctx.counter)
         return attrs.evolve(turn, promoted=library).with_views()
 
 

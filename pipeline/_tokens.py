@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import os
 import string
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
 import attrs
@@ -97,6 +99,25 @@ def get_encoding(name: str) -> tiktoken.Encoding:
 MAX_REMEMBERED = 1 << 16
 """Counts a ``TokenCounter`` keeps (by text hash) before it forgets the oldest quarter."""
 
+PARALLEL_CHARS = 1 << 20
+"""New text (characters) in one ``count_many`` call from which it encodes on threads."""
+
+_pool_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def _workers() -> int:
+    return min(4, os.cpu_count() or 1)
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """One shared pool per size, made on first use (threads exit with the process)."""
+    with _pool_lock:
+        pool = _pools.get(workers)
+        if pool is None:
+            pool = _pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="lamina-count")
+        return pool
+
 
 @attrs.define
 class TokenCounter:
@@ -131,12 +152,35 @@ class TokenCounter:
             self.hits += 1
             return cached
         n = self.count_once(text)
+        self._remember(digest, n)
+        return n
+
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        """Exact counts of ``texts``, as ``count`` gives them.
+
+        When the texts not counted yet add up to ``PARALLEL_CHARS`` or more (a cold build),
+        they are encoded on a few threads: tiktoken releases the GIL while it encodes.
+        """
+        digests = [text_hash(t) if t else "" for t in texts]
+        missing = {d: t for d, t in zip(digests, texts, strict=True) if t and d not in self._cache}
+        size = sum(len(t) for t in missing.values())
+        workers = _workers()
+        if size < PARALLEL_CHARS or len(missing) < 2 or workers < 2:
+            return [self.count(t) for t in texts]
+        enc = self.encoding
+        counts = _pool(workers).map(lambda t: len(enc.encode_ordinary(t)), missing.values())
+        for digest, n in zip(missing, counts, strict=True):
+            self._remember(digest, n)
+        self.encoded_chars += size
+        self.hits += sum(1 for d in digests if d and d not in missing)
+        return [self._cache[d] if d else 0 for d in digests]
+
+    def _remember(self, digest: str, n: int) -> None:
         if len(self._cache) >= MAX_REMEMBERED:
             # Forget the oldest quarter: a long conversation must not grow this forever.
             for old in list(itertools.islice(self._cache, MAX_REMEMBERED // 4)):
                 del self._cache[old]
         self._cache[digest] = n
-        return n
 
     def count_once(self, text: str) -> int:
         """Exact count of a text not worth remembering (a sentence being ranked, say)."""

@@ -71,7 +71,8 @@ class Vault:
 
     root: Path = attrs.field(converter=_root)
     overlay: Mapping[str, str] = attrs.field(default=None, converter=_overlay, hash=False)
-    # Set on a snapshot: the listing, made on first use and kept (see ``snapshot``).
+    # Set on a snapshot: the listing and resolved paths, made on first use and kept for
+    # the turn (see ``snapshot``).
     _listing: dict[str, tuple[str, ...]] | None = attrs.field(
         default=None, eq=False, hash=False, repr=False, alias="listing"
     )
@@ -82,11 +83,16 @@ class Vault:
 
     def resolve(self, rel: str) -> str:
         """The normalized vault-relative path; refuses escapes, including symlinks out."""
+        memo = self._listing
+        if memo is not None and (done := memo.get(f"resolve:{rel}")) is not None:
+            return done[0]
         norm = _normalize(rel)
         root = str(self.root)
         real = os.path.realpath(os.path.join(root, norm))
         if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
             raise PathOutsideVault(rel, "path leads outside the vault through a symlink")
+        if memo is not None:
+            memo[f"resolve:{rel}"] = (norm,)
         return norm
 
     def exists(self, rel: str) -> bool:
@@ -133,9 +139,8 @@ class Vault:
             return _clean(text), warning
 
     def snapshot(self) -> Vault:
-        """This vault, listed at most once: one turn resolves every link against one listing.
-
-        Reading notes is not affected (a note's text is always read from disk).
+        """This vault, listed at most once: one turn resolves every link against one listing,
+        and each path's symlink check is made once. A note's text is always read from disk.
         """
         return Vault(self.root, self.overlay, listing={})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
@@ -90,3 +91,37 @@ def test_text_hash_of_a_long_text_equals_hashing_its_bytes() -> None:
 
     text = ("é漢😀 plain ascii " * 200_000)[:3_000_001]
     assert text_hash(text) == xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
+
+
+def test_count_many_on_threads_gives_the_serial_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large batch is encoded on threads; counts, cache and meters match one-by-one."""
+    import pipeline._tokens as tokens_module
+
+    rng = random.Random(5)
+    texts = ["".join(rng.choice("ab .\n#é") for _ in range(rng.randint(0, 400))) for _ in range(60)]
+    texts += texts[:5]  # repeats are counted once and reported as hits
+    serial = TokenCounter()
+    expected = [serial.count(t) for t in texts]
+    monkeypatch.setattr(tokens_module, "PARALLEL_CHARS", 1)
+    monkeypatch.setattr(tokens_module, "_workers", lambda: 2)
+    threaded = TokenCounter()
+    assert threaded.count_many(texts) == expected
+    assert threaded.encoded_chars == serial.encoded_chars
+    assert threaded.count_many(texts) == expected  # now every count is a hit
+    assert threaded.encoded_chars == serial.encoded_chars
+    assert threaded.hits >= len(texts)
+
+
+def test_the_count_memo_forgets_its_oldest_quarter(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pipeline._tokens as tokens_module
+
+    monkeypatch.setattr(tokens_module, "MAX_REMEMBERED", 8)
+    counter = TokenCounter()
+    for i in range(20):
+        counter.count(f"text number {i}")
+    assert len(counter._cache) <= 8
+    before = counter.encoded_chars
+    counter.count("text number 19")  # the newest is remembered
+    assert counter.encoded_chars == before
+    counter.count("text number 0")  # the oldest was forgotten and is encoded again
+    assert counter.encoded_chars == before + len("text number 0")
