@@ -172,7 +172,7 @@ class TokenCounter:
         for digest, n in zip(missing, counts, strict=True):
             self._remember(digest, n)
         self.encoded_chars += size
-        self.hits += sum(1 for d in digests if d and d not in missing)
+        self.hits += sum(1 for d in digests if d) - len(missing)
         return [self._cache[d] if d else 0 for d in digests]
 
     def _remember(self, digest: str, n: int) -> None:
