@@ -19,7 +19,7 @@ import attrs
 import tiktoken
 
 from pipeline._errors import ConfigError
-from pipeline._tokens import TokenCounter
+from pipeline._tokens import TokenCounter, count_with_sep_from, starts_piece
 
 __all__ = [
     "ELLIPSIS",
@@ -75,6 +75,8 @@ class Preview:
     sections_total: int
     sections_kept: int
     cut: bool
+    tokens: int = attrs.field(default=-1, eq=False)
+    """Exact token count of ``text`` (made from the sections' counts), -1 if not known."""
 
 
 @attrs.frozen
@@ -240,13 +242,13 @@ def _tokens_up_to(
     """Exact count of ``kept + " ..."`` from the window's first ``n`` tokens (``n_bytes``
     long), without encoding it.
 
-    ``kept`` is a prefix of the window that ends in a non-blank followed by a space or a
-    tab. No pre-tokenizer piece of o200k or cl100k crosses such a point (a piece takes a
-    space only as its first character), so kept's pieces, hence its tokens, are the
-    window's up to there, and " ..." is a piece of its own. None if the point falls
-    inside a token (then the caller counts).
+    ``kept`` is a prefix of the window that starts and ends with a non-blank and is
+    followed by a space or a tab. No pre-tokenizer piece of o200k or cl100k crosses such a
+    point (a piece takes a space only as its first character), so kept's pieces, hence its
+    tokens, are the window's up to there, and " ..." is a piece of its own. None otherwise,
+    or if the point falls inside a token (then the caller counts).
     """
-    if not kept or text[len(kept)] not in " \t":
+    if not kept or kept[0].isspace() or text[len(kept)] not in " \t":
         return None
     size = len(kept.encode("utf-8", "surrogatepass"))
     while n_bytes > size and n > 0:
@@ -259,17 +261,20 @@ def _tokens_up_to(
 
 def _cut_with_marker(
     text: str, counter: TokenCounter, max_tokens: int, boundary: Boundary
-) -> tuple[str, bool]:
-    """``text`` if it fits; else a cut prefix, any open fence closed, and an ellipsis.
+) -> tuple[str, bool, int]:
+    """``text`` if it fits; else a cut prefix, any open fence closed, and an ellipsis; and the
+    result's exact token count.
 
     One encode of a window of about ``max_tokens`` tokens decides the cut; the marked
     result is counted from that window's tokens when the cut allows it (see
     ``_tokens_up_to``), else encoded once more.
     """
     enc = counter.encoding
+    if _surely_fits(text, max_tokens):
+        return text, False, _count(enc, text)
     found = _token_window(text, enc, max_tokens) if max_tokens > 0 else (text, [])
     if found is None:
-        return text, False
+        return text, False, _count(enc, text)
     chunk, tokens = found
     limit = max_tokens
     while True:
@@ -284,10 +289,10 @@ def _cut_with_marker(
         else:
             out = f"{kept} {ELLIPSIS}".lstrip()
             counted = _tokens_up_to(enc, tokens, max(limit, 0), hard_bytes, text, kept)
-        excess = (_count(enc, out) if counted is None else counted) - max_tokens
-        if excess <= 0 or limit <= 1:
-            return out, True
-        limit = max(limit - excess, 1)
+        n = _count(enc, out) if counted is None else counted
+        if n <= max_tokens or limit <= 1:
+            return out, True, n
+        limit = max(limit - (n - max_tokens), 1)
 
 
 def _trim_blank_lines(text: str) -> str:
@@ -355,28 +360,55 @@ def make_preview(
             f"{section_tokens}, {headless_tokens}",
         )
     sections = _split_sections(body)
+    enc = counter.encoding
     if sections[0][0] is None and len(sections) == 1:
-        text, cut = _cut_with_marker(_trim_blank_lines(body), counter, headless_tokens, "sentence")
-        return Preview(text, 1, 1, cut)
+        text, cut, n = _cut_with_marker(
+            _trim_blank_lines(body), counter, headless_tokens, "sentence"
+        )
+        return Preview(text, 1, 1, cut, n)
     kept = sections[:max_sections]
     dropped = len(sections) - len(kept)
-    blocks: list[str] = []
+    blocks: list[tuple[str, int | None]] = []
     any_cut = dropped > 0
     for heading, section_body in kept:
-        lines: list[str] = []
+        lines: list[tuple[str, int]] = []
         if heading is not None:
-            head, head_cut = _cut_with_marker(heading, counter, section_tokens, "word")
-            lines.append(head)
+            head, head_cut, n = _cut_with_marker(heading, counter, section_tokens, "word")
+            lines.append((head, n))
             any_cut = any_cut or head_cut
         trimmed = _trim_blank_lines(section_body)
         if trimmed:
-            text, cut = _cut_with_marker(trimmed, counter, section_tokens, "sentence")
-            lines.append(text)
+            text, cut, n = _cut_with_marker(trimmed, counter, section_tokens, "sentence")
+            lines.append((text, n))
             any_cut = any_cut or cut
-        blocks.append("\n".join(lines))
+        blocks.append(_joined_count(lines, "\n", enc))
     if dropped:
-        blocks.append(_omitted_line(dropped))
-    return Preview("\n\n".join(blocks), len(sections), len(kept), any_cut)
+        line = _omitted_line(dropped)
+        blocks.append((line, _count(enc, line)))
+    text, total = _joined_count([(b, -1 if k is None else k) for b, k in blocks], "\n\n", enc)
+    return Preview(text, len(sections), len(kept), any_cut, -1 if total is None else total)
+
+
+def _joined_count(
+    parts: list[tuple[str, int]], sep: str, enc: tiktoken.Encoding
+) -> tuple[str, int | None]:
+    """``sep.join`` of the (text, count) parts and its exact count made from theirs (a count
+    of -1 is unknown), or None when the pieces do not add up (see ``starts_piece``)."""
+    text = sep.join(t for t, _ in parts)
+    total = 0
+    for i, (part, n) in enumerate(parts):
+        if n < 0:
+            return text, None
+        if i == len(parts) - 1:
+            total += n
+            continue
+        if not starts_piece(parts[i + 1][0]):
+            return text, None
+        with_sep = count_with_sep_from(part, n, sep, lambda t: _count(enc, t))
+        if with_sep is None:
+            return text, None
+        total += with_sep
+    return text, total
 
 
 def _excerpt_marker(cut: int, total: int) -> str:

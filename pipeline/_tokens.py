@@ -6,7 +6,7 @@ import itertools
 import os
 import string
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 
@@ -17,7 +17,7 @@ from tiktoken.load import load_tiktoken_bpe
 from pipeline._errors import ConfigError
 from pipeline._hashing import text_hash
 
-__all__ = ["TOKENIZERS", "TokenCounter", "get_encoding"]
+__all__ = ["TOKENIZERS", "TokenCounter", "count_with_sep_from", "get_encoding", "starts_piece"]
 
 _ENDOFTEXT = "<|endoftext|>"
 _FIM_PREFIX = "<|fim_prefix|>"
@@ -119,6 +119,59 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return pool
 
 
+def count_with_sep_from(
+    text: str, tokens: int, sep: str, count: Callable[[str], int]
+) -> int | None:
+    """Exact count of ``text + sep`` (``sep`` newlines only) from ``text``'s count ``tokens``,
+    counting at most a short tail with ``count``; None when only encoding it all would tell.
+
+    Only the last pre-tokenizer piece of ``text`` can change when newlines follow: an ASCII
+    letter or digit piece does not absorb them (add ``sep``'s own count); a run of ASCII
+    punctuation after a letter, a digit, one space or a newline does (re-count just that run).
+    """
+    if not text or not sep or sep.strip("\n"):
+        return None
+    last = text[-1]
+    if last.isascii() and last.isalnum():
+        return tokens + count(sep)
+    if last not in _PUNCT:
+        return None
+    start = len(text)
+    while start > 0 and text[start - 1] in _PUNCT:
+        start -= 1
+    if start == 0:
+        return None
+    before = text[start - 1]
+    if before == " ":
+        start -= 1
+    elif not (before == "\n" or (before.isascii() and before.isalnum())):
+        return None
+    tail = text[start:]
+    return tokens - count(tail) + count(tail + sep)
+
+
+def starts_piece(text: str) -> bool:
+    """Whether, after a newline, ``text`` starts a new pre-tokenizer piece (o200k and cl100k
+    alike): it does unless it starts with whitespace or a slash."""
+    return bool(text) and not text[0].isspace() and text[0] != "/"
+
+
+_SPLIT_FROM = 4096
+_HEAD_LINE_MAX = 2048
+
+
+def _split_head(text: str) -> tuple[str, str] | None:
+    """A long text as (first line with its newline, the rest), when counting them apart is
+    exact: after a newline the pre-tokenizer starts a new piece unless whitespace or (o200k)
+    a slash follows (the rule ``count_joined`` relies on)."""
+    if len(text) < _SPLIT_FROM:
+        return None
+    end = text.find("\n", 0, _HEAD_LINE_MAX) + 1
+    if end == 0 or not starts_piece(text[end : end + 1]):
+        return None
+    return text[:end], text[end:]
+
+
 @attrs.define
 class TokenCounter:
     """Counts tokens exactly; remembers counts by the text's hash so nothing is counted twice.
@@ -143,7 +196,17 @@ class TokenCounter:
         return get_encoding(self.name)
 
     def count(self, text: str) -> int:
-        """Exact token count of ``text`` (special-token strings count as plain text)."""
+        """Exact token count of ``text`` (special-token strings count as plain text).
+
+        A long text is counted as its first line and the rest (see ``_split_head``), so a
+        block rendered again with other attributes re-encodes only its tag line.
+        """
+        split = _split_head(text)
+        if split is not None:
+            return self._count_whole(split[0]) + self._count_whole(split[1])
+        return self._count_whole(text)
+
+    def _count_whole(self, text: str) -> int:
         if not text:
             return 0
         digest = text_hash(text)
@@ -161,8 +224,10 @@ class TokenCounter:
         When the texts not counted yet add up to ``PARALLEL_CHARS`` or more (a cold build),
         they are encoded on a few threads: tiktoken releases the GIL while it encodes.
         """
-        digests = [text_hash(t) if t else "" for t in texts]
-        missing = {d: t for d, t in zip(digests, texts, strict=True) if t and d not in self._cache}
+        split = [_split_head(t) or (t,) for t in texts]
+        parts = [part for pieces in split for part in pieces]
+        digests = [text_hash(t) if t else "" for t in parts]
+        missing = {d: t for d, t in zip(digests, parts, strict=True) if t and d not in self._cache}
         size = sum(len(t) for t in missing.values())
         workers = _workers()
         if size < PARALLEL_CHARS or len(missing) < 2 or workers < 2:
@@ -173,7 +238,21 @@ class TokenCounter:
             self._remember(digest, n)
         self.encoded_chars += size
         self.hits += sum(1 for d in digests if d) - len(missing)
-        return [self._cache[d] if d else 0 for d in digests]
+        found = iter(self._cache[d] if d else 0 for d in digests)
+        return [sum(itertools.islice(found, len(pieces))) for pieces in split]
+
+    def learn(self, text: str, tokens: int) -> None:
+        """Take ``tokens`` as the count of ``text`` without encoding it (but its first line).
+
+        For counts made exactly from the counts of the parts a text was built from (a
+        preview from its sections); a wrong number here makes every budget wrong.
+        """
+        split = _split_head(text)
+        if split is not None:
+            head, text = split
+            tokens -= self._count_whole(head)
+        if text and text_hash(text) not in self._cache:
+            self._remember(text_hash(text), tokens)
 
     def _remember(self, digest: str, n: int) -> None:
         if len(self._cache) >= MAX_REMEMBERED:
@@ -204,32 +283,12 @@ class TokenCounter:
         return sum(self.count_with_sep(p, sep) for p in parts[:-1]) + self.count(parts[-1])
 
     def count_with_sep(self, text: str, sep: str = "\n\n") -> int:
-        """Exact count of ``text + sep`` for a newline ``sep``, without encoding ``text`` again.
-
-        Only the last pre-tokenizer piece of ``text`` can change when newlines follow: an
-        ASCII letter or digit piece does not absorb them (add ``sep``'s own count); a run of
-        ASCII punctuation, with at most one space before it, does (re-count just that run).
-        Anything else is encoded whole.
-        """
-        if not text or sep.strip("\n"):
-            return self.count(text + sep)
-        last = text[-1]
-        if last.isascii() and last.isalnum():
-            return self.count(text) + self.count(sep)
-        if last not in _PUNCT:
-            return self.count(text + sep)
-        start = len(text)
-        while start > 0 and text[start - 1] in _PUNCT:
-            start -= 1
-        if start == 0:
-            return self.count(text + sep)
-        before = text[start - 1]
-        if before == " ":
-            start -= 1
-        elif not (before.isascii() and before.isalnum()):
-            return self.count(text + sep)
-        tail = text[start:]
-        return self.count(text) - self.count(tail) + self.count(tail + sep)
+        """Exact count of ``text + sep`` for a newline ``sep``, without encoding ``text`` again
+        (see ``count_with_sep_from``)."""
+        if not text:
+            return self.count(sep)
+        found = count_with_sep_from(text, self.count(text), sep, self.count)
+        return self.count(text + sep) if found is None else found
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (uncached; for prefix comparisons)."""

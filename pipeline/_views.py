@@ -10,7 +10,7 @@ from pipeline._artifacts import Artifact
 from pipeline._envelope import Form, View
 from pipeline._errors import ConfigError
 from pipeline._summarize import Summarizer, SummaryCache
-from pipeline._tokens import TokenCounter
+from pipeline._tokens import TokenCounter, count_with_sep_from, starts_piece
 
 __all__ = [
     "Policy",
@@ -153,13 +153,48 @@ def carry_forward(
 ) -> tuple[View, str]:
     """The form an artifact takes when promoted into L2 (DESIGN.md compaction classes), and
     its text. The full rendering is usually counted already (it is what L3 sent), so
-    deciding costs no encoding."""
+    deciding costs no encoding; a preview's rendering is counted from its sections' counts
+    when the renderer keeps the preview verbatim (see ``_rendered_tokens``)."""
+    from pipeline._preview import make_preview
+
     view = full_view(artifact)
     text = renderer.render(view)
-    if counter.count(text) > policy.verbatim_tokens:
-        if artifact.recoverable:
-            view = preview_view(artifact, counter, policy)
-        else:
-            view = excerpt_view(artifact, counter, policy.verbatim_tokens)
-        text = renderer.render(view)
+    if counter.count(text) <= policy.verbatim_tokens:
+        return view, text
+    if not artifact.recoverable:
+        view = excerpt_view(artifact, counter, policy.verbatim_tokens)
+        return view, renderer.render(view)
+    preview = make_preview(
+        artifact.payload.body(),
+        counter,
+        max_sections=policy.max_sections,
+        section_tokens=policy.section_tokens,
+        headless_tokens=policy.headless_tokens,
+    )
+    view = _view(artifact, Form.PREVIEW, preview.text, ())
+    text = renderer.render(view)
+    if preview.tokens >= 0:
+        tokens = _rendered_tokens(text, preview.text, preview.tokens, counter)
+        if tokens is not None:
+            counter.learn(text, tokens)
     return view, text
+
+
+def _rendered_tokens(text: str, body: str, body_tokens: int, counter: TokenCounter) -> int | None:
+    """Exact count of a rendering ``head line + body + "\n" + tail`` from the body's count;
+    None when ``text`` is not so (the body escaped, say) or the pieces may not add up."""
+    start = text.find("\n") + 1
+    end = start + len(body)
+    tail = text[end + 1 :]
+    if (
+        start == 0
+        or text[end : end + 1] != "\n"
+        or not starts_piece(body)
+        or not starts_piece(tail)
+        or text[start:end] != body
+    ):
+        return None
+    with_newline = count_with_sep_from(body, body_tokens, "\n", counter.count)
+    if with_newline is None:
+        return None
+    return counter.count(text[:start]) + with_newline + counter.count(tail)

@@ -4,8 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline import Conversation
-from processors import note
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline import (
+    Conversation,
+    Form,
+    Policy,
+    TokenCounter,
+    carry_forward,
+    full_view,
+    make_artifact,
+)
+from processors import NotePayload, note
+from renderers import XmlRenderer
 
 
 def _note(i: int) -> str:
@@ -55,3 +67,54 @@ def test_turn_200_costs_no_more_than_turn_20(tmp_path: Path) -> None:
     (enc20, new20), (enc199, new199) = costs[20], costs[199]
     # Work per turn follows what is new in the turn, not the 200 turns before it.
     assert enc199 <= enc20 * (new199 / new20) * 1.1 + 100, (costs[20], costs[199])
+
+
+_LINES = st.sampled_from(
+    [
+        "# Title",
+        "## Part",
+        "Text here.",
+        "More words, and more!",
+        "```py",
+        "```",
+        "x = 1",
+        "- item",
+        "  indented",
+        "",
+        "/path",
+        "a < b & c",
+        "é ü 漢",
+        "...",
+        "Done",
+        "#tag",
+    ]
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lines=st.lists(_LINES, min_size=1, max_size=400))
+def test_a_promoted_preview_is_counted_exactly_without_encoding_it(lines: list[str]) -> None:
+    """A preview's L2 block is counted from its sections' counts; the count is the true one."""
+    counter = TokenCounter()
+    body = "\n".join(["# Note", "", *lines, *lines, *lines]) + "\n"
+    artifact = make_artifact(
+        "note", "note:n.md", NotePayload("n.md", "n", (), (), body, ()), recoverable=True
+    )
+    renderer = XmlRenderer()
+    counter.count(renderer.render(full_view(artifact)))  # what L3 sent: counted already
+    _, text = carry_forward(artifact, counter, Policy(), renderer)
+    assert counter.count(text) == len(counter.encoding.encode_ordinary(text))
+
+
+def test_promoting_a_large_note_encodes_its_preview_sections_not_its_l2_block(
+    tmp_path: Path,
+) -> None:
+    conv = Conversation("You are terse.", vault=_vault(tmp_path, 1))
+    (tmp_path / "big.md").write_text(_note(0) * 40, encoding="utf-8")
+    conv.turn("read", attach=[note("big.md")])
+    entry = conv.library.get("note:big.md")
+    assert entry is not None and entry.form is Form.PREVIEW
+    before = conv.counter.encoded_chars
+    assert conv.counter.count(entry.text) == entry.tokens  # learned, not encoded
+    assert conv.counter.encoded_chars == before
+    assert entry.tokens == len(conv.counter.encoding.encode_ordinary(entry.text))

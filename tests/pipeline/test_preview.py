@@ -377,8 +377,45 @@ def test_marked_cut_counted_from_the_window_equals_encoding_it(
 def test_marked_cut_stays_within_its_limit(text: str, limit: int, boundary: str) -> None:
     from pipeline._preview import _cut_with_marker
 
-    out, cut = _cut_with_marker(text, COUNTER, limit, boundary)  # type: ignore[arg-type]
+    out, cut, tokens = _cut_with_marker(text, COUNTER, limit, boundary)  # type: ignore[arg-type]
+    assert tokens == COUNTER.count(out)
     if not cut:
-        assert out == text and COUNTER.count(text) <= limit
+        assert out == text and tokens <= limit
     else:
-        assert COUNTER.count(out) <= limit
+        assert tokens <= limit
+
+
+_MARKDOWN = st.lists(
+    st.sampled_from(
+        [
+            "# Title",
+            "## Part",
+            "### Deep",
+            "Text here.",
+            "More words, and more!",
+            "```py",
+            "```",
+            "x = 1",
+            "- item",
+            "  indented",
+            "",
+            "",
+            "/path",
+            "> quote",
+            "1. first",
+            "a < b & c",
+            "é ü 漢",
+            "...",
+            "Done",
+        ]
+    ),
+    min_size=1,
+    max_size=60,
+).map("\n".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=_MARKDOWN, limit=st.integers(min_value=8, max_value=40))
+def test_preview_reports_its_exact_token_count(body: str, limit: int) -> None:
+    preview = make_preview(body, COUNTER, section_tokens=limit, headless_tokens=limit)
+    assert preview.tokens in (-1, COUNTER.count(preview.text))

@@ -126,3 +126,28 @@ def test_the_count_memo_forgets_its_oldest_quarter(monkeypatch: pytest.MonkeyPat
     assert counter.encoded_chars == before
     counter.count("text number 0")  # the oldest was forgotten and is encoded again
     assert counter.encoded_chars == before + len("text number 0")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    head=_xmlish,
+    rest=st.lists(_xmlish, min_size=1, max_size=8).map("".join),
+    name=st.sampled_from(["o200k_base", "cl100k_base"]),
+)
+def test_long_text_counted_as_first_line_and_rest_is_exact(head: str, rest: str, name: str) -> None:
+    """``count`` splits a long text after its first line; the sum is the true count."""
+    text = head + "\n" + (rest * (4200 // len(rest) + 1))
+    counter = TokenCounter(name)
+    assert counter.count(text) == len(get_encoding(name).encode_ordinary(text))
+    assert counter.count_many([text, text[1:]]) == [
+        len(get_encoding(name).encode_ordinary(t)) for t in (text, text[1:])
+    ]
+
+
+def test_a_block_rendered_again_with_other_attributes_encodes_only_its_tag_line() -> None:
+    counter = TokenCounter()
+    body = "Paragraph of the note. " * 400 + "\n</note>"
+    counter.count('<note key="a">\n' + body)
+    before = counter.encoded_chars
+    assert counter.count('<note key="a" form="full" newer="true">\n' + body) > 0
+    assert counter.encoded_chars - before == len('<note key="a" form="full" newer="true">\n')
