@@ -19,7 +19,7 @@ import attrs
 import tiktoken
 
 from pipeline._errors import ConfigError
-from pipeline._tokens import TokenCounter, count_with_sep_from, starts_piece
+from pipeline._tokens import TokenCounter, count_joined_from
 
 __all__ = [
     "ELLIPSIS",
@@ -77,6 +77,8 @@ class Preview:
     cut: bool
     tokens: int = attrs.field(default=-1, eq=False)
     """Exact token count of ``text`` (made from the sections' counts), -1 if not known."""
+    blocks: tuple[tuple[str, int], ...] = attrs.field(default=(), eq=False, repr=False)
+    """The blank-line separated blocks ``text`` is made of, with their exact counts."""
 
 
 @attrs.frozen
@@ -112,14 +114,19 @@ def _token_window(
     None when the whole text fits. Encodes a growing window, never a long input whole."""
     if _surely_fits(text, max_tokens):
         return None
+    chunk, tokens = _window_tokens(text, enc, max_tokens)
+    return (chunk, tokens) if len(tokens) > max_tokens else None
+
+
+def _window_tokens(text: str, enc: tiktoken.Encoding, max_tokens: int) -> tuple[str, list[int]]:
+    """The shortest window (growing from about ``max_tokens`` tokens) that holds more than
+    ``max_tokens`` tokens, and its tokens; the whole text and its tokens if it fits."""
     window = max_tokens * 4 + 64
     while True:
         chunk = text[:window]
         tokens = enc.encode_ordinary(chunk)
-        if len(tokens) > max_tokens:
+        if len(tokens) > max_tokens or len(chunk) == len(text):
             return chunk, tokens
-        if len(chunk) == len(text):
-            return None
         # Grow to where max_tokens should end at this chunk's characters per token.
         window = max(window + 64, len(chunk) * (max_tokens + 16) // max(len(tokens), 1))
 
@@ -270,12 +277,9 @@ def _cut_with_marker(
     ``_tokens_up_to``), else encoded once more.
     """
     enc = counter.encoding
-    if _surely_fits(text, max_tokens):
-        return text, False, _count(enc, text)
-    found = _token_window(text, enc, max_tokens) if max_tokens > 0 else (text, [])
-    if found is None:
-        return text, False, _count(enc, text)
-    chunk, tokens = found
+    chunk, tokens = _window_tokens(text, enc, max_tokens) if max_tokens > 0 else (text, [])
+    if len(tokens) <= max_tokens and len(chunk) == len(text) and max_tokens > 0:
+        return text, False, len(tokens)
     limit = max_tokens
     while True:
         hard, hard_bytes = _token_prefix(chunk, enc, tokens, max(limit, 0))
@@ -385,30 +389,21 @@ def make_preview(
     if dropped:
         line = _omitted_line(dropped)
         blocks.append((line, _count(enc, line)))
-    text, total = _joined_count([(b, -1 if k is None else k) for b, k in blocks], "\n\n", enc)
-    return Preview(text, len(sections), len(kept), any_cut, -1 if total is None else total)
+    parts = [(b, -1 if k is None else k) for b, k in blocks]
+    text, total = _joined_count(parts, "\n\n", enc)
+    known = tuple(parts) if total is not None else ()
+    return Preview(text, len(sections), len(kept), any_cut, -1 if total is None else total, known)
 
 
 def _joined_count(
     parts: list[tuple[str, int]], sep: str, enc: tiktoken.Encoding
 ) -> tuple[str, int | None]:
     """``sep.join`` of the (text, count) parts and its exact count made from theirs (a count
-    of -1 is unknown), or None when the pieces do not add up (see ``starts_piece``)."""
+    of -1 is unknown), or None when the pieces do not add up (see ``count_joined_from``)."""
     text = sep.join(t for t, _ in parts)
-    total = 0
-    for i, (part, n) in enumerate(parts):
-        if n < 0:
-            return text, None
-        if i == len(parts) - 1:
-            total += n
-            continue
-        if not starts_piece(parts[i + 1][0]):
-            return text, None
-        with_sep = count_with_sep_from(part, n, sep, lambda t: _count(enc, t))
-        if with_sep is None:
-            return text, None
-        total += with_sep
-    return text, total
+    if any(n < 0 for _, n in parts):
+        return text, None
+    return text, count_joined_from(parts, sep, lambda t: _count(enc, t))
 
 
 def _excerpt_marker(cut: int, total: int) -> str:

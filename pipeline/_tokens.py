@@ -17,7 +17,14 @@ from tiktoken.load import load_tiktoken_bpe
 from pipeline._errors import ConfigError
 from pipeline._hashing import text_hash
 
-__all__ = ["TOKENIZERS", "TokenCounter", "count_with_sep_from", "get_encoding", "starts_piece"]
+__all__ = [
+    "TOKENIZERS",
+    "TokenCounter",
+    "count_joined_from",
+    "count_with_sep_from",
+    "get_encoding",
+    "starts_piece",
+]
 
 _ENDOFTEXT = "<|endoftext|>"
 _FIM_PREFIX = "<|fim_prefix|>"
@@ -144,10 +151,31 @@ def count_with_sep_from(
     before = text[start - 1]
     if before == " ":
         start -= 1
-    elif not (before == "\n" or (before.isascii() and before.isalnum())):
+    elif before == "\n":
+        if text[start] == "/":  # o200k: a punctuation piece before the newline takes it
+            return None
+    elif not (before.isascii() and before.isalnum()):
         return None
     tail = text[start:]
     return tokens - count(tail) + count(tail + sep)
+
+
+def count_joined_from(
+    parts: Sequence[tuple[str, int]], sep: str, count: Callable[[str], int]
+) -> int | None:
+    """Exact count of ``sep.join`` of (text, count) parts from their counts, counting at
+    most short tails with ``count``; None when the pieces may not add up."""
+    total = 0
+    for i, (part, n) in enumerate(parts):
+        if i == len(parts) - 1:
+            return total + n
+        if not starts_piece(parts[i + 1][0]):
+            return None
+        with_sep = count_with_sep_from(part, n, sep, count)
+        if with_sep is None:
+            return None
+        total += with_sep
+    return total
 
 
 def starts_piece(text: str) -> bool:

@@ -10,7 +10,7 @@ from pipeline._artifacts import Artifact
 from pipeline._envelope import Form, View
 from pipeline._errors import ConfigError
 from pipeline._summarize import Summarizer, SummaryCache
-from pipeline._tokens import TokenCounter, count_with_sep_from, starts_piece
+from pipeline._tokens import TokenCounter, count_joined_from, count_with_sep_from, starts_piece
 
 __all__ = [
     "Policy",
@@ -173,28 +173,51 @@ def carry_forward(
     )
     view = _view(artifact, Form.PREVIEW, preview.text, ())
     text = renderer.render(view)
-    if preview.tokens >= 0:
-        tokens = _rendered_tokens(text, preview.text, preview.tokens, counter)
+    if preview.blocks:
+        tokens = _rendered_tokens(text, preview.blocks, counter)
         if tokens is not None:
             counter.learn(text, tokens)
     return view, text
 
 
-def _rendered_tokens(text: str, body: str, body_tokens: int, counter: TokenCounter) -> int | None:
-    """Exact count of a rendering ``head line + body + "\n" + tail`` from the body's count;
-    None when ``text`` is not so (the body escaped, say) or the pieces may not add up."""
+def _rendered_tokens(
+    text: str, blocks: tuple[tuple[str, int], ...], counter: TokenCounter
+) -> int | None:
+    """Exact count of a rendering ``head line, body, last line`` whose body is the blocks
+    (as the renderer wrote them), joined by blank lines, from the blocks' counts.
+
+    A renderer may escape characters but not newlines, so the body splits back into the
+    blocks by their newlines; a block that reads as it was is not counted again, one the
+    renderer changed is. None when ``text`` is not so laid out or the pieces may not add up.
+    """
     start = text.find("\n") + 1
-    end = start + len(body)
-    tail = text[end + 1 :]
-    if (
-        start == 0
-        or text[end : end + 1] != "\n"
-        or not starts_piece(body)
-        or not starts_piece(tail)
-        or text[start:end] != body
-    ):
+    end = text.rfind("\n")
+    if start == 0 or end < start:
         return None
-    with_newline = count_with_sep_from(body, body_tokens, "\n", counter.count)
+    body, tail = text[start:end], text[end + 1 :]
+    if not starts_piece(body) or not starts_piece(tail):
+        return None
+    parts: list[tuple[str, int]] = []
+    pos = 0
+    for i, (raw, n) in enumerate(blocks):
+        stop = len(body)
+        if i < len(blocks) - 1:
+            stop = pos - 1
+            for _ in range(raw.count("\n") + 1):
+                stop = body.find("\n", stop + 1)
+                if stop < 0:
+                    return None
+            if body[stop : stop + 2] != "\n\n":
+                return None
+        written = body[pos:stop]
+        parts.append((written, n if written == raw else counter.count(written)))
+        pos = stop + 2
+    if pos < len(body):
+        return None
+    joined = count_joined_from(parts, "\n\n", counter.count)
+    with_newline = (
+        None if joined is None else count_with_sep_from(body, joined, "\n", counter.count)
+    )
     if with_newline is None:
         return None
     return counter.count(text[:start]) + with_newline + counter.count(tail)
