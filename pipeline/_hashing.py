@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -49,9 +50,23 @@ def joined_hash(texts: Iterable[str], sep: str) -> str:
     return hash_joined(xxhash.xxh3_128(), texts, sep).hexdigest()
 
 
+_SHORT = 4096
+
+
+@functools.lru_cache(maxsize=8192)
+def _short_hash(text: str) -> str:
+    return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
+
+
 def text_hash(text: str) -> str:
     """xxh3-128 hex of ``text`` encoded as UTF-8 (a long text is encoded a megabyte at a
-    time, so hashing a whole request does not hold a second copy of it as bytes)."""
+    time, so hashing a whole request does not hold a second copy of it as bytes).
+
+    Short texts (history turns, queries, tag lines) are hashed again on every assemble;
+    their hashes are remembered by the string itself, whose own hash Python keeps.
+    """
+    if len(text) <= _SHORT:
+        return _short_hash(text)
     if len(text) <= _CHUNK:
         return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
     hasher = xxhash.xxh3_128()

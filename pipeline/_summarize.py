@@ -6,13 +6,14 @@ Every summarizer returns text within its token target, and reports what went wro
 
 from __future__ import annotations
 
+import array
 import asyncio
 import inspect
 import math
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import attrs
 
@@ -81,7 +82,6 @@ class _Sentence:
     heading: int  # index into the heading list, -1 before the first heading
     paragraph: int
     text: str
-    words: frozenset[str]
 
 
 def _paragraphs(body: str) -> list[str]:
@@ -129,29 +129,25 @@ def _sentences(text: str) -> tuple[list[str], list[_Sentence]]:
                 clean = _WS.sub(" ", raw).strip()
                 if not clean:
                     continue
-                words = frozenset(
-                    w for w in _WORD.findall(clean.lower()) if w not in _STOPWORDS and len(w) > 1
-                )
-                sentences.append(
-                    _Sentence(len(sentences), len(headings) - 1, paragraph, clean, words)
-                )
+                sentences.append(_Sentence(len(sentences), len(headings) - 1, paragraph, clean))
             paragraph += 1
     return headings, sentences
 
 
-def _pagerank(
-    weights: list[dict[int, float]], *, damping: float, max_iter: int, tol: float
-) -> list[float]:
+_Edges: TypeAlias = "list[tuple[array.array[int], array.array[float]]]"
+
+
+def _pagerank(edges: _Edges, *, damping: float, max_iter: int, tol: float) -> list[float]:
     """Weighted PageRank by power iteration with a fixed node order (bit-for-bit repeatable).
 
-    Same definition and defaults as ``networkx.pagerank``; written out because networkx 3
-    needs scipy for it, and a fixed summation order keeps scores identical on every machine.
+    ``edges[i]`` holds node i's neighbours in ascending order and the edge weights. Same
+    definition and defaults as ``networkx.pagerank``; written out because networkx 3 needs
+    scipy for it, and a fixed summation order keeps scores identical on every machine.
     """
-    n = len(weights)
+    n = len(edges)
     if n == 0:
         return []
-    edges = [sorted(w.items()) for w in weights]
-    out_sum = [sum(w for _, w in e) for e in edges]
+    out_sum = [sum(w) for _, w in edges]
     rank = [1.0 / n] * n
     for _ in range(max_iter):
         dangling = damping * sum(rank[i] for i in range(n) if out_sum[i] == 0.0) / n
@@ -160,7 +156,7 @@ def _pagerank(
             if out_sum[i] == 0.0:
                 continue
             share = damping * rank[i] / out_sum[i]
-            for j, w in edges[i]:
+            for j, w in zip(*edges[i], strict=True):
                 new[j] += share * w
         err = sum(abs(new[i] - rank[i]) for i in range(n))
         rank = new
@@ -169,12 +165,46 @@ def _pagerank(
     return rank
 
 
-def _similarity(a: frozenset[str], b: frozenset[str]) -> float:
-    """TextRank overlap: shared words over log|a| + log|b| (Mihalcea & Tarau 2004)."""
-    common = len(a & b)
-    if not common:
-        return 0.0
-    return common / (math.log(len(a) + 1) + math.log(len(b) + 1))
+def _words(sentence: str) -> frozenset[str]:
+    """The content words of a sentence (lower case, no stopwords, longer than one letter)."""
+    return frozenset(
+        w for w in _WORD.findall(sentence.lower()) if w not in _STOPWORDS and len(w) > 1
+    )
+
+
+def _similarities(block: list[_Sentence]) -> _Edges:
+    """TextRank overlap of every pair sharing a word: shared words over log|a| + log|b|
+    (Mihalcea & Tarau 2004), as each sentence's neighbours and weights in ascending order.
+
+    Word sets are made per block and pairs are counted in one flat array, so memory stays
+    with the block, not with all sentences of a long text.
+    """
+    n = len(block)
+    words = [_words(s.text) for s in block]
+    logs = [math.log(len(w) + 1) for w in words]
+    holders: dict[str, list[int]] = {}
+    for i, ws in enumerate(words):
+        for w in ws:
+            holders.setdefault(w, []).append(i)
+    shared = array.array("I", bytes(4 * n * n))
+    for members in holders.values():
+        for x, i in enumerate(members):
+            for j in members[x + 1 :]:
+                shared[i * n + j] += 1
+                shared[j * n + i] += 1
+    edges: _Edges = []
+    for i in range(n):
+        row = shared[i * n : (i + 1) * n]
+        cols = array.array("I", [j for j, common in enumerate(row) if common])
+        # Same operands in the same order for (i, j) and (j, i), lower index first.
+        li = logs[i]
+        vals = array.array(
+            "d",
+            [row[j] / (logs[j] + li) for j in cols if j < i]
+            + [row[j] / (li + logs[j]) for j in cols if j > i],
+        )
+        edges.append((cols, vals))
+    return edges
 
 
 @attrs.frozen
@@ -201,18 +231,12 @@ class TextRankSummarizer:
         scores: list[float] = []
         for start in range(0, len(sentences), self.window):
             block = sentences[start : start + self.window]
-            weights: list[dict[int, float]] = [{} for _ in block]
-            for i, a in enumerate(block):
-                for j in range(i + 1, len(block)):
-                    w = _similarity(a.words, block[j].words)
-                    if w > 0.0:
-                        weights[i][j] = w
-                        weights[j][i] = w
+            weights = _similarities(block)
             ranks = _pagerank(weights, damping=self.damping, max_iter=self.max_iter, tol=self.tol)
             # Scale by block size so windows of different sizes compare fairly. A sentence
             # sharing no word with any other keeps PageRank's uniform share (about 1/n,
             # more than weakly linked ones get), though it is central to nothing: zero it.
-            scores.extend(r * len(block) if weights[i] else 0.0 for i, r in enumerate(ranks))
+            scores.extend(r * len(block) if weights[i][0] else 0.0 for i, r in enumerate(ranks))
         return scores
 
     def summarize(self, text: str, target_tokens: int) -> SummaryResult:
