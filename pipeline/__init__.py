@@ -157,6 +157,7 @@ from pipeline._transcript import (
 from pipeline._views import (
     Policy,
     SegmentRenderer,
+    ViewMemo,
     carry_forward,
     excerpt_view,
     full_view,
@@ -278,6 +279,7 @@ __all__ = [
     "UnknownAttachmentKind",
     "UnknownConversation",
     "View",
+    "ViewMemo",
     "agent_call",
     "assemble",
     "attachment_record",

@@ -74,13 +74,13 @@ def item_view(turn: TurnGraph, item: Placement) -> View:
     if item.form is Form.REFERENCE:
         return reference_view(artifact, item.marks)
     if item.form is Form.PREVIEW:
-        return preview_view(artifact, ctx.counter, ctx.policy, item.marks)
+        return preview_view(artifact, ctx.counter, ctx.policy, item.marks, ctx.views)
     if item.form is Form.SUMMARY:
         target = summary_target(turn, artifact.payload.body())
         return summary_view(artifact, ctx.summaries, ctx.summarizer, target, item.marks)
     if item.form is Form.EXCERPT:
         limit = item.limit or ctx.policy.verbatim_tokens
-        return excerpt_view(artifact, ctx.counter, limit, item.marks)
+        return excerpt_view(artifact, ctx.counter, limit, item.marks, ctx.views)
     return full_view(artifact, item.marks)
 
 

@@ -27,7 +27,7 @@ from pipeline._library import Library, LibraryEntry
 from pipeline._stages import Pipeline
 from pipeline._summarize import Summarizer, SummaryCache, TextRankSummarizer
 from pipeline._tokens import TokenCounter
-from pipeline._views import Policy, SegmentRenderer
+from pipeline._views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:
     from pipeline._budget import Budget
@@ -139,6 +139,7 @@ class Conversation:
         self.budget = budget
         self.summarizer = summarizer or TextRankSummarizer()
         self.summaries = SummaryCache()
+        self.views = ViewMemo()
         self._history_view = HistoryView()
 
     @property
@@ -249,6 +250,7 @@ class Conversation:
             budget=self.budget,
             summaries=self.summaries,
             summarizer=self.summarizer,
+            views=self.views,
         )
         start = TurnGraph.build(
             processed,

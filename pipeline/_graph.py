@@ -14,7 +14,7 @@ from pipeline._history import HistoryEntry
 from pipeline._library import Library
 from pipeline._summarize import Summarizer, SummaryCache, TextRankSummarizer
 from pipeline._tokens import TokenCounter
-from pipeline._views import Policy, SegmentRenderer
+from pipeline._views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:
     from pipeline._budget import Budget
@@ -63,6 +63,7 @@ class TurnContext:
     budget: Budget | None = None
     summaries: SummaryCache = attrs.field(factory=SummaryCache, eq=False)
     summarizer: Summarizer = attrs.field(factory=TextRankSummarizer, eq=False)
+    views: ViewMemo = attrs.field(factory=ViewMemo, eq=False)
 
 
 @attrs.frozen

@@ -34,7 +34,7 @@ class Stage(Protocol):
 
 def library_entry(artifact: Artifact, ctx: TurnContext) -> LibraryEntry:
     """The L2 entry for ``artifact``: its carry-forward view, rendered and counted."""
-    view, text = carry_forward(artifact, ctx.counter, ctx.policy, ctx.renderer)
+    view, text = carry_forward(artifact, ctx.counter, ctx.policy, ctx.renderer, ctx.views)
     return LibraryEntry(view, text, ctx.counter.count(text), ctx.turn)
 
 
@@ -257,7 +257,7 @@ class Promote:
             for key in dict.fromkeys(i.key for i in turn.items if i.form is not Form.REFERENCE)
             if key not in library and not is_turn_scoped(turn.artifact(key))
         ]
-        forms = [carry_forward(a, ctx.counter, ctx.policy, ctx.renderer) for a in new]
+        forms = [carry_forward(a, ctx.counter, ctx.policy, ctx.renderer, ctx.views) for a in new]
         counts = ctx.counter.count_many([text for _, text in forms])
         for (view, text), tokens in zip(forms, counts, strict=True):
             library = library.append(LibraryEntry(view, text, tokens, ctx.turn), ctx.counter)

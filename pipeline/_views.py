@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 import attrs
 
@@ -12,9 +14,15 @@ from pipeline._errors import ConfigError
 from pipeline._summarize import Summarizer, SummaryCache
 from pipeline._tokens import TokenCounter, count_joined_from, count_with_sep_from, starts_piece
 
+if TYPE_CHECKING:
+    from pipeline._preview import Preview
+
+T = TypeVar("T")
+
 __all__ = [
     "Policy",
     "SegmentRenderer",
+    "ViewMemo",
     "carry_forward",
     "excerpt_view",
     "full_view",
@@ -103,21 +111,60 @@ def reference_view(artifact: Artifact, marks: tuple[tuple[str, str], ...] = ()) 
     return _view(artifact, Form.REFERENCE, "", marks)
 
 
+@attrs.define
+class ViewMemo:
+    """Previews and excerpts made recently, by content hash, tokenizer and limits.
+
+    A turn's budget loop measures the same compacted items again after every cut, and
+    promotion previews what L3 just previewed: both take the memo's copy instead of cutting
+    the text again. Bounded (least recently used goes first); one per conversation.
+    """
+
+    size: int = 256
+    hits: int = 0
+    _items: OrderedDict[tuple[object, ...], Any] = attrs.field(factory=OrderedDict, repr=False)
+
+    def get(self, key: tuple[object, ...], make: Callable[[], T]) -> T:
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+            self.hits += 1
+            return cast(T, found)
+        made = make()
+        self._items[key] = made
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return made
+
+
+def _preview(
+    artifact: Artifact, counter: TokenCounter, policy: Policy, memo: ViewMemo | None
+) -> Preview:
+    from pipeline._preview import make_preview
+
+    def make() -> Preview:
+        return make_preview(
+            artifact.payload.body(),
+            counter,
+            max_sections=policy.max_sections,
+            section_tokens=policy.section_tokens,
+            headless_tokens=policy.headless_tokens,
+        )
+
+    if memo is None:
+        return make()
+    limits = (policy.max_sections, policy.section_tokens, policy.headless_tokens)
+    return memo.get(("preview", artifact.content_hash, counter.name, *limits), make)
+
+
 def preview_view(
     artifact: Artifact,
     counter: TokenCounter,
     policy: Policy,
     marks: tuple[tuple[str, str], ...] = (),
+    memo: ViewMemo | None = None,
 ) -> View:
-    from pipeline._preview import make_preview
-
-    preview = make_preview(
-        artifact.payload.body(),
-        counter,
-        max_sections=policy.max_sections,
-        section_tokens=policy.section_tokens,
-        headless_tokens=policy.headless_tokens,
-    )
+    preview = _preview(artifact, counter, policy, memo)
     return _view(artifact, Form.PREVIEW, preview.text, marks)
 
 
@@ -126,11 +173,16 @@ def excerpt_view(
     counter: TokenCounter,
     max_tokens: int,
     marks: tuple[tuple[str, str], ...] = (),
+    memo: ViewMemo | None = None,
 ) -> View:
     from pipeline._preview import make_excerpt
 
-    excerpt = make_excerpt(artifact.payload.body(), counter, max_tokens)
-    return _view(artifact, Form.EXCERPT, excerpt.text, marks)
+    def make() -> str:
+        return make_excerpt(artifact.payload.body(), counter, max_tokens).text
+
+    key = ("excerpt", artifact.content_hash, counter.name, max_tokens)
+    text = make() if memo is None else memo.get(key, make)
+    return _view(artifact, Form.EXCERPT, text, marks)
 
 
 def summary_view(
@@ -149,28 +201,24 @@ def summary_view(
 
 
 def carry_forward(
-    artifact: Artifact, counter: TokenCounter, policy: Policy, renderer: SegmentRenderer
+    artifact: Artifact,
+    counter: TokenCounter,
+    policy: Policy,
+    renderer: SegmentRenderer,
+    memo: ViewMemo | None = None,
 ) -> tuple[View, str]:
     """The form an artifact takes when promoted into L2 (DESIGN.md compaction classes), and
     its text. The full rendering is usually counted already (it is what L3 sent), so
     deciding costs no encoding; a preview's rendering is counted from its sections' counts
     when the renderer keeps the preview verbatim (see ``_rendered_tokens``)."""
-    from pipeline._preview import make_preview
-
     view = full_view(artifact)
     text = renderer.render(view)
     if counter.count(text) <= policy.verbatim_tokens:
         return view, text
     if not artifact.recoverable:
-        view = excerpt_view(artifact, counter, policy.verbatim_tokens)
+        view = excerpt_view(artifact, counter, policy.verbatim_tokens, memo=memo)
         return view, renderer.render(view)
-    preview = make_preview(
-        artifact.payload.body(),
-        counter,
-        max_sections=policy.max_sections,
-        section_tokens=policy.section_tokens,
-        headless_tokens=policy.headless_tokens,
-    )
+    preview = _preview(artifact, counter, policy, memo)
     view = _view(artifact, Form.PREVIEW, preview.text, ())
     text = renderer.render(view)
     if preview.blocks:
