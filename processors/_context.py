@@ -50,7 +50,7 @@ class Sources:
         """These sources with the vault listed at most once (see ``Vault.snapshot``)."""
         if self.context.vault is None:
             return self
-        vault = self.context.vault.snapshot()
+        vault = self.context.vault.snapshot(self.context.cache)
         return attrs.evolve(self, context=attrs.evolve(self.context, vault=vault))
 
     def parse(self, data: Mapping[str, Any]) -> AttachmentSpec:

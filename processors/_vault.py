@@ -10,6 +10,7 @@ import difflib
 import os
 import posixpath
 import re
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -65,6 +66,31 @@ def _hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in rel.split("/") if part != ".")
 
 
+# A folder changed this close before a walk may change again within the same timestamp
+# tick unseen: such a walk is not trusted (git's "racy" rule).
+_RACY_NS = 2_000_000_000
+
+
+@attrs.frozen
+class _DiskListing:
+    """One walk of the vault: its notes, and each folder walked with its mtime then."""
+
+    notes: tuple[str, ...]
+    folders: tuple[tuple[str, int], ...]
+    taken_ns: int
+
+    def still_valid(self) -> bool:
+        """No walked folder gained, lost or renamed an entry (its mtime would have moved)."""
+        for folder, mtime in self.folders:
+            try:
+                now = os.stat(folder).st_mtime_ns
+            except OSError:
+                return False
+            if now != mtime or now >= self.taken_ns - _RACY_NS:
+                return False
+        return True
+
+
 @attrs.frozen
 class Vault:
     """Notes under ``root``; ``overlay`` (path -> text) is applied over disk, in memory."""
@@ -75,6 +101,11 @@ class Vault:
     # the turn (see ``snapshot``).
     _listing: dict[str, tuple[str, ...]] | None = attrs.field(
         default=None, eq=False, hash=False, repr=False, alias="listing"
+    )
+    # Shared across a conversation's turns: the last walk of the disk, re-used while no
+    # folder of it has changed (see ``_DiskListing``).
+    _shared: dict[str, Any] | None = attrs.field(
+        default=None, eq=False, hash=False, repr=False, alias="shared"
     )
 
     def __attrs_post_init__(self) -> None:
@@ -138,17 +169,20 @@ class Vault:
             )
             return _clean(text), warning
 
-    def snapshot(self) -> Vault:
+    def snapshot(self, shared: dict[str, Any] | None = None) -> Vault:
         """This vault, listed at most once: one turn resolves every link against one listing,
         and each path's symlink check is made once. A note's text is always read from disk.
+
+        With ``shared`` (a conversation's cache) the disk walk itself is kept across turns
+        and re-used while the modification times of the folders it walked are unchanged.
         """
-        return Vault(self.root, self.overlay, listing={})
+        return Vault(self.root, self.overlay, listing={}, shared=shared)
 
     def notes(self) -> tuple[str, ...]:
         """Every ``.md`` note (disk and overlay), sorted by path; hidden folders skipped."""
         if self._listing is not None and "notes" in self._listing:
             return self._listing["notes"]
-        found = set(self._disk_notes())
+        found = set(self._disk_listing())
         found.update(p for p in self.overlay if p.endswith(".md") and not _hidden(p))
         listed = tuple(sorted(found))
         if self._listing is not None:
@@ -186,7 +220,22 @@ class Vault:
             found.extend(by_name[close])
         return tuple(dict.fromkeys(found))[:5]
 
-    def _disk_notes(self) -> Iterator[str]:
+    def _disk_listing(self) -> tuple[str, ...]:
+        key = f"vault-listing:{self.root}"
+        shared = self._shared
+        if shared is not None:
+            cached = shared.get(key)
+            if isinstance(cached, _DiskListing) and cached.still_valid():
+                return cached.notes
+        taken = time.time_ns()
+        folders: list[tuple[str, int]] = []
+        symlinks: list[bool] = []
+        notes = tuple(self._disk_notes(folders, symlinks))
+        if shared is not None and not symlinks:
+            shared[key] = _DiskListing(notes, tuple(folders), taken)
+        return notes
+
+    def _disk_notes(self, folders: list[tuple[str, int]], symlinks: list[bool]) -> Iterator[str]:
         # scandir's entries know their type from the directory listing, so a walk costs
         # one listing per folder and a stat only for symlinks (link resolution lists the
         # vault on every note with links).
@@ -196,6 +245,7 @@ class Vault:
         while stack:
             folder, rel_dir = stack.pop()
             try:
+                folders.append((folder, os.stat(folder).st_mtime_ns))
                 entries = list(os.scandir(folder))
             except OSError:
                 continue
@@ -210,6 +260,7 @@ class Vault:
                 if not name.endswith(".md"):
                     continue
                 if entry.is_symlink():
+                    symlinks.append(True)  # its target may change unseen: not kept
                     if not os.path.realpath(entry.path).startswith(prefix):
                         continue
                     if not os.path.isfile(entry.path):

@@ -135,3 +135,63 @@ def test_vaults_compare_by_root_and_overlay(tmp_path: Path) -> None:
     assert Vault(tmp_path) == vault
     assert vault.with_changes({"a.md": "y"}) == vault.with_changes({"a.md": "y"})
     assert vault.with_changes({"a.md": "y"}) != vault
+
+
+def _walks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Folders listed from now on (os.scandir calls)."""
+    seen: list[str] = []
+    real = os.scandir
+
+    def scandir(path: str) -> object:
+        seen.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    return seen
+
+
+def _age(*folders: Path) -> None:
+    hour_ago = os.stat(folders[0]).st_mtime - 3600
+    for folder in folders:
+        os.utime(folder, (hour_ago, hour_ago))
+
+
+def test_a_listing_is_reused_across_turns_until_a_folder_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.md").write_text("a", encoding="utf-8")
+    (tmp_path / "sub" / "b.md").write_text("b", encoding="utf-8")
+    _age(tmp_path, tmp_path / "sub")
+    vault, shared = Vault(tmp_path), {}
+    walks = _walks(monkeypatch)
+    assert vault.snapshot(shared).notes() == ("a.md", "sub/b.md")
+    assert len(walks) == 2
+    assert vault.snapshot(shared).notes() == ("a.md", "sub/b.md")  # the next turn
+    assert len(walks) == 2
+    (tmp_path / "sub" / "c.md").write_text("c", encoding="utf-8")  # sub's mtime moves
+    assert vault.snapshot(shared).notes() == ("a.md", "sub/b.md", "sub/c.md")
+    assert len(walks) == 4
+
+
+def test_a_folder_changed_just_before_a_walk_is_walked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within a timestamp tick a second change would not move the mtime: not trusted."""
+    (tmp_path / "a.md").write_text("a", encoding="utf-8")
+    vault, shared = Vault(tmp_path), {}
+    walks = _walks(monkeypatch)
+    vault.snapshot(shared).notes()
+    vault.snapshot(shared).notes()
+    assert len(walks) == 2
+
+
+def test_one_turn_lists_the_vault_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "a.md").write_text("a", encoding="utf-8")
+    snapshot = Vault(tmp_path).snapshot()
+    walks = _walks(monkeypatch)
+    snapshot.notes()
+    (tmp_path / "b.md").write_text("b", encoding="utf-8")
+    assert snapshot.notes() == ("a.md",)  # the turn's one consistent listing
+    assert len(walks) == 1
+    assert Vault(tmp_path).notes() == ("a.md", "b.md")
