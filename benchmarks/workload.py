@@ -8,7 +8,9 @@ with sizes spread log-uniformly from 1 KB to 50 KB.
 from __future__ import annotations
 
 import math
+import os
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,8 +238,17 @@ SCALES: dict[str, Scale] = {
 
 
 def write_vault(workload: Workload, root: Path) -> None:
-    """Write every note of ``workload`` under ``root`` (the conversation's vault)."""
+    """Write every note of ``workload`` under ``root`` (the conversation's vault).
+
+    Files and folders are dated an hour back, as in a vault nobody edited in the last
+    seconds; a folder changed within two seconds is walked again on every turn (Vault).
+    """
     for rel, text in workload.notes.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+    past = time.time() - 3600
+    for folder, _, files in os.walk(root):
+        for name in files:
+            os.utime(os.path.join(folder, name), (past, past))
+        os.utime(folder, (past, past))
