@@ -10,7 +10,14 @@ from typing import Any
 import cattrs
 import xxhash
 
-__all__ = ["canonical_bytes", "content_hash", "hash_joined", "joined_hash", "text_hash"]
+__all__ = [
+    "canonical_bytes",
+    "content_hash",
+    "hash_joined",
+    "joined_hash",
+    "slice_hash",
+    "text_hash",
+]
 
 _converter = cattrs.Converter()
 
@@ -50,10 +57,10 @@ def joined_hash(texts: Iterable[str], sep: str) -> str:
     return hash_joined(xxhash.xxh3_128(), texts, sep).hexdigest()
 
 
-_SHORT = 4096
+_SHORT = 1024
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=2048)
 def _short_hash(text: str) -> str:
     return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
 
@@ -72,4 +79,14 @@ def text_hash(text: str) -> str:
     hasher = xxhash.xxh3_128()
     for start in range(0, len(text), _CHUNK):
         hasher.update(text[start : start + _CHUNK].encode("utf-8", "surrogatepass"))
+    return hasher.hexdigest()
+
+
+def slice_hash(text: str, start: int, stop: int) -> str:
+    """``text_hash(text[start:stop])`` without copying a long slice whole."""
+    if stop - start <= _CHUNK:
+        return text_hash(text[start:stop])
+    hasher = xxhash.xxh3_128()
+    for at in range(start, stop, _CHUNK):
+        hasher.update(text[at : min(at + _CHUNK, stop)].encode("utf-8", "surrogatepass"))
     return hasher.hexdigest()

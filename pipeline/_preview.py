@@ -77,8 +77,8 @@ class Preview:
     cut: bool
     tokens: int = attrs.field(default=-1, eq=False)
     """Exact token count of ``text`` (made from the sections' counts), -1 if not known."""
-    blocks: tuple[tuple[str, int], ...] = attrs.field(default=(), eq=False, repr=False)
-    """The blank-line separated blocks ``text`` is made of, with their exact counts."""
+    blocks: tuple[tuple[int, int], ...] = attrs.field(default=(), eq=False, repr=False)
+    """The blank-line separated blocks ``text`` is made of: (characters, exact tokens)."""
 
 
 @attrs.frozen
@@ -369,7 +369,7 @@ def make_preview(
         text, cut, n = _cut_with_marker(
             _trim_blank_lines(body), counter, headless_tokens, "sentence"
         )
-        return Preview(text, 1, 1, cut, n)
+        return Preview(text, 1, 1, cut, n, ((len(text), n),))
     kept = sections[:max_sections]
     dropped = len(sections) - len(kept)
     blocks: list[tuple[str, int | None]] = []
@@ -391,7 +391,7 @@ def make_preview(
         blocks.append((line, _count(enc, line)))
     parts = [(b, -1 if k is None else k) for b, k in blocks]
     text, total = _joined_count(parts, "\n\n", enc)
-    known = tuple(parts) if total is not None else ()
+    known = tuple((len(b), k) for b, k in parts) if total is not None else ()
     return Preview(text, len(sections), len(kept), any_cut, -1 if total is None else total, known)
 
 

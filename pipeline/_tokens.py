@@ -15,7 +15,7 @@ import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
 from pipeline._errors import ConfigError
-from pipeline._hashing import text_hash
+from pipeline._hashing import slice_hash
 
 __all__ = [
     "TOKENIZERS",
@@ -188,16 +188,22 @@ _SPLIT_FROM = 4096
 _HEAD_LINE_MAX = 2048
 
 
-def _split_head(text: str) -> tuple[str, str] | None:
-    """A long text as (first line with its newline, the rest), when counting them apart is
-    exact: after a newline the pre-tokenizer starts a new piece unless whitespace or (o200k)
-    a slash follows (the rule ``count_joined`` relies on)."""
+def _split_head(text: str) -> int:
+    """Where a long text is counted apart: after its first line, when that is exact (after
+    a newline the pre-tokenizer starts a new piece unless whitespace or (o200k) a slash
+    follows: the rule ``count_joined`` relies on); else 0 (counted whole)."""
     if len(text) < _SPLIT_FROM:
-        return None
+        return 0
     end = text.find("\n", 0, _HEAD_LINE_MAX) + 1
     if end == 0 or not starts_piece(text[end : end + 1]):
-        return None
-    return text[:end], text[end:]
+        return 0
+    return end
+
+
+def _parts(text: str) -> list[tuple[int, int]]:
+    """The (start, stop) slices ``text`` is counted as (see ``_split_head``)."""
+    end = _split_head(text)
+    return [(0, end), (end, len(text))] if end else [(0, len(text))]
 
 
 @attrs.define
@@ -229,20 +235,20 @@ class TokenCounter:
         A long text is counted as its first line and the rest (see ``_split_head``), so a
         block rendered again with other attributes re-encodes only its tag line.
         """
-        split = _split_head(text)
-        if split is not None:
-            return self._count_whole(split[0]) + self._count_whole(split[1])
-        return self._count_whole(text)
+        return sum(self._count_slice(text, start, stop) for start, stop in _parts(text))
 
     def _count_whole(self, text: str) -> int:
-        if not text:
+        return self._count_slice(text, 0, len(text))
+
+    def _count_slice(self, text: str, start: int, stop: int) -> int:
+        if start == stop:
             return 0
-        digest = text_hash(text)
+        digest = slice_hash(text, start, stop)
         cached = self._cache.get(digest)
         if cached is not None:
             self.hits += 1
             return cached
-        n = self.count_once(text)
+        n = self.count_once(text[start:stop] if start or stop < len(text) else text)
         self._remember(digest, n)
         return n
 
@@ -252,22 +258,31 @@ class TokenCounter:
         When the texts not counted yet add up to ``PARALLEL_CHARS`` or more (a cold build),
         they are encoded on a few threads: tiktoken releases the GIL while it encodes.
         """
-        split = [_split_head(t) or (t,) for t in texts]
-        parts = [part for pieces in split for part in pieces]
-        digests = [text_hash(t) if t else "" for t in parts]
-        missing = {d: t for d, t in zip(digests, parts, strict=True) if t and d not in self._cache}
-        size = sum(len(t) for t in missing.values())
+        # Slices, not copies: a cold build's blocks are not held twice while counting.
+        split = [_parts(t) for t in texts]
+        slices = [(t, a, b) for t, parts in zip(texts, split, strict=True) for a, b in parts]
+        digests = [slice_hash(t, a, b) if a < b else "" for t, a, b in slices]
+        missing = {
+            d: (t, a, b)
+            for d, (t, a, b) in zip(digests, slices, strict=True)
+            if d and d not in self._cache
+        }
+        size = sum(b - a for _, a, b in missing.values())
         workers = _workers()
         if size < PARALLEL_CHARS or len(missing) < 2 or workers < 2:
             return [self.count(t) for t in texts]
         enc = self.encoding
-        counts = _pool(workers).map(lambda t: len(enc.encode_ordinary(t)), missing.values())
-        for digest, n in zip(missing, counts, strict=True):
+
+        def encode(part: tuple[str, int, int]) -> int:
+            t, a, b = part
+            return len(enc.encode_ordinary(t[a:b]))
+
+        for digest, n in zip(missing, _pool(workers).map(encode, missing.values()), strict=True):
             self._remember(digest, n)
         self.encoded_chars += size
         self.hits += sum(1 for d in digests if d) - len(missing)
         found = iter(self._cache[d] if d else 0 for d in digests)
-        return [sum(itertools.islice(found, len(pieces))) for pieces in split]
+        return [sum(itertools.islice(found, len(parts))) for parts in split]
 
     def learn(self, text: str, tokens: int) -> None:
         """Take ``tokens`` as the count of ``text`` without encoding it (but its first line).
@@ -275,12 +290,12 @@ class TokenCounter:
         For counts made exactly from the counts of the parts a text was built from (a
         preview from its sections); a wrong number here makes every budget wrong.
         """
-        split = _split_head(text)
-        if split is not None:
-            head, text = split
-            tokens -= self._count_whole(head)
-        if text and text_hash(text) not in self._cache:
-            self._remember(text_hash(text), tokens)
+        end = _split_head(text)
+        if end:
+            tokens -= self._count_slice(text, 0, end)
+        digest = slice_hash(text, end, len(text))
+        if end < len(text) and digest not in self._cache:
+            self._remember(digest, tokens)
 
     def _remember(self, digest: str, n: int) -> None:
         if len(self._cache) >= MAX_REMEMBERED:

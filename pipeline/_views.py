@@ -222,17 +222,18 @@ def carry_forward(
     view = _view(artifact, Form.PREVIEW, preview.text, ())
     text = renderer.render(view)
     if preview.blocks:
-        tokens = _rendered_tokens(text, preview.blocks, counter)
+        tokens = _rendered_tokens(text, preview.text, preview.blocks, counter)
         if tokens is not None:
             counter.learn(text, tokens)
     return view, text
 
 
 def _rendered_tokens(
-    text: str, blocks: tuple[tuple[str, int], ...], counter: TokenCounter
+    text: str, source: str, blocks: tuple[tuple[int, int], ...], counter: TokenCounter
 ) -> int | None:
-    """Exact count of a rendering ``head line, body, last line`` whose body is the blocks
-    (as the renderer wrote them), joined by blank lines, from the blocks' counts.
+    """Exact count of a rendering ``head line, body, last line`` whose body is ``source``
+    (as the renderer wrote it), from the counts of the blank-line separated ``blocks``
+    (characters, tokens) that ``source`` is made of.
 
     A renderer may escape characters but not newlines, so the body splits back into the
     blocks by their newlines; a block that reads as it was is not counted again, one the
@@ -246,8 +247,10 @@ def _rendered_tokens(
     if not starts_piece(body) or not starts_piece(tail):
         return None
     parts: list[tuple[str, int]] = []
-    pos = 0
-    for i, (raw, n) in enumerate(blocks):
+    pos = at = 0
+    for i, (size, n) in enumerate(blocks):
+        raw = source[at : at + size]
+        at += size + 2
         stop = len(body)
         if i < len(blocks) - 1:
             stop = pos - 1
