@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 import attrs
@@ -98,6 +98,16 @@ class Excerpt:
 
 def _count(enc: tiktoken.Encoding, text: str) -> int:
     return len(enc.encode_ordinary(text)) if text else 0
+
+
+@functools.lru_cache(maxsize=1024)
+def _count_short(enc: tiktoken.Encoding, text: str) -> int:
+    """Counts of separators and punctuation tails, asked for again and again."""
+    return _count(enc, text)
+
+
+def _small(enc: tiktoken.Encoding) -> Callable[[str], int]:
+    return lambda t: _count_short(enc, t) if len(t) <= 16 else _count(enc, t)
 
 
 def _surely_fits(text: str, max_tokens: int) -> bool:
@@ -403,7 +413,7 @@ def _joined_count(
     text = sep.join(t for t, _ in parts)
     if any(n < 0 for _, n in parts):
         return text, None
-    return text, count_joined_from(parts, sep, lambda t: _count(enc, t))
+    return text, count_joined_from(parts, sep, _small(enc))
 
 
 def _excerpt_marker(cut: int, total: int) -> str:

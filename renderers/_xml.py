@@ -23,8 +23,13 @@ _NAME = re.compile(r"^[A-Za-z_][\w.-]*$")
 ViewRenderer = Callable[[View], str]
 
 
+_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
 def xml_safe(text: str) -> str:
     """``text`` with the code points XML 1.0 cannot hold replaced (see module comment)."""
+    if _UNSAFE.search(text) is None:  # the usual case: one scan, no copy
+        return text
     return _ILLEGAL.sub("\ufffd", text.translate(_C0))
 
 
