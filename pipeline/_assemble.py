@@ -27,6 +27,7 @@ from pipeline._views import excerpt_view, full_view, preview_view, reference_vie
 __all__ = [
     "DEFAULT_REPLY_TOKENS",
     "assemble",
+    "complete",
     "item_view",
     "shorten_reply",
     "summary_target",
@@ -154,6 +155,25 @@ def assemble(turn: TurnGraph, *, measure_only: bool = False) -> Envelope:
     )
     if measure_only:
         return Envelope(turn.ctx.turn, layers, _report(turn), "", "", "")
-    system_text, prefix_hash = turn.library.system_text(counter, tuple(s.text for s in l1))
+    return _messages(turn, layers)
+
+
+def complete(measured: Envelope, turn: TurnGraph) -> Envelope:
+    """The full envelope of ``turn`` from its measure-only one (same segments and counts):
+    layer hashes and message texts added, nothing rendered or counted again."""
+    l1, l2, l3, l4, l5 = measured.layers
+    layers = (
+        Layer(l1.name, l1.segments, l1.tokens),
+        l2,  # the library's own layer, hash included
+        Layer(l3.name, l3.segments, l3.tokens),
+        Layer(l4.name, l4.segments, l4.tokens),
+        Layer(l5.name, l5.segments, l5.tokens),
+    )
+    return _messages(turn, layers)
+
+
+def _messages(turn: TurnGraph, layers: tuple[Layer, Layer, Layer, Layer, Layer]) -> Envelope:
+    head = tuple(s.text for s in layers[0].segments)
+    system_text, prefix_hash = turn.library.system_text(turn.ctx.counter, head)
     user_text = join_blocks(user_parts(layers[2], layers[4]))
     return Envelope(turn.ctx.turn, layers, _report(turn), system_text, user_text, prefix_hash)

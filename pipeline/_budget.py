@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from pipeline._assemble import assemble, item_view, summary_target, visible_history
+from pipeline._assemble import assemble, complete, item_view, summary_target, visible_history
 from pipeline._conversation import request_tokens
 from pipeline._envelope import BudgetReport, Decision, Envelope, Form
 from pipeline._errors import BudgetExceeded, ConfigError
@@ -379,5 +379,5 @@ class Enforce:
             decisions.append(attrs.evolve(decision, tokens_saved=used - now))
             used = now
         report = budget.report(used, before, _layer_tokens(env), decisions)
-        measured = (assemble(turn), turn.render_inputs())
+        measured = (complete(env, turn), turn.render_inputs())
         return attrs.evolve(turn, budget_report=report, measured=measured).decide(*decisions)

@@ -3,7 +3,7 @@ tests both call. Tool output is also checked to stay turn-scoped."""
 
 from __future__ import annotations
 
-from pipeline._envelope import Envelope, Form, Layer
+from pipeline._envelope import Envelope, Form, Layer, join_blocks, system_parts, user_parts
 from pipeline._errors import InvariantViolation
 from pipeline._hashing import text_hash
 from pipeline._history import has_context_markup
@@ -47,6 +47,12 @@ def _hashes_match(env: Envelope) -> None:
             raise InvariantViolation(1, f"{layer.name} hash does not match its text")
     if env.prefix_hash != text_hash(env.system_text):
         raise InvariantViolation(1, "prefix hash does not match the system text")
+    # The message texts are kept apart from the layers (extended, not re-joined): they
+    # must still be exactly what the layers say.
+    if env.system_text != join_blocks(system_parts(env.l1, env.l2)):
+        raise InvariantViolation(1, "system text is not L1 and L2 joined")
+    if env.user_text != join_blocks(user_parts(env.l3, env.l5)):
+        raise InvariantViolation(1, "user text is not L3 and L5 joined")
 
 
 def _unique_keys(layer: Layer) -> None:
