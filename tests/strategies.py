@@ -154,3 +154,30 @@ conversations = st.builds(
     st.one_of(_text, st.builds(lambda a, b: {"stable": a, "mutable": b}, _text, _text)),
     st.lists(turns, min_size=5, max_size=20),
 )
+
+
+MARKDOWN_LINE = st.sampled_from(
+    [
+        "# Title",
+        "## Part",
+        "### Deep",
+        "Text here.",
+        "More words, and more!",
+        "```py",
+        "```",
+        "x = 1",
+        "- item",
+        "  indented",
+        "",
+        "",
+        "/path",
+        "> quote",
+        "1. first",
+        "a < b & c",
+        "é ü 漢",
+        "...",
+        "Done",
+        "#tag",
+    ]
+)
+"""Markdown lines that exercise preview cuts, fences, escaping and piece boundaries."""

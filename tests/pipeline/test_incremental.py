@@ -18,6 +18,7 @@ from pipeline import (
 )
 from processors import NotePayload, note
 from renderers import XmlRenderer
+from tests.strategies import MARKDOWN_LINE
 
 
 def _note(i: int) -> str:
@@ -69,30 +70,8 @@ def test_turn_200_costs_no_more_than_turn_20(tmp_path: Path) -> None:
     assert enc199 <= enc20 * (new199 / new20) * 1.1 + 100, (costs[20], costs[199])
 
 
-_LINES = st.sampled_from(
-    [
-        "# Title",
-        "## Part",
-        "Text here.",
-        "More words, and more!",
-        "```py",
-        "```",
-        "x = 1",
-        "- item",
-        "  indented",
-        "",
-        "/path",
-        "a < b & c",
-        "é ü 漢",
-        "...",
-        "Done",
-        "#tag",
-    ]
-)
-
-
 @settings(max_examples=150, deadline=None)
-@given(lines=st.lists(_LINES, min_size=1, max_size=400))
+@given(lines=st.lists(MARKDOWN_LINE, min_size=1, max_size=400))
 def test_a_promoted_preview_is_counted_exactly_without_encoding_it(lines: list[str]) -> None:
     """A preview's L2 block is counted from its sections' counts; the count is the true one."""
     counter = TokenCounter()

@@ -17,6 +17,7 @@ from pipeline._preview import (
     make_preview,
 )
 from pipeline._tokens import TokenCounter
+from tests.strategies import MARKDOWN_LINE
 
 COUNTER = TokenCounter()
 
@@ -385,33 +386,7 @@ def test_marked_cut_stays_within_its_limit(text: str, limit: int, boundary: str)
         assert tokens <= limit
 
 
-_MARKDOWN = st.lists(
-    st.sampled_from(
-        [
-            "# Title",
-            "## Part",
-            "### Deep",
-            "Text here.",
-            "More words, and more!",
-            "```py",
-            "```",
-            "x = 1",
-            "- item",
-            "  indented",
-            "",
-            "",
-            "/path",
-            "> quote",
-            "1. first",
-            "a < b & c",
-            "é ü 漢",
-            "...",
-            "Done",
-        ]
-    ),
-    min_size=1,
-    max_size=60,
-).map("\n".join)
+_MARKDOWN = st.lists(MARKDOWN_LINE, min_size=1, max_size=60).map("\n".join)
 
 
 @settings(max_examples=300, deadline=None)
