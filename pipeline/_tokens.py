@@ -237,9 +237,6 @@ class TokenCounter:
         """
         return sum(self._count_slice(text, start, stop) for start, stop in _parts(text))
 
-    def _count_whole(self, text: str) -> int:
-        return self._count_slice(text, 0, len(text))
-
     def _count_slice(self, text: str, start: int, stop: int) -> int:
         if start == stop:
             return 0
@@ -277,11 +274,15 @@ class TokenCounter:
             t, a, b = part
             return len(enc.encode_ordinary(t[a:b]))
 
+        # Read the known counts first: remembering the new ones may forget old ones.
+        counts = {d: self._cache[d] for d in digests if d and d not in missing}
+        counts[""] = 0
         for digest, n in zip(missing, _pool(workers).map(encode, missing.values()), strict=True):
+            counts[digest] = n
             self._remember(digest, n)
         self.encoded_chars += size
         self.hits += sum(1 for d in digests if d) - len(missing)
-        found = iter(self._cache[d] if d else 0 for d in digests)
+        found = iter(counts[d] for d in digests)
         return [sum(itertools.islice(found, len(parts))) for parts in split]
 
     def learn(self, text: str, tokens: int) -> None:

@@ -151,3 +151,21 @@ def test_a_block_rendered_again_with_other_attributes_encodes_only_its_tag_line(
     before = counter.encoded_chars
     assert counter.count('<note key="a" form="full" newer="true">\n' + body) > 0
     assert counter.encoded_chars - before == len('<note key="a" form="full" newer="true">\n')
+
+
+def test_count_many_keeps_its_answers_when_remembering_forgets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A full memo forgets while a threaded batch is remembered; answers stay exact."""
+    import pipeline._tokens as tokens_module
+
+    monkeypatch.setattr(tokens_module, "MAX_REMEMBERED", 8)
+    monkeypatch.setattr(tokens_module, "PARALLEL_CHARS", 1)
+    monkeypatch.setattr(tokens_module, "_workers", lambda: 2)
+    counter = TokenCounter()
+    old = [f"old text {i}" for i in range(7)]
+    for text in old:
+        counter.count(text)
+    texts = old + [f"new text number {i}" for i in range(12)]
+    enc = get_encoding("o200k_base")
+    assert counter.count_many(texts) == [len(enc.encode_ordinary(t)) for t in texts]
