@@ -148,12 +148,8 @@ def _token_prefix(chunk: str, enc: tiktoken.Encoding, tokens: list[int], n: int)
     return chunk[: len(raw.decode("utf-8", errors="ignore"))], len(raw)
 
 
-def _hard_prefix(text: str, enc: tiktoken.Encoding, max_tokens: int, *, exact: bool = True) -> str:
-    """A prefix of ``text`` with at most ``max_tokens`` tokens, ``text`` itself if it fits.
-
-    With ``exact=False`` the prefix is where the window's ``max_tokens`` tokens end, not
-    re-counted: for callers that count their final text anyway.
-    """
+def _hard_prefix(text: str, enc: tiktoken.Encoding, max_tokens: int) -> str:
+    """A prefix of ``text`` with at most ``max_tokens`` tokens, ``text`` itself if it fits."""
     if max_tokens <= 0 or not text:
         return ""
     found = _token_window(text, enc, max_tokens)
@@ -161,7 +157,7 @@ def _hard_prefix(text: str, enc: tiktoken.Encoding, max_tokens: int, *, exact: b
         return text
     chunk, tokens = found
     prefix = _token_prefix(chunk, enc, tokens, max_tokens)[0]
-    while exact and prefix and _count(enc, prefix) > max_tokens:
+    while prefix and _count(enc, prefix) > max_tokens:
         prefix = prefix[: len(prefix) - max(1, len(prefix) // 64)]
     return prefix
 
