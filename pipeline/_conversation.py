@@ -237,6 +237,7 @@ class Conversation:
         started = time.perf_counter()
         hits, encoded = self.counter.hits, self.counter.encoded_chars
         summary_hits = self.summaries.hits
+        view_hits = self.views.hits
         specs = [self._sources.parse(a) if isinstance(a, Mapping) else a for a in attach]
         sources = self._sources.for_turn()
         processed = [_self_contained(s) or sources.process(s) for s in [*tools, *specs]]
@@ -281,6 +282,7 @@ class Conversation:
             ("token_cache_hits", self.counter.hits - hits),
             ("encoded_chars", self.counter.encoded_chars - encoded),
             ("summary_cache_hits", self.summaries.hits - summary_hits),
+            ("view_memo_hits", self.views.hits - view_hits),
         )
         report = attrs.evolve(
             envelope.report,

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import (
+    Budget,
     Conversation,
     Form,
     Policy,
@@ -97,3 +98,14 @@ def test_promoting_a_large_note_encodes_its_preview_sections_not_its_l2_block(
     assert conv.counter.count(entry.text) == entry.tokens  # learned, not encoded
     assert conv.counter.encoded_chars == before
     assert entry.tokens == len(conv.counter.encoding.encode_ordinary(entry.text))
+
+
+def test_a_preview_made_for_the_budget_is_reused_by_promotion(tmp_path: Path) -> None:
+    (tmp_path / "big.md").write_text(_note(0) * 40, encoding="utf-8")
+    conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(3_000, reserve_output=200))
+    env = conv.turn("read", attach=[note("big.md")])
+    assert [d.to_form for d in env.report.decisions if d.stage == "budget"] == ["preview"]
+    assert dict(env.report.meters)["view_memo_hits"] >= 1
+    entry = conv.library.get("note:big.md")
+    assert entry is not None and entry.form is Form.PREVIEW
+    assert entry.text == env.l3.get("note:big.md").text  # the one preview, in both layers
