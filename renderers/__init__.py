@@ -10,6 +10,7 @@ from renderers._layouts import LAYOUTS, Block, Layout, Message, Prompt, build_pr
 from renderers._openai import (
     ChatMessage,
     chatml,
+    chatml_prefix_tokens,
     common_prefix_length,
     common_prefix_tokens,
     openai_messages,
@@ -56,6 +57,7 @@ __all__ = [
     "build_prompt",
     "cache_rules",
     "chatml",
+    "chatml_prefix_tokens",
     "classify_break",
     "common_prefix_length",
     "common_prefix_tokens",

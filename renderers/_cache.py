@@ -15,8 +15,8 @@ import attrs
 from pipeline import Envelope, TokenCounter
 from renderers._openai import (
     chatml,
+    chatml_prefix_tokens,
     common_prefix_length,
-    common_prefix_tokens,
     openai_messages,
 )
 
@@ -106,16 +106,26 @@ def classify_break(previous: Envelope | None, current: Envelope) -> tuple[str, .
     return tuple(reasons)
 
 
+def _common_prefix_bytes(a: str, b: str) -> int:
+    """Length of the common prefix of the UTF-8 encodings, without encoding either whole."""
+    chars = common_prefix_length(a, b)
+    size = len(a[:chars].encode("utf-8", "surrogatepass"))
+    if chars < min(len(a), len(b)):  # two characters can share leading bytes
+        size += common_prefix_length(
+            a[chars].encode("utf-8", "surrogatepass"), b[chars].encode("utf-8", "surrogatepass")
+        )
+    return size
+
+
 def prefix_report(
     previous: Envelope | None, current: Envelope, counter: TokenCounter
 ) -> PrefixReport:
     """The report for ``current`` given the request before it (None on the first turn)."""
-    messages = openai_messages(current)
-    prev_messages = openai_messages(previous) if previous is not None else None
-    tokens = common_prefix_tokens(prev_messages, messages, counter)
-    same = 0
-    if prev_messages is not None:
-        same = common_prefix_length(chatml(prev_messages).encode(), chatml(messages).encode())
+    tokens = same = 0
+    if previous is not None:
+        a, b = chatml(openai_messages(previous)), chatml(openai_messages(current))
+        tokens = chatml_prefix_tokens(a, b, counter)
+        same = _common_prefix_bytes(a, b)
     return PrefixReport(
         turn=current.turn,
         l1_hash=current.l1.hash,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
@@ -10,6 +12,7 @@ from pipeline import Envelope, TokenCounter
 __all__ = [
     "ChatMessage",
     "chatml",
+    "chatml_prefix_tokens",
     "common_prefix_length",
     "common_prefix_tokens",
     "openai_messages",
@@ -37,13 +40,55 @@ def chatml(messages: list[ChatMessage]) -> str:
     return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
 
 
+# Blocks of a message (L2 entries, context blocks) start with "<" after a blank line: after
+# a newline the pre-tokenizer always starts a new piece there, so a request's tokens up to
+# such a point are the sum of its blocks' tokens, each counted once and remembered.
+_BLOCK_START = re.compile(r"\n\n(?=<)")
+_LINE_START = re.compile(r"\n(?=[^\s/])")
+_MARGIN = 512
+
+
+def _piece_boundary(text: str, at: int) -> int:
+    """The first position from ``at`` where a line starts a new pre-tokenizer piece (the
+    tokens of ``text[:p]`` are then the first tokens of ``text``), else the end."""
+    m = _LINE_START.search(text, at)
+    return m.end() if m else len(text)
+
+
 def common_prefix_tokens(
     previous: list[ChatMessage] | None, current: list[ChatMessage], counter: TokenCounter
 ) -> int:
-    """How many leading tokens of ``current`` equal ``previous`` (the cacheable prefix)."""
+    """How many leading tokens of ``current`` equal ``previous`` (the cacheable prefix).
+
+    Exact without encoding both requests whole: the shared characters are found by
+    comparing strings; up to the last block start well before the first difference the
+    tokens are the shared blocks' counts (remembered across turns); after it only windows
+    that end where a new piece starts are encoded, widened until they show the difference.
+    """
     if not previous:
         return 0
-    return common_prefix_length(counter.encode(chatml(previous)), counter.encode(chatml(current)))
+    return chatml_prefix_tokens(chatml(previous), chatml(current), counter)
+
+
+def chatml_prefix_tokens(a: str, b: str, counter: TokenCounter) -> int:
+    """``common_prefix_tokens`` of two requests already serialized with ``chatml``."""
+    same = common_prefix_length(a, b)
+    starts = [0] + [m.end() for m in _BLOCK_START.finditer(b, 0, max(0, same - _MARGIN))]
+    split = starts[-1]
+    shared = sum(counter.count(b[i:j]) for i, j in itertools.pairwise(starts))
+    reach = same + _MARGIN
+    while True:
+        end_a, end_b = _piece_boundary(a, reach), _piece_boundary(b, reach)
+        left = counter.encode(a[split:end_a])
+        right = counter.encode(b[split:end_b])
+        n = common_prefix_length(left, right)
+        if (
+            n < min(len(left), len(right))  # a difference inside both windows
+            or (n == len(left) and end_a == len(a))  # all of previous is shared
+            or (n == len(right) and end_b == len(b))
+        ):
+            return shared + n
+        reach = max(end_a, end_b) + (reach - split)
 
 
 def common_prefix_length(a: Sequence[Any], b: Sequence[Any], block: int = 4096) -> int:

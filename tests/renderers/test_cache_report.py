@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import attrs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline import (
     Conversation,
@@ -18,7 +20,14 @@ from pipeline import (
     SystemPrompt,
     TurnGraph,
 )
-from renderers import chatml, common_prefix_tokens, openai_messages, prefix_report, prefix_reports
+from renderers import (
+    chatml,
+    common_prefix_length,
+    common_prefix_tokens,
+    openai_messages,
+    prefix_report,
+    prefix_reports,
+)
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 SYSTEM = SystemPrompt("You answer from the attached context.", "Memory: short answers.")
@@ -178,3 +187,17 @@ def test_history_cut_moved() -> None:
     trimmed = attrs.evolve(after, layers=(after.l1, after.l2, after.l3, cut, after.l5))
     assert prefix_report(before, trimmed, conv.counter).break_reason == "history-cut-moved"
     assert prefix_report(before, after, conv.counter).break_reason is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    shared=st.text(alphabet="ab é漢😀\n", max_size=40),
+    a=st.text(alphabet="ab é漢😀\n", max_size=5),
+    b=st.text(alphabet="ab é漢😀\n", max_size=5),
+)
+def test_common_prefix_bytes_equals_comparing_the_encodings(shared: str, a: str, b: str) -> None:
+    from renderers._cache import _common_prefix_bytes
+
+    left, right = shared + a, shared + b
+    expected = common_prefix_length(left.encode(), right.encode())
+    assert _common_prefix_bytes(left, right) == expected
