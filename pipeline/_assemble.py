@@ -146,9 +146,13 @@ def assemble(turn: TurnGraph, *, measure_only: bool = False) -> Envelope:
                 text_segment(f"history:{entry.turn}:assistant", "history", reply, "assistant")
             )
     l5 = [text_segment("query", "query", turn.query, "user")]
+    if measure_only:
+        l2 = Layer(LayerName.L2, *turn.library.measure(counter), "", "")
+    else:
+        l2 = turn.library.layer(counter)
     layers = (
         layer(LayerName.L1, l1),
-        turn.library.layer(counter),
+        l2,
         layer(LayerName.L3, [*refs, *full]),
         layer(LayerName.L4, l4),
         layer(LayerName.L5, l5),
@@ -161,10 +165,10 @@ def assemble(turn: TurnGraph, *, measure_only: bool = False) -> Envelope:
 def complete(measured: Envelope, turn: TurnGraph) -> Envelope:
     """The full envelope of ``turn`` from its measure-only one (same segments and counts):
     layer hashes and message texts added, nothing rendered or counted again."""
-    l1, l2, l3, l4, l5 = measured.layers
+    l1, _, l3, l4, l5 = measured.layers
     layers = (
         Layer(l1.name, l1.segments, l1.tokens),
-        l2,  # the library's own layer, hash included
+        turn.library.layer(turn.ctx.counter),  # made once here, hash included
         Layer(l3.name, l3.segments, l3.tokens),
         Layer(l4.name, l4.segments, l4.tokens),
         Layer(l5.name, l5.segments, l5.tokens),

@@ -185,7 +185,7 @@ def compact_l2(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | N
             else f"library entry compacted to a {to}"
         )
         decision = _decision(entry.key, str(entry.form), to, reason, "L2")
-        out = attrs.evolve(turn, library=turn.library.replace(new))
+        out = attrs.evolve(turn, library=turn.library.replace(new, turn.ctx.counter))
         if new.form is Form.SUMMARY:
             out = _summary_warnings(out, entry.key, f"{entry.content_hash}:l2", entry.view.body)
         return out, decision
@@ -242,7 +242,7 @@ def excerpt_non_recoverable(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, 
         decision = _decision(
             entry.key, "full", "excerpt", "non-recoverable library entry cut to an excerpt", "L2"
         )
-        return attrs.evolve(turn, library=turn.library.replace(new)), decision
+        return attrs.evolve(turn, library=turn.library.replace(new, turn.ctx.counter)), decision
     return None
 
 

@@ -68,6 +68,9 @@ class Library:
     entries: tuple[LibraryEntry, ...] = ()
     _index: dict[str, int] = attrs.field(init=False, repr=False, eq=False)
     _rendered: _Rendered | None = attrs.field(default=None, repr=False, eq=False, alias="_rendered")
+    # After ``replace``: the segments and exact count, without the text or hash (the
+    # budget stage re-measures after each cut; only the final envelope needs the hash).
+    _measured: _Measured | None = attrs.field(default=None, repr=False, eq=False, alias="_measured")
 
     def __attrs_post_init__(self) -> None:
         index = {e.key: i for i, e in enumerate(self.entries)}
@@ -101,22 +104,49 @@ class Library:
             object.__setattr__(grown, "_rendered", _extend(done, entry, counter))
         return grown
 
-    def replace(self, entry: LibraryEntry) -> Library:
-        """Replace the entry with the same key in place (its position is kept)."""
+    def replace(self, entry: LibraryEntry, counter: TokenCounter | None = None) -> Library:
+        """Replace the entry with the same key in place (its position is kept).
+
+        With ``counter``, the new library's count is the old one's, corrected for the one
+        block (see ``measure``), instead of being counted over every entry again.
+        """
         i = self._index[entry.key]
-        return Library((*self.entries[:i], entry, *self.entries[i + 1 :]))
+        changed = Library((*self.entries[:i], entry, *self.entries[i + 1 :]))
+        base = self._base(counter) if counter is not None else None
+        if base is not None and counter is not None:
+            object.__setattr__(changed, "_measured", _replaced(base, i, entry, counter))
+        return changed
+
+    def measure(self, counter: TokenCounter) -> tuple[tuple[Segment, ...], int]:
+        """The L2 segments and their exact joined count, without making the layer's text or
+        hash when a ``replace`` carried the count forward."""
+        base = self._base(counter)
+        if base is None:
+            layer = self.layer(counter)
+            return layer.segments, layer.tokens
+        return base.segments, base.tokens
+
+    def _base(self, counter: TokenCounter) -> _Measured | None:
+        done = self._rendered
+        if done is not None and done.counter_name == counter.name:
+            layer = done.layer
+            return _Measured(layer.segments, layer.tokens, counter.name, _all_additive(layer))
+        found = self._measured
+        return found if found is not None and found.counter_name == counter.name else None
 
     def layer(self, counter: TokenCounter) -> Layer:
         """The L2 layer (segments, text, hash, exact tokens), computed once per library."""
         done = self._rendered
         if done is None or done.counter_name != counter.name:
-            segments = tuple(e.segment() for e in self.entries)
-            texts = [s.text for s in segments]
-            hasher = hash_joined(xxhash.xxh3_128(), texts, BLOCK_SEP)
+            measured = self._measured
+            if measured is not None and measured.counter_name == counter.name:
+                segments, tokens = measured.segments, measured.tokens
+            else:
+                segments = tuple(e.segment() for e in self.entries)
+                tokens = counter.count_joined([s.text for s in segments])
+            hasher = hash_joined(xxhash.xxh3_128(), (s.text for s in segments), BLOCK_SEP)
             # The joined text is left to first use (Layer.text): the system message has it.
-            layer = Layer(
-                LayerName.L2, segments, counter.count_joined(texts), None, hasher.hexdigest()
-            )
+            layer = Layer(LayerName.L2, segments, tokens, None, hasher.hexdigest())
             done = _Rendered(layer, hasher, counter.name)
             object.__setattr__(self, "_rendered", done)
         return done.layer
@@ -142,6 +172,36 @@ class Library:
             text = "".join((system.text, *(BLOCK_SEP + t for t in system.pending)))
             system = done.system = _System(head, text, system.hasher)
         return system.text, system.hasher.hexdigest()
+
+
+@attrs.frozen
+class _Measured:
+    """An L2 layer's segments and exact joined count, without text or hash."""
+
+    segments: tuple[Segment, ...]
+    tokens: int
+    counter_name: str
+    additive: bool  # every block but the first starts a new piece (count_joined's rule)
+
+
+def _all_additive(layer: Layer) -> bool:
+    return all(_additive(s.text) for s in layer.segments[1:])
+
+
+def _replaced(
+    base: _Measured, i: int, entry: LibraryEntry, counter: TokenCounter
+) -> _Measured | None:
+    """``base`` with block ``i`` replaced by ``entry``: the count moves by the difference of
+    the two blocks' contributions when the join stays additive; else None (count anew)."""
+    old = base.segments[i]
+    segments = (*base.segments[:i], entry.segment(), *base.segments[i + 1 :])
+    if not (base.additive and old.text and entry.text and (i == 0 or _additive(entry.text))):
+        return None
+    if i == len(segments) - 1:
+        tokens = base.tokens - counter.count(old.text) + counter.count(entry.text)
+    else:
+        tokens = base.tokens - counter.count_with_sep(old.text) + counter.count_with_sep(entry.text)
+    return _Measured(segments, tokens, counter.name, True)
 
 
 def _additive(text: str) -> bool:
