@@ -19,6 +19,7 @@ from pipeline._artifacts import (
     Processed,
     SourceResolver,
     make_artifact,
+    resolver_for_turn,
 )
 from pipeline._assemble import assemble, shorten_reply, visible_history
 from pipeline._budget import (
@@ -321,6 +322,7 @@ __all__ = [
     "reference_view",
     "render_transcript",
     "request_tokens",
+    "resolver_for_turn",
     "run_saved",
     "run_script",
     "save_turn",

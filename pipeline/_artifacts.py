@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, Self, runtime_checkable
+from typing import Any, Protocol, Self, cast, runtime_checkable
 
 import attrs
 
@@ -17,6 +17,7 @@ __all__ = [
     "Processed",
     "SourceResolver",
     "make_artifact",
+    "resolver_for_turn",
 ]
 
 
@@ -111,10 +112,6 @@ class SourceResolver(Protocol):
 
     def process(self, spec: AttachmentSpec) -> Processed: ...
 
-    def for_turn(self) -> SourceResolver:
-        """A resolver for one turn's specs; it may list the vault once and reuse the listing."""
-        ...
-
     def with_changes(self, changes: Mapping[str, str]) -> SourceResolver:
         """A resolver that sees ``changes`` (vault-relative path -> text) over its vault."""
         ...
@@ -122,3 +119,10 @@ class SourceResolver(Protocol):
     def parse(self, data: Mapping[str, Any]) -> AttachmentSpec:
         """A spec from its script form, e.g. ``{"note": "a.md"}``."""
         ...
+
+
+def resolver_for_turn(resolver: SourceResolver) -> SourceResolver:
+    """The resolver to use for one turn's specs: ``resolver.for_turn()`` where it offers one
+    (``processors.Sources`` does: it lists the vault once per turn), else ``resolver``."""
+    for_turn = getattr(resolver, "for_turn", None)
+    return resolver if for_turn is None else cast(SourceResolver, for_turn())

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from pipeline._artifacts import AttachmentSpec, Processed, SourceResolver
+from pipeline._artifacts import AttachmentSpec, Processed, SourceResolver, resolver_for_turn
 from pipeline._assemble import assemble
 from pipeline._envelope import (
     BLOCK_SEP,
@@ -239,7 +239,7 @@ class Conversation:
         summary_hits = self.summaries.hits
         view_hits = self.views.hits
         specs = [self._sources.parse(a) if isinstance(a, Mapping) else a for a in attach]
-        sources = self._sources.for_turn()
+        sources = resolver_for_turn(self._sources)
         processed = [_self_contained(s) or sources.process(s) for s in [*tools, *specs]]
         process_time = time.perf_counter() - started
         number = len(self._history) + 1

@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any, Self
 
 import attrs
 
-from pipeline._artifacts import Artifact, AttachmentSpec, Processed, SourceResolver, make_artifact
+from pipeline._artifacts import (
+    Artifact,
+    AttachmentSpec,
+    Processed,
+    SourceResolver,
+    make_artifact,
+    resolver_for_turn,
+)
 from pipeline._envelope import TOOL_SOURCE
 from pipeline._errors import AttachmentError
 from pipeline._hashing import text_hash
@@ -305,7 +312,7 @@ class ToolSources:
         return ToolSources(self.inner.with_changes(changes))
 
     def for_turn(self) -> ToolSources:
-        return ToolSources(self.inner.for_turn())
+        return ToolSources(resolver_for_turn(self.inner))
 
 
 def tool_turn(

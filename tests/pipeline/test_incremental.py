@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import (
+    AttachmentSpec,
     Budget,
     Conversation,
     Form,
     Policy,
+    Processed,
     TokenCounter,
     carry_forward,
     full_view,
     make_artifact,
 )
-from processors import NotePayload, note
+from processors import NotePayload, Sources, note
 from renderers import XmlRenderer
 from tests.strategies import MARKDOWN_LINE
 
@@ -109,3 +114,29 @@ def test_a_preview_made_for_the_budget_is_reused_by_promotion(tmp_path: Path) ->
     entry = conv.library.get("note:big.md")
     assert entry is not None and entry.form is Form.PREVIEW
     assert entry.text == env.l3.get("note:big.md").text  # the one preview, in both layers
+
+
+@attrs.define
+class _HostResolver:
+    """A host's own resolver: the three protocol methods and no ``for_turn``."""
+
+    inner: Sources
+    processed: list[str] = attrs.field(factory=list)
+
+    def process(self, spec: AttachmentSpec) -> Processed:
+        self.processed.append(spec.kind)
+        return self.inner.process(spec)
+
+    def with_changes(self, changes: Mapping[str, str]) -> _HostResolver:
+        return _HostResolver(self.inner.with_changes(changes), self.processed)
+
+    def parse(self, data: Mapping[str, Any]) -> AttachmentSpec:
+        return self.inner.parse(data)
+
+
+def test_a_resolver_without_for_turn_is_used_as_it_is(tmp_path: Path) -> None:
+    resolver = _HostResolver(Sources.for_vault(_vault(tmp_path, 2)))
+    conv = Conversation("You are terse.", sources=resolver)
+    env = conv.turn("read", attach=[note("n000.md"), {"note": "n001.md"}])
+    assert resolver.processed == ["note", "note"]
+    assert [s.key for s in env.l3.segments] == ["note:n000.md", "note:n001.md"]
