@@ -9,7 +9,7 @@ import xxhash
 
 from pipeline._envelope import BLOCK_SEP, LIBRARY_HEADING, Form, Layer, LayerName, Segment, View
 from pipeline._hashing import hash_joined
-from pipeline._tokens import TokenCounter
+from pipeline._tokens import TokenCounter, starts_piece
 
 __all__ = ["Library", "LibraryEntry"]
 
@@ -185,7 +185,7 @@ class _Measured:
 
 
 def _all_additive(layer: Layer) -> bool:
-    return all(_additive(s.text) for s in layer.segments[1:])
+    return all(starts_piece(s.text) for s in layer.segments[1:])
 
 
 def _replaced(
@@ -195,18 +195,13 @@ def _replaced(
     the two blocks' contributions when the join stays additive; else None (count anew)."""
     old = base.segments[i]
     segments = (*base.segments[:i], entry.segment(), *base.segments[i + 1 :])
-    if not (base.additive and old.text and entry.text and (i == 0 or _additive(entry.text))):
+    if not (base.additive and old.text and entry.text and (i == 0 or starts_piece(entry.text))):
         return None
     if i == len(segments) - 1:
         tokens = base.tokens - counter.count(old.text) + counter.count(entry.text)
     else:
         tokens = base.tokens - counter.count_with_sep(old.text) + counter.count_with_sep(entry.text)
     return _Measured(segments, tokens, counter.name, True)
-
-
-def _additive(text: str) -> bool:
-    """Whether a block starts where tiktoken always starts a new piece (see count_joined)."""
-    return bool(text) and not text[0].isspace() and text[0] != "/"
 
 
 def _utf8(text: str) -> bytes:
@@ -231,7 +226,7 @@ def _extend(done: _Rendered, entry: LibraryEntry, counter: TokenCounter) -> _Ren
     hasher = done.hasher.copy()
     hasher.update(_utf8(BLOCK_SEP + entry.text))
     last = old.segments[-1].text
-    if not (_additive(entry.text) and (len(old.segments) == 1 or _additive(last))):
+    if not (starts_piece(entry.text) and (len(old.segments) == 1 or starts_piece(last))):
         tokens = counter.count_joined([s.text for s in old.segments] + [entry.text])
     else:
         # count_joined's additive rule: only the old last block gains a separator.

@@ -244,11 +244,6 @@ def _open_fence(text: str) -> str | None:
     return opener
 
 
-@functools.lru_cache(maxsize=8)
-def _marker_tokens(enc: tiktoken.Encoding) -> int:
-    return _count(enc, " " + ELLIPSIS)
-
-
 def _tokens_up_to(
     enc: tiktoken.Encoding, tokens: list[int], n: int, n_bytes: int, text: str, kept: str
 ) -> int | None:
@@ -269,7 +264,7 @@ def _tokens_up_to(
         n_bytes -= len(enc.decode_single_token_bytes(tokens[n]))
     if n_bytes != size:
         return None
-    return n + _marker_tokens(enc)
+    return n + _count_short(enc, " " + ELLIPSIS)
 
 
 def _cut_with_marker(

@@ -322,7 +322,7 @@ class TokenCounter:
         parts = [p for p in parts if p]
         if not parts:
             return 0
-        if not sep.endswith("\n") or any(p[0].isspace() or p[0] == "/" for p in parts[1:]):
+        if not sep.endswith("\n") or not all(starts_piece(p) for p in parts[1:]):
             return self.count(sep.join(parts))
         return sum(self.count_with_sep(p, sep) for p in parts[:-1]) + self.count(parts[-1])
 
