@@ -13,6 +13,7 @@ import xxhash
 __all__ = [
     "canonical_bytes",
     "content_hash",
+    "feed",
     "hash_joined",
     "joined_hash",
     "slice_hash",
@@ -38,17 +39,24 @@ def content_hash(value: Any) -> str:
 _CHUNK = 1 << 20
 
 
+def feed(hasher: xxhash.xxh3_128, text: str, start: int = 0, stop: int | None = None) -> None:
+    """Feed ``text[start:stop]`` as UTF-8 to ``hasher`` a megabyte at a time, so hashing a
+    whole request never holds a second copy of it as bytes."""
+    stop = len(text) if stop is None else stop
+    for at in range(start, stop, _CHUNK):
+        hasher.update(text[at : min(at + _CHUNK, stop)].encode("utf-8", "surrogatepass"))
+
+
 def hash_joined(hasher: xxhash.xxh3_128, texts: Iterable[str], sep: str) -> xxhash.xxh3_128:
-    """Feed ``sep.join(texts)`` (empty texts skipped) to ``hasher`` a megabyte at a time."""
+    """Feed ``sep.join(texts)`` (empty texts skipped) to ``hasher``."""
     first = True
     for text in texts:
         if not text:
             continue
         if not first:
-            hasher.update(sep.encode("utf-8"))
+            feed(hasher, sep)
         first = False
-        for start in range(0, len(text), _CHUNK):
-            hasher.update(text[start : start + _CHUNK].encode("utf-8", "surrogatepass"))
+        feed(hasher, text)
     return hasher
 
 
@@ -66,27 +74,20 @@ def _short_hash(text: str) -> str:
 
 
 def text_hash(text: str) -> str:
-    """xxh3-128 hex of ``text`` encoded as UTF-8 (a long text is encoded a megabyte at a
-    time, so hashing a whole request does not hold a second copy of it as bytes).
+    """xxh3-128 hex of ``text`` encoded as UTF-8 (see ``feed``).
 
     Short texts (history turns, queries, tag lines) are hashed again on every assemble;
     their hashes are remembered by the string itself, whose own hash Python keeps.
     """
     if len(text) <= _SHORT:
         return _short_hash(text)
-    if len(text) <= _CHUNK:
-        return xxhash.xxh3_128_hexdigest(text.encode("utf-8", "surrogatepass"))
-    hasher = xxhash.xxh3_128()
-    for start in range(0, len(text), _CHUNK):
-        hasher.update(text[start : start + _CHUNK].encode("utf-8", "surrogatepass"))
-    return hasher.hexdigest()
+    return slice_hash(text, 0, len(text))
 
 
 def slice_hash(text: str, start: int, stop: int) -> str:
     """``text_hash(text[start:stop])`` without copying a long slice whole."""
-    if stop - start <= _CHUNK:
-        return text_hash(text[start:stop])
+    if stop - start <= _SHORT:
+        return _short_hash(text[start:stop])
     hasher = xxhash.xxh3_128()
-    for at in range(start, stop, _CHUNK):
-        hasher.update(text[at : min(at + _CHUNK, stop)].encode("utf-8", "surrogatepass"))
+    feed(hasher, text, start, stop)
     return hasher.hexdigest()

@@ -8,7 +8,7 @@ import attrs
 import xxhash
 
 from pipeline._envelope import BLOCK_SEP, LIBRARY_HEADING, Form, Layer, LayerName, Segment, View
-from pipeline._hashing import hash_joined
+from pipeline._hashing import feed, hash_joined
 from pipeline._tokens import TokenCounter, starts_piece
 
 __all__ = ["Library", "LibraryEntry"]
@@ -166,7 +166,9 @@ class Library:
             if not done.layer.segments:
                 blocks = list(head)
             text = BLOCK_SEP.join(t for t in blocks if t)
-            done.system = _System(head, text, hash_joined(xxhash.xxh3_128(), [text], ""))
+            hasher = xxhash.xxh3_128()
+            feed(hasher, text)
+            done.system = _System(head, text, hasher)
         system = done.system
         if system.pending:
             text = "".join((system.text, *(BLOCK_SEP + t for t in system.pending)))
@@ -204,15 +206,11 @@ def _replaced(
     return _Measured(segments, tokens, counter.name, True)
 
 
-def _utf8(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")
-
-
 def _extend_system(system: _System | None, entry: LibraryEntry) -> _System | None:
     if system is None or not entry.text:
         return system
     hasher = system.hasher.copy()
-    hasher.update(_utf8(BLOCK_SEP + entry.text))
+    feed(hasher, BLOCK_SEP + entry.text)
     return _System(system.head, system.text, hasher, (*system.pending, entry.text))
 
 
@@ -220,11 +218,12 @@ def _extend(done: _Rendered, entry: LibraryEntry, counter: TokenCounter) -> _Ren
     old = done.layer
     segment = entry.segment()
     if not old.segments:
-        hasher = xxhash.xxh3_128(_utf8(entry.text))
+        hasher = xxhash.xxh3_128()
+        feed(hasher, entry.text)
         layer = Layer(LayerName.L2, (segment,), entry.tokens, entry.text, hasher.hexdigest())
         return _Rendered(layer, hasher, counter.name)
     hasher = done.hasher.copy()
-    hasher.update(_utf8(BLOCK_SEP + entry.text))
+    feed(hasher, BLOCK_SEP + entry.text)
     last = old.segments[-1].text
     if not (starts_piece(entry.text) and (len(old.segments) == 1 or starts_piece(last))):
         tokens = counter.count_joined([s.text for s in old.segments] + [entry.text])
