@@ -231,16 +231,25 @@ def cut_to_tokens(
     return text[:pos].rstrip()
 
 
+def fence_after(fence: str | None, mark: str, rest: str) -> str | None:
+    """The fence left open after a line that starts (indented up to 3) with the fence run
+    ``mark`` followed by ``rest``, when ``fence`` was open before it (None: none was).
+
+    A backtick run with a backtick after it is inline code, not a fence; a fence closes on
+    a run of its character at least as long, with nothing but blanks after it.
+    """
+    if fence is None:
+        return None if mark[0] == "`" and "`" in rest else mark
+    if mark[0] == fence[0] and len(mark) >= len(fence) and not rest.strip():
+        return None
+    return fence
+
+
 def _open_fence(text: str) -> str | None:
     """The fence string (for example "```") left open at the end of ``text``, if any."""
     opener: str | None = None
     for m in _FENCE_LINE.finditer(text):
-        fence, rest = m.group(1), m.group(2)
-        if opener is None:
-            if not (fence[0] == "`" and "`" in rest):
-                opener = fence
-        elif fence[0] == opener[0] and len(fence) >= len(opener) and not rest.strip():
-            opener = None
+        opener = fence_after(opener, m.group(1), m.group(2))
     return opener
 
 
@@ -320,12 +329,7 @@ def _split_sections(body: str) -> list[tuple[str | None, str]]:
     fence: str | None = None
     for m in _heading_or_fence_lines(body):
         if m.group("fence") is not None:
-            mark, info = m.group("fence"), m.group("info")
-            if fence is None:
-                if not (mark[0] == "`" and "`" in info):
-                    fence = mark
-            elif mark[0] == fence[0] and len(mark) >= len(fence) and not info.strip():
-                fence = None
+            fence = fence_after(fence, m.group("fence"), m.group("info"))
         elif fence is None:
             starts.append((m.start(), m.end()))
     if not starts:

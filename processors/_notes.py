@@ -17,6 +17,7 @@ import yaml
 from pipeline._artifacts import Artifact, Link, Processed, make_artifact
 from pipeline._errors import AttachmentError
 from pipeline._hashing import text_hash
+from pipeline._preview import fence_after
 from processors._context import ProcessContext
 from processors._vault import Vault
 
@@ -168,18 +169,11 @@ def _code_free_text(body: str) -> str:
     start = 0
     fence: str | None = None
     for line_start, line_end, mark in _fence_lines(body):
-        if fence is None:
-            # A backtick fence's info string has no backticks (else it is inline code).
-            if mark[0] == "`" and "`" in body[line_start:line_end].lstrip(" ")[len(mark) :]:
-                continue
+        rest = body[line_start:line_end].lstrip(" ")[len(mark) :]
+        was, fence = fence, fence_after(fence, mark, rest)
+        if was is None and fence is not None:
             pieces.append(body[start:line_start])
-            fence = mark
-        elif (
-            mark[0] == fence[0]
-            and len(mark) >= len(fence)
-            and not body[line_start:line_end].strip().lstrip(fence[0])
-        ):
-            fence = None
+        elif was is not None and fence is None:
             start = line_end
     if fence is None:
         pieces.append(body[start:])
