@@ -38,7 +38,7 @@ from pipeline._errors import (
     UnknownConversation,
 )
 from pipeline._script import Script
-from pipeline._summarize import SummaryKey, SummaryResult
+from pipeline._summarize import SummaryBacking, SummaryKey, SummaryResult
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -184,8 +184,10 @@ class Manifest:
 # --- the protocol ----------------------------------------------------------------------
 
 
-class Store(Protocol):
-    """Where conversations live between processes; small enough for a server database."""
+class Store(SummaryBacking, Protocol):
+    """Where conversations live between processes; small enough for a server database.
+
+    It is also where memoized summaries outlive the process (``SummaryBacking``)."""
 
     @property
     def path(self) -> str:
@@ -225,14 +227,6 @@ class Store(Protocol):
     def find_attachment(self, kind: str, label: str) -> AttachmentRecord | None:
         """A stored attachment with a kept script form (e.g. a selection by key)."""
         ...
-
-    def get_summary(
-        self, content_hash: str, target_tokens: int, summarizer_id: str
-    ) -> SummaryResult | None: ...
-
-    def put_summary(
-        self, content_hash: str, target_tokens: int, summarizer_id: str, result: SummaryResult
-    ) -> None: ...
 
     def get_tokens(self, text_hash: str, tokenizer: str) -> int | None: ...
 
