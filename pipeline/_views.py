@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 import attrs
@@ -113,18 +113,18 @@ def reference_view(artifact: Artifact, marks: tuple[tuple[str, str], ...] = ()) 
 
 @attrs.define
 class ViewMemo:
-    """Previews and excerpts made recently, by content hash, tokenizer and limits.
+    """A bounded memo of what was made from views, least recently used first to go.
 
-    A turn's budget loop measures the same compacted items again after every cut, and
-    promotion previews what L3 just previewed: both take the memo's copy instead of cutting
-    the text again. Bounded (least recently used goes first); one per conversation.
+    One per conversation keeps previews and excerpts by content hash, tokenizer and limits:
+    a turn's budget loop measures the same compacted items again after every cut, and
+    promotion previews what L3 just previewed. ``XmlRenderer`` keeps its renderings in one.
     """
 
     size: int = 256
     hits: int = 0
-    _items: OrderedDict[tuple[object, ...], Any] = attrs.field(factory=OrderedDict, repr=False)
+    _items: OrderedDict[Hashable, Any] = attrs.field(factory=OrderedDict, repr=False)
 
-    def get(self, key: tuple[object, ...], make: Callable[[], T]) -> T:
+    def get(self, key: Hashable, make: Callable[[], T]) -> T:
         found = self._items.get(key)
         if found is not None:
             self._items.move_to_end(key)
@@ -135,6 +135,9 @@ class ViewMemo:
         if len(self._items) > self.size:
             self._items.popitem(last=False)
         return made
+
+    def clear(self) -> None:
+        self._items.clear()
 
 
 def _preview(

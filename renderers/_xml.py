@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Callable
 
 from lxml import etree
 
-from pipeline import RegistryError
+from pipeline import RegistryError, ViewMemo
 from pipeline._envelope import Form, View
 
 __all__ = ["XmlRenderer", "render_xml", "xml_safe"]
@@ -68,8 +67,7 @@ class XmlRenderer:
 
     def __init__(self, memo_size: int = 4096) -> None:
         self._custom: dict[tuple[str, Form], ViewRenderer] = {}
-        self._memo: OrderedDict[View, str] = OrderedDict()
-        self._memo_size = memo_size
+        self._memo = ViewMemo(memo_size)
 
     def register(self, source_type: str, form: Form | str, renderer: ViewRenderer) -> None:
         key = (source_type, Form(form))
@@ -79,13 +77,7 @@ class XmlRenderer:
         self._memo.clear()  # earlier renderings may have used the default for this key
 
     def render(self, view: View) -> str:
-        text = self._memo.get(view)
-        if text is not None:
-            self._memo.move_to_end(view)
-            return text
-        renderer = self._custom.get((view.source_type, view.form), render_xml)
-        text = renderer(view)
-        self._memo[view] = text
-        if len(self._memo) > self._memo_size:
-            self._memo.popitem(last=False)
-        return text
+        def make() -> str:
+            return self._custom.get((view.source_type, view.form), render_xml)(view)
+
+        return self._memo.get(view, make)

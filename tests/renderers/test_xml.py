@@ -120,3 +120,14 @@ def test_custom_renderer_by_source_type_and_form() -> None:
     renderer.register("note", Form.REFERENCE, lambda v: f"[see {v.key}]")
     assert renderer.render(_view("", Form.REFERENCE)) == "[see note:docs/a.md]"
     assert renderer.render(_view("b")).startswith("<note ")
+
+
+def test_renderings_are_memoized_and_a_new_renderer_clears_them() -> None:
+    renderer = XmlRenderer(memo_size=2)
+    first = renderer.render(_view("same body " * 50))
+    assert renderer.render(_view("same body " * 50)) is first  # one string, not a copy
+    renderer.render(_view("b"))
+    renderer.render(_view("c"))  # the memo holds two: the first is gone
+    assert renderer.render(_view("same body " * 50)) is not first
+    renderer.register("note", Form.FULL, lambda v: f"[{v.key}]")
+    assert renderer.render(_view("b")) == "[note:docs/a.md]"
