@@ -72,8 +72,8 @@ def test_common_prefix_counts_tokens_and_bytes() -> None:
     assert report.l2_hash == b.l2.hash and report.l1_hash == b.l1.hash
 
 
-def test_edit_under_pin_is_not_a_break() -> None:
-    conv = _conv()
+def _glossary_edited(conv: Conversation) -> tuple[Envelope, Envelope]:
+    """A quiet turn, then a turn that re-attaches the glossary after editing it."""
     _two_turns(conv)
     before = conv.turn("Anything new?")
     conv.reply("No.")
@@ -82,20 +82,19 @@ def test_edit_under_pin_is_not_a_break() -> None:
         [{"note": "glossary.md"}],
         vault_changes={"glossary.md": "# Glossary\n\nHLC: a clock.\n"},
     )
+    return before, after
+
+
+def test_edit_under_pin_is_not_a_break() -> None:
+    conv = _conv()
+    before, after = _glossary_edited(conv)
     assert prefix_report(before, after, conv.counter).break_reason is None
     assert after.l3.segments[0].form is Form.FULL
 
 
 def test_edit_under_refresh_is_an_artifact_change() -> None:
     conv = _conv(policy=Policy(freshness="refresh"))
-    _two_turns(conv)
-    before = conv.turn("Anything new?")
-    conv.reply("No.")
-    after = conv.turn(
-        "Now?",
-        [{"note": "glossary.md"}],
-        vault_changes={"glossary.md": "# Glossary\n\nHLC: a clock.\n"},
-    )
+    before, after = _glossary_edited(conv)
     assert prefix_report(before, after, conv.counter).reasons == (
         "artifact-changed:note:glossary.md",
     )
