@@ -252,8 +252,9 @@ class TokenCounter:
     def count_many(self, texts: Sequence[str]) -> list[int]:
         """Exact counts of ``texts``, as ``count`` gives them.
 
-        When the texts not counted yet add up to ``PARALLEL_CHARS`` or more (a cold build),
-        they are encoded on a few threads: tiktoken releases the GIL while it encodes.
+        Each slice is hashed once and encoded only if not counted yet; when those add up to
+        ``PARALLEL_CHARS`` or more (a cold build) they are encoded on a few threads:
+        tiktoken releases the GIL while it encodes.
         """
         # Slices, not copies: a cold build's blocks are not held twice while counting.
         split = [_parts(t) for t in texts]
@@ -266,18 +267,22 @@ class TokenCounter:
         }
         size = sum(b - a for _, a, b in missing.values())
         workers = _workers()
-        if size < PARALLEL_CHARS or len(missing) < 2 or workers < 2:
-            return [self.count(t) for t in texts]
         enc = self.encoding
 
         def encode(part: tuple[str, int, int]) -> int:
             t, a, b = part
-            return len(enc.encode_ordinary(t[a:b]))
+            return len(enc.encode_ordinary(t[a:b] if a or b < len(t) else t))
 
+        parallel = size >= PARALLEL_CHARS and len(missing) >= 2 and workers >= 2
+        made = (
+            _pool(workers).map(encode, missing.values())
+            if parallel
+            else map(encode, missing.values())
+        )
         # Read the known counts first: remembering the new ones may forget old ones.
         counts = {d: self._cache[d] for d in digests if d and d not in missing}
         counts[""] = 0
-        for digest, n in zip(missing, _pool(workers).map(encode, missing.values()), strict=True):
+        for digest, n in zip(missing, made, strict=True):
             counts[digest] = n
             self._remember(digest, n)
         self.encoded_chars += size
