@@ -9,7 +9,9 @@ import contextlib
 import copy
 import functools
 import json
+import os
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -73,6 +75,7 @@ DEMO_SCRIPT: dict[str, Any] = {
     ],
 }
 DEMO_SITE_PORT = 47231
+DEMO_REPORT = "lamina-demo-report.html"
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -213,10 +216,30 @@ def _trace(
     )
 
 
+def _write_report(
+    path: Path, trace: dict[str, Any], envelopes: Sequence[Envelope], title: str
+) -> Path:
+    """Write the HTML report (renderers.render_report) atomically; returns its absolute path."""
+    from renderers import render_report, report_blocks
+
+    html = render_report(trace, report_blocks(envelopes), title=title)
+    path = path.resolve()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(html, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError("--out", f"cannot write {path}: {exc.strerror or exc}") from None
+    return path
+
+
 def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, full: bool) -> None:
     from renderers import chatml, common_prefix_tokens, openai_messages
 
     previous = None
+    before: Envelope | None = None
     for env in envelopes:
         messages = openai_messages(env)
         total = conv.count_request(env)
@@ -232,7 +255,11 @@ def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, f
                 table.add_row(str(layer.name), "(empty)", "", "0")
         console.print(table)
         layers = "  ".join(f"{layer.name}={layer.tokens}" for layer in env.layers)
-        console.print(f"layers: {layers}  request={total} tokens")
+        console.print(
+            f"layers: {layers}  request={total} tokens (the layers plus per-message framing, "
+            "as the budget counts them)",
+            soft_wrap=True,
+        )
         budget = env.report.budget
         if budget is not None:
             console.print(
@@ -262,11 +289,30 @@ def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, f
         as_read = len(conv.counter.encode(chatml(messages)))
         share = f"{cached / as_read:.0%}" if as_read else "0%"
         console.print(
-            f"[bold green]cacheable prefix[/bold green]: {cached} of {as_read} tokens (as the "
-            f"model reads the chat) identical to the previous turn's request ({share})",
+            f"[bold green]cacheable prefix[/bold green]: {cached} of {as_read} tokens identical "
+            f"to the previous turn's request ({share})",
             soft_wrap=True,
         )
-        previous = messages
+        if before is None:
+            console.print(
+                f"  ({as_read} counts the whole chat as the model reads it, role markup "
+                f"included, so it differs a little from request={total}; nothing is shared "
+                "yet: this is the first request shown)",
+                soft_wrap=True,
+            )
+        else:
+            known = set(before.l2.keys())
+            moved = [k for k in env.l2.keys() if k not in known and before.l3.get(k)]  # noqa: SIM118
+            if moved:
+                console.print(
+                    f"  (why: turn {before.turn} sent {', '.join(moved)} in its user message; "
+                    "now it sits in the library (L2, in the system message), so this request "
+                    f"repeats turn {before.turn}'s only up to the library's new entries. Turns "
+                    "that add nothing new to the library keep the whole earlier prefix.)",
+                    markup=False,
+                    soft_wrap=True,
+                )
+        previous, before = messages, env
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -281,12 +327,19 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace instead of tables.")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
 @click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    help="Where to write the HTML report (default: lamina-demo-report.html in the temp folder).",
+)
 @budget_options
 def demo(
     vault: str | None,
     as_json: bool,
     full: bool,
     tokenizer: str,
+    report_path: str | None,
     window: int | None,
     reserve: int | None,
     model: str | None,
@@ -297,7 +350,8 @@ def demo(
     keeps only the spec; turn 4 attaches a folder, a tag (its notes overlap the folder
     and the library: dedup and references), a PDF, a video transcript, a selection and a
     web page (served from examples/site on 127.0.0.1), more than the demo's 4,800-token
-    window holds, so the budget cuts.
+    window holds, so the budget cuts. Ends by writing the conversation's HTML report
+    (`lamina report`) and printing its path.
     """
     root = Path(vault) if vault else _demo_vault()
     budget = _budget(window, reserve, model) or DEMO_BUDGET
@@ -308,10 +362,15 @@ def demo(
         script = parse_script(data, "demo")
         conv = _conversation(script, str(root), tokenizer, budget, allow_private_network=True)
         envelopes = run_script(script, conv)
+    trace = _trace(envelopes, conv)
     if as_json:
-        click.echo(json.dumps(_trace(envelopes, conv), indent=2, ensure_ascii=False))
+        click.echo(json.dumps(trace, indent=2, ensure_ascii=False))
     else:
         _show(Console(), envelopes, conv, full)
+    out = Path(report_path) if report_path else Path(tempfile.gettempdir()) / DEMO_REPORT
+    written = _write_report(out, trace, envelopes, "Lamina demo")
+    # With --json, stdout holds only the trace.
+    click.echo(f"report: {written} (the whole conversation on one HTML page)", err=as_json)
 
 
 @cli.command()
@@ -569,6 +628,113 @@ def bench(scale: str, out: str | None) -> None:
     status = importlib.import_module("benchmarks.run").main(scale, out)
     if status:
         raise click.exceptions.Exit(status)
+
+
+@cli.command()
+@click.argument("script_path", metavar="SCRIPT", required=False)
+@click.option("--store", "store_path", help="Report a saved chat from this store file.")
+@click.option("--conversation", "conversation_id", help="The saved chat's id (with --store).")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default="report.html",
+    show_default=True,
+    help="The HTML file to write.",
+)
+@click.option(
+    "--provider",
+    type=click.Choice(["openai", "openai-responses", "anthropic", "gemini"]),
+    help="Add each turn's request body for this provider (collapsed under the turn).",
+)
+@click.option(
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (default: script's, saved)."
+)
+@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
+@budget_options
+@network_option
+def report(
+    script_path: str | None,
+    store_path: str | None,
+    conversation_id: str | None,
+    out: str,
+    provider: str | None,
+    vault: str | None,
+    tokenizer: str,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
+    allow_private_network: bool,
+) -> None:
+    """Write one self-contained HTML page of a conversation: how the window filled per
+    layer, the cached prefix and its breaks, the budget decisions and every artifact.
+
+    Give a SCRIPT (run as `lamina run` would), or --store FILE --conversation ID for a
+    saved chat (each turn is rebuilt from the store; the budget saved with it applies).
+    The page loads nothing and runs no script: open it from disk, offline.
+    """
+    if (script_path is None) == (store_path is None):
+        raise ConfigError("report", "give a SCRIPT or --store FILE --conversation ID")
+    if script_path is not None:
+        if conversation_id is not None:
+            raise ConfigError("--conversation", "needs --store")
+        script = load_script(script_path)
+        conv = _conversation(
+            script,
+            vault,
+            tokenizer,
+            _budget(window, reserve, model),
+            allow_private_network=allow_private_network,
+        )
+        envelopes = run_script(script, conv)
+        trace = _trace(envelopes, conv, provider=provider, model=model)
+        title = f"Lamina report: {Path(script_path).name}"
+    else:
+        assert store_path is not None
+        if conversation_id is None:
+            raise ConfigError("--store", "needs --conversation ID")
+        envelopes, conv = _saved_envelopes(
+            store_path, conversation_id, vault, allow_private_network
+        )
+        trace = {
+            "conversation_id": conversation_id,
+            **_trace(
+                envelopes, conv, provider=provider, model=model, conversation_id=conversation_id
+            ),
+        }
+        title = f"Lamina report: conversation {conversation_id}"
+    written = _write_report(Path(out), trace, envelopes, title)
+    click.echo(f"report: {written} ({len(envelopes)} turns)")
+
+
+def _saved_envelopes(
+    store_path: str, conversation_id: str, vault: str | None, allow_private_network: bool
+) -> tuple[list[Envelope], Conversation]:
+    """Every turn of a saved chat, rebuilt from the store and checked against its manifest."""
+    from pipeline._store import SqliteStore, load_conversation, rebuild_envelope
+
+    if not Path(store_path).is_file():
+        raise ScriptError(store_path, "", "no such store file")
+    with SqliteStore(store_path) as store:
+        saved = store.conversation(conversation_id).vault
+        root = Path(vault) if vault else (Path(saved) if saved else None)
+        if root is not None and not root.is_dir():
+            raise ScriptError(store_path, "vault", f"vault folder {root} does not exist")
+        sources = _sources(root, allow_private_network)
+        conv = load_conversation(store, conversation_id, sources=sources)
+        envelopes: list[Envelope] = []
+        for k in range(1, len(store.turns(conversation_id)) + 1):
+            envelope = rebuild_envelope(store, conversation_id, k, sources=sources)
+            if envelope is None:
+                raise ScriptError(
+                    store_path,
+                    f"turn {k}",
+                    "cannot be rebuilt as it was sent (a note changed on disk since, or an "
+                    "attachment was not kept); the report needs every turn",
+                )
+            envelopes.append(envelope)
+    if not envelopes:
+        raise ScriptError(store_path, conversation_id, "the conversation has no turns")
+    return envelopes, conv
 
 
 def _inspect_turn(console: Console, env: Envelope, conv: Conversation, width: int = 48) -> None:

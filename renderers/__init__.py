@@ -27,6 +27,7 @@ from renderers._providers import (
     prompt_cache_key,
     request_options,
 )
+from renderers._report import REPORT_LAYERS, render_report, report_blocks
 from renderers._requests import RequestRegistry, RequestRenderer, annotate_trace, render_request
 from renderers._simulate import Simulation, format_simulation, simulate
 from renderers._trace import TRACE_VERSION, trace_document, trace_turn
@@ -36,6 +37,7 @@ __all__ = [
     "AGENT_RENDERERS",
     "DEFAULT_MODELS",
     "LAYOUTS",
+    "REPORT_LAYERS",
     "TRACE_VERSION",
     "Block",
     "CacheRules",
@@ -68,8 +70,10 @@ __all__ = [
     "prefix_report",
     "prefix_reports",
     "prompt_cache_key",
+    "render_report",
     "render_request",
     "render_xml",
+    "report_blocks",
     "request_options",
     "simulate",
     "trace_document",
