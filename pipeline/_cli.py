@@ -412,6 +412,25 @@ def run(
 
     --window/--reserve (or --model's profile) enforce a whole-payload budget; --provider
     adds the exact request body per turn (model from --model, else a default per provider).
+
+    \b
+    SCRIPT (YAML shown; JSON has the same keys):
+      system: You are terse.           # or {stable: ..., mutable: ...}
+      vault: vault                     # notes folder, relative to the script
+      turns:
+        - user: Summarize this         # the turn's query (L5)
+          attach:                      # this turn's context (L3), any of:
+            - note: project-spec.md
+            - folder: docs             # its notes, sorted
+            - tag: "#project"          # the notes carrying the tag
+            - url: https://example.com/a
+            - pdf: papers/x.pdf        # pages: "1-3,7"
+            - youtube: https://youtu.be/ID   # transcript: talk.vtt
+            - selection: x = 1         # source: a.py, lines: [3, 9]
+          reply: It is a sync spec.    # the assistant's answer, kept in history (L4)
+          vault_changes: {docs/a.md: new text}     # notes edited before the turn
+          tools: [{name: grep, args: {q: x}, result: "..."}]   # tool results
+    Example: examples/chat30.yaml (30 turns over examples/vault).
     """
     script = load_script(script_path)
     conv = _conversation(
@@ -596,7 +615,21 @@ def import_cmd(
 def simulate(
     script_path: str, vault: str | None, as_json: bool, tokenizer: str, allow_private_network: bool
 ) -> None:
-    """Cache cost of a script per provider: default vs append-only vs naive layout."""
+    """Cache cost of a script per provider: default vs append-only vs naive layout.
+
+    \b
+    Columns, summed over the script's turns (the cache assumed warm all along):
+      layout         default (Lamina's five layers), append-only (context stays in the
+                     user message that attached it) or naive (every attachment so far
+                     re-sent in full in the user message, each turn)
+      input          input tokens sent
+      cached         of them, tokens the provider's prompt cache would serve
+      cached%        cached / input
+      cost/uncached  input cost with the provider's cache prices, relative to sending
+                     the same tokens uncached (1.000 = no saving; cache writes can cost more)
+      cost/naive     this layout's input cost relative to the naive layout's input
+                     sent uncached
+    """
     from renderers import format_simulation
     from renderers import simulate as run_simulation
 
@@ -607,6 +640,13 @@ def simulate(
         click.echo(json.dumps(sim.to_json(), indent=2))
     else:
         click.echo(format_simulation(sim))
+        click.echo(
+            "\ninput and cached are tokens over all turns; cached% = cached / input; "
+            "cost/uncached = input cost with cache prices / the same tokens uncached; "
+            "cost/naive = cost / the naive layout's input uncached (naive re-sends every "
+            "attachment each turn). "
+            "`lamina simulate --help` says more."
+        )
 
 
 @cli.command()
@@ -737,12 +777,22 @@ def _saved_envelopes(
     return envelopes, conv
 
 
+def _clip(text: str, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters, cut at a word end with " …"."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    head = flat[: limit - 2]
+    cut = head.rsplit(" ", 1)[0] if " " in head else head[: limit - 1]
+    return f"{cut} …" if " " in head else f"{cut}…"
+
+
 def _inspect_turn(console: Console, env: Envelope, conv: Conversation, width: int = 48) -> None:
     """One turn: every artifact with its layer, form, tokens and decisions; a window bar."""
     decisions: dict[str, list[str]] = {}
     for d in env.report.decisions:
         decisions.setdefault(d.target, []).append(f"{d.stage}: {d.from_form}->{d.to_form}")
-    table = Table(title=f"turn {env.turn}: {env.query[:60]}", show_lines=False)
+    table = Table(title=f"turn {env.turn}: {_clip(env.query, 60)}", show_lines=False)
     for col in ("layer", "key", "form", "tokens", "decisions"):
         table.add_column(col, justify="right" if col == "tokens" else "left")
     for layer in env.layers:
@@ -769,6 +819,8 @@ def _inspect_turn(console: Console, env: Envelope, conv: Conversation, width: in
     label = f"limit {window}" if budget is not None else f"request {total}"
     shares = "  ".join(f"L{i}={layer.tokens}" for i, layer in enumerate(env.layers, 1))
     console.print(f"[{bar}] {total} of {label} tokens  ({shares}; digits = layer)", markup=False)
+    for warning in env.report.warnings:
+        console.print(f"warning: {warning}", markup=False, soft_wrap=True)
 
 
 @cli.command()

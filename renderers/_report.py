@@ -15,7 +15,6 @@ from typing import Any, cast
 
 from lxml import etree
 from lxml.builder import ElementMaker  # type: ignore[import-not-found]
-from lxml.html import html_parser, tostring
 
 from pipeline import Envelope
 from renderers._xml import xml_safe
@@ -28,10 +27,15 @@ class _Builder:
     """lxml's E-factory (``E.div({"class": "x"}, child, "text")``), typed for mypy."""
 
     def __init__(self) -> None:
-        self._make = ElementMaker(makeelement=html_parser.makeelement)
+        self._make = ElementMaker()
+        self._tags: dict[str, Callable[..., etree._Element]] = {}
 
     def __getattr__(self, tag: str) -> Callable[..., etree._Element]:
-        return cast(Callable[..., etree._Element], getattr(self._make, tag))
+        maker = self._tags.get(tag)
+        if maker is None:
+            maker = cast("Callable[..., etree._Element]", getattr(self._make, tag))
+            self._tags[tag] = maker
+        return maker
 
 
 E = _Builder()
@@ -302,7 +306,8 @@ def _cache_chart(turns: Sequence[Mapping[str, Any]]) -> etree._Element:
             svg.append(E.g(
                 {"class": "break", "data-turn": str(turn["turn"])},
                 E.title(f"turn {turn['turn']}: the cached prefix broke: {_t(reason)}"),
-                E.line({"x1": _f(cx), "x2": _f(cx), "y1": str(_TOP), "y2": _f(frame.y(0))}),
+                E.line({"x1": _f(cx), "x2": _f(cx), "y1": str(_TOP),
+                        "y2": _f(max(frame.y(total) - 2, _TOP))}),
                 E.path({"d": f"M{_f(cx - size)} {_TOP} L{_f(cx + size)} {_TOP} "
                              f"L{_f(cx)} {_f(_TOP + size * 1.4)} Z"}),
             ))
@@ -529,7 +534,9 @@ def render_report(
         ),
         body,
     )
-    return str(tostring(page, doctype="<!DOCTYPE html>", method="html", encoding="unicode"))
+    return str(
+        etree.tostring(page, doctype="<!DOCTYPE html>", method="html", encoding="unicode")
+    )
 
 
 def _sections(

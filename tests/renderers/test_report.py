@@ -1,0 +1,125 @@
+"""The HTML report as written: deterministic, self-contained, escaped, small at 200 turns."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import lxml.html
+
+from pipeline import Budget, Conversation, Envelope, SystemPrompt
+from processors import note
+from renderers import prefix_reports, render_report, report_blocks, trace_document, xml_safe
+from tests.conftest import write_vault
+
+HOSTILE = (
+    "</pre></svg></details><script>alert(1)</script><!-- x --> "
+    "\"' onmouseover=\"alert(2)\" <img src=x onerror=alert(3)> & &amp; \x0b end"
+)
+
+
+def _trace(conv: Conversation, envelopes: list[Envelope]) -> dict[str, Any]:
+    trace = trace_document(envelopes, conv.counter)
+    for turn, report in zip(trace["turns"], prefix_reports(envelopes, conv.counter), strict=True):
+        turn["cache"] = report.trace()
+    return trace
+
+
+def _conversation(
+    vault: Path, turns: int
+) -> tuple[Conversation, list[Envelope], dict[str, Any]]:
+    body = "Sync keeps devices in step. " * 40
+    notes = {f"n{i:03}.md": f"# Note {i}\n\n{body}" for i in range(turns)}
+    write_vault(vault, notes)
+    conv = Conversation(
+        SystemPrompt("You are terse.", mutable="Memory: metric units."),
+        vault=vault,
+        budget=Budget(context_window=16_000, reserve_output=2_000),
+    )
+    envelopes: list[Envelope] = []
+    for i in range(turns):
+        envelopes.append(conv.turn(f"What does note {i} say?", attach=[note(f"n{i:03}.md")]))
+        conv.reply(f"Note {i} says sync keeps devices in step.")
+    return conv, envelopes, _trace(conv, envelopes)
+
+
+def test_report_is_byte_identical_for_the_same_trace(tmp_path: Path) -> None:
+    _, envelopes, trace = _conversation(tmp_path / "v", 3)
+    first = render_report(trace, report_blocks(envelopes))
+    assert first == render_report(trace, report_blocks(envelopes))
+    assert first.startswith("<!DOCTYPE html>")
+
+
+def test_report_loads_nothing_and_carries_no_script(tmp_path: Path) -> None:
+    _, envelopes, trace = _conversation(tmp_path / "v", 3)
+    html = render_report(trace, report_blocks(envelopes))
+    doc = lxml.html.document_fromstring(html)
+    assert doc.xpath("//script") == []
+    assert doc.xpath("//@src") == []
+    assert all(href.startswith("#") for href in doc.xpath("//a/@href"))
+    assert "url(" not in html and "@import" not in html
+    (csp,) = doc.xpath("//meta[@http-equiv='Content-Security-Policy']/@content")
+    assert csp.startswith("default-src 'none'")
+
+
+def test_hostile_block_text_is_serialized_as_text(tmp_path: Path) -> None:
+    """Parsed back, the hostile text is the text of its <pre>, and no element was injected."""
+    trace = {
+        "lamina_trace": 1,
+        "tokenizer": "o200k_base",
+        "turns": [
+            {
+                "turn": 1,
+                "tokens_total": 40,
+                "layers": {
+                    "L5": {
+                        "tokens": 30,
+                        "segments": [
+                            {
+                                "key": HOSTILE,
+                                "source_type": HOSTILE,
+                                "form": "text",
+                                "content_hash": "00",
+                                "tokens": 30,
+                            }
+                        ],
+                    }
+                },
+                "cache": {"common_prefix_tokens": 0, "break_reason": HOSTILE},
+                "warnings": [HOSTILE],
+                "budget": {
+                    "window": 100,
+                    "reserve_output": 10,
+                    "used": 40,
+                    "decisions": [
+                        {"target": HOSTILE, "from": "full", "to": HOSTILE, "tokens_saved": 1,
+                         "reason": HOSTILE}
+                    ],
+                },
+            }
+        ],
+    }
+    html = render_report(trace, {(1, "L5", HOSTILE): HOSTILE}, title=HOSTILE)
+    doc = lxml.html.document_fromstring(html)
+    expected = xml_safe(HOSTILE)  # a control character becomes its visible picture
+    assert doc.xpath("//script") == [] and doc.xpath("//img") == []
+    assert doc.xpath("//@onmouseover | //@onerror") == []
+    assert [pre.text_content() for pre in doc.xpath("//pre")] == [expected]
+    assert len(doc.xpath("//svg")) == 2
+    assert doc.xpath("//svg//g[@class='break']/title")[0].text_content().endswith(expected)
+
+
+def test_two_hundred_turn_report_size_and_write_time(tmp_path: Path) -> None:
+    """Figures for the issue's note (printed with -s); the size stays under a few MB."""
+    _, envelopes, trace = _conversation(tmp_path / "v", 200)
+    out = tmp_path / "report.html"
+    start = time.perf_counter()
+    out.write_text(render_report(trace, report_blocks(envelopes)), encoding="utf-8")
+    seconds = time.perf_counter() - start
+    size = out.stat().st_size
+    print(f"\n200-turn report: {size:,} bytes written in {seconds * 1000:.0f} ms")
+    doc = lxml.html.document_fromstring(out.read_bytes())
+    assert len(doc.xpath("//svg[contains(@class, 'window-chart')]/g[@class='turn']")) == 200
+    assert len(doc.xpath("//section[@class='turn']")) == 200
+    assert size < 5_000_000

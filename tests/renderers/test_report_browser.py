@@ -1,0 +1,176 @@
+"""The report in a real browser: Debian's headless Chromium, driven by Playwright.
+
+Playwright only drives /usr/bin/chromium (no browser of its own is installed). In CI
+(CI=true) a missing Chromium fails the test; elsewhere it skips with the reason.
+Screenshots are kept in .artifacts/ (gitignored).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import Conversation, Policy, SystemPrompt
+from processors import note
+from renderers import render_report, report_blocks, xml_safe
+from tests.cli import ROOT, lamina
+from tests.conftest import write_vault
+from tests.renderers.test_report import HOSTILE, _trace
+
+ARTIFACTS = ROOT / ".artifacts"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or (
+        "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+    )
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is missing in CI: .ci/run installs Debian's chromium package")
+        pytest.skip("chromium is not installed (apt-get install chromium); CI runs this test")
+    return found
+
+
+class Page:
+    """A report opened from file://, with every console message and request it made."""
+
+    def __init__(self, page: Any, url: str) -> None:
+        self.page = page
+        self.url = url
+        self.console: list[str] = []
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+
+    def evaluate(self, script: str) -> Any:
+        return self.page.evaluate(script)
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    executable = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"),  # a fresh --user-data-dir
+            executable_path=executable,
+            headless=True,
+            args=FLAGS,
+            viewport={"width": 1200, "height": 900},
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+def _open(context: Any, path: Path) -> Page:
+    page = context.new_page()
+    opened = Page(page, path.resolve().as_uri())
+    page.on("console", lambda m: opened.console.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: opened.errors.append(str(e)))
+    page.on("request", lambda r: opened.requests.append(r.url))
+    page.goto(opened.url)
+    page.wait_for_load_state("load")
+    return opened
+
+
+def test_demo_report_in_chromium(browser: Any, tmp_path: Path) -> None:
+    """One chart group per turn whose layers add up to the trace's total, break markers
+    at the turns the trace reports, nothing logged, nothing fetched; a screenshot kept."""
+    out = tmp_path / "demo.html"
+    run = lamina("demo", "--json", "--report", str(out))
+    assert run.returncode == 0, run.stderr
+    assert f"report: {out.resolve()}" in run.stderr
+    turns = json.loads(run.stdout)["turns"]
+    page = _open(browser, out)
+
+    groups = page.evaluate(
+        """[...document.querySelectorAll('svg.window-chart g.turn')].map(g => ({
+            turn: +g.dataset.turn, total: +g.dataset.total,
+            layers: [...g.querySelectorAll('rect')].reduce((n, r) => n + +r.dataset.tokens, 0)}))"""
+    )
+    assert [(g["turn"], g["total"], g["layers"]) for g in groups] == [
+        (t["turn"], t["tokens_total"], t["tokens_total"]) for t in turns
+    ]
+    cached = page.evaluate(
+        "[...document.querySelectorAll('svg.cache-chart g.cache')].map(g => +g.dataset.cached)"
+    )
+    assert cached == [t["cache"]["common_prefix_tokens"] for t in turns]
+    breaks = page.evaluate(
+        """[...document.querySelectorAll('svg.cache-chart g.break')].map(g =>
+            [+g.dataset.turn, g.querySelector('title').textContent])"""
+    )
+    reported = [
+        (t["turn"], t["cache"]["break_reason"])
+        for t in turns
+        if t["cache"]["break_reason"] not in (None, "first-turn")
+    ]
+    assert reported, "the demo's last turn moves the history cut: a break"
+    assert [b[0] for b in breaks] == [turn for turn, _ in reported]
+    assert all(b[1].endswith(reason) for b, (_, reason) in zip(breaks, reported, strict=True))
+    decisions = page.evaluate("document.querySelectorAll('table.decisions tbody tr').length")
+    assert decisions == sum(len(t["budget"]["decisions"]) for t in turns)
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "report-demo.png"
+    page.page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    assert page.console == [] and page.errors == []
+    assert page.requests == [page.url]
+
+
+def test_hostile_note_renders_as_text_in_chromium(browser: Any, tmp_path: Path) -> None:
+    """A note, a query and a reply full of markup stay text in the browser's DOM."""
+    vault = write_vault(tmp_path / "vault", {"evil.md": f"# Evil\n\n{HOSTILE}\n"})
+    conv = Conversation(
+        SystemPrompt("You are terse."), vault=vault, policy=Policy(freshness="refresh")
+    )
+    envelopes = [conv.turn(f"Read {HOSTILE}", attach=[note("evil.md")])]
+    conv.reply(f"It says {HOSTILE}")
+    envelopes.append(conv.turn("Again", attach=[note("evil.md")]))  # now in the library
+    (vault / "evil.md").write_text(f"# Evil\n\nchanged {HOSTILE}\n", encoding="utf-8")
+    envelopes.append(conv.turn("Again", attach=[note("evil.md")]))  # refreshed: a break
+    blocks = report_blocks(envelopes)
+    out = tmp_path / "evil.html"
+    out.write_text(render_report(_trace(conv, envelopes), blocks), encoding="utf-8")
+    page = _open(browser, out)
+
+    dom = page.evaluate(
+        """(() => {
+            const walker = document.createTreeWalker(document, NodeFilter.SHOW_COMMENT);
+            let comments = 0; while (walker.nextNode()) comments++;
+            const on = [...document.querySelectorAll('*')].filter(
+                e => [...e.attributes].some(a => a.name.startsWith('on'))).length;
+            return {scripts: document.scripts.length, imgs: document.images.length,
+                    svgs: document.querySelectorAll('svg').length, comments, on,
+                    pres: [...document.querySelectorAll('pre')].map(p => p.textContent),
+                    body: document.body.textContent};
+        })()"""
+    )
+    assert dom["scripts"] == 0 and dom["imgs"] == 0 and dom["comments"] == 0 and dom["on"] == 0
+    assert dom["svgs"] == 2
+    rendered = [xml_safe(text) for key, text in blocks.items() if key[0] == 1]
+    assert [text for text in rendered if text not in dom["pres"]] == []
+    shown = xml_safe(HOSTILE)
+    assert any(f"Read {shown}" in p for p in dom["pres"])  # the query, raw
+    assert any(f"It says {shown}" in p for p in dom["pres"])  # the reply, raw
+    assert page.evaluate(
+        "[...document.querySelectorAll('svg.cache-chart g.break title')].map(t => t.textContent)"
+    ) == ["turn 3: the cached prefix broke: artifact-changed:note:evil.md"]
+    assert page.console == [] and page.errors == []
+    assert page.requests == [page.url]

@@ -1,0 +1,96 @@
+"""`lamina report` and the terminal output that explains itself (demo, run --help, simulate,
+inspect), run as a user runs them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lxml.html
+import pytest
+
+from tests.cli import lamina
+from tests.test_cli import script  # noqa: F401 (the fixture)
+
+
+def _turn_groups(path: Path) -> list[str]:
+    doc = lxml.html.document_fromstring(path.read_bytes())
+    return doc.xpath("//svg[contains(@class, 'window-chart')]/g[@class='turn']/@data-turn")
+
+
+def test_report_of_a_script_and_of_its_saved_chat_are_the_same_page(
+    script: Path, tmp_path: Path  # noqa: F811
+) -> None:
+    """The store's rebuilt turns give the same page as the script (but for the title)."""
+    direct, saved = tmp_path / "direct.html", tmp_path / "saved.html"
+    out = lamina("report", str(script), "--out", str(direct))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"report: {direct.resolve()} (2 turns)\n"
+    store = tmp_path / "chat.sqlite"
+    assert lamina("run", str(script), "--store", str(store), "--conversation", "c1").returncode == 0
+    out = lamina("report", "--store", str(store), "--conversation", "c1", "--out", str(saved))
+    assert out.returncode == 0, out.stderr
+    assert _turn_groups(direct) == _turn_groups(saved) == ["1", "2"]
+    body = lxml.html.document_fromstring(saved.read_bytes()).xpath("//main")[0]
+    expected = lxml.html.document_fromstring(direct.read_bytes()).xpath("//main")[0]
+    assert lxml.html.tostring(body) == lxml.html.tostring(expected)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "give a SCRIPT or --store FILE --conversation ID"),
+        (("--store", "nope.sqlite", "--conversation", "c"), "no such store file"),
+        (("--store", "x.sqlite"), "--store: needs --conversation ID"),
+    ],
+)
+def test_report_usage_errors_are_one_line(args: tuple[str, ...], message: str) -> None:
+    out = lamina("report", *args)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and message in out.stderr
+
+
+def test_demo_ends_with_the_report_path(tmp_path: Path) -> None:
+    out = lamina("demo", "--report", str(tmp_path / "r.html"))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.rstrip().splitlines()[-1] == (
+        f"report: {(tmp_path / 'r.html').resolve()} (the whole conversation on one HTML page)"
+    )
+    assert _turn_groups(tmp_path / "r.html") == ["1", "2", "3", "4"]
+
+
+def test_demo_explains_the_second_turns_small_prefix_and_its_totals(tmp_path: Path) -> None:
+    out = lamina("demo", "--report", str(tmp_path / "r.html")).stdout
+    text = " ".join(out.split())
+    assert "(the layers plus per-message framing, as the budget counts them)" in text
+    assert "counts the whole chat as the model reads it, role markup included" in text
+    assert (
+        "(why: turn 1 sent note:project-spec.md in its user message; now it sits in the "
+        "library (L2, in the system message)" in text
+    )
+
+
+def test_run_help_describes_the_script_format() -> None:
+    out = lamina("run", "--help").stdout
+    for line in ("system: You are terse.", "  turns:", "- note: project-spec.md", "reply:",
+                 "vault_changes:", "Example: examples/chat30.yaml"):
+        assert line in out
+
+
+def test_simulate_explains_its_columns(script: Path) -> None:  # noqa: F811
+    out = lamina("simulate", str(script)).stdout
+    assert "cached% = cached / input" in out and "cost/naive = cost /" in out
+    assert "cost/uncached  input cost with the provider's cache prices" in lamina(
+        "simulate", "--help"
+    ).stdout
+
+
+def test_inspect_cuts_a_long_query_at_a_word_with_a_marker(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    query = "alpha " * 5 + "supercalifragilistic expialidocious " * 3
+    path.write_text(f"turns: [{{user: '{query}'}}]\n", encoding="utf-8")
+    out = lamina("inspect", str(path), env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    title = " ".join(out.stdout.split("┏", 1)[0].split())  # rich wraps it at words
+    assert title == (
+        "turn 1: alpha alpha alpha alpha alpha supercalifragilistic …"
+    )
