@@ -18,6 +18,7 @@ from pipeline._artifacts import (
     Payload,
     Processed,
     SourceResolver,
+    TurnWarning,
     make_artifact,
     resolver_for_turn,
 )
@@ -277,6 +278,7 @@ __all__ = [
     "TurnContext",
     "TurnGraph",
     "TurnRecord",
+    "TurnWarning",
     "UnknownAttachmentKind",
     "UnknownConversation",
     "View",

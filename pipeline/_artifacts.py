@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, Self, cast, runtime_checkable
 
 import attrs
@@ -16,6 +16,7 @@ __all__ = [
     "Payload",
     "Processed",
     "SourceResolver",
+    "TurnWarning",
     "make_artifact",
     "resolver_for_turn",
 ]
@@ -95,16 +96,48 @@ class Link:
     source: str
     target: str
     kind: str  # "contains" | "links" | "embeds"
+    inline: bool = False  # an embed whose target is placed after its source this turn
+
+
+@attrs.frozen
+class TurnWarning:
+    """Something a processor or stage could not do as asked: a code for programs, the
+    artifact key it concerns ("" if none) and one sentence for people."""
+
+    code: str
+    key: str
+    message: str
+
+    @classmethod
+    def of(cls, value: TurnWarning | str | Mapping[str, Any]) -> TurnWarning:
+        """A warning from itself, its plain form, or a bare sentence (older plugins, stores)."""
+        if isinstance(value, TurnWarning):
+            return value
+        if isinstance(value, Mapping):
+            return cls(str(value["code"]), str(value.get("key", "")), str(value["message"]))
+        return cls("untyped", "", str(value))
+
+    def __str__(self) -> str:
+        where = f"{self.key}: " if self.key else ""
+        return f"{where}{self.message} [{self.code}]"
+
+
+def _warnings(values: Iterable[TurnWarning | str]) -> tuple[TurnWarning, ...]:
+    return tuple(TurnWarning.of(v) for v in values)
 
 
 @attrs.frozen
 class Processed:
-    """What one attachment spec produced: artifacts in order, an optional group, edges."""
+    """What one attachment spec produced: artifacts in order, an optional group, edges.
+
+    ``embedded`` artifacts are not attachments of their own: each is placed right after
+    the artifact that embeds it (an ``embeds`` link marked ``inline``)."""
 
     artifacts: tuple[Artifact, ...]
     group: str | None = None
     links: tuple[Link, ...] = ()
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[TurnWarning, ...] = attrs.field(default=(), converter=_warnings)
+    embedded: tuple[Artifact, ...] = ()
 
 
 class SourceResolver(Protocol):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
+from pipeline._artifacts import TurnWarning
 from pipeline._assemble import assemble, complete, item_view, summary_target, visible_history
 from pipeline._conversation import request_tokens
 from pipeline._envelope import BudgetReport, Decision, Envelope, Form
@@ -135,7 +136,9 @@ def _summary_warnings(turn: TurnGraph, key: str, memo_key: str, text: str) -> Tu
     result = ctx.summaries.summarize(ctx.summarizer, memo_key, text, summary_target(turn, text))
     if not result.failures:
         return turn
-    notes = tuple(f"{key}: summary: {failure}" for failure in result.failures)
+    notes = tuple(
+        TurnWarning("summary-failed", key, f"summary: {failure}") for failure in result.failures
+    )
     return attrs.evolve(turn, warnings=(*turn.warnings, *notes))
 
 

@@ -235,6 +235,12 @@ def _write_report(
     return path
 
 
+def _warn(env: Envelope) -> None:
+    """A turn's warnings on stderr, one line each: the human output never drops them."""
+    for w in env.report.warnings:
+        click.echo(f"lamina: warning: turn {env.turn}: {w}", err=True)
+
+
 def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, full: bool) -> None:
     from renderers import chatml, common_prefix_tokens, openai_messages
 
@@ -273,8 +279,7 @@ def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, f
                 markup=False,
                 soft_wrap=True,
             )
-        for w in env.report.warnings:
-            console.print(f"  warning: {w}", markup=False, soft_wrap=True)
+        _warn(env)
         console.print("[bold]request[/bold]")
         for m in messages:
             content = m["content"]
@@ -821,6 +826,7 @@ def _inspect_turn(console: Console, env: Envelope, conv: Conversation, width: in
     console.print(f"[{bar}] {total} of {label} tokens  ({shares}; digits = layer)", markup=False)
     for warning in env.report.warnings:
         console.print(f"warning: {warning}", markup=False, soft_wrap=True)
+    _warn(env)
 
 
 @cli.command()

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from pipeline._artifacts import TurnWarning
 from pipeline._hashing import joined_hash, text_hash
 
 __all__ = [
@@ -189,7 +190,7 @@ class BuildReport:
     turn: int
     attached: tuple[str, ...] = ()
     decisions: tuple[Decision, ...] = ()
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[TurnWarning, ...] = ()
     stats: tuple[tuple[str, int], ...] = ()
     budget: BudgetReport | None = None
     # Measurements, not results: they differ between runs, so they take no part in equality

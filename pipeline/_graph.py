@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import networkx as nx
 
-from pipeline._artifacts import Artifact, Processed
+from pipeline._artifacts import Artifact, Processed, TurnWarning
 from pipeline._envelope import BudgetReport, Decision, Envelope, Form
 from pipeline._history import HistoryEntry
 from pipeline._library import Library
@@ -83,7 +83,7 @@ class TurnGraph:
     library: Library = attrs.field(factory=Library)
     promoted: Library | None = None
     decisions: tuple[Decision, ...] = ()
-    warnings: tuple[str, ...] = ()
+    warnings: tuple[TurnWarning, ...] = ()
     stats: tuple[tuple[str, int], ...] = ()
     system: SystemPrompt = attrs.field(factory=SystemPrompt)
     history: tuple[HistoryEntry, ...] = ()
@@ -112,14 +112,18 @@ class TurnGraph:
         """The graph of what was attached, in attachment order."""
         graph = nx.DiGraph()
         roots: list[str] = []
-        warnings: list[str] = []
+        warnings: list[TurnWarning] = []
         for p in processed:
             warnings.extend(p.warnings)
-            for artifact in p.artifacts:
+            for artifact in (*p.artifacts, *p.embedded):
                 existing = graph.nodes.get(artifact.key, {}).get("artifact")
                 if existing is not None and existing.content_hash != artifact.content_hash:
                     warnings.append(
-                        f"{artifact.key}: attached twice with different content; kept the first"
+                        TurnWarning(
+                            "attached-twice",
+                            artifact.key,
+                            "attached twice with different content; kept the first",
+                        )
                     )
                     continue
                 graph.add_node(artifact.key, kind="artifact", artifact=artifact)
@@ -132,7 +136,7 @@ class TurnGraph:
                 for end in (link.source, link.target):
                     if end not in graph:
                         graph.add_node(end, kind="linked", artifact=None)
-                graph.add_edge(link.source, link.target, kind=link.kind)
+                graph.add_edge(link.source, link.target, kind=link.kind, inline=link.inline)
         return cls(graph, ctx, tuple(roots), library=library, warnings=tuple(warnings), **rest)
 
     def artifact(self, key: str) -> Artifact:
@@ -148,6 +152,17 @@ class TurnGraph:
 
     def successors(self, key: str, kind: str) -> list[str]:
         return [t for t in self.graph.successors(key) if self.graph.edges[key, t]["kind"] == kind]
+
+    def inlined(self, key: str) -> list[str]:
+        """The artifacts ``key`` embeds inline, in the order its text embeds them."""
+        edges = self.graph.edges
+        return [
+            t
+            for t in self.graph.successors(key)
+            if edges[key, t]["kind"] == "embeds"
+            and edges[key, t].get("inline")
+            and self.graph.nodes[t].get("artifact") is not None
+        ]
 
     def kind(self, key: str) -> str:
         kind: str = self.graph.nodes[key]["kind"]

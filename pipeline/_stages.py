@@ -40,20 +40,36 @@ def library_entry(artifact: Artifact, ctx: TurnContext) -> LibraryEntry:
 
 @attrs.frozen
 class Expand:
-    """Replace folder and tag groups by their notes, keeping attachment order."""
+    """Replace folder and tag groups by their notes, keeping attachment order; place what a
+    note embeds inline right after it."""
 
     name: str = "expand"
     after: tuple[str, ...] = ()
 
     def __call__(self, turn: TurnGraph) -> TurnGraph:
         keys: list[str] = []
+        embedded = 0
         for root in turn.roots:
-            if turn.kind(root) == "group":
-                keys.extend(turn.successors(root, "contains"))
-            else:
-                keys.append(root)
+            members = turn.successors(root, "contains") if turn.kind(root) == "group" else [root]
+            for key in members:
+                keys.append(key)
+                inlined = _inlined(turn, key, {key})
+                keys.extend(inlined)
+                embedded += len(inlined)
         items = tuple(Placement(k) for k in keys)
-        return attrs.evolve(turn, items=items).with_stat("attached", len(items))
+        out = attrs.evolve(turn, items=items).with_stat("attached", len(items))
+        return out.with_stat("embedded", embedded) if embedded else out
+
+
+def _inlined(turn: TurnGraph, key: str, seen: set[str]) -> list[str]:
+    """What ``key`` embeds inline, depth first, each key once along the way (cycle-safe)."""
+    found: list[str] = []
+    for target in turn.inlined(key):
+        if target not in seen:
+            seen.add(target)
+            found.append(target)
+            found.extend(_inlined(turn, target, seen))
+    return found
 
 
 @attrs.frozen

@@ -24,7 +24,7 @@ import attrs
 import cattrs
 import xxhash
 
-from pipeline._artifacts import AttachmentSpec
+from pipeline._artifacts import AttachmentSpec, TurnWarning
 from pipeline._conversation import Conversation, ConversationState
 from pipeline._envelope import BuildReport, Envelope, Form
 from pipeline._errors import (
@@ -65,6 +65,8 @@ SCHEMA_VERSION = 1
 _SPLIT_PARTS = ("library", "history")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 _converter = cattrs.Converter()
+# Stores written before warnings had codes hold bare sentences.
+_converter.register_structure_hook(TurnWarning, lambda value, _: TurnWarning.of(value))
 
 
 def new_conversation_id() -> str:

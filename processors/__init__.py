@@ -1,6 +1,6 @@
 """Processors: one per source type, turning attachments into typed artifacts."""
 
-from processors._context import ProcessContext, Sources
+from processors._context import NoteOptions, ProcessContext, Sources
 from processors._notes import (
     FolderProcessor,
     NotePayload,
@@ -34,6 +34,7 @@ __all__ = [
     "Cue",
     "FolderProcessor",
     "JsonTranscriptProvider",
+    "NoteOptions",
     "NotePayload",
     "NoteProcessor",
     "PdfPayload",

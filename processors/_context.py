@@ -3,23 +3,57 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from pipeline import AttachmentSpec, Processed
+from pipeline import AttachmentSpec, ConfigError, Processed
 from processors._registry import Registry
 from processors._vault import Vault
 
 if TYPE_CHECKING:
     from renderers import XmlRenderer
 
-__all__ = ["ProcessContext", "Sources"]
+__all__ = ["NoteOptions", "ProcessContext", "Sources"]
+
+
+def _properties(value: Any) -> Literal["all", "none"] | tuple[str, ...]:
+    if value in ("all", "none"):
+        return "all" if value == "all" else "none"
+    if isinstance(value, str) or not all(isinstance(k, str) and k for k in value):
+        raise ConfigError("properties", f"expected 'all', 'none' or a list of keys, not {value!r}")
+    return tuple(value)
+
+
+def _positive(_: Any, attribute: attrs.Attribute[int], value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(attribute.name, f"must be a non-negative integer, not {value!r}")
+
+
+@attrs.frozen
+class NoteOptions:
+    """How notes reach the model: which frontmatter properties head the note, and whether
+    ``![[embeds]]`` are inlined (sections always, whole notes up to ``embed_max_chars``,
+    ``embed_depth`` levels deep) or kept as links."""
+
+    properties: Literal["all", "none"] | tuple[str, ...] = attrs.field(
+        default="all", converter=_properties
+    )
+    embeds: Literal["inline", "links"] = "inline"
+    embed_max_chars: int = attrs.field(default=4000, validator=_positive)
+    embed_depth: int = attrs.field(default=3, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.embeds not in ("inline", "links"):
+            raise ConfigError("embeds", f"expected 'inline' or 'links', not {self.embeds!r}")
 
 
 @attrs.frozen
 class ProcessContext:
-    """Settings and shared state handed to every processor call."""
+    """Settings and shared state handed to every processor call.
+
+    ``pdf_passwords`` (PDF path as attached -> password) opens encrypted PDFs; it is
+    never part of a key, a payload, the store or the trace."""
 
     vault: Vault | None = None
     allow_private_network: bool = False
@@ -28,6 +62,8 @@ class ProcessContext:
     # Per-conversation cache (e.g. fetched pages by URL); shared by copies on purpose.
     cache: dict[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
     options: Mapping[str, Any] = attrs.field(factory=dict)
+    notes: NoteOptions = attrs.field(factory=NoteOptions)
+    pdf_passwords: Mapping[str, str] = attrs.field(factory=dict, repr=False, eq=False)
 
 
 @attrs.frozen

@@ -5,7 +5,9 @@ Wikilinks become provenance edges (``links`` / ``embeds``); they are never expan
 
 from __future__ import annotations
 
+import datetime
 import functools
+import json
 import posixpath
 import re
 from collections.abc import Callable, Mapping
@@ -14,11 +16,11 @@ from typing import Any, Self
 import attrs
 import yaml
 
-from pipeline._artifacts import Artifact, Link, Processed, make_artifact
+from pipeline._artifacts import Artifact, Link, Processed, TurnWarning, make_artifact
 from pipeline._errors import AttachmentError
 from pipeline._hashing import text_hash
-from pipeline._preview import fence_after
-from processors._context import ProcessContext
+from pipeline._preview import _split_sections, fence_after
+from processors._context import NoteOptions, ProcessContext
 from processors._vault import Vault
 
 __all__ = [
@@ -32,6 +34,7 @@ __all__ = [
     "WikiLink",
     "folder",
     "note",
+    "note_section",
     "parse_note",
     "resolve_link",
     "tag",
@@ -60,7 +63,12 @@ class WikiLink:
 
 @attrs.frozen
 class NotePayload:
-    """One note: identity (path), title, metadata from frontmatter and body, the body."""
+    """One note (or, with ``section``, one heading's section or ``^block`` of it): identity
+    (path), title, metadata from frontmatter and body, the body.
+
+    ``properties`` are the frontmatter's fields as (key, compact value), rendered as a
+    ``---`` header above the body so the model reads them as the note has them.
+    """
 
     path: str
     title: str
@@ -68,20 +76,31 @@ class NotePayload:
     tags: tuple[str, ...]
     body_text: str
     links: tuple[WikiLink, ...]
+    properties: tuple[tuple[str, str], ...] = ()
+    section: str = ""
 
     @property
     def locator(self) -> str:
-        return self.path
+        return f"{self.path}#{self.section}" if self.section else self.path
 
     def body(self) -> str:
-        return self.body_text
+        if not self.properties:
+            return self.body_text
+        lines = "\n".join(f"{k}: {v}" if v else f"{k}:" for k, v in self.properties)
+        return f"---\n{lines}\n---\n{self.body_text}"
 
     def attributes(self) -> tuple[tuple[str, str], ...]:
+        if self.section:
+            return (("path", self.path), ("section", self.section))
         return (("path", self.path),)
 
     def replace_text(self, fn: Callable[[str], str]) -> Self:
-        """Map the body; path and title are the note's identity and stay."""
-        return attrs.evolve(self, body_text=fn(self.body_text))
+        """Map the body and property values; path and title are the note's identity and stay."""
+        return attrs.evolve(
+            self,
+            body_text=fn(self.body_text),
+            properties=tuple((k, fn(v)) for k, v in self.properties),
+        )
 
     def has_tag(self, query: str) -> bool:
         """Whether the note carries ``query`` or a tag nested below it (``a/b`` matches ``a``)."""
@@ -211,9 +230,44 @@ def _links_and_tags(body: str) -> tuple[list[WikiLink], list[str]]:
     return links, tags
 
 
-def parse_note(path: str, text: str) -> tuple[NotePayload, tuple[str, ...]]:
-    """A note's payload from its text, and warnings (bad frontmatter never raises)."""
-    meta, body, warnings = _split_frontmatter(path, text)
+_FLOW_SPECIAL = re.compile(r"[,\[\]{}#:\n\"']|^\s|\s$")
+
+
+def _compact(value: Any, nested: bool = False) -> str:
+    """A property value on one line: scalars as written, lists and maps in YAML flow style
+    (an item that would break the flow is quoted)."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, str):
+        special = _FLOW_SPECIAL.search(value) if nested else "\n" in value
+        return json.dumps(value, ensure_ascii=False) if special else value
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_compact(v, True) for v in value) + "]"
+    if isinstance(value, dict):
+        items = (f"{_compact(k, True)}: {_compact(v, True)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
+    return str(value)
+
+
+def _properties(meta: Mapping[Any, Any]) -> tuple[tuple[str, str], ...]:
+    """Every frontmatter field but ``title`` (already the note's title), in written order."""
+    return tuple((str(k), _compact(v)) for k, v in meta.items() if str(k) != "title")
+
+
+def parse_note(path: str, text: str) -> tuple[NotePayload, tuple[TurnWarning, ...]]:
+    """A note's payload from its text, and warnings (bad frontmatter never raises: the
+    text is kept as the body)."""
+    meta, body, problems = _split_frontmatter(path, text)
+    warnings = tuple(
+        TurnWarning("frontmatter-malformed", f"note:{path}", p.removeprefix(f"{path}: "))
+        for p in problems
+    )
     stem = posixpath.splitext(posixpath.basename(path))[0]
     title_value = meta.get("title")
     title = stem
@@ -230,8 +284,37 @@ def parse_note(path: str, text: str) -> tuple[NotePayload, tuple[str, ...]]:
         tags=tuple(sorted(t for t in tags if _valid_tag(t))),
         body_text=body,
         links=tuple(links),
+        properties=_properties(meta),
     )
-    return payload, tuple(warnings)
+    return payload, warnings
+
+
+def _heading_text(line: str) -> str:
+    return " ".join(line.strip().lstrip("#").strip().rstrip("#").split()).casefold()
+
+
+def note_section(body: str, subpath: str) -> str | None:
+    """The part of ``body`` an embed's ``#subpath`` names: a heading's section (down to the
+    next heading of its level or above; ``A#B`` names B) or a ``^block``'s paragraph."""
+    if subpath.startswith("^"):
+        marker = re.compile(rf"(?:^|\s)\^{re.escape(subpath[1:])}\s*$")
+        for paragraph in re.split(r"\n\s*\n", body):
+            if any(marker.search(line) for line in paragraph.split("\n")):
+                return paragraph.strip("\n")
+        return None
+    wanted = " ".join(subpath.split("#")[-1].split()).casefold()
+    found: list[str] = []
+    level = 0
+    for heading, text in _split_sections(body):
+        depth = len(heading) - len(heading.lstrip("#")) if heading else 0
+        if found:
+            if heading is not None and depth <= level:
+                break
+            found.append(f"{heading}\n{text}" if heading else text)
+        elif heading is not None and _heading_text(heading) == wanted:
+            level = depth
+            found.append(f"{heading}\n{text}")
+    return "".join(found).strip("\n") if found else None
 
 
 @functools.lru_cache(maxsize=8)
@@ -363,8 +446,11 @@ def _need_vault(ctx: ProcessContext, what: str) -> Vault:
 
 
 def _load(
-    vault: Vault, rel: str, cache: dict[str, Any] | None = None
-) -> tuple[NotePayload, list[str]]:
+    vault: Vault,
+    rel: str,
+    cache: dict[str, Any] | None = None,
+    options: NoteOptions | None = None,
+) -> tuple[NotePayload, list[TurnWarning]]:
     """Read and parse a note; with a conversation cache, an unchanged note is parsed once."""
     text, decode_warning = vault.read_text(rel)
     memo = f"note-parse:{rel}:{text_hash(text)}"
@@ -374,7 +460,98 @@ def _load(
         if cache is not None:
             cache[memo] = found
     payload, warnings = found
-    return payload, ([decode_warning] if decode_warning else []) + list(warnings)
+    wanted = (options or NoteOptions()).properties
+    if wanted == "none":
+        payload = attrs.evolve(payload, properties=())
+    elif wanted != "all":
+        have = dict(payload.properties)
+        payload = attrs.evolve(payload, properties=tuple((k, have[k]) for k in wanted if k in have))
+    decoded = (
+        [TurnWarning("note-not-utf8", f"note:{rel}", decode_warning.removeprefix(f"{rel}: "))]
+        if decode_warning
+        else []
+    )
+    return payload, decoded + list(warnings)
+
+
+# Embeds of these are files, not notes: they stay as written, without a warning.
+_NOT_NOTE = re.compile(r"\.(?!md$)[A-Za-z0-9]{1,5}$", re.IGNORECASE)
+
+
+@attrs.frozen
+class _Embedding:
+    """What inlining a note's embeds found: the artifacts, their edges and warnings."""
+
+    artifacts: list[Artifact] = attrs.Factory(list)
+    links: list[Link] = attrs.Factory(list)
+    warnings: list[TurnWarning] = attrs.Factory(list)
+
+
+def _embed(
+    payload: NotePayload,
+    vault: Vault,
+    notes: tuple[str, ...],
+    ctx: ProcessContext,
+    out: _Embedding,
+    seen: set[str],
+    depth: int = 1,
+) -> None:
+    """Collect what ``payload`` embeds inline (sections always, whole notes when small),
+    depth first in text order; a key already seen is linked to but not read again."""
+    options = ctx.notes
+    source = f"note:{payload.locator}"
+    for link in payload.links:
+        if not link.embed or not link.target:
+            continue
+        resolved = resolve_link(link.target, payload.path, notes)
+        written = f"![[{link.target}{'#' + link.subpath if link.subpath else ''}]]"
+        if resolved is None:
+            if not _NOT_NOTE.search(link.target):
+                out.warnings.append(
+                    TurnWarning("embed-missing", source, f"{written} names no note in the vault")
+                )
+            continue
+        if options.embeds == "links":
+            continue
+        if depth > options.embed_depth:
+            out.warnings.append(
+                TurnWarning(
+                    "embed-too-deep",
+                    source,
+                    f"{written} is nested deeper than {options.embed_depth} embeds; "
+                    "kept as a link",
+                )
+            )
+            continue
+        key = f"note:{resolved}#{link.subpath}" if link.subpath else f"note:{resolved}"
+        if key in seen:  # a cycle or a repeat: the edge is enough
+            out.links.append(Link(source, key, "embeds", inline=True))
+            continue
+        target, found = _load(vault, resolved, ctx.cache, options)
+        out.warnings.extend(found)
+        if link.subpath:
+            text = note_section(target.body_text, link.subpath)
+            if text is None:
+                out.warnings.append(
+                    TurnWarning(
+                        "embed-section-missing",
+                        source,
+                        f"{written}: {resolved} has no such heading or block",
+                    )
+                )
+                continue
+            section_links, _ = _links_and_tags(text)
+            target = attrs.evolve(
+                target, body_text=text, links=tuple(section_links), section=link.subpath,
+                properties=(),
+            )
+        elif len(target.body()) > options.embed_max_chars:
+            continue  # a large note stays a link; attach it to send it whole
+        seen.add(key)
+        out.artifacts.append(make_artifact("note", key, target, recoverable=True))
+        out.links.append(Link(source, key, "embeds", inline=True))
+        out.links.extend(_note_links(target, notes))
+        _embed(target, vault, notes, ctx, out, seen, depth + 1)
 
 
 def _note_artifact(payload: NotePayload) -> Artifact:
@@ -382,7 +559,7 @@ def _note_artifact(payload: NotePayload) -> Artifact:
 
 
 def _note_links(payload: NotePayload, notes: tuple[str, ...]) -> list[Link]:
-    source = f"note:{payload.path}"
+    source = f"note:{payload.locator}"
     edges: list[Link] = []
     for link in payload.links:
         if not link.target:
@@ -394,18 +571,34 @@ def _note_links(payload: NotePayload, notes: tuple[str, ...]) -> list[Link]:
 
 
 def _notes_processed(
-    payloads: list[NotePayload], notes: tuple[str, ...], group: str | None, warnings: list[str]
+    payloads: list[NotePayload],
+    notes: tuple[str, ...],
+    group: str | None,
+    warnings: list[TurnWarning],
+    vault: Vault,
+    ctx: ProcessContext,
 ) -> Processed:
     links: list[Link] = []
     if group is not None:
         links.extend(Link(group, f"note:{p.path}", "contains") for p in payloads)
     for p in payloads:
         links.extend(_note_links(p, notes))
+    embedding = _Embedding()
+    attached = {f"note:{p.path}" for p in payloads}
+    for p in payloads:
+        if any(link.embed for link in p.links):
+            _embed(p, vault, notes, ctx, embedding, {f"note:{p.path}"})
+    # An inlined embed's edge takes the place of its plain one, in text order.
+    inline = {(k.source, k.target) for k in embedding.links}
+    links = [attrs.evolve(k, inline=True) if (k.source, k.target) in inline else k for k in links]
+    links.extend(embedding.links)
+    embedded = {a.key: a for a in embedding.artifacts if a.key not in attached}
     return Processed(
         artifacts=tuple(_note_artifact(p) for p in payloads),
         group=group,
-        links=tuple(links),
-        warnings=tuple(warnings),
+        links=tuple(dict.fromkeys(links)),
+        warnings=(*warnings, *embedding.warnings),
+        embedded=tuple(embedded.values()),
     )
 
 
@@ -423,10 +616,10 @@ class NoteProcessor:
     def process(self, spec: NoteSpec, ctx: ProcessContext) -> Processed:
         vault = _need_vault(ctx, spec.describe())
         rel = vault.note_path(spec.path)
-        payload, warnings = _load(vault, rel, ctx.cache)
+        payload, warnings = _load(vault, rel, ctx.cache, ctx.notes)
         # Listing the vault costs a walk of every folder: only link resolution needs it.
         notes = vault.notes() if payload.links else ()
-        return _notes_processed([payload], notes, None, warnings)
+        return _notes_processed([payload], notes, None, warnings, vault, ctx)
 
 
 @attrs.frozen
@@ -454,12 +647,12 @@ class FolderProcessor:
             hint = f" (did you mean: {', '.join(hints)}?)" if hints else ""
             raise AttachmentError(spec.describe(), f"no such folder in the vault{hint}")
         payloads: list[NotePayload] = []
-        warnings: list[str] = []
+        warnings: list[TurnWarning] = []
         for member in members:
-            payload, found = _load(vault, member, ctx.cache)
+            payload, found = _load(vault, member, ctx.cache, ctx.notes)
             payloads.append(payload)
             warnings.extend(found)
-        return _notes_processed(payloads, notes, f"folder:{rel}", warnings)
+        return _notes_processed(payloads, notes, f"folder:{rel}", warnings, vault, ctx)
 
 
 @attrs.frozen
@@ -477,12 +670,12 @@ class TagProcessor:
         vault = _need_vault(ctx, spec.describe())
         notes = vault.notes()
         payloads: list[NotePayload] = []
-        warnings: list[str] = []
+        warnings: list[TurnWarning] = []
         for rel in notes:
-            payload, found = _load(vault, rel, ctx.cache)
+            payload, found = _load(vault, rel, ctx.cache, ctx.notes)
             if payload.has_tag(spec.tag):
                 payloads.append(payload)
                 warnings.extend(found)
         if not payloads:
             raise AttachmentError(spec.describe(), "no note in the vault carries this tag")
-        return _notes_processed(payloads, notes, f"tag:#{spec.tag}", warnings)
+        return _notes_processed(payloads, notes, f"tag:#{spec.tag}", warnings, vault, ctx)

@@ -136,10 +136,15 @@ class Vault:
     def note_path(self, rel: str) -> str:
         """The resolved path of an existing note (``.md`` may be left off), else NoteNotFound."""
         norm = self.resolve(rel)
-        if norm.endswith(".md") and self.exists(norm):
+        if _is_note(norm) and self.exists(norm):
             return norm
-        if not norm.endswith(".md") and norm != "." and self.exists(norm + ".md"):
+        if not _is_note(norm) and norm != "." and self.exists(norm + ".md"):
             return self.resolve(norm + ".md")
+        # ``.MD``, ``.Md``: the extension is matched case-insensitively, the name exactly.
+        stem = norm[:-3] if _is_note(norm) else norm
+        for found in self.notes():
+            if found[:-3] == stem and found != norm:
+                return found
         raise NoteNotFound(rel, self.suggest(rel))
 
     def read_text(self, rel: str) -> tuple[str, str | None]:
@@ -183,7 +188,7 @@ class Vault:
         if self._listing is not None and "notes" in self._listing:
             return self._listing["notes"]
         found = set(self._disk_listing())
-        found.update(p for p in self.overlay if p.endswith(".md") and not _hidden(p))
+        found.update(p for p in self.overlay if _is_note(p) and not _hidden(p))
         listed = tuple(sorted(found))
         if self._listing is not None:
             self._listing["notes"] = listed
@@ -257,7 +262,7 @@ class Vault:
                 if entry.is_dir(follow_symlinks=False):
                     stack.append((entry.path, rel + "/"))
                     continue
-                if not name.endswith(".md"):
+                if not _is_note(name):
                     continue
                 if entry.is_symlink():
                     symlinks.append(True)  # its target may change unseen: not kept
@@ -268,6 +273,11 @@ class Vault:
                 elif not entry.is_file(follow_symlinks=False):
                     continue
                 yield rel
+
+
+def _is_note(name: str) -> bool:
+    """Notes are ``.md`` files, the extension in any case (``.MD`` too)."""
+    return name[-3:].lower() == ".md"
 
 
 def _clean(text: str) -> str:

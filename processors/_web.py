@@ -26,7 +26,7 @@ import httpx
 import lxml.etree
 import lxml.html
 
-from pipeline import FetchError, Processed, make_artifact
+from pipeline import FetchError, Processed, TurnWarning, make_artifact
 from pipeline._errors import AttachmentError, ConfigError
 from processors._context import ProcessContext
 
@@ -341,7 +341,7 @@ def _content_type(header: str) -> tuple[str, str | None]:
 # --- decoding and extraction ----------------------------------------------------------------
 
 
-def _payload(requested: str, response: _Response) -> tuple[UrlPayload, tuple[str, ...]]:
+def _payload(requested: str, response: _Response) -> tuple[UrlPayload, tuple[TurnWarning, ...]]:
     is_html = response.media_type in _HTML_TYPES
     text = _decode(response.content, response.charset, sniff_meta=is_html)
     final_url = response.url if response.url != requested else None
@@ -353,7 +353,8 @@ def _payload(requested: str, response: _Response) -> tuple[UrlPayload, tuple[str
         body = text.replace("\r\n", "\n").replace("\r", "\n").strip()
         heading = _HEADING.search(body)
         title = heading.group(1) if heading else fallback_title
-    warnings = () if body else (f"{requested}: no readable text found on the page",)
+    empty = TurnWarning("page-no-text", f"url:{requested}", "no readable text found on the page")
+    warnings = () if body else (empty,)
     return UrlPayload(requested, title, body, final_url), warnings
 
 

@@ -17,6 +17,7 @@ from pipeline import (
     PathOutsideVault,
     Processed,
     TranscriptError,
+    TurnWarning,
     make_artifact,
 )
 from processors._context import ProcessContext
@@ -121,6 +122,7 @@ class Transcript:
     title: str = ""
     channel: str = ""
     duration_s: int | None = None
+    problems: tuple[str, ...] = ()  # sentences: what the reader skipped (broken cues)
 
 
 @runtime_checkable
@@ -257,11 +259,18 @@ class SubtitleFileProvider:
         for line in getattr(parsed, "metadata", None) or ():
             name, _, value = str(line).partition(":")
             header.setdefault(name.strip().lower(), clean_cue_text(value))
+        broken = _broken_cues(text)
+        problems: tuple[str, ...] = ()
+        if broken and len(raw) < _cue_blocks(text):
+            lines = ", ".join(str(n) for n in broken[:5]) + (", ..." if len(broken) > 5 else "")
+            cues = "1 cue was" if len(broken) == 1 else f"{len(broken)} cues were"
+            problems = (f"{cues} skipped: unreadable timing line (line {lines} of the file)",)
         return Transcript(
             merge_cues(raw),
             language=header.get("language", ""),
             title=header.get("title", ""),
             channel=header.get("channel", ""),
+            problems=problems,
         )
 
     def _format(self, text: str) -> str:
@@ -269,6 +278,41 @@ class SubtitleFileProvider:
         if suffix in (".vtt", ".srt"):
             return suffix[1:]
         return "vtt" if text.lstrip().startswith("WEBVTT") else "srt"
+
+
+_TIMING = re.compile(
+    r"^\s*(?:\d+:)?\d{1,2}:\d{2}[.,]\d{3}\s+-->\s+(?:\d+:)?\d{1,2}:\d{2}[.,]\d{3}(?:\s|$)"
+)
+_NOT_CUES = ("WEBVTT", "NOTE", "STYLE", "REGION")
+
+
+def _blocks(text: str) -> list[tuple[int, list[str]]]:
+    """Blank-line separated blocks of a subtitle file: (first line number, lines)."""
+    blocks: list[tuple[int, list[str]]] = []
+    current: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            if not current:
+                blocks.append((number, current))
+            current.append(line)
+        else:
+            current = []
+    return [(n, lines) for n, lines in blocks if lines and not lines[0].startswith(_NOT_CUES)]
+
+
+def _cue_blocks(text: str) -> int:
+    return len(_blocks(text))
+
+
+def _broken_cues(text: str) -> list[int]:
+    """Line numbers of cue blocks whose timing line cannot be read (webvtt-py skips them)."""
+    broken: list[int] = []
+    for number, lines in _blocks(text):
+        # The timing line is the first line, or the second after a cue id / SRT index.
+        if not any(_TIMING.match(line) for line in lines[:2]):
+            timing = 1 if len(lines) > 1 and "-->" in lines[1] else 0
+            broken.append(number + timing)
+    return broken
 
 
 @attrs.frozen
@@ -537,12 +581,14 @@ class YoutubeProcessor:
         )
 
     def process(self, spec: YoutubeSpec, ctx: ProcessContext) -> Processed:
-        warnings: tuple[str, ...] = ()
+        warnings: tuple[TurnWarning, ...] = ()
         if spec.transcript is not None:
             transcript = file_provider(spec.transcript, ctx).fetch(spec.video_id)
         else:
             transcript, warnings = self._from_provider(spec.video_id, ctx)
         meta = transcript or Transcript(())
+        key = f"youtube:{spec.video_id}"
+        warnings += tuple(TurnWarning("subtitle-bad-timing", key, p) for p in meta.problems)
         payload = YoutubePayload(
             video_id=spec.video_id,
             title=spec.title or meta.title or f"YouTube video {spec.video_id}",
@@ -552,14 +598,13 @@ class YoutubeProcessor:
             cues=meta.cues,
             has_transcript=bool(meta.cues),
         )
-        key = f"youtube:{spec.video_id}"
         return Processed(
             (make_artifact("youtube", key, payload, recoverable=True),), warnings=warnings
         )
 
     def _from_provider(
         self, video_id: str, ctx: ProcessContext
-    ) -> tuple[Transcript | None, tuple[str, ...]]:
+    ) -> tuple[Transcript | None, tuple[TurnWarning, ...]]:
         provider = self.provider or _provider_option(ctx)
         if provider is None:
             return None, ()
@@ -570,7 +615,8 @@ class YoutubeProcessor:
         try:
             transcript = provider.fetch(video_id)
         except TranscriptError as exc:
-            return None, (f"youtube {video_id}: no transcript ({exc})",)
+            message = f"no transcript ({exc})"
+            return None, (TurnWarning("transcript-unavailable", f"youtube:{video_id}", message),)
         ctx.cache[cache_key] = transcript
         return transcript, ()
 

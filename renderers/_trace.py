@@ -67,6 +67,9 @@ def trace_turn(
         },
         "messages": openai_messages(envelope),
         "stats": _stats(envelope),
+        "warnings": [
+            {"code": w.code, "key": w.key, "message": w.message} for w in envelope.report.warnings
+        ],
     }
     if timings:
         out["timings"] = _timings(envelope)

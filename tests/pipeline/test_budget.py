@@ -202,7 +202,7 @@ def test_llm_summaries_that_fail_or_overrun_still_fit_and_are_reported(tmp_path:
     env = conv.turn("summarize", attach=[note("big.md")])
     assert exact_request_tokens(env) <= 500
     assert env.l3.segments[0].form in (Form.SUMMARY, Form.REFERENCE)
-    assert any("summary" in w for w in env.report.warnings), env.report.warnings
+    assert any(w.code == "summary-failed" for w in env.report.warnings), env.report.warnings
 
 
 def test_budget_from_model_profile_and_validation() -> None:

@@ -55,7 +55,9 @@ def test_frontmatter_title_tags_list_and_aliases() -> None:
     assert payload.title == "Spec"
     assert payload.tags == ("a/x", "b")
     assert payload.aliases == ("S1", "S2")
-    assert payload.body() == "Body\n"
+    assert payload.body_text == "Body\n"
+    # The frontmatter (title aside: it is the block's title) heads the body as properties.
+    assert payload.body() == '---\ntags: [B, "#a/x"]\naliases: [S1, S2]\n---\nBody\n'
 
 
 @pytest.mark.parametrize("tags", ["alpha, beta", "alpha beta", "'#alpha #beta'"])
@@ -70,19 +72,20 @@ def test_malformed_frontmatter_is_a_warning_and_stays_in_the_body() -> None:
     assert payload.body() == text
     assert payload.tags == ("inline",)
     assert len(warnings) == 1
-    assert "bad.md" in warnings[0] and "malformed" in warnings[0]
+    assert warnings[0].key == "note:bad.md" and warnings[0].code == "frontmatter-malformed"
+    assert warnings[0].message == "malformed YAML frontmatter at line 2; read as body"
 
 
 def test_unclosed_frontmatter_is_a_warning() -> None:
     payload, warnings = parse_note("u.md", "---\ntitle: X\nno end")
     assert payload.title == "u"
-    assert warnings and "not closed" in warnings[0]
+    assert warnings and "not closed" in warnings[0].message
 
 
 def test_non_mapping_frontmatter_is_a_warning() -> None:
     payload, warnings = parse_note("l.md", "---\n- a\n- b\n---\nbody")
     assert payload.title == "l"
-    assert warnings and "not a mapping" in warnings[0]
+    assert warnings and "not a mapping" in warnings[0].message
 
 
 def test_empty_frontmatter_is_dropped_silently() -> None:
@@ -174,7 +177,8 @@ def test_note_links_resolve_obsidian_style(tmp_path: Path) -> None:
     assert out.links == (
         Link("note:src.md", "note:b.md", "links"),
         Link("note:src.md", "note:x/c.md", "links"),
-        Link("note:src.md", "note:z/deep.md", "embeds"),
+        # A small note's embed is inlined, and its edge says so (issue 15).
+        Link("note:src.md", "note:z/deep.md", "embeds", inline=True),
         Link("note:src.md", "unresolved:ghost", "links"),
         Link("note:src.md", "note:k/target.md", "links"),
     )
@@ -209,7 +213,7 @@ def test_non_utf8_note_is_read_with_a_warning(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path, {"bad.md": b"ok \xff\xfe end"})
     out = NoteProcessor().process(note("bad.md"), ctx)
     assert "\ufffd" in out.artifacts[0].payload.body()
-    assert len(out.warnings) == 1 and "bad.md" in out.warnings[0]
+    assert len(out.warnings) == 1 and out.warnings[0].key == "note:bad.md"
 
 
 def test_overlay_changes_content_hash_but_not_disk(tmp_path: Path) -> None:

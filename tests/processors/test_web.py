@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pipeline import AttachmentError, FetchError
+from pipeline import AttachmentError, FetchError, TurnWarning
 from processors import (
     ProcessContext,
     Registry,
@@ -226,7 +226,10 @@ def test_page_without_text_gives_a_warning_not_an_error(
 ) -> None:
     processed = UrlProcessor().process(url(server.url("/empty")), ctx)
     assert processed.artifacts[0].payload.body() == ""
-    assert processed.warnings == (f"{server.url('/empty')}: no readable text found on the page",)
+    empty = TurnWarning(
+        "page-no-text", f"url:{server.url('/empty')}", "no readable text found on the page"
+    )
+    assert processed.warnings == (empty,)
 
 
 def test_host_name_is_sent_while_connecting_to_the_checked_address(

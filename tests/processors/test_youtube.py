@@ -357,7 +357,8 @@ def test_provider_failure_is_a_warning_not_an_exception(ctx: ProcessContext) -> 
     failing = FakeProvider(TranscriptError(VID, "could not fetch the transcript: ConnectError"))
     processed = YoutubeProcessor(failing).process(youtube(VID), ctx)
     assert processed.artifacts[0].payload.body() == NO_TRANSCRIPT
-    assert len(processed.warnings) == 1 and "ConnectError" in processed.warnings[0]
+    assert len(processed.warnings) == 1 and "ConnectError" in processed.warnings[0].message
+    assert processed.warnings[0].code == "transcript-unavailable"
 
 
 def test_provider_results_are_cached_per_conversation_until_refresh(vault_dir: Path) -> None:
