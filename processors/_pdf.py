@@ -27,6 +27,7 @@ from pipeline import (
     PathOutsideVault,
     PdfError,
     Processed,
+    TurnWarning,
     make_artifact,
 )
 from processors._context import ProcessContext
@@ -52,6 +53,14 @@ NO_TEXT = (
     "no OCR is done)."
 )
 EMPTY_PAGE = "(no extractable text on this page)"
+GARBAGE_PAGE = (
+    "(the text layer of this page is unreadable: spaces and punctuation from a broken font "
+    "map; no OCR is done)"
+)
+XFA_FORM = (
+    "[An XFA form: its content lives in form data that is not extracted; the pages hold only "
+    "the viewer's placeholder text.]"
+)
 
 
 # --- page ranges -------------------------------------------------------------
@@ -107,6 +116,7 @@ class PdfPayload:
     page_count: int
     truncated: bool
     image_only: bool
+    xfa: bool = False
 
     @property
     def locator(self) -> str:
@@ -114,7 +124,7 @@ class PdfPayload:
 
     def body(self) -> str:
         """``## Page N`` sections; a leading note when pages were cut or there is no text."""
-        blocks: list[str] = []
+        blocks: list[str] = [XFA_FORM] if self.xfa else []
         if self.truncated:
             selected = (
                 sum(b - a + 1 for a, b in parse_page_range(self.pages))
@@ -190,7 +200,8 @@ class PdfProcessor:
         max_bytes = _int_option(ctx, "pdf_max_bytes", DEFAULT_MAX_BYTES)
         data = _read(full, rel, max_bytes)
         spans = parse_page_range(spec.pages, path=rel) if spec.pages else ()
-        extracted = _extract(data, rel, spans, max_pages)
+        password = ctx.pdf_passwords.get(spec.path, ctx.pdf_passwords.get(rel))
+        extracted = _extract(data, rel, spans, max_pages, password)
         payload = PdfPayload(
             path=rel,
             pages=spec.pages,
@@ -199,10 +210,14 @@ class PdfProcessor:
             page_count=extracted.page_count,
             truncated=extracted.truncated,
             image_only=not any(text for _, text in extracted.page_texts),
+            xfa=extracted.xfa,
         )
         key = f"pdf:{payload.locator}"
         artifact = make_artifact("pdf", key, payload, recoverable=True)
-        return Processed((artifact,), warnings=extracted.warnings)
+        warnings = [TurnWarning(code, key, sentence) for code, sentence in extracted.warnings]
+        if payload.image_only and not payload.xfa:
+            warnings.append(TurnWarning("pdf-no-text", key, _no_text(len(payload.page_texts))))
+        return Processed((artifact,), warnings=warnings)
 
 
 def _int_option(ctx: ProcessContext, name: str, default: int) -> int:
@@ -253,25 +268,42 @@ class _Extracted:
     page_texts: tuple[tuple[int, str], ...]
     page_count: int
     truncated: bool
-    warnings: tuple[str, ...]
+    warnings: tuple[tuple[str, str], ...]  # (code, sentence)
+    xfa: bool = False
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _no_text(pages: int) -> str:
+    return f"no extractable text on {'its page' if pages == 1 else f'any of its {pages} pages'}"
 
 
 def _extract(
-    data: bytes, label: str, spans: tuple[tuple[int, int], ...], max_pages: int
+    data: bytes,
+    label: str,
+    spans: tuple[tuple[int, int], ...],
+    max_pages: int,
+    password: str | None = None,
 ) -> _Extracted:
+    # No check for %%EOF at the end: pdfium reads files with trailing bytes or a damaged
+    # xref, and refuses truncated ones itself.
     if b"%PDF-" not in data[:1024]:
         raise PdfError(label, "corrupt", "not a PDF (no %PDF- header)")
-    if b"%%EOF" not in data[-1024:]:
-        raise PdfError(label, "corrupt", "the file is truncated (no %%EOF marker at its end)")
     import pypdfium2 as pdfium
 
     with _PDFIUM_LOCK:
         try:
-            document = pdfium.PdfDocument(data)
+            document = pdfium.PdfDocument(data, password=password)
         except pdfium.PdfiumError as exc:
             message = str(exc)
             if "password" in message.lower() or "security" in message.lower():
-                raise PdfError(label, "encrypted", "the PDF needs a password") from None
+                if password is None:
+                    raise PdfError(
+                        label, "encrypted", "the PDF needs a password (none was given)"
+                    ) from None
+                raise PdfError(label, "encrypted", "the password given is wrong") from None
             raise PdfError(label, "corrupt", _short(message)) from None
         except Exception as exc:  # pdfium may fail in ways its wrapper does not classify
             raise PdfError(label, "corrupt", f"{type(exc).__name__}: {_short(str(exc))}") from None
@@ -295,7 +327,8 @@ def _read_pages(
         raise PdfError(
             label,
             "pages",
-            f"page {spans[-1][1]} is past the end (the document has {page_count} pages)",
+            f"page {spans[-1][1]} is past the end (the document has "
+            f"{_plural(page_count, 'page')})",
         )
     wanted: Sequence[int] = (
         [n for first, last in spans for n in range(first, last + 1)]
@@ -304,14 +337,60 @@ def _read_pages(
     )
     truncated = len(wanted) > max_pages
     texts: list[tuple[int, str]] = []
-    warnings: list[str] = []
+    warnings: list[tuple[str, str]] = []
+    garbage: list[int] = []
     for number in wanted[:max_pages]:
         try:
-            texts.append((number, _page_text(document, number - 1)))
+            text = _page_text(document, number - 1)
         except Exception as exc:  # one unreadable page must not lose the others
             texts.append((number, ""))
-            warnings.append(f"{label}: page {number} could not be read ({_short(str(exc))})")
-    return _Extracted(_title(document), tuple(texts), page_count, truncated, tuple(warnings))
+            warnings.append(
+                ("pdf-page-unreadable", f"page {number} could not be read ({_short(str(exc))})")
+            )
+            continue
+        if _is_garbage(text):
+            garbage.append(number)
+            text = GARBAGE_PAGE
+        texts.append((number, text))
+    if garbage:
+        pages = format_page_range(parse_page_range(",".join(map(str, garbage))))
+        warnings.append(
+            (
+                "pdf-garbage-text",
+                f"{'page' if len(garbage) == 1 else 'pages'} {pages}: the text layer is spaces "
+                "and punctuation (a broken font map); not sent",
+            )
+        )
+    xfa = _is_xfa(document)
+    if xfa:
+        warnings.append(
+            ("pdf-xfa", "an XFA form: its content is form data that is not extracted")
+        )
+    return _Extracted(
+        _title(document), tuple(texts), page_count, truncated, tuple(warnings), xfa
+    )
+
+
+_WORDISH = re.compile(r"\w")
+
+
+def _is_garbage(text: str) -> bool:
+    """A text layer of mostly spaces and punctuation: what a broken font map extracts to.
+    Real text, in any script, is mostly letters and digits."""
+    visible = "".join(text.split())
+    if len(visible) < 20:
+        return False
+    return len(_WORDISH.findall(visible)) < 0.25 * len(visible)
+
+
+def _is_xfa(document: Any) -> bool:
+    import pypdfium2.raw as raw
+
+    try:
+        kind = raw.FPDF_GetFormType(document.raw)
+    except Exception:  # a form type pdfium cannot tell is not an XFA form we can name
+        return False
+    return kind in (raw.FORMTYPE_XFA_FULL, raw.FORMTYPE_XFA_FOREGROUND)
 
 
 def _page_text(document: Any, index: int) -> str:
