@@ -589,9 +589,9 @@ def _notes_processed(
         if any(link.embed for link in p.links):
             _embed(p, vault, notes, ctx, embedding, {f"note:{p.path}"})
     # An inlined embed's edge takes the place of its plain one, in text order.
-    inline = {(k.source, k.target) for k in embedding.links}
-    links = [attrs.evolve(k, inline=True) if (k.source, k.target) in inline else k for k in links]
     links.extend(embedding.links)
+    inline = {(k.source, k.target) for k in embedding.links if k.inline}
+    links = [attrs.evolve(k, inline=True) if (k.source, k.target) in inline else k for k in links]
     embedded = {a.key: a for a in embedding.artifacts if a.key not in attached}
     return Processed(
         artifacts=tuple(_note_artifact(p) for p in payloads),

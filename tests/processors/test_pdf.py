@@ -10,11 +10,13 @@ import pypdf
 import pytest
 from fpdf import FPDF
 
-from pipeline import AttachmentError, ConfigError, PathOutsideVault, PdfError
+from pipeline import AttachmentError, ConfigError, PathOutsideVault, PdfError, TurnWarning
 from processors._context import ProcessContext
 from processors._pdf import (
     EMPTY_PAGE,
+    GARBAGE_PAGE,
     NO_TEXT,
+    XFA_FORM,
     PdfPayload,
     PdfProcessor,
     format_page_range,
@@ -320,3 +322,125 @@ def test_replace_text_maps_title_and_pages(ctx: ProcessContext) -> None:
     payload = run("docs/report.pdf", ctx, "1").replace_text(str.upper)
     assert payload.title == "QUARTERLY REPORT"
     assert payload.page_texts == ((1, PAGES[0].upper()),)
+
+
+# --- PDFs that real people have (issue 15) ---------------------------------------------
+
+
+def process(name: str, ctx: ProcessContext) -> tuple[PdfPayload, tuple[TurnWarning, ...]]:
+    processed = PdfProcessor().process(pdf(name), ctx)
+    payload = processed.artifacts[0].payload
+    assert isinstance(payload, PdfPayload)
+    return payload, processed.warnings
+
+
+def test_trailing_padding_after_eof_still_reads(vault_dir: Path, ctx: ProcessContext) -> None:
+    """A scanner's 2 KB of padding after %%EOF: pdfium reads the file, so do we."""
+    name = write(vault_dir, "padded.pdf", make_pdf(PAGES[:2]) + b"\0" * 2048)
+    assert run(name, ctx).page_texts == ((1, PAGES[0]), (2, PAGES[1]))
+
+
+def test_a_damaged_xref_still_reads(vault_dir: Path, ctx: ProcessContext) -> None:
+    data = make_pdf(PAGES[:3])
+    at = data.rindex(b"startxref\n") + len(b"startxref\n")
+    end = data.index(b"\n", at)
+    broken = data[:at] + b"999999" + data[end:]  # startxref points nowhere
+    xref = broken.index(b"\nxref\n")
+    broken = broken[:xref] + broken[xref:].replace(b" 00000 n", b" 00000 x", 2)
+    name = write(vault_dir, "xref.pdf", broken)
+    assert run(name, ctx).page_texts == tuple((i + 1, PAGES[i]) for i in range(3))
+
+
+def test_a_garbage_text_layer_is_flagged_and_not_sent(vault_dir: Path, ctx: ProcessContext) -> None:
+    garbage = ". , ; : ! ' - . , ; . : , . ! - ' , . ; : . , . ; ! , . - ; : ' . , ; . , !"
+    name = write(vault_dir, "fonts.pdf", make_pdf([PAGES[0], garbage, garbage]))
+    payload, warnings = process(name, ctx)
+    assert payload.page_texts == ((1, PAGES[0]), (2, GARBAGE_PAGE), (3, GARBAGE_PAGE))
+    assert GARBAGE_PAGE in payload.body() and "; :" not in payload.body()
+    assert warnings == (
+        TurnWarning(
+            "pdf-garbage-text",
+            "pdf:fonts.pdf",
+            "pages 2-3: the text layer is spaces and punctuation (a broken font map); not sent",
+        ),
+    )
+
+
+def test_real_text_in_other_scripts_is_not_garbage(vault_dir: Path, ctx: ProcessContext) -> None:
+    name = write(vault_dir, "prose.pdf", make_pdf(["Numbers: 1, 2, 3; (a) [b] {c} - e.g. x/y."]))
+    assert process(name, ctx)[1] == ()
+
+
+def xfa_pdf() -> bytes:
+    from pypdf.generic import (
+        ArrayObject,
+        DecodedStreamObject,
+        DictionaryObject,
+        NameObject,
+        TextStringObject,
+    )
+
+    placeholder = make_pdf(["Please wait... your PDF viewer may not display this document."])
+    writer = pypdf.PdfWriter(clone_from=pypdf.PdfReader(io.BytesIO(placeholder)))
+    stream = DecodedStreamObject()
+    stream.set_data(b"<xdp:xdp xmlns:xdp='http://ns.adobe.com/xdp/'><template/></xdp:xdp>")
+    xfa = ArrayObject([TextStringObject("template"), writer._add_object(stream)])
+    writer._root_object[NameObject("/AcroForm")] = DictionaryObject(
+        {NameObject("/Fields"): ArrayObject(), NameObject("/XFA"): xfa}
+    )
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
+def test_an_xfa_form_is_flagged_in_the_artifact_and_warned(
+    vault_dir: Path, ctx: ProcessContext
+) -> None:
+    name = write(vault_dir, "form.pdf", xfa_pdf())
+    payload, warnings = process(name, ctx)
+    assert payload.xfa
+    assert payload.body().startswith(XFA_FORM + "\n\n## Page 1\n\nPlease wait...")
+    assert [(w.code, w.key) for w in warnings] == [("pdf-xfa", "pdf:form.pdf")]
+
+
+def test_a_password_from_the_host_opens_the_pdf(vault_dir: Path) -> None:
+    name = write(vault_dir, "secret.pdf", encrypted(make_pdf(PAGES[:2]), "s3cret"))
+    ctx = ProcessContext(vault=Vault(vault_dir), pdf_passwords={name: "s3cret"})
+    processed = PdfProcessor().process(pdf(name), ctx)
+    assert processed.artifacts[0].payload.body() == (
+        f"## Page 1\n\n{PAGES[0]}\n\n## Page 2\n\n{PAGES[1]}"
+    )
+    # The password is no part of the artifact, its key or its hash input.
+    assert "s3cret" not in repr(processed) and "s3cret" not in repr(ctx)
+
+
+@pytest.mark.parametrize(
+    ("passwords", "message"),
+    [
+        ({}, "needs a password (none was given)"),
+        ({"secret.pdf": "nope"}, "password given is wrong"),
+    ],
+)
+def test_a_missing_or_wrong_password_is_an_encrypted_error(
+    vault_dir: Path, passwords: dict[str, str], message: str
+) -> None:
+    name = write(vault_dir, "secret.pdf", encrypted(make_pdf(PAGES[:2]), "s3cret"))
+    ctx = ProcessContext(vault=Vault(vault_dir), pdf_passwords=passwords)
+    with pytest.raises(PdfError) as info:
+        PdfProcessor().process(pdf(name), ctx)
+    assert info.value.reason == "encrypted" and message in str(info.value)
+
+
+def test_an_image_only_pdf_is_warned(vault_dir: Path, ctx: ProcessContext) -> None:
+    name = write(vault_dir, "scan.pdf", image_only_pdf())
+    warnings = process(name, ctx)[1]
+    assert warnings == (
+        TurnWarning("pdf-no-text", "pdf:scan.pdf", "no extractable text on any of its 2 pages"),
+    )
+
+
+def test_a_one_page_document_says_1_page(vault_dir: Path, ctx: ProcessContext) -> None:
+    name = write(vault_dir, "one.pdf", make_pdf(PAGES[:1]))
+    with pytest.raises(PdfError) as info:
+        run(name, ctx, "2")
+    assert "the document has 1 page)" in str(info.value)

@@ -1,0 +1,168 @@
+"""Notes as written (issue 15): properties headers, embeds inlined or linked, .MD files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline import ConfigError, Conversation, Form, Link, TurnWarning
+from processors import NoteOptions, ProcessContext, Sources, Vault
+from processors._notes import NotePayload, NoteProcessor, folder, note, note_section
+
+VAULT = {
+    "spec.md": (
+        "---\ntitle: Spec\nstatus: draft\ndue: 2026-12-01\naliases: [S, The Spec]\n"
+        "tags: [project]\nowners: {lead: ana, qa: [bo, cy]}\n---\n"
+        "# Spec\nIntro.\n\n![[glossary]]\n\n![[design#Cache rules]]\n\n![[ghost]]\n"
+        "![[diagram.png]]\n"
+    ),
+    "glossary.md": "Terms.\n\n![[terms/deep]]\n",
+    "terms/deep.md": "Deep text that embeds back: ![[spec]]\n",
+    "design.md": (
+        "# Design\nTop.\n\n## Cache rules\nRule one.\n\n### Detail\nSub rule.\n\n"
+        "## Other\nNot this. ^blk\n"
+    ),
+    "big.md": "x" * 5000,
+    "Upper.MD": "Shouting extension.\n",
+}
+
+
+def make(tmp_path: Path, files: dict[str, str] = VAULT, **options: object) -> ProcessContext:
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return ProcessContext(vault=Vault(tmp_path), notes=NoteOptions(**options))  # type: ignore[arg-type]
+
+
+def body(processed_artifact: object) -> str:
+    payload = processed_artifact.payload
+    assert isinstance(payload, NotePayload)
+    return payload.body()
+
+
+def test_properties_head_the_note_compactly(tmp_path: Path) -> None:
+    out = NoteProcessor().process(note("spec.md"), make(tmp_path, embeds="links"))
+    assert body(out.artifacts[0]).startswith(
+        "---\nstatus: draft\ndue: 2026-12-01\naliases: [S, The Spec]\ntags: [project]\n"
+        "owners: {lead: ana, qa: [bo, cy]}\n---\n# Spec\nIntro.\n"
+    )
+
+
+def test_properties_can_be_a_list_of_keys_or_none(tmp_path: Path) -> None:
+    ctx = make(tmp_path, properties=["tags", "status", "missing"], embeds="links")
+    text = body(NoteProcessor().process(note("spec.md"), ctx).artifacts[0])
+    assert text.startswith("---\ntags: [project]\nstatus: draft\n---\n# Spec")
+    none = make(tmp_path, properties="none", embeds="links")
+    assert body(NoteProcessor().process(note("spec.md"), none).artifacts[0]).startswith("# Spec")
+
+
+def test_bad_note_options_are_config_errors() -> None:
+    with pytest.raises(ConfigError):
+        NoteOptions(properties="some")
+    with pytest.raises(ConfigError):
+        NoteOptions(embeds="expand")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError):
+        NoteOptions(embed_depth=-1)
+
+
+def test_embeds_inline_nested_sections_and_stop_at_a_cycle(tmp_path: Path) -> None:
+    out = NoteProcessor().process(note("spec.md"), make(tmp_path))
+    assert [a.key for a in out.embedded] == [
+        "note:glossary.md",
+        "note:terms/deep.md",
+        "note:design.md#Cache rules",
+    ]
+    section = out.embedded[2].payload
+    assert isinstance(section, NotePayload)
+    assert section.body() == "## Cache rules\nRule one.\n\n### Detail\nSub rule."
+    assert section.attributes() == (("path", "design.md"), ("section", "Cache rules"))
+    inline = [(k.source, k.target) for k in out.links if k.inline]
+    assert inline == [
+        ("note:spec.md", "note:glossary.md"),
+        ("note:glossary.md", "note:terms/deep.md"),
+        ("note:terms/deep.md", "note:spec.md"),  # the cycle: an edge, not a second read
+        ("note:spec.md", "note:design.md#Cache rules"),
+    ]
+    assert out.warnings == (
+        TurnWarning("embed-missing", "note:spec.md", "![[ghost]] names no note in the vault"),
+    )
+
+
+def test_embed_depth_and_size_limits(tmp_path: Path) -> None:
+    files = {**VAULT, "spec.md": "![[glossary]] ![[big]]"}
+    out = NoteProcessor().process(note("spec.md"), make(tmp_path, files, embed_depth=1))
+    assert [a.key for a in out.embedded] == ["note:glossary.md"]  # big.md stays a link
+    assert [w.code for w in out.warnings] == ["embed-too-deep"]
+    assert out.warnings[0].key == "note:glossary.md"
+
+
+def test_embeds_as_links_policy_adds_nothing(tmp_path: Path) -> None:
+    out = NoteProcessor().process(note("spec.md"), make(tmp_path, embeds="links"))
+    assert out.embedded == () and not any(k.inline for k in out.links)
+    assert Link("note:spec.md", "note:glossary.md", "embeds") in out.links
+
+
+def test_a_missing_section_is_a_warning(tmp_path: Path) -> None:
+    files = {**VAULT, "spec.md": "![[design#Nowhere]] ![[design#^blk]]"}
+    out = NoteProcessor().process(note("spec.md"), make(tmp_path, files))
+    assert [a.key for a in out.embedded] == ["note:design.md#^blk"]
+    assert out.embedded[0].payload.body() == "## Other\nNot this. ^blk"
+    assert [(w.code, w.message) for w in out.warnings] == [
+        ("embed-section-missing", "![[design#Nowhere]]: design.md has no such heading or block")
+    ]
+
+
+def test_note_section_ignores_headings_in_code() -> None:
+    text = "# A\none\n```\n# B\n```\n## C\ntwo\n# D\nthree"
+    assert note_section(text, "A") == "# A\none\n```\n# B\n```\n## C\ntwo"
+    assert note_section(text, "B") is None
+
+
+def test_embedded_notes_follow_their_note_and_dedup_against_the_library(tmp_path: Path) -> None:
+    make(tmp_path)
+    conv = Conversation(sources=Sources.for_vault(tmp_path))
+    first = conv.turn("read", [note("spec.md")])
+    keys = [s.key for s in first.l3.segments]
+    assert keys == [
+        "note:spec.md",
+        "note:glossary.md",
+        "note:terms/deep.md",
+        "note:design.md#Cache rules",
+    ]
+    assert first.report.stat("embedded") == 3
+    assert "Rule one." in first.user_text and "Deep text" in first.user_text
+    # Next turn the glossary is in the library: its embed is a reference, not sent again.
+    second = conv.turn("again", [note("glossary.md")])
+    # (deep.md embeds spec.md back, so the whole chain comes along, all as references.)
+    assert [(s.key, s.form) for s in second.l3.segments] == [
+        ("note:glossary.md", Form.REFERENCE),
+        ("note:terms/deep.md", Form.REFERENCE),
+        ("note:spec.md", Form.REFERENCE),
+        ("note:design.md#Cache rules", Form.REFERENCE),
+    ]
+
+
+def test_a_folder_places_embeds_once(tmp_path: Path) -> None:
+    make(tmp_path)
+    conv = Conversation(sources=Sources.for_vault(tmp_path))
+    env = conv.turn("all", [folder(".")])
+    keys = [s.key for s in env.l3.segments]
+    assert len(keys) == len(set(keys))
+    # glossary.md pulls in deep.md, which pulls in spec.md and its section embed.
+    at = keys.index("note:glossary.md")
+    assert keys[at : at + 4] == [
+        "note:glossary.md",
+        "note:terms/deep.md",
+        "note:spec.md",
+        "note:design.md#Cache rules",
+    ]
+
+
+def test_notes_with_an_upper_case_extension(tmp_path: Path) -> None:
+    ctx = make(tmp_path)
+    assert "Upper.MD" in ctx.vault.notes()  # type: ignore[union-attr]
+    out = NoteProcessor().process(note("Upper"), ctx)
+    assert out.artifacts[0].key == "note:Upper.MD"
+    assert NoteProcessor().process(note("Upper.md"), ctx).artifacts[0].key == "note:Upper.MD"
