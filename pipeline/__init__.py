@@ -87,6 +87,7 @@ from pipeline._hashing import canonical_bytes, content_hash, text_hash
 from pipeline._history import HistoryEntry, has_context_markup, strip_reply
 from pipeline._invariants import check_envelope
 from pipeline._library import Library, LibraryEntry
+from pipeline._pages import MergePages, PagedPayload, format_pages, parse_pages
 from pipeline._preview import (
     EXCERPT_MIN_TOKENS,
     Boundary,
@@ -232,8 +233,10 @@ __all__ = [
     "LoopCall",
     "LoopStep",
     "Manifest",
+    "MergePages",
     "ModelProfile",
     "NoteNotFound",
+    "PagedPayload",
     "PathOutsideVault",
     "Payload",
     "PdfError",
@@ -302,6 +305,7 @@ __all__ = [
     "excerpt_non_recoverable",
     "excerpt_view",
     "export_transcript",
+    "format_pages",
     "full_view",
     "get_encoding",
     "get_profile",
@@ -317,6 +321,7 @@ __all__ = [
     "make_excerpt",
     "make_preview",
     "new_conversation_id",
+    "parse_pages",
     "parse_script",
     "parse_transcript",
     "preview_view",

@@ -174,6 +174,12 @@ class TurnGraph:
         graph.nodes[artifact.key]["artifact"] = artifact
         return attrs.evolve(self, graph=graph)
 
+    def with_node(self, artifact: Artifact) -> TurnGraph:
+        """A copy with ``artifact`` as a node of its own (e.g. a cut of an attached one)."""
+        graph = self.graph.copy()
+        graph.add_node(artifact.key, kind="artifact", artifact=artifact)
+        return attrs.evolve(self, graph=graph)
+
     def with_views(self) -> TurnGraph:
         """A copy with a derived-view node per placement (``key#form``)."""
         graph = self.graph.copy()

@@ -320,8 +320,9 @@ class Pipeline:
     @classmethod
     def default(cls) -> Pipeline:
         from pipeline._budget import Enforce
+        from pipeline._pages import MergePages
 
-        return cls([Expand(), Dedup(), Reference(), Enforce(), Promote()])
+        return cls([Expand(), Dedup(), MergePages(), Reference(), Enforce(), Promote()])
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -144,6 +144,25 @@ class PdfPayload:
             blocks.append(text or EMPTY_PAGE)
         return "\n\n".join(blocks)
 
+    @property
+    def document(self) -> str:
+        return self.path
+
+    def page_numbers(self) -> tuple[int, ...]:
+        return tuple(n for n, _ in self.page_texts)
+
+    def only_pages(self, pages: tuple[int, ...]) -> Self:
+        """These pages only, as if attached with that range (``MergePages``)."""
+        wanted = set(pages)
+        texts = tuple((n, t) for n, t in self.page_texts if n in wanted)
+        return attrs.evolve(
+            self,
+            pages=format_page_range(parse_page_range(",".join(map(str, sorted(wanted))))),
+            page_texts=texts,
+            truncated=False,
+            image_only=not any(t for _, t in texts),
+        )
+
     def attributes(self) -> tuple[tuple[str, str], ...]:
         if self.pages:
             return (("path", self.path), ("pages", self.pages))

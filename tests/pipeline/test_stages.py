@@ -33,7 +33,14 @@ class Named:
 
 
 def test_default_order() -> None:
-    assert Pipeline.default().names == ("expand", "dedup", "reference", "budget", "promote")
+    assert Pipeline.default().names == (
+        "expand",
+        "dedup",
+        "pages",
+        "reference",
+        "budget",
+        "promote",
+    )
 
 
 def test_stages_are_sorted_by_dependencies_not_by_given_order() -> None:
@@ -63,7 +70,15 @@ def test_before_places_a_host_stage_ahead_of_a_builtin() -> None:
     pipeline = Pipeline.default().with_stage(
         Named("redact", after=("dedup",), before=("reference",))
     )
-    assert pipeline.names == ("expand", "dedup", "redact", "reference", "budget", "promote")
+    assert pipeline.names == (
+        "expand",
+        "dedup",
+        "pages",
+        "redact",
+        "reference",
+        "budget",
+        "promote",
+    )
 
 
 def test_a_failing_stage_is_named() -> None:
