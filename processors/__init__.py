@@ -1,6 +1,6 @@
 """Processors: one per source type, turning attachments into typed artifacts."""
 
-from processors._context import NoteOptions, ProcessContext, Sources
+from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext, Sources
 from processors._notes import (
     FolderProcessor,
     NotePayload,
@@ -30,6 +30,7 @@ from processors._youtube import (
 )
 
 __all__ = [
+    "DISPLAY_PROPERTIES",
     "ENTRY_POINT_GROUP",
     "Cue",
     "FolderProcessor",

@@ -14,14 +14,23 @@ from processors._vault import Vault
 if TYPE_CHECKING:
     from renderers import XmlRenderer
 
-__all__ = ["NoteOptions", "ProcessContext", "Sources"]
+__all__ = ["DISPLAY_PROPERTIES", "NoteOptions", "ProcessContext", "Sources"]
 
 
-def _properties(value: Any) -> Literal["all", "none"] | tuple[str, ...]:
-    if value in ("all", "none"):
-        return "all" if value == "all" else "none"
+PropertiesSetting = Literal["auto", "all", "none"] | tuple[str, ...]
+
+DISPLAY_PROPERTIES = ("cssclass", "cssclasses", "permalink", "publish")
+"""Keys that only style or publish a note: left out under ``properties="auto"``."""
+
+
+def _properties(value: Any) -> PropertiesSetting:
+    for mode in ("auto", "all", "none"):
+        if value == mode:
+            return mode
     if isinstance(value, str) or not all(isinstance(k, str) and k for k in value):
-        raise ConfigError("properties", f"expected 'all', 'none' or a list of keys, not {value!r}")
+        raise ConfigError(
+            "properties", f"expected 'auto', 'all', 'none' or a list of keys, not {value!r}"
+        )
     return tuple(value)
 
 
@@ -32,13 +41,12 @@ def _positive(_: Any, attribute: attrs.Attribute[int], value: int) -> None:
 
 @attrs.frozen
 class NoteOptions:
-    """How notes reach the model: which frontmatter properties head the note, and whether
+    """How notes reach the model: which frontmatter properties head the note (``auto``: all
+    but ``DISPLAY_PROPERTIES``; ``all``; ``none``; or a list of keys), and whether
     ``![[embeds]]`` are inlined (sections always, whole notes up to ``embed_max_chars``,
     ``embed_depth`` levels deep) or kept as links."""
 
-    properties: Literal["all", "none"] | tuple[str, ...] = attrs.field(
-        default="all", converter=_properties
-    )
+    properties: PropertiesSetting = attrs.field(default="auto", converter=_properties)
     embeds: Literal["inline", "links"] = "inline"
     embed_max_chars: int = attrs.field(default=4000, validator=_positive)
     embed_depth: int = attrs.field(default=3, validator=_positive)

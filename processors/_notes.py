@@ -20,7 +20,7 @@ from pipeline._artifacts import Artifact, Link, Processed, TurnWarning, make_art
 from pipeline._errors import AttachmentError
 from pipeline._hashing import text_hash
 from pipeline._preview import _split_sections, fence_after
-from processors._context import NoteOptions, ProcessContext
+from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext
 from processors._vault import Vault
 
 __all__ = [
@@ -297,7 +297,8 @@ def note_section(body: str, subpath: str) -> str | None:
     """The part of ``body`` an embed's ``#subpath`` names: a heading's section (down to the
     next heading of its level or above; ``A#B`` names B) or a ``^block``'s paragraph."""
     if subpath.startswith("^"):
-        marker = re.compile(rf"(?:^|\s)\^{re.escape(subpath[1:])}\s*$")
+        # Obsidian also takes an id right after an embed: ``![[x.png]]^id``.
+        marker = re.compile(rf"(?<![\w^])\^{re.escape(subpath[1:])}\s*$")
         for paragraph in re.split(r"\n\s*\n", body):
             if any(marker.search(line) for line in paragraph.split("\n")):
                 return paragraph.strip("\n")
@@ -463,6 +464,9 @@ def _load(
     wanted = (options or NoteOptions()).properties
     if wanted == "none":
         payload = attrs.evolve(payload, properties=())
+    elif wanted == "auto":
+        shown = tuple((k, v) for k, v in payload.properties if k not in DISPLAY_PROPERTIES)
+        payload = attrs.evolve(payload, properties=shown)
     elif wanted != "all":
         have = dict(payload.properties)
         payload = attrs.evolve(payload, properties=tuple((k, have[k]) for k in wanted if k in have))

@@ -13,7 +13,8 @@ from processors._notes import NotePayload, NoteProcessor, folder, note, note_sec
 VAULT = {
     "spec.md": (
         "---\ntitle: Spec\nstatus: draft\ndue: 2026-12-01\naliases: [S, The Spec]\n"
-        "tags: [project]\nowners: {lead: ana, qa: [bo, cy]}\n---\n"
+        "tags: [project]\nowners: {lead: ana, qa: [bo, cy]}\n"
+        "publish: true\ncssclasses: [wide]\n---\n"
         "# Spec\nIntro.\n\n![[glossary]]\n\n![[design#Cache rules]]\n\n![[ghost]]\n"
         "![[diagram.png]]\n"
     ),
@@ -21,7 +22,7 @@ VAULT = {
     "terms/deep.md": "Deep text that embeds back: ![[spec]]\n",
     "design.md": (
         "# Design\nTop.\n\n## Cache rules\nRule one.\n\n### Detail\nSub rule.\n\n"
-        "## Other\nNot this. ^blk\n"
+        "## Other\nNot this. ^blk\n\n![[pic.png]]^img\n"
     ),
     "big.md": "x" * 5000,
     "Upper.MD": "Shouting extension.\n",
@@ -48,6 +49,12 @@ def test_properties_head_the_note_compactly(tmp_path: Path) -> None:
         "---\nstatus: draft\ndue: 2026-12-01\naliases: [S, The Spec]\ntags: [project]\n"
         "owners: {lead: ana, qa: [bo, cy]}\n---\n# Spec\nIntro.\n"
     )
+
+
+def test_all_properties_include_the_display_keys(tmp_path: Path) -> None:
+    ctx = make(tmp_path, properties="all")
+    text = body(NoteProcessor().process(note("spec.md"), ctx).artifacts[0])
+    assert "\npublish: true\ncssclasses: [wide]\n---\n# Spec" in text
 
 
 def test_properties_can_be_a_list_of_keys_or_none(tmp_path: Path) -> None:
@@ -105,10 +112,11 @@ def test_embeds_as_links_policy_adds_nothing(tmp_path: Path) -> None:
 
 
 def test_a_missing_section_is_a_warning(tmp_path: Path) -> None:
-    files = {**VAULT, "spec.md": "![[design#Nowhere]] ![[design#^blk]]"}
+    files = {**VAULT, "spec.md": "![[design#Nowhere]] ![[design#^blk]] ![[design#^img]]"}
     out = NoteProcessor().process(note("spec.md"), make(tmp_path, files))
-    assert [a.key for a in out.embedded] == ["note:design.md#^blk"]
+    assert [a.key for a in out.embedded] == ["note:design.md#^blk", "note:design.md#^img"]
     assert out.embedded[0].payload.body() == "## Other\nNot this. ^blk"
+    assert out.embedded[1].payload.body() == "![[pic.png]]^img"
     assert [(w.code, w.message) for w in out.warnings] == [
         ("embed-section-missing", "![[design#Nowhere]]: design.md has no such heading or block")
     ]
