@@ -108,5 +108,5 @@ def test_every_warning_kind_is_in_inspect(script: Path, site: str) -> None:
     assert result.returncode == 0, result.stderr
     shown = " ".join(result.stdout.split())
     for code, key, message in expected(site):
-        assert f"warning {code}: {key}: {message}" in shown
+        assert f"warning: {key}: {message} [{code}]" in shown
     assert len(result.stderr.splitlines()) == len(EXPECTED)
