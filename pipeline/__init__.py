@@ -24,7 +24,9 @@ from pipeline._artifacts import (
 )
 from pipeline._assemble import assemble, shorten_reply, visible_history
 from pipeline._budget import (
+    CUT_POLICIES,
     DEFAULT_ORDER,
+    PREFIX_FIRST_ORDER,
     Budget,
     Cut,
     Enforce,
@@ -45,6 +47,7 @@ from pipeline._conversation import (
 )
 from pipeline._envelope import (
     LIBRARY_HEADING,
+    NOT_SENT_INTRO,
     QUERY_LABEL,
     REFERENCES_INTRO,
     BudgetReport,
@@ -94,6 +97,7 @@ from pipeline._preview import (
     Excerpt,
     Preview,
     cut_to_tokens,
+    fit_preview,
     make_excerpt,
     make_preview,
 )
@@ -171,10 +175,13 @@ from pipeline._views import (
 
 __all__ = [
     "CALL_OVERHEAD",
+    "CUT_POLICIES",
     "DEFAULT_ORDER",
     "EXCERPT_MIN_TOKENS",
     "LIBRARY_HEADING",
     "MESSAGE_OVERHEAD",
+    "NOT_SENT_INTRO",
+    "PREFIX_FIRST_ORDER",
     "PROFILES",
     "QUERY_LABEL",
     "QUESTION_AGAIN",
@@ -305,6 +312,7 @@ __all__ = [
     "excerpt_non_recoverable",
     "excerpt_view",
     "export_transcript",
+    "fit_preview",
     "format_pages",
     "full_view",
     "get_encoding",

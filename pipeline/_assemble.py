@@ -20,7 +20,7 @@ from pipeline._envelope import (
 from pipeline._graph import Placement, TurnGraph
 from pipeline._hashing import text_hash
 from pipeline._history import HistoryEntry
-from pipeline._preview import cut_to_tokens
+from pipeline._preview import cut_to_tokens, fit_preview, focus_words
 from pipeline._tokens import TokenCounter
 from pipeline._views import excerpt_view, full_view, preview_view, reference_view, summary_view
 
@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_REPLY_TOKENS",
     "assemble",
     "complete",
+    "fitted_preview",
     "item_view",
     "shorten_reply",
     "summary_target",
@@ -68,12 +69,37 @@ def summary_target(turn: TurnGraph, body: str) -> int:
     return min(cap, max(64, turn.ctx.counter.count(body) // 3))
 
 
+def fitted_preview(turn: TurnGraph, item: Placement) -> View:
+    """``item`` as a preview whose rendered block has at most ``item.limit`` tokens, keeping
+    first what changed since the library's copy and what the query names (``fit_preview``)."""
+    artifact = turn.artifact(item.key)
+    ctx = turn.ctx
+    empty = attrs.evolve(reference_view(artifact, item.marks), form=Form.PREVIEW)
+    overhead = ctx.counter.count(ctx.renderer.render(attrs.evolve(empty, body=""))) + 2
+    entry = turn.library.get(item.key)
+    old = None
+    if entry is not None and entry.content_hash != artifact.content_hash:
+        old = entry.view.body
+    words = focus_words(turn.query)
+    body = artifact.payload.body()
+    limit = max(item.limit - overhead, 1)
+
+    def make() -> str:
+        return fit_preview(body, ctx.counter, limit, words=words, old=old)
+
+    key = ("fit", artifact.content_hash, ctx.counter.name, limit, words, old)
+    return attrs.evolve(empty, body=ctx.views.get(key, make))
+
+
 def item_view(turn: TurnGraph, item: Placement) -> View:
-    """The view of an L3 item in the form its placement says."""
+    """The view of an L3 item in the form its placement says (a preview with a ``limit``
+    is fitted to it: ``fitted_preview``)."""
     artifact = turn.artifact(item.key)
     ctx = turn.ctx
     if item.form is Form.REFERENCE:
         return reference_view(artifact, item.marks)
+    if item.form is Form.PREVIEW and item.limit:
+        return fitted_preview(turn, item)
     if item.form is Form.PREVIEW:
         return preview_view(artifact, ctx.counter, ctx.policy, item.marks, ctx.views)
     if item.form is Form.SUMMARY:

@@ -1,24 +1,32 @@
 """One budget over the whole payload: L1..L5, message framing and the reserved output.
 
 The ``budget`` stage measures the exact rendered request and, while it does not fit,
-takes the next cut from an explicit order (cheapest loss and most cache-friendly first),
-recording each as a decision. If nothing is left to cut it raises ``BudgetExceeded``
+cuts, recording each cut as a decision. The default policy, ``current-first``, keeps what
+the user attached this turn: it compacts the oldest library entries first (past the need,
+so the prefix breaks rarely), then history, then this turn's items to the largest
+preview size that fits, then sends them as honest not-sent references, then collapses
+folder and tag groups into one index each; cuts are chosen from known counts and the
+request is measured once per round. ``prefix-first`` (and any explicit ``order``) takes
+one cut at a time from an order. If nothing is left to cut it raises ``BudgetExceeded``
 carrying the report. Never cut: the query, the last history turn, L1's stable part.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 import attrs
 
-from pipeline._artifacts import TurnWarning
+from pipeline._artifacts import Artifact, TurnWarning, make_artifact
 from pipeline._assemble import assemble, complete, item_view, summary_target, visible_history
 from pipeline._conversation import request_tokens
-from pipeline._envelope import BudgetReport, Decision, Envelope, Form
+from pipeline._envelope import NOT_SENT, BudgetReport, Decision, Envelope, Form
 from pipeline._errors import BudgetExceeded, ConfigError
-from pipeline._graph import HistoryView, SystemPrompt, TurnGraph
+from pipeline._graph import HistoryView, Placement, SystemPrompt, TurnGraph
 from pipeline._library import LibraryEntry
 from pipeline._preview import (
     ELLIPSIS,
@@ -29,12 +37,20 @@ from pipeline._preview import (
 )
 from pipeline._profiles import get_profile
 from pipeline._tokens import TokenCounter
+from pipeline._tools import chunk_source
+from pipeline._views import reference_view
 
 __all__ = [
+    "CUT_POLICIES",
     "DEFAULT_ORDER",
+    "MIN_PREVIEW_TOKENS",
+    "NOT_SENT_HINT",
+    "PREFIX_FIRST_ORDER",
     "Budget",
     "Cut",
+    "CutPolicy",
     "Enforce",
+    "GroupIndex",
     "compact_l1_mutable",
     "compact_l2",
     "compact_l3",
@@ -50,8 +66,10 @@ The envelope a cut gets is a measurement: its segments (text, tokens) are real, 
 joined layer and message texts and hashes are left empty."""
 
 
-def _decision(target: str, before: str, after: str, reason: str, layer: str) -> Decision:
-    return Decision("budget", target, before, after, reason, layer=layer)
+def _decision(
+    target: str, before: str, after: str, reason: str, layer: str, saved: int = 0
+) -> Decision:
+    return Decision("budget", target, before, after, reason, saved, layer=layer)
 
 
 def drop_history(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | None:
@@ -91,6 +109,10 @@ def shorten_replies(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision
     return None
 
 
+NOT_SENT_HINT = "no room in this request: ask for it by key or path to have it sent"
+MIN_PREVIEW_TOKENS = 64
+"""The smallest preview block this turn's items are cut to before they go unsent."""
+
 _NEXT_RECOVERABLE = {
     Form.FULL: Form.PREVIEW,
     Form.PREVIEW: Form.SUMMARY,
@@ -118,8 +140,8 @@ def compact_l3(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | N
     marks = item.marks
     reason = f"L3 item compacted to a {to}"
     if to is Form.REFERENCE:
-        marks = (*marks, ("refetch", "not sent for lack of room: ask for it by key or path"))
-        reason = "L3 item sent as a reference with a re-fetch hint"
+        marks = (*marks, (NOT_SENT, NOT_SENT_HINT))
+        reason = "L3 item not sent for lack of room (a not-sent reference says how to get it)"
     items = list(turn.items)
     items[index] = attrs.evolve(item, form=to, marks=marks)
     decision = _decision(item.key, str(item.form), str(to), reason, "L3")
@@ -249,7 +271,7 @@ def excerpt_non_recoverable(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, 
     return None
 
 
-DEFAULT_ORDER: tuple[Cut, ...] = (
+PREFIX_FIRST_ORDER: tuple[Cut, ...] = (
     drop_history,
     shorten_replies,
     compact_l3,
@@ -257,6 +279,23 @@ DEFAULT_ORDER: tuple[Cut, ...] = (
     compact_l1_mutable,
     excerpt_non_recoverable,
 )
+"""The old default: this turn's items before the library, for the longest cached prefix."""
+
+DEFAULT_ORDER: tuple[Cut, ...] = (
+    compact_l2,
+    drop_history,
+    shorten_replies,
+    compact_l1_mutable,
+    compact_l3,
+    excerpt_non_recoverable,
+)
+"""The current-first order one cut at a time (the default policy plans it in rounds)."""
+
+CutPolicy = Literal["current-first", "prefix-first"]
+CUT_POLICIES: dict[str, tuple[Cut, ...]] = {
+    "current-first": DEFAULT_ORDER,
+    "prefix-first": PREFIX_FIRST_ORDER,
+}
 
 
 def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -280,9 +319,18 @@ class Budget:
     history_step: int = attrs.field(default=4, validator=_positive)
     reply_tokens: int = attrs.field(default=400, validator=_positive)
     summary_tokens: int = attrs.field(default=256, validator=_positive)
-    order: tuple[Cut, ...] = attrs.field(default=DEFAULT_ORDER, eq=False)
+    policy: str = "current-first"
+    order: tuple[Cut, ...] = attrs.field(
+        default=attrs.Factory(lambda self: CUT_POLICIES.get(self.policy, ()), takes_self=True),
+        eq=False,
+    )
 
     def __attrs_post_init__(self) -> None:
+        if self.policy not in CUT_POLICIES:
+            raise ConfigError(
+                "budget.policy",
+                f"must be one of {', '.join(CUT_POLICIES)}, got {self.policy!r}",
+            )
         if not 0 <= self.reserve_output < self.context_window:
             raise ConfigError(
                 "budget.reserve_output",
@@ -358,6 +406,8 @@ class Enforce:
         budget = turn.ctx.budget
         if budget is None:
             return turn
+        if budget.policy == "current-first" and budget.order is DEFAULT_ORDER:
+            return _fit_in_rounds(turn, budget)
         env = assemble(turn, measure_only=True)
         used = budget.used(env, turn.ctx.counter)
         before = _layer_tokens(env)
@@ -384,3 +434,255 @@ class Enforce:
         report = budget.report(used, before, _layer_tokens(env), decisions)
         measured = (complete(env, turn), turn.render_inputs())
         return attrs.evolve(turn, budget_report=report, measured=measured).decide(*decisions)
+
+
+# -- the current-first policy: cuts planned from known counts, one measurement per round --
+
+Plan = Callable[[TurnGraph, Envelope, int, Budget], "tuple[TurnGraph, list[Decision]] | None"]
+
+
+def _fit_in_rounds(turn: TurnGraph, budget: Budget) -> TurnGraph:
+    """Fit ``turn`` by rounds: each round's plan picks its cuts from the last measurement's
+    counts (enough to cover the excess), then the request is measured once again."""
+    counter = turn.ctx.counter
+    env = assemble(turn, measure_only=True)
+    used = budget.used(env, counter)
+    before = _layer_tokens(env)
+    decisions: list[Decision] = []
+    while (over := budget.effective(used) - budget.limit) > 0:
+        for plan in _PLANS:
+            step = plan(turn, env, over, budget)
+            if step is not None:
+                break
+        else:
+            report = budget.report(used, before, _layer_tokens(env), decisions)
+            raise BudgetExceeded(
+                f"turn {turn.ctx.turn}: {budget.effective(used)} tokens do not fit the limit of "
+                f"{budget.limit} (window {budget.context_window} - reserve "
+                f"{budget.reserve_output}) even after {len(decisions)} cuts",
+                report,
+            )
+        turn, made = step
+        env = assemble(turn, measure_only=True)
+        now = budget.used(env, counter)
+        if len(made) == 1:
+            made = [attrs.evolve(made[0], tokens_saved=used - now)]
+        decisions.extend(made)
+        used = now
+    report = budget.report(used, before, _layer_tokens(env), decisions)
+    measured = (complete(env, turn), turn.render_inputs())
+    return attrs.evolve(turn, budget_report=report, measured=measured).decide(*decisions)
+
+
+def _plan_library(
+    turn: TurnGraph, env: Envelope, over: int, budget: Budget
+) -> tuple[TurnGraph, list[Decision]] | None:
+    """Step library entries down, oldest first (those this turn refers to last), each as
+    far as it goes, until the excess and a tenth of the limit more are saved: the slack
+    lets the next turns grow without breaking the prefix again (hysteresis)."""
+    target = over + budget.limit // 10
+    used_now = {i.key for i in turn.items}
+    ordered = sorted(
+        range(len(turn.library.entries)),
+        key=lambda i: (turn.library.entries[i].key in used_now, turn.library.entries[i].turn, i),
+    )
+    library = turn.library
+    out = turn
+    decisions: list[Decision] = []
+    saved = 0
+    for i in ordered:
+        entry = library.entries[i]
+        while saved < target:
+            new = _l2_step(attrs.evolve(out, library=library), entry)
+            while new is not None and new.tokens >= entry.tokens:
+                new = _l2_step(attrs.evolve(out, library=library), new)
+            if new is None:
+                break
+            to = "evicted" if new.form is Form.REFERENCE else str(new.form)
+            reason = (
+                "library entry evicted to a stub that keeps key, title and locator"
+                if to == "evicted"
+                else f"library entry compacted to a {to}"
+            )
+            gain = entry.tokens - new.tokens
+            decisions.append(_decision(entry.key, str(entry.form), to, reason, "L2", gain))
+            library = library.replace(new, turn.ctx.counter)
+            if new.form is Form.SUMMARY:
+                out = _summary_warnings(out, entry.key, f"{entry.content_hash}:l2", entry.view.body)
+            saved += gain
+            entry = new
+        if saved >= target:
+            break
+    if not decisions:
+        return None
+    return attrs.evolve(out, library=library), decisions
+
+
+def _single(cut: Cut) -> Plan:
+    def plan(
+        turn: TurnGraph, env: Envelope, over: int, budget: Budget
+    ) -> tuple[TurnGraph, list[Decision]] | None:
+        step = cut(turn, env)
+        return None if step is None else (step[0], [step[1]])
+
+    return plan
+
+
+def _shrinkable(turn: TurnGraph, item: Placement) -> bool:
+    if item.form not in (Form.FULL, Form.PREVIEW) or chunk_source(item.key) is not None:
+        return False
+    return turn.artifact(item.key).recoverable
+
+
+def _cap(sizes: list[int], room: int) -> int:
+    """The largest cap ``c`` with ``sum(min(s, c)) <= room`` (water-filling), -1 if none."""
+    ordered = sorted(sizes)
+    prefix = [0, *itertools.accumulate(ordered)]
+    best = -1
+    lo, hi = 0, ordered[-1] if ordered else 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        k = bisect.bisect_right(ordered, mid)
+        if prefix[k] + mid * (len(ordered) - k) <= room:
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def _plan_current(
+    turn: TurnGraph, env: Envelope, over: int, budget: Budget
+) -> tuple[TurnGraph, list[Decision]] | None:
+    """This turn's recoverable items all capped at the one largest size that fits (fine
+    steps: a preview can have any size); below ``MIN_PREVIEW_TOKENS`` the largest go unsent
+    (a reference that says so) until the excess is covered."""
+    sizes = {s.key: s.tokens for s in env.l3.segments}
+    candidates = [(i, item) for i, item in enumerate(turn.items) if _shrinkable(turn, item)]
+    if not candidates:
+        return None
+    current = [sizes.get(item.key, 0) for _, item in candidates]
+    cap = _cap(current, sum(current) - over)
+    items = list(turn.items)
+    decisions: list[Decision] = []
+    pairs = list(zip(candidates, current, strict=True))
+    if cap >= MIN_PREVIEW_TOKENS:
+        for (i, item), size in pairs:
+            if size > cap:
+                # A preview that came out over its limit gets a smaller one: progress.
+                limit = min(cap, item.limit - 1) if item.limit else cap
+                items[i] = attrs.evolve(item, form=Form.PREVIEW, limit=limit)
+                reason = f"L3 item cut to a {limit}-token preview (this turn's items share room)"
+                gain = size - limit
+                decisions.append(_decision(item.key, str(item.form), "preview", reason, "L3", gain))
+        return attrs.evolve(turn, items=tuple(items)), decisions
+    least = MIN_PREVIEW_TOKENS
+    at_min = [
+        (i, item, size)
+        for (i, item), size in pairs
+        if size > least and not (item.form is Form.PREVIEW and 0 < item.limit <= least)
+    ]
+    for i, item, size in at_min:
+        items[i] = attrs.evolve(item, form=Form.PREVIEW, limit=least)
+        reason = f"L3 item cut to a {least}-token preview"
+        decisions.append(_decision(item.key, str(item.form), "preview", reason, "L3", size - least))
+    if not at_min:
+        saved = 0
+        ctx = turn.ctx
+        for (i, item), size in sorted(pairs, key=lambda c: (-c[1], c[0][0])):
+            if saved >= over:
+                break
+            marks = (*item.marks, (NOT_SENT, NOT_SENT_HINT))
+            ref_view = reference_view(turn.artifact(item.key), marks)
+            gain = size - ctx.counter.count(ctx.renderer.render(ref_view))
+            items[i] = attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0)
+            reason = "L3 item not sent for lack of room (a not-sent reference says how to get it)"
+            decisions.append(_decision(item.key, str(item.form), "reference", reason, "L3", gain))
+            saved += gain
+    if not decisions:
+        return None
+    return attrs.evolve(turn, items=tuple(items)), decisions
+
+
+@attrs.frozen
+class GroupIndex:
+    """The index that stands for a folder or tag group no form of whose items fits:
+    one line per item (title, path, tokens) and how to ask for one."""
+
+    group: str
+    lines: tuple[str, ...]
+
+    @property
+    def title(self) -> str:
+        return f"index of {self.group}"
+
+    @property
+    def locator(self) -> str:
+        return self.group
+
+    def body(self) -> str:
+        head = (
+            f"{len(self.lines)} items of {self.group} were attached but not sent for lack of "
+            "room. Ask for one by its key or path to have it sent."
+        )
+        return "\n".join((head, *self.lines))
+
+    def attributes(self) -> tuple[tuple[str, str], ...]:
+        return (("items", str(len(self.lines))),)
+
+    def replace_text(self, fn: Callable[[str], str]) -> GroupIndex:
+        return attrs.evolve(self, lines=tuple(fn(line) for line in self.lines))
+
+
+def group_index(group: str, members: Sequence[tuple[Artifact, int]]) -> Artifact:
+    """The index artifact of ``group`` listing ``members`` (artifact, tokens in full)."""
+    lines = tuple(
+        f"- {a.key} | {a.title} | {a.locator} | {n} tokens" for a, n in members
+    )
+    return make_artifact("index", f"index:{group}", GroupIndex(group, lines), recoverable=True)
+
+
+def _plan_groups(
+    turn: TurnGraph, env: Envelope, over: int, budget: Budget
+) -> tuple[TurnGraph, list[Decision]] | None:
+    """Collapse the largest folder or tag group of this turn's items into one index."""
+    sizes = {s.key: s.tokens for s in env.l3.segments}
+    present = {item.key for item in turn.items}
+    best: tuple[int, str, list[str]] | None = None
+    for root in turn.roots:
+        if turn.kind(root) != "group" or f"index:{root}" in present:
+            continue
+        members = [k for k in turn.successors(root, "contains") if k in present]
+        if len(members) < 2:
+            continue
+        size = sum(sizes.get(k, 0) for k in members)
+        if best is None or size > best[0]:
+            best = (size, root, members)
+    if best is None:
+        return None
+    size, root, members = best
+    artifact = group_index(root, [(turn.artifact(k), sizes.get(k, 0)) for k in members])
+    graph = turn.graph.copy()
+    graph.add_node(artifact.key, kind="artifact", artifact=artifact)
+    graph.add_edge(root, artifact.key, kind="contains")
+    gone = set(members)
+    items: list[Placement] = []
+    for item in turn.items:
+        if item.key in gone:
+            if not any(i.key == artifact.key for i in items):
+                items.append(Placement(artifact.key))
+            continue
+        items.append(item)
+    reason = f"{len(members)} items of {root} collapsed into one index (no form of each fits)"
+    decision = _decision(root, "items", "index", reason, "L3")
+    return attrs.evolve(turn, graph=graph, items=tuple(items)), [decision]
+
+
+_PLANS: tuple[Plan, ...] = (
+    _plan_library,
+    _single(drop_history),
+    _single(shorten_replies),
+    _single(compact_l1_mutable),
+    _plan_current,
+    _single(excerpt_non_recoverable),
+    _plan_groups,
+)

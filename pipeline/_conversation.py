@@ -52,7 +52,8 @@ Attachment = AttachmentSpec | Mapping[str, Any]
 
 @attrs.frozen
 class BudgetSettings:
-    """A ``Budget``'s plain numbers (every field but the cut order), so a store can keep it."""
+    """A ``Budget``'s plain numbers and policy name (every field but an explicit cut order),
+    so a store can keep it."""
 
     context_window: int
     reserve_output: int = 4096
@@ -62,6 +63,7 @@ class BudgetSettings:
     history_step: int = 4
     reply_tokens: int = 400
     summary_tokens: int = 256
+    policy: str = "current-first"
 
     @classmethod
     def of(cls, budget: Budget) -> BudgetSettings:
@@ -74,10 +76,11 @@ class BudgetSettings:
             budget.history_step,
             budget.reply_tokens,
             budget.summary_tokens,
+            budget.policy,
         )
 
     def budget(self) -> Budget:
-        """The ``Budget`` with these numbers and the default cut order (validated)."""
+        """The ``Budget`` with these numbers and its policy's cut order (validated)."""
         from pipeline._budget import Budget
 
         return Budget(**attrs.asdict(self))

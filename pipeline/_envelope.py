@@ -12,6 +12,8 @@ from pipeline._hashing import joined_hash, text_hash
 
 __all__ = [
     "LIBRARY_HEADING",
+    "NOT_SENT",
+    "NOT_SENT_INTRO",
     "QUERY_LABEL",
     "REFERENCES_INTRO",
     "BudgetReport",
@@ -35,6 +37,12 @@ LIBRARY_HEADING = (
 REFERENCES_INTRO = (
     "Context attached to this message (find it in the Context Library in the system prompt):"
 )
+NOT_SENT_INTRO = (
+    "Also attached to this message but not sent for lack of room "
+    "(ask for one by its key or path and the host can send it in a later turn):"
+)
+# The mark of a reference to an item that was not sent and is not in the library.
+NOT_SENT = "not-sent"
 QUERY_LABEL = "---\n[User query]:\n"
 BLOCK_SEP = "\n\n"
 # Source type of tool results (pipeline._tools): first in the user message, never in L1/L2.
@@ -93,6 +101,8 @@ class Segment:
     # The view's extra XML attributes (e.g. ``path``), so a layout can re-render the
     # segment as a reference without its artifact.
     attributes: tuple[tuple[str, str], ...] = ()
+    # A reference to an item neither sent nor in the library (marked ``NOT_SENT``).
+    unsent: bool = False
 
     @classmethod
     def of_view(cls, view: View, text: str, tokens: int) -> Segment:
@@ -108,6 +118,7 @@ class Segment:
             locator=view.locator,
             recoverable=view.recoverable,
             attributes=view.attributes,
+            unsent=any(name == NOT_SENT for name, _ in view.marks),
         )
 
 
@@ -275,11 +286,14 @@ def user_parts(l3: Layer, l5: Layer) -> list[str]:
     """The user message's blocks: tool results, references, new context, the labelled query."""
     tools = [s.text for s in l3.segments if s.source_type == TOOL_SOURCE]
     rest = [s for s in l3.segments if s.source_type != TOOL_SOURCE]
-    refs = [s.text for s in rest if s.form is Form.REFERENCE]
+    refs = [s.text for s in rest if s.form is Form.REFERENCE and not s.unsent]
+    unsent = [s.text for s in rest if s.form is Form.REFERENCE and s.unsent]
     full = [s.text for s in rest if s.form is not Form.REFERENCE]
     parts: list[str] = [*tools]
     if refs:
         parts.append(REFERENCES_INTRO + "\n" + "\n".join(refs))
+    if unsent:
+        parts.append(NOT_SENT_INTRO + "\n" + "\n".join(unsent))
     parts.extend(full)
     query = join_blocks(
         s.text for s in l5.segments

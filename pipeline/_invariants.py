@@ -65,17 +65,15 @@ def _unique_keys(layer: Layer) -> None:
 
 def _references_and_resends(env: Envelope, policy: Policy) -> None:
     library = {s.key: s for s in env.l2.segments}
-    # A reference to an item L2 lacks is allowed only as a reported budget cut.
-    budget_refs = {
-        d.target for d in env.report.decisions if d.stage == "budget" and d.to_form == "reference"
-    }
+    # No dangling references: a reference points at an L2 entry, or says (marked
+    # ``not-sent``, listed apart from the library's references) that the item was not sent.
     for seg in env.l3.segments:
         entry = library.get(seg.key)
         if seg.form is Form.REFERENCE:
             source = chunk_source(seg.key)
             if source is not None and source in library:
                 continue
-            if entry is None and seg.key not in budget_refs:
+            if entry is None and not seg.unsent:
                 raise InvariantViolation(3, f"{seg.key} is a reference but not in L2", seg.key)
             continue
         if entry is None or entry.content_hash != seg.content_hash:

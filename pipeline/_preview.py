@@ -28,6 +28,8 @@ __all__ = [
     "Excerpt",
     "Preview",
     "cut_to_tokens",
+    "fit_preview",
+    "focus_words",
     "make_excerpt",
     "make_preview",
 ]
@@ -455,4 +457,88 @@ def make_excerpt(text: str, counter: TokenCounter, max_tokens: int) -> Excerpt:
         excess = _count(enc, out) - max_tokens
         if excess <= 0 or budget <= 0:
             return Excerpt(out, cut, total, head_end, total - tail_start)
+        budget -= excess
+
+
+_WORD = re.compile(r"[^\W_]{3,}")
+_STOP = frozenset(
+    {
+        "the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was",
+        "one", "our", "out", "has", "him", "his", "how", "its", "may", "new", "now", "see", "two",
+        "who", "did", "get", "let", "put", "say", "she", "too", "use", "what", "when", "where",
+        "which", "while", "with", "this", "that", "from", "have", "will", "your", "they", "them",
+        "then", "than", "there", "these", "those", "into", "about", "does", "some", "more", "most",
+        "such", "only", "also", "just", "over", "very", "here", "why", "changed", "change",
+    }
+)
+
+
+def focus_words(text: str) -> frozenset[str]:
+    """The words of a query a preview should favour: lower-cased, 3+ letters, no stop words."""
+    return frozenset(w for w in (m.lower() for m in _WORD.findall(text)) if w not in _STOP)
+
+
+def _section_text(heading: str | None, body: str) -> str:
+    trimmed = _trim_blank_lines(body)
+    return "\n".join(t for t in (heading, trimmed) if t)
+
+
+def _priority(heading: str | None, body: str, words: frozenset[str], changed: bool) -> int:
+    """0 for a changed section, 1 for one whose heading names a query word, 2 for one whose
+    text does, 3 for the rest (document order breaks ties)."""
+    if changed:
+        return 0
+    if not words:
+        return 3
+    if heading is not None and words & focus_words(heading):
+        return 1
+    return 2 if words & focus_words(body) else 3
+
+
+def fit_preview(
+    body: str,
+    counter: TokenCounter,
+    max_tokens: int,
+    *,
+    words: frozenset[str] = frozenset(),
+    old: str | None = None,
+) -> str:
+    """A preview of ``body`` of at most ``max_tokens`` tokens that keeps what the turn is about.
+
+    Sections (split at headings outside fences) are taken whole in priority order (those
+    that differ from ``old``, the version the model saw before; then those whose heading,
+    then whose text, holds one of ``words``; then document order) while they fit; the next
+    one is cut at a sentence end to fill the rest; the others are counted in a last line.
+    Deterministic; any ``max_tokens`` gives a preview, so sizes step finely.
+    """
+    sections = [(h, b) for h, b in _split_sections(body) if h is not None or b.strip()]
+    seen = {_section_text(h, b) for h, b in _split_sections(old)} if old is not None else None
+    texts = [_section_text(h, b) for h, b in sections]
+    order = sorted(
+        range(len(sections)),
+        key=lambda i: (
+            _priority(*sections[i], words, seen is not None and texts[i] not in seen),
+            i,
+        ),
+    )
+    budget = max_tokens
+    while True:
+        chosen: list[str] = []
+        left = budget - _count(counter.encoding, _omitted_line(len(sections)))
+        for i in order:
+            n = counter.count(texts[i]) + 2
+            if n <= left:
+                chosen.append(texts[i])
+                left -= n
+                continue
+            if left >= 16:
+                cut, _, _ = _cut_with_marker(texts[i], counter, left - 2, "sentence")
+                chosen.append(cut)
+            break
+        if len(chosen) < len(sections):
+            chosen.append(_omitted_line(len(sections) - len(chosen)))
+        out = "\n\n".join(chosen)
+        excess = counter.count(out) - max_tokens
+        if excess <= 0 or budget <= 1:
+            return out
         budget -= excess

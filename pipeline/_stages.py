@@ -10,7 +10,8 @@ import attrs
 import networkx as nx
 
 from pipeline._artifacts import Artifact
-from pipeline._envelope import Decision, Form
+from pipeline._assemble import fitted_preview
+from pipeline._envelope import Decision, Form, View
 from pipeline._errors import LaminaError, PipelineError, StageError
 from pipeline._graph import Placement, TurnContext, TurnGraph
 from pipeline._library import Library, LibraryEntry
@@ -255,6 +256,11 @@ class Reference:
         return attrs.evolve(item, marks=marks), decision
 
 
+def _as_sent(turn: TurnGraph, item: Placement) -> tuple[View, str]:
+    view = fitted_preview(turn, item)
+    return view, turn.ctx.renderer.render(view)
+
+
 @attrs.frozen
 class Promote:
     """After the turn, L3 items new to the library enter L2 in carry-forward form."""
@@ -266,14 +272,22 @@ class Promote:
         ctx = turn.ctx
         library = turn.library
         library.layer(ctx.counter)  # rendered once here, so appends extend it
-        # A new item the budget could only refer to was not sent; it is not promoted.
-        # Tool results and retrieval chunks are turn-scoped: they never enter L2.
-        new = [
-            turn.artifact(key)
-            for key in dict.fromkeys(i.key for i in turn.items if i.form is not Form.REFERENCE)
-            if key not in library and not is_turn_scoped(turn.artifact(key))
+        # A new item the budget could only refer to was not sent; it is not promoted (its
+        # not-sent reference says so). One the budget fitted to a preview enters L2 in the
+        # form it was sent. Tool results and retrieval chunks never enter L2.
+        new = {
+            item.key: item
+            for item in turn.items
+            if item.form is not Form.REFERENCE
+            and item.key not in library
+            and not is_turn_scoped(turn.artifact(item.key))
+        }
+        forms = [
+            _as_sent(turn, item)
+            if item.form is Form.PREVIEW and item.limit
+            else carry_forward(turn.artifact(key), ctx.counter, ctx.policy, ctx.renderer, ctx.views)
+            for key, item in new.items()
         ]
-        forms = [carry_forward(a, ctx.counter, ctx.policy, ctx.renderer, ctx.views) for a in new]
         counts = ctx.counter.count_many([text for _, text in forms])
         for (view, text), tokens in zip(forms, counts, strict=True):
             library = library.append(LibraryEntry(view, text, tokens, ctx.turn), ctx.counter)

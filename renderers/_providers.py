@@ -105,6 +105,17 @@ class RequestOptions:
     def rules(self) -> CacheRules:
         return cache_rules(self.profile, self.ttl)
 
+    @property
+    def output_limit(self) -> int:
+        """The output limit every body sends: ``max_tokens`` (the budget's reserve when the
+        request comes from a budgeted envelope), else the profile's reserve, capped at the
+        model's maximum output."""
+        limit = self.max_tokens
+        if limit is None:
+            limit = self.profile.default_output_reserve
+        cap = self.profile.max_output_tokens
+        return limit if cap is None else min(limit, cap)
+
 
 def request_options(
     provider: str,
@@ -161,8 +172,7 @@ def openai_chat_request(prompt: Prompt, options: RequestOptions) -> RenderedRequ
     """Chat Completions: one system message (L1 + L2), history, then the user message."""
     messages = [{"role": role, "content": text} for role, text in prompt.chat()]
     body: dict[str, Any] = {"model": options.model, "messages": messages}
-    if options.max_tokens is not None:
-        body["max_completion_tokens"] = options.max_tokens
+    body["max_completion_tokens"] = options.output_limit
     return RenderedRequest("openai", "/chat/completions", _with_cache_key(body, options))
 
 
@@ -172,8 +182,7 @@ def openai_responses_request(prompt: Prompt, options: RequestOptions) -> Rendere
     if prompt.system_text:
         body["instructions"] = prompt.system_text
     body["input"] = [{"role": m.role, "content": m.text} for m in prompt.messages]
-    if options.max_tokens is not None:
-        body["max_output_tokens"] = options.max_tokens
+    body["max_output_tokens"] = options.output_limit
     return RenderedRequest("openai", "/responses", _with_cache_key(body, options))
 
 
@@ -239,8 +248,7 @@ def anthropic_request(prompt: Prompt, options: RequestOptions) -> RenderedReques
             if m == j
         ]
         messages.append({"role": message.role, "content": content})
-    max_tokens = options.max_tokens or options.profile.default_output_reserve
-    body: dict[str, Any] = {"model": options.model, "max_tokens": max_tokens}
+    body: dict[str, Any] = {"model": options.model, "max_tokens": options.output_limit}
     if system:
         body["system"] = system
     body["messages"] = messages
@@ -255,12 +263,9 @@ def _contents(prompt: Prompt) -> list[dict[str, Any]]:
 
 
 def _generation_config(body: dict[str, Any], options: RequestOptions) -> dict[str, Any]:
-    # google-genai always sends the (possibly empty) generationConfig; so do we, so the
-    # SDK's wire body and ours are equal.
-    config: dict[str, Any] = {}
-    if options.max_tokens is not None:
-        config["maxOutputTokens"] = options.max_tokens
-    body["generationConfig"] = config
+    # google-genai always sends the generationConfig; so do we, so the SDK's wire body and
+    # ours are equal.
+    body["generationConfig"] = {"maxOutputTokens": options.output_limit}
     return body
 
 

@@ -90,9 +90,14 @@ def render_request(
     """The request for the last envelope, rendered by ``renderer`` in ``layout``.
 
     Pass the conversation's envelopes so far for the append-only and naive layouts; the
-    default layout needs only the current one.
+    default layout needs only the current one. Without ``max_tokens``, a budgeted
+    envelope's reserve is the output limit, so what is sent matches the budget.
     """
     reg = registry or RequestRegistry.builtin()
+    envs = [envelopes] if isinstance(envelopes, Envelope) else list(envelopes)
+    budget = envs[-1].report.budget if envs else None
+    if max_tokens is None and budget is not None:
+        max_tokens = budget.reserve_output
     options = request_options(
         reg.provider(renderer),
         model,
@@ -102,7 +107,6 @@ def render_request(
         conversation_id=conversation_id,
         ttl=ttl,
     )
-    envs = [envelopes] if isinstance(envelopes, Envelope) else list(envelopes)
     return reg.get(renderer)(build_prompt(envs, layout), options)
 
 

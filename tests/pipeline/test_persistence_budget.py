@@ -62,6 +62,9 @@ TURNS: list[dict[str, Any]] = [
     {"user": "q5", "attach": [{"note": "other.md"}, {"note": "big.md"}]},
 ]
 WINDOW = ("--window", "1500", "--reserve", "200")
+# The summary tests need L3 items summarized: the prefix-first policy does that, while the
+# default (current-first) fits this turn's items as previews.
+SUMMARIZING = Budget(1500, 200, policy="prefix-first")
 
 
 def _write(path: Path, body: dict[str, Any]) -> str:
@@ -202,7 +205,7 @@ def test_llm_summaries_render_identically_after_a_reload_in_a_fresh_process(
 ) -> None:
     summarizer, calls = _counting_summarizer()
     conv = Conversation(
-        "Be terse.", vault=big_vault, budget=Budget(1500, 200), summarizer=summarizer
+        "Be terse.", vault=big_vault, budget=SUMMARIZING, summarizer=summarizer
     )
     with SqliteStore(tmp_path / "s.db") as store:
         store.create(ConversationInfo("c"))
@@ -228,7 +231,7 @@ def test_summaries_are_saved_in_the_same_transaction_as_their_turn(
     tmp_path: Path, big_vault: Path
 ) -> None:
     summarizer, _ = _counting_summarizer()
-    conv = Conversation(vault=big_vault, budget=Budget(1500, 200), summarizer=summarizer)
+    conv = Conversation(vault=big_vault, budget=SUMMARIZING, summarizer=summarizer)
     with SqliteStore(tmp_path / "s.db") as store:
         store.create(ConversationInfo("c"))
         run_saved(parse_script({"turns": TURNS[:2]}), conv, store, "c")
@@ -249,7 +252,7 @@ def test_a_conversation_outliving_its_store_still_summarizes(
 ) -> None:
     """Once the store is closed the memo stops reading it instead of failing the turn."""
     summarizer, calls = _counting_summarizer()
-    conv = Conversation(vault=big_vault, budget=Budget(1500, 200), summarizer=summarizer)
+    conv = Conversation(vault=big_vault, budget=SUMMARIZING, summarizer=summarizer)
     with SqliteStore(tmp_path / "s.db") as store:
         store.create(ConversationInfo("c"))
         run_saved(parse_script({"turns": TURNS[:2]}), conv, store, "c")
