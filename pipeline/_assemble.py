@@ -76,7 +76,7 @@ def fitted_preview(turn: TurnGraph, item: Placement) -> View:
     ctx = turn.ctx
     empty = attrs.evolve(reference_view(artifact, item.marks), form=Form.PREVIEW)
     overhead = ctx.counter.count(ctx.renderer.render(attrs.evolve(empty, body=""))) + 2
-    entry = turn.library.get(item.key)
+    entry = (turn.seen or turn.library).get(item.key)
     old = None
     if entry is not None and entry.content_hash != artifact.content_hash:
         old = entry.view.body

@@ -109,7 +109,7 @@ def shorten_replies(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision
     return None
 
 
-NOT_SENT_HINT = "no room in this request: ask for it by key or path to have it sent"
+NOT_SENT_HINT = "true"  # NOT_SENT_INTRO, above the list, says how to get the item
 MIN_PREVIEW_TOKENS = 64
 """The smallest preview block this turn's items are cut to before they go unsent."""
 
@@ -445,6 +445,7 @@ def _fit_in_rounds(turn: TurnGraph, budget: Budget) -> TurnGraph:
     """Fit ``turn`` by rounds: each round's plan picks its cuts from the last measurement's
     counts (enough to cover the excess), then the request is measured once again."""
     counter = turn.ctx.counter
+    turn = attrs.evolve(turn, seen=turn.library)
     env = assemble(turn, measure_only=True)
     used = budget.used(env, counter)
     before = _layer_tokens(env)
@@ -550,12 +551,27 @@ def _cap(sizes: list[int], room: int) -> int:
     return best
 
 
-def _plan_current(
+def _plan_previews(
     turn: TurnGraph, env: Envelope, over: int, budget: Budget
 ) -> tuple[TurnGraph, list[Decision]] | None:
+    """This turn's items capped at the largest size that fits, down to previews of
+    ``MIN_PREVIEW_TOKENS`` (``_plan_current``)."""
+    return _plan_current(turn, env, over, budget, unsent=False)
+
+
+def _plan_unsent(
+    turn: TurnGraph, env: Envelope, over: int, budget: Budget
+) -> tuple[TurnGraph, list[Decision]] | None:
+    """The largest of this turn's items go unsent (``_plan_current``)."""
+    return _plan_current(turn, env, over, budget, unsent=True)
+
+
+def _plan_current(
+    turn: TurnGraph, env: Envelope, over: int, budget: Budget, *, unsent: bool
+) -> tuple[TurnGraph, list[Decision]] | None:
     """This turn's recoverable items all capped at the one largest size that fits (fine
-    steps: a preview can have any size); below ``MIN_PREVIEW_TOKENS`` the largest go unsent
-    (a reference that says so) until the excess is covered."""
+    steps: a preview can have any size); below ``MIN_PREVIEW_TOKENS``, with ``unsent``,
+    the largest go unsent (a reference that says so) until the excess is covered."""
     sizes = {s.key: s.tokens for s in env.l3.segments}
     candidates = [(i, item) for i, item in enumerate(turn.items) if _shrinkable(turn, item)]
     if not candidates:
@@ -585,7 +601,7 @@ def _plan_current(
         items[i] = attrs.evolve(item, form=Form.PREVIEW, limit=least)
         reason = f"L3 item cut to a {least}-token preview"
         decisions.append(_decision(item.key, str(item.form), "preview", reason, "L3", size - least))
-    if not at_min:
+    if not at_min and unsent:
         saved = 0
         ctx = turn.ctx
         for (i, item), size in sorted(pairs, key=lambda c: (-c[1], c[0][0])):
@@ -681,8 +697,10 @@ _PLANS: tuple[Plan, ...] = (
     _plan_library,
     _single(drop_history),
     _single(shorten_replies),
+    _plan_previews,
     _single(compact_l1_mutable),
-    _plan_current,
     _single(excerpt_non_recoverable),
+    # An index line is smaller than a not-sent reference and tells more: groups go first.
     _plan_groups,
+    _plan_unsent,
 )

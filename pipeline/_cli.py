@@ -659,7 +659,13 @@ def simulate(
     "--scale", type=click.Choice(["small", "medium", "large"]), default="small", show_default=True
 )
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON results here.")
-def bench(scale: str, out: str | None) -> None:
+@click.option(
+    "--budget",
+    "budget_only",
+    is_flag=True,
+    help="Run the budget benchmarks instead: folder fitting time, attachment share by policy.",
+)
+def bench(scale: str, out: str | None, budget_only: bool) -> None:
     """Build-latency benchmarks vs floor, naive rebuild and peers (needs a source checkout)."""
     import importlib
 
@@ -670,6 +676,9 @@ def bench(scale: str, out: str | None) -> None:
         )
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    if budget_only:
+        importlib.import_module("benchmarks.budget_fit").main(scale, out)
+        return
     status = importlib.import_module("benchmarks.run").main(scale, out)
     if status:
         raise click.exceptions.Exit(status)

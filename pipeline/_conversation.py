@@ -144,6 +144,7 @@ class Conversation:
         self.summaries = SummaryCache()
         self.views = ViewMemo()
         self._history_view = HistoryView()
+        self._l1_compacted = False
 
     @property
     def state(self) -> ConversationState:
@@ -272,6 +273,18 @@ class Conversation:
                     "system", f"system:{part}", "text", "text", "system prompt changed", layer="L1"
                 )
             )
+        if self._l1_compacted:
+            # Last turn's budget shortened L1's mutable part; this turn starts from it whole.
+            start = start.decide(
+                Decision(
+                    "system",
+                    "system:mutable",
+                    "text",
+                    "text",
+                    "L1 mutable part sent whole again (last turn's budget had shortened it)",
+                    layer="L1",
+                )
+            )
         graph = self.pipeline.run(start)
         rendering = time.perf_counter()
         envelope = assemble(graph)
@@ -296,6 +309,7 @@ class Conversation:
         envelope = attrs.evolve(envelope, report=report)
         self._library = graph.promoted if graph.promoted is not None else graph.library
         self._history_view = graph.history_view
+        self._l1_compacted = graph.system.mutable != self._system.mutable
         self._history.append(HistoryEntry(number, text))
         self._last_system = self._system
         return envelope

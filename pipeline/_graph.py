@@ -90,6 +90,9 @@ class TurnGraph:
     history_view: HistoryView = attrs.field(factory=HistoryView)
     query: str = ""
     budget_report: BudgetReport | None = None
+    # The library as the model last saw it, before this turn's budget cuts: what the
+    # preview of an edited note is compared with (its changed sections go first).
+    seen: Library | None = attrs.field(default=None, eq=False, repr=False)
     timings: tuple[tuple[str, float], ...] = attrs.field(default=(), eq=False)
     # The envelope the budget stage measured, with what it was measured from, so the
     # render step can reuse its layers when no later stage changed those inputs.

@@ -188,3 +188,34 @@ def test_registry_refuses_duplicates_and_names_unknowns() -> None:
         registry.register("openai", lambda p, o: RenderedRequest("x", "/", {}), provider="openai")
     with pytest.raises(RegistryError, match="known: anthropic, gemini, openai, openai-responses"):
         registry.get("mistral")
+
+
+def _output_limit(body: dict[str, object], renderer: str) -> object:
+    if renderer == "anthropic":
+        return body["max_tokens"]
+    if renderer == "openai":
+        return body["max_completion_tokens"]
+    if renderer == "openai-responses":
+        return body["max_output_tokens"]
+    config = body["generationConfig"]
+    assert isinstance(config, dict)
+    return config["maxOutputTokens"]
+
+
+@pytest.mark.parametrize("renderer", ["openai", "openai-responses", "anthropic", "gemini"])
+def test_every_body_carries_the_budget_reserve_as_its_output_limit(renderer: str) -> None:
+    """The reserve the budget kept free is what the request asks for (the model's max if
+    smaller); without a budget, the profile's reserve."""
+    from pipeline import Budget
+
+    conv = Conversation(SYSTEM, budget=Budget(20_000, 2_000))
+    env = conv.turn("Hello")
+    assert _output_limit(render_request(env, renderer).body, renderer) == 2_000
+    assert _output_limit(render_request(env, renderer, max_tokens=77).body, renderer) == 77
+    plain = Conversation(SYSTEM).turn("Hello")
+    opts = request_options(RequestRegistry.builtin().provider(renderer))
+    expected = min(opts.profile.default_output_reserve, opts.profile.max_output_tokens or 10**9)
+    assert _output_limit(render_request(plain, renderer).body, renderer) == expected
+    big = Conversation(SYSTEM, budget=Budget(1_000_000, 900_000)).turn("Hello")
+    cap = opts.profile.max_output_tokens
+    assert cap is not None and _output_limit(render_request(big, renderer).body, renderer) == cap

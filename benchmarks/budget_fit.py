@@ -1,0 +1,165 @@
+"""Budget fitting at scale and what this turn's attachments keep, on seeded content.
+
+Two measurements, each beside its comparator in the same run:
+
+- ``folder``: one turn attaching a folder of N generated notes under a window; the budget
+  stage's time per item, and the budgeted build's time over the same turn without a
+  budget (the policy whose cost grows with items shows in the per-item column).
+- ``share``: a seeded chat (one or two new notes a turn, some re-attached) under a small
+  window; the share of this turn's attachment tokens that reach the model in full or as
+  a preview, per cut policy.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.workload import Workload, conversation_workload, make_note, write_vault
+
+SEED = 1729
+FOLDER_SIZES = {"small": (400,), "medium": (400, 1600), "large": (400, 1600, 6400)}
+FOLDER_WINDOWS = (32_000, 200_000)
+SHARE_WINDOWS = (8_000, 16_000)
+SHARE_TURNS = 18
+POLICIES = ("current-first", "prefix-first")
+# The old policy re-measures the whole request after every cut: beyond this many notes it
+# takes minutes (the issue measured 794 s for 1,600 notes at 200k), so it is not run.
+PREFIX_FIRST_MAX_NOTES = 400
+
+
+def folder_workload(seed: int, notes: int) -> dict[str, str]:
+    """``notes`` generated notes of 0.5-4 KB under ``folder/``."""
+    rng = random.Random(f"{seed}:folder:{notes}")
+    out: dict[str, str] = {}
+    for i in range(notes):
+        size = rng.randint(500, 4000)
+        out[f"folder/note-{i:05d}.md"] = make_note(rng, size, f"Folder note {i}")
+    return out
+
+
+def _turn(vault: Path, budget: Any) -> tuple[float, float, Any]:
+    """(build seconds, budget-stage seconds, envelope) of one turn attaching the folder."""
+    from pipeline import Conversation
+
+    conv = Conversation("You are terse.", vault=vault, budget=budget)
+    start = time.perf_counter()
+    env = conv.turn("What do these notes say about the sync protocol?", [{"folder": "folder"}])
+    total = time.perf_counter() - start
+    stage = dict(env.report.timings).get("budget", 0.0)
+    return total, stage, env
+
+
+def folder_points(scale: str) -> list[dict[str, Any]]:
+    """One point per (notes, window, policy): budget time per item and the no-budget ratio."""
+    from pipeline import Budget, BudgetExceeded
+
+    points: list[dict[str, Any]] = []
+    for n in FOLDER_SIZES[scale]:
+        with tempfile.TemporaryDirectory(prefix="lamina-budget-") as tmp:
+            vault = Path(tmp)
+            write_vault(Workload("folder", folder_workload(SEED, n), (), ()), vault)
+            plain, _, _ = _turn(vault, None)
+            for window in FOLDER_WINDOWS:
+                for policy in POLICIES:
+                    if policy == "prefix-first" and n > PREFIX_FIRST_MAX_NOTES:
+                        continue
+                    budget = Budget(window, window // 8, policy=policy)
+                    point: dict[str, Any] = {
+                        "notes": n, "window": window, "policy": policy, "no_budget_s": plain,
+                    }  # fmt: skip
+                    try:
+                        total, stage, fitted = _turn(vault, budget)
+                    except BudgetExceeded as exc:
+                        point["error"] = str(exc).split(" even after")[0]
+                    else:
+                        report = fitted.report.budget
+                        point.update(
+                            build_s=total,
+                            budget_s=stage,
+                            budget_us_per_item=stage / n * 1e6,
+                            ratio_to_no_budget=total / plain,
+                            used=report.used,
+                            limit=report.limit,
+                            use=report.used / report.limit,
+                            cuts=len(report.decisions),
+                            index=any(s.source_type == "index" for s in fitted.l3.segments),
+                        )
+                    points.append(point)
+    return points
+
+
+def _attachment_share(conv: Any, workload: Workload) -> dict[str, Any]:
+    """Run ``workload``'s turns; share of this turn's attachment tokens sent full/preview."""
+    from pipeline import Form
+
+    counter = conv.counter
+    total = kept = 0
+    turns_with_nothing = 0
+    items = as_reference = 0
+    for turn in workload.turns:
+        env = conv.turn(turn.query, [{"note": p} for p in turn.attach])
+        conv.reply(turn.reply)
+        library = {s.key for s in env.l2.segments if s.form is Form.FULL}
+        seen = 0
+        for path in turn.attach:
+            key = f"note:{path}"
+            size = counter.count(workload.notes[path])
+            seg = env.l3.get(key)
+            total += size
+            items += 1
+            shown = seg is not None and (
+                seg.form in (Form.FULL, Form.PREVIEW)
+                or (seg.form is Form.REFERENCE and key in library)
+            )
+            if shown:
+                kept += size
+                seen += 1
+            elif seg is not None and seg.form is Form.REFERENCE:
+                as_reference += 1
+        turns_with_nothing += seen == 0
+    return {
+        "attachment_tokens": total,
+        "full_or_preview_share": kept / total if total else 1.0,
+        "items": items,
+        "items_as_reference_only": as_reference,
+        "turns_where_nothing_attached_was_seen": turns_with_nothing,
+    }
+
+
+def share_points() -> list[dict[str, Any]]:
+    """The seeded chat under each window and policy."""
+    from pipeline import Budget, Conversation
+
+    workload = conversation_workload(SEED, SHARE_TURNS)
+    points = []
+    with tempfile.TemporaryDirectory(prefix="lamina-share-") as tmp:
+        vault = Path(tmp)
+        write_vault(workload, vault)
+        for window in SHARE_WINDOWS:
+            for policy in POLICIES:
+                budget = Budget(window, window // 8, policy=policy)
+                conv = Conversation("You are terse.", vault=vault, budget=budget)
+                point = {"window": window, "policy": policy, "turns": len(workload.turns)}
+                point.update(_attachment_share(conv, workload))
+                points.append(point)
+    return points
+
+
+def run(scale: str = "small") -> dict[str, Any]:
+    """Both measurements as one JSON-ready section."""
+    return {"folder": folder_points(scale), "share": share_points()}
+
+
+def main(scale: str = "small", out: str | None = None) -> None:
+    """``lamina bench --budget``: run, print one JSON line per point, write the JSON."""
+    doc = {"scale": scale, **run(scale)}
+    for section in ("folder", "share"):
+        for point in doc[section]:
+            print(json.dumps({"section": section, **point}))
+    if out is not None:
+        Path(out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

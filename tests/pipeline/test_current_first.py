@@ -1,0 +1,242 @@
+"""The current-first budget: this turn's attachments keep the best form that fits."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline import (
+    NOT_SENT_INTRO,
+    REFERENCES_INTRO,
+    Budget,
+    BudgetExceeded,
+    Conversation,
+    Envelope,
+    Form,
+    check_envelope,
+    fit_preview,
+    get_encoding,
+    parse_script,
+)
+from pipeline._budget import MIN_PREVIEW_TOKENS
+from processors import ProcessContext, Sources, Vault, folder, note
+from tests.pipeline.test_budget import exact_request_tokens
+from tests.strategies import conversations, localize, serve_site, write_property_vault
+
+ENC = get_encoding("o200k_base")
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vault"
+
+
+@pytest.fixture(scope="module")
+def prop_vault(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    root = write_property_vault(tmp_path_factory.mktemp("currentvault"))
+    with serve_site(root / "site") as base:
+        yield root, base
+
+
+def _this_turn_cut(env: Envelope) -> list[str]:
+    """Keys of this turn's recoverable items the budget shortened in L3."""
+    return [
+        s.key
+        for s in env.l3.segments
+        if (s.recoverable and s.form in (Form.PREVIEW, Form.SUMMARY)) or s.unsent
+    ]
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(script=conversations, window=st.integers(min_value=600, max_value=6000))
+def test_older_material_goes_first_and_no_reference_dangles(
+    script: dict[str, Any], window: int, prop_vault: tuple[Path, str]
+) -> None:
+    """When one of this turn's items is shortened, the library was compacted as far as it
+    goes and history is down to the last turn; every reference points at what is sent."""
+    root, base = prop_vault
+    parsed = parse_script(localize(script, base), "generated")
+    sources = Sources(context=ProcessContext(vault=Vault(root), allow_private_network=True))
+    budget = Budget(window, window // 5, history_step=3)
+    conv = Conversation(parsed.system, sources=sources, budget=budget)
+    previous: Envelope | None = None
+    for turn in parsed.turns:
+        try:
+            env = conv.turn(turn.user, turn.attach, vault_changes=dict(turn.vault_changes))
+        except BudgetExceeded:
+            break
+        check_envelope(env, previous)
+        assert exact_request_tokens(env) <= budget.limit
+        library = {s.key for s in env.l2.segments}
+        for seg in env.l3.segments:
+            if seg.form is Form.REFERENCE and seg.key not in library:
+                assert seg.unsent or seg.key.startswith("chunk:")
+        if _this_turn_cut(env):
+            attached = set(env.report.attached)
+            for seg in env.l2.segments:
+                if seg.recoverable and seg.key not in attached:
+                    assert seg.form is Form.REFERENCE or seg.tokens <= 80, seg.key
+            assert len([s for s in env.l4.segments if s.role == "user"]) <= 1
+        previous = env
+        if turn.reply is not None:
+            conv.reply(turn.reply)
+
+
+def _three_turns(budget: Budget) -> Envelope:
+    conv = Conversation("You are terse.", vault=EXAMPLE, budget=budget)
+    first = [note("project-spec.md"), note("docs/api-docs.md")]
+    conv.turn("Read the spec and the API docs.", first)
+    conv.reply("Read them.")
+    conv.turn(
+        "And the design review and the talk.",
+        [
+            {"pdf": "media/sync-design-review.pdf"},
+            {
+                "youtube": "https://youtu.be/abcdefghijk",
+                "transcript": "media/offline-sync-talk.vtt",
+            },
+        ],
+    )
+    conv.reply("Done.")
+    return conv.turn("How does auth work?", [note("docs/auth.md")])
+
+
+def test_the_three_turn_example_sends_auth_md_in_full() -> None:
+    """The issue's example: window 3400, reserve 400; docs/auth.md reaches the model whole."""
+    env = _three_turns(Budget(3400, 400))
+    auth = env.l3.get("note:docs/auth.md")
+    assert auth is not None and auth.form is Form.FULL
+    body = (EXAMPLE / "docs" / "auth.md").read_text(encoding="utf-8").strip()
+    assert body.splitlines()[-1] in env.user_text
+    assert exact_request_tokens(env) <= 3000
+    old = _three_turns(Budget(3400, 400, policy="prefix-first"))
+    assert old.l3.get("note:docs/auth.md").form is Form.REFERENCE  # what the issue saw
+
+
+def _sectioned(changed: str = "") -> str:
+    sections = [
+        f"## Part {i}\n\n" + " ".join(f"Detail {i}.{k} of the design." for k in range(14))
+        for i in range(8)
+    ]
+    if changed:
+        sections[6] = f"## Part 6\n\n{changed}"
+    return "# Design\n\n" + "\n\n".join(sections) + "\n"
+
+
+def test_an_edited_note_under_a_budget_sends_the_changed_section(tmp_path: Path) -> None:
+    """The library holds the note as the model saw it; the new version, too big for a
+    tighter window, is previewed with the changed section first."""
+    (tmp_path / "design.md").write_text(_sectioned(), encoding="utf-8")
+    conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(4000, 400))
+    conv.turn("Read this.", [note("design.md")])
+    conv.reply("Read.")
+    assert conv.library.get("note:design.md").form is Form.FULL
+    edit = "The retry limit is now seven attempts, raised from three."
+    (tmp_path / "design.md").write_text(_sectioned(edit), encoding="utf-8")
+    conv.budget = Budget(900, 200)
+    env = conv.turn("What changed?", [note("design.md")])
+    check_envelope(env)
+    seg = env.l3.get("note:design.md")
+    assert seg is not None and seg.form is Form.PREVIEW  # too big to resend in full
+    assert edit in seg.text
+    assert seg.text.index("## Part 6") < seg.text.index("# Design")  # the change first
+
+
+def test_a_preview_keeps_the_sections_the_query_names() -> None:
+    from pipeline import TokenCounter
+
+    body = "# Guide\n\n" + "\n\n".join(
+        f"## {name}\n\n" + f"All about {name.lower()}. " * 40
+        for name in ("Install", "Configure", "Deploy", "Rollback", "Monitoring")
+    )
+    counter = TokenCounter()
+    words = frozenset({"rollback"})
+    text = fit_preview(body, counter, 200, words=words)
+    assert "## Rollback" in text and len(ENC.encode_ordinary(text)) <= 200
+    assert text == fit_preview(body, counter, 200, words=words)  # deterministic
+    plain = fit_preview(body, counter, 200)
+    assert "## Rollback" not in plain and plain.startswith("# Guide")
+
+
+def _big_note(rng_seed: int, sections: int, words: int) -> str:
+    parts = [f"# Note {rng_seed}"]
+    for s in range(sections):
+        words_ = " ".join(f"w{rng_seed}x{s}y{k}." for k in range(words))
+        parts.append(f"## Section {s}\n\n{words_}")
+    return "\n\n".join(parts) + "\n"
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shapes=st.lists(
+        st.tuples(st.integers(1, 12), st.integers(20, 400)), min_size=1, max_size=6
+    ),
+    window=st.integers(min_value=1500, max_value=12000),
+)
+def test_the_window_is_used_when_the_content_exceeds_it(
+    tmp_path_factory: pytest.TempPathFactory, shapes: list[tuple[int, int]], window: int
+) -> None:
+    """At least 85% of the limit is used whenever the unabridged turn does not fit."""
+    root = tmp_path_factory.mktemp("big")
+    for i, (sections, words) in enumerate(shapes):
+        (root / f"n{i}.md").write_text(_big_note(i, sections, words), encoding="utf-8")
+    attach = [note(f"n{i}.md") for i in range(len(shapes))]
+    whole = Conversation("You are terse.", vault=root).turn("Compare these.", attach)
+    budget = Budget(window, window // 8)
+    env = Conversation("You are terse.", vault=root, budget=budget).turn("Compare these.", attach)
+    used = exact_request_tokens(env)
+    assert used <= budget.limit
+    roomy = len(shapes) * MIN_PREVIEW_TOKENS * 2 < budget.limit
+    if exact_request_tokens(whole) > budget.limit and roomy:
+        assert used >= 0.85 * budget.limit, (used, budget.limit)
+
+
+def test_a_folder_larger_than_the_window_fits_as_an_index(tmp_path: Path) -> None:
+    """800 generated notes at 32k: the folder collapses into one index artifact."""
+    for i in range(800):
+        (tmp_path / "notes").mkdir(exist_ok=True)
+        (tmp_path / "notes" / f"n{i:03d}.md").write_text(_big_note(i, 2, 60), encoding="utf-8")
+    conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(32_000, 4_000))
+    env = conv.turn("What is in these notes?", [folder("notes")])
+    check_envelope(env)
+    index = [s for s in env.l3.segments if s.source_type == "index"]
+    assert len(index) == 1 and "note:notes/n799.md" in env.user_text
+    assert exact_request_tokens(env) <= 28_000
+    decisions = [d for d in env.report.budget.decisions if d.to_form == "index"]
+    assert [d.target for d in decisions] == ["folder:notes"]
+
+
+def test_an_item_cut_to_a_reference_says_it_was_not_sent(tmp_path: Path) -> None:
+    for i in range(16):
+        (tmp_path / f"n{i}.md").write_text(_big_note(i, 3, 200), encoding="utf-8")
+    budget = Budget(900, 100)
+    env = Conversation(vault=tmp_path, budget=budget).turn(
+        "Read all.", [note(f"n{i}.md") for i in range(16)]
+    )
+    check_envelope(env)
+    unsent = [s for s in env.l3.segments if s.unsent]
+    assert unsent and all(s.key not in env.l2.keys() for s in unsent)  # noqa: SIM118
+    assert NOT_SENT_INTRO in env.user_text
+    if REFERENCES_INTRO in env.user_text:
+        listed = env.user_text.split(REFERENCES_INTRO)[1].split(NOT_SENT_INTRO)[0]
+        assert all(s.text not in listed for s in unsent)
+
+
+def test_the_prefix_breaks_rarely_when_nothing_new_is_attached(tmp_path: Path) -> None:
+    for i in range(6):
+        (tmp_path / f"n{i}.md").write_text(_big_note(i, 4, 60), encoding="utf-8")
+    conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(5000, 600))
+    conv.turn("Load these.", [note(f"n{i}.md") for i in range(6)])
+    conv.reply("Loaded.")
+    envs = []
+    for i in range(16):
+        envs.append(conv.turn(f"Question {i} " + "about the notes " * 20))
+        conv.reply(f"Answer {i} " + "with reasons " * 40)
+    pairs = enumerate(itertools.pairwise(envs))
+    breaks = [i for i, (a, b) in pairs if not b.system_text.startswith(a.system_text)]
+    assert all(b - a >= 3 for a, b in itertools.pairwise(breaks)), breaks
+    assert all(exact_request_tokens(e) <= 4400 for e in envs)
