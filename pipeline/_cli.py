@@ -586,12 +586,15 @@ def import_cmd(
 ) -> None:
     """Import a markdown transcript (Lamina's or the original plugin's) into a store."""
     from pipeline._errors import ChatTranscriptError
+    from pipeline._files import FileProblem, read_regular
     from pipeline._store import SqliteStore
     from pipeline._transcript import import_transcript
 
     try:
-        text = Path(transcript_path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_regular(transcript_path, 64_000_000).decode("utf-8")
+    except FileProblem as exc:
+        raise ChatTranscriptError(transcript_path, 0, f"cannot read: {exc.detail}") from None
+    except UnicodeDecodeError as exc:
         raise ChatTranscriptError(transcript_path, 0, f"cannot read: {exc}") from None
     if not Path(vault).is_dir():
         raise ScriptError(transcript_path, "vault", f"vault folder {vault} does not exist")

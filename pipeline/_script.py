@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
-import yaml
 
 from pipeline._artifacts import AttachmentSpec, SourceResolver
 from pipeline._conversation import Conversation, SystemPrompt
 from pipeline._envelope import Envelope
 from pipeline._errors import LaminaError, ScriptError
+from pipeline._files import FileProblem, read_regular
 from pipeline._invariants import check_envelope
+from pipeline._safeload import LoadError, load_json, load_yaml
 
-__all__ = ["Script", "ScriptTurn", "load_script", "parse_script", "run_script"]
+__all__ = ["MAX_SCRIPT_BYTES", "Script", "ScriptTurn", "load_script", "parse_script", "run_script"]
+
+MAX_SCRIPT_BYTES = 4_000_000
+"""A larger script file is refused before it is parsed."""
 
 
 @attrs.frozen
@@ -43,21 +46,16 @@ def load_script(path: str | Path) -> Script:
     """Read and validate a JSON or YAML script file."""
     p = Path(path)
     try:
-        raw = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScriptError(str(p), "", "no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        raw = read_regular(p, MAX_SCRIPT_BYTES).decode("utf-8")
+    except FileProblem as exc:
+        problem = "no such file" if exc.reason == "missing" else f"cannot read: {exc.detail}"
+        raise ScriptError(str(p), "", problem) from None
+    except UnicodeDecodeError as exc:
         raise ScriptError(str(p), "", f"cannot read: {exc}") from None
     try:
-        data = json.loads(raw) if p.suffix == ".json" else yaml.safe_load(raw)
-    except json.JSONDecodeError as exc:
-        raise ScriptError(str(p), f"line {exc.lineno}", f"not valid JSON: {exc.msg}") from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ScriptError(str(p), where, f"not valid YAML: {exc.problem}") from None
-    except yaml.YAMLError as exc:
-        raise ScriptError(str(p), "", f"not valid YAML: {exc}") from None
+        data = load_json(raw) if p.suffix == ".json" else load_yaml(raw)
+    except LoadError as exc:
+        raise ScriptError(str(p), f"line {exc.line}" if exc.line else "", exc.problem) from None
     return parse_script(data, str(p), base=p.parent)
 
 

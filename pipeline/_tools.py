@@ -26,6 +26,7 @@ from pipeline._artifacts import (
 from pipeline._envelope import TOOL_SOURCE
 from pipeline._errors import AttachmentError
 from pipeline._hashing import text_hash
+from pipeline._safeload import LoadError, load_json
 
 if TYPE_CHECKING:
     from pipeline._conversation import Conversation
@@ -60,16 +61,19 @@ def canonical_args(args: Mapping[str, Any] | str) -> str:
     value: Any = args
     if isinstance(args, str):
         try:
-            value = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise AttachmentError(f"tool arguments {args[:60]!r}", f"not JSON: {exc.msg}") from None
+            value = load_json(args) if args.strip() else {}
+        except LoadError as exc:
+            problem = exc.problem.replace("not valid JSON", "not JSON")
+            raise AttachmentError(f"tool arguments {args[:60]!r}", problem) from None
     if not isinstance(value, Mapping):
         raise AttachmentError(
             "tool arguments", f"must be a JSON object, got {type(value).__name__}"
         )
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    except (TypeError, ValueError) as exc:
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError, RecursionError) as exc:
         raise AttachmentError("tool arguments", f"not JSON-serializable: {exc}") from None
 
 

@@ -23,6 +23,7 @@ from pipeline._conversation import Conversation, SystemPrompt
 from pipeline._envelope import Envelope
 from pipeline._errors import ChatTranscriptError, LaminaError, StoreError
 from pipeline._hashing import text_hash
+from pipeline._safeload import LoadError, LoadLimits, load_yaml
 from pipeline._store import (
     AttachmentRecord,
     ConversationInfo,
@@ -197,6 +198,9 @@ def _scalar(value: Any) -> str:
     return value if isinstance(value, str) else "" if value is None else str(value)
 
 
+_FRONTMATTER_LIMITS = LoadLimits(max_chars=1_000_000, max_depth=16, max_nodes=50_000)
+
+
 def _frontmatter(lines: list[str], path: str) -> tuple[dict[str, Any], int]:
     if not lines or lines[0].rstrip() != "---":
         return {}, 0
@@ -206,12 +210,12 @@ def _frontmatter(lines: list[str], path: str) -> tuple[dict[str, Any], int]:
     else:
         raise ChatTranscriptError(path, 1, "frontmatter is not closed by '---'")
     try:
-        # BaseLoader keeps every scalar a string, so timestamps and epochs stay verbatim.
-        data = yaml.load("\n".join(lines[1:end]), Loader=yaml.BaseLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 2 if mark is not None else 1
-        raise ChatTranscriptError(path, line, f"malformed YAML frontmatter: {exc}") from None
+        # Strings only: timestamps and epochs stay verbatim.
+        data = load_yaml("\n".join(lines[1:end]), _FRONTMATTER_LIMITS, strings=True)
+    except LoadError as exc:
+        line = exc.line + 1 if exc.line else 1
+        problem = f"malformed YAML frontmatter: {exc.problem}"
+        raise ChatTranscriptError(path, line, problem) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -219,12 +223,20 @@ def _frontmatter(lines: list[str], path: str) -> tuple[dict[str, Any], int]:
     return data, end + 1
 
 
-def _created(meta: Mapping[str, Any]) -> str:
+def _created(meta: Mapping[str, Any], path: str) -> str:
     if "created" in meta:
         return _scalar(meta["created"])
     epoch = _scalar(meta.get("epoch"))
-    if epoch.isdigit():  # the plugin's epoch milliseconds
-        stamp = datetime.datetime.fromtimestamp(int(epoch) / 1000, tz=datetime.UTC)
+    if epoch.isascii() and epoch.isdigit():  # the plugin's epoch milliseconds
+        try:
+            if len(epoch) > 16:  # past year 300,000: not a time, and too big to convert
+                raise OverflowError
+            stamp = datetime.datetime.fromtimestamp(int(epoch) / 1000, tz=datetime.UTC)
+        except (OverflowError, OSError, ValueError):
+            shown = epoch if len(epoch) <= 24 else f"{epoch[:20]}... ({len(epoch)} digits)"
+            raise ChatTranscriptError(
+                path, 0, f"frontmatter 'epoch' {shown} is not a time in milliseconds"
+            ) from None
         return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
     return epoch
 
@@ -299,7 +311,7 @@ def parse_transcript(text: str, path: str = "<transcript>") -> ChatTranscript:
     return ChatTranscript(
         conversation_id=_scalar(meta.get("conversation_id")),
         model=_scalar(meta.get("model", meta.get("modelKey"))),
-        created=_created(meta),
+        created=_created(meta, path),
         tags=_tags(meta.get("tags")),
         title=_scalar(meta.get("title", meta.get("topic"))),
         system=_system(meta.get("system"), path),

@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping
 from typing import Any, Self
 
 import attrs
-import yaml
 
 from pipeline._artifacts import Artifact, Link, Processed, TurnWarning, make_artifact
 from pipeline._errors import AttachmentError
 from pipeline._hashing import text_hash
 from pipeline._preview import _split_sections, fence_after
+from pipeline._safeload import LoadError, LoadLimits, load_yaml
 from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext
 from processors._vault import Vault
 
@@ -48,6 +48,8 @@ _WIKILINK = re.compile(r"\[\[([^\[\]\n]+?)\]\]")  # "!" before it makes an embed
 # one non-digit.
 _INLINE_TAG = re.compile(r"#([\w/-]+)")
 _TAG_TEXT = re.compile(r"^[\w/-]+$")
+# Frontmatter is a few properties; anything near these limits is an attack or an accident.
+_FRONTMATTER_LIMITS = LoadLimits(max_chars=1_000_000, max_depth=32, max_nodes=50_000)
 
 
 @attrs.frozen
@@ -135,11 +137,11 @@ def _split_frontmatter(path: str, text: str) -> tuple[dict[str, Any], str, list[
     raw = "\n".join(lines[1:i])
     body = "\n".join(lines[i + 1 :]).lstrip("\n")
     try:
-        data = yaml.safe_load(raw)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 2}" if mark is not None else ""
-        return {}, text, [f"{path}: malformed YAML frontmatter{where}; read as body"]
+        data = load_yaml(raw, _FRONTMATTER_LIMITS)
+    except LoadError as exc:
+        where = f" at line {exc.line + 1}" if exc.line else ""
+        problem = exc.problem.removeprefix("not valid YAML: ")
+        return {}, text, [f"{path}: malformed YAML frontmatter{where} ({problem}); read as body"]
     if data is None:
         return {}, body, []
     if not isinstance(data, dict):

@@ -30,6 +30,7 @@ from pipeline import (
     TurnWarning,
     make_artifact,
 )
+from pipeline._files import FileProblem, read_confined, read_regular
 from processors._context import ProcessContext
 
 __all__ = [
@@ -217,7 +218,8 @@ class PdfProcessor:
         rel, full = _locate(spec.path, ctx)
         max_pages = _int_option(ctx, "pdf_max_pages", DEFAULT_MAX_PAGES)
         max_bytes = _int_option(ctx, "pdf_max_bytes", DEFAULT_MAX_BYTES)
-        data = _read(full, rel, max_bytes)
+        inside = ctx.vault is not None and not os.path.isabs(rel)
+        data = _read(full, rel, max_bytes, ctx.vault.root if inside and ctx.vault else None)
         spans = parse_page_range(spec.pages, path=rel) if spec.pages else ()
         password = ctx.pdf_passwords.get(spec.path, ctx.pdf_passwords.get(rel))
         extracted = _extract(data, rel, spans, max_pages, password)
@@ -266,19 +268,23 @@ def _locate(path: str, ctx: ProcessContext) -> tuple[str, Path]:
     return rel, ctx.vault.root / rel
 
 
-def _read(full: Path, label: str, max_bytes: int) -> bytes:
+def _read(full: Path, label: str, max_bytes: int, root: Path | None) -> bytes:
+    """The file's bytes; inside a vault opened from the vault's folder (no symlink race),
+    and only a regular file is read (a FIFO or device named ``.pdf`` is refused)."""
     try:
-        with open(full, "rb") as handle:
-            data = handle.read(max_bytes + 1)
-    except (FileNotFoundError, NotADirectoryError):
-        raise PdfError(label, "missing", "no such file") from None
-    except IsADirectoryError:
-        raise PdfError(label, "missing", "the path is a directory, not a PDF") from None
-    except OSError as exc:
-        raise PdfError(label, "unreadable", exc.strerror or str(exc)) from None
-    if len(data) > max_bytes:
-        raise PdfError(label, "too-large", f"the file is over {max_bytes} bytes")
-    return data
+        if root is not None:
+            return read_confined(root, label, max_bytes)
+        return read_regular(full, max_bytes)
+    except FileProblem as exc:
+        if exc.reason == "outside":
+            raise PathOutsideVault(label, exc.detail) from None
+        if exc.reason == "directory":
+            raise PdfError(label, "missing", "the path is a directory, not a PDF") from None
+        if exc.reason == "too-large":
+            raise PdfError(label, "too-large", f"the file is over {max_bytes} bytes") from None
+        if exc.reason == "missing":
+            raise PdfError(label, "missing", exc.detail) from None
+        raise PdfError(label, "unreadable", exc.detail) from None
 
 
 @attrs.frozen

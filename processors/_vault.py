@@ -19,6 +19,7 @@ from typing import Any
 import attrs
 
 from pipeline._errors import AttachmentError, ConfigError, NoteNotFound, PathOutsideVault
+from pipeline._files import FileProblem, read_confined
 
 __all__ = ["MAX_NOTE_BYTES", "Vault"]
 
@@ -152,18 +153,20 @@ class Vault:
         norm = self.resolve(rel)
         if norm in self.overlay:
             return _clean(self.overlay[norm]), None
-        path = os.path.join(self.root, norm)
-        if _hidden(norm) or not os.path.isfile(path):
+        if _hidden(norm):
             raise NoteNotFound(rel, self.suggest(rel))
         try:
-            with open(path, "rb") as handle:
-                # Ask for the file's size (capped), not the cap: read(n) allocates n bytes.
-                size = os.fstat(handle.fileno()).st_size
-                data = handle.read(min(size, MAX_NOTE_BYTES) + 1)
-        except OSError as exc:
-            raise AttachmentError(norm, f"cannot read: {exc.strerror or exc}") from None
-        if len(data) > MAX_NOTE_BYTES:
-            raise AttachmentError(norm, f"note is larger than {MAX_NOTE_BYTES} bytes")
+            # Opened from the vault's folder one component at a time, then checked: a note
+            # swapped for a symlink out of the vault after ``resolve`` is still refused.
+            data = read_confined(self.root, norm, MAX_NOTE_BYTES)
+        except FileProblem as exc:
+            if exc.reason in ("missing", "directory"):
+                raise NoteNotFound(rel, self.suggest(rel)) from None
+            if exc.reason == "outside":
+                raise PathOutsideVault(rel, exc.detail) from None
+            if exc.reason == "too-large":
+                raise AttachmentError(norm, f"note is larger than {MAX_NOTE_BYTES} bytes") from None
+            raise AttachmentError(norm, f"cannot read: {exc.detail}") from None
         try:
             return _clean(data.decode("utf-8")), None
         except UnicodeDecodeError as exc:

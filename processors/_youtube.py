@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -20,6 +19,8 @@ from pipeline import (
     TurnWarning,
     make_artifact,
 )
+from pipeline._files import FileProblem, read_confined, read_regular
+from pipeline._safeload import LoadError, LoadLimits, load_json
 from processors._context import ProcessContext
 
 __all__ = [
@@ -41,6 +42,7 @@ _HOSTS = frozenset({"youtube.com", "youtu.be", "youtube-nocookie.com"})
 _HOST_PREFIXES = ("www.", "m.", "music.")
 _PATH_FORMS = frozenset({"shorts", "embed", "live", "v", "e"})
 _MAX_TRANSCRIPT_BYTES = 20_000_000
+_JSON_LIMITS = LoadLimits(max_chars=_MAX_TRANSCRIPT_BYTES, max_nodes=2_000_000)
 _SECTION_MS = 5 * 60 * 1000
 _PARAGRAPH_MS = 30_000
 _PARAGRAPH_HARD_MS = 60_000
@@ -203,20 +205,23 @@ def _word_overlap(prev: list[str], new: list[str], overlapping_in_time: bool) ->
     return 0
 
 
-def _read_text(path: Path, label: str) -> str:
+def _read_text(path: Path, label: str, root: Path | None = None) -> str:
+    """The file's text; with ``root``, ``path`` is vault-relative and opened from the vault's
+    folder (no symlink race). Only a regular file is read: a FIFO or device is refused."""
     try:
-        size = path.stat().st_size
-        if size > _MAX_TRANSCRIPT_BYTES:
-            raise TranscriptError(
-                label, f"transcript file is {size} bytes (limit {_MAX_TRANSCRIPT_BYTES})"
-            )
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise TranscriptError(label, "transcript file not found") from None
-    except IsADirectoryError:
-        raise TranscriptError(label, "transcript path is a directory") from None
-    except OSError as exc:
-        raise TranscriptError(label, f"cannot read transcript file: {exc.strerror}") from None
+        if root is not None:
+            data = read_confined(root, path.as_posix(), _MAX_TRANSCRIPT_BYTES)
+        else:
+            data = read_regular(path, _MAX_TRANSCRIPT_BYTES)
+    except FileProblem as exc:
+        if exc.reason == "outside":
+            raise PathOutsideVault(label, exc.detail) from None
+        problem = {
+            "missing": "transcript file not found",
+            "directory": "transcript path is a directory",
+            "too-large": f"transcript file is over {_MAX_TRANSCRIPT_BYTES} bytes",
+        }.get(exc.reason, f"cannot read transcript file: {exc.detail}")
+        raise TranscriptError(label, problem) from None
     try:
         if data.startswith((b"\xff\xfe", b"\xfe\xff")):
             return data.decode("utf-16")
@@ -234,13 +239,14 @@ class SubtitleFileProvider:
 
     path: Path
     label: str = ""
+    root: Path | None = None  # set: ``path`` is relative to this vault root
 
     def fetch(self, video_id: str) -> Transcript | None:
         import webvtt
         from webvtt.errors import MalformedCaptionError, MalformedFileError
 
         label = self.label or str(self.path)
-        text = _INVISIBLE.sub("", _read_text(self.path, label), count=1)
+        text = _INVISIBLE.sub("", _read_text(self.path, label, self.root), count=1)
         fmt = self._format(text)
         try:
             parsed = webvtt.WebVTT.from_buffer([text], format=fmt)
@@ -322,13 +328,14 @@ class JsonTranscriptProvider:
 
     path: Path
     label: str = ""
+    root: Path | None = None  # set: ``path`` is relative to this vault root
 
     def fetch(self, video_id: str) -> Transcript | None:
         label = self.label or str(self.path)
         try:
-            data = json.loads(_read_text(self.path, label))
-        except json.JSONDecodeError as exc:
-            raise TranscriptError(label, f"not valid JSON: {exc}") from None
+            data = load_json(_read_text(self.path, label, self.root), _JSON_LIMITS)
+        except LoadError as exc:
+            raise TranscriptError(label, str(exc)) from None
         return transcript_from_json(data, label)
 
 
@@ -363,10 +370,13 @@ def transcript_from_json(data: Any, label: str) -> Transcript:
     )
 
 
+_MAX_SECONDS = 10**9  # about 31 years: beyond it a time is nonsense, not a long video
+
+
 def _seconds(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if value >= 0 else None
+    return float(value) if 0 <= value <= _MAX_SECONDS else None
 
 
 def _str(value: Any) -> str:
@@ -378,8 +388,8 @@ def _duration_seconds(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return round(value) if value >= 0 else None
-    if isinstance(value, str) and re.fullmatch(r"\d+(:\d{1,2}){0,2}", value.strip()):
+        return round(value) if 0 <= value <= _MAX_SECONDS else None
+    if isinstance(value, str) and re.fullmatch(r"\d{1,9}(:\d{1,2}){0,2}", value.strip()):
         total = 0
         for part in value.strip().split(":"):
             total = total * 60 + int(part)
@@ -642,9 +652,12 @@ def _provider_option(ctx: ProcessContext) -> TranscriptProvider | None:
 def file_provider(path: str, ctx: ProcessContext) -> TranscriptProvider:
     """The provider for a transcript file: vault-relative, or absolute when the host allows."""
     full = resolve_file(path, ctx)
+    root = None
+    if ctx.vault is not None and not Path(path).is_absolute():
+        full, root = full.relative_to(ctx.vault.root), ctx.vault.root
     if full.suffix.lower() == ".json":
-        return JsonTranscriptProvider(full, label=path)
-    return SubtitleFileProvider(full, label=path)
+        return JsonTranscriptProvider(full, label=path, root=root)
+    return SubtitleFileProvider(full, label=path, root=root)
 
 
 def resolve_file(path: str, ctx: ProcessContext) -> Path:
