@@ -16,7 +16,9 @@ import contextlib
 import ipaddress
 import re
 import socket
+import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, Self
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
@@ -28,6 +30,7 @@ import lxml.html
 
 from pipeline import FetchError, Processed, TurnWarning, make_artifact
 from pipeline._errors import AttachmentError, ConfigError
+from processors._address import classify_address, is_public_address
 from processors._context import ProcessContext
 
 __all__ = ["UrlPayload", "UrlProcessor", "UrlSpec", "normalize_url", "url"]
@@ -187,16 +190,74 @@ def _limits(options: Mapping[str, Any]) -> _Limits:
 # SSRF: every hop's host is resolved here and *all* its addresses are checked; the request is
 # then sent to one of those checked addresses (Host header and TLS SNI keep the real name, so
 # certificates are still verified against it). That also defeats DNS rebinding between the
-# check and the connect. Not covered: environment proxies (disabled with trust_env=False, so
-# a host that needs one cannot fetch), and gzip bombs are capped on decoded bytes per chunk.
+# check and the connect. Addresses are judged by processors._address, which also looks
+# through IPv6 forms that carry an IPv4 address (NAT64, 6to4, mapped, ...). One deadline
+# covers every hop (``_Deadline``); compressed bodies are inflated with a cap per layer.
+# Not covered: environment proxies (disabled with trust_env=False, so a host that needs
+# one cannot fetch) and DNS resolution time (the system resolver's own timeouts).
+
+
+class _Deadline:
+    """One deadline for every hop of a fetch: when it passes, the open connection's socket
+    is shut down, so a server dripping headers or body a byte at a time cannot hold a turn
+    (a per-read timeout restarts with every byte)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.fired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> Self:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+    def remaining(self) -> float:
+        return self.at - time.monotonic()
+
+    def expired(self) -> bool:
+        return self.fired or self.remaining() <= 0
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        """httpcore's trace hook: remember each connection's socket as it opens."""
+        if event != "connection.connect_tcp.complete":
+            return
+        stream = info.get("return_value")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with self._lock:
+                self._sockets.append(sock)
+                if self.fired:
+                    _shutdown(sock)
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.fired = True
+            for sock in self._sockets:
+                _shutdown(sock)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    # The base method: an SSLSocket's own shutdown() would tear down its TLS state under
+    # the thread that is reading; shutting the descriptor down wakes that read.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 def _fetch(start: str, limits: _Limits, allow_private: bool) -> _Response:
-    deadline = time.monotonic() + limits.deadline
     seen = {start}
     current = start
     timeout = httpx.Timeout(limits.timeout)
-    with httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client:
+    with (
+        _Deadline(limits.deadline) as deadline,
+        httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False) as client,
+    ):
         for _hop in range(limits.max_redirects + 1):
             response, location = _fetch_one(client, start, current, limits, deadline, allow_private)
             if response is not None:
@@ -217,7 +278,7 @@ def _fetch_one(
     start: str,
     current: str,
     limits: _Limits,
-    deadline: float,
+    deadline: _Deadline,
     allow_private: bool,
 ) -> tuple[_Response | None, str]:
     """One hop: the response, or None and the redirect target."""
@@ -235,20 +296,30 @@ def _fetch_one(
             "Host": parts.netloc,
             "User-Agent": _USER_AGENT,
             "Accept": "text/html, text/plain, text/markdown, */*;q=0.1",
+            "Accept-Encoding": "gzip, deflate",
             "Connection": "close",
         }
+        if deadline.expired():
+            raise _late(start, current, limits)
         request = client.build_request(
-            "GET", pinned, headers=headers, extensions={"sni_hostname": host}
+            "GET",
+            pinned,
+            headers=headers,
+            timeout=httpx.Timeout(min(limits.timeout, deadline.remaining())),
+            extensions={"sni_hostname": host, "trace": deadline.trace},
         )
         try:
             return _send(client, request, start, current, limits, deadline)
-        except httpx.ConnectError as exc:
-            last_error = exc
-        except httpx.TimeoutException:
-            raise FetchError(
-                start, "timeout", f"{current} did not answer within {limits.timeout:g} s"
-            ) from None
         except httpx.HTTPError as exc:
+            if deadline.expired():
+                raise _late(start, current, limits) from None
+            if isinstance(exc, httpx.ConnectError):
+                last_error = exc
+                continue
+            if isinstance(exc, httpx.TimeoutException):
+                raise FetchError(
+                    start, "timeout", f"{current} did not answer within {limits.timeout:g} s"
+                ) from None
             raise FetchError(start, "network", f"{current}: {type(exc).__name__}: {exc}") from None
     reason = "tls" if "CERTIFICATE_VERIFY_FAILED" in str(last_error) else "connect"
     raise FetchError(start, reason, f"could not connect to {host}: {last_error}")
@@ -260,7 +331,7 @@ def _send(
     start: str,
     current: str,
     limits: _Limits,
-    deadline: float,
+    deadline: _Deadline,
 ) -> tuple[_Response | None, str]:
     resp = client.send(request, stream=True)
     try:
@@ -278,23 +349,112 @@ def _send(
         declared = resp.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limits.max_bytes:
             raise _too_large(start, current, limits.max_bytes)
-        chunks: list[bytes] = []
-        size = 0
-        for chunk in _chunks(resp, start, current, deadline):
-            size += len(chunk)
-            if size > limits.max_bytes:
-                raise _too_large(start, current, limits.max_bytes)
-            chunks.append(chunk)
+        try:
+            decoder = _Decoder(resp.headers.get("content-encoding", ""), limits.max_bytes)
+            # Raw bytes, decoded here with every layer's output capped as it streams: a
+            # compressed bomb is stopped at the cap, not after it has been inflated.
+            chunks = [decoder.feed(raw) for raw in _chunks(resp, start, current, deadline)]
+            chunks.append(decoder.flush())
+        except _TooLarge:
+            raise _too_large(start, current, limits.max_bytes) from None
+        except (zlib.error, ValueError) as exc:
+            raise FetchError(start, "encoding", f"{current}: {exc}") from None
         return _Response(current, media_type, charset, b"".join(chunks)), ""
     finally:
         resp.close()
 
 
-def _chunks(resp: httpx.Response, start: str, current: str, deadline: float) -> Iterator[bytes]:
-    for chunk in resp.iter_bytes():
-        if time.monotonic() > deadline:
+def _chunks(resp: httpx.Response, start: str, current: str, deadline: _Deadline) -> Iterator[bytes]:
+    for chunk in resp.iter_raw():
+        if deadline.expired():
             raise FetchError(start, "timeout", f"{current} took too long to send its content")
         yield chunk
+
+
+class _TooLarge(Exception):
+    """A decoded layer grew past its cap."""
+
+
+class _Layer:
+    """One gzip or deflate layer, inflated at most ``cap`` bytes in total."""
+
+    def __init__(self, encoding: str, cap: int) -> None:
+        self.encoding = encoding
+        self.cap = cap
+        self.size = 0
+        self._inflate: Any = None
+        self._head = b""
+
+    def feed(self, data: bytes) -> bytes:
+        if not data:
+            return b""
+        if self._inflate is None:
+            wbits = 16 + zlib.MAX_WBITS
+            if self.encoding == "deflate":  # zlib-wrapped as the RFC says, or raw as IIS sends
+                data = self._head + data
+                if len(data) < 2:
+                    self._head = data
+                    return b""
+                wrapped = data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+                wbits = zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS
+            self._inflate = zlib.decompressobj(wbits)
+        if self._inflate.eof:
+            return b""  # trailing bytes after the stream's end are ignored
+        out = self._inflate.decompress(data, self.cap - self.size + 1)
+        return self._count(out)
+
+    def flush(self) -> bytes:
+        return b"" if self._inflate is None else self._count(self._inflate.flush())
+
+    def _count(self, out: bytes) -> bytes:
+        self.size += len(out)
+        if self.size > self.cap or (self._inflate is not None and self._inflate.unconsumed_tail):
+            raise _TooLarge
+        return bytes(out)
+
+
+class _Decoder:
+    """A response's Content-Encoding layers (gzip, deflate, at most three) undone while
+    streaming; the body is capped at ``cap`` and each inner layer a little above it."""
+
+    def __init__(self, header: str, cap: int) -> None:
+        names = [n.strip().lower() for n in header.split(",") if n.strip()]
+        names = [n for n in names if n != "identity"]
+        unknown = sorted({n for n in names} - {"gzip", "x-gzip", "deflate"})
+        if unknown:
+            raise ValueError(f"unsupported content encoding {', '.join(unknown)}")
+        if len(names) > 3:
+            raise ValueError(f"{len(names)} content encodings (at most 3 are undone)")
+        inner = cap + cap // 16 + 65536  # compressed bytes of a body within the cap
+        undo = list(reversed(names))  # the last encoding applied is undone first
+        self._layers = [
+            _Layer("deflate" if n == "deflate" else "gzip", cap if i == len(undo) - 1 else inner)
+            for i, n in enumerate(undo)
+        ]
+        self._cap = cap
+        self._size = 0
+
+    def feed(self, data: bytes) -> bytes:
+        for layer in self._layers:
+            data = layer.feed(data)
+        return self._count(data)
+
+    def flush(self) -> bytes:
+        data = b""
+        for layer in self._layers:
+            data = layer.feed(data) + layer.flush()
+        return self._count(data)
+
+    def _count(self, data: bytes) -> bytes:
+        self._size += len(data)
+        if self._size > self._cap:
+            raise _TooLarge
+        return data
+
+
+def _late(start: str, current: str, limits: _Limits) -> FetchError:
+    problem = f"{current}: the fetch took longer than its {limits.deadline:g} s deadline"
+    return FetchError(start, "timeout", problem)
 
 
 def _too_large(start: str, current: str, cap: int) -> FetchError:
@@ -310,22 +470,23 @@ def _resolve(start: str, host: str, port: int, allow_private: bool) -> list[str]
     addresses = list(dict.fromkeys(str(info[4][0]).split("%")[0] for info in infos))
     if not allow_private:
         for address in addresses:
-            if not _is_public(ipaddress.ip_address(address)):
+            ip = ipaddress.ip_address(address)
+            if not _is_public(ip):
+                found = classify_address(ip)
+                what = found.kind if found.via is None else (
+                    f"{found.kind} {found.embedded} inside {found.via}"
+                )
                 raise FetchError(
                     start,
                     "private-network",
-                    f"{host} resolves to non-public address {address} "
-                    "(allow_private_network permits it)",
+                    f"{host} resolves to non-public address {address} ({what}; "
+                    "allow_private_network permits it)",
                 )
     return addresses
 
 
 def _is_public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    # is_global excludes private, loopback, link-local, reserved, unspecified and shared space;
-    # multicast needs its own test because some multicast ranges count as global.
-    return ip.is_global and not ip.is_multicast
+    return is_public_address(ip)
 
 
 def _content_type(header: str) -> tuple[str, str | None]:
