@@ -108,13 +108,16 @@ def _open_confined(root: str, rel: str) -> int:
             except OSError as exc:
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
                     raise
-                try:
-                    target = os.readlink(name, dir_fd=dirs[-1])
-                except OSError:
-                    raise exc from None  # not a symlink: the original error stands
                 hops += 1
                 if hops > _MAX_SYMLINKS:
                     raise FileProblem("unreadable", "too many levels of symbolic links") from None
+                try:
+                    target = os.readlink(name, dir_fd=dirs[-1])
+                except OSError as again:
+                    if again.errno == errno.EINVAL and exc.errno == errno.ELOOP:
+                        pending.insert(0, name)  # swapped for a non-link meanwhile: open again
+                        continue
+                    raise exc from None  # not a symlink: the original error stands
                 if os.path.isabs(target):
                     # Map an absolute target to a vault path, then walk it like any other.
                     inside = os.path.relpath(os.path.realpath(target), root)

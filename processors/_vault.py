@@ -120,7 +120,7 @@ class Vault:
             return done[0]
         norm = _normalize(rel)
         root = str(self.root)
-        real = os.path.realpath(os.path.join(root, norm))
+        real = _realpath(os.path.join(root, norm))
         if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
             raise PathOutsideVault(rel, "path leads outside the vault through a symlink")
         if memo is not None:
@@ -269,7 +269,10 @@ class Vault:
                     continue
                 if entry.is_symlink():
                     symlinks.append(True)  # its target may change unseen: not kept
-                    if not os.path.realpath(entry.path).startswith(prefix):
+                    try:
+                        if not os.path.realpath(entry.path).startswith(prefix):
+                            continue
+                    except OSError:  # swapped while we looked: not a note of this walk
                         continue
                     if not os.path.isfile(entry.path):
                         continue
@@ -281,6 +284,20 @@ class Vault:
 def _is_note(name: str) -> bool:
     """Notes are ``.md`` files, the extension in any case (``.MD`` too)."""
     return name[-3:].lower() == ".md"
+
+
+def _realpath(path: str) -> str:
+    """``os.path.realpath``, which raises when a symlink is swapped for a file mid-call.
+
+    After a few tries the path is taken as written: this check only gives early, clear
+    errors; every read opens the file from the vault's descriptor and cannot leave it.
+    """
+    for _ in range(3):
+        try:
+            return os.path.realpath(path)
+        except OSError:
+            continue
+    return os.path.normpath(path)
 
 
 def _clean(text: str) -> str:
