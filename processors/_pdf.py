@@ -257,7 +257,10 @@ def _locate(path: str, ctx: ProcessContext) -> tuple[str, Path]:
             )
         absolute = os.path.normpath(path)
         if ctx.vault is not None:
-            inside = os.path.relpath(os.path.realpath(absolute), ctx.vault.root)
+            try:
+                inside = os.path.relpath(os.path.realpath(absolute), ctx.vault.root)
+            except OSError:  # a symlink swapped mid-resolve: read it as the absolute path
+                inside = os.pardir
             if inside != os.pardir and not inside.startswith(os.pardir + os.sep):
                 rel = ctx.vault.resolve(inside.replace(os.sep, "/"))
                 return rel, ctx.vault.root / rel
