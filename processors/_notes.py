@@ -140,8 +140,9 @@ def _split_frontmatter(path: str, text: str) -> tuple[dict[str, Any], str, list[
         data = load_yaml(raw, _FRONTMATTER_LIMITS)
     except LoadError as exc:
         where = f" at line {exc.line + 1}" if exc.line else ""
-        problem = exc.problem.removeprefix("not valid YAML: ")
-        return {}, text, [f"{path}: malformed YAML frontmatter{where} ({problem}); read as body"]
+        # A syntax error is named by its line; a limit (alias bomb, depth, number) by itself.
+        detail = "" if exc.problem.startswith("not valid YAML") else f" ({exc.problem})"
+        return {}, text, [f"{path}: malformed YAML frontmatter{where}{detail}; read as body"]
     if data is None:
         return {}, body, []
     if not isinstance(data, dict):

@@ -116,8 +116,9 @@ def test_hostile_frontmatter_is_a_warning_and_the_note_is_kept(front: str, probl
     payload, warnings = parse_note("n.md", f"---\n{front}\n---\nBODY\n")
     assert payload.body_text.endswith("BODY\n")
     (warning,) = warnings
-    assert warning.startswith("n.md: malformed YAML frontmatter")
-    assert problem in warning
+    assert warning.code == "frontmatter-malformed"
+    assert warning.message.startswith("malformed YAML frontmatter")
+    assert problem in warning.message
 
 
 def test_impossible_date_in_frontmatter_stays_text() -> None:
