@@ -13,6 +13,7 @@ import contextlib
 import json
 import re
 import sqlite3
+import threading
 import time
 import uuid
 import zlib
@@ -28,6 +29,7 @@ from pipeline._artifacts import AttachmentSpec, TurnWarning
 from pipeline._conversation import Conversation, ConversationState
 from pipeline._envelope import BuildReport, Envelope, Form
 from pipeline._errors import (
+    ConflictError,
     ConversationError,
     LaminaError,
     ScriptError,
@@ -44,6 +46,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "AttachmentRecord",
     "ConversationInfo",
+    "Head",
     "LayerManifest",
     "Manifest",
     "SegmentManifest",
@@ -57,6 +60,7 @@ __all__ = [
     "rebuild_envelope",
     "run_saved",
     "save_turn",
+    "turn_record",
 ]
 
 SCHEMA_VERSION = 1
@@ -80,6 +84,19 @@ def now_stamp() -> str:
 
 
 # --- records ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Head:
+    """Where a stored conversation stands: its last turn and that turn's state hash.
+
+    A save names the head it continues (``parent``); the empty conversation is
+    ``Head(0, "")``. The hash covers the whole saved state (its content-addressed parts),
+    so two writers that both continue turn N from different states never look alike.
+    """
+
+    turn: int = 0
+    hash: str = ""
 
 
 @attrs.frozen
@@ -213,9 +230,31 @@ class Store(SummaryBacking, Protocol):
         state: ConversationState,
         manifest: Manifest | None = None,
         summaries: Sequence[tuple[SummaryKey, SummaryResult]] = (),
-    ) -> None:
-        """Save turn ``record.turn`` (the next one, or the last one again) atomically,
-        with the summaries the turn made (memo rows, first write wins)."""
+        *,
+        parent: Head,
+    ) -> Head:
+        """Save turn ``record.turn`` atomically, with the summaries the turn made (memo
+        rows, first write wins), and return the new head.
+
+        ``parent`` is the head the save continues: the turn before for a new turn; for the
+        same turn saved again (once its reply is known) the head this writer's earlier save
+        of it returned, so a turn is only ever replaced from the state it was built on. If
+        the stored head is not ``parent``, ``ConflictError`` (carrying the head) and nothing
+        is written."""
+        ...
+
+    def head(self, conversation_id: str) -> Head:
+        """The stored head (cheap: no snapshot is read); ``Head()`` before any turn."""
+        ...
+
+    def load_head(
+        self, conversation_id: str, turn: int | None = None
+    ) -> tuple[ConversationState, Head]:
+        """``load`` and the head of that state, read in one transaction."""
+        ...
+
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
+        """Everything the store does inside the block is one transaction: all or nothing."""
         ...
 
     def turns(self, conversation_id: str) -> tuple[TurnRecord, ...]: ...
@@ -316,6 +355,25 @@ def _digest(body: bytes) -> str:
     return str(xxhash.xxh3_128_hexdigest(body))
 
 
+def _head_hash(state_hash: str, parts: Mapping[str, Sequence[str]]) -> str:
+    """The hash of a whole saved state: its snapshot and its parts' entry hashes in order."""
+    return _digest(_canonical({"state": state_hash, "parts": {p: list(parts[p]) for p in parts}}))
+
+
+def _sql(text: str) -> str | bytes:
+    """A str for a TEXT column; one holding lone surrogates (a file name that is not UTF-8)
+    is kept as its surrogatepass bytes, which SQLite stores as given and ``_str`` reverses."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+    return text
+
+
+def _str(value: Any) -> Any:
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
+
+
 class SqliteStore:
     """The embedded default: one SQLite file in WAL mode, safe across processes.
 
@@ -330,12 +388,18 @@ class SqliteStore:
         self._closed = False
         if Path(self._path).is_dir():
             raise StoreError(self._path, "is a folder, not a store file")
+        # One connection shared by the threads that use this store, one at a time.
+        self._lock = threading.RLock()
+        self._depth = 0
         try:
-            self._db = sqlite3.connect(self._path, timeout=timeout, isolation_level=None)
+            self._db = sqlite3.connect(
+                self._path, timeout=timeout, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.Error as exc:
             raise StoreError(self._path, f"cannot open: {exc}") from None
         try:
             with self._errors():
+                self._refuse_foreign()
                 self._db.execute("PRAGMA journal_mode=WAL").fetchone()
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.execute("PRAGMA foreign_keys=ON")
@@ -355,8 +419,18 @@ class SqliteStore:
         self.close()
 
     def close(self) -> None:
-        self._closed = True
-        self._db.close()
+        with self._lock:
+            self._closed = True
+            self._db.close()
+
+    def _refuse_foreign(self) -> None:
+        """Refuse another application's SQLite file by reading it only: nothing (not even
+        the journal mode in its header) may change before it is known to be a store."""
+        tables = {
+            r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        if tables and "lamina_schema" not in tables:
+            raise StoreCorrupt(self._path, "not a Lamina store (a SQLite file with other tables)")
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -373,23 +447,47 @@ class SqliteStore:
             if "no such table" in text or "no such column" in text:
                 raise StoreCorrupt(self._path, f"tables are missing or damaged: {exc}") from None
             raise StoreError(self._path, str(exc)) from None
+        except sqlite3.ProgrammingError as exc:
+            raise StoreError(self._path, f"cannot be used: {exc}") from None
         except sqlite3.DatabaseError as exc:
             raise StoreCorrupt(self._path, f"not a SQLite database or damaged: {exc}") from None
 
     @contextlib.contextmanager
     def _tx(self, write: bool) -> Iterator[sqlite3.Connection]:
-        """One transaction: IMMEDIATE for writes (take the lock up front), deferred reads."""
-        if self._closed:
-            raise StoreError(self._path, "the store is closed")
-        with self._errors():
-            self._db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
-            try:
-                yield self._db
-            except BaseException:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        """One transaction: IMMEDIATE for writes (take the lock up front), deferred reads.
+
+        Inside ``transaction()`` it is a savepoint of the outer transaction instead."""
+        with self._lock:
+            if self._closed:
+                raise StoreError(self._path, "the store is closed")
+            nested = self._depth > 0
+            with self._errors():
+                if nested:
+                    self._db.execute("SAVEPOINT inner")
+                else:
+                    self._db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                self._depth += 1
+                try:
+                    yield self._db
+                except BaseException:
+                    if self._db.in_transaction:
+                        if nested:
+                            self._db.execute("ROLLBACK TO inner")
+                            self._db.execute("RELEASE inner")
+                        else:
+                            self._db.execute("ROLLBACK")
+                    raise
+                finally:
+                    self._depth -= 1
+                self._db.execute("RELEASE inner" if nested else "COMMIT")
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Everything done inside the block is one write transaction: all of it or none.
+
+        Other writers wait (up to ``timeout``) while it is open: keep it to the writes."""
+        with self._tx(write=True):
+            yield
 
     def _migrate(self) -> None:
         with self._tx(write=True) as db:
@@ -458,17 +556,20 @@ class SqliteStore:
                 "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     info.id,
-                    info.created,
-                    info.model,
+                    _sql(info.created),
+                    _sql(info.model),
                     json.dumps(list(info.tags)),
-                    info.title,
-                    info.vault,
+                    _sql(info.title),
+                    _sql(info.vault),
                     now_stamp(),
                 ),
             )
 
     def _info(self, row: Sequence[Any]) -> ConversationInfo:
-        return ConversationInfo(row[0], row[1], row[2], tuple(json.loads(row[3])), row[4], row[5])
+        texts = [_str(v) for v in row]
+        return ConversationInfo(
+            texts[0], texts[1], texts[2], tuple(json.loads(texts[3])), texts[4], texts[5]
+        )
 
     def conversation(self, conversation_id: str) -> ConversationInfo:
         with self._tx(write=False) as db:
@@ -496,18 +597,20 @@ class SqliteStore:
         state: ConversationState,
         manifest: Manifest | None = None,
         summaries: Sequence[tuple[SummaryKey, SummaryResult]] = (),
-    ) -> None:
+        *,
+        parent: Head,
+    ) -> Head:
         plain = _converter.unstructure(state)
         split = {p: plain.pop(p) for p in _SPLIT_PARTS if isinstance(plain.get(p), list)}
         k = record.turn
         with self._tx(write=True) as db:
             self._require(db, conversation_id)
-            last = (
-                db.execute(
-                    "SELECT MAX(turn) FROM turns WHERE conversation_id = ?", (conversation_id,)
-                ).fetchone()[0]
-                or 0
-            )
+            head, current = self._head(db, conversation_id)
+            if head != parent:
+                raise ConflictError(
+                    self._path, conversation_id, head.turn, head.hash, parent.turn, parent.hash
+                )
+            last = head.turn
             if k not in (last, last + 1) or k < 1:
                 raise ConversationError(
                     f"conversation {conversation_id!r}: cannot save turn {k} after turn {last}"
@@ -515,10 +618,12 @@ class SqliteStore:
             created = record.created
             if k == last:  # the same turn again (e.g. once its reply is known): replace it
                 # The user message happened once: its first recorded time is kept.
-                created = db.execute(
-                    "SELECT created FROM turns WHERE conversation_id = ? AND turn = ?",
-                    (conversation_id, k),
-                ).fetchone()[0]
+                created = _str(
+                    db.execute(
+                        "SELECT created FROM turns WHERE conversation_id = ? AND turn = ?",
+                        (conversation_id, k),
+                    ).fetchone()[0]
+                )
                 for table, column in (
                     ("entries", "since_turn"),
                     ("turns", "turn"),
@@ -528,12 +633,16 @@ class SqliteStore:
                         f"DELETE FROM {table} WHERE conversation_id = ? AND {column} = ?",
                         (conversation_id, k),
                     )
+                current = {p: self._current(db, conversation_id, p, k - 1) for p in split}
             lengths: dict[str, int] = {}
+            digests: dict[str, list[str]] = {}
             for part, items in split.items():
-                current = self._current(db, conversation_id, part, k - 1)
+                before = current.get(part, {})
+                digests[part] = []
                 for position, item in enumerate(items):
                     digest = self._put_snapshot(db, part, item)
-                    if current.get(position) != digest:
+                    digests[part].append(digest)
+                    if before.get(position) != digest:
                         db.execute(
                             "INSERT INTO entries VALUES (?, ?, ?, ?, ?)",
                             (conversation_id, part, position, k, digest),
@@ -550,10 +659,10 @@ class SqliteStore:
                 (
                     conversation_id,
                     k,
-                    record.user,
-                    record.reply,
-                    created,
-                    record.reply_created,
+                    _sql(record.user),
+                    None if record.reply is None else _sql(record.reply),
+                    _sql(created),
+                    _sql(record.reply_created),
                     state_hash,
                     manifest_hash,
                     json.dumps(lengths, sort_keys=True),
@@ -563,14 +672,45 @@ class SqliteStore:
             db.executemany(
                 "INSERT INTO attachments VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (conversation_id, k, i, a.kind, a.label, a.spec, int(a.rebuilt))
+                    (conversation_id, k, i, *map(_sql, (a.kind, a.label, a.spec)), int(a.rebuilt))
                     for i, a in enumerate(record.attachments)
                 ],
             )
             db.executemany(
                 "INSERT OR IGNORE INTO summaries VALUES (?, ?, ?, ?, ?)",
-                [(*key, r.text, json.dumps(list(r.failures))) for key, r in summaries],
+                [(*key, _sql(r.text), json.dumps(list(r.failures))) for key, r in summaries],
             )
+        return Head(k, _head_hash(state_hash, digests))
+
+    def _head(
+        self, db: sqlite3.Connection, conversation_id: str
+    ) -> tuple[Head, dict[str, dict[int, str]]]:
+        """The stored head and, per part, each position's entry hash as of the head."""
+        row = db.execute(
+            "SELECT turn, state_hash, parts FROM turns WHERE conversation_id = ? "
+            "ORDER BY turn DESC LIMIT 1",
+            (conversation_id,),
+        ).fetchone()
+        if row is None:
+            return Head(), {}
+        k, state_hash, parts = row
+        current = {p: self._current(db, conversation_id, p, k) for p in json.loads(parts)}
+        return Head(k, self._state_hash(k, state_hash, parts, current)), current
+
+    def _state_hash(
+        self, k: int, state_hash: str, parts: str, current: Mapping[str, Mapping[int, str]]
+    ) -> str:
+        ordered: dict[str, list[str]] = {}
+        for part, length in json.loads(parts).items():
+            if sorted(current[part])[:length] != list(range(length)):
+                raise StoreCorrupt(self._path, f"turn {k}: {part} entries are missing")
+            ordered[part] = [current[part][i] for i in range(length)]
+        return _head_hash(state_hash, ordered)
+
+    def head(self, conversation_id: str) -> Head:
+        with self._tx(write=False) as db:
+            self._require(db, conversation_id)
+            return self._head(db, conversation_id)[0]
 
     def _current(
         self, db: sqlite3.Connection, conversation_id: str, part: str, turn: int
@@ -599,14 +739,26 @@ class SqliteStore:
                 (conversation_id,),
             ):
                 attached.setdefault(turn, []).append(
-                    AttachmentRecord(kind, label, spec, bool(rebuilt))
+                    AttachmentRecord(_str(kind), _str(label), _str(spec), bool(rebuilt))
                 )
         return tuple(
-            TurnRecord(t, user, reply, tuple(attached.get(t, ())), created, reply_created)
+            TurnRecord(
+                t,
+                _str(user),
+                _str(reply),
+                tuple(attached.get(t, ())),
+                _str(created),
+                _str(reply_created),
+            )
             for t, user, reply, created, reply_created in rows
         )
 
     def load(self, conversation_id: str, turn: int | None = None) -> ConversationState:
+        return self.load_head(conversation_id, turn)[0]
+
+    def load_head(
+        self, conversation_id: str, turn: int | None = None
+    ) -> tuple[ConversationState, Head]:
         with self._tx(write=False) as db:
             self._require(db, conversation_id)
             if turn is None:
@@ -628,15 +780,17 @@ class SqliteStore:
                 )
             k, state_hash, parts = row
             plain = self._get_snapshot(db, state_hash)
+            current = {p: self._current(db, conversation_id, p, k) for p in json.loads(parts)}
+            try:
+                head = Head(k, self._state_hash(k, state_hash, parts, current))
+            except StoreCorrupt:
+                raise StoreCorrupt(
+                    self._path, f"{conversation_id!r} turn {k}: entries are missing"
+                ) from None
             for part, length in json.loads(parts).items():
-                current = self._current(db, conversation_id, part, k)
-                if sorted(current)[:length] != list(range(length)):
-                    raise StoreCorrupt(
-                        self._path, f"{conversation_id!r} turn {k}: {part} entries are missing"
-                    )
-                plain[part] = [self._get_snapshot(db, current[i]) for i in range(length)]
+                plain[part] = [self._get_snapshot(db, current[part][i]) for i in range(length)]
         try:
-            return _converter.structure(plain, ConversationState)
+            return _converter.structure(plain, ConversationState), head
         except Exception as exc:  # cattrs raises many kinds; all mean the record is unusable
             raise StoreCorrupt(
                 self._path, f"{conversation_id!r} turn {k}: state does not load: {exc}"
@@ -665,9 +819,11 @@ class SqliteStore:
                 "SELECT kind, label, spec, rebuilt FROM attachments "
                 "WHERE kind = ? AND label = ? AND spec != '' "
                 "ORDER BY conversation_id, turn LIMIT 1",
-                (kind, label),
+                (_sql(kind), _sql(label)),
             ).fetchone()
-        return None if row is None else AttachmentRecord(row[0], row[1], row[2], bool(row[3]))
+        if row is None:
+            return None
+        return AttachmentRecord(_str(row[0]), _str(row[1]), _str(row[2]), bool(row[3]))
 
     # -- memo tables ------------------------------------------------------------------
 
@@ -684,7 +840,7 @@ class SqliteStore:
                 "AND summarizer_id = ?",
                 (content_hash, target_tokens, summarizer_id),
             ).fetchone()
-        return None if row is None else SummaryResult(row[0], tuple(json.loads(row[1])))
+        return None if row is None else SummaryResult(_str(row[0]), tuple(json.loads(row[1])))
 
     def put_summary(
         self, content_hash: str, target_tokens: int, summarizer_id: str, result: SummaryResult
@@ -697,7 +853,7 @@ class SqliteStore:
                     content_hash,
                     target_tokens,
                     summarizer_id,
-                    result.text,
+                    _sql(result.text),
                     json.dumps(list(result.failures)),
                 ),
             )
@@ -794,13 +950,45 @@ def save_turn(
     *,
     created: str | None = None,
     reply_created: str | None = None,
+    parent: Head | None = None,
 ) -> TurnRecord:
-    """Save the conversation's last turn (call again after ``reply()`` to add the reply)."""
+    """Save the conversation's last turn (call again after ``reply()`` to add the reply).
+
+    The save continues ``parent``, by default the head the conversation was loaded at or
+    last saved (``conversation.saved_head``; the empty head for a new conversation). When
+    another writer moved the conversation on, ``ConflictError`` and nothing is saved:
+    load it again (``load_conversation``) and redo the turn.
+    """
     if not conversation.history:
         raise ConversationError("save_turn() was called before any turn")
+    record = turn_record(
+        conversation, attach, created=created, reply_created=reply_created
+    )
+    _connect(conversation, store)
+    summaries = conversation.summaries.unsaved()
+    conversation.saved_head = store.save_turn(
+        conversation_id,
+        record,
+        conversation.state,
+        None if envelope is None else Manifest.of(envelope),
+        summaries,
+        parent=parent or conversation.saved_head or Head(),
+    )
+    conversation.summaries.mark_saved(key for key, _ in summaries)
+    return record
+
+
+def turn_record(
+    conversation: Conversation,
+    attach: Sequence[Attachment | AttachmentRecord] = (),
+    *,
+    created: str | None = None,
+    reply_created: str | None = None,
+) -> TurnRecord:
+    """What a transcript keeps of the conversation's last turn (texts, attachments, times)."""
     last = conversation.history[-1]
     stamp = now_stamp()
-    record = TurnRecord(
+    return TurnRecord(
         turn=last.turn,
         user=last.user,
         reply=last.assistant,
@@ -813,17 +1001,6 @@ def save_turn(
         if reply_created is None
         else reply_created,
     )
-    _connect(conversation, store)
-    summaries = conversation.summaries.unsaved()
-    store.save_turn(
-        conversation_id,
-        record,
-        conversation.state,
-        None if envelope is None else Manifest.of(envelope),
-        summaries,
-    )
-    conversation.summaries.mark_saved(key for key, _ in summaries)
-    return record
 
 
 def _connect(conversation: Conversation, store: Store) -> Conversation:
@@ -845,7 +1022,10 @@ def load_conversation(
     The saved budget comes back unless ``budget=`` is given; summaries are read from and
     saved to the store's memo, so an LLM summary renders to the same bytes after a reload.
     """
-    return _connect(Conversation.restore(store.load(conversation_id, turn), **restore), store)
+    state, head = store.load_head(conversation_id, turn)
+    conversation = _connect(Conversation.restore(state, **restore), store)
+    conversation.saved_head = head
+    return conversation
 
 
 def run_saved(

@@ -19,7 +19,7 @@ import attrs
 import yaml
 
 from pipeline._artifacts import SourceResolver
-from pipeline._conversation import Conversation, SystemPrompt
+from pipeline._conversation import Conversation, ConversationState, SystemPrompt
 from pipeline._envelope import Envelope
 from pipeline._errors import ChatTranscriptError, LaminaError, StoreError
 from pipeline._hashing import text_hash
@@ -27,9 +27,12 @@ from pipeline._safeload import LoadError, LoadLimits, load_yaml
 from pipeline._store import (
     AttachmentRecord,
     ConversationInfo,
+    Head,
+    Manifest,
     Store,
+    TurnRecord,
     attachment_record,
-    save_turn,
+    turn_record,
 )
 
 __all__ = [
@@ -393,12 +396,24 @@ def import_transcript(
 
     Notes are found in the vault by path, else by a unique basename; URLs and videos are
     fetched only with ``allow_fetch``; selections only if the store kept their text.
+    The whole import is one transaction, written once every turn is rebuilt: a failure
+    or a kill leaves nothing behind, so importing again works.
     """
     parsed = parse_transcript(text, path)
     cid = conversation_id or parsed.conversation_id or text_hash(text)
     conv = Conversation(parsed.system, vault=vault, sources=sources)
+    conv.summaries.backing = store
     notes = _vault_notes(conv)
-    store.create(ConversationInfo(cid, parsed.created, parsed.model, parsed.tags, parsed.title))
+    saves: list[tuple[TurnRecord, ConversationState, Manifest, Any]] = []
+
+    def keep(envelope: Envelope, records: list[AttachmentRecord], created: str, reply: str) -> None:
+        """The turn as it stands now; a reply replaces the turn's earlier version."""
+        record = turn_record(conv, records, created=created, reply_created=reply)
+        if saves and saves[-1][0].turn == record.turn:
+            saves.pop()
+        summaries = conv.summaries.unsaved()
+        conv.summaries.mark_saved(key for key, _ in summaries)
+        saves.append((record, conv.state, Manifest.of(envelope), summaries))
     problems: list[ImportProblem] = []
     rebuilt: list[str] = []
     last: tuple[Envelope, list[AttachmentRecord], str] | None = None
@@ -416,9 +431,7 @@ def import_transcript(
                 continue
             conv.reply(m.text)
             envelope, records, created = last
-            save_turn(
-                store, cid, conv, envelope, records, created=created, reply_created=m.timestamp
-            )
+            keep(envelope, records, created, m.timestamp)
             continue
         turn = len(conv.history) + 1
         forms: list[dict[str, Any]] = []
@@ -436,8 +449,15 @@ def import_transcript(
             envelope = conv.turn(m.text, forms)
         except LaminaError as exc:
             raise StoreError(store.path, f"importing {path} turn {turn}: {exc}") from None
-        save_turn(store, cid, conv, envelope, records, created=m.timestamp, reply_created="")
+        keep(envelope, records, m.timestamp, "")
         last = (envelope, records, m.timestamp)
+    with store.transaction():
+        store.create(
+            ConversationInfo(cid, parsed.created, parsed.model, parsed.tags, parsed.title)
+        )
+        head = Head()
+        for record, state, manifest, summaries in saves:
+            head = store.save_turn(cid, record, state, manifest, summaries, parent=head)
     return ImportReport(cid, len(conv.history), tuple(rebuilt), tuple(problems))
 
 
