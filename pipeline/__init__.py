@@ -61,10 +61,12 @@ from pipeline._envelope import (
     View,
 )
 from pipeline._errors import (
+    ArgumentError,
     AttachmentError,
     BudgetExceeded,
     ChatTranscriptError,
     ConfigError,
+    ConflictError,
     ConversationError,
     FetchError,
     InvariantViolation,
@@ -107,6 +109,7 @@ from pipeline._stages import Dedup, Expand, Pipeline, Promote, Reference, Stage,
 from pipeline._store import (
     AttachmentRecord,
     ConversationInfo,
+    Head,
     LayerManifest,
     Manifest,
     SegmentManifest,
@@ -119,6 +122,7 @@ from pipeline._store import (
     rebuild_envelope,
     run_saved,
     save_turn,
+    turn_record,
 )
 from pipeline._summarize import (
     Complete,
@@ -192,6 +196,7 @@ __all__ = [
     "AgentCall",
     "AgentStep",
     "AgentTurn",
+    "ArgumentError",
     "Artifact",
     "AttachmentError",
     "AttachmentRecord",
@@ -208,6 +213,7 @@ __all__ = [
     "Chunk",
     "Complete",
     "ConfigError",
+    "ConflictError",
     "Conversation",
     "ConversationError",
     "ConversationInfo",
@@ -221,6 +227,7 @@ __all__ = [
     "Expand",
     "FetchError",
     "Form",
+    "Head",
     "HistoryEntry",
     "HistoryView",
     "Hit",
@@ -350,5 +357,6 @@ __all__ = [
     "tool_artifact",
     "tool_key",
     "tool_turn",
+    "turn_record",
     "visible_history",
 ]

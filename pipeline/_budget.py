@@ -21,6 +21,7 @@ from typing import Literal
 
 import attrs
 
+from pipeline import _validate
 from pipeline._artifacts import Artifact, TurnWarning, make_artifact
 from pipeline._assemble import assemble, complete, item_view, summary_target, visible_history
 from pipeline._conversation import request_tokens
@@ -298,9 +299,17 @@ CUT_POLICIES: dict[str, tuple[Cut, ...]] = {
 }
 
 
-def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
-    if value <= 0:
-        raise ConfigError(f"budget.{attribute.name}", f"must be a positive number, got {value}")
+def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], object], None]:
+    """An attrs validator: an int (not a bool or a string) of at least ``minimum``."""
+
+    def check(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+        _validate.integer(f"budget.{attribute.name}", value, minimum=minimum)
+
+    return check
+
+
+def _real(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    _validate.number(f"budget.{attribute.name}", value)
 
 
 @attrs.frozen
@@ -311,14 +320,14 @@ class Budget:
     available locally, counts are scaled by ``1 + safety_margin`` before comparing.
     """
 
-    context_window: int = attrs.field(validator=_positive)
-    reserve_output: int = 4096
-    per_message_tokens: int = 3
-    priming_tokens: int = 3
-    safety_margin: float = 0.0
-    history_step: int = attrs.field(default=4, validator=_positive)
-    reply_tokens: int = attrs.field(default=400, validator=_positive)
-    summary_tokens: int = attrs.field(default=256, validator=_positive)
+    context_window: int = attrs.field(validator=_at_least(1))
+    reserve_output: int = attrs.field(default=4096, validator=_at_least(0))
+    per_message_tokens: int = attrs.field(default=3, validator=_at_least(0))
+    priming_tokens: int = attrs.field(default=3, validator=_at_least(0))
+    safety_margin: float = attrs.field(default=0.0, validator=_real)
+    history_step: int = attrs.field(default=4, validator=_at_least(1))
+    reply_tokens: int = attrs.field(default=400, validator=_at_least(1))
+    summary_tokens: int = attrs.field(default=256, validator=_at_least(1))
     policy: str = "current-first"
     order: tuple[Cut, ...] = attrs.field(
         default=attrs.Factory(lambda self: CUT_POLICIES.get(self.policy, ()), takes_self=True),
@@ -345,6 +354,15 @@ class Budget:
     @classmethod
     def for_model(cls, name: str, **overrides: object) -> Budget:
         """The budget of a model profile (``get_profile``); keyword arguments override."""
+        if not isinstance(name, str):
+            raise ConfigError("model", f"must be a model name (str), got {type(name).__name__}")
+        unknown = sorted(set(overrides) - {f.name for f in attrs.fields(cls)})
+        if unknown:
+            raise ConfigError(
+                "budget",
+                f"unknown setting(s) {', '.join(unknown)} "
+                f"(known: {', '.join(f.name for f in attrs.fields(cls))})",
+            )
         profile = get_profile(name)
         fields: dict[str, object] = {
             "context_window": profile.context_window,

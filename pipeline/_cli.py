@@ -369,7 +369,7 @@ def demo(
         envelopes = run_script(script, conv)
     trace = _trace(envelopes, conv)
     if as_json:
-        click.echo(json.dumps(trace, indent=2, ensure_ascii=False))
+        click.echo(_json(trace))
     else:
         _show(Console(), envelopes, conv, full)
     out = Path(report_path) if report_path else Path(tempfile.gettempdir()) / DEMO_REPORT
@@ -480,7 +480,7 @@ def run(
             ),
         }
     if as_json:
-        click.echo(json.dumps(trace, indent=2, ensure_ascii=False))
+        click.echo(_json(trace))
     else:
         _show(Console(), envelopes, conv, full)
 
@@ -547,7 +547,7 @@ def resume(
         if previous is not None:
             document["turns"] = document["turns"][1:]
         trace = {"conversation_id": conversation_id, **document}
-        click.echo(json.dumps(trace, indent=2, ensure_ascii=False))
+        click.echo(_json(trace))
     else:
         _show(Console(), envelopes, conv, full)
 
@@ -870,21 +870,48 @@ def inspect(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point; returns the exit status."""
+    """Console entry point; returns the exit status (a command's own, else 0).
+
+    Any LaminaError and any usage error (a bad option value, a missing argument) is one
+    line ``lamina: error: ...`` on stderr and exit status 2.
+    """
+    _tolerant_streams()
     try:
-        cli.main(
+        status = cli.main(
             args=list(argv) if argv is not None else None, prog_name="lamina", standalone_mode=False
         )
     except LaminaError as exc:
-        click.echo(f"lamina: error: {' '.join(str(exc).split())}", err=True)
+        _error(str(exc))
         return 2
     except click.exceptions.Abort:
         click.echo("lamina: aborted", err=True)
         return 130
-    except click.ClickException as exc:
-        exc.show()
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()  # bare ``lamina``: the command list is the useful answer
         return 2
-    return 0
+    except click.ClickException as exc:
+        _error(exc.format_message())
+        return 2
+    return status if isinstance(status, int) else 0
+
+
+def _error(message: str) -> None:
+    click.echo(f"lamina: error: {' '.join(message.split())}", err=True)
+
+
+def _tolerant_streams() -> None:
+    """File names that are not UTF-8 (surrogate escapes) print as ``\\udcXX``, never raise."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if callable(reconfigure):
+            reconfigure(errors="backslashreplace")
+
+
+def _json(document: Any) -> str:
+    """The JSON text of ``document``; a lone surrogate (a non-UTF-8 file name) becomes its
+    ``\\udcXX`` escape, so the output is valid UTF-8 JSON that loads back to the same str."""
+    text = json.dumps(document, indent=2, ensure_ascii=False)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 if __name__ == "__main__":

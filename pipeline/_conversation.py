@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from pipeline import _validate
 from pipeline._artifacts import AttachmentSpec, Processed, SourceResolver, resolver_for_turn
 from pipeline._assemble import assemble
 from pipeline._envelope import (
@@ -20,7 +21,7 @@ from pipeline._envelope import (
     system_parts,
     user_parts,
 )
-from pipeline._errors import ConfigError, ConversationError
+from pipeline._errors import ArgumentError, ConfigError, ConversationError
 from pipeline._graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
 from pipeline._history import HistoryEntry, strip_reply
 from pipeline._library import Library, LibraryEntry
@@ -31,6 +32,7 @@ from pipeline._views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:
     from pipeline._budget import Budget
+    from pipeline._store import Head
 
 __all__ = [
     "MESSAGE_OVERHEAD",
@@ -129,6 +131,7 @@ class Conversation:
     ) -> None:
         if sources is not None and vault is not None:
             raise ConfigError("vault", "give either vault= or sources=, not both")
+        _check_settings(system, vault, tokenizer, policy, budget)
         self._system = system if isinstance(system, SystemPrompt) else SystemPrompt(system)
         self._sources = sources if sources is not None else _default_sources(vault)
         self.counter = TokenCounter(tokenizer)
@@ -145,6 +148,8 @@ class Conversation:
         self.views = ViewMemo()
         self._history_view = HistoryView()
         self._l1_compacted = False
+        # The stored head this state continues (set by load_conversation and save_turn).
+        self.saved_head: Head | None = None
 
     @property
     def state(self) -> ConversationState:
@@ -217,6 +222,8 @@ class Conversation:
 
     def set_system(self, stable: str | None = None, mutable: str | None = None) -> None:
         """Change L1; a change of the stable part invalidates every cached prefix."""
+        _validate.optional_text("stable", stable)
+        _validate.optional_text("mutable", mutable)
         self._system = SystemPrompt(
             self._system.stable if stable is None else stable,
             self._system.mutable if mutable is None else mutable,
@@ -234,16 +241,23 @@ class Conversation:
 
         ``tools`` are turn-scoped specs that carry their own content (``pipeline.tool``,
         ``pipeline.hits``): they go to the user message first and never enter L1, L2 or L4.
+        A turn that raises leaves the conversation exactly as it was (vault changes too).
         """
-        if vault_changes:
-            self._sources = self._sources.with_changes(vault_changes)
-            self._vault_changes.update(vault_changes)
+        _validate.text("text", text)
+        attach = _validate.attachments("attach", attach)
+        tools = _validate.tool_specs("tools", tools)
+        changes = {} if vault_changes is None else _validate.text_mapping(
+            "vault_changes", vault_changes
+        )
+        # Everything the turn changes is built aside and kept only once the turn succeeded.
+        all_changes = {**self._vault_changes, **changes}
+        own_sources = self._sources.with_changes(changes) if changes else self._sources
         started = time.perf_counter()
         hits, encoded = self.counter.hits, self.counter.encoded_chars
         summary_hits = self.summaries.hits
         view_hits = self.views.hits
-        specs = [self._sources.parse(a) if isinstance(a, Mapping) else a for a in attach]
-        sources = resolver_for_turn(self._sources)
+        specs = [own_sources.parse(a) if isinstance(a, Mapping) else a for a in attach]
+        sources = resolver_for_turn(own_sources)
         processed = [_self_contained(s) or sources.process(s) for s in [*tools, *specs]]
         process_time = time.perf_counter() - started
         number = len(self._history) + 1
@@ -307,6 +321,7 @@ class Conversation:
             meters=meters,
         )
         envelope = attrs.evolve(envelope, report=report)
+        self._sources, self._vault_changes = own_sources, all_changes
         self._library = graph.promoted if graph.promoted is not None else graph.library
         self._history_view = graph.history_view
         self._l1_compacted = graph.system.mutable != self._system.mutable
@@ -316,6 +331,7 @@ class Conversation:
 
     def reply(self, text: str) -> None:
         """Record the assistant's answer to the last turn (context blocks stripped)."""
+        _validate.text("text", text)
         if not self._history:
             raise ConversationError("reply() was called before any turn")
         last = self._history[-1]
@@ -355,6 +371,27 @@ def request_tokens(
         total += segment.tokens + per_message
     total += counter.count_joined(user_parts(envelope.l3, envelope.l5)) + per_message
     return total
+
+
+def _check_settings(
+    system: object, vault: object, tokenizer: object, policy: object, budget: object
+) -> None:
+    """The constructor's arguments, checked before anything is built from them."""
+    from pipeline._budget import Budget
+
+    if not isinstance(system, str | SystemPrompt):
+        got = type(system).__name__
+        raise ArgumentError("system", f"must be a str or a SystemPrompt, got {got}")
+    if isinstance(system, SystemPrompt):
+        _validate.text("system.stable", system.stable)
+        _validate.text("system.mutable", system.mutable)
+    if vault is not None and not isinstance(vault, str | Path):
+        raise ArgumentError("vault", f"must be a folder path, got {type(vault).__name__}")
+    _validate.text("tokenizer", tokenizer)
+    if policy is not None and not isinstance(policy, Policy):
+        raise ArgumentError("policy", f"must be a pipeline.Policy, got {type(policy).__name__}")
+    if budget is not None and not isinstance(budget, Budget):
+        raise ArgumentError("budget", f"must be a pipeline.Budget, got {type(budget).__name__}")
 
 
 def _self_contained(spec: AttachmentSpec) -> Processed | None:

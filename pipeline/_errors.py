@@ -2,6 +2,7 @@
 
 LaminaError
 ├── ConfigError            bad settings, policies or profiles (.setting)
+├── ArgumentError          an API call got an argument of the wrong type or value (.argument)
 ├── PipelineError          stage wiring refused at build time (.stage)
 ├── StageError             a stage failed while running (.stage)
 ├── RegistryError          processor / renderer registration (.kind)
@@ -20,6 +21,8 @@ LaminaError
 │   ├── StoreLocked           another process holds the write lock too long
 │   ├── StoreCorrupt          not a Lamina store, or its bytes are damaged
 │   ├── StoreSchemaTooNew     written by a newer Lamina (.found, .supported)
+│   ├── ConflictError         the conversation moved on since this save's parent
+│   │                         (.conversation_id, .head_turn, .head_hash)
 │   └── UnknownConversation   no conversation with that id (.conversation_id)
 ├── ChatTranscriptError    a markdown chat transcript cannot be read (.path, .line)
 └── BudgetExceeded         the payload cannot fit the window (.report)
@@ -31,10 +34,12 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "ArgumentError",
     "AttachmentError",
     "BudgetExceeded",
     "ChatTranscriptError",
     "ConfigError",
+    "ConflictError",
     "ConversationError",
     "FetchError",
     "InvariantViolation",
@@ -67,6 +72,14 @@ class ConfigError(LaminaError):
     def __init__(self, setting: str, problem: str) -> None:
         self.setting = setting
         super().__init__(f"{setting}: {problem}")
+
+
+class ArgumentError(LaminaError):
+    """A public function or method got an argument of the wrong type or value."""
+
+    def __init__(self, argument: str, problem: str) -> None:
+        self.argument = argument
+        super().__init__(f"{argument}: {problem}")
 
 
 class PipelineError(LaminaError):
@@ -219,6 +232,34 @@ class StoreSchemaTooNew(StoreError):
             path,
             f"schema version {found} is newer than this Lamina supports ({supported}); "
             "upgrade Lamina",
+        )
+
+
+class ConflictError(StoreError):
+    """A save named a parent that is no longer the conversation's head; nothing was written.
+
+    Carries the head as stored now (``head_turn``, ``head_hash``) and the one the save
+    expected, so a host can reload and retry."""
+
+    def __init__(
+        self,
+        path: str,
+        conversation_id: str,
+        head_turn: int,
+        head_hash: str,
+        expected_turn: int,
+        expected_hash: str,
+    ) -> None:
+        self.conversation_id = conversation_id
+        self.head_turn = head_turn
+        self.head_hash = head_hash
+        self.expected_turn = expected_turn
+        self.expected_hash = expected_hash
+        super().__init__(
+            path,
+            f"conversation {conversation_id!r} moved on: its head is turn {head_turn} "
+            f"({head_hash[:16] or 'empty'}), this save continues turn {expected_turn} "
+            f"({expected_hash[:16] or 'empty'}); nothing was saved, load it again",
         )
 
 
