@@ -70,7 +70,8 @@ def test_foreign_sqlite_file_as_store_is_refused_byte_identical(
     db.commit()
     db.close()
     before = other.read_bytes()
-    assert "not a Lamina store" in _one_error_line(lamina("run", str(script), "--store", str(other)))
+    out = lamina("run", str(script), "--store", str(other))
+    assert "not a Lamina store" in _one_error_line(out)
     assert other.read_bytes() == before
 
 
