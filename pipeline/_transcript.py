@@ -273,9 +273,18 @@ def _parse_context(inner: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _lines(text: str) -> list[str]:
+    """The file's lines. A file whose first line ends in CRLF was saved with CRLF line ends
+    (an editor on Windows); otherwise a CR belongs to a message and is kept."""
+    first = text.find("\n")
+    if first > 0 and text[first - 1] == "\r":
+        text = text.replace("\r\n", "\n")
+    return text.split("\n")
+
+
 def parse_transcript(text: str, path: str = "<transcript>") -> ChatTranscript:
     """Read a Lamina or original-plugin transcript; ChatTranscriptError if malformed."""
-    lines = text.replace("\r\n", "\n").split("\n")
+    lines = _lines(text)
     meta, start = _frontmatter(lines, path)
     messages: list[ChatMessage] = []
     current: tuple[str, int, list[str]] | None = None

@@ -259,3 +259,34 @@ def test_malformed_frontmatter_names_the_line() -> None:
 def test_text_before_the_first_message_is_refused() -> None:
     with pytest.raises(ChatTranscriptError, match=r"chat\.md:1: text before the first"):
         parse_transcript("hello\n**user**: hi\n", "chat.md")
+
+
+def test_crlf_inside_a_message_survives_the_round_trip(tmp_path: Path, vault: Path) -> None:
+    """A message's CRLF line ends stay CRLF (a Lamina export writes LF between its lines)."""
+    transcript = ChatTranscript(
+        conversation_id="c1",
+        messages=(
+            ChatMessage("user", "one\r\ntwo\r\n\r\nthree\rfour", (), "T", 6),
+            ChatMessage("ai", "a\r\nb", (), "", 8),
+        ),
+    )
+    assert parse_transcript(render_transcript(transcript)) == transcript
+    with SqliteStore(tmp_path / "a.db") as a:
+        a.create(ConversationInfo("crlf", "T0", "gpt-4o"))
+        conv = Conversation("", vault=vault)
+        env = conv.turn("line 1\r\nline 2")
+        conv.reply("reply 1\r\nreply 2")
+        save_turn(a, "crlf", conv, env, [], created="T1", reply_created="R1")
+        first = export_transcript(a, "crlf")
+    with SqliteStore(tmp_path / "b.db") as b:
+        import_transcript(first, b, vault=vault)
+        assert [(r.user, r.reply) for r in b.turns("crlf")] == [
+            ("line 1\r\nline 2", "reply 1\r\nreply 2")
+        ]
+        assert export_transcript(b, "crlf") == first
+
+
+def test_a_file_saved_with_crlf_line_ends_reads_like_the_lf_file() -> None:
+    crlf = PLUGIN.format(url="https://x.y/").replace("\n", "\r\n")
+    assert parse_transcript(crlf) == parse_transcript(PLUGIN.format(url="https://x.y/"))
+    assert parse_transcript(crlf).messages[1].text == "It describes the sync service."
