@@ -90,6 +90,13 @@ from pipeline._errors import (
 from pipeline._graph import HistoryView, Placement, SystemPrompt, TurnContext, TurnGraph
 from pipeline._hashing import canonical_bytes, content_hash, text_hash
 from pipeline._history import HistoryEntry, has_context_markup, strip_reply
+from pipeline._markup import (
+    MarkupBlock,
+    defuse_markup,
+    escape_attribute,
+    escape_body,
+    markup_blocks,
+)
 from pipeline._invariants import check_envelope
 from pipeline._library import Library, LibraryEntry
 from pipeline._pages import MergePages, PagedPayload, format_pages, parse_pages
@@ -247,6 +254,7 @@ __all__ = [
     "LoopCall",
     "LoopStep",
     "Manifest",
+    "MarkupBlock",
     "MergePages",
     "ModelProfile",
     "NoteNotFound",
@@ -315,7 +323,10 @@ __all__ = [
     "compact_l3",
     "content_hash",
     "cut_to_tokens",
+    "defuse_markup",
     "drop_history",
+    "escape_attribute",
+    "escape_body",
     "excerpt_non_recoverable",
     "excerpt_view",
     "export_transcript",
@@ -335,6 +346,7 @@ __all__ = [
     "make_artifact",
     "make_excerpt",
     "make_preview",
+    "markup_blocks",
     "new_conversation_id",
     "parse_pages",
     "parse_script",

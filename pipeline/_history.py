@@ -6,19 +6,9 @@ import re
 
 import attrs
 
+from pipeline._markup import TOOL_TAGS, MarkupBlock, defuse_markup, markup_blocks
+
 __all__ = ["TOOL_TAGS", "HistoryEntry", "has_context_markup", "strip_reply"]
-
-# Tool payload wrappers that agent frameworks and our own tool rendering emit.
-TOOL_TAGS = ("tool_result", "tool_results", "function_results", "search_results", "tool_output")
-
-# A context block as Lamina renders it: an element whose key attribute names an artifact.
-_CONTEXT_BLOCK = re.compile(
-    r"<(?P<tag>[A-Za-z_][\w.-]*)\s[^<>]*?\bkey=\"(?P<key>[^\"]*)\"[^<>]*?(?:/>|>.*?</(?P=tag)\s*>)",
-    re.DOTALL,
-)
-_TOOL_BLOCK = re.compile(
-    r"<(?P<tag>" + "|".join(TOOL_TAGS) + r")\b[^<>]*>.*?</(?P=tag)\s*>", re.DOTALL
-)
 
 
 @attrs.frozen
@@ -32,13 +22,16 @@ class HistoryEntry:
 
 _OPEN_TAG = re.compile(r"<[A-Za-z_][\w.-]*\s(?P<attrs>[^<>]*?)/?>")
 _ATTR = re.compile(r"(?P<name>[A-Za-z_][\w.-]*)=\"(?P<value>[^\"]*)\"")
+# Stripping can join the pieces of an opener that a block interrupted into a new block;
+# each pass is linear, and after these what could still open a block is escaped instead.
+_PASSES = 4
 
 
-def _tool_summary(match: re.Match[str]) -> str:
+def _tool_summary(tag: str, payload: str) -> str:
     """A tool payload as the titles and locators of what it held (note reads, search hits)."""
     found: list[str] = []
-    for tag in _OPEN_TAG.finditer(match.group(0)):
-        attrs_ = dict((a.group("name"), a.group("value")) for a in _ATTR.finditer(tag["attrs"]))
+    for open_tag in _OPEN_TAG.finditer(payload):
+        attrs_ = dict((a.group("name"), a.group("value")) for a in _ATTR.finditer(open_tag["attrs"]))
         locator = attrs_.get("path") or attrs_.get("url") or attrs_.get("key")
         if locator is None:
             continue
@@ -47,17 +40,39 @@ def _tool_summary(match: re.Match[str]) -> str:
         if item not in found:
             found.append(item)
     if not found:
-        return f"[{match.group('tag')} omitted]"
-    return f"[{match.group('tag')}: " + "; ".join(found) + "]"
+        return f"[{tag} omitted]"
+    return f"[{tag}: " + "; ".join(found) + "]"
+
+
+def _replacement(text: str, block: MarkupBlock) -> str:
+    if block.tag in TOOL_TAGS:
+        return _tool_summary(block.tag, text[block.start : block.end])
+    return f"[context: {block.key}]"
+
+
+def _strip_once(text: str, blocks: list[MarkupBlock]) -> str:
+    out: list[str] = []
+    prev = 0
+    for block in blocks:
+        out.append(text[prev : block.start])
+        out.append(_replacement(text, block))
+        prev = block.end
+    out.append(text[prev:])
+    return "".join(out)
 
 
 def strip_reply(text: str) -> str:
     """Tool payloads become the titles and locators they held (``[<tag> omitted]`` if none);
-    other context blocks become ``[context: key]``."""
-    text = _TOOL_BLOCK.sub(_tool_summary, text)
-    return _CONTEXT_BLOCK.sub(lambda m: f"[context: {m.group('key')}]", text)
+    Lamina's context blocks (see ``pipeline._markup``) become ``[context: key]``. Any other
+    markup (JSX, HTML, XML a person wrote) stays byte for byte. Linear in ``len(text)``."""
+    for _ in range(_PASSES):
+        blocks = markup_blocks(text)
+        if not blocks:
+            return text
+        text = _strip_once(text, blocks)
+    return defuse_markup(text) if markup_blocks(text) else text
 
 
 def has_context_markup(text: str) -> bool:
-    """True when ``text`` still holds a context block or a tool payload."""
-    return bool(_CONTEXT_BLOCK.search(text) or _TOOL_BLOCK.search(text))
+    """True when ``text`` still holds a Lamina context block or a tool payload."""
+    return bool(markup_blocks(text))

@@ -86,8 +86,10 @@ def _references_and_resends(env: Envelope, policy: Policy) -> None:
 
 
 def _history_is_bare(env: Envelope) -> None:
+    """Replies are stripped of Lamina's blocks; a query is the user's own text, kept as
+    written (pasting a Lamina block into one is the user's choice, not a leak)."""
     for seg in env.l4.segments:
-        if seg.form is not Form.TEXT or has_context_markup(seg.text):
+        if seg.form is not Form.TEXT or (seg.role != "user" and has_context_markup(seg.text)):
             raise InvariantViolation(4, f"{seg.key} holds context markup", seg.key)
 
 

@@ -1,14 +1,18 @@
-"""Segment text as XML built with lxml, so no content can break out of its block."""
+"""Segment text as Lamina's XML-shaped blocks: content as written, nothing can break out.
+
+Bodies and attribute values are escaped by the one rule in ``pipeline._markup``: only a
+``<`` that could open a Lamina block, close the enclosing one, or start a comment or CDATA
+section that never ends is written ``&lt;``; ``>``, ``&`` and other markup stay as written.
+"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
 
-from lxml import etree
-
 from pipeline import RegistryError, ViewMemo
 from pipeline._envelope import Form, View
+from pipeline._markup import escape_attribute, escape_body
 
 __all__ = ["XmlRenderer", "render_xml", "xml_safe"]
 
@@ -32,11 +36,12 @@ def xml_safe(text: str) -> str:
     return _ILLEGAL.sub("\ufffd", text.translate(_C0))
 
 
-def _element(tag: str, attributes: list[tuple[str, str]]) -> etree._Element:
-    el = etree.Element(tag if _NAME.match(tag) else "context")
+def _open(tag: str, attributes: list[tuple[str, str]], end: str) -> str:
+    parts = [tag if _NAME.match(tag) else "context"]
     for name, value in attributes:
-        el.set(name, xml_safe(value))
-    return el
+        if _NAME.match(name):
+            parts.append(f'{name}="{escape_attribute(xml_safe(value))}"')
+    return "<" + " ".join(parts) + end
 
 
 def render_xml(view: View) -> str:
@@ -47,15 +52,16 @@ def render_xml(view: View) -> str:
     """
     attrs = [("key", view.key), ("title", view.title), *view.attributes]
     if view.form is Form.REFERENCE:
-        el = _element(
-            "reference", [("key", view.key), ("source", view.source_type), *attrs[1:], *view.marks]
+        return _open(
+            "reference",
+            [("key", view.key), ("source", view.source_type), *attrs[1:], *view.marks],
+            "/>",
         )
-        return etree.tostring(el, encoding="unicode")
     if view.form is not Form.FULL:
         attrs.append(("form", str(view.form)))
-    el = _element(view.source_type, [*attrs, *view.marks])
-    el.text = "\n" + xml_safe(view.body) + "\n"
-    return etree.tostring(el, encoding="unicode")
+    tag = view.source_type if _NAME.match(view.source_type) else "context"
+    head = _open(tag, [*attrs, *view.marks], ">")
+    return f"{head}\n{escape_body(xml_safe(view.body), tag)}\n</{tag}>"
 
 
 class XmlRenderer:

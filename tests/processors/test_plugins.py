@@ -183,14 +183,16 @@ def test_the_registry_renderer_uses_plugin_renderers_only_for_their_form(site: P
     renderer = Sources(registry=Registry.default()).renderer()
     assert "<![CDATA[" in renderer.render(_view(Form.FULL, "| a<b |"))
     assert renderer.render(_view(Form.PREVIEW, "| a<b |")).endswith(
-        'form="preview">\n| a&lt;b |\n</csv>'
+        'form="preview">\n| a<b |\n</csv>'
     )
 
 
 def test_a_body_that_would_close_the_cdata_falls_back_to_escaped_text(site: Path) -> None:
     text = Registry.default().renderer().render(_view(Form.FULL, "| x]]><y/> |"))
     assert "CDATA" not in text
-    assert "x]]&gt;&lt;y/&gt;" in text
+    assert "\n| x]]><y/> |\n" in text
+    closing = Registry.default().renderer().render(_view(Form.FULL, "| </csv> |"))
+    assert "CDATA" not in closing and "| &lt;/csv> |" in closing
 
 
 class _Fake:

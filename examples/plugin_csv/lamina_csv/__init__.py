@@ -17,7 +17,7 @@ from typing import Any, Self
 import attrs
 from lxml import etree
 
-from pipeline import AttachmentError, Processed, View, make_artifact
+from pipeline import AttachmentError, Processed, View, escape_body, make_artifact
 from processors import ProcessContext
 from renderers import render_xml, xml_safe
 
@@ -114,11 +114,11 @@ def csv_file(path: str, rows: int | None = None) -> CsvSpec:
 
 
 def render_csv(view: View) -> str:
-    """``<csv key title path rows>`` holding the table in CDATA, so cells with ``<`` or ``&``
-    reach the model verbatim instead of entity-escaped; a body that holds ``]]>`` (which
-    would end the CDATA block) falls back to the escaped default rendering."""
+    """``<csv key title path rows>`` holding the table in CDATA; a body that holds ``]]>``
+    (which would end the CDATA block) or anything Lamina's escaping rule rewrites (a
+    ``</csv>``, a block opener) falls back to the default rendering."""
     body = xml_safe(view.body)
-    if "]]>" in body:
+    if "]]>" in body or escape_body(body, "csv") != body:
         return render_xml(view)
     el = etree.Element("csv")
     for name, value in (("key", view.key), ("title", view.title), *view.attributes, *view.marks):
