@@ -6,7 +6,13 @@ import re
 
 import attrs
 
-from pipeline._markup import TOOL_TAGS, MarkupBlock, defuse_markup, markup_blocks
+from pipeline._markup import (
+    TOOL_TAGS,
+    MarkupBlock,
+    MarkupScan,
+    defuse_markup,
+    markup_blocks,
+)
 
 __all__ = ["TOOL_TAGS", "HistoryEntry", "has_context_markup", "strip_reply"]
 
@@ -65,12 +71,25 @@ def strip_reply(text: str) -> str:
     """Tool payloads become the titles and locators they held (``[<tag> omitted]`` if none);
     Lamina's context blocks (see ``pipeline._markup``) become ``[context: key]``. Any other
     markup (JSX, HTML, XML a person wrote) stays byte for byte. Linear in ``len(text)``."""
+    return stripped_with_steps(text)[0]
+
+
+def stripped_with_steps(text: str) -> tuple[str, int]:
+    """``strip_reply(text)`` and the steps it took (tags scanned, closers passed, blocks
+    replaced, characters of tool payloads read again): the linearity test compares these."""
+    steps = 0
     for _ in range(_PASSES):
-        blocks = markup_blocks(text)
+        scan = MarkupScan(text)
+        blocks = list(scan.blocks())
+        steps += scan.steps + len(blocks)
         if not blocks:
-            return text
+            return text, steps
         text = _strip_once(text, blocks)
-    return defuse_markup(text) if markup_blocks(text) else text
+        steps += sum(b.end - b.start for b in blocks if b.tag in TOOL_TAGS)
+    scan = MarkupScan(text)
+    if next(scan.blocks(), None) is None:
+        return text, steps + scan.steps
+    return defuse_markup(text), steps + scan.steps
 
 
 def has_context_markup(text: str) -> bool:

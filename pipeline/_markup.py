@@ -20,6 +20,7 @@ import attrs
 __all__ = [
     "TOOL_TAGS",
     "MarkupBlock",
+    "MarkupScan",
     "escape_attribute",
     "defuse_markup",
     "escape_body",
@@ -115,7 +116,7 @@ class MarkupBlock:
 
 
 @attrs.define
-class _Scan:
+class MarkupScan:
     """One left-to-right pass; ``steps`` counts tags visited and closer look-ups advanced,
     so a test can show the work grows linearly with the text."""
 
@@ -173,12 +174,4 @@ def _marker_key(name: str, rest: str) -> str | None:
 
 def markup_blocks(text: str) -> list[MarkupBlock]:
     """The Lamina blocks and tool payloads in ``text``, in order, not overlapping (linear)."""
-    return list(_Scan(text).blocks())
-
-
-def scan_steps(text: str) -> int:
-    """How many steps ``markup_blocks`` takes on ``text`` (for the linearity test)."""
-    scan = _Scan(text)
-    for _ in scan.blocks():
-        pass
-    return scan.steps
+    return list(MarkupScan(text).blocks())
