@@ -90,6 +90,8 @@ from pipeline._errors import (
 from pipeline._graph import HistoryView, Placement, SystemPrompt, TurnContext, TurnGraph
 from pipeline._hashing import canonical_bytes, content_hash, text_hash
 from pipeline._history import HistoryEntry, has_context_markup, strip_reply
+from pipeline._invariants import check_envelope
+from pipeline._library import Library, LibraryEntry
 from pipeline._markup import (
     MarkupBlock,
     defuse_markup,
@@ -97,8 +99,6 @@ from pipeline._markup import (
     escape_body,
     markup_blocks,
 )
-from pipeline._invariants import check_envelope
-from pipeline._library import Library, LibraryEntry
 from pipeline._pages import MergePages, PagedPayload, format_pages, parse_pages
 from pipeline._preview import (
     EXCERPT_MIN_TOKENS,

@@ -37,7 +37,8 @@ def _tool_summary(tag: str, payload: str) -> str:
     """A tool payload as the titles and locators of what it held (note reads, search hits)."""
     found: list[str] = []
     for open_tag in _OPEN_TAG.finditer(payload):
-        attrs_ = dict((a.group("name"), a.group("value")) for a in _ATTR.finditer(open_tag["attrs"]))
+        pairs = _ATTR.finditer(open_tag["attrs"])
+        attrs_ = dict((a.group("name"), a.group("value")) for a in pairs)
         locator = attrs_.get("path") or attrs_.get("url") or attrs_.get("key")
         if locator is None:
             continue

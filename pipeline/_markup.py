@@ -21,8 +21,8 @@ __all__ = [
     "TOOL_TAGS",
     "MarkupBlock",
     "MarkupScan",
-    "escape_attribute",
     "defuse_markup",
+    "escape_attribute",
     "escape_body",
     "markup_blocks",
 ]

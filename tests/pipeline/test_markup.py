@@ -3,6 +3,7 @@ and reply stripping that is linear and leaves a person's own markup alone."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -163,7 +164,8 @@ def test_lamina_blocks_and_tool_payloads_are_stripped() -> None:
 def test_stripping_that_joins_an_interrupted_opener_still_leaves_no_block() -> None:
     reply = '<note key="note:x" a="<reference key="note:b" source="note"/>">y</note>'
     assert strip_reply(reply) == "[context: note:x]"  # a second pass strips what joined
-    deep = '<note key="note:x" a="' * 6 + '<reference key="note:b" source="note"/>' + '">y</note>' * 6
+    ref = '<reference key="note:b" source="note"/>'
+    deep = '<note key="note:x" a="' * 6 + ref + '">y</note>' * 6
     assert not has_context_markup(strip_reply(deep))  # past the passes: escaped, not looped
 
 
@@ -171,7 +173,9 @@ CASES: dict[str, Callable[[int], str]] = {
     "unclosed JSX-like tags (the issue's input)": lambda n: '<a key="x">' * (n // 11),
     "unclosed Lamina openers": lambda n: '<note key="note:x">' * (n // 19),
     "unclosed tool payloads": lambda n: "<tool_result>" * (n // 13),
-    "closed blocks": lambda n: '<note key="note:x">b</note> <tool_result>y</tool_result>' * (n // 56),
+    "closed blocks": lambda n: (
+        '<note key="note:x">b</note> <tool_result>y</tool_result>' * (n // 56)
+    ),
     "nested interrupted openers": lambda n: (
         '<note key="note:x" a="' * (n // 44)
         + '<reference key="note:b" source="note"/>'
@@ -185,7 +189,7 @@ def test_reply_stripping_is_linear(name: str) -> None:
     """Doubling the reply (22 KB -> 176 KB) at most doubles the counted steps."""
     steps = [stripped_with_steps(CASES[name](n))[1] for n in (22_000, 44_000, 88_000, 176_000)]
     assert steps[0] > 0
-    for small, big in zip(steps, steps[1:], strict=False):
+    for small, big in itertools.pairwise(steps):
         assert big <= 2.1 * small, steps
 
 

@@ -82,7 +82,7 @@ def _roundtrip(text: str) -> str:
     assert [(b.start, b.end, b.tag, b.key) for b in blocks] == [
         (0, len(out), "note", "note:docs/a.md")
     ], "content opened or closed a block"
-    head, _, rest = out.partition("\n")
+    _, _, rest = out.partition("\n")
     body = rest.removesuffix("\n</note>")
     assert body != rest
     return body.replace("&lt;", "<")
