@@ -4,6 +4,7 @@ and reply stripping that is linear and leaves a person's own markup alone."""
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from pipeline import (
     strip_reply,
 )
 from pipeline._history import stripped_with_steps
+from tests.cli import lamina
 
 # --- escaping ---------------------------------------------------------------------------
 
@@ -250,3 +252,17 @@ def test_a_jsx_query_does_not_fail_the_next_turn(empty_vault: Path) -> None:
     nxt = conv.turn("thanks")
     check_envelope(nxt)
     assert nxt.history()[1] == ("assistant", "Use <ul>{items.map(i => <li key={i}>...)}</ul>.")
+
+
+def test_the_cli_keeps_jsx_in_history_across_turns(tmp_path: Path, empty_vault: Path) -> None:
+    """The issue's run: a JSX query and a JSX reply, then more turns: exit 0, kept as written."""
+    reply = "Use <ul>{items.map(i => <li key={i}>...)}</ul>."
+    script = {
+        "system": "s",
+        "turns": [{"user": 'Why <li key="id">{x}</li>?', "reply": reply}, {"user": "thanks"}],
+    }
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps(script), encoding="utf-8")
+    done = lamina("run", str(path), "--vault", str(empty_vault), "--json")
+    assert done.returncode == 0, done.stderr
+    assert reply in done.stdout and '<li key=\\"id\\">{x}</li>' in done.stdout
