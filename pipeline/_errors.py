@@ -2,6 +2,7 @@
 
 LaminaError
 ├── ConfigError            bad settings, policies or profiles (.setting)
+│   └── TokenizerUnavailable  an open model's tokenizer extra is not installed (.tokenizer, .extra)
 ├── ArgumentError          an API call got an argument of the wrong type or value (.argument)
 ├── PipelineError          stage wiring refused at build time (.stage)
 ├── StageError             a stage failed while running (.stage)
@@ -56,6 +57,7 @@ __all__ = [
     "StoreError",
     "StoreLocked",
     "StoreSchemaTooNew",
+    "TokenizerUnavailable",
     "TranscriptError",
     "UnknownAttachmentKind",
     "UnknownConversation",
@@ -72,6 +74,19 @@ class ConfigError(LaminaError):
     def __init__(self, setting: str, problem: str) -> None:
         self.setting = setting
         super().__init__(f"{setting}: {problem}")
+
+
+class TokenizerUnavailable(ConfigError):
+    """A tokenizer whose files come from an optional extra that is not installed."""
+
+    def __init__(self, tokenizer: str, extra: str, package: str) -> None:
+        self.tokenizer = tokenizer
+        self.extra = extra
+        self.package = package
+        super().__init__(
+            "tokenizer",
+            f"{tokenizer!r} needs the {package!r} package: pip install 'lamina[{extra}]'",
+        )
 
 
 class ArgumentError(LaminaError):

@@ -1,4 +1,5 @@
-"""Exact, offline token counts with the encodings shipped inside this package."""
+"""Exact, offline token counts: OpenAI's encodings ship inside this package; open models'
+(Llama, Qwen, Mistral) load from optional extras (``pipeline._open_encodings``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tiktoken.load import load_tiktoken_bpe
 
 from pipeline._errors import ConfigError
 from pipeline._hashing import slice_hash
+from pipeline._open_encodings import OPEN_TOKENIZERS, load_open_encoding
 
 __all__ = [
     "TOKENIZERS",
@@ -73,21 +75,32 @@ _SPECS: dict[str, _Spec] = {
     ),
 }
 
-TOKENIZERS: tuple[str, ...] = tuple(sorted(_SPECS))
+BUILTIN_TOKENIZERS: tuple[str, ...] = tuple(sorted(_SPECS))
+TOKENIZERS: tuple[str, ...] = BUILTIN_TOKENIZERS + OPEN_TOKENIZERS
+"""Every tokenizer name: the built-in ones, then open models' (each needs an extra)."""
 
 _PUNCT = frozenset(string.punctuation)
 _lock = threading.Lock()
 _encodings: dict[str, tiktoken.Encoding] = {}
 
 
+def _unknown(name: str) -> ConfigError:
+    return ConfigError(
+        "tokenizer",
+        f"unknown tokenizer {name!r} (known: {', '.join(BUILTIN_TOKENIZERS)}; "
+        f"with an extra: {', '.join(OPEN_TOKENIZERS)})",
+    )
+
+
 def get_encoding(name: str) -> tiktoken.Encoding:
-    """The named encoding, built once per process from package data (no network)."""
-    if name not in _SPECS:
-        raise ConfigError(
-            "tokenizer", f"unknown tokenizer {name!r} (known: {', '.join(TOKENIZERS)})"
-        )
+    """The named encoding, built once per process from package data (no network); an open
+    model's comes from its extra's package, or ``TokenizerUnavailable`` names the extra."""
+    if name not in TOKENIZERS:
+        raise _unknown(name)
     with _lock:
         enc = _encodings.get(name)
+        if enc is None and name in OPEN_TOKENIZERS:
+            enc = _encodings[name] = load_open_encoding(name)
         if enc is None:
             spec = _SPECS[name]
             path = resources.files("pipeline") / "_encodings" / f"{name}.tiktoken"
@@ -220,10 +233,10 @@ class TokenCounter:
     hits: int = 0
 
     def __attrs_post_init__(self) -> None:
-        if self.name not in _SPECS:
-            raise ConfigError(
-                "tokenizer", f"unknown tokenizer {self.name!r} (known: {', '.join(TOKENIZERS)})"
-            )
+        if self.name not in TOKENIZERS:
+            raise _unknown(self.name)
+        if self.name in OPEN_TOKENIZERS:
+            get_encoding(self.name)  # a missing extra fails here, not mid-turn
 
     @property
     def encoding(self) -> tiktoken.Encoding:
