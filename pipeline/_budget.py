@@ -329,6 +329,11 @@ class Budget:
     reply_tokens: int = attrs.field(default=400, validator=_at_least(1))
     summary_tokens: int = attrs.field(default=256, validator=_at_least(1))
     policy: str = "current-first"
+    tokenizer: str | None = None
+    """The profile's tokenizer (``for_model``); a ``Conversation`` without ``tokenizer=``
+    counts with it, so an open model's budget is counted with its own encoding."""
+    content_lead: str = ""
+    trim_content: bool = False
     order: tuple[Cut, ...] = attrs.field(
         default=attrs.Factory(lambda self: CUT_POLICIES.get(self.policy, ()), takes_self=True),
         eq=False,
@@ -370,6 +375,9 @@ class Budget:
             "per_message_tokens": profile.per_message_tokens,
             "priming_tokens": profile.priming_tokens,
             "safety_margin": 0.0 if profile.exact_tokens else profile.safety_margin,
+            "tokenizer": profile.tokenizer,
+            "content_lead": profile.content_lead,
+            "trim_content": profile.trim_content,
         }
         fields.update(overrides)
         return cls(**fields)  # type: ignore[arg-type]
@@ -404,7 +412,12 @@ class Budget:
     def used(self, env: Envelope, counter: TokenCounter) -> int:
         """Exact request tokens of ``env`` with this budget's message framing."""
         return request_tokens(
-            env, counter, per_message=self.per_message_tokens, priming=self.priming_tokens
+            env,
+            counter,
+            per_message=self.per_message_tokens,
+            priming=self.priming_tokens,
+            lead=self.content_lead,
+            trim=self.trim_content,
         )
 
 

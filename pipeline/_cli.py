@@ -127,7 +127,7 @@ def _demo_vault() -> Path:
 def _conversation(
     script: Script,
     vault: str | None,
-    tokenizer: str,
+    tokenizer: str | None,
     budget: Budget | None = None,
     *,
     allow_private_network: bool = False,
@@ -331,7 +331,11 @@ def cli() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace instead of tables.")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
-@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
+@click.option(
+    "--tokenizer",
+    type=click.Choice(TOKENIZERS),
+    help="Token encoding [default: the --model's, else o200k_base].",
+)
 @click.option(
     "--report",
     "report_path",
@@ -343,7 +347,7 @@ def demo(
     vault: str | None,
     as_json: bool,
     full: bool,
-    tokenizer: str,
+    tokenizer: str | None,
     report_path: str | None,
     window: int | None,
     reserve: int | None,
@@ -385,7 +389,11 @@ def demo(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace (the public format).")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
-@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
+@click.option(
+    "--tokenizer",
+    type=click.Choice(TOKENIZERS),
+    help="Token encoding [default: the --model's, else o200k_base].",
+)
 @click.option("--store", "store_path", help="Save every turn to this store file (SQLite).")
 @click.option("--conversation", "conversation_id", help="Id for the saved conversation.")
 @click.option(
@@ -403,7 +411,7 @@ def run(
     vault: str | None,
     as_json: bool,
     full: bool,
-    tokenizer: str,
+    tokenizer: str | None,
     store_path: str | None,
     conversation_id: str | None,
     provider: str | None,
@@ -618,10 +626,18 @@ def import_cmd(
     "--vault", type=click.Path(file_okay=False), help="Vault folder (overrides the script's)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Per layout and provider, per turn, as JSON.")
-@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
+@click.option(
+    "--tokenizer",
+    type=click.Choice(TOKENIZERS),
+    help="Token encoding [default: the --model's, else o200k_base].",
+)
 @network_option
 def simulate(
-    script_path: str, vault: str | None, as_json: bool, tokenizer: str, allow_private_network: bool
+    script_path: str,
+    vault: str | None,
+    as_json: bool,
+    tokenizer: str | None,
+    allow_private_network: bool,
 ) -> None:
     """Cache cost of a script per provider: default vs append-only vs naive layout.
 
@@ -706,7 +722,11 @@ def bench(scale: str, out: str | None, budget_only: bool) -> None:
 @click.option(
     "--vault", type=click.Path(file_okay=False), help="Vault folder (default: script's, saved)."
 )
-@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
+@click.option(
+    "--tokenizer",
+    type=click.Choice(TOKENIZERS),
+    help="Token encoding [default: the --model's, else o200k_base].",
+)
 @budget_options
 @network_option
 def report(
@@ -716,7 +736,7 @@ def report(
     out: str,
     provider: str | None,
     vault: str | None,
-    tokenizer: str,
+    tokenizer: str | None,
     window: int | None,
     reserve: int | None,
     model: str | None,
@@ -846,13 +866,17 @@ def _inspect_turn(console: Console, env: Envelope, conv: Conversation, width: in
 @click.option(
     "--vault", type=click.Path(file_okay=False), help="Vault folder (overrides the script's)."
 )
-@click.option("--tokenizer", type=click.Choice(TOKENIZERS), default="o200k_base", show_default=True)
+@click.option(
+    "--tokenizer",
+    type=click.Choice(TOKENIZERS),
+    help="Token encoding [default: the --model's, else o200k_base].",
+)
 @budget_options
 @network_option
 def inspect(
     script_path: str,
     vault: str | None,
-    tokenizer: str,
+    tokenizer: str | None,
     window: int | None,
     reserve: int | None,
     model: str | None,

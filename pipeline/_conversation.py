@@ -66,6 +66,9 @@ class BudgetSettings:
     reply_tokens: int = 400
     summary_tokens: int = 256
     policy: str = "current-first"
+    tokenizer: str | None = None
+    content_lead: str = ""
+    trim_content: bool = False
 
     @classmethod
     def of(cls, budget: Budget) -> BudgetSettings:
@@ -79,6 +82,9 @@ class BudgetSettings:
             budget.reply_tokens,
             budget.summary_tokens,
             budget.policy,
+            budget.tokenizer,
+            budget.content_lead,
+            budget.trim_content,
         )
 
     def budget(self) -> Budget:
@@ -122,7 +128,7 @@ class Conversation:
         *,
         vault: str | Path | None = None,
         sources: SourceResolver | None = None,
-        tokenizer: str = "o200k_base",
+        tokenizer: str | None = None,
         policy: Policy | None = None,
         pipeline: Pipeline | None = None,
         renderer: SegmentRenderer | None = None,
@@ -134,7 +140,10 @@ class Conversation:
         _check_settings(system, vault, tokenizer, policy, budget)
         self._system = system if isinstance(system, SystemPrompt) else SystemPrompt(system)
         self._sources = sources if sources is not None else _default_sources(vault)
-        self.counter = TokenCounter(tokenizer)
+        # Without tokenizer=, the budget's model (Budget.for_model) decides; else o200k.
+        self.counter = TokenCounter(
+            tokenizer or (budget.tokenizer if budget is not None else None) or "o200k_base"
+        )
         self.policy = policy or Policy()
         self.pipeline = pipeline or Pipeline.default()
         self.renderer = renderer if renderer is not None else _default_renderer(self._sources)
@@ -357,19 +366,41 @@ def request_tokens(
     *,
     per_message: int = MESSAGE_OVERHEAD,
     priming: int = REPLY_PRIMING,
+    lead: str = "",
+    trim: bool = False,
 ) -> int:
-    """Exact tokens of the chat request (contents + per-message framing + reply priming)."""
+    """Exact tokens of the chat request (contents + per-message framing + reply priming).
+
+    ``lead`` is the text a chat template writes right before each message's content in the
+    same run ("\n\n" after a Llama header, "\n" after a ChatML role), counted in the
+    framing; ``trim`` says the template strips each content (Llama 3's ``| trim``).
+    """
+
+    def content(text: str, tokens: int) -> int:
+        if trim and text != text.strip():
+            text = text.strip()
+            tokens = counter.count(text)
+        if lead and text[:1].isspace():  # lead and content may share a piece
+            return counter.count(lead + text) - counter.count(lead)
+        return tokens
+
     total = priming
     l2 = envelope.l2
-    if l2.segments and l2.segments[0].text[:1] not in ("", "/", " ", "\n", "\t"):
+    system = system_parts(envelope.l1, l2)
+    edges = system[0][:1] + system[-1][-1:] if system else ""
+    if (lead or trim) and any(c.isspace() for c in edges):
+        text = BLOCK_SEP.join(system)  # rare: the template changes this message's edges
+        total += content(text, counter.count(text)) + per_message
+    elif l2.segments and l2.segments[0].text[:1] not in ("", "/", " ", "\n", "\t"):
         # Additive at the block boundary (see TokenCounter.count_joined): L2 is counted once.
         head = [s.text for s in envelope.l1.segments if s.text] + [LIBRARY_HEADING]
         total += counter.count(BLOCK_SEP.join(head) + BLOCK_SEP) + l2.tokens + per_message
-    elif system := system_parts(envelope.l1, l2):
+    elif system:
         total += counter.count_joined(system) + per_message
     for segment in envelope.l4.segments:
-        total += segment.tokens + per_message
-    total += counter.count_joined(user_parts(envelope.l3, envelope.l5)) + per_message
+        total += content(segment.text, segment.tokens) + per_message
+    user = user_parts(envelope.l3, envelope.l5)
+    total += content(BLOCK_SEP.join(user), counter.count_joined(user)) + per_message
     return total
 
 

@@ -2,7 +2,8 @@
 
 Figures come from the providers' model pages and caching guides as published up to 2026
 (OpenAI model pages, Anthropic models overview and prompt-caching guide, Gemini model
-cards and caching guide). Where sources disagreed, the conservative value is used and a
+cards and caching guide) and, for open models, from the model cards and the chat templates
+their tokenizers ship with. Where sources disagreed, the conservative value is used and a
 comment says so. Hosts override any field with ``get_profile(name, field=value)``.
 """
 
@@ -46,7 +47,10 @@ class ModelProfile:
     o200k/cl100k); otherwise counts are scaled by ``1 + safety_margin``.
     ``min_cacheable_tokens`` is the provider's smallest prefix it will cache;
     ``per_message_tokens`` and ``priming_tokens`` are the chat framing overhead (OpenAI:
-    3 per message and 3 to prime the reply).
+    3 per message and 3 to prime the reply; for open models, what their chat template adds
+    around each message, and once per request: BOS, the reply header, fixed system text);
+    ``content_lead`` is the template's text right before each content in the same run, and
+    ``trim_content`` whether the template strips contents (see ``request_tokens``).
     """
 
     name: str
@@ -60,6 +64,8 @@ class ModelProfile:
     per_message_tokens: int = 3
     priming_tokens: int = 3
     max_output_tokens: int | None = None
+    content_lead: str = ""
+    trim_content: bool = False
 
     def __attrs_post_init__(self) -> None:
         problems: list[str] = []
@@ -132,6 +138,47 @@ def _gemini(name: str, window: int, reserve: int, max_out: int, cache_min: int) 
     )
 
 
+@attrs.frozen
+class _Framing:
+    per_message: int
+    priming: int
+    lead: str = ""
+    trim: bool = False
+
+
+def _open(name: str, window: int, reserve: int, tokenizer: str, framing: _Framing) -> ModelProfile:
+    # Open models are served behind OpenAI-compatible APIs (vLLM, Ollama, llama.cpp); their
+    # tokenizers run locally (an extra), so counts are exact.
+    return ModelProfile(
+        name,
+        "openai",
+        window,
+        reserve,
+        tokenizer=tokenizer,
+        per_message_tokens=framing.per_message,
+        priming_tokens=framing.priming,
+        content_lead=framing.lead,
+        trim_content=framing.trim,
+    )
+
+
+# Chat-template framing (the Hugging Face chat templates vLLM applies), counted with each
+# family's tokenizer (tests render the template and compare):
+# Llama 3: <|start_header_id|>role<|end_header_id|>\n\n ... <|eot_id|> = 5 per message;
+# <|begin_of_text|> + the assistant header = 5 per request.
+# Contents are trimmed and follow "\n\n" in one run.
+LLAMA3_FRAMING = _Framing(5, 5, "\n\n", trim=True)
+# Llama 3.1 and 3.3 templates also open the system message with "Cutting Knowledge Date:
+# December 2023\nToday Date: 26 Jul 2024\n\n" (20 tokens). Llama 3.2's template writes
+# today's date there instead, so its count varies by day: no 3.2 profile.
+LLAMA31_FRAMING = _Framing(5, 5 + 20, "\n\n", trim=True)
+# Llama 4, as llama-models' ChatFormat encodes it: <|header_start|>role<|header_end|>, then
+# "\n\n" and the content encoded apart, <|eot|>; BOS + the assistant header.
+LLAMA4_FRAMING = _Framing(5, 5)
+# Qwen (ChatML): <|im_start|>role\n ... <|im_end|>\n = 5; <|im_start|>assistant\n = 3.
+CHATML_FRAMING = _Framing(5, 3, "\n")
+
+
 _ALL = (
     # OpenAI: context window / max output from the model pages.
     _openai("gpt-4o", 128_000, 16_384, 16_384),
@@ -166,6 +213,28 @@ _ALL = (
     # the latest revision's 2048 is used for both.
     _gemini("gemini-2.5-pro", 1_048_576, 65_536, 65_536, 2048),
     _gemini("gemini-2.5-flash", 1_048_576, 65_536, 65_536, 2048),
+    # Llama (tokenizer from the `llama` extra): windows from Meta's model cards.
+    _open("llama-3-8b-instruct", 8_192, 1_024, "llama3", LLAMA3_FRAMING),
+    _open("llama-3-70b-instruct", 8_192, 1_024, "llama3", LLAMA3_FRAMING),
+    _open("llama-3.1-8b-instruct", 131_072, 8_192, "llama3", LLAMA31_FRAMING),
+    _open("llama-3.1-70b-instruct", 131_072, 8_192, "llama3", LLAMA31_FRAMING),
+    _open("llama-3.1-405b-instruct", 131_072, 8_192, "llama3", LLAMA31_FRAMING),
+    _open("llama-3.3-70b-instruct", 131_072, 8_192, "llama3", LLAMA31_FRAMING),
+    # Scout's card says 10M tokens and Maverick's 1M; servers often configure less
+    # (override context_window to the server's --max-model-len).
+    _open("llama-4-scout-17b-16e-instruct", 10_000_000, 16_384, "llama4", LLAMA4_FRAMING),
+    _open("llama-4-maverick-17b-128e-instruct", 1_000_000, 16_384, "llama4", LLAMA4_FRAMING),
+    # Qwen (the `qwen` extra): the native 32,768 window (YaRN extends it to 131,072; override).
+    _open("qwen2.5-7b-instruct", 32_768, 8_192, "qwen2", CHATML_FRAMING),
+    _open("qwen2.5-14b-instruct", 32_768, 8_192, "qwen2", CHATML_FRAMING),
+    _open("qwen2.5-32b-instruct", 32_768, 8_192, "qwen2", CHATML_FRAMING),
+    _open("qwen2.5-72b-instruct", 32_768, 8_192, "qwen2", CHATML_FRAMING),
+    _open("qwen2.5-coder-32b-instruct", 32_768, 8_192, "qwen2", CHATML_FRAMING),
+    _open("qwen3-8b", 32_768, 8_192, "qwen2", CHATML_FRAMING),
+    _open("qwen3-14b", 32_768, 8_192, "qwen2", CHATML_FRAMING),
+    _open("qwen3-32b", 32_768, 8_192, "qwen2", CHATML_FRAMING),
+    _open("qwen3-30b-a3b", 32_768, 8_192, "qwen2", CHATML_FRAMING),
+    _open("qwen3-235b-a22b", 32_768, 8_192, "qwen2", CHATML_FRAMING),
 )
 
 PROFILES: Mapping[str, ModelProfile] = MappingProxyType({p.name: p for p in _ALL})
