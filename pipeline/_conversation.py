@@ -418,7 +418,8 @@ def _check_settings(
         _validate.text("system.mutable", system.mutable)
     if vault is not None and not isinstance(vault, str | Path):
         raise ArgumentError("vault", f"must be a folder path, got {type(vault).__name__}")
-    _validate.text("tokenizer", tokenizer)
+    if tokenizer is not None:
+        _validate.text("tokenizer", tokenizer)
     if policy is not None and not isinstance(policy, Policy):
         raise ArgumentError("policy", f"must be a pipeline.Policy, got {type(policy).__name__}")
     if budget is not None and not isinstance(budget, Budget):
