@@ -136,7 +136,7 @@ def _conversation(
     if root is not None and not root.is_dir():
         raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
     sources = _sources(root, allow_private_network)
-    conv = Conversation(script.system, sources=sources, tokenizer=tokenizer, budget=budget)
+    conv = Conversation(script.system, sources=sources, tokenizer=tokenizer or "", budget=budget)
     # A broken plugin is skipped by the registry; say so, one line each, and carry on.
     for error in getattr(getattr(conv.sources, "registry", None), "plugin_errors", ()):
         click.echo(f"lamina: warning: {' '.join(str(error).split())}", err=True)

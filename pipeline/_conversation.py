@@ -128,7 +128,7 @@ class Conversation:
         *,
         vault: str | Path | None = None,
         sources: SourceResolver | None = None,
-        tokenizer: str | None = None,
+        tokenizer: str = "",
         policy: Policy | None = None,
         pipeline: Pipeline | None = None,
         renderer: SegmentRenderer | None = None,
@@ -140,7 +140,7 @@ class Conversation:
         _check_settings(system, vault, tokenizer, policy, budget)
         self._system = system if isinstance(system, SystemPrompt) else SystemPrompt(system)
         self._sources = sources if sources is not None else _default_sources(vault)
-        # Without tokenizer=, the budget's model (Budget.for_model) decides; else o200k.
+        # Without tokenizer= (""), the budget's model (Budget.for_model) decides; else o200k.
         self.counter = TokenCounter(
             tokenizer or (budget.tokenizer if budget is not None else None) or "o200k_base"
         )
@@ -418,8 +418,7 @@ def _check_settings(
         _validate.text("system.mutable", system.mutable)
     if vault is not None and not isinstance(vault, str | Path):
         raise ArgumentError("vault", f"must be a folder path, got {type(vault).__name__}")
-    if tokenizer is not None:
-        _validate.text("tokenizer", tokenizer)
+    _validate.text("tokenizer", tokenizer)
     if policy is not None and not isinstance(policy, Policy):
         raise ArgumentError("policy", f"must be a pipeline.Policy, got {type(policy).__name__}")
     if budget is not None and not isinstance(budget, Budget):
