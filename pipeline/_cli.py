@@ -23,6 +23,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from lamina._cli import replay_command
 from pipeline._artifacts import SourceResolver
 from pipeline._budget import Budget
 from pipeline._conversation import Conversation
@@ -891,6 +892,10 @@ def inspect(
     console = Console()
     for env in run_script(script, conv):
         _inspect_turn(console, env, conv)
+
+
+# The replay engine lives in the application package (issue #20); only its command is here.
+cli.add_command(replay_command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

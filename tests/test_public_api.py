@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.parametrize("package", ["pipeline", "processors", "renderers"])
+@pytest.mark.parametrize("package", ["pipeline", "processors", "renderers", "lamina"])
 def test_all_is_exactly_the_public_names(package: str) -> None:
     module = importlib.import_module(package)
     public = {
@@ -21,7 +21,7 @@ def test_all_is_exactly_the_public_names(package: str) -> None:
     assert len(module.__all__) == len(set(module.__all__))
 
 
-@pytest.mark.parametrize("package", ["pipeline", "processors", "renderers"])
+@pytest.mark.parametrize("package", ["pipeline", "processors", "renderers", "lamina"])
 def test_packages_ship_py_typed(package: str) -> None:
     module = importlib.import_module(package)
     assert (Path(inspect.getfile(module)).parent / "py.typed").is_file()

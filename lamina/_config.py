@@ -1,0 +1,258 @@
+"""Replay configs: what one policy-lab run varies (layout, policy, budget, summarizer,
+tokenizer, provider pricing), read from YAML/JSON files with every key checked."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import yaml
+
+from pipeline import (
+    TOKENIZERS,
+    Budget,
+    ConfigError,
+    Policy,
+    Summarizer,
+    TextRankSummarizer,
+    TokenCounter,
+)
+from renderers import DEFAULT_MODELS, LAYOUTS, request_options
+
+__all__ = [
+    "BudgetConfig",
+    "ProviderPricing",
+    "ReplayConfig",
+    "SummarizerConfig",
+    "load_config",
+    "parse_config",
+]
+
+_PROVIDERS = tuple(DEFAULT_MODELS)
+
+
+@attrs.frozen
+class BudgetConfig:
+    """A budget by model profile and/or window; None fields keep the profile's values."""
+
+    model: str | None = None
+    window: int | None = None
+    reserve: int | None = None
+
+    def budget(self) -> Budget:
+        overrides: dict[str, Any] = {}
+        if self.window is not None:
+            overrides["context_window"] = self.window
+        if self.reserve is not None:
+            overrides["reserve_output"] = self.reserve
+        if self.model is not None:
+            return Budget.for_model(self.model, **overrides)
+        if self.window is None:
+            raise ConfigError("budget", "needs a model or a window")
+        overrides.setdefault("reserve_output", min(4096, self.window // 4))
+        return Budget(**overrides)
+
+
+@attrs.frozen
+class SummarizerConfig:
+    """TextRank with its settings, or a host factory ``module:callable(counter)``."""
+
+    name: str = "textrank"
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def make(self, counter: TokenCounter) -> Summarizer:
+        if self.name == "textrank":
+            return TextRankSummarizer(counter, **dict(self.options))
+        module, _, attr = self.name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError("summarizer", f"cannot load {self.name!r}: {exc}") from None
+        made: Summarizer = factory(counter, **dict(self.options))
+        return made
+
+
+@attrs.frozen
+class ProviderPricing:
+    """One provider's model, cache TTL and price: ``input_per_mtok`` (currency per million
+    input tokens) turns the simulator's token-equivalent cost into money; ``cached_read``
+    and ``cache_write`` override the model's cache prices (shares of the input price)."""
+
+    provider: str
+    model: str
+    ttl: str | None = None
+    input_per_mtok: float | None = None
+    cached_read: float | None = None
+    cache_write: float | None = None
+
+    def shares(self) -> tuple[float, float]:
+        """(read, write) prices as shares of the input price."""
+        rules = request_options(self.provider, self.model, ttl=self.ttl).rules  # type: ignore[arg-type]
+        read = rules.read if self.cached_read is None else self.cached_read
+        write = rules.write if self.cache_write is None else self.cache_write
+        return read, write
+
+
+def _default_pricing() -> tuple[ProviderPricing, ...]:
+    return tuple(ProviderPricing(p, DEFAULT_MODELS[p]) for p in _PROVIDERS)
+
+
+@attrs.frozen
+class ReplayConfig:
+    """One arm of the experiment; ``name`` labels its results (default: the file's stem)."""
+
+    name: str
+    layout: str = "default"
+    policy: Policy = attrs.field(factory=Policy)
+    budget: BudgetConfig | None = None
+    summarizer: SummarizerConfig = attrs.field(factory=SummarizerConfig)
+    tokenizer: str = "o200k_base"
+    providers: tuple[ProviderPricing, ...] = attrs.field(factory=_default_pricing)
+
+
+_TOP = {"name", "layout", "freshness", "reattach", "policy", "budget", "summarizer"}
+_TOP |= {"tokenizer", "providers"}
+
+
+def load_config(path: str | Path) -> ReplayConfig:
+    """Read one config file (YAML or JSON); ConfigError names the file and the key."""
+    p = Path(path)
+    try:
+        raw = p.read_text(encoding="utf-8")
+        data = json.loads(raw) if p.suffix == ".json" else yaml.safe_load(raw)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(p), f"cannot read: {exc}") from None
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(str(p), f"not valid YAML/JSON: {' '.join(str(exc).split())}") from None
+    return parse_config(data or {}, p.stem, where=str(p))
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(where, f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _known(data: Mapping[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        known_keys = ", ".join(sorted(known))
+        raise ConfigError(f"{where}.{unknown[0]}", f"unknown key (known: {known_keys})")
+
+
+def _int(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(where, f"must be a whole number, got {value!r}")
+    return value
+
+
+def _float(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+        raise ConfigError(where, f"must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def parse_config(data: Any, name: str = "config", *, where: str = "config") -> ReplayConfig:
+    """Validate a config mapping; every value is checked now, not when a replay runs."""
+    data = _mapping(data, where)
+    _known(data, _TOP, where)
+    name = str(data.get("name", name))
+    layout = data.get("layout", "default")
+    if layout not in LAYOUTS:
+        raise ConfigError(
+            f"{where}.layout", f"must be one of {', '.join(LAYOUTS)}, got {layout!r}"
+        )
+    policy_fields = dict(_mapping(data.get("policy", {}), f"{where}.policy"))
+    _known(policy_fields, {a.name for a in attrs.fields(Policy)}, f"{where}.policy")
+    for key in ("freshness", "reattach"):
+        if key in data:
+            policy_fields[key] = data[key]
+    try:
+        policy = Policy(**policy_fields)
+    except (ConfigError, TypeError) as exc:
+        raise ConfigError(f"{where}.policy", str(exc)) from None
+    tokenizer = data.get("tokenizer", "o200k_base")
+    if tokenizer not in TOKENIZERS:
+        raise ConfigError(
+            f"{where}.tokenizer",
+            f"unknown tokenizer {tokenizer!r} (known: {', '.join(TOKENIZERS)})",
+        )
+    config = ReplayConfig(
+        name,
+        layout,
+        policy,
+        _budget(data.get("budget"), f"{where}.budget"),
+        _summarizer(data.get("summarizer", "textrank"), f"{where}.summarizer"),
+        tokenizer,
+        _providers(data.get("providers"), f"{where}.providers"),
+    )
+    if config.budget is not None:
+        try:
+            config.budget.budget()
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.budget", str(exc)) from None
+    config.summarizer.make(TokenCounter(tokenizer))
+    return config
+
+
+def _budget(value: Any, where: str) -> BudgetConfig | None:
+    if value is None or value is False:
+        return None
+    data = _mapping(value, where)
+    _known(data, {"model", "window", "reserve"}, where)
+    model = data.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ConfigError(f"{where}.model", f"must be a model name, got {model!r}")
+    window = _int(data.get("window"), f"{where}.window")
+    return BudgetConfig(model, window, _int(data.get("reserve"), f"{where}.reserve"))
+
+
+def _summarizer(value: Any, where: str) -> SummarizerConfig:
+    if isinstance(value, str):
+        return SummarizerConfig(value)
+    data = _mapping(value, where)
+    if len(data) != 1:
+        raise ConfigError(where, "must be a name, or one name mapped to its settings")
+    ((name, options),) = data.items()
+    opts = _mapping(options or {}, f"{where}.{name}")
+    if name == "textrank":
+        _known(opts, {"window", "damping", "max_iter", "tol"}, f"{where}.{name}")
+    return SummarizerConfig(str(name), tuple(sorted(opts.items())))
+
+
+def _providers(value: Any, where: str) -> tuple[ProviderPricing, ...]:
+    if value is None:
+        return _default_pricing()
+    data = _mapping(value, where)
+    _known(data, set(_PROVIDERS), where)
+    out: list[ProviderPricing] = []
+    for provider in _PROVIDERS:
+        if provider not in data:
+            continue
+        at = f"{where}.{provider}"
+        raw = _mapping(data[provider] or {}, at)
+        _known(raw, {"model", "ttl", "input_per_mtok", "cached_read", "cache_write"}, at)
+        pricing = ProviderPricing(
+            provider,
+            str(raw.get("model", DEFAULT_MODELS[provider])),
+            raw.get("ttl"),
+            _float(raw.get("input_per_mtok"), f"{at}.input_per_mtok"),
+            _float(raw.get("cached_read"), f"{at}.cached_read"),
+            _float(raw.get("cache_write"), f"{at}.cache_write"),
+        )
+        try:
+            pricing.shares()
+        except ConfigError as exc:
+            raise ConfigError(at, str(exc)) from None
+        out.append(pricing)
+    if not out:
+        raise ConfigError(where, f"name at least one of {', '.join(_PROVIDERS)}")
+    return tuple(out)
