@@ -128,7 +128,10 @@ def load_config(path: str | Path) -> ReplayConfig:
         raise ConfigError(str(p), f"cannot read: {exc}") from None
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(str(p), f"not valid YAML/JSON: {' '.join(str(exc).split())}") from None
-    return parse_config(data or {}, p.stem, where=str(p))
+    try:
+        return parse_config(data or {}, p.stem)
+    except ConfigError as exc:
+        raise ConfigError(str(p), str(exc)) from None
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:

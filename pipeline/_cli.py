@@ -685,8 +685,19 @@ def simulate(
     is_flag=True,
     help="Run the budget benchmarks instead: folder fitting time, attachment share by policy.",
 )
-def bench(scale: str, out: str | None, budget_only: bool) -> None:
-    """Build-latency benchmarks vs floor, naive rebuild and peers (needs a source checkout)."""
+@click.option(
+    "--suite",
+    type=click.Choice(["build", "replay"]),
+    default="build",
+    show_default=True,
+    help="build: turn latency vs peers; replay: `lamina replay` conversations/s per engine.",
+)
+@click.option("--conversations", type=int, default=200, show_default=True, help="replay suite.")
+def bench(
+    scale: str, out: str | None, budget_only: bool, suite: str, conversations: int
+) -> None:
+    """Build-latency benchmarks vs floor, naive rebuild and peers, the budget benchmarks
+    (--budget), or the replay engines' throughput (--suite replay); needs a source checkout."""
     import importlib
 
     root = Path(__file__).resolve().parents[1]
@@ -699,7 +710,10 @@ def bench(scale: str, out: str | None, budget_only: bool) -> None:
     if budget_only:
         importlib.import_module("benchmarks.budget_fit").main(scale, out)
         return
-    status = importlib.import_module("benchmarks.run").main(scale, out)
+    if suite == "replay":
+        status = importlib.import_module("benchmarks.replay").main(conversations, None, out)
+    else:
+        status = importlib.import_module("benchmarks.run").main(scale, out)
     if status:
         raise click.exceptions.Exit(status)
 

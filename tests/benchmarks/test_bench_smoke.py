@@ -13,6 +13,7 @@ from benchmarks.comparators import NOT_INSTALLED, PEERS
 from benchmarks.workload import conversation_workload, library_workload, make_note
 
 ROOT = Path(__file__).resolve().parents[2]
+BENCH = (sys.executable, "-m", "pipeline._cli", "bench")
 
 
 def test_small_scale_runs_end_to_end_and_writes_the_result_shape(tmp_path: Path) -> None:
@@ -70,3 +71,22 @@ def test_library_turns_each_add_one_new_10_kb_note_and_reattach_library_notes() 
         (new,) = turn.new
         assert 10_000 <= len(work.notes[new]) < 13_000
         assert any(p in work.library for p in turn.attach)
+
+
+def test_replay_suite_measures_every_engine_and_checks_they_agree(tmp_path: Path) -> None:
+    out = tmp_path / "replay.json"
+    proc = subprocess.run(
+        [*BENCH, "--suite", "replay", "--conversations", "8", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["conversations"] == 8 and doc["identical_results"] is True
+    engines = {(r["engine"], r["workers"]) for r in doc["runs"]}
+    assert {("serial", 1), ("local", 1), ("dask", 1)} <= engines
+    assert all(r["conversations_per_s"] > 0 for r in doc["runs"])
+    assert set(doc["speedup_per_added_worker"]) == {"local", "dask"}
+    assert "conversations/s" in proc.stdout

@@ -1,0 +1,79 @@
+"""Replay configs: every key is checked when the file is read, and names the culprit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lamina import BudgetConfig, ProviderPricing, load_config, parse_config
+from pipeline import Budget, ConfigError, Policy
+
+
+def test_a_yaml_config_sets_every_dimension(tmp_path: Path) -> None:
+    path = tmp_path / "lean.yaml"
+    path.write_text(
+        "layout: append-only\n"
+        "freshness: refresh\n"
+        "reattach: reference\n"
+        "policy: {verbatim_tokens: 900}\n"
+        "budget: {model: gpt-4o, window: 60000}\n"
+        "summarizer: {textrank: {damping: 0.9}}\n"
+        "tokenizer: cl100k_base\n"
+        "providers:\n"
+        "  anthropic: {model: claude-sonnet-4-5, ttl: 1h, input_per_mtok: 3, cached_read: 0.2}\n",
+        encoding="utf-8",
+    )
+    config = load_config(path)
+    assert config.name == "lean" and config.layout == "append-only"
+    assert config.policy == Policy("refresh", "reference", verbatim_tokens=900)
+    assert config.budget == BudgetConfig("gpt-4o", 60000)
+    assert config.budget.budget() == Budget.for_model("gpt-4o", context_window=60000)
+    assert config.summarizer.options == (("damping", 0.9),)
+    assert config.tokenizer == "cl100k_base"
+    (anthropic,) = config.providers
+    assert anthropic == ProviderPricing("anthropic", "claude-sonnet-4-5", "1h", 3.0, 0.2)
+    assert anthropic.shares() == (0.2, 2.0)  # the 1-hour write price stays the model's
+
+
+def test_the_defaults_are_the_library_defaults_and_all_three_providers() -> None:
+    config = parse_config({}, "plain")
+    assert (config.name, config.layout, config.policy, config.budget) == (
+        "plain",
+        "default",
+        Policy(),
+        None,
+    )
+    assert [p.provider for p in config.providers] == ["openai", "anthropic", "gemini"]
+
+
+@pytest.mark.parametrize(
+    ("data", "culprit"),
+    [
+        ({"layuot": "default"}, "config.layuot"),
+        ({"layout": "sideways"}, "config.layout"),
+        ({"freshness": "sometimes"}, "config.policy"),
+        ({"policy": {"verbatim": 3}}, "config.policy.verbatim"),
+        ({"budget": {"window": "big"}}, "config.budget.window"),
+        ({"budget": {"model": "gpt-99"}}, "config.budget"),
+        ({"budget": {"window": 100, "reserve": 200}}, "config.budget"),
+        ({"tokenizer": "bert"}, "config.tokenizer"),
+        ({"summarizer": {"textrank": {"dampng": 1}}}, "config.summarizer.textrank.dampng"),
+        ({"summarizer": "nowhere:make"}, "summarizer"),
+        ({"providers": {"mistral": {}}}, "config.providers.mistral"),
+        ({"providers": {"openai": {"model": "claude-sonnet-4"}}}, "config.providers.openai"),
+        ({"providers": {"openai": {"input_per_mtok": -1}}}, "config.providers.openai"),
+        ({"providers": {}}, "config.providers"),
+    ],
+)
+def test_a_bad_value_is_refused_with_its_key(data: dict[str, object], culprit: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    assert str(caught.value).startswith(culprit)
+
+
+def test_an_unreadable_config_names_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("layout: [\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_config(path)
