@@ -101,7 +101,10 @@ def replay_command(
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=2, sort_keys=True))
     else:
-        Console().print(summary.table())
+        console = Console()
+        Console(width=max(console.width, 160) if not console.is_terminal else None).print(
+            summary.table()
+        )
     rate = len(found) / seconds if seconds else 0.0
     err.print(
         f"{len(found)} conversations x {len(configs)} configs in {seconds:.1f} s "

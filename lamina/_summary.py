@@ -114,10 +114,9 @@ class RunSummary:
         table = Table(title=f"replay: {self.conversations} conversations, {self.compared} compared")
         for col in ("config", "ok", "errors", "invariants", "turns", "tokens sent", "p50", "p90"):
             table.add_column(col, justify="left" if col == "config" else "right")
-        providers = [p.provider for p in self.configs[0].providers] if self.configs else []
+        providers = sorted({p.provider for c in self.configs for p in c.providers})
         for provider in providers:
-            table.add_column(f"{provider} cost", justify="right")
-            table.add_column("cached", justify="right")
+            table.add_column(f"{provider} cost (cached)", justify="right")
         winners = dict(self.winners)
         for c in self.configs:
             pct = dict(c.tokens_percentiles)
@@ -134,14 +133,15 @@ class RunSummary:
             for provider in providers:
                 p = next((x for x in c.providers if x.provider == provider), None)
                 if p is None:
-                    row += ["-", "-"]
+                    row.append("-")
                     continue
                 money = f"${p.usd:,.4f}" if p.usd is not None else f"{p.cost:,.0f}"
-                star = " *" if winners.get(provider) == c.config else ""
-                row += [money + star, f"{p.cached_share:.1%}"]
+                star = "*" if winners.get(provider) == c.config else ""
+                row.append(f"{star}{money} ({p.cached_share:.0%})")
             table.add_row(*row)
-        table.caption = "* cheapest config for that provider (cost in input-token equivalents " \
-            "unless priced)"
+        table.caption = (
+            "* cheapest config per provider; cost in input-token equivalents unless priced"
+        )
         return table
 
 

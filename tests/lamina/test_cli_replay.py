@@ -29,7 +29,7 @@ def test_replay_writes_sorted_results_and_prints_the_summary(tmp_path: Path) -> 
 
     table = lamina(*args, "--engine", "serial")
     assert table.returncode == 0, table.stderr
-    assert "cheapest config for that provider" in table.stdout
+    assert "cheapest config per provider" in table.stdout
 
 
 def test_bad_input_is_one_line_and_status_2(tmp_path: Path) -> None:

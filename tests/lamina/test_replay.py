@@ -7,6 +7,7 @@ import os
 import signal
 from pathlib import Path
 
+import dask
 import distributed  # in the test extra: the Dask tests run, never skip
 import pytest
 
@@ -21,6 +22,7 @@ from lamina import (
     load_config,
     replay,
 )
+from lamina._engines import LOCAL_CLUSTER_CONFIG
 from pipeline import Conversation as Conv
 from pipeline import ConversationInfo, SqliteStore, export_transcript, load_script, run_saved
 from processors import Sources
@@ -81,9 +83,13 @@ def test_a_dask_worker_killed_mid_run_still_gives_the_identical_file(
     corpus: tuple[Path, list[ReplayConfig]], serial_bytes: bytes, tmp_path: Path
 ) -> None:
     chats, configs = corpus
-    with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, dashboard_address=None
-    ) as cluster, distributed.Client(cluster) as client:
+    with (
+        dask.config.set(LOCAL_CLUSTER_CONFIG),
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         pids = sorted(client.run(os.getpid).values())
         done: list[int] = []
 
