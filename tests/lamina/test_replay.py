@@ -104,7 +104,7 @@ def test_a_dask_worker_killed_mid_run_still_gives_the_identical_file(
             engine=DaskEngine(address=cluster.scheduler_address),
             on_result=kill_one,
         )
-        alive = sorted(client.run(os.getpid).values())
+        alive = sorted(client.run(os.getpid, on_error="ignore").values())
     assert len(done) == 200
     assert pids[0] not in alive  # the worker really died (its nanny started a new one)
     run.write(tmp_path / "killed.jsonl")
