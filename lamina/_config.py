@@ -4,22 +4,23 @@ tokenizer, provider pricing), read from YAML/JSON files with every key checked."
 from __future__ import annotations
 
 import importlib
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
-import yaml
 
 from pipeline import (
     TOKENIZERS,
     Budget,
     ConfigError,
+    LoadError,
     Policy,
     Summarizer,
     TextRankSummarizer,
     TokenCounter,
+    load_json,
+    load_yaml,
 )
 from renderers import DEFAULT_MODELS, LAYOUTS, request_options
 
@@ -123,10 +124,10 @@ def load_config(path: str | Path) -> ReplayConfig:
     p = Path(path)
     try:
         raw = p.read_text(encoding="utf-8")
-        data = json.loads(raw) if p.suffix == ".json" else yaml.safe_load(raw)
+        data = load_json(raw) if p.suffix == ".json" else load_yaml(raw)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(str(p), f"cannot read: {exc}") from None
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    except LoadError as exc:
         raise ConfigError(str(p), f"not valid YAML/JSON: {' '.join(str(exc).split())}") from None
     try:
         return parse_config(data or {}, p.stem)

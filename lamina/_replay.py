@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
-import yaml
 
 from lamina._config import ReplayConfig, load_config
 from lamina._corpus import Corpus, Recording, find_corpus, store_recordings
@@ -28,11 +27,14 @@ from pipeline import (
     Envelope,
     InvariantViolation,
     LaminaError,
+    LoadError,
     Script,
     ScriptError,
     SqliteStore,
     check_envelope,
     import_transcript,
+    load_json,
+    load_yaml,
     parse_script,
     run_script,
 )
@@ -165,12 +167,13 @@ def _script(recording: Recording) -> tuple[Script, tuple[str, ...]]:
     if recording.source == "transcript":
         return _transcript_script(recording)
     try:
+        # The core's bounded loaders: size, depth and alias limits, as `lamina run` reads.
         data = (
-            json.loads(recording.text)
+            load_json(recording.text)
             if recording.path.endswith(".json")
-            else yaml.safe_load(recording.text)
+            else load_yaml(recording.text)
         )
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+    except LoadError as exc:
         raise ScriptError(recording.path, "", f"not valid YAML/JSON: {_message(exc)}") from None
     script = parse_script(data, recording.path, base=Path(recording.base))
     if script.vault is None and recording.vault:

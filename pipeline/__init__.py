@@ -112,6 +112,7 @@ from pipeline._preview import (
     make_preview,
 )
 from pipeline._profiles import PROFILES, ModelProfile, Provider, get_profile
+from pipeline._safeload import LoadError, load_json, load_yaml
 from pipeline._script import Script, ScriptTurn, load_script, parse_script, run_script
 from pipeline._stages import Dedup, Expand, Pipeline, Promote, Reference, Stage, library_entry
 from pipeline._store import (
@@ -251,6 +252,7 @@ __all__ = [
     "Library",
     "LibraryEntry",
     "Link",
+    "LoadError",
     "Loop",
     "LoopCall",
     "LoopStep",
@@ -344,7 +346,9 @@ __all__ = [
     "is_turn_scoped",
     "library_entry",
     "load_conversation",
+    "load_json",
     "load_script",
+    "load_yaml",
     "make_artifact",
     "make_excerpt",
     "make_preview",
