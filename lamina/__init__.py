@@ -1,4 +1,5 @@
-"""Lamina's application layer: replaying recorded conversations under policy configs."""
+"""Lamina's application layer: replaying recorded conversations under policy configs, and
+the HTTP server (``lamina serve``) for hosts in any language."""
 
 from lamina._config import (
     BudgetConfig,
@@ -10,6 +11,7 @@ from lamina._config import (
 )
 from lamina._corpus import Corpus, Recording, find_corpus
 from lamina._engines import DaskEngine, Engine, LocalEngine, SerialEngine, make_engine
+from lamina._hub import ConversationHub, ServerConfig
 from lamina._replay import (
     InvariantFailure,
     ProviderResult,
@@ -20,11 +22,13 @@ from lamina._replay import (
     replay_recording,
     replay_script,
 )
+from lamina._server import create_app, is_loopback, read_token, serve
 from lamina._summary import ConfigSummary, ProviderSummary, RunSummary, summarize
 
 __all__ = [
     "BudgetConfig",
     "ConfigSummary",
+    "ConversationHub",
     "Corpus",
     "DaskEngine",
     "Engine",
@@ -40,13 +44,18 @@ __all__ = [
     "ReplayRun",
     "RunSummary",
     "SerialEngine",
+    "ServerConfig",
     "SummarizerConfig",
+    "create_app",
     "find_corpus",
+    "is_loopback",
     "load_config",
     "make_engine",
     "parse_config",
+    "read_token",
     "replay",
     "replay_recording",
     "replay_script",
+    "serve",
     "summarize",
 ]

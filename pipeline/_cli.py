@@ -950,6 +950,44 @@ def _tolerant_streams() -> None:
             reconfigure(errors="backslashreplace")
 
 
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=int, default=8765, show_default=True)
+@click.option("--store", "store_path", default="lamina.sqlite", show_default=True)
+@click.option("--vault", type=click.Path(file_okay=False, exists=True), help="Server vault.")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="Bearer token file.")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--max-body", type=click.IntRange(1), default=8 << 20, help="Request bytes.")
+@click.option("--max-text", type=click.IntRange(1), default=1 << 20, help="Bytes per note.")
+@network_option
+def serve(
+    host: str,
+    port: int,
+    store_path: str,
+    vault: str | None,
+    token_file: str | None,
+    workers: int,
+    max_body: int,
+    max_text: int,
+    allow_private_network: bool,
+) -> None:
+    """The HTTP API for hosts in any language (OpenAPI at /openapi.json; docs/SERVER.md)."""
+    from lamina import ServerConfig, read_token
+    from lamina import serve as run_server
+
+    token = None if token_file is None else read_token(token_file)
+    root = None if vault is None else Path(vault).resolve()
+    config = ServerConfig(
+        store_path,
+        root,
+        token,
+        allow_private_network=allow_private_network,
+        max_body_bytes=max_body,
+        max_text_bytes=max_text,
+    )
+    run_server(config, host, port, workers)
+
+
 def _json(document: Any) -> str:
     """The JSON text of ``document``; a lone surrogate (a non-UTF-8 file name) becomes its
     ``\\udcXX`` escape, so the output is valid UTF-8 JSON that loads back to the same str."""

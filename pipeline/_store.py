@@ -223,6 +223,11 @@ class Store(SummaryBacking, Protocol):
 
     def conversations(self) -> tuple[ConversationInfo, ...]: ...
 
+    def delete(self, conversation_id: str) -> None:
+        """Remove a conversation, its turns and attachments (snapshots and memos stay:
+        they are content-addressed and shared); UnknownConversation if absent."""
+        ...
+
     def save_turn(
         self,
         conversation_id: str,
@@ -587,6 +592,13 @@ class SqliteStore:
                 "SELECT id, created, model, tags, title, vault FROM conversations ORDER BY id"
             ).fetchall()
         return tuple(self._info(r) for r in rows)
+
+    def delete(self, conversation_id: str) -> None:
+        with self._tx(write=True) as db:
+            self._require(db, conversation_id)
+            for table in ("attachments", "entries", "turns"):
+                db.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,))
+            db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     # -- turns ------------------------------------------------------------------------
 

@@ -1,0 +1,176 @@
+"""The HTTP API's request and response bodies (pydantic): they are the OpenAPI document."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ConversationCreate",
+    "ConversationOut",
+    "ConversationsOut",
+    "ErrorOut",
+    "HeadOut",
+    "LayerOut",
+    "MessageOut",
+    "NoteIn",
+    "PolicyIn",
+    "ReplyIn",
+    "ReplyOut",
+    "SegmentOut",
+    "SystemIn",
+    "ToolCallIn",
+    "TranscriptOut",
+    "TurnIn",
+    "TurnOut",
+]
+
+Provider = Literal["openai", "openai-responses", "anthropic", "gemini"]
+LayoutName = Literal["default", "append-only", "naive"]
+Tokenizer = Literal["cl100k_base", "o200k_base"]
+
+
+class _In(BaseModel):
+    """Request bodies refuse unknown fields: a misspelt field is an error, not ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class SystemIn(_In):
+    stable: str = ""
+    mutable: str = ""
+
+
+class PolicyIn(_In):
+    freshness: Literal["pin", "refresh"] = "pin"
+    reattach: Literal["full", "reference"] = "full"
+
+
+class HeadOut(BaseModel):
+    """Where a conversation stands: its last saved turn and that state's hash."""
+
+    turn: int = Field(ge=0)
+    hash: str
+
+
+class HeadIn(_In):
+    """The head a request continues (If-Match): a stale one is answered with 409."""
+
+    turn: int = Field(ge=0)
+    hash: str = Field(max_length=128)
+
+
+class ConversationCreate(_In):
+    system: str | SystemIn = ""
+    window: int | None = Field(default=None, ge=1, description="Context window: a budget.")
+    reserve: int | None = Field(default=None, ge=0, description="Tokens kept for the reply.")
+    model: str | None = Field(default=None, description="Model profile for the budget.")
+    tokenizer: Tokenizer = "o200k_base"
+    policy: PolicyIn = Field(default_factory=PolicyIn)
+    provider: Provider | None = Field(
+        default=None, description="Render each turn's provider request with this renderer."
+    )
+    layout: LayoutName = "default"
+    vault: bool = Field(default=True, description="Read notes from the server's --vault.")
+    title: str = Field(default="", max_length=200)
+
+
+class NoteIn(_In):
+    """A note from the client's files: treated exactly as the vault note at ``path``."""
+
+    path: str = Field(min_length=1, max_length=1024)
+    content: str
+    mtime: float | None = Field(default=None, description="Accepted; content alone decides.")
+
+
+class ToolCallIn(_In):
+    name: str = Field(min_length=1, max_length=200)
+    args: dict[str, Any] = Field(default_factory=dict)
+    result: str = ""
+
+
+class TurnIn(_In):
+    parent: HeadIn
+    user: str
+    attach: list[dict[str, Any]] = Field(
+        default_factory=list, description='Script forms, e.g. {"note": "a.md"}.'
+    )
+    tools: list[ToolCallIn] = Field(default_factory=list)
+    vault_changes: dict[str, str] = Field(default_factory=dict)
+    notes: list[NoteIn] = Field(default_factory=list)
+
+
+class ReplyIn(_In):
+    parent: HeadIn
+    text: str
+
+
+class SegmentOut(BaseModel):
+    key: str
+    source_type: str
+    form: str
+    content_hash: str
+    tokens: int
+
+
+class LayerOut(BaseModel):
+    hash: str
+    tokens: int
+    segments: list[SegmentOut]
+
+
+class MessageOut(BaseModel):
+    role: str
+    content: str
+
+
+class TurnOut(BaseModel):
+    """A built turn: the trace turn of ``lamina run --json`` plus the new head."""
+
+    conversation_id: str
+    head: HeadOut
+    turn: int
+    prefix_hash: str
+    tokens_total: int
+    layers: dict[str, LayerOut]
+    messages: list[MessageOut]
+    stats: dict[str, Any]
+    warnings: list[dict[str, str]]
+    cache: dict[str, Any]
+    budget: dict[str, Any] | None = None
+    request: dict[str, Any] | None = None
+
+
+class ReplyOut(BaseModel):
+    conversation_id: str
+    head: HeadOut
+
+
+class ConversationOut(BaseModel):
+    id: str
+    created: str
+    title: str
+    model: str
+    head: HeadOut
+    provider: str | None
+    layout: str
+    vault: bool
+
+
+class ConversationsOut(BaseModel):
+    conversations: list[ConversationOut]
+
+
+class TranscriptOut(BaseModel):
+    conversation_id: str
+    markdown: str
+
+
+class ErrorOut(BaseModel):
+    """Every error: one sentence, and the request field it concerns ("" for none)."""
+
+    error: str
+    field: str = ""
+    status: int
+    head: HeadOut | None = None

@@ -1,0 +1,302 @@
+"""`lamina serve` over real HTTP: byte-identical to `lamina run --json`, client notes,
+conflicts, restarts, errors, limits and slow URLs."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.cli import lamina
+from tests.lamina.server import VAULT, WALKTHROUGH, create, reply, run_turns, running, turn
+
+EMPTY = {"turn": 0, "hash": ""}
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Iterator[str]:
+    with running(tmp_path / "store.sqlite", "--vault", str(VAULT), "--max-body", "200000") as url:
+        yield url
+
+
+@pytest.fixture
+def client(base: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=base, timeout=60) as c:
+        yield c
+
+
+def test_the_walkthrough_over_http_is_byte_identical_to_run_json(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    conv = create(client, system=WALKTHROUGH["system"], provider="openai")
+    cid = conv["id"]
+    built, _ = run_turns(client, cid, EMPTY, WALKTHROUGH["turns"])
+
+    script = tmp_path / "walkthrough.json"
+    script.write_text(json.dumps({**WALKTHROUGH, "vault": str(VAULT)}), encoding="utf-8")
+    store = tmp_path / "cli.sqlite"
+    args = ("--json", "--store", str(store), "--conversation", cid, "--provider", "openai")
+    result = lamina("run", str(script), *args)
+    assert result.returncode == 0, result.stderr
+    expected = json.loads(result.stdout)
+
+    served = client.get(f"/v1/conversations/{cid}/trace").json()
+    assert served == expected
+    for got, want in zip(built, expected["turns"], strict=True):
+        assert got["messages"] == want["messages"]
+        assert {k: v["hash"] for k, v in got["layers"].items()} == {
+            k: v["hash"] for k, v in want["layers"].items()
+        }
+        assert got["request"] == want["request"]
+        assert got["cache"] == want["cache"]
+    one = client.get(f"/v1/conversations/{cid}/turns/2/trace").json()
+    assert one["messages"] == expected["turns"][1]["messages"]
+    request = client.get(f"/v1/conversations/{cid}/turns/3/request").json()
+    assert request == expected["turns"][2]["request"]
+    anthropic = client.get(f"/v1/conversations/{cid}/turns/3/request?provider=anthropic").json()
+    assert anthropic["system"][0]["text"].startswith(WALKTHROUGH["system"]["stable"])
+
+
+def _vault_notes() -> list[dict[str, str]]:
+    return [
+        {"path": p.relative_to(VAULT).as_posix(), "content": p.read_text(encoding="utf-8")}
+        for p in sorted(VAULT.rglob("*.md"))
+    ]
+
+
+def test_client_notes_give_the_same_request_as_the_server_vault(client: httpx.Client) -> None:
+    turns = WALKTHROUGH["turns"][:3]
+    server = create(client, system="You are terse.")
+    from_vault, _ = run_turns(client, server["id"], EMPTY, turns)
+    local = create(client, system="You are terse.", vault=False)
+    notes = _vault_notes()
+    sent = [{**t, "notes": notes} for t in turns]
+    from_client, _ = run_turns(client, local["id"], EMPTY, sent)
+    for a, b in zip(from_vault, from_client, strict=True):
+        assert a["messages"] == b["messages"]
+        assert a["layers"] == b["layers"]
+    # A wikilink between sent notes resolves as it does in the vault.
+    assert "docs/api-docs.md" in json.dumps(from_client[1]["layers"]["L3"])
+
+
+def test_an_edited_client_note_is_pinned_like_an_edited_vault_note(client: httpx.Client) -> None:
+    conv = create(client, vault=False)
+    note = {"path": "plan.md", "content": "# Plan\n\nShip on Friday.\n"}
+    first = turn(client, conv["id"], EMPTY, user="read", attach=[{"note": "plan.md"}], notes=[note])
+    edited = {**note, "content": "# Plan\n\nShip on Monday.\n", "mtime": 1767225600.0}
+    second = turn(
+        client,
+        conv["id"],
+        first["head"],
+        user="again",
+        attach=[{"note": "plan.md"}],
+        notes=[edited],
+    )
+    assert "Friday" in second["messages"][0]["content"]  # L2 keeps its bytes (pin)
+    assert "Monday" in second["messages"][-1]["content"]  # the new version goes to L3
+    assert second["cache"]["break_reason"] is None
+
+
+def test_two_clients_building_the_same_turn_one_wins_nothing_is_lost(
+    client: httpx.Client, base: str
+) -> None:
+    conv = create(client)
+    cid = conv["id"]
+    head = turn(client, cid, EMPTY, user="first", attach=[{"note": "glossary.md"}])["head"]
+    results: dict[str, httpx.Response] = {}
+    gate = threading.Barrier(2)
+
+    def build(name: str) -> None:
+        with httpx.Client(base_url=base, timeout=60) as c:
+            gate.wait()
+            results[name] = c.post(
+                f"/v1/conversations/{cid}/turns",
+                json={"parent": head, "user": f"second from {name}"},
+            )
+
+    threads = [threading.Thread(target=build, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    statuses = sorted(r.status_code for r in results.values())
+    assert statuses == [200, 409]
+    winner = next(n for n, r in results.items() if r.status_code == 200)
+    loser = results["b" if winner == "a" else "a"].json()
+    assert loser["field"] == "parent"
+    assert loser["head"] == results[winner].json()["head"]
+    # The loser builds again on the new head: both turns are there, in order.
+    retry = turn(client, cid, loser["head"], user="second again")
+    assert retry["turn"] == 3
+    transcript = client.get(f"/v1/conversations/{cid}/transcript").json()["markdown"]
+    users = ["first", f"second from {winner}", "second again"]
+    positions = [transcript.index(u) for u in users]
+    assert positions == sorted(positions)
+    stale = client.post(f"/v1/conversations/{cid}/turns", json={"parent": head, "user": "x"})
+    assert stale.status_code == 409
+    assert stale.json()["head"] == retry["head"]
+
+
+def test_a_restart_loses_nothing_and_the_next_turn_is_byte_identical(tmp_path: Path) -> None:
+    glossary = {"user": "And the glossary?", "attach": [{"note": "glossary.md"}]}
+    turns = [*WALKTHROUGH["turns"][:3], glossary]
+    settings = {"system": WALKTHROUGH["system"], "provider": "anthropic", "window": 6000}
+    store = tmp_path / "s.sqlite"
+    with running(store, "--vault", str(VAULT)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        steady = create(c, **settings)
+        uninterrupted, _ = run_turns(c, steady["id"], EMPTY, turns)
+        moving = create(c, **settings)
+        _, head = run_turns(c, moving["id"], EMPTY, turns[:2])
+    with running(store, "--vault", str(VAULT)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        listed = {x["id"]: x for x in c.get("/v1/conversations").json()["conversations"]}
+        assert listed[moving["id"]]["head"] == head
+        rest, _ = run_turns(c, moving["id"], head, turns[2:])
+        again = c.get(f"/v1/conversations/{moving['id']}/turns/1/trace").json()
+    for a, b in zip(uninterrupted[2:], rest, strict=True):
+        assert {k: v for k, v in a.items() if k not in ("conversation_id", "head", "request")} == {
+            k: v for k, v in b.items() if k not in ("conversation_id", "head", "request")
+        }
+        assert a["request"]["messages"] == b["request"]["messages"]
+        assert a["request"]["system"] == b["request"]["system"]
+    assert again["messages"] == uninterrupted[0]["messages"]
+
+
+def test_errors_are_one_json_sentence_with_the_field(client: httpx.Client) -> None:
+    missing = client.post("/v1/conversations/nope/turns", json={"parent": EMPTY, "user": "x"})
+    assert missing.status_code == 404
+    assert missing.json() == {
+        "error": "no conversation with this id",
+        "field": "conversation_id",
+        "status": 404,
+    }
+    cid = create(client)["id"]
+    bad_kind = client.post(
+        f"/v1/conversations/{cid}/turns",
+        json={"parent": EMPTY, "user": "x", "attach": [{"nope": 1}]},
+    )
+    assert bad_kind.status_code == 422
+    assert bad_kind.json()["field"] == "attach[0]"
+    escape = client.post(
+        f"/v1/conversations/{cid}/turns",
+        json={"parent": EMPTY, "user": "x", "attach": [{"note": "../../etc/passwd"}]},
+    )
+    assert escape.status_code == 422
+    assert "vault" in escape.json()["error"]
+    unknown_field = client.post(
+        f"/v1/conversations/{cid}/turns", json={"parent": EMPTY, "usr": "x"}
+    )
+    assert unknown_field.status_code == 422
+    assert unknown_field.json()["field"] in ("user", "usr")
+    not_json = client.post(
+        f"/v1/conversations/{cid}/turns",
+        content=b"{not json",
+        headers={"Content-Type": "application/json"},
+    )
+    assert not_json.status_code == 400
+    assert not_json.json()["field"] == "body"
+    huge = client.post(
+        f"/v1/conversations/{cid}/turns", json={"parent": EMPTY, "user": "x" * 300_000}
+    )
+    assert huge.status_code == 413
+    assert huge.json()["field"] == "body"
+    bad_model = client.post("/v1/conversations", json={"model": "no-such-model"})
+    assert bad_model.status_code == 422
+    assert bad_model.json()["field"] == "model"
+    no_reply_yet = client.post(
+        f"/v1/conversations/{cid}/reply", json={"parent": EMPTY, "text": "a"}
+    )
+    assert no_reply_yet.status_code == 409
+    for response in (missing, bad_kind, escape, unknown_field, not_json, huge, bad_model):
+        assert "Traceback" not in response.text
+        assert response.headers["content-type"] == "application/json"
+    # A turn that failed left nothing behind: the conversation is still at turn 0.
+    assert client.get(f"/v1/conversations/{cid}").json()["head"] == EMPTY
+
+
+def test_a_note_over_the_text_cap_is_413(tmp_path: Path) -> None:
+    with running(tmp_path / "s.sqlite", "--max-text", "1000") as url, httpx.Client(
+        base_url=url, timeout=60
+    ) as c:
+        cid = create(c, vault=False)["id"]
+        response = c.post(
+            f"/v1/conversations/{cid}/turns",
+            json={"parent": EMPTY, "user": "x", "notes": [{"path": "a.md", "content": "y" * 2000}]},
+        )
+        assert response.status_code == 413
+        assert response.json()["field"] == "notes[0].content"
+
+
+def test_list_get_delete(client: httpx.Client) -> None:
+    a = create(client, title="a")["id"]
+    b = create(client, title="b")["id"]
+    assert len(a) == 32 and a != b
+    ids = {c["id"] for c in client.get("/v1/conversations").json()["conversations"]}
+    assert {a, b} <= ids
+    assert client.delete(f"/v1/conversations/{a}").status_code == 204
+    assert client.get(f"/v1/conversations/{a}").status_code == 404
+    assert client.delete(f"/v1/conversations/{a}").status_code == 404
+    assert client.get(f"/v1/conversations/{b}").json()["title"] == "b"
+
+
+class _SlowPage(http.server.BaseHTTPRequestHandler):
+    release = threading.Event()
+
+    def do_GET(self) -> None:
+        self.release.wait(60)
+        body = b"<html><head><title>Slow</title></head><body><p>Slow page text.</p></body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_slow_url_does_not_stall_other_conversations(tmp_path: Path) -> None:
+    page = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowPage)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    slow_url = f"http://127.0.0.1:{page.server_address[1]}/slow.html"
+    order: list[str] = []
+    try:
+        with running(tmp_path / "s.sqlite", "--allow-private-network") as url:
+            with httpx.Client(base_url=url, timeout=60) as c:
+                slow, fast = create(c)["id"], create(c)["id"]
+
+            def fetch() -> None:
+                with httpx.Client(base_url=url, timeout=60) as c:
+                    r = turn(c, slow, EMPTY, user="read", attach=[{"url": slow_url}])
+                    assert "Slow page text." in r["messages"][-1]["content"]
+                    order.append("slow")
+
+            waiting = threading.Thread(target=fetch)
+            waiting.start()
+            with httpx.Client(base_url=url, timeout=60) as c:
+                for i in range(3):  # the other conversation's turns go through meanwhile
+                    head = c.get(f"/v1/conversations/{fast}").json()["head"]
+                    turn(c, fast, head, user=f"quick {i}")
+                    order.append("fast")
+            _SlowPage.release.set()
+            waiting.join()
+    finally:
+        _SlowPage.release.set()
+        page.shutdown()
+    assert order == ["fast", "fast", "fast", "slow"]
+
+
+def test_reply_saves_the_answer_into_history(client: httpx.Client) -> None:
+    cid = create(client)["id"]
+    head = turn(client, cid, EMPTY, user="hello")["head"]
+    head = reply(client, cid, head, "Hi there.")
+    second = turn(client, cid, head, user="again")
+    assert [m["role"] for m in second["messages"]] == ["user", "assistant", "user"]
+    assert second["messages"][1]["content"] == "Hi there."
+    twice = client.post(f"/v1/conversations/{cid}/reply", json={"parent": head, "text": "b"})
+    assert twice.status_code == 409
