@@ -21,7 +21,7 @@ import anyio
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lamina._api_models import (
@@ -259,11 +259,13 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def delete(conversation_id: str) -> None:
         await call(conversation_id, lambda: hub.delete(conversation_id))
 
-    @app.post("/v1/conversations/{conversation_id}/turns")
-    async def build_turn(conversation_id: str, body: TurnIn) -> TurnOut:
+    # Turns and traces carry whole prompts: they are encoded in the worker thread, once,
+    # without a second validation (their models still document them).
+    @app.post("/v1/conversations/{conversation_id}/turns", response_model=TurnOut)
+    async def build_turn(conversation_id: str, body: TurnIn) -> Response:
         """Build the next turn on ``parent`` (the head it continues), save it, answer it."""
-        trace, head = await call(conversation_id, lambda: hub.turn(conversation_id, body))
-        return _turn_out(conversation_id, trace, head)
+        built = await call(conversation_id, lambda: hub.turn(conversation_id, body))
+        return _raw(_turn(conversation_id, *built))
 
     @app.post("/v1/conversations/{conversation_id}/reply")
     async def reply(conversation_id: str, body: ReplyIn) -> ReplyOut:
@@ -271,16 +273,17 @@ def create_app(config: ServerConfig) -> FastAPI:
         head = await call(conversation_id, lambda: hub.reply(conversation_id, body))
         return ReplyOut(conversation_id=conversation_id, head=_head(head))
 
-    @app.get("/v1/conversations/{conversation_id}/turns/{turn}/trace")
-    async def turn_trace(conversation_id: str, turn: int) -> TurnOut:
+    @app.get("/v1/conversations/{conversation_id}/turns/{turn}/trace", response_model=TurnOut)
+    async def turn_trace(conversation_id: str, turn: int) -> Response:
         """Turn ``turn`` in the trace format of ``lamina run --json``."""
-        trace, head = await call(conversation_id, lambda: hub.trace(conversation_id, turn))
-        return _turn_out(conversation_id, trace, head)
+        traced = await call(conversation_id, lambda: hub.trace(conversation_id, turn))
+        return _raw(_turn(conversation_id, *traced))
 
-    @app.get("/v1/conversations/{conversation_id}/trace")
-    async def trace_document(conversation_id: str) -> dict[str, Any]:
+    @app.get("/v1/conversations/{conversation_id}/trace", response_model=dict[str, Any])
+    async def trace_document(conversation_id: str) -> Response:
         """Every turn: the document ``lamina run --json --store`` prints."""
-        return await call(conversation_id, lambda: hub.trace_document(conversation_id))
+        document = await call(conversation_id, lambda: _dumps(hub.trace_document(conversation_id)))
+        return _raw(document)
 
     @app.get("/v1/conversations/{conversation_id}/turns/{turn}/request")
     async def provider_request(
@@ -288,10 +291,13 @@ def create_app(config: ServerConfig) -> FastAPI:
         turn: int,
         provider: Provider | None = None,
         layout: LayoutName | None = None,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Turn ``turn``'s request body for ``provider`` (default: the conversation's)."""
-        return await call(
-            conversation_id, lambda: hub.request(conversation_id, turn, provider, layout)
+        return _raw(
+            await call(
+                conversation_id,
+                lambda: _dumps(hub.request(conversation_id, turn, provider, layout)),
+            )
         )
 
     @app.get("/v1/conversations/{conversation_id}/transcript")
@@ -314,8 +320,21 @@ def _head(head: Head) -> HeadOut:
     return HeadOut(turn=head.turn, hash=head.hash)
 
 
-def _turn_out(conversation_id: str, trace: dict[str, Any], head: Head) -> TurnOut:
-    return TurnOut(conversation_id=conversation_id, head=_head(head), **trace)
+def _dumps(document: Any) -> bytes:
+    """Compact UTF-8 JSON; a lone surrogate (a non-UTF-8 file name) stays a ``\\udcXX``
+    escape, so the body is valid UTF-8 that loads back to the same str."""
+    text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+    return text.encode("utf-8", "backslashreplace")
+
+
+def _turn(conversation_id: str, trace: dict[str, Any], head: Head) -> bytes:
+    """A turn's body (``TurnOut``): the trace turn with the conversation id and new head."""
+    head_out = {"turn": head.turn, "hash": head.hash}
+    return _dumps({"conversation_id": conversation_id, "head": head_out, **trace})
+
+
+def _raw(body: bytes) -> Response:
+    return Response(body, media_type="application/json")
 
 
 def is_loopback(host: str) -> bool:

@@ -687,17 +687,19 @@ def simulate(
 )
 @click.option(
     "--suite",
-    type=click.Choice(["build", "replay"]),
+    type=click.Choice(["build", "replay", "server"]),
     default="build",
     show_default=True,
-    help="build: turn latency vs peers; replay: `lamina replay` conversations/s per engine.",
+    help="build: turn latency vs peers; replay: `lamina replay` conversations/s per engine; "
+    "server: 16 conversations x 20 turns over HTTP.",
 )
 @click.option("--conversations", type=int, default=200, show_default=True, help="replay suite.")
 def bench(
     scale: str, out: str | None, budget_only: bool, suite: str, conversations: int
 ) -> None:
     """Build-latency benchmarks vs floor, naive rebuild and peers, the budget benchmarks
-    (--budget), or the replay engines' throughput (--suite replay); needs a source checkout."""
+    (--budget), the replay engines' throughput (--suite replay) or turns over HTTP (--suite
+    server); needs a source checkout."""
     import importlib
 
     root = Path(__file__).resolve().parents[1]
@@ -710,7 +712,9 @@ def bench(
     if budget_only:
         importlib.import_module("benchmarks.budget_fit").main(scale, out)
         return
-    if suite == "replay":
+    if suite == "server":
+        status = importlib.import_module("benchmarks.server").main(out)
+    elif suite == "replay":
         status = importlib.import_module("benchmarks.replay").main(conversations, None, out)
     else:
         status = importlib.import_module("benchmarks.run").main(scale, out)

@@ -521,10 +521,12 @@ class SqliteStore:
     def _put_snapshot(self, db: sqlite3.Connection, kind: str, value: Any) -> str:
         body = _canonical(value)
         digest = _digest(body)
-        db.execute(
-            "INSERT OR IGNORE INTO snapshots (hash, kind, body) VALUES (?, ?, ?)",
-            (digest, kind, zlib.compress(body, 6)),
-        )
+        # A library entry is saved again with every turn: compress only what is new.
+        if db.execute("SELECT 1 FROM snapshots WHERE hash = ?", (digest,)).fetchone() is None:
+            db.execute(
+                "INSERT INTO snapshots (hash, kind, body) VALUES (?, ?, ?)",
+                (digest, kind, zlib.compress(body, 6)),
+            )
         return digest
 
     def _get_snapshot(self, db: sqlite3.Connection, digest: str) -> Any:

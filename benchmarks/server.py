@@ -1,0 +1,231 @@
+"""``lamina bench --suite server``: turns over HTTP (``lamina serve`` on loopback) against
+the in-process build of the same turns, measured in the same run.
+
+Points: 16 concurrent conversations x 20 turns (turns/s, p50/p99 latency of a turn
+request), one conversation at a time (the per-turn overhead, paired turn by turn with
+the in-process build, and with the in-process build + save the server does). Client and
+server share this machine's cores. Nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.workload import Workload, conversation_workload, write_vault
+
+__all__ = ["main", "run_server_bench"]
+
+SEED = 20260
+SYSTEM = "You are the project assistant. Answer from the attached context and cite note paths."
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_OVERHEAD_MS = 2.0
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class _Lockstep:
+    """One conversation three ways, turn by turn, so the machine's load hits all alike: the
+    in-process build, the in-process build + save (what the server does), and HTTP."""
+
+    def __init__(self, workload: Workload, vault: Path, store: Path, base: str) -> None:
+        from lamina import ConversationHub, ServerConfig
+        from pipeline import Conversation
+
+        self.workload = workload
+        self.conv = Conversation(SYSTEM, vault=vault)
+        self.hub = ConversationHub(ServerConfig(store=str(store), vault=vault))
+        self.client = httpx.Client(base_url=base, timeout=300)
+        self.times: dict[str, list[float]] = {"build": [], "save": [], "http": []}
+
+    def run(self) -> dict[str, list[float]]:
+        from lamina._api_models import ConversationCreate, HeadIn, ReplyIn, TurnIn
+
+        cid, head = self.hub.create(ConversationCreate(system=SYSTEM))
+        created = self.client.post("/v1/conversations", json={"system": SYSTEM}).json()
+        remote, remote_head = created["id"], created["head"]
+        try:
+            for t in self.workload.turns:
+                attach = [{"note": p} for p in t.attach]
+                started = time.perf_counter()
+                self.conv.turn(t.query, attach)
+                self.times["build"].append(time.perf_counter() - started)
+                self.conv.reply(t.reply)
+
+                parent = HeadIn(turn=head.turn, hash=head.hash)
+                body = TurnIn(parent=parent, user=t.query, attach=attach)
+                started = time.perf_counter()
+                _, head = self.hub.turn(cid, body)
+                self.times["save"].append(time.perf_counter() - started)
+                reply = ReplyIn(parent=HeadIn(turn=head.turn, hash=head.hash), text=t.reply)
+                head = self.hub.reply(cid, reply)
+
+                request = {"parent": remote_head, "user": t.query, "attach": attach}
+                started = time.perf_counter()
+                response = self.client.post(f"/v1/conversations/{remote}/turns", json=request)
+                self.times["http"].append(time.perf_counter() - started)
+                answer = {"parent": response.json()["head"], "text": t.reply}
+                remote_head = self.client.post(
+                    f"/v1/conversations/{remote}/reply", json=answer
+                ).json()["head"]
+        finally:
+            self.hub.close()
+            self.client.close()
+        return self.times
+
+
+async def _conversation(client: httpx.AsyncClient, workload: Workload) -> list[float]:
+    """One conversation over HTTP: seconds per turn request (the reply is not timed)."""
+    created = await client.post("/v1/conversations", json={"system": SYSTEM})
+    cid = created.json()["id"]
+    head = created.json()["head"]
+    times = []
+    for t in workload.turns:
+        body = {"parent": head, "user": t.query, "attach": [{"note": p} for p in t.attach]}
+        started = time.perf_counter()
+        response = await client.post(f"/v1/conversations/{cid}/turns", json=body)
+        times.append(time.perf_counter() - started)
+        if response.status_code != 200:
+            raise RuntimeError(f"turn failed: {response.status_code} {response.text}")
+        reply = {"parent": response.json()["head"], "text": t.reply}
+        head = (await client.post(f"/v1/conversations/{cid}/reply", json=reply)).json()["head"]
+    return times
+
+
+async def _http(
+    base: str, workload: Workload, conversations: int
+) -> tuple[list[list[float]], float]:
+    limits = httpx.Limits(max_connections=conversations)
+    async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as client:
+        started = time.perf_counter()
+        runs = [_conversation(client, workload) for _ in range(conversations)]
+        times = await asyncio.gather(*runs)
+        return list(times), time.perf_counter() - started
+
+
+def run_server_bench(conversations: int = 16, turns: int = 20) -> dict[str, Any]:
+    """Measure every point and return the JSON-ready result document."""
+    workload = conversation_workload(SEED, turns)
+    with tempfile.TemporaryDirectory(prefix="lamina-bench-server-") as tmp:
+        vault = Path(tmp) / "vault"
+        write_vault(workload, vault)
+        port = _free_port()
+        command = [sys.executable, "-m", "pipeline._cli", "serve", "--port", str(port)]
+        store = ["--store", str(Path(tmp) / "serve.sqlite"), "--vault", str(vault)]
+        server = subprocess.Popen(
+            [*command, *store], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            _wait(base, server)
+            # A first pass warms the tokenizers and imports on both sides.
+            _Lockstep(workload, vault, Path(tmp) / "warm.sqlite", base).run()
+            one = _Lockstep(workload, vault, Path(tmp) / "hub.sqlite", base).run()
+            concurrent, wall = asyncio.run(_http(base, workload, conversations))
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    latencies = [x for conv in concurrent for x in conv]
+    paired = [h - b for h, b in zip(one["http"], one["build"], strict=True)]
+    over_save = [h - b for h, b in zip(one["http"], one["save"], strict=True)]
+    build = one["build"]
+    return {
+        "suite": "server",
+        "conversations": conversations,
+        "turns": turns,
+        "workload": workload.name,
+        "concurrent": {
+            "turns_per_s": round(len(latencies) / wall, 2),
+            "p50_ms": _ms(_quantile(latencies, 0.5)),
+            "p99_ms": _ms(_quantile(latencies, 0.99)),
+        },
+        "sequential": {
+            "http_p50_ms": _ms(statistics.median(one["http"])),
+            "build_p50_ms": _ms(statistics.median(build)),
+            "build_and_save_p50_ms": _ms(statistics.median(one["save"])),
+            "overhead_p50_ms": _ms(statistics.median(paired)),
+            "overhead_p99_ms": _ms(_quantile(paired, 0.99)),
+            "http_over_build_and_save_p50_ms": _ms(statistics.median(over_save)),
+        },
+        "concurrent_overhead_per_turn_ms": _ms(wall / len(latencies) - sum(build) / len(build)),
+        "target_overhead_p50_ms": TARGET_OVERHEAD_MS,
+        "python": sys.version.split()[0],
+    }
+
+
+def _wait(base: str, server: subprocess.Popen[bytes]) -> None:
+    for _ in range(600):
+        if server.poll() is not None:
+            raise RuntimeError("lamina serve exited")
+        try:
+            if httpx.get(f"{base}/v1/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError("lamina serve did not start")
+
+
+def format_table(doc: dict[str, Any], console: Console) -> None:
+    title = f"lamina serve: {doc['conversations']} conversations x {doc['turns']} turns"
+    table = Table(title=title)
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    c, s = doc["concurrent"], doc["sequential"]
+    rows = [
+        ("turns/s (concurrent, over HTTP)", f"{c['turns_per_s']:.1f}"),
+        ("turn latency p50 / p99 (concurrent)", f"{c['p50_ms']:.1f} / {c['p99_ms']:.1f} ms"),
+        ("in-process build p50", f"{s['build_p50_ms']:.2f} ms"),
+        ("in-process build + save p50", f"{s['build_and_save_p50_ms']:.2f} ms"),
+        ("HTTP turn p50 (one conversation)", f"{s['http_p50_ms']:.2f} ms"),
+        (
+            "overhead over the build p50 / p99",
+            f"{s['overhead_p50_ms']:.2f} / {s['overhead_p99_ms']:.2f} ms "
+            f"(target < {doc['target_overhead_p50_ms']:g})",
+        ),
+        ("HTTP over build + save p50", f"{s['http_over_build_and_save_p50_ms']:.2f} ms"),
+        ("overhead per turn under load", f"{doc['concurrent_overhead_per_turn_ms']:.2f} ms"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
+def main(out: str | None = None, conversations: int = 16, turns: int = 20) -> int:
+    console = Console()
+    doc = run_server_bench(conversations, turns)
+    format_table(doc, console)
+    if out is not None:
+        Path(out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        console.print(f"results written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*(sys.argv[1:2])))

@@ -1,0 +1,22 @@
+"""The server benchmark runs end to end on a tiny point and reports every measure."""
+
+from __future__ import annotations
+
+from benchmarks.server import run_server_bench
+
+
+def test_the_server_benchmark_reports_throughput_latency_and_overhead() -> None:
+    doc = run_server_bench(conversations=2, turns=3)
+    assert doc["suite"] == "server"
+    assert doc["concurrent"]["turns_per_s"] > 0
+    assert 0 < doc["concurrent"]["p50_ms"] <= doc["concurrent"]["p99_ms"]
+    sequential = doc["sequential"]
+    assert set(sequential) == {
+        "http_p50_ms",
+        "build_p50_ms",
+        "build_and_save_p50_ms",
+        "overhead_p50_ms",
+        "overhead_p99_ms",
+        "http_over_build_and_save_p50_ms",
+    }
+    assert sequential["build_p50_ms"] > 0
