@@ -28,7 +28,6 @@ __all__ = [
 
 Provider = Literal["openai", "openai-responses", "anthropic", "gemini"]
 LayoutName = Literal["default", "append-only", "naive"]
-Tokenizer = Literal["cl100k_base", "o200k_base"]
 
 
 class _In(BaseModel):
@@ -66,7 +65,11 @@ class ConversationCreate(_In):
     window: int | None = Field(default=None, ge=1, description="Context window: a budget.")
     reserve: int | None = Field(default=None, ge=0, description="Tokens kept for the reply.")
     model: str | None = Field(default=None, description="Model profile for the budget.")
-    tokenizer: Tokenizer = "o200k_base"
+    tokenizer: str = Field(
+        default="",
+        max_length=64,
+        description="Tokenizer name; empty: the model's (with model), else o200k_base.",
+    )
     policy: PolicyIn = Field(default_factory=PolicyIn)
     provider: Provider | None = Field(
         default=None, description="Render each turn's provider request with this renderer."

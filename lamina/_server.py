@@ -40,6 +40,7 @@ from lamina._api_models import (
 )
 from lamina._hub import ConversationHub, FieldError, ServerConfig, StaleHead
 from pipeline import (
+    ArgumentError,
     AttachmentError,
     BudgetExceeded,
     ConfigError,
@@ -100,6 +101,8 @@ def _lamina_error(exc: LaminaError) -> JSONResponse:
         return _error(422, str(exc), "attach")
     if isinstance(exc, ConfigError):
         return _error(422, str(exc), exc.setting)
+    if isinstance(exc, ArgumentError):
+        return _error(422, str(exc), exc.argument)
     if isinstance(exc, StoreError):
         return _error(503, "the store cannot be used right now; try again")
     return _error(422, str(exc))
