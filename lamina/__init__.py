@@ -1,6 +1,8 @@
 """Lamina's application layer: replaying recorded conversations under policy configs, and
 the HTTP server (``lamina serve``) for hosts in any language."""
 
+import typing
+
 from lamina._config import (
     BudgetConfig,
     ProviderPricing,
@@ -11,7 +13,6 @@ from lamina._config import (
 )
 from lamina._corpus import Corpus, Recording, find_corpus
 from lamina._engines import DaskEngine, Engine, LocalEngine, SerialEngine, make_engine
-from lamina._hub import ConversationHub, ServerConfig
 from lamina._replay import (
     InvariantFailure,
     ProviderResult,
@@ -22,7 +23,6 @@ from lamina._replay import (
     replay_recording,
     replay_script,
 )
-from lamina._server import create_app, is_loopback, read_token, serve
 from lamina._summary import ConfigSummary, ProviderSummary, RunSummary, summarize
 
 __all__ = [
@@ -59,3 +59,29 @@ __all__ = [
     "serve",
     "summarize",
 ]
+
+# The server's names need the `server` extra (FastAPI, uvicorn): imported on first use.
+_SERVER = {
+    "ConversationHub": "lamina._hub",
+    "ServerConfig": "lamina._hub",
+    "create_app": "lamina._server",
+    "is_loopback": "lamina._server",
+    "read_token": "lamina._server",
+    "serve": "lamina._server",
+}
+
+if typing.TYPE_CHECKING:
+    from lamina._hub import ConversationHub, ServerConfig
+    from lamina._server import create_app, is_loopback, read_token, serve
+
+
+def __getattr__(name: str) -> typing.Any:
+    if name in _SERVER:
+        import importlib
+
+        return getattr(importlib.import_module(_SERVER[name]), name)
+    raise AttributeError(f"module 'lamina' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SERVER})
