@@ -1,113 +1,1008 @@
-"""``lamina replay``: the policy lab's command (registered on the ``lamina`` CLI group)."""
+"""The ``lamina`` command: demo, run, resume, export, import.
+
+Any LaminaError is one line on stderr, exit 2.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import json
 import os
+import sys
+import tempfile
+import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from lamina._config import load_config
-from lamina._corpus import find_corpus
-from lamina._engines import ENGINES, make_engine
-from lamina._replay import ReplayResult, replay
-from pipeline import ConfigError
+from lamina._replay_cli import replay_command
+from pipeline._model.artifacts import SourceResolver
+from pipeline._budget.fit import Budget
+from pipeline._conversation.conversation import Conversation
+from pipeline._model.envelope import Envelope
+from pipeline._errors import ConfigError, LaminaError, ScriptError
+from lamina._script import Script, load_script, parse_script, run_script
+from pipeline._tokens.counter import TOKENIZERS
 
-__all__ = ["replay_command"]
+__all__ = ["main"]
+
+DEMO_SCRIPT: dict[str, Any] = {
+    "system": {
+        "stable": (
+            "You are Lamina's demo assistant. Answer from the attached context; cite note paths."
+        ),
+        "mutable": "User memory: prefers short answers with bullet points.",
+    },
+    "turns": [
+        {
+            "user": "Summarize this",
+            "attach": [{"note": "project-spec.md"}],
+            "reply": "The spec describes the product, its goals and milestones.",
+        },
+        {
+            "user": "What endpoints does the API support?",
+            "attach": [{"note": "project-spec.md"}, {"note": "docs/api-docs.md"}],
+            "reply": "The API lists its endpoints in docs/api-docs.md.",
+        },
+        {
+            "user": "Explain the auth flow from the spec",
+            "attach": [{"note": "project-spec.md"}],
+            "reply": "Devices sign in with short-lived tokens; see docs/auth.md.",
+        },
+        {
+            "user": "What did the design review and the talk decide about offline sync?",
+            "attach": [
+                {"folder": "meetings"},
+                {"tag": "#project/lamina"},
+                {"pdf": "media/sync-design-review.pdf"},
+                {
+                    "youtube": "https://youtu.be/Fb5yncT4lk1",
+                    "transcript": "media/offline-sync-talk.vtt",
+                },
+                {
+                    "selection": "Conflicts are kept as two versions until a person resolves them.",
+                    "source": "project-spec.md",
+                },
+            ],
+        },
+    ],
+}
+DEMO_SITE_PORT = 47231
+DEMO_REPORT = "lamina-demo-report.html"
 
 
-@click.command("replay")
-@click.argument("corpus", nargs=-1)
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log on the demo's screen."""
+
+
+@contextlib.contextmanager
+def _demo_site(root: Path) -> Iterator[str | None]:
+    """Serve examples/site on 127.0.0.1 (a fixed port, so the trace is stable) for the demo.
+
+    Another demo may hold the port for a moment: wait for it (up to ~5 s) before trying the
+    next ports. Yields the base URL, or None when no port could be had (the page is skipped).
+    """
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    ports = [DEMO_SITE_PORT] * 50 + list(range(DEMO_SITE_PORT + 1, DEMO_SITE_PORT + 5))
+    for attempt, port in enumerate(ports):
+        try:
+            server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        except OSError:
+            if attempt < 50:
+                time.sleep(0.1)
+            continue
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.shutdown()
+            server.server_close()
+        return
+    yield None
+
+
+# The demo's budget is small on purpose, so that turn 4 shows the budget at work.
+DEMO_BUDGET = Budget(context_window=4800, reserve_output=1000)
+
+
+def _demo_vault() -> Path:
+    for base in (Path(__file__).resolve().parents[1], Path.cwd()):
+        candidate = base / "examples" / "vault"
+        if candidate.is_dir():
+            return candidate
+    raise ScriptError(
+        "demo", "vault", "examples/vault not found; run from the repository or pass --vault"
+    )
+
+
+def _conversation(
+    script: Script,
+    vault: str | None,
+    tokenizer: str | None,
+    budget: Budget | None = None,
+    *,
+    allow_private_network: bool = False,
+) -> Conversation:
+    root = Path(vault) if vault else script.vault
+    if root is not None and not root.is_dir():
+        raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
+    sources = _sources(root, allow_private_network)
+    conv = Conversation(script.system, sources=sources, tokenizer=tokenizer or "", budget=budget)
+    # A broken plugin is skipped by the registry; say so, one line each, and carry on.
+    for error in getattr(getattr(conv.sources, "registry", None), "plugin_errors", ()):
+        click.echo(f"lamina: warning: {' '.join(str(error).split())}", err=True)
+    return conv
+
+
+def _sources(root: Path | None, allow_private_network: bool) -> SourceResolver:
+    """The CLI's processors: the vault (if any) and the network permission."""
+    from processors import ProcessContext, Sources, Vault
+
+    vault = None if root is None else Vault(root)
+    return Sources(context=ProcessContext(vault=vault, allow_private_network=allow_private_network))
+
+
+def _budget(window: int | None, reserve: int | None, model: str | None) -> Budget | None:
+    """A budget from --model (its profile) and/or --window/--reserve; None if none given."""
+    overrides: dict[str, Any] = {}
+    if window is not None:
+        overrides["context_window"] = window
+    if reserve is not None:
+        overrides["reserve_output"] = reserve
+    if model is not None:
+        return Budget.for_model(model, **overrides)
+    if window is None:
+        if reserve is not None:
+            raise ConfigError("--reserve", "needs --window or --model")
+        return None
+    # Without --reserve, keep 4,096 tokens for the reply, or a quarter of a small window.
+    overrides.setdefault("reserve_output", min(4096, window // 4))
+    return Budget(**overrides)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def network_option(fn: F) -> F:
+    """--allow-private-network: let URLs reach loopback and private addresses."""
+    return click.option(
+        "--allow-private-network",
+        is_flag=True,
+        help="Allow URLs on loopback, private and link-local addresses (refused by default).",
+    )(fn)
+
+
+def budget_options(fn: F) -> F:
+    """--window, --reserve and --model: the whole-payload token budget."""
+    fn = click.option("--model", help="Model profile for the budget (window, reserve, framing).")(
+        fn
+    )
+    fn = click.option(
+        "--reserve", type=int, help="Tokens kept free for the reply (default min(4096, window/4))."
+    )(fn)
+    fn = click.option("--window", type=int, help="Context window in tokens: enforce a budget.")(fn)
+    return fn
+
+
+def _trace(
+    envelopes: Sequence[Envelope],
+    conv: Conversation,
+    *,
+    provider: str | None = None,
+    model: str | None = None,
+    conversation_id: str | None = None,
+    timings: bool = False,
+) -> dict[str, Any]:
+    """The JSON trace, with per-turn "cache" reports and, given a provider, "request"."""
+    from renderers import annotate_trace, trace_document
+
+    trace = trace_document(envelopes, conv.counter, timings=timings)
+    return annotate_trace(
+        trace,
+        envelopes,
+        conv.counter,
+        provider=provider,
+        model=model,
+        conversation_id=conversation_id,
+    )
+
+
+def _write_report(
+    path: Path, trace: dict[str, Any], envelopes: Sequence[Envelope], title: str
+) -> Path:
+    """Write the HTML report (renderers.render_report) atomically; returns its absolute path."""
+    from renderers import render_report, report_blocks
+
+    html = render_report(trace, report_blocks(envelopes), title=title)
+    path = path.resolve()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(html, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError("--out", f"cannot write {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def _warn(env: Envelope) -> None:
+    """A turn's warnings on stderr, one line each: the human output never drops them."""
+    for w in env.report.warnings:
+        click.echo(f"lamina: warning: turn {env.turn}: {w}", err=True)
+
+
+def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, full: bool) -> None:
+    from renderers import chatml, common_prefix_tokens, openai_messages
+
+    previous = None
+    before: Envelope | None = None
+    for env in envelopes:
+        messages = openai_messages(env)
+        total = conv.count_request(env)
+        cached = common_prefix_tokens(previous, messages, conv.counter)
+        console.rule(f"[bold]Turn {env.turn}[/bold]: {env.query}")
+        table = Table(show_lines=False)
+        for col in ("layer", "key", "form", "tokens"):
+            table.add_column(col, justify="right" if col == "tokens" else "left")
+        for layer in env.layers:
+            for seg in layer.segments:
+                table.add_row(str(layer.name), seg.key, str(seg.form), str(seg.tokens))
+            if not layer.segments:
+                table.add_row(str(layer.name), "(empty)", "", "0")
+        console.print(table)
+        layers = "  ".join(f"{layer.name}={layer.tokens}" for layer in env.layers)
+        console.print(
+            f"layers: {layers}  request={total} tokens (the layers plus per-message framing, "
+            "as the budget counts them)",
+            soft_wrap=True,
+        )
+        budget = env.report.budget
+        if budget is not None:
+            console.print(
+                f"budget: {budget.effective} of {budget.limit} tokens used (window "
+                f"{budget.window} - reserve {budget.reserve_output}); headroom {budget.headroom}",
+                soft_wrap=True,
+            )
+        for d in env.report.decisions:
+            console.print(
+                f"  decision {d.stage}: {d.target} {d.from_form} -> {d.to_form} ({d.reason})",
+                markup=False,
+                soft_wrap=True,
+            )
+        _warn(env)
+        console.print("[bold]request[/bold]")
+        for m in messages:
+            content = m["content"]
+            lines = content.splitlines()
+            if not full and len(lines) > 24:
+                content = (
+                    "\n".join(lines[:24]) + f"\n… ({len(lines) - 24} more lines; --full shows all)"
+                )
+            console.print(f"[cyan]{m['role']}[/cyan]:")
+            console.print(content, markup=False, highlight=False, soft_wrap=True)
+        # Both counts over the same chat markup, so the share is of like with like.
+        as_read = len(conv.counter.encode(chatml(messages)))
+        share = f"{cached / as_read:.0%}" if as_read else "0%"
+        console.print(
+            f"[bold green]cacheable prefix[/bold green]: {cached} of {as_read} tokens identical "
+            f"to the previous turn's request ({share})",
+            soft_wrap=True,
+        )
+        if before is None:
+            console.print(
+                f"  ({as_read} counts the whole chat as the model reads it, role markup "
+                f"included, so it differs a little from request={total}; nothing is shared "
+                "yet: this is the first request shown)",
+                soft_wrap=True,
+            )
+        else:
+            known = set(before.l2.keys())
+            moved = [k for k in env.l2.keys() if k not in known and before.l3.get(k)]  # noqa: SIM118
+            if moved:
+                console.print(
+                    f"  (why: turn {before.turn} sent {', '.join(moved)} in its user message; "
+                    "now it sits in the library (L2, in the system message), so this request "
+                    f"repeats turn {before.turn}'s only up to the library's new entries. Turns "
+                    "that add nothing new to the library keep the whole earlier prefix.)",
+                    markup=False,
+                    soft_wrap=True,
+                )
+        previous, before = messages, env
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Lamina: build each LLM chat turn's prompt from typed context artifacts."""
+
+
+@cli.command()
 @click.option(
-    "--config",
-    "config_paths",
-    multiple=True,
-    required=True,
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (default: examples/vault)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON trace instead of tables.")
+@click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
+@click.option(
+    "--tokenizer",
+    type=click.Choice(TOKENIZERS),
+    help="Token encoding [default: the --model's, else o200k_base].",
+)
+@click.option(
+    "--report",
+    "report_path",
     type=click.Path(dir_okay=False),
-    help="A config file (YAML/JSON); repeat to compare configs.",
+    help="Where to write the HTML report (default: lamina-demo-report.html in the temp folder).",
 )
-@click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True)
-@click.option("--workers", type=int, help="Processes (local) or workers (dask); default: cores.")
-@click.option("--address", help="An existing Dask scheduler, e.g. tcp://10.0.0.5:8786.")
-@click.option(
-    "--out", type=click.Path(dir_okay=False), help="Results file: one JSON line per result."
-)
-@click.option("--store", "store_path", help="Also replay every conversation of this store.")
-@click.option(
-    "--vault", type=click.Path(file_okay=False), help="Vault of conversations that name none."
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON, not a table.")
-def replay_command(
-    corpus: tuple[str, ...],
-    config_paths: tuple[str, ...],
-    engine: str,
-    workers: int | None,
-    address: str | None,
-    out: str | None,
-    store_path: str | None,
+@budget_options
+def demo(
     vault: str | None,
     as_json: bool,
+    full: bool,
+    tokenizer: str | None,
+    report_path: str | None,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
 ) -> None:
-    """Replay recorded conversations (a folder or list file of scripts and transcripts,
-    and/or a --store) under each --config; per conversation and config: tokens, cache and
-    cost per provider, decisions, invariant checks, errors; then a summary per config.
+    """Four turns over the example vault: the layer walkthrough, then a turn over budget.
 
-    Results stream to --out as conversations finish and are sorted when the run ends, so
-    the file is byte-identical for every engine and worker count.
+    Turn 1 attaches project-spec.md; turn 2 keeps it and adds docs/api-docs.md; turn 3
+    keeps only the spec; turn 4 attaches a folder, a tag (its notes overlap the folder
+    and the library: dedup and references), a PDF, a video transcript, a selection and a
+    web page (served from examples/site on 127.0.0.1), more than the demo's 4,800-token
+    window holds, so the budget cuts. Ends by writing the conversation's HTML report
+    (`lamina report`) and printing its path.
     """
-    if not corpus and store_path is None:
-        raise ConfigError("corpus", "give a corpus folder or list file, or --store")
-    configs = [load_config(p) for p in config_paths]
-    found = find_corpus(corpus, store=store_path, vault=vault)
-    runner = make_engine(engine, workers, address)
-    err = Console(stderr=True)
-    started = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        stream: IO[str] | None = None
-        if out is not None:
-            try:
-                stream = stack.enter_context(Path(out).open("w", encoding="utf-8"))
-            except OSError as exc:
-                raise ConfigError("--out", f"cannot write {out}: {exc}") from None
-        with Progress(
-            TextColumn(f"replay ({runner.name})"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-        ) as progress:
-            bar = progress.add_task("replay", total=len(found))
-
-            def finished(batch: tuple[ReplayResult, ...]) -> None:
-                if stream is not None:
-                    stream.write("".join(r.line() + "\n" for r in batch))
-                    stream.flush()
-                progress.advance(bar)
-
-            run = replay(found, configs, engine=runner, on_result=finished)
-    seconds = time.perf_counter() - started
-    if out is not None:
-        partial = f"{out}.sorting"
-        run.write(partial)
-        os.replace(partial, out)
-    summary = run.summary()
+    root = Path(vault) if vault else _demo_vault()
+    budget = _budget(window, reserve, model) or DEMO_BUDGET
+    with _demo_site(root.parent / "site") as site:
+        data = copy.deepcopy(DEMO_SCRIPT)
+        if site is not None:
+            data["turns"][3]["attach"].append({"url": f"{site}/offline-sync-faq.html"})
+        script = parse_script(data, "demo")
+        conv = _conversation(script, str(root), tokenizer, budget, allow_private_network=True)
+        envelopes = run_script(script, conv)
+    trace = _trace(envelopes, conv)
     if as_json:
-        click.echo(json.dumps(summary.to_json(), indent=2, sort_keys=True))
+        click.echo(_json(trace))
     else:
-        console = Console()
-        Console(width=max(console.width, 160) if not console.is_terminal else None).print(
-            summary.table()
-        )
-    rate = len(found) / seconds if seconds else 0.0
-    err.print(
-        f"{len(found)} conversations x {len(configs)} configs in {seconds:.1f} s "
-        f"({rate:.1f} conversations/s, engine {runner.name})",
-        highlight=False,
+        _show(Console(), envelopes, conv, full)
+    out = Path(report_path) if report_path else Path(tempfile.gettempdir()) / DEMO_REPORT
+    written = _write_report(out, trace, envelopes, "Lamina demo")
+    # With --json, stdout holds only the trace.
+    click.echo(f"report: {written} (the whole conversation on one HTML page)", err=as_json)
+
+
+@cli.command()
+@click.argument("script_path", metavar="SCRIPT")
+@click.option(
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (overrides the script's)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON trace (the public format).")
+@click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
+@click.option(
+    "--tokenizer",
+    type=click.Choice(TOKENIZERS),
+    help="Token encoding [default: the --model's, else o200k_base].",
+)
+@click.option("--store", "store_path", help="Save every turn to this store file (SQLite).")
+@click.option("--conversation", "conversation_id", help="Id for the saved conversation.")
+@click.option(
+    "--provider",
+    type=click.Choice(["openai", "openai-responses", "anthropic", "gemini"]),
+    help="Add each turn's request body for this provider to the JSON trace.",
+)
+@click.option(
+    "--timings", is_flag=True, help="Add per-phase timings and cache meters (not stable)."
+)
+@budget_options
+@network_option
+def run(
+    script_path: str,
+    vault: str | None,
+    as_json: bool,
+    full: bool,
+    tokenizer: str | None,
+    store_path: str | None,
+    conversation_id: str | None,
+    provider: str | None,
+    timings: bool,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
+    allow_private_network: bool,
+) -> None:
+    """Run a scripted conversation (JSON or YAML); with --store, persist as it goes.
+
+    --window/--reserve (or --model's profile) enforce a whole-payload budget; --provider
+    adds the exact request body per turn (model from --model, else a default per provider).
+
+    \b
+    SCRIPT (YAML shown; JSON has the same keys):
+      system: You are terse.           # or {stable: ..., mutable: ...}
+      vault: vault                     # notes folder, relative to the script
+      turns:
+        - user: Summarize this         # the turn's query (L5)
+          attach:                      # this turn's context (L3), any of:
+            - note: project-spec.md
+            - folder: docs             # its notes, sorted
+            - tag: "#project"          # the notes carrying the tag
+            - url: https://example.com/a
+            - pdf: papers/x.pdf        # pages: "1-3,7"
+            - youtube: https://youtu.be/ID   # transcript: talk.vtt
+            - selection: x = 1         # source: a.py, lines: [3, 9]
+          reply: It is a sync spec.    # the assistant's answer, kept in history (L4)
+          vault_changes: {docs/a.md: new text}     # notes edited before the turn
+          tools: [{name: grep, args: {q: x}, result: "..."}]   # tool results
+    Example: examples/chat30.yaml (30 turns over examples/vault).
+    """
+    script = load_script(script_path)
+    conv = _conversation(
+        script,
+        vault,
+        tokenizer,
+        _budget(window, reserve, model),
+        allow_private_network=allow_private_network,
     )
+    if store_path is None:
+        if conversation_id is not None:
+            raise ScriptError(script.path, "", "--conversation needs --store")
+        envelopes = run_script(script, conv)
+        trace = _trace(envelopes, conv, provider=provider, model=model, timings=timings)
+    else:
+        from pipeline._store.sqlite import (
+            ConversationInfo,
+            SqliteStore,
+            new_conversation_id,
+            now_stamp,
+            run_saved,
+        )
+
+        cid = conversation_id or new_conversation_id()
+        root = Path(vault) if vault else script.vault
+        with SqliteStore(store_path) as store:
+            store.create(
+                ConversationInfo(
+                    cid, now_stamp(), vault="" if root is None else str(root.resolve())
+                )
+            )
+            envelopes = run_saved(script, conv, store, cid)
+        trace = {
+            "conversation_id": cid,
+            **_trace(
+                envelopes,
+                conv,
+                provider=provider,
+                model=model,
+                conversation_id=cid,
+                timings=timings,
+            ),
+        }
+    if as_json:
+        click.echo(_json(trace))
+    else:
+        _show(Console(), envelopes, conv, full)
+
+
+@cli.command()
+@click.argument("store_path", metavar="FILE")
+@click.option("--conversation", "conversation_id", required=True, help="The saved chat's id.")
+@click.option("--script", "script_path", required=True, help="Script of the turns to add.")
+@click.option(
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (default: script's, saved)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the JSON trace of the new turns.")
+@click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
+@click.option(
+    "--provider",
+    type=click.Choice(["openai", "openai-responses", "anthropic", "gemini"]),
+    help="Add each turn's request body for this provider to the JSON trace.",
+)
+@budget_options
+@network_option
+def resume(
+    store_path: str,
+    conversation_id: str,
+    script_path: str,
+    vault: str | None,
+    as_json: bool,
+    full: bool,
+    provider: str | None,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
+    allow_private_network: bool,
+) -> None:
+    """Continue a saved chat with more scripted turns (turn numbers continue).
+
+    The chat's saved budget applies; --window/--reserve/--model replace it for the new turns.
+    """
+    from pipeline._store.sqlite import SqliteStore, load_conversation, rebuild_envelope, run_saved
+
+    script = load_script(script_path)
+    if not Path(store_path).is_file():
+        raise ScriptError(store_path, "", "no such store file")
+    with SqliteStore(store_path) as store:
+        saved = store.conversation(conversation_id).vault
+        root = Path(vault) if vault else script.vault or (Path(saved) if saved else None)
+        if root is not None and not root.is_dir():
+            raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
+        budget = _budget(window, reserve, model)
+        saved_budget = store.load(conversation_id).budget
+        sources = _sources(root, allow_private_network)
+        conv = load_conversation(store, conversation_id, sources=sources, budget=budget)
+        # The last saved turn, replayed (with the budget it was built with, or the flags' for
+        # stores that did not save one), so cache reports compare with the real previous turn.
+        replay = budget if saved_budget is None else None
+        previous = rebuild_envelope(store, conversation_id, sources=sources, budget=replay)
+        if script.system.stable or script.system.mutable:
+            conv.set_system(script.system.stable, script.system.mutable)
+        envelopes = run_saved(script, conv, store, conversation_id, previous=previous)
+    if as_json:
+        shown = [previous, *envelopes] if previous is not None else envelopes
+        document = _trace(
+            shown, conv, provider=provider, model=model, conversation_id=conversation_id
+        )
+        if previous is not None:
+            document["turns"] = document["turns"][1:]
+        trace = {"conversation_id": conversation_id, **document}
+        click.echo(_json(trace))
+    else:
+        _show(Console(), envelopes, conv, full)
+
+
+@cli.command("export")
+@click.argument("store_path", metavar="FILE")
+@click.option("--conversation", "conversation_id", required=True, help="The saved chat's id.")
+@click.option("--out", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
+def export_cmd(store_path: str, conversation_id: str, out: str | None) -> None:
+    """Export a saved chat as a markdown transcript."""
+    from pipeline._store.sqlite import SqliteStore
+    from pipeline._store.transcript import export_transcript
+
+    if not Path(store_path).is_file():
+        raise ScriptError(store_path, "", "no such store file")
+    with SqliteStore(store_path) as store:
+        text = export_transcript(store, conversation_id)
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        Path(out).write_text(text, encoding="utf-8")
+
+
+@cli.command("import")
+@click.argument("transcript_path", metavar="TRANSCRIPT")
+@click.option("--store", "store_path", required=True, help="Store file to import into.")
+@click.option("--vault", type=click.Path(file_okay=False), required=True, help="Vault folder.")
+@click.option("--allow-fetch", is_flag=True, help="Fetch URLs and videos again.")
+@click.option("--conversation", "conversation_id", help="Id for the imported chat.")
+def import_cmd(
+    transcript_path: str,
+    store_path: str,
+    vault: str,
+    allow_fetch: bool,
+    conversation_id: str | None,
+) -> None:
+    """Import a markdown transcript (Lamina's or the original plugin's) into a store."""
+    from pipeline._errors import ChatTranscriptError
+    from pipeline._input.files import FileProblem, read_regular
+    from pipeline._store.sqlite import SqliteStore
+    from pipeline._store.transcript import import_transcript
+
+    try:
+        text = read_regular(transcript_path, 64_000_000).decode("utf-8")
+    except FileProblem as exc:
+        raise ChatTranscriptError(transcript_path, 0, f"cannot read: {exc.detail}") from None
+    except UnicodeDecodeError as exc:
+        raise ChatTranscriptError(transcript_path, 0, f"cannot read: {exc}") from None
+    if not Path(vault).is_dir():
+        raise ScriptError(transcript_path, "vault", f"vault folder {vault} does not exist")
+    with SqliteStore(store_path) as store:
+        report = import_transcript(
+            text,
+            store,
+            vault=vault,
+            allow_fetch=allow_fetch,
+            conversation_id=conversation_id,
+            path=transcript_path,
+        )
+    click.echo(f"imported conversation {report.conversation_id}: {report.turns} turns")
+    for problem in report.problems:
+        click.echo(f"not rebuilt: {problem}")
+
+
+@cli.command()
+@click.argument("script_path", metavar="SCRIPT")
+@click.option(
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (overrides the script's)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Per layout and provider, per turn, as JSON.")
+@click.option(
+    "--tokenizer",
+    type=click.Choice(TOKENIZERS),
+    help="Token encoding [default: the --model's, else o200k_base].",
+)
+@network_option
+def simulate(
+    script_path: str,
+    vault: str | None,
+    as_json: bool,
+    tokenizer: str | None,
+    allow_private_network: bool,
+) -> None:
+    """Cache cost of a script per provider: default vs append-only vs naive layout.
+
+    \b
+    Columns, summed over the script's turns (the cache assumed warm all along):
+      layout         default (Lamina's five layers), append-only (context stays in the
+                     user message that attached it) or naive (every attachment so far
+                     re-sent in full in the user message, each turn)
+      input          input tokens sent
+      cached         of them, tokens the provider's prompt cache would serve
+      cached%        cached / input
+      cost/uncached  input cost with the provider's cache prices, relative to sending
+                     the same tokens uncached (1.000 = no saving; cache writes can cost more)
+      cost/naive     this layout's input cost relative to the naive layout's input
+                     sent uncached
+    """
+    from renderers import format_simulation
+    from renderers import simulate as run_simulation
+
+    script = load_script(script_path)
+    conv = _conversation(script, vault, tokenizer, allow_private_network=allow_private_network)
+    sim = run_simulation(run_script(script, conv), counter=conv.counter)
+    if as_json:
+        click.echo(json.dumps(sim.to_json(), indent=2))
+    else:
+        click.echo(format_simulation(sim))
+        click.echo(
+            "\ninput and cached are tokens over all turns; cached% = cached / input; "
+            "cost/uncached = input cost with cache prices / the same tokens uncached; "
+            "cost/naive = cost / the naive layout's input uncached (naive re-sends every "
+            "attachment each turn). "
+            "`lamina simulate --help` says more."
+        )
+
+
+@cli.command()
+@click.option(
+    "--scale", type=click.Choice(["small", "medium", "large"]), default="small", show_default=True
+)
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the JSON results here.")
+@click.option(
+    "--budget",
+    "budget_only",
+    is_flag=True,
+    help="Run the budget benchmarks instead: folder fitting time, attachment share by policy.",
+)
+@click.option(
+    "--suite",
+    type=click.Choice(["build", "replay", "server"]),
+    default="build",
+    show_default=True,
+    help="build: turn latency vs peers; replay: `lamina replay` conversations/s per engine; "
+    "server: 16 conversations x 20 turns over HTTP.",
+)
+@click.option("--conversations", type=int, default=200, show_default=True, help="replay suite.")
+def bench(
+    scale: str, out: str | None, budget_only: bool, suite: str, conversations: int
+) -> None:
+    """Build-latency benchmarks vs floor, naive rebuild and peers, the budget benchmarks
+    (--budget), the replay engines' throughput (--suite replay) or turns over HTTP (--suite
+    server); needs a source checkout."""
+    import importlib
+
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "benchmarks" / "run.py").is_file():
+        raise ConfigError(
+            "bench", f"{root / 'benchmarks'} not found: run from a source checkout of Lamina"
+        )
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    if budget_only:
+        importlib.import_module("benchmarks.budget_fit").main(scale, out)
+        return
+    if suite == "server":
+        status = importlib.import_module("benchmarks.server").main(out)
+    elif suite == "replay":
+        status = importlib.import_module("benchmarks.replay").main(conversations, None, out)
+    else:
+        status = importlib.import_module("benchmarks.run").main(scale, out)
+    if status:
+        raise click.exceptions.Exit(status)
+
+
+@cli.command()
+@click.argument("script_path", metavar="SCRIPT", required=False)
+@click.option("--store", "store_path", help="Report a saved chat from this store file.")
+@click.option("--conversation", "conversation_id", help="The saved chat's id (with --store).")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default="report.html",
+    show_default=True,
+    help="The HTML file to write.",
+)
+@click.option(
+    "--provider",
+    type=click.Choice(["openai", "openai-responses", "anthropic", "gemini"]),
+    help="Add each turn's request body for this provider (collapsed under the turn).",
+)
+@click.option(
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (default: script's, saved)."
+)
+@click.option(
+    "--tokenizer",
+    type=click.Choice(TOKENIZERS),
+    help="Token encoding [default: the --model's, else o200k_base].",
+)
+@budget_options
+@network_option
+def report(
+    script_path: str | None,
+    store_path: str | None,
+    conversation_id: str | None,
+    out: str,
+    provider: str | None,
+    vault: str | None,
+    tokenizer: str | None,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
+    allow_private_network: bool,
+) -> None:
+    """Write one self-contained HTML page of a conversation: how the window filled per
+    layer, the cached prefix and its breaks, the budget decisions and every artifact.
+
+    Give a SCRIPT (run as `lamina run` would), or --store FILE --conversation ID for a
+    saved chat (each turn is rebuilt from the store; the budget saved with it applies).
+    The page loads nothing and runs no script: open it from disk, offline.
+    """
+    if (script_path is None) == (store_path is None):
+        raise ConfigError("report", "give a SCRIPT or --store FILE --conversation ID")
+    if script_path is not None:
+        if conversation_id is not None:
+            raise ConfigError("--conversation", "needs --store")
+        script = load_script(script_path)
+        conv = _conversation(
+            script,
+            vault,
+            tokenizer,
+            _budget(window, reserve, model),
+            allow_private_network=allow_private_network,
+        )
+        envelopes = run_script(script, conv)
+        trace = _trace(envelopes, conv, provider=provider, model=model)
+        title = f"Lamina report: {Path(script_path).name}"
+    else:
+        assert store_path is not None
+        if conversation_id is None:
+            raise ConfigError("--store", "needs --conversation ID")
+        envelopes, conv = _saved_envelopes(
+            store_path, conversation_id, vault, allow_private_network
+        )
+        trace = {
+            "conversation_id": conversation_id,
+            **_trace(
+                envelopes, conv, provider=provider, model=model, conversation_id=conversation_id
+            ),
+        }
+        title = f"Lamina report: conversation {conversation_id}"
+    written = _write_report(Path(out), trace, envelopes, title)
+    click.echo(f"report: {written} ({len(envelopes)} turns)")
+
+
+def _saved_envelopes(
+    store_path: str, conversation_id: str, vault: str | None, allow_private_network: bool
+) -> tuple[list[Envelope], Conversation]:
+    """Every turn of a saved chat, rebuilt from the store and checked against its manifest."""
+    from pipeline._store.sqlite import SqliteStore, load_conversation, rebuild_envelope
+
+    if not Path(store_path).is_file():
+        raise ScriptError(store_path, "", "no such store file")
+    with SqliteStore(store_path) as store:
+        saved = store.conversation(conversation_id).vault
+        root = Path(vault) if vault else (Path(saved) if saved else None)
+        if root is not None and not root.is_dir():
+            raise ScriptError(store_path, "vault", f"vault folder {root} does not exist")
+        sources = _sources(root, allow_private_network)
+        conv = load_conversation(store, conversation_id, sources=sources)
+        envelopes: list[Envelope] = []
+        for k in range(1, len(store.turns(conversation_id)) + 1):
+            envelope = rebuild_envelope(store, conversation_id, k, sources=sources)
+            if envelope is None:
+                raise ScriptError(
+                    store_path,
+                    f"turn {k}",
+                    "cannot be rebuilt as it was sent (a note changed on disk since, or an "
+                    "attachment was not kept); the report needs every turn",
+                )
+            envelopes.append(envelope)
+    if not envelopes:
+        raise ScriptError(store_path, conversation_id, "the conversation has no turns")
+    return envelopes, conv
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters, cut at a word end with " …"."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    head = flat[: limit - 2]
+    cut = head.rsplit(" ", 1)[0] if " " in head else head[: limit - 1]
+    return f"{cut} …" if " " in head else f"{cut}…"
+
+
+def _inspect_turn(console: Console, env: Envelope, conv: Conversation, width: int = 48) -> None:
+    """One turn: every artifact with its layer, form, tokens and decisions; a window bar."""
+    decisions: dict[str, list[str]] = {}
+    for d in env.report.decisions:
+        decisions.setdefault(d.target, []).append(f"{d.stage}: {d.from_form}->{d.to_form}")
+    table = Table(title=f"turn {env.turn}: {_clip(env.query, 60)}", show_lines=False)
+    for col in ("layer", "key", "form", "tokens", "decisions"):
+        table.add_column(col, justify="right" if col == "tokens" else "left")
+    for layer in env.layers:
+        for seg in layer.segments:
+            table.add_row(
+                str(layer.name),
+                seg.key,
+                str(seg.form),
+                str(seg.tokens),
+                "; ".join(decisions.get(seg.key, [])),
+            )
+    for target, notes in decisions.items():
+        if all(layer.get(target) is None for layer in env.layers):
+            table.add_row("-", target, "(not sent)", "0", "; ".join(notes))
+    console.print(table)
+    total = conv.count_request(env)
+    budget = env.report.budget
+    window = budget.limit if budget is not None else total
+    marks = "12345"
+    bar = ""
+    for mark, layer in zip(marks, env.layers, strict=True):
+        bar += mark * round(width * layer.tokens / window) if window else ""
+    bar = bar[:width].ljust(width, ".")
+    label = f"limit {window}" if budget is not None else f"request {total}"
+    shares = "  ".join(f"L{i}={layer.tokens}" for i, layer in enumerate(env.layers, 1))
+    console.print(f"[{bar}] {total} of {label} tokens  ({shares}; digits = layer)", markup=False)
+    for warning in env.report.warnings:
+        console.print(f"warning: {warning}", markup=False, soft_wrap=True)
+    _warn(env)
+
+
+@cli.command()
+@click.argument("script_path", metavar="SCRIPT")
+@click.option(
+    "--vault", type=click.Path(file_okay=False), help="Vault folder (overrides the script's)."
+)
+@click.option(
+    "--tokenizer",
+    type=click.Choice(TOKENIZERS),
+    help="Token encoding [default: the --model's, else o200k_base].",
+)
+@budget_options
+@network_option
+def inspect(
+    script_path: str,
+    vault: str | None,
+    tokenizer: str | None,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
+    allow_private_network: bool,
+) -> None:
+    """Per turn: every artifact's layer, form, tokens and decisions, and how the window is spent."""
+    script = load_script(script_path)
+    budget = _budget(window, reserve, model)
+    conv = _conversation(
+        script, vault, tokenizer, budget, allow_private_network=allow_private_network
+    )
+    console = Console()
+    for env in run_script(script, conv):
+        _inspect_turn(console, env, conv)
+
+
+# The replay engine lives in the application package (issue #20); only its command is here.
+cli.add_command(replay_command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit status (a command's own, else 0).
+
+    Any LaminaError and any usage error (a bad option value, a missing argument) is one
+    line ``lamina: error: ...`` on stderr and exit status 2.
+    """
+    _tolerant_streams()
+    try:
+        status = cli.main(
+            args=list(argv) if argv is not None else None, prog_name="lamina", standalone_mode=False
+        )
+    except LaminaError as exc:
+        _error(str(exc))
+        return 2
+    except click.exceptions.Abort:
+        click.echo("lamina: aborted", err=True)
+        return 130
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()  # bare ``lamina``: the command list is the useful answer
+        return 2
+    except click.ClickException as exc:
+        _error(exc.format_message())
+        return 2
+    return status if isinstance(status, int) else 0
+
+
+def _error(message: str) -> None:
+    click.echo(f"lamina: error: {' '.join(message.split())}", err=True)
+
+
+def _tolerant_streams() -> None:
+    """File names that are not UTF-8 (surrogate escapes) print as ``\\udcXX``, never raise."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if callable(reconfigure):
+            reconfigure(errors="backslashreplace")
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", type=int, default=8765, show_default=True)
+@click.option("--store", "store_path", default="lamina.sqlite", show_default=True)
+@click.option("--vault", type=click.Path(file_okay=False, exists=True), help="Server vault.")
+@click.option("--token-file", type=click.Path(dir_okay=False), help="Bearer token file.")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--max-body", type=click.IntRange(1), default=8 << 20, help="Request bytes.")
+@click.option("--max-text", type=click.IntRange(1), default=1 << 20, help="Bytes per note.")
+@network_option
+def serve(
+    host: str,
+    port: int,
+    store_path: str,
+    vault: str | None,
+    token_file: str | None,
+    workers: int,
+    max_body: int,
+    max_text: int,
+    allow_private_network: bool,
+) -> None:
+    """The HTTP API for hosts in any language (OpenAPI at /openapi.json; docs/SERVER.md)."""
+    from lamina import ServerConfig, read_token
+    from lamina import serve as run_server
+
+    token = None if token_file is None else read_token(token_file)
+    root = None if vault is None else Path(vault).resolve()
+    config = ServerConfig(
+        store_path,
+        root,
+        token,
+        allow_private_network=allow_private_network,
+        max_body_bytes=max_body,
+        max_text_bytes=max_text,
+    )
+    run_server(config, host, port, workers)
+
+
+def _json(document: Any) -> str:
+    """The JSON text of ``document``; a lone surrogate (a non-UTF-8 file name) becomes its
+    ``\\udcXX`` escape, so the output is valid UTF-8 JSON that loads back to the same str."""
+    text = json.dumps(document, indent=2, ensure_ascii=False)
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def console() -> None:
+    """The ``lamina`` console script."""
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Lamina's core: typed artifacts, the turn graph, stages, layers and the envelope."""
 
-from pipeline._agent import (
+from pipeline._conversation.agent import (
     CALL_OVERHEAD,
     QUESTION_AGAIN,
     AgentCall,
@@ -11,7 +11,7 @@ from pipeline._agent import (
     LoopStep,
     agent_call,
 )
-from pipeline._artifacts import (
+from pipeline._model.artifacts import (
     Artifact,
     AttachmentSpec,
     Link,
@@ -22,8 +22,8 @@ from pipeline._artifacts import (
     make_artifact,
     resolver_for_turn,
 )
-from pipeline._assemble import assemble, shorten_reply, visible_history
-from pipeline._budget import (
+from pipeline._turn.assemble import assemble, shorten_reply, visible_history
+from pipeline._budget.fit import (
     CUT_POLICIES,
     DEFAULT_ORDER,
     PREFIX_FIRST_ORDER,
@@ -37,7 +37,7 @@ from pipeline._budget import (
     excerpt_non_recoverable,
     shorten_replies,
 )
-from pipeline._conversation import (
+from pipeline._conversation.conversation import (
     MESSAGE_OVERHEAD,
     REPLY_PRIMING,
     BudgetSettings,
@@ -45,7 +45,7 @@ from pipeline._conversation import (
     ConversationState,
     request_tokens,
 )
-from pipeline._envelope import (
+from pipeline._model.envelope import (
     LIBRARY_HEADING,
     NOT_SENT_INTRO,
     QUERY_LABEL,
@@ -88,20 +88,20 @@ from pipeline._errors import (
     UnknownAttachmentKind,
     UnknownConversation,
 )
-from pipeline._graph import HistoryView, Placement, SystemPrompt, TurnContext, TurnGraph
+from pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnContext, TurnGraph
 from pipeline._hashing import canonical_bytes, content_hash, text_hash
-from pipeline._history import HistoryEntry, has_context_markup, strip_reply
-from pipeline._invariants import check_envelope
-from pipeline._library import Library, LibraryEntry
-from pipeline._markup import (
+from pipeline._model.history import HistoryEntry, has_context_markup, strip_reply
+from pipeline._conversation.invariants import check_envelope
+from pipeline._model.library import Library, LibraryEntry
+from pipeline._text.markup import (
     MarkupBlock,
     defuse_markup,
     escape_attribute,
     escape_body,
     markup_blocks,
 )
-from pipeline._pages import MergePages, PagedPayload, format_pages, parse_pages
-from pipeline._preview import (
+from pipeline._stages.pages import MergePages, PagedPayload, format_pages, parse_pages
+from pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
     Boundary,
     Excerpt,
@@ -111,11 +111,11 @@ from pipeline._preview import (
     make_excerpt,
     make_preview,
 )
-from pipeline._profiles import PROFILES, ModelProfile, Provider, get_profile
-from pipeline._safeload import LoadError, load_json, load_yaml
-from pipeline._script import Script, ScriptTurn, load_script, parse_script, run_script
-from pipeline._stages import Dedup, Expand, Pipeline, Promote, Reference, Stage, library_entry
-from pipeline._store import (
+from pipeline._tokens.profiles import PROFILES, ModelProfile, Provider, get_profile
+from pipeline._input.safeload import LoadError, load_json, load_yaml
+from lamina._script import Script, ScriptTurn, load_script, parse_script, run_script
+from pipeline._stages.builtin import Dedup, Expand, Pipeline, Promote, Reference, Stage, library_entry
+from pipeline._store.sqlite import (
     AttachmentRecord,
     ConversationInfo,
     Head,
@@ -133,7 +133,7 @@ from pipeline._store import (
     save_turn,
     turn_record,
 )
-from pipeline._summarize import (
+from pipeline._views.summarize import (
     Complete,
     LLMSummarizer,
     Summarizer,
@@ -143,8 +143,8 @@ from pipeline._summarize import (
     SummaryResult,
     TextRankSummarizer,
 )
-from pipeline._tokens import TOKENIZERS, TokenCounter, get_encoding
-from pipeline._tools import (
+from pipeline._tokens.counter import TOKENIZERS, TokenCounter, get_encoding
+from pipeline._model.tools import (
     TOOL_SOURCE,
     Chunk,
     Hit,
@@ -164,7 +164,7 @@ from pipeline._tools import (
     tool_key,
     tool_turn,
 )
-from pipeline._transcript import (
+from pipeline._store.transcript import (
     ChatMessage,
     ChatTranscript,
     ImportProblem,
@@ -174,7 +174,7 @@ from pipeline._transcript import (
     parse_transcript,
     render_transcript,
 )
-from pipeline._views import (
+from pipeline._views.views import (
     Policy,
     SegmentRenderer,
     ViewMemo,

@@ -15,11 +15,11 @@ from typing import Any, Self
 
 import attrs
 
-from pipeline._artifacts import Artifact, Link, Processed, TurnWarning, make_artifact
+from pipeline._model.artifacts import Artifact, Link, Processed, TurnWarning, make_artifact
 from pipeline._errors import AttachmentError
 from pipeline._hashing import text_hash
-from pipeline._preview import _split_sections, fence_after
-from pipeline._safeload import LoadError, LoadLimits, load_yaml
+from pipeline._views.preview import _split_sections, fence_after
+from pipeline._input.safeload import LoadError, LoadLimits, load_yaml
 from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext
 from processors._vault import Vault
 

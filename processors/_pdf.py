@@ -30,7 +30,7 @@ from pipeline import (
     TurnWarning,
     make_artifact,
 )
-from pipeline._files import FileProblem, read_confined, read_regular
+from pipeline._input.files import FileProblem, read_confined, read_regular
 from processors._context import ProcessContext
 
 __all__ = [

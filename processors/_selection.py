@@ -7,7 +7,7 @@ from typing import Any, Self
 
 import attrs
 
-from pipeline._artifacts import Processed, make_artifact
+from pipeline._model.artifacts import Processed, make_artifact
 from pipeline._errors import AttachmentError
 from pipeline._hashing import content_hash
 from processors._context import ProcessContext

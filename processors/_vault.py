@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from pipeline._errors import AttachmentError, ConfigError, NoteNotFound, PathOutsideVault
-from pipeline._files import FileProblem, read_confined
+from pipeline._input.files import FileProblem, read_confined
 
 __all__ = ["MAX_NOTE_BYTES", "Vault"]
 

@@ -19,8 +19,8 @@ from pipeline import (
     TurnWarning,
     make_artifact,
 )
-from pipeline._files import FileProblem, read_confined, read_regular
-from pipeline._safeload import LoadError, LoadLimits, load_json
+from pipeline._input.files import FileProblem, read_confined, read_regular
+from pipeline._input.safeload import LoadError, LoadLimits, load_json
 from processors._context import ProcessContext
 
 __all__ = [

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from pipeline import ConfigError, TokenCounter
-from pipeline._agent import AgentTurn, Loop, LoopStep
+from pipeline._conversation.agent import AgentTurn, Loop, LoopStep
 from renderers._providers import RenderedRequest
 from renderers._requests import render_request
 

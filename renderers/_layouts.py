@@ -21,7 +21,7 @@ from pipeline import (
     View,
     chunk_source,
 )
-from pipeline._envelope import join_blocks, system_parts
+from pipeline._model.envelope import join_blocks, system_parts
 from renderers._xml import render_xml
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Segment text as Lamina's XML-shaped blocks: content as written, nothing can break out.
 
-Bodies and attribute values are escaped by the one rule in ``pipeline._markup``: only a
+Bodies and attribute values are escaped by the one rule in ``pipeline._text.markup``: only a
 ``<`` that could open a Lamina block, close the enclosing one, or start a comment or CDATA
 section that never ends is written ``&lt;``; ``>``, ``&`` and other markup stay as written.
 """
@@ -11,8 +11,8 @@ import re
 from collections.abc import Callable
 
 from pipeline import RegistryError, ViewMemo
-from pipeline._envelope import Form, View
-from pipeline._markup import escape_attribute, escape_body
+from pipeline._model.envelope import Form, View
+from pipeline._text.markup import escape_attribute, escape_body
 
 __all__ = ["XmlRenderer", "render_xml", "xml_safe"]
 

@@ -14,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def lamina(
     *args: str, cwd: Path = ROOT, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m pipeline._cli ARGS``; ``env`` is added to this process's environment."""
+    """``python -m lamina._cli ARGS``; ``env`` is added to this process's environment."""
     return subprocess.run(
-        [sys.executable, "-m", "pipeline._cli", *args],
+        [sys.executable, "-m", "lamina._cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,

@@ -13,14 +13,14 @@ from benchmarks.comparators import NOT_INSTALLED, PEERS
 from benchmarks.workload import conversation_workload, library_workload, make_note
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = (sys.executable, "-m", "pipeline._cli", "bench")
+BENCH = (sys.executable, "-m", "lamina._cli", "bench")
 
 
 def test_small_scale_runs_end_to_end_and_writes_the_result_shape(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline._cli", "bench", "--scale", "small", "--out", str(out)],
+        [sys.executable, "-m", "lamina._cli", "bench", "--scale", "small", "--out", str(out)],
         capture_output=True,
         text=True,
         cwd=tmp_path,  # the command finds benchmarks/ from its own location, not the cwd

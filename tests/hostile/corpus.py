@@ -43,7 +43,7 @@ def lamina_limited(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[
     """The CLI in a subprocess with ``ulimit -v`` 1 GiB and 60 s of CPU; a hang fails the
     test by its wall-clock timeout instead of holding the suite."""
     return subprocess.run(
-        [sys.executable, "-m", "pipeline._cli", *args],
+        [sys.executable, "-m", "lamina._cli", *args],
         capture_output=True,
         text=True,
         cwd=cwd,

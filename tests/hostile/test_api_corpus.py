@@ -22,7 +22,7 @@ from pipeline import (
     load_script,
     parse_transcript,
 )
-from pipeline._tools import canonical_args
+from pipeline._model.tools import canonical_args
 from processors import note, pdf, youtube
 from processors._notes import parse_note
 from tests.hostile.corpus import BIG_INT, alias_bomb, deep_block, deep_flow

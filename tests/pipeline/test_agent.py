@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import Budget, BudgetExceeded, Conversation, check_envelope
-from pipeline._agent import QUESTION_AGAIN, AgentTurn, agent_call
+from pipeline._conversation.agent import QUESTION_AGAIN, AgentTurn, agent_call
 
 QUESTION = "Which devices lost edits last week?"
 

@@ -24,7 +24,7 @@ from pipeline import (
     get_encoding,
     parse_script,
 )
-from pipeline._budget import MIN_PREVIEW_TOKENS
+from pipeline._budget.fit import MIN_PREVIEW_TOKENS
 from processors import ProcessContext, Sources, Vault, folder, note
 from tests.pipeline.test_budget import exact_request_tokens
 from tests.strategies import conversations, localize, serve_site, write_property_vault

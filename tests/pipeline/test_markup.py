@@ -22,7 +22,7 @@ from pipeline import (
     markup_blocks,
     strip_reply,
 )
-from pipeline._history import stripped_with_steps
+from pipeline._model.history import stripped_with_steps
 from tests.cli import lamina
 
 # --- escaping ---------------------------------------------------------------------------

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import pipeline._open_encodings as open_module
-import pipeline._tokens as tokens_module
+import pipeline._tokens.open_encodings as open_module
+import pipeline._tokens.counter as tokens_module
 from pipeline import (
     Budget,
     BudgetExceeded,
@@ -28,7 +28,7 @@ from pipeline import (
     get_profile,
     parse_script,
 )
-from pipeline._open_encodings import OPEN_SPECS, OPEN_TOKENIZERS, load_open_encoding
+from pipeline._tokens.open_encodings import OPEN_SPECS, OPEN_TOKENIZERS, load_open_encoding
 from processors import ProcessContext, Sources, Vault, selection
 from renderers import openai_messages
 from renderers._openai import ChatMessage

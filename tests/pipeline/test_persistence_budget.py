@@ -29,7 +29,7 @@ from pipeline import (
     run_saved,
     save_turn,
 )
-from pipeline._conversation import BudgetSettings
+from pipeline._conversation.conversation import BudgetSettings
 from renderers import openai_messages
 from tests.cli import lamina
 

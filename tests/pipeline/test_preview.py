@@ -1,4 +1,4 @@
-"""Structure + preview, marked excerpts and token cuts (pipeline._preview)."""
+"""Structure + preview, marked excerpts and token cuts (pipeline._views.preview)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline._errors import ConfigError
-from pipeline._preview import (
+from pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
     cut_to_tokens,
     make_excerpt,
     make_preview,
 )
-from pipeline._tokens import TokenCounter
+from pipeline._tokens.counter import TokenCounter
 from tests.strategies import MARKDOWN_LINE
 
 COUNTER = TokenCounter()
@@ -353,7 +353,7 @@ def test_marked_cut_counted_from_the_window_equals_encoding_it(
     text: str, limit: int, name: str
 ) -> None:
     """Where the cut is counted from the window's tokens, the count is the true one."""
-    from pipeline._preview import ELLIPSIS, _token_window, _tokens_up_to
+    from pipeline._views.preview import ELLIPSIS, _token_window, _tokens_up_to
 
     enc = TokenCounter(name).encoding
     found = _token_window(text, enc, limit)
@@ -376,7 +376,7 @@ def test_marked_cut_counted_from_the_window_equals_encoding_it(
     boundary=st.sampled_from(["sentence", "paragraph", "line", "word"]),
 )
 def test_marked_cut_stays_within_its_limit(text: str, limit: int, boundary: str) -> None:
-    from pipeline._preview import _cut_with_marker
+    from pipeline._views.preview import _cut_with_marker
 
     out, cut, tokens = _cut_with_marker(text, COUNTER, limit, boundary)  # type: ignore[arg-type]
     assert tokens == COUNTER.count(out)

@@ -1,12 +1,12 @@
-"""Model profiles as data (pipeline._profiles)."""
+"""Model profiles as data (pipeline._tokens.profiles)."""
 
 from __future__ import annotations
 
 import pytest
 
 from pipeline._errors import ConfigError
-from pipeline._profiles import PROFILES, ModelProfile, get_profile
-from pipeline._tokens import TOKENIZERS
+from pipeline._tokens.profiles import PROFILES, ModelProfile, get_profile
+from pipeline._tokens.counter import TOKENIZERS
 
 
 def test_gpt_4o_profile() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import Conversation, Form, Policy, check_envelope
-from pipeline._tools import chunk_source, hit, tool, tool_turn
+from pipeline._model.tools import chunk_source, hit, tool, tool_turn
 from tests.conftest import write_vault
 
 LONG = "# Manual\n\n" + "\n\n".join(

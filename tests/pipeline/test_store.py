@@ -23,8 +23,8 @@ from pipeline import (
     rebuild_envelope,
     save_turn,
 )
-from pipeline._cli import main
-from pipeline._store import SCHEMA_VERSION
+from lamina._cli import main
+from pipeline._store.sqlite import SCHEMA_VERSION
 
 
 def _chat(vault: Path, store: SqliteStore, cid: str = "c1", turns: int = 3) -> Conversation:

@@ -21,7 +21,7 @@ from pipeline import (
     load_conversation,
     save_turn,
 )
-from pipeline._transcript import export_transcript
+from pipeline._store.transcript import export_transcript
 from tests.cli import ROOT, lamina
 
 WORKERS = 4
@@ -105,7 +105,7 @@ def _script(tmp_path: Path, name: str) -> Path:
 
 def _resume(store: Path, script: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline._cli", "resume", str(store), "--conversation", "c",
+        [sys.executable, "-m", "lamina._cli", "resume", str(store), "--conversation", "c",
          "--script", str(script), "--json"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -187,7 +187,7 @@ def test_sigkill_during_import_leaves_nothing_partial_and_retry_succeeds(
     turns = 30
     transcript = _transcript(tmp_path, vault, turns)
     rng = random.Random(1415)
-    argv = [sys.executable, "-m", "pipeline._cli", "import", str(transcript), "--vault", str(vault)]
+    argv = [sys.executable, "-m", "lamina._cli", "import", str(transcript), "--vault", str(vault)]
     started = time.monotonic()
     first = subprocess.run([*argv, "--store", str(tmp_path / "timing.db")], cwd=ROOT, check=False,
                            capture_output=True, text=True, timeout=300)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Summarizers and the summary memo (pipeline._summarize)."""
+"""Summarizers and the summary memo (pipeline._views.summarize)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import time
 import pytest
 
 from pipeline._errors import ConfigError
-from pipeline._summarize import (
+from pipeline._views.summarize import (
     LLMSummarizer,
     Summarizer,
     SummaryCache,
     SummaryResult,
     TextRankSummarizer,
 )
-from pipeline._tokens import TokenCounter
+from pipeline._tokens.counter import TokenCounter
 
 COUNTER = TokenCounter()
 

@@ -95,7 +95,7 @@ def test_text_hash_of_a_long_text_equals_hashing_its_bytes() -> None:
 
 def test_count_many_on_threads_gives_the_serial_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A large batch is encoded on threads; counts, cache and meters match one-by-one."""
-    import pipeline._tokens as tokens_module
+    import pipeline._tokens.counter as tokens_module
 
     rng = random.Random(5)
     texts = ["".join(rng.choice("ab .\n#é") for _ in range(rng.randint(0, 400))) for _ in range(60)]
@@ -114,7 +114,7 @@ def test_count_many_on_threads_gives_the_serial_counts(monkeypatch: pytest.Monke
 
 
 def test_the_count_memo_forgets_its_oldest_quarter(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline._tokens as tokens_module
+    import pipeline._tokens.counter as tokens_module
 
     monkeypatch.setattr(tokens_module, "MAX_REMEMBERED", 8)
     counter = TokenCounter()
@@ -157,7 +157,7 @@ def test_count_many_keeps_its_answers_when_remembering_forgets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A full memo forgets while a threaded batch is remembered; answers stay exact."""
-    import pipeline._tokens as tokens_module
+    import pipeline._tokens.counter as tokens_module
 
     monkeypatch.setattr(tokens_module, "MAX_REMEMBERED", 8)
     monkeypatch.setattr(tokens_module, "PARALLEL_CHARS", 1)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import AttachmentError, Budget, Conversation, Form, check_envelope
-from pipeline._tools import ToolSources, tool, tool_artifact, tool_key, tool_turn
+from pipeline._model.tools import ToolSources, tool, tool_artifact, tool_key, tool_turn
 
 SEARCH = "\n".join(f"Result {i}: the sync service retries failed pushes." for i in range(40))
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline._artifacts import Link, Processed
+from pipeline._model.artifacts import Link, Processed
 from pipeline._errors import AttachmentError, NoteNotFound, PathOutsideVault
 from processors._context import ProcessContext
 from processors._notes import (

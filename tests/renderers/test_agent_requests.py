@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from pipeline import Budget, BudgetExceeded, Conversation
-from pipeline._agent import AgentTurn, agent_call
+from pipeline._conversation.agent import AgentTurn, agent_call
 from renderers._agent import agent_request
 from tests.conftest import write_vault
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline import Conversation, Envelope, Form
-from pipeline._tools import hit, tool, tool_turn
+from pipeline._model.tools import hit, tool, tool_turn
 from renderers import build_prompt
 from tests.conftest import write_vault
 

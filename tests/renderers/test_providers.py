@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline import Conversation, Envelope, RegistryError, SystemPrompt, TokenCounter
-from pipeline._profiles import get_profile
+from pipeline._tokens.profiles import get_profile
 from renderers import (
     RenderedRequest,
     RequestOptions,

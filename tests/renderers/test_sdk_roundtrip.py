@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pipeline import Conversation, SystemPrompt
-from pipeline._profiles import get_profile
+from pipeline._tokens.profiles import get_profile
 from renderers import RenderedRequest, gemini_cache_plan, render_request, request_options
 from renderers._layouts import build_prompt
 

@@ -8,13 +8,13 @@ from typing import Any
 
 import attrs
 
-from pipeline._artifacts import AttachmentSpec, SourceResolver
-from pipeline._conversation import Conversation, SystemPrompt
-from pipeline._envelope import Envelope
+from pipeline._model.artifacts import AttachmentSpec, SourceResolver
+from pipeline._conversation.conversation import Conversation, SystemPrompt
+from pipeline._model.envelope import Envelope
 from pipeline._errors import LaminaError, ScriptError
-from pipeline._files import FileProblem, read_regular
-from pipeline._invariants import check_envelope
-from pipeline._safeload import LoadError, load_json, load_yaml
+from pipeline._input.files import FileProblem, read_regular
+from pipeline._conversation.invariants import check_envelope
+from pipeline._input.safeload import LoadError, load_json, load_yaml
 
 __all__ = ["MAX_SCRIPT_BYTES", "Script", "ScriptTurn", "load_script", "parse_script", "run_script"]
 
@@ -167,8 +167,8 @@ def _run_turn(
     changes = dict(turn.vault_changes)
     if not turn.tools and not turn.agent:
         return conversation.turn(turn.user, specs, vault_changes=changes)
-    from pipeline._agent import AgentTurn, agent_call
-    from pipeline._tools import tool, tool_turn
+    from pipeline._conversation.agent import AgentTurn, agent_call
+    from pipeline._model.tools import tool, tool_turn
 
     tools = [tool(c["name"], c.get("args", {}), c.get("result", "")) for c in turn.tools]
     if not turn.agent:

@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 import attrs
 
-from pipeline._artifacts import Artifact
-from pipeline._envelope import Form, View
+from pipeline._model.artifacts import Artifact
+from pipeline._model.envelope import Form, View
 from pipeline._errors import ConfigError
-from pipeline._summarize import Summarizer, SummaryCache
-from pipeline._tokens import TokenCounter, count_joined_from, count_with_sep_from, starts_piece
+from pipeline._views.summarize import Summarizer, SummaryCache
+from pipeline._tokens.counter import TokenCounter, count_joined_from, count_with_sep_from, starts_piece
 
 if TYPE_CHECKING:
-    from pipeline._preview import Preview
+    from pipeline._views.preview import Preview
 
 T = TypeVar("T")
 
@@ -143,7 +143,7 @@ class ViewMemo:
 def _preview(
     artifact: Artifact, counter: TokenCounter, policy: Policy, memo: ViewMemo | None
 ) -> Preview:
-    from pipeline._preview import make_preview
+    from pipeline._views.preview import make_preview
 
     def make() -> Preview:
         return make_preview(
@@ -178,7 +178,7 @@ def excerpt_view(
     marks: tuple[tuple[str, str], ...] = (),
     memo: ViewMemo | None = None,
 ) -> View:
-    from pipeline._preview import make_excerpt
+    from pipeline._views.preview import make_excerpt
 
     def make() -> str:
         return make_excerpt(artifact.payload.body(), counter, max_tokens).text

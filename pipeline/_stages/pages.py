@@ -6,10 +6,10 @@ from typing import Protocol, Self, runtime_checkable
 
 import attrs
 
-from pipeline._artifacts import make_artifact
-from pipeline._envelope import Decision
-from pipeline._graph import Placement, TurnGraph
-from pipeline._library import Library
+from pipeline._model.artifacts import make_artifact
+from pipeline._model.envelope import Decision
+from pipeline._turn.graph import Placement, TurnGraph
+from pipeline._model.library import Library
 
 __all__ = ["MergePages", "PagedPayload", "format_pages", "parse_pages"]
 

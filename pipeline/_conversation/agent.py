@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from pipeline._envelope import BudgetReport, Decision, Envelope
+from pipeline._model.envelope import BudgetReport, Decision, Envelope
 from pipeline._errors import BudgetExceeded, ConversationError
-from pipeline._preview import EXCERPT_MIN_TOKENS, cut_to_tokens
-from pipeline._tokens import TokenCounter
-from pipeline._tools import Hit, ToolUse, canonical_args, tool_artifact, tool_key, tool_turn
+from pipeline._views.preview import EXCERPT_MIN_TOKENS, cut_to_tokens
+from pipeline._tokens.counter import TokenCounter
+from pipeline._model.tools import Hit, ToolUse, canonical_args, tool_artifact, tool_key, tool_turn
 
 if TYPE_CHECKING:
-    from pipeline._budget import Budget
-    from pipeline._conversation import Conversation
+    from pipeline._budget.fit import Budget
+    from pipeline._conversation.conversation import Conversation
 
 __all__ = [
     "CALL_OVERHEAD",
@@ -199,7 +199,7 @@ class AgentTurn:
         return total
 
     def base_tokens(self) -> int:
-        from pipeline._conversation import request_tokens
+        from pipeline._conversation.conversation import request_tokens
 
         per_message, priming = self._framing()
         return request_tokens(self.envelope, self.counter, per_message=per_message, priming=priming)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import attrs
 
 from pipeline._errors import ConfigError
-from pipeline._tokens import TOKENIZERS
+from pipeline._tokens.counter import TOKENIZERS
 
 __all__ = ["PROFILES", "ModelProfile", "Provider", "get_profile"]
 

@@ -19,7 +19,7 @@ import attrs
 import tiktoken
 
 from pipeline._errors import ConfigError
-from pipeline._tokens import TokenCounter, count_joined_from
+from pipeline._tokens.counter import TokenCounter, count_joined_from
 
 __all__ = [
     "ELLIPSIS",

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from pipeline._artifacts import TurnWarning
+from pipeline._model.artifacts import TurnWarning
 from pipeline._hashing import joined_hash, text_hash
 
 __all__ = [
@@ -45,7 +45,7 @@ NOT_SENT_INTRO = (
 NOT_SENT = "not-sent"
 QUERY_LABEL = "---\n[User query]:\n"
 BLOCK_SEP = "\n\n"
-# Source type of tool results (pipeline._tools): first in the user message, never in L1/L2.
+# Source type of tool results (pipeline._model.tools): first in the user message, never in L1/L2.
 TOOL_SOURCE = "tool"
 
 

@@ -18,8 +18,8 @@ from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 import attrs
 
 from pipeline._errors import ConfigError
-from pipeline._preview import _split_sections, _trim_blank_lines, cut_to_tokens
-from pipeline._tokens import TokenCounter
+from pipeline._views.preview import _split_sections, _trim_blank_lines, cut_to_tokens
+from pipeline._tokens.counter import TokenCounter
 
 __all__ = [
     "Complete",

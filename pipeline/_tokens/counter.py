@@ -1,5 +1,5 @@
 """Exact, offline token counts: OpenAI's encodings ship inside this package; open models'
-(Llama, Qwen, Mistral) load from optional extras (``pipeline._open_encodings``)."""
+(Llama, Qwen, Mistral) load from optional extras (``pipeline._tokens.open_encodings``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tiktoken.load import load_tiktoken_bpe
 
 from pipeline._errors import ConfigError
 from pipeline._hashing import slice_hash
-from pipeline._open_encodings import OPEN_TOKENIZERS, load_open_encoding
+from pipeline._tokens.open_encodings import OPEN_TOKENIZERS, load_open_encoding
 
 __all__ = [
     "TOKENIZERS",
@@ -103,7 +103,7 @@ def get_encoding(name: str) -> tiktoken.Encoding:
             enc = _encodings[name] = load_open_encoding(name)
         if enc is None:
             spec = _SPECS[name]
-            path = resources.files("pipeline") / "_encodings" / f"{name}.tiktoken"
+            path = resources.files("pipeline._tokens.counter") / "encodings" / f"{name}.tiktoken"
             with resources.as_file(path) as real:
                 ranks = load_tiktoken_bpe(str(real), expected_hash=spec.sha256)
             enc = tiktoken.Encoding(

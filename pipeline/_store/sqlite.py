@@ -25,9 +25,9 @@ import attrs
 import cattrs
 import xxhash
 
-from pipeline._artifacts import AttachmentSpec, TurnWarning
-from pipeline._conversation import Conversation, ConversationState
-from pipeline._envelope import BuildReport, Envelope, Form
+from pipeline._model.artifacts import AttachmentSpec, TurnWarning
+from pipeline._conversation.conversation import Conversation, ConversationState
+from pipeline._model.envelope import BuildReport, Envelope, Form
 from pipeline._errors import (
     ConflictError,
     ConversationError,
@@ -39,8 +39,8 @@ from pipeline._errors import (
     StoreSchemaTooNew,
     UnknownConversation,
 )
-from pipeline._script import Script
-from pipeline._summarize import SummaryBacking, SummaryKey, SummaryResult
+from lamina._script import Script
+from pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -1055,7 +1055,7 @@ def run_saved(
 
     ``previous`` is the envelope before the first turn (when resuming), for the checks.
     """
-    from pipeline._invariants import check_envelope
+    from pipeline._conversation.invariants import check_envelope
 
     _connect(conversation, store)
     specs = []

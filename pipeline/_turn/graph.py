@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import networkx as nx
 
-from pipeline._artifacts import Artifact, Processed, TurnWarning
-from pipeline._envelope import BudgetReport, Decision, Envelope, Form
-from pipeline._history import HistoryEntry
-from pipeline._library import Library
-from pipeline._summarize import Summarizer, SummaryCache, TextRankSummarizer
-from pipeline._tokens import TokenCounter
-from pipeline._views import Policy, SegmentRenderer, ViewMemo
+from pipeline._model.artifacts import Artifact, Processed, TurnWarning
+from pipeline._model.envelope import BudgetReport, Decision, Envelope, Form
+from pipeline._model.history import HistoryEntry
+from pipeline._model.library import Library
+from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
+from pipeline._tokens.counter import TokenCounter
+from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:
-    from pipeline._budget import Budget
+    from pipeline._budget.fit import Budget
 
 __all__ = ["HistoryView", "Placement", "SystemPrompt", "TurnContext", "TurnGraph"]
 

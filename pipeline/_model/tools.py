@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 import attrs
 
-from pipeline._artifacts import (
+from pipeline._model.artifacts import (
     Artifact,
     AttachmentSpec,
     Processed,
@@ -23,14 +23,14 @@ from pipeline._artifacts import (
     make_artifact,
     resolver_for_turn,
 )
-from pipeline._envelope import TOOL_SOURCE
+from pipeline._model.envelope import TOOL_SOURCE
 from pipeline._errors import AttachmentError
 from pipeline._hashing import text_hash
-from pipeline._safeload import LoadError, load_json
+from pipeline._input.safeload import LoadError, load_json
 
 if TYPE_CHECKING:
-    from pipeline._conversation import Conversation
-    from pipeline._envelope import Envelope
+    from pipeline._conversation.conversation import Conversation
+    from pipeline._model.envelope import Envelope
 
 __all__ = [
     "TOOL_SOURCE",

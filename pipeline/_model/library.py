@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import attrs
 import xxhash
 
-from pipeline._envelope import BLOCK_SEP, LIBRARY_HEADING, Form, Layer, LayerName, Segment, View
+from pipeline._model.envelope import BLOCK_SEP, LIBRARY_HEADING, Form, Layer, LayerName, Segment, View
 from pipeline._hashing import feed, hash_joined
-from pipeline._tokens import TokenCounter, starts_piece
+from pipeline._tokens.counter import TokenCounter, starts_piece
 
 __all__ = ["Library", "LibraryEntry"]
 

@@ -18,13 +18,13 @@ from typing import Any
 import attrs
 import yaml
 
-from pipeline._artifacts import SourceResolver
-from pipeline._conversation import Conversation, ConversationState, SystemPrompt
-from pipeline._envelope import Envelope
+from pipeline._model.artifacts import SourceResolver
+from pipeline._conversation.conversation import Conversation, ConversationState, SystemPrompt
+from pipeline._model.envelope import Envelope
 from pipeline._errors import ChatTranscriptError, LaminaError, StoreError
 from pipeline._hashing import text_hash
-from pipeline._safeload import LoadError, LoadLimits, load_yaml
-from pipeline._store import (
+from pipeline._input.safeload import LoadError, LoadLimits, load_yaml
+from pipeline._store.sqlite import (
     AttachmentRecord,
     ConversationInfo,
     Head,

@@ -9,14 +9,14 @@ from typing import Protocol
 import attrs
 import networkx as nx
 
-from pipeline._artifacts import Artifact
-from pipeline._assemble import fitted_preview
-from pipeline._envelope import Decision, Form, View
+from pipeline._model.artifacts import Artifact
+from pipeline._turn.assemble import fitted_preview
+from pipeline._model.envelope import Decision, Form, View
 from pipeline._errors import LaminaError, PipelineError, StageError
-from pipeline._graph import Placement, TurnContext, TurnGraph
-from pipeline._library import Library, LibraryEntry
-from pipeline._tools import chunk_source, is_turn_scoped
-from pipeline._views import carry_forward, full_view, reference_view
+from pipeline._turn.graph import Placement, TurnContext, TurnGraph
+from pipeline._model.library import Library, LibraryEntry
+from pipeline._model.tools import chunk_source, is_turn_scoped
+from pipeline._views.views import carry_forward, full_view, reference_view
 
 __all__ = ["Dedup", "Expand", "Pipeline", "Promote", "Reference", "Stage", "library_entry"]
 
@@ -333,8 +333,8 @@ class Pipeline:
 
     @classmethod
     def default(cls) -> Pipeline:
-        from pipeline._budget import Enforce
-        from pipeline._pages import MergePages
+        from pipeline._budget.fit import Enforce
+        from pipeline._stages.pages import MergePages
 
         return cls([Expand(), Dedup(), MergePages(), Reference(), Enforce(), Promote()])
 

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from pipeline import _validate
-from pipeline._artifacts import AttachmentSpec, Processed, SourceResolver, resolver_for_turn
-from pipeline._assemble import assemble
-from pipeline._envelope import (
+from pipeline._model.artifacts import AttachmentSpec, Processed, SourceResolver, resolver_for_turn
+from pipeline._turn.assemble import assemble
+from pipeline._model.envelope import (
     BLOCK_SEP,
     LIBRARY_HEADING,
     Decision,
@@ -22,17 +22,17 @@ from pipeline._envelope import (
     user_parts,
 )
 from pipeline._errors import ArgumentError, ConfigError, ConversationError
-from pipeline._graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
-from pipeline._history import HistoryEntry, strip_reply
-from pipeline._library import Library, LibraryEntry
-from pipeline._stages import Pipeline
-from pipeline._summarize import Summarizer, SummaryCache, TextRankSummarizer
-from pipeline._tokens import TokenCounter
-from pipeline._views import Policy, SegmentRenderer, ViewMemo
+from pipeline._turn.graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
+from pipeline._model.history import HistoryEntry, strip_reply
+from pipeline._model.library import Library, LibraryEntry
+from pipeline._stages.builtin import Pipeline
+from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
+from pipeline._tokens.counter import TokenCounter
+from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:
-    from pipeline._budget import Budget
-    from pipeline._store import Head
+    from pipeline._budget.fit import Budget
+    from pipeline._store.sqlite import Head
 
 __all__ = [
     "MESSAGE_OVERHEAD",
@@ -89,7 +89,7 @@ class BudgetSettings:
 
     def budget(self) -> Budget:
         """The ``Budget`` with these numbers and its policy's cut order (validated)."""
-        from pipeline._budget import Budget
+        from pipeline._budget.fit import Budget
 
         return Budget(**attrs.asdict(self))
 
@@ -408,7 +408,7 @@ def _check_settings(
     system: object, vault: object, tokenizer: object, policy: object, budget: object
 ) -> None:
     """The constructor's arguments, checked before anything is built from them."""
-    from pipeline._budget import Budget
+    from pipeline._budget.fit import Budget
 
     if not isinstance(system, str | SystemPrompt):
         got = type(system).__name__

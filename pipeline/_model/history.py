@@ -6,7 +6,7 @@ import re
 
 import attrs
 
-from pipeline._markup import (
+from pipeline._text.markup import (
     TOOL_TAGS,
     MarkupBlock,
     MarkupScan,
@@ -70,7 +70,7 @@ def _strip_once(text: str, blocks: list[MarkupBlock]) -> str:
 
 def strip_reply(text: str) -> str:
     """Tool payloads become the titles and locators they held (``[<tag> omitted]`` if none);
-    Lamina's context blocks (see ``pipeline._markup``) become ``[context: key]``. Any other
+    Lamina's context blocks (see ``pipeline._text.markup``) become ``[context: key]``. Any other
     markup (JSX, HTML, XML a person wrote) stays byte for byte. Linear in ``len(text)``."""
     return stripped_with_steps(text)[0]
 

@@ -1,0 +1,1 @@
+"""Fitting a turn into the window: cuts, their order and the budget report."""

@@ -1,0 +1,1 @@
+"""Conversations across turns: the Conversation, its invariants, agent loops."""

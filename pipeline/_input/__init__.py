@@ -1,0 +1,1 @@
+"""Untrusted input: confined non-blocking file reads, bounded YAML/JSON, argument checks."""

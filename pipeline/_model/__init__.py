@@ -1,0 +1,1 @@
+"""Typed values: artifacts, tool results, the envelope and its layers, history, the library."""

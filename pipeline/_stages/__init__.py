@@ -1,0 +1,1 @@
+"""The stage runner and the built-in stages (expand, dedup, reference, promote)."""

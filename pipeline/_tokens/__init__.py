@@ -1,0 +1,1 @@
+"""Token counting: encodings, the counter and its piece rule, model profiles."""

@@ -1,0 +1,1 @@
+"""One turn's working state (the artifact graph) and its assembly into layers."""

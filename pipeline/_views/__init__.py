@@ -1,0 +1,1 @@
+"""Forms of an artifact: full, preview, summary, excerpt, reference."""
