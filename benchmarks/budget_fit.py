@@ -44,7 +44,7 @@ def folder_workload(seed: int, notes: int) -> dict[str, str]:
 
 def _turn(vault: Path, budget: Any) -> tuple[float, float, Any]:
     """(build seconds, budget-stage seconds, envelope) of one turn attaching the folder."""
-    from pipeline import Conversation
+    from lamina import Conversation
 
     conv = Conversation("You are terse.", vault=vault, budget=budget)
     start = time.perf_counter()
@@ -133,7 +133,8 @@ def _attachment_share(conv: Any, workload: Workload) -> dict[str, Any]:
 
 def share_points() -> list[dict[str, Any]]:
     """The seeded chat under each window and policy."""
-    from pipeline import Budget, Conversation
+    from lamina import Conversation
+    from pipeline import Budget
 
     workload = conversation_workload(SEED, SHARE_TURNS)
     points = []

@@ -87,9 +87,8 @@ def chat_script(turns: int = 30) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline import Conversation
+    from lamina import Conversation, load_script, parse_script, run_script
     from lamina._cli import DEMO_SCRIPT
-    from lamina._script import load_script, parse_script, run_script
     from renderers._simulate import format_simulation, simulate
 
     parser = argparse.ArgumentParser()

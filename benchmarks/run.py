@@ -134,7 +134,7 @@ def _sampled(count: int, samples: int) -> set[int]:
 
 
 def _conversation(vault: Path, kind: str) -> Any:
-    from pipeline import Conversation
+    from lamina import Conversation
 
     return Conversation(SYSTEM, vault=vault, budget=_budget(kind))
 

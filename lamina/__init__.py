@@ -1,5 +1,10 @@
-"""Lamina's application layer: replaying recorded conversations under policy configs, and
-the HTTP server (``lamina serve``) for hosts in any language."""
+"""Lamina for host apps: one import for a conversation, its attachments, requests and store.
+
+The layers underneath import one way: ``processors`` (sources -> artifacts) and
+``renderers`` (layers -> text and provider requests) build on ``pipeline`` (the core);
+this package wires them together (facade, CLI, scripts, replay, server) and imports all
+three.
+"""
 
 import typing
 
@@ -13,6 +18,14 @@ from lamina._config import (
 )
 from lamina._corpus import Corpus, Recording, find_corpus
 from lamina._engines import DaskEngine, Engine, LocalEngine, SerialEngine, make_engine
+from lamina._host import (
+    Conversation,
+    default_sources,
+    import_transcript,
+    load_conversation,
+    rebuild_envelope,
+    renderer_for,
+)
 from lamina._replay import (
     InvariantFailure,
     ProviderResult,
@@ -23,41 +36,98 @@ from lamina._replay import (
     replay_recording,
     replay_script,
 )
+from lamina._script import Script, ScriptTurn, load_script, parse_script, run_saved, run_script
 from lamina._summary import ConfigSummary, ProviderSummary, RunSummary, summarize
+from pipeline import (
+    AttachmentError,
+    Budget,
+    BudgetExceeded,
+    ConfigError,
+    Envelope,
+    LaminaError,
+    Policy,
+    SqliteStore,
+    SystemPrompt,
+    check_envelope,
+    export_transcript,
+    save_turn,
+    tool,
+)
+from processors import Registry, Sources, Vault, folder, note, pdf, selection, tag, url, youtube
+from renderers import openai_messages, render_report, render_request, trace_document
 
 __all__ = [
+    "AttachmentError",
+    "Budget",
     "BudgetConfig",
+    "BudgetExceeded",
+    "ConfigError",
     "ConfigSummary",
+    "Conversation",
     "ConversationHub",
     "Corpus",
     "DaskEngine",
     "Engine",
+    "Envelope",
     "InvariantFailure",
+    "LaminaError",
     "LocalEngine",
+    "Policy",
     "ProviderPricing",
     "ProviderResult",
     "ProviderSummary",
     "Recording",
+    "Registry",
     "ReplayConfig",
     "ReplayError",
     "ReplayResult",
     "ReplayRun",
     "RunSummary",
+    "Script",
+    "ScriptTurn",
     "SerialEngine",
     "ServerConfig",
+    "Sources",
+    "SqliteStore",
     "SummarizerConfig",
+    "SystemPrompt",
+    "Vault",
+    "check_envelope",
     "create_app",
+    "default_sources",
+    "export_transcript",
     "find_corpus",
+    "folder",
+    "import_transcript",
     "is_loopback",
     "load_config",
+    "load_conversation",
+    "load_script",
     "make_engine",
+    "note",
+    "openai_messages",
     "parse_config",
+    "parse_script",
+    "pdf",
     "read_token",
+    "rebuild_envelope",
+    "render_report",
+    "render_request",
+    "renderer_for",
     "replay",
     "replay_recording",
     "replay_script",
+    "run_saved",
+    "run_script",
+    "save_turn",
+    "selection",
     "serve",
     "summarize",
+    "tag",
+    "tool",
+    "trace_document",
+    "url",
+    "youtube",
 ]
 
 # The server's names need the `server` extra (FastAPI, uvicorn): imported on first use.

@@ -23,14 +23,19 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+import pipeline
+from lamina._host import Conversation, import_transcript, load_conversation, rebuild_envelope
 from lamina._replay_cli import replay_command
-from pipeline._model.artifacts import SourceResolver
-from pipeline._budget.fit import Budget
-from pipeline._conversation.conversation import Conversation
-from pipeline._model.envelope import Envelope
-from pipeline._errors import ConfigError, LaminaError, ScriptError
-from lamina._script import Script, load_script, parse_script, run_script
-from pipeline._tokens.counter import TOKENIZERS
+from lamina._script import Script, load_script, parse_script, run_saved, run_script
+from pipeline import (
+    TOKENIZERS,
+    Budget,
+    ConfigError,
+    Envelope,
+    LaminaError,
+    ScriptError,
+    SourceResolver,
+)
 
 __all__ = ["main"]
 
@@ -196,7 +201,7 @@ def budget_options(fn: F) -> F:
 
 def _trace(
     envelopes: Sequence[Envelope],
-    conv: Conversation,
+    conv: pipeline.Conversation,
     *,
     provider: str | None = None,
     model: str | None = None,
@@ -242,7 +247,9 @@ def _warn(env: Envelope) -> None:
         click.echo(f"lamina: warning: turn {env.turn}: {w}", err=True)
 
 
-def _show(console: Console, envelopes: Sequence[Envelope], conv: Conversation, full: bool) -> None:
+def _show(
+    console: Console, envelopes: Sequence[Envelope], conv: pipeline.Conversation, full: bool
+) -> None:
     from renderers import chatml, common_prefix_tokens, openai_messages
 
     previous = None
@@ -460,12 +467,11 @@ def run(
         envelopes = run_script(script, conv)
         trace = _trace(envelopes, conv, provider=provider, model=model, timings=timings)
     else:
-        from pipeline._store.sqlite import (
+        from pipeline import (
             ConversationInfo,
             SqliteStore,
             new_conversation_id,
             now_stamp,
-            run_saved,
         )
 
         cid = conversation_id or new_conversation_id()
@@ -527,7 +533,7 @@ def resume(
 
     The chat's saved budget applies; --window/--reserve/--model replace it for the new turns.
     """
-    from pipeline._store.sqlite import SqliteStore, load_conversation, rebuild_envelope, run_saved
+    from pipeline import SqliteStore
 
     script = load_script(script_path)
     if not Path(store_path).is_file():
@@ -567,8 +573,7 @@ def resume(
 @click.option("--out", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
 def export_cmd(store_path: str, conversation_id: str, out: str | None) -> None:
     """Export a saved chat as a markdown transcript."""
-    from pipeline._store.sqlite import SqliteStore
-    from pipeline._store.transcript import export_transcript
+    from pipeline import SqliteStore, export_transcript
 
     if not Path(store_path).is_file():
         raise ScriptError(store_path, "", "no such store file")
@@ -594,10 +599,12 @@ def import_cmd(
     conversation_id: str | None,
 ) -> None:
     """Import a markdown transcript (Lamina's or the original plugin's) into a store."""
-    from pipeline._errors import ChatTranscriptError
-    from pipeline._input.files import FileProblem, read_regular
-    from pipeline._store.sqlite import SqliteStore
-    from pipeline._store.transcript import import_transcript
+    from pipeline import (
+        ChatTranscriptError,
+        FileProblem,
+        SqliteStore,
+        read_regular,
+    )
 
     try:
         text = read_regular(transcript_path, 64_000_000).decode("utf-8")
@@ -774,7 +781,7 @@ def report(
         if conversation_id is not None:
             raise ConfigError("--conversation", "needs --store")
         script = load_script(script_path)
-        conv = _conversation(
+        conv: pipeline.Conversation = _conversation(
             script,
             vault,
             tokenizer,
@@ -804,9 +811,9 @@ def report(
 
 def _saved_envelopes(
     store_path: str, conversation_id: str, vault: str | None, allow_private_network: bool
-) -> tuple[list[Envelope], Conversation]:
+) -> tuple[list[Envelope], pipeline.Conversation]:
     """Every turn of a saved chat, rebuilt from the store and checked against its manifest."""
-    from pipeline._store.sqlite import SqliteStore, load_conversation, rebuild_envelope
+    from pipeline import SqliteStore
 
     if not Path(store_path).is_file():
         raise ScriptError(store_path, "", "no such store file")
@@ -843,7 +850,9 @@ def _clip(text: str, limit: int) -> str:
     return f"{cut} …" if " " in head else f"{cut}…"
 
 
-def _inspect_turn(console: Console, env: Envelope, conv: Conversation, width: int = 48) -> None:
+def _inspect_turn(
+    console: Console, env: Envelope, conv: pipeline.Conversation, width: int = 48
+) -> None:
     """One turn: every artifact with its layer, form, tokens and decisions; a window bar."""
     decisions: dict[str, list[str]] = {}
     for d in env.report.decisions:

@@ -2,21 +2,41 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from pipeline._model.artifacts import AttachmentSpec, SourceResolver
-from pipeline._conversation.conversation import Conversation, SystemPrompt
-from pipeline._model.envelope import Envelope
-from pipeline._errors import LaminaError, ScriptError
-from pipeline._input.files import FileProblem, read_regular
-from pipeline._conversation.invariants import check_envelope
-from pipeline._input.safeload import LoadError, load_json, load_yaml
+from pipeline import (
+    AttachmentSpec,
+    Conversation,
+    Envelope,
+    FileProblem,
+    LaminaError,
+    LoadError,
+    ScriptError,
+    SourceResolver,
+    Store,
+    SystemPrompt,
+    back_summaries,
+    check_envelope,
+    load_json,
+    load_yaml,
+    read_regular,
+    save_turn,
+)
 
-__all__ = ["MAX_SCRIPT_BYTES", "Script", "ScriptTurn", "load_script", "parse_script", "run_script"]
+__all__ = [
+    "MAX_SCRIPT_BYTES",
+    "AfterTurn",
+    "Script",
+    "ScriptTurn",
+    "load_script",
+    "parse_script",
+    "run_saved",
+    "run_script",
+]
 
 MAX_SCRIPT_BYTES = 4_000_000
 """A larger script file is refused before it is parsed."""
@@ -144,20 +164,54 @@ def _calls(raw: Any, path: str, where: str, *, empty: bool = True) -> tuple[Mapp
     return tuple(raw)
 
 
-def run_script(script: Script, conversation: Conversation, *, check: bool = True) -> list[Envelope]:
-    """Run every turn; attachments are parsed up front so a typo fails before turn 1."""
+AfterTurn = Callable[[Envelope, ScriptTurn], None]
+"""Called after each turn (and its reply): the envelope and the script turn it ran."""
+
+
+def run_script(
+    script: Script,
+    conversation: Conversation,
+    *,
+    check: bool = True,
+    previous: Envelope | None = None,
+    after_turn: AfterTurn | None = None,
+) -> list[Envelope]:
+    """Run every turn; attachments are parsed up front so a typo fails before turn 1.
+
+    ``previous`` is the envelope before the first turn (when resuming), for the checks;
+    ``after_turn`` is how a caller persists each turn (``run_saved``).
+    """
     specs = _parse_attachments(script, conversation.sources)
     envelopes: list[Envelope] = []
-    previous: Envelope | None = None
     for turn, turn_specs in zip(script.turns, specs, strict=True):
         envelope = _run_turn(conversation, turn, turn_specs)
         if check:
             check_envelope(envelope, previous, conversation.policy)
         if turn.reply is not None:
             conversation.reply(turn.reply)
+        if after_turn is not None:
+            after_turn(envelope, turn)
         envelopes.append(envelope)
         previous = envelope
     return envelopes
+
+
+def run_saved(
+    script: Script,
+    conversation: Conversation,
+    store: Store,
+    conversation_id: str,
+    *,
+    check: bool = True,
+    previous: Envelope | None = None,
+) -> list[Envelope]:
+    """``run_script`` that saves each turn (with its reply and script forms) to ``store``."""
+    back_summaries(conversation, store)
+
+    def save(envelope: Envelope, turn: ScriptTurn) -> None:
+        save_turn(store, conversation_id, conversation, envelope, turn.attach)
+
+    return run_script(script, conversation, check=check, previous=previous, after_turn=save)
 
 
 def _run_turn(
@@ -167,8 +221,7 @@ def _run_turn(
     changes = dict(turn.vault_changes)
     if not turn.tools and not turn.agent:
         return conversation.turn(turn.user, specs, vault_changes=changes)
-    from pipeline._conversation.agent import AgentTurn, agent_call
-    from pipeline._model.tools import tool, tool_turn
+    from pipeline import AgentTurn, agent_call, tool, tool_turn
 
     tools = [tool(c["name"], c.get("args", {}), c.get("result", "")) for c in turn.tools]
     if not turn.agent:

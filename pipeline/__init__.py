@@ -1,28 +1,5 @@
 """Lamina's core: typed artifacts, the turn graph, stages, layers and the envelope."""
 
-from pipeline._conversation.agent import (
-    CALL_OVERHEAD,
-    QUESTION_AGAIN,
-    AgentCall,
-    AgentStep,
-    AgentTurn,
-    Loop,
-    LoopCall,
-    LoopStep,
-    agent_call,
-)
-from pipeline._model.artifacts import (
-    Artifact,
-    AttachmentSpec,
-    Link,
-    Payload,
-    Processed,
-    SourceResolver,
-    TurnWarning,
-    make_artifact,
-    resolver_for_turn,
-)
-from pipeline._turn.assemble import assemble, shorten_reply, visible_history
 from pipeline._budget.fit import (
     CUT_POLICIES,
     DEFAULT_ORDER,
@@ -37,29 +14,25 @@ from pipeline._budget.fit import (
     excerpt_non_recoverable,
     shorten_replies,
 )
+from pipeline._conversation.agent import (
+    CALL_OVERHEAD,
+    QUESTION_AGAIN,
+    AgentCall,
+    AgentStep,
+    AgentTurn,
+    Loop,
+    LoopCall,
+    LoopStep,
+    agent_call,
+)
 from pipeline._conversation.conversation import (
-    MESSAGE_OVERHEAD,
-    REPLY_PRIMING,
     BudgetSettings,
     Conversation,
     ConversationState,
-    request_tokens,
+    NoRenderer,
+    NoSources,
 )
-from pipeline._model.envelope import (
-    LIBRARY_HEADING,
-    NOT_SENT_INTRO,
-    QUERY_LABEL,
-    REFERENCES_INTRO,
-    BudgetReport,
-    BuildReport,
-    Decision,
-    Envelope,
-    Form,
-    Layer,
-    LayerName,
-    Segment,
-    View,
-)
+from pipeline._conversation.invariants import check_envelope
 from pipeline._errors import (
     ArgumentError,
     AttachmentError,
@@ -88,62 +61,39 @@ from pipeline._errors import (
     UnknownAttachmentKind,
     UnknownConversation,
 )
-from pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnContext, TurnGraph
 from pipeline._hashing import canonical_bytes, content_hash, text_hash
+from pipeline._input.files import FileProblem, read_confined, read_regular
+from pipeline._input.safeload import LoadError, LoadLimits, load_json, load_yaml
+from pipeline._model.artifacts import (
+    Artifact,
+    AttachmentSpec,
+    Link,
+    Payload,
+    Processed,
+    SourceResolver,
+    TurnWarning,
+    make_artifact,
+    resolver_for_turn,
+)
+from pipeline._model.envelope import (
+    LIBRARY_HEADING,
+    NOT_SENT_INTRO,
+    QUERY_LABEL,
+    REFERENCES_INTRO,
+    BudgetReport,
+    BuildReport,
+    Decision,
+    Envelope,
+    Form,
+    Layer,
+    LayerName,
+    Segment,
+    View,
+    join_blocks,
+    system_parts,
+)
 from pipeline._model.history import HistoryEntry, has_context_markup, strip_reply
-from pipeline._conversation.invariants import check_envelope
 from pipeline._model.library import Library, LibraryEntry
-from pipeline._text.markup import (
-    MarkupBlock,
-    defuse_markup,
-    escape_attribute,
-    escape_body,
-    markup_blocks,
-)
-from pipeline._stages.pages import MergePages, PagedPayload, format_pages, parse_pages
-from pipeline._views.preview import (
-    EXCERPT_MIN_TOKENS,
-    Boundary,
-    Excerpt,
-    Preview,
-    cut_to_tokens,
-    fit_preview,
-    make_excerpt,
-    make_preview,
-)
-from pipeline._tokens.profiles import PROFILES, ModelProfile, Provider, get_profile
-from pipeline._input.safeload import LoadError, load_json, load_yaml
-from lamina._script import Script, ScriptTurn, load_script, parse_script, run_script
-from pipeline._stages.builtin import Dedup, Expand, Pipeline, Promote, Reference, Stage, library_entry
-from pipeline._store.sqlite import (
-    AttachmentRecord,
-    ConversationInfo,
-    Head,
-    LayerManifest,
-    Manifest,
-    SegmentManifest,
-    SqliteStore,
-    Store,
-    TurnRecord,
-    attachment_record,
-    load_conversation,
-    new_conversation_id,
-    rebuild_envelope,
-    run_saved,
-    save_turn,
-    turn_record,
-)
-from pipeline._views.summarize import (
-    Complete,
-    LLMSummarizer,
-    Summarizer,
-    SummaryBacking,
-    SummaryCache,
-    SummaryKey,
-    SummaryResult,
-    TextRankSummarizer,
-)
-from pipeline._tokens.counter import TOKENIZERS, TokenCounter, get_encoding
 from pipeline._model.tools import (
     TOOL_SOURCE,
     Chunk,
@@ -164,6 +114,35 @@ from pipeline._model.tools import (
     tool_key,
     tool_turn,
 )
+from pipeline._stages.builtin import (
+    Dedup,
+    Expand,
+    Pipeline,
+    Promote,
+    Reference,
+    Stage,
+    library_entry,
+)
+from pipeline._stages.pages import MergePages, PagedPayload, format_pages, parse_pages
+from pipeline._store.sqlite import (
+    AttachmentRecord,
+    ConversationInfo,
+    Head,
+    LayerManifest,
+    Manifest,
+    SegmentManifest,
+    SqliteStore,
+    Store,
+    TurnRecord,
+    attachment_record,
+    back_summaries,
+    load_conversation,
+    new_conversation_id,
+    now_stamp,
+    rebuild_envelope,
+    save_turn,
+    turn_record,
+)
 from pipeline._store.transcript import (
     ChatMessage,
     ChatTranscript,
@@ -173,6 +152,39 @@ from pipeline._store.transcript import (
     import_transcript,
     parse_transcript,
     render_transcript,
+)
+from pipeline._text.markdown import fence_after, split_sections
+from pipeline._text.markup import (
+    MarkupBlock,
+    defuse_markup,
+    escape_attribute,
+    escape_body,
+    markup_blocks,
+)
+from pipeline._tokens.counter import TOKENIZERS, TokenCounter, get_encoding
+from pipeline._tokens.profiles import PROFILES, ModelProfile, Provider, get_profile
+from pipeline._turn.assemble import assemble, shorten_reply, visible_history
+from pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnContext, TurnGraph
+from pipeline._turn.measure import MESSAGE_OVERHEAD, REPLY_PRIMING, request_tokens
+from pipeline._views.preview import (
+    EXCERPT_MIN_TOKENS,
+    Boundary,
+    Excerpt,
+    Preview,
+    cut_to_tokens,
+    fit_preview,
+    make_excerpt,
+    make_preview,
+)
+from pipeline._views.summarize import (
+    Complete,
+    LLMSummarizer,
+    Summarizer,
+    SummaryBacking,
+    SummaryCache,
+    SummaryKey,
+    SummaryResult,
+    TextRankSummarizer,
 )
 from pipeline._views.views import (
     Policy,
@@ -235,6 +247,7 @@ __all__ = [
     "Excerpt",
     "Expand",
     "FetchError",
+    "FileProblem",
     "Form",
     "Head",
     "HistoryEntry",
@@ -253,6 +266,7 @@ __all__ = [
     "LibraryEntry",
     "Link",
     "LoadError",
+    "LoadLimits",
     "Loop",
     "LoopCall",
     "LoopStep",
@@ -260,6 +274,8 @@ __all__ = [
     "MarkupBlock",
     "MergePages",
     "ModelProfile",
+    "NoRenderer",
+    "NoSources",
     "NoteNotFound",
     "PagedPayload",
     "PathOutsideVault",
@@ -276,9 +292,7 @@ __all__ = [
     "Provider",
     "Reference",
     "RegistryError",
-    "Script",
     "ScriptError",
-    "ScriptTurn",
     "Segment",
     "SegmentManifest",
     "SegmentRenderer",
@@ -315,6 +329,7 @@ __all__ = [
     "agent_call",
     "assemble",
     "attachment_record",
+    "back_summaries",
     "canonical_args",
     "canonical_bytes",
     "carry_forward",
@@ -334,6 +349,7 @@ __all__ = [
     "excerpt_non_recoverable",
     "excerpt_view",
     "export_transcript",
+    "fence_after",
     "fit_preview",
     "format_pages",
     "full_view",
@@ -344,32 +360,34 @@ __all__ = [
     "hits",
     "import_transcript",
     "is_turn_scoped",
+    "join_blocks",
     "library_entry",
     "load_conversation",
     "load_json",
-    "load_script",
     "load_yaml",
     "make_artifact",
     "make_excerpt",
     "make_preview",
     "markup_blocks",
     "new_conversation_id",
+    "now_stamp",
     "parse_pages",
-    "parse_script",
     "parse_transcript",
     "preview_view",
+    "read_confined",
+    "read_regular",
     "rebuild_envelope",
     "reference_view",
     "render_transcript",
     "request_tokens",
     "resolver_for_turn",
-    "run_saved",
-    "run_script",
     "save_turn",
     "shorten_replies",
     "shorten_reply",
+    "split_sections",
     "strip_reply",
     "summary_view",
+    "system_parts",
     "text_hash",
     "tool",
     "tool_artifact",

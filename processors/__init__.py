@@ -1,6 +1,6 @@
 """Processors: one per source type, turning attachments into typed artifacts."""
 
-from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext, Sources
+from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext
 from processors._notes import (
     FolderProcessor,
     NotePayload,
@@ -14,6 +14,7 @@ from processors._notes import (
 from processors._pdf import PdfPayload, PdfProcessor, parse_page_range, pdf
 from processors._registry import ENTRY_POINT_GROUP, Processor, Registry
 from processors._selection import SelectionPayload, SelectionProcessor, selection
+from processors._sources import Sources
 from processors._vault import Vault
 from processors._web import UrlPayload, UrlProcessor, normalize_url, url
 from processors._youtube import (

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from processors._registry import Processor
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from processors._registry import Processor
 
 __all__ = ["builtin_processors"]
 

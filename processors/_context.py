@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import attrs
 
-from pipeline import AttachmentSpec, ConfigError, Processed
-from processors._registry import Registry
+from pipeline import ConfigError
 from processors._vault import Vault
 
-if TYPE_CHECKING:
-    from renderers import XmlRenderer
-
-__all__ = ["DISPLAY_PROPERTIES", "NoteOptions", "ProcessContext", "Sources"]
+__all__ = ["DISPLAY_PROPERTIES", "NoteOptions", "ProcessContext"]
 
 
 PropertiesSetting = Literal["auto", "all", "none"] | tuple[str, ...]
@@ -72,44 +68,3 @@ class ProcessContext:
     options: Mapping[str, Any] = attrs.field(factory=dict)
     notes: NoteOptions = attrs.field(factory=NoteOptions)
     pdf_passwords: Mapping[str, str] = attrs.field(factory=dict, repr=False, eq=False)
-
-
-@attrs.frozen
-class Sources:
-    """The edge where attachments become artifacts: a registry plus a context."""
-
-    registry: Registry = attrs.field(factory=Registry.default, eq=False)
-    context: ProcessContext = attrs.field(factory=ProcessContext)
-
-    @classmethod
-    def for_vault(cls, vault: str | Any, **options: Any) -> Sources:
-        """Sources over a vault folder; ``options`` are ProcessContext fields."""
-        v = vault if isinstance(vault, Vault) else Vault(vault)
-        return cls(context=ProcessContext(vault=v, **options))
-
-    def process(self, spec: AttachmentSpec) -> Processed:
-        return self.registry.get(spec.kind).process(spec, self.context)
-
-    def for_turn(self) -> Sources:
-        """These sources with the vault listed at most once (see ``Vault.snapshot``)."""
-        if self.context.vault is None:
-            return self
-        vault = self.context.vault.snapshot(self.context.cache)
-        return attrs.evolve(self, context=attrs.evolve(self.context, vault=vault))
-
-    def parse(self, data: Mapping[str, Any]) -> AttachmentSpec:
-        return self.registry.parse(data)
-
-    def renderer(self) -> XmlRenderer:
-        """The segment renderer with the registry's processor renderers (plugins too)."""
-        return self.registry.renderer()
-
-    def with_changes(self, changes: Mapping[str, str]) -> Sources:
-        if not changes:
-            return self
-        if self.context.vault is None:
-            from pipeline import ConfigError
-
-            raise ConfigError("vault_changes", "there is no vault to change")
-        vault = self.context.vault.with_changes(changes)
-        return attrs.evolve(self, context=attrs.evolve(self.context, vault=vault))

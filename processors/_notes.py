@@ -15,11 +15,20 @@ from typing import Any, Self
 
 import attrs
 
-from pipeline._model.artifacts import Artifact, Link, Processed, TurnWarning, make_artifact
-from pipeline._errors import AttachmentError
-from pipeline._hashing import text_hash
-from pipeline._views.preview import _split_sections, fence_after
-from pipeline._input.safeload import LoadError, LoadLimits, load_yaml
+from pipeline import (
+    Artifact,
+    AttachmentError,
+    Link,
+    LoadError,
+    LoadLimits,
+    Processed,
+    TurnWarning,
+    fence_after,
+    load_yaml,
+    make_artifact,
+    split_sections,
+    text_hash,
+)
 from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext
 from processors._vault import Vault
 
@@ -309,7 +318,7 @@ def note_section(body: str, subpath: str) -> str | None:
     wanted = " ".join(subpath.split("#")[-1].split()).casefold()
     found: list[str] = []
     level = 0
-    for heading, text in _split_sections(body):
+    for heading, text in split_sections(body):
         depth = len(heading) - len(heading.lstrip("#")) if heading else 0
         if found:
             if heading is not None and depth <= level:

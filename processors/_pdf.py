@@ -24,13 +24,15 @@ import attrs
 from pipeline import (
     AttachmentError,
     ConfigError,
+    FileProblem,
     PathOutsideVault,
     PdfError,
     Processed,
     TurnWarning,
     make_artifact,
+    read_confined,
+    read_regular,
 )
-from pipeline._input.files import FileProblem, read_confined, read_regular
 from processors._context import ProcessContext
 
 __all__ = [

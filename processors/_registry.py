@@ -7,6 +7,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipeline import (
+    AttachmentError,
     AttachmentSpec,
     Form,
     PluginError,
@@ -15,11 +16,9 @@ from pipeline import (
     UnknownAttachmentKind,
     View,
 )
-from pipeline._errors import AttachmentError
 
 if TYPE_CHECKING:
     from processors._context import ProcessContext
-    from renderers import XmlRenderer
 
 __all__ = ["ENTRY_POINT_GROUP", "Processor", "Registry"]
 
@@ -33,7 +32,7 @@ class Processor(Protocol):
     """Turns one attachment spec of its ``kind`` into artifacts.
 
     A processor may also have ``renderers``: a mapping ``(source_type, form) -> fn(View)
-    -> str`` that the registry hands to the segment renderer (see ``Registry.renderer``).
+    -> str`` that the registry hands to the segment renderer (see ``Registry.view_renderers``).
     """
 
     @property
@@ -69,14 +68,12 @@ class Registry:
         self._processors[kind] = processor
         self._renderers.update(renderers)
 
-    def renderer(self) -> XmlRenderer:
-        """The XML segment renderer with every registered processor's renderers added."""
-        from renderers import XmlRenderer
+    def view_renderers(self) -> Mapping[tuple[str, Form], ViewRenderer]:
+        """Every registered processor's renderers: (source type, form) -> fn(View) -> str.
 
-        xml = XmlRenderer()
-        for (source_type, form), fn in self._renderers.items():
-            xml.register(source_type, form, fn)
-        return xml
+        The application hands them to its segment renderer (``lamina.renderer_for``).
+        """
+        return dict(self._renderers)
 
     def get(self, kind: str) -> Processor:
         try:

@@ -7,9 +7,7 @@ from typing import Any, Self
 
 import attrs
 
-from pipeline._model.artifacts import Processed, make_artifact
-from pipeline._errors import AttachmentError
-from pipeline._hashing import content_hash
+from pipeline import AttachmentError, Processed, content_hash, make_artifact
 from processors._context import ProcessContext
 
 __all__ = ["SelectionPayload", "SelectionProcessor", "SelectionSpec", "selection"]

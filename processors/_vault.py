@@ -18,8 +18,14 @@ from typing import Any
 
 import attrs
 
-from pipeline._errors import AttachmentError, ConfigError, NoteNotFound, PathOutsideVault
-from pipeline._input.files import FileProblem, read_confined
+from pipeline import (
+    AttachmentError,
+    ConfigError,
+    FileProblem,
+    NoteNotFound,
+    PathOutsideVault,
+    read_confined,
+)
 
 __all__ = ["MAX_NOTE_BYTES", "Vault"]
 

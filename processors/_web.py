@@ -28,8 +28,7 @@ import httpx
 import lxml.etree
 import lxml.html
 
-from pipeline import FetchError, Processed, TurnWarning, make_artifact
-from pipeline._errors import AttachmentError, ConfigError
+from pipeline import AttachmentError, ConfigError, FetchError, Processed, TurnWarning, make_artifact
 from processors._address import classify_address, is_public_address
 from processors._context import ProcessContext
 

@@ -13,14 +13,18 @@ import attrs
 
 from pipeline import (
     AttachmentError,
+    FileProblem,
+    LoadError,
+    LoadLimits,
     PathOutsideVault,
     Processed,
     TranscriptError,
     TurnWarning,
+    load_json,
     make_artifact,
+    read_confined,
+    read_regular,
 )
-from pipeline._input.files import FileProblem, read_confined, read_regular
-from pipeline._input.safeload import LoadError, LoadLimits, load_json
 from processors._context import ProcessContext
 
 __all__ = [

@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeline import ConfigError, TokenCounter
-from pipeline._conversation.agent import AgentTurn, Loop, LoopStep
+from pipeline import AgentTurn, ConfigError, Loop, LoopStep, TokenCounter
 from renderers._providers import RenderedRequest
 from renderers._requests import render_request
 

@@ -20,8 +20,9 @@ from pipeline import (
     Segment,
     View,
     chunk_source,
+    join_blocks,
+    system_parts,
 )
-from pipeline._model.envelope import join_blocks, system_parts
 from renderers._xml import render_xml
 
 __all__ = [

@@ -22,8 +22,7 @@ from typing import Any, Literal
 
 import attrs
 
-from pipeline import ConfigError, TokenCounter, text_hash
-from pipeline._tokens.profiles import ModelProfile, Provider, get_profile
+from pipeline import ConfigError, ModelProfile, Provider, TokenCounter, get_profile, text_hash
 from renderers._layouts import HISTORY_END, L1_STABLE, SYSTEM_END, TURN_END, Block, Prompt
 
 __all__ = [

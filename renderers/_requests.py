@@ -7,8 +7,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import Envelope, RegistryError, TokenCounter
-from pipeline._tokens.profiles import ModelProfile
+from pipeline import Envelope, ModelProfile, RegistryError, TokenCounter
 from renderers._layouts import Layout, Prompt, build_prompt
 from renderers._providers import (
     RenderedRequest,

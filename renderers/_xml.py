@@ -10,9 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from pipeline import RegistryError, ViewMemo
-from pipeline._model.envelope import Form, View
-from pipeline._text.markup import escape_attribute, escape_body
+from pipeline import Form, RegistryError, View, ViewMemo, escape_attribute, escape_body
 
 __all__ = ["XmlRenderer", "render_xml", "xml_safe"]
 

@@ -21,14 +21,17 @@ from typing import Literal
 
 import attrs
 
-from pipeline import _validate
-from pipeline._model.artifacts import Artifact, TurnWarning, make_artifact
-from pipeline._turn.assemble import assemble, complete, item_view, summary_target, visible_history
-from pipeline._conversation.conversation import request_tokens
-from pipeline._model.envelope import NOT_SENT, BudgetReport, Decision, Envelope, Form
 from pipeline._errors import BudgetExceeded, ConfigError
-from pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
+from pipeline._input import validate as _validate
+from pipeline._model.artifacts import Artifact, TurnWarning, make_artifact
+from pipeline._model.envelope import NOT_SENT, BudgetReport, Decision, Envelope, Form
 from pipeline._model.library import LibraryEntry
+from pipeline._model.tools import chunk_source
+from pipeline._tokens.counter import TokenCounter
+from pipeline._tokens.profiles import get_profile
+from pipeline._turn.assemble import assemble, complete, item_view, summary_target, visible_history
+from pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
+from pipeline._turn.measure import request_tokens
 from pipeline._views.preview import (
     ELLIPSIS,
     EXCERPT_MIN_TOKENS,
@@ -36,9 +39,6 @@ from pipeline._views.preview import (
     make_excerpt,
     make_preview,
 )
-from pipeline._tokens.profiles import get_profile
-from pipeline._tokens.counter import TokenCounter
-from pipeline._model.tools import chunk_source
 from pipeline._views.views import reference_view
 
 __all__ = [

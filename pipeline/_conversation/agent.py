@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from pipeline._model.envelope import BudgetReport, Decision, Envelope
 from pipeline._errors import BudgetExceeded, ConversationError
-from pipeline._views.preview import EXCERPT_MIN_TOKENS, cut_to_tokens
-from pipeline._tokens.counter import TokenCounter
+from pipeline._model.envelope import BudgetReport, Decision, Envelope
 from pipeline._model.tools import Hit, ToolUse, canonical_args, tool_artifact, tool_key, tool_turn
+from pipeline._tokens.counter import TokenCounter
+from pipeline._views.preview import EXCERPT_MIN_TOKENS, cut_to_tokens
 
 if TYPE_CHECKING:
     from pipeline._budget.fit import Budget
@@ -199,7 +199,7 @@ class AgentTurn:
         return total
 
     def base_tokens(self) -> int:
-        from pipeline._conversation.conversation import request_tokens
+        from pipeline._turn.measure import request_tokens
 
         per_message, priming = self._framing()
         return request_tokens(self.envelope, self.counter, per_message=per_message, priming=priming)

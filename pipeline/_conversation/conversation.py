@@ -4,30 +4,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from pipeline import _validate
+from pipeline._errors import ArgumentError, ConfigError, ConversationError
+from pipeline._input import validate as _validate
 from pipeline._model.artifacts import AttachmentSpec, Processed, SourceResolver, resolver_for_turn
-from pipeline._turn.assemble import assemble
 from pipeline._model.envelope import (
-    BLOCK_SEP,
-    LIBRARY_HEADING,
     Decision,
     Envelope,
     Form,
-    system_parts,
-    user_parts,
+    View,
 )
-from pipeline._errors import ArgumentError, ConfigError, ConversationError
-from pipeline._turn.graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
 from pipeline._model.history import HistoryEntry, strip_reply
 from pipeline._model.library import Library, LibraryEntry
 from pipeline._stages.builtin import Pipeline
-from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
 from pipeline._tokens.counter import TokenCounter
+from pipeline._turn.assemble import assemble
+from pipeline._turn.graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
+from pipeline._turn.measure import request_tokens
+from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
 from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:
@@ -35,18 +32,14 @@ if TYPE_CHECKING:
     from pipeline._store.sqlite import Head
 
 __all__ = [
-    "MESSAGE_OVERHEAD",
-    "REPLY_PRIMING",
     "BudgetSettings",
     "Conversation",
     "ConversationState",
+    "NoRenderer",
+    "NoSources",
     "SystemPrompt",
-    "request_tokens",
 ]
 
-# OpenAI chat framing: every message costs 3 tokens, and the reply is primed with 3.
-MESSAGE_OVERHEAD = 3
-REPLY_PRIMING = 3
 
 
 Attachment = AttachmentSpec | Mapping[str, Any]
@@ -117,16 +110,15 @@ class ConversationState:
 class Conversation:
     """Builds one envelope per turn and carries L1, L2 and L4 to the next.
 
-    >>> conv = Conversation("You are terse.", vault="examples/vault")
-    >>> env = conv.turn("Summarize this", attach=[{"note": "project-spec.md"}])
-    >>> conv.reply("It is a spec.")
+    The core takes its edges as arguments: ``sources`` (specs -> artifacts, e.g.
+    ``processors.Sources``) and ``renderer`` (views -> text, e.g. ``renderers.XmlRenderer``).
+    ``lamina.Conversation`` fills both in from a vault folder.
     """
 
     def __init__(
         self,
         system: str | SystemPrompt = "",
         *,
-        vault: str | Path | None = None,
         sources: SourceResolver | None = None,
         tokenizer: str = "",
         policy: Policy | None = None,
@@ -135,18 +127,16 @@ class Conversation:
         budget: Budget | None = None,
         summarizer: Summarizer | None = None,
     ) -> None:
-        if sources is not None and vault is not None:
-            raise ConfigError("vault", "give either vault= or sources=, not both")
-        _check_settings(system, vault, tokenizer, policy, budget)
+        _check_settings(system, tokenizer, policy, budget)
         self._system = system if isinstance(system, SystemPrompt) else SystemPrompt(system)
-        self._sources = sources if sources is not None else _default_sources(vault)
+        self._sources = sources if sources is not None else NoSources()
         # Without tokenizer= (""), the budget's model (Budget.for_model) decides; else o200k.
         self.counter = TokenCounter(
             tokenizer or (budget.tokenizer if budget is not None else None) or "o200k_base"
         )
         self.policy = policy or Policy()
         self.pipeline = pipeline or Pipeline.default()
-        self.renderer = renderer if renderer is not None else _default_renderer(self._sources)
+        self.renderer = renderer if renderer is not None else NoRenderer()
         self._library = Library()
         self._history: list[HistoryEntry] = []
         self._last_system: SystemPrompt | None = None
@@ -179,7 +169,6 @@ class Conversation:
         cls,
         state: ConversationState,
         *,
-        vault: str | Path | None = None,
         sources: SourceResolver | None = None,
         pipeline: Pipeline | None = None,
         renderer: SegmentRenderer | None = None,
@@ -195,7 +184,6 @@ class Conversation:
             budget = state.budget.budget()
         conv = cls(
             state.system,
-            vault=vault,
             sources=sources,
             tokenizer=state.tokenizer,
             policy=state.policy,
@@ -360,53 +348,7 @@ class Conversation:
         return request_tokens(envelope, self.counter)
 
 
-def request_tokens(
-    envelope: Envelope,
-    counter: TokenCounter,
-    *,
-    per_message: int = MESSAGE_OVERHEAD,
-    priming: int = REPLY_PRIMING,
-    lead: str = "",
-    trim: bool = False,
-) -> int:
-    """Exact tokens of the chat request (contents + per-message framing + reply priming).
-
-    ``lead`` is the text a chat template writes right before each message's content in the
-    same run ("\n\n" after a Llama header, "\n" after a ChatML role), counted in the
-    framing; ``trim`` says the template strips each content (Llama 3's ``| trim``).
-    """
-
-    def content(text: str, tokens: int) -> int:
-        if trim and text != text.strip():
-            text = text.strip()
-            tokens = counter.count(text)
-        if lead and text[:1].isspace():  # lead and content may share a piece
-            return counter.count(lead + text) - counter.count(lead)
-        return tokens
-
-    total = priming
-    l2 = envelope.l2
-    system = system_parts(envelope.l1, l2)
-    edges = system[0][:1] + system[-1][-1:] if system else ""
-    if (lead or trim) and any(c.isspace() for c in edges):
-        text = BLOCK_SEP.join(system)  # rare: the template changes this message's edges
-        total += content(text, counter.count(text)) + per_message
-    elif l2.segments and l2.segments[0].text[:1] not in ("", "/", " ", "\n", "\t"):
-        # Additive at the block boundary (see TokenCounter.count_joined): L2 is counted once.
-        head = [s.text for s in envelope.l1.segments if s.text] + [LIBRARY_HEADING]
-        total += counter.count(BLOCK_SEP.join(head) + BLOCK_SEP) + l2.tokens + per_message
-    elif system:
-        total += counter.count_joined(system) + per_message
-    for segment in envelope.l4.segments:
-        total += content(segment.text, segment.tokens) + per_message
-    user = user_parts(envelope.l3, envelope.l5)
-    total += content(BLOCK_SEP.join(user), counter.count_joined(user)) + per_message
-    return total
-
-
-def _check_settings(
-    system: object, vault: object, tokenizer: object, policy: object, budget: object
-) -> None:
+def _check_settings(system: object, tokenizer: object, policy: object, budget: object) -> None:
     """The constructor's arguments, checked before anything is built from them."""
     from pipeline._budget.fit import Budget
 
@@ -416,8 +358,6 @@ def _check_settings(
     if isinstance(system, SystemPrompt):
         _validate.text("system.stable", system.stable)
         _validate.text("system.mutable", system.mutable)
-    if vault is not None and not isinstance(vault, str | Path):
-        raise ArgumentError("vault", f"must be a folder path, got {type(vault).__name__}")
     _validate.text("tokenizer", tokenizer)
     if policy is not None and not isinstance(policy, Policy):
         raise ArgumentError("policy", f"must be a pipeline.Policy, got {type(policy).__name__}")
@@ -447,20 +387,26 @@ def _layer_stats(envelope: Envelope) -> list[tuple[str, int]]:
     return [*stats, ("context_segments", context), ("compacted_segments", compacted)]
 
 
-def _default_sources(vault: str | Path | None) -> SourceResolver:
-    from processors import Sources, Vault
+class NoSources:
+    """The resolver of a conversation given none: every attachment is refused, by name."""
 
-    if vault is None:
-        return Sources()
-    return Sources.for_vault(Vault(vault))
+    def process(self, spec: AttachmentSpec) -> Processed:
+        raise ConfigError("sources", f"cannot resolve {spec.describe()}: {_NO_EDGE}")
+
+    def parse(self, data: Mapping[str, Any]) -> AttachmentSpec:
+        raise ConfigError("sources", f"cannot read the attachment {dict(data)!r}: {_NO_EDGE}")
+
+    def with_changes(self, changes: Mapping[str, str]) -> SourceResolver:
+        if not changes:
+            return self
+        raise ConfigError("vault_changes", f"there is no vault to change: {_NO_EDGE}")
 
 
-def _default_renderer(sources: SourceResolver) -> SegmentRenderer:
-    """The sources' renderer when they offer one (it holds plugin renderers), else plain XML."""
-    make = getattr(sources, "renderer", None)
-    if callable(make):
-        renderer: SegmentRenderer = make()
-        return renderer
-    from renderers import XmlRenderer
+class NoRenderer:
+    """The renderer of a conversation given none: rendering a view is refused."""
 
-    return XmlRenderer()
+    def render(self, view: View) -> str:
+        raise ConfigError("renderer", f"cannot render {view.key}: {_NO_EDGE}")
+
+
+_NO_EDGE = "this Conversation was made without sources/renderer (use lamina.Conversation)"

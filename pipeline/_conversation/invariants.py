@@ -3,9 +3,9 @@ tests both call. Tool output is also checked to stay turn-scoped."""
 
 from __future__ import annotations
 
-from pipeline._model.envelope import Envelope, Form, Layer, join_blocks, system_parts, user_parts
 from pipeline._errors import InvariantViolation
 from pipeline._hashing import text_hash
+from pipeline._model.envelope import Envelope, Form, Layer, join_blocks, system_parts, user_parts
 from pipeline._model.history import has_context_markup
 from pipeline._model.tools import TOOL_SOURCE, chunk_source
 from pipeline._views.views import Policy

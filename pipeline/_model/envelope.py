@@ -7,8 +7,8 @@ from collections.abc import Iterable
 
 import attrs
 
-from pipeline._model.artifacts import TurnWarning
 from pipeline._hashing import joined_hash, text_hash
+from pipeline._model.artifacts import TurnWarning
 
 __all__ = [
     "LIBRARY_HEADING",

@@ -7,8 +7,16 @@ from collections.abc import Iterator
 import attrs
 import xxhash
 
-from pipeline._model.envelope import BLOCK_SEP, LIBRARY_HEADING, Form, Layer, LayerName, Segment, View
 from pipeline._hashing import feed, hash_joined
+from pipeline._model.envelope import (
+    BLOCK_SEP,
+    LIBRARY_HEADING,
+    Form,
+    Layer,
+    LayerName,
+    Segment,
+    View,
+)
 from pipeline._tokens.counter import TokenCounter, starts_piece
 
 __all__ = ["Library", "LibraryEntry"]

@@ -15,6 +15,9 @@ from typing import TYPE_CHECKING, Any, Self
 
 import attrs
 
+from pipeline._errors import AttachmentError
+from pipeline._hashing import text_hash
+from pipeline._input.safeload import LoadError, load_json
 from pipeline._model.artifacts import (
     Artifact,
     AttachmentSpec,
@@ -24,9 +27,6 @@ from pipeline._model.artifacts import (
     resolver_for_turn,
 )
 from pipeline._model.envelope import TOOL_SOURCE
-from pipeline._errors import AttachmentError
-from pipeline._hashing import text_hash
-from pipeline._input.safeload import LoadError, load_json
 
 if TYPE_CHECKING:
     from pipeline._conversation.conversation import Conversation

@@ -9,13 +9,13 @@ from typing import Protocol
 import attrs
 import networkx as nx
 
-from pipeline._model.artifacts import Artifact
-from pipeline._turn.assemble import fitted_preview
-from pipeline._model.envelope import Decision, Form, View
 from pipeline._errors import LaminaError, PipelineError, StageError
-from pipeline._turn.graph import Placement, TurnContext, TurnGraph
+from pipeline._model.artifacts import Artifact
+from pipeline._model.envelope import Decision, Form, View
 from pipeline._model.library import Library, LibraryEntry
 from pipeline._model.tools import chunk_source, is_turn_scoped
+from pipeline._turn.assemble import fitted_preview
+from pipeline._turn.graph import Placement, TurnContext, TurnGraph
 from pipeline._views.views import carry_forward, full_view, reference_view
 
 __all__ = ["Dedup", "Expand", "Pipeline", "Promote", "Reference", "Stage", "library_entry"]

@@ -8,8 +8,8 @@ import attrs
 
 from pipeline._model.artifacts import make_artifact
 from pipeline._model.envelope import Decision
-from pipeline._turn.graph import Placement, TurnGraph
 from pipeline._model.library import Library
+from pipeline._turn.graph import Placement, TurnGraph
 
 __all__ = ["MergePages", "PagedPayload", "format_pages", "parse_pages"]
 

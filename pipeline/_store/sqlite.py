@@ -25,21 +25,19 @@ import attrs
 import cattrs
 import xxhash
 
-from pipeline._model.artifacts import AttachmentSpec, TurnWarning
 from pipeline._conversation.conversation import Conversation, ConversationState
-from pipeline._model.envelope import BuildReport, Envelope, Form
 from pipeline._errors import (
     ConflictError,
     ConversationError,
     LaminaError,
-    ScriptError,
     StoreCorrupt,
     StoreError,
     StoreLocked,
     StoreSchemaTooNew,
     UnknownConversation,
 )
-from lamina._script import Script
+from pipeline._model.artifacts import AttachmentSpec, TurnWarning
+from pipeline._model.envelope import BuildReport, Envelope, Form
 from pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
 
 __all__ = [
@@ -54,11 +52,11 @@ __all__ = [
     "Store",
     "TurnRecord",
     "attachment_record",
+    "back_summaries",
     "load_conversation",
     "new_conversation_id",
     "now_stamp",
     "rebuild_envelope",
-    "run_saved",
     "save_turn",
     "turn_record",
 ]
@@ -978,7 +976,7 @@ def save_turn(
     record = turn_record(
         conversation, attach, created=created, reply_created=reply_created
     )
-    _connect(conversation, store)
+    back_summaries(conversation, store)
     summaries = conversation.summaries.unsaved()
     conversation.saved_head = store.save_turn(
         conversation_id,
@@ -1017,7 +1015,7 @@ def turn_record(
     )
 
 
-def _connect(conversation: Conversation, store: Store) -> Conversation:
+def back_summaries(conversation: Conversation, store: Store) -> Conversation:
     """Back the conversation's summary memo with ``store`` (unless it has a backing)."""
     if conversation.summaries.backing is None:
         conversation.summaries.backing = store
@@ -1037,46 +1035,9 @@ def load_conversation(
     saved to the store's memo, so an LLM summary renders to the same bytes after a reload.
     """
     state, head = store.load_head(conversation_id, turn)
-    conversation = _connect(Conversation.restore(state, **restore), store)
+    conversation = back_summaries(Conversation.restore(state, **restore), store)
     conversation.saved_head = head
     return conversation
-
-
-def run_saved(
-    script: Script,
-    conversation: Conversation,
-    store: Store,
-    conversation_id: str,
-    *,
-    check: bool = True,
-    previous: Envelope | None = None,
-) -> list[Envelope]:
-    """``run_script`` that saves each turn (with its reply) as one transaction.
-
-    ``previous`` is the envelope before the first turn (when resuming), for the checks.
-    """
-    from pipeline._conversation.invariants import check_envelope
-
-    _connect(conversation, store)
-    specs = []
-    for i, turn in enumerate(script.turns):
-        for j, raw in enumerate(turn.attach):
-            try:
-                conversation.sources.parse(raw)
-            except LaminaError as exc:
-                raise ScriptError(script.path, f"turns[{i}].attach[{j}]", str(exc)) from None
-        specs.append(turn.attach)
-    envelopes: list[Envelope] = []
-    for turn, attach in zip(script.turns, specs, strict=True):
-        envelope = conversation.turn(turn.user, attach, vault_changes=dict(turn.vault_changes))
-        if check:
-            check_envelope(envelope, previous, conversation.policy)
-        if turn.reply is not None:
-            conversation.reply(turn.reply)
-        save_turn(store, conversation_id, conversation, envelope, attach)
-        envelopes.append(envelope)
-        previous = envelope
-    return envelopes
 
 
 def rebuild_envelope(
@@ -1109,7 +1070,7 @@ def rebuild_envelope(
     else:
         before = ConversationState(system)
         conv = Conversation(system, tokenizer=after.tokenizer, policy=after.policy, **options)
-    _connect(conv, store)
+    back_summaries(conv, store)
     earlier = dict(before.vault_changes)
     changes = {p: t for p, t in after.vault_changes if earlier.get(p) != t}
     try:

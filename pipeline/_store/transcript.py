@@ -12,18 +12,17 @@ import datetime
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import attrs
 import yaml
 
-from pipeline._model.artifacts import SourceResolver
 from pipeline._conversation.conversation import Conversation, ConversationState, SystemPrompt
-from pipeline._model.envelope import Envelope
 from pipeline._errors import ChatTranscriptError, LaminaError, StoreError
 from pipeline._hashing import text_hash
 from pipeline._input.safeload import LoadError, LoadLimits, load_yaml
+from pipeline._model.artifacts import SourceResolver
+from pipeline._model.envelope import Envelope
 from pipeline._store.sqlite import (
     AttachmentRecord,
     ConversationInfo,
@@ -34,6 +33,7 @@ from pipeline._store.sqlite import (
     attachment_record,
     turn_record,
 )
+from pipeline._views.views import SegmentRenderer
 
 __all__ = [
     "CONTEXT_CATEGORIES",
@@ -395,8 +395,8 @@ def import_transcript(
     text: str,
     store: Store,
     *,
-    vault: str | Path | None = None,
     sources: SourceResolver | None = None,
+    renderer: SegmentRenderer | None = None,
     allow_fetch: bool = False,
     conversation_id: str | None = None,
     path: str = "<transcript>",
@@ -410,7 +410,7 @@ def import_transcript(
     """
     parsed = parse_transcript(text, path)
     cid = conversation_id or parsed.conversation_id or text_hash(text)
-    conv = Conversation(parsed.system, vault=vault, sources=sources)
+    conv = Conversation(parsed.system, sources=sources, renderer=renderer)
     conv.summaries.backing = store
     notes = _vault_notes(conv)
     saves: list[tuple[TurnRecord, ConversationState, Manifest, Any]] = []

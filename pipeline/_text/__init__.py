@@ -1,1 +1,1 @@
-"""Text rules the core shares: markdown lines, and Lamina's block markup and escaping."""
+"""Text rules the core shares: markdown lines (fences, headings, sections), Lamina block markup."""

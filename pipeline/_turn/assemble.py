@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from pipeline._hashing import text_hash
 from pipeline._model.envelope import (
     BuildReport,
     Envelope,
@@ -17,12 +18,17 @@ from pipeline._model.envelope import (
     join_blocks,
     user_parts,
 )
-from pipeline._turn.graph import Placement, TurnGraph
-from pipeline._hashing import text_hash
 from pipeline._model.history import HistoryEntry
-from pipeline._views.preview import cut_to_tokens, fit_preview, focus_words
 from pipeline._tokens.counter import TokenCounter
-from pipeline._views.views import excerpt_view, full_view, preview_view, reference_view, summary_view
+from pipeline._turn.graph import Placement, TurnGraph
+from pipeline._views.preview import cut_to_tokens, fit_preview, focus_words
+from pipeline._views.views import (
+    excerpt_view,
+    full_view,
+    preview_view,
+    reference_view,
+    summary_view,
+)
 
 __all__ = [
     "DEFAULT_REPLY_TOKENS",

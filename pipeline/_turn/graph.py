@@ -12,8 +12,8 @@ from pipeline._model.artifacts import Artifact, Processed, TurnWarning
 from pipeline._model.envelope import BudgetReport, Decision, Envelope, Form
 from pipeline._model.history import HistoryEntry
 from pipeline._model.library import Library
-from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
 from pipeline._tokens.counter import TokenCounter
+from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
 from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:

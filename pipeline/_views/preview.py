@@ -10,15 +10,15 @@ part costs.
 from __future__ import annotations
 
 import functools
-import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Literal
 
 import attrs
 import tiktoken
 
 from pipeline._errors import ConfigError
+from pipeline._text.markdown import FENCE_LINE, fence_after, split_sections, trim_blank_lines
 from pipeline._tokens.counter import TokenCounter, count_joined_from
 
 __all__ = [
@@ -58,15 +58,8 @@ _BOUNDARY_RES: dict[str, re.Pattern[str]] = {
     "line": re.compile(r"(?<=[^\n])(?=\n)"),
     "word": re.compile(r"(?<=\S)(?=\s)"),
 }
-_HEADING_OR_FENCE = re.compile(
-    r"^ {0,3}(?:(?P<heading>#{1,6})(?:[ \t][^\n]*)?$|(?P<fence>`{3,}|~{3,})(?P<info>[^\n]*)$)",
-    re.MULTILINE,
-)
-# Where such a line may start: a literal-first pattern the regex engine scans quickly.
-_LINE_CANDIDATE = re.compile(r"\n {0,3}[#`~]")
 _LINE_START = re.compile(r"(?<=\n)")
 _WORD_START = re.compile(r"(?<=\s)(?=\S)")
-_FENCE_LINE = re.compile(r"^ {0,3}(`{3,}|~{3,})([^\n]*)$", re.MULTILINE)
 
 
 @attrs.frozen
@@ -233,24 +226,10 @@ def cut_to_tokens(
     return text[:pos].rstrip()
 
 
-def fence_after(fence: str | None, mark: str, rest: str) -> str | None:
-    """The fence left open after a line that starts (indented up to 3) with the fence run
-    ``mark`` followed by ``rest``, when ``fence`` was open before it (None: none was).
-
-    A backtick run with a backtick after it is inline code, not a fence; a fence closes on
-    a run of its character at least as long, with nothing but blanks after it.
-    """
-    if fence is None:
-        return None if mark[0] == "`" and "`" in rest else mark
-    if mark[0] == fence[0] and len(mark) >= len(fence) and not rest.strip():
-        return None
-    return fence
-
-
 def _open_fence(text: str) -> str | None:
     """The fence string (for example "```") left open at the end of ``text``, if any."""
     opener: str | None = None
-    for m in _FENCE_LINE.finditer(text):
+    for m in FENCE_LINE.finditer(text):
         opener = fence_after(opener, m.group(1), m.group(2))
     return opener
 
@@ -300,7 +279,7 @@ def _cut_with_marker(
         counted = None
         if fence:
             out = f"{kept}\n{fence}\n{ELLIPSIS}"
-        elif _FENCE_LINE.fullmatch(kept.rsplit("\n", 1)[-1]):  # "``` ..." would reopen it
+        elif FENCE_LINE.fullmatch(kept.rsplit("\n", 1)[-1]):  # "``` ..." would reopen it
             out = f"{kept}\n{ELLIPSIS}"
         else:
             out = f"{kept} {ELLIPSIS}".lstrip()
@@ -309,40 +288,6 @@ def _cut_with_marker(
         if n <= max_tokens or limit <= 1:
             return out, True, n
         limit = max(limit - (n - max_tokens), 1)
-
-
-def _trim_blank_lines(text: str) -> str:
-    """``text`` without leading blank lines and trailing whitespace (indentation kept)."""
-    return re.sub(r"\A(?:[ \t]*\n)+", "", text).rstrip()
-
-
-def _heading_or_fence_lines(body: str) -> Iterator[re.Match[str]]:
-    """``_HEADING_OR_FENCE.finditer(body)``, trying only lines that can match."""
-    starts = itertools.chain((0,), (c.start() + 1 for c in _LINE_CANDIDATE.finditer(body)))
-    for start in starts:
-        m = _HEADING_OR_FENCE.match(body, start)
-        if m is not None:
-            yield m
-
-
-def _split_sections(body: str) -> list[tuple[str | None, str]]:
-    """(heading line or None, section body) pairs split at ATX headings outside code fences."""
-    starts: list[tuple[int, int]] = []  # (line start, line end) of each heading
-    fence: str | None = None
-    for m in _heading_or_fence_lines(body):
-        if m.group("fence") is not None:
-            fence = fence_after(fence, m.group("fence"), m.group("info"))
-        elif fence is None:
-            starts.append((m.start(), m.end()))
-    if not starts:
-        return [(None, body)]
-    sections: list[tuple[str | None, str]] = []
-    if body[: starts[0][0]].strip():
-        sections.append((None, body[: starts[0][0]]))
-    for i, (start, end) in enumerate(starts):
-        nxt = starts[i + 1][0] if i + 1 < len(starts) else len(body)
-        sections.append((body[start:end].strip(), body[end + 1 : nxt]))
-    return sections
 
 
 def _omitted_line(n: int) -> str:
@@ -370,11 +315,11 @@ def make_preview(
             f"max_sections must be >= 1 and token limits >= 8, got {max_sections}, "
             f"{section_tokens}, {headless_tokens}",
         )
-    sections = _split_sections(body)
+    sections = split_sections(body)
     enc = counter.encoding
     if sections[0][0] is None and len(sections) == 1:
         text, cut, n = _cut_with_marker(
-            _trim_blank_lines(body), counter, headless_tokens, "sentence"
+            trim_blank_lines(body), counter, headless_tokens, "sentence"
         )
         return Preview(text, 1, 1, cut, n, ((len(text), n),))
     kept = sections[:max_sections]
@@ -387,7 +332,7 @@ def make_preview(
             head, head_cut, n = _cut_with_marker(heading, counter, section_tokens, "word")
             lines.append((head, n))
             any_cut = any_cut or head_cut
-        trimmed = _trim_blank_lines(section_body)
+        trimmed = trim_blank_lines(section_body)
         if trimmed:
             text, cut, n = _cut_with_marker(trimmed, counter, section_tokens, "sentence")
             lines.append((text, n))
@@ -479,7 +424,7 @@ def focus_words(text: str) -> frozenset[str]:
 
 
 def _section_text(heading: str | None, body: str) -> str:
-    trimmed = _trim_blank_lines(body)
+    trimmed = trim_blank_lines(body)
     return "\n".join(t for t in (heading, trimmed) if t)
 
 
@@ -511,8 +456,8 @@ def fit_preview(
     one is cut at a sentence end to fill the rest; the others are counted in a last line.
     Deterministic; any ``max_tokens`` gives a preview, so sizes step finely.
     """
-    sections = [(h, b) for h, b in _split_sections(body) if h is not None or b.strip()]
-    seen = {_section_text(h, b) for h, b in _split_sections(old)} if old is not None else None
+    sections = [(h, b) for h, b in split_sections(body) if h is not None or b.strip()]
+    seen = {_section_text(h, b) for h, b in split_sections(old)} if old is not None else None
     texts = [_section_text(h, b) for h, b in sections]
     order = sorted(
         range(len(sections)),

@@ -18,8 +18,9 @@ from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 import attrs
 
 from pipeline._errors import ConfigError
-from pipeline._views.preview import _split_sections, _trim_blank_lines, cut_to_tokens
+from pipeline._text.markdown import split_sections, trim_blank_lines
 from pipeline._tokens.counter import TokenCounter
+from pipeline._views.preview import cut_to_tokens
 
 __all__ = [
     "Complete",
@@ -121,7 +122,7 @@ def _sentences(text: str) -> tuple[list[str], list[_Sentence]]:
     headings: list[str] = []
     sentences: list[_Sentence] = []
     paragraph = 0
-    for heading, body in _split_sections(text):
+    for heading, body in split_sections(text):
         if heading is not None:
             headings.append(heading)
         for para in _paragraphs(body):
@@ -386,13 +387,13 @@ class LLMSummarizer:
     def _chunks(self, text: str) -> list[str]:
         """``text`` split into pieces of at most ``chunk_tokens`` at paragraph/sentence ends."""
         chunks: list[str] = []
-        rest = _trim_blank_lines(text)
+        rest = trim_blank_lines(text)
         while rest:
             piece = cut_to_tokens(rest, self.counter, self.chunk_tokens, boundary="paragraph")
             if not piece:  # a single character over the limit cannot happen at >= 64 tokens
                 piece = rest[:1]
             chunks.append(piece)
-            rest = _trim_blank_lines(rest[len(piece) :])
+            rest = trim_blank_lines(rest[len(piece) :])
         return chunks
 
     async def _map(

@@ -8,11 +8,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 import attrs
 
+from pipeline._errors import ConfigError
 from pipeline._model.artifacts import Artifact
 from pipeline._model.envelope import Form, View
-from pipeline._errors import ConfigError
+from pipeline._tokens.counter import (
+    TokenCounter,
+    count_joined_from,
+    count_with_sep_from,
+    starts_piece,
+)
 from pipeline._views.summarize import Summarizer, SummaryCache
-from pipeline._tokens.counter import TokenCounter, count_joined_from, count_with_sep_from, starts_piece
 
 if TYPE_CHECKING:
     from pipeline._views.preview import Preview

@@ -11,15 +11,14 @@ from typing import Any
 
 import pytest
 
+from lamina import Conversation, load_script
 from pipeline import (
     AttachmentError,
     ChatTranscriptError,
-    Conversation,
     LaminaError,
     PdfError,
     ScriptError,
     TranscriptError,
-    load_script,
     parse_transcript,
 )
 from pipeline._model.tools import canonical_args

@@ -8,7 +8,8 @@ import threading
 from collections import Counter
 from pathlib import Path
 
-from pipeline import Conversation, LaminaError, PathOutsideVault
+from lamina import Conversation
+from pipeline import LaminaError, PathOutsideVault
 from processors import note
 from processors._vault import Vault
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import Budget, BudgetExceeded, Conversation, check_envelope
+from lamina import Conversation
+from pipeline import Budget, BudgetExceeded, check_envelope
 from pipeline._conversation.agent import QUESTION_AGAIN, AgentTurn, agent_call
 
 QUESTION = "Which devices lost edits last week?"
@@ -104,7 +105,8 @@ def test_call_ids_are_deterministic_and_unique(vault: Path) -> None:
 
 
 def test_script_turns_carry_tools_and_recorded_agent_steps(vault: Path) -> None:
-    from pipeline import ScriptError, parse_script, run_script
+    from lamina import parse_script, run_script
+    from pipeline import ScriptError
 
     script = parse_script(
         {

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lamina import Conversation, parse_script
 from pipeline import (
     Budget,
     BudgetExceeded,
     ConfigError,
-    Conversation,
     Envelope,
     Form,
     LLMSummarizer,
@@ -25,7 +25,6 @@ from pipeline import (
     TokenCounter,
     check_envelope,
     get_encoding,
-    parse_script,
 )
 from processors import ProcessContext, Sources, Vault, folder, note, selection
 from renderers import openai_messages, trace_document

@@ -10,7 +10,8 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from pipeline import Conversation, ConversationInfo, ConversationState, SqliteStore, save_turn
+from lamina import Conversation
+from pipeline import ConversationInfo, ConversationState, SqliteStore, save_turn
 
 TURNS = 100
 ITERATIONS = 30

@@ -11,18 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lamina import Conversation, parse_script
 from pipeline import (
     NOT_SENT_INTRO,
     REFERENCES_INTRO,
     Budget,
     BudgetExceeded,
-    Conversation,
     Envelope,
     Form,
     check_envelope,
     fit_preview,
     get_encoding,
-    parse_script,
 )
 from pipeline._budget.fit import MIN_PREVIEW_TOKENS
 from processors import ProcessContext, Sources, Vault, folder, note

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from lamina import Conversation
 from pipeline import (
     ArgumentError,
     Budget,
     ConfigError,
-    Conversation,
     LaminaError,
     NoteNotFound,
     SystemPrompt,

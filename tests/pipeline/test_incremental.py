@@ -10,10 +10,10 @@ import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lamina import Conversation
 from pipeline import (
     AttachmentSpec,
     Budget,
-    Conversation,
     Form,
     Policy,
     Processed,

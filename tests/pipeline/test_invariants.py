@@ -7,8 +7,8 @@ from pathlib import Path
 import attrs
 import pytest
 
+from lamina import Conversation
 from pipeline import (
-    Conversation,
     Envelope,
     Form,
     InvariantViolation,

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lamina import Conversation
 from pipeline import (
-    Conversation,
     check_envelope,
     defuse_markup,
     escape_attribute,

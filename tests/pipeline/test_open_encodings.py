@@ -14,19 +14,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import pipeline._tokens.open_encodings as open_module
 import pipeline._tokens.counter as tokens_module
+import pipeline._tokens.open_encodings as open_module
+from lamina import Conversation, parse_script
 from pipeline import (
     Budget,
     BudgetExceeded,
     ConfigError,
-    Conversation,
     TokenCounter,
     TokenizerUnavailable,
     check_envelope,
     get_encoding,
     get_profile,
-    parse_script,
 )
 from pipeline._tokens.open_encodings import OPEN_SPECS, OPEN_TOKENIZERS, load_open_encoding
 from processors import ProcessContext, Sources, Vault, selection

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from fpdf import FPDF
 
-from pipeline import Conversation, format_pages, parse_pages
+from lamina import Conversation
+from pipeline import format_pages, parse_pages
 from processors import Sources, pdf
 
 

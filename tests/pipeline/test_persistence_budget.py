@@ -15,18 +15,15 @@ import attrs
 import pytest
 import xxhash
 
+from lamina import Conversation, load_conversation, parse_script, run_saved
 from pipeline import (
     DEFAULT_ORDER,
     Budget,
-    Conversation,
     ConversationInfo,
     LLMSummarizer,
     SqliteStore,
     StoreError,
     TokenCounter,
-    load_conversation,
-    parse_script,
-    run_saved,
     save_turn,
 )
 from pipeline._conversation.conversation import BudgetSettings
@@ -173,7 +170,8 @@ def test_a_state_saved_before_budgets_were_kept_loads_without_one(
 # whose answers start at 1000 (a new summary would show), print the request and the calls.
 _RESUME = """
 import itertools, json, sys
-from pipeline import LLMSummarizer, SqliteStore, TokenCounter, load_conversation
+from lamina import load_conversation
+from pipeline import LLMSummarizer, SqliteStore, TokenCounter
 from renderers import openai_messages
 
 store_path, vault = sys.argv[1], sys.argv[2]

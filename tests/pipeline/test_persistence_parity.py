@@ -11,15 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import (
-    Conversation,
-    ConversationInfo,
-    SqliteStore,
-    load_conversation,
-    parse_script,
-    run_saved,
-    run_script,
-)
+from lamina import Conversation, load_conversation, parse_script, run_saved, run_script
+from pipeline import ConversationInfo, SqliteStore
 from processors import ProcessContext, Sources, Vault
 from renderers import annotate_trace, trace_document
 from tests.cli import lamina

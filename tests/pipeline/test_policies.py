@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import ConfigError, Conversation, Form, Policy, check_envelope
+from lamina import Conversation
+from pipeline import ConfigError, Form, Policy, check_envelope
 from processors import note, selection
 
 LONG = "# Long\n\n" + "\n\n".join(

@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline._errors import ConfigError
+from pipeline._tokens.counter import TokenCounter
 from pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
     cut_to_tokens,
     make_excerpt,
     make_preview,
 )
-from pipeline._tokens.counter import TokenCounter
 from tests.strategies import MARKDOWN_LINE
 
 COUNTER = TokenCounter()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline._errors import ConfigError
-from pipeline._tokens.profiles import PROFILES, ModelProfile, get_profile
 from pipeline._tokens.counter import TOKENIZERS
+from pipeline._tokens.profiles import PROFILES, ModelProfile, get_profile
 
 
 def test_gpt_4o_profile() -> None:

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from pipeline import Conversation, Policy, parse_script, run_script
+from lamina import Conversation, parse_script, run_script
+from pipeline import Policy
 from processors import ProcessContext, Sources, Vault
 from renderers import trace_document
 from tests.strategies import conversations, localize, serve_site, write_property_vault

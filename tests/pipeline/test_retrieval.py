@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline import Conversation, Form, Policy, check_envelope
+from lamina import Conversation
+from pipeline import Form, Policy, check_envelope
 from pipeline._model.tools import chunk_source, hit, tool, tool_turn
 from tests.conftest import write_vault
 

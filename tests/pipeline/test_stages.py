@@ -8,8 +8,8 @@ from pathlib import Path
 import attrs
 import pytest
 
+from lamina import Conversation
 from pipeline import (
-    Conversation,
     Dedup,
     Expand,
     Pipeline,

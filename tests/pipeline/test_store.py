@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from lamina import Conversation, load_conversation, rebuild_envelope
+from lamina._cli import main
 from pipeline import (
-    Conversation,
     ConversationError,
     ConversationInfo,
     Manifest,
@@ -19,11 +20,8 @@ from pipeline import (
     StoreSchemaTooNew,
     SummaryResult,
     UnknownConversation,
-    load_conversation,
-    rebuild_envelope,
     save_turn,
 )
-from lamina._cli import main
 from pipeline._store.sqlite import SCHEMA_VERSION
 
 

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pipeline import Conversation, SqliteStore
+from lamina import Conversation
+from pipeline import SqliteStore
 
 WRITERS = 4
 READERS = 2

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from lamina import Conversation, load_conversation
 from pipeline import (
     ConflictError,
-    Conversation,
     ConversationError,
     ConversationInfo,
     Head,
@@ -18,7 +18,6 @@ from pipeline import (
     SqliteStore,
     StoreCorrupt,
     StoreError,
-    load_conversation,
     save_turn,
 )
 

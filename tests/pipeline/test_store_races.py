@@ -13,14 +13,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
-from pipeline import (
-    ConflictError,
-    Conversation,
-    ConversationInfo,
-    SqliteStore,
-    load_conversation,
-    save_turn,
-)
+from lamina import Conversation, load_conversation
+from pipeline import ConflictError, ConversationInfo, SqliteStore, save_turn
 from pipeline._store.transcript import export_transcript
 from tests.cli import ROOT, lamina
 

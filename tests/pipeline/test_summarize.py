@@ -9,6 +9,7 @@ import time
 import pytest
 
 from pipeline._errors import ConfigError
+from pipeline._tokens.counter import TokenCounter
 from pipeline._views.summarize import (
     LLMSummarizer,
     Summarizer,
@@ -16,7 +17,6 @@ from pipeline._views.summarize import (
     SummaryResult,
     TextRankSummarizer,
 )
-from pipeline._tokens.counter import TokenCounter
 
 COUNTER = TokenCounter()
 

@@ -9,16 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from lamina import Conversation, import_transcript
 from pipeline import (
     ChatMessage,
     ChatTranscript,
     ChatTranscriptError,
-    Conversation,
     ConversationInfo,
     SqliteStore,
     SystemPrompt,
     export_transcript,
-    import_transcript,
     parse_transcript,
     render_transcript,
     save_turn,

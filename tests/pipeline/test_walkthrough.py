@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline import Conversation, Form, check_envelope, has_context_markup
+from lamina import Conversation
+from pipeline import Form, check_envelope, has_context_markup
 from processors import note
 from renderers import openai_messages
 

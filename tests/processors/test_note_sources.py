@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import ConfigError, Conversation, Form, Link, TurnWarning
+from lamina import Conversation
+from pipeline import ConfigError, Form, Link, TurnWarning
 from processors import NoteOptions, ProcessContext, Sources, Vault
 from processors._notes import NotePayload, NoteProcessor, folder, note, note_section
 

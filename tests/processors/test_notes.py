@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline._model.artifacts import Link, Processed
 from pipeline._errors import AttachmentError, NoteNotFound, PathOutsideVault
+from pipeline._model.artifacts import Link, Processed
 from processors._context import ProcessContext
 from processors._notes import (
     FolderProcessor,

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
+from lamina import Conversation, renderer_for
 from pipeline import (
     AttachmentError,
-    Conversation,
     Form,
     PathOutsideVault,
     Processed,
@@ -180,7 +180,7 @@ def _view(form: Form, body: str) -> View:
 
 
 def test_the_registry_renderer_uses_plugin_renderers_only_for_their_form(site: Path) -> None:
-    renderer = Sources(registry=Registry.default()).renderer()
+    renderer = renderer_for(Sources(registry=Registry.default()))
     assert "<![CDATA[" in renderer.render(_view(Form.FULL, "| a<b |"))
     assert renderer.render(_view(Form.PREVIEW, "| a<b |")).endswith(
         'form="preview">\n| a<b |\n</csv>'
@@ -188,7 +188,8 @@ def test_the_registry_renderer_uses_plugin_renderers_only_for_their_form(site: P
 
 
 def test_a_body_that_would_close_the_cdata_falls_back_to_escaped_text(site: Path) -> None:
-    text = Registry.default().renderer().render(_view(Form.FULL, "| x]]><y/> |"))
+    renderer = renderer_for(Sources(registry=Registry.default()))
+    text = renderer.render(_view(Form.FULL, "| x]]><y/> |"))
     assert "CDATA" not in text
     assert "\n| x]]><y/> |\n" in text
     closing = Registry.default().renderer().render(_view(Form.FULL, "| </csv> |"))

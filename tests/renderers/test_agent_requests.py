@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
-from pipeline import Budget, BudgetExceeded, Conversation
+from lamina import Conversation
+from pipeline import Budget, BudgetExceeded
 from pipeline._conversation.agent import AgentTurn, agent_call
 from renderers._agent import agent_request
 from tests.conftest import write_vault

@@ -19,15 +19,8 @@ from fpdf import FPDF
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import (
-    Conversation,
-    Envelope,
-    Form,
-    check_envelope,
-    markup_blocks,
-    strip_reply,
-    tool,
-)
+from lamina import Conversation
+from pipeline import Envelope, Form, check_envelope, markup_blocks, strip_reply, tool
 from processors import ProcessContext, Sources, Vault, note, pdf, selection, url, youtube
 from tests.pipeline.test_markup import CORPUS
 from tests.strategies import serve_site

@@ -9,17 +9,8 @@ import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import (
-    Conversation,
-    Decision,
-    Envelope,
-    Form,
-    Library,
-    Pipeline,
-    Policy,
-    SystemPrompt,
-    TurnGraph,
-)
+from lamina import Conversation
+from pipeline import Decision, Envelope, Form, Library, Pipeline, Policy, SystemPrompt, TurnGraph
 from renderers import (
     chatml,
     common_prefix_length,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline import Conversation, Envelope, Form
+from lamina import Conversation
+from pipeline import Envelope, Form
 from pipeline._model.tools import hit, tool, tool_turn
 from renderers import build_prompt
 from tests.conftest import write_vault

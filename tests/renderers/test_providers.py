@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import Conversation, Envelope, RegistryError, SystemPrompt, TokenCounter
+from lamina import Conversation
+from pipeline import Envelope, RegistryError, SystemPrompt, TokenCounter
 from pipeline._tokens.profiles import get_profile
 from renderers import (
     RenderedRequest,

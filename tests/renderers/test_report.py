@@ -8,7 +8,8 @@ from typing import Any
 
 import lxml.html
 
-from pipeline import Budget, Conversation, Envelope, SystemPrompt
+from lamina import Conversation
+from pipeline import Budget, Envelope, SystemPrompt
 from processors import note
 from renderers import prefix_reports, render_report, report_blocks, trace_document, xml_safe
 from tests.conftest import write_vault

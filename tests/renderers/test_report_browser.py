@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from pipeline import Conversation, Policy, SystemPrompt
+from lamina import Conversation
+from pipeline import Policy, SystemPrompt
 from processors import note
 from renderers import render_report, report_blocks, xml_safe
 from tests.cli import ROOT, lamina

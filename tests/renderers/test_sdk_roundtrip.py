@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from pipeline import Conversation, SystemPrompt
+from lamina import Conversation
+from pipeline import SystemPrompt
 from pipeline._tokens.profiles import get_profile
 from renderers import RenderedRequest, gemini_cache_plan, render_request, request_options
 from renderers._layouts import build_prompt

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import Conversation, Envelope, TokenCounter
+from lamina import Conversation, load_script, parse_script, run_script
 from lamina._cli import DEMO_SCRIPT
-from lamina._script import load_script, parse_script, run_script
+from pipeline import Envelope, TokenCounter
 from renderers import CacheRules, Simulation, format_simulation, render_request, simulate
 from renderers._simulate import breakpoint_cache_costs, prefix_cache_costs
 

@@ -1,0 +1,142 @@
+"""What a host app calls: the core's Conversation with its edges filled in from a vault.
+
+The core (``pipeline``) takes its sources and renderer as arguments; here they default
+to the built-in processors over a vault folder and the XML renderer with every
+registered processor's renderers, so ``Conversation("...", vault="notes")`` just works.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pipeline
+from pipeline import (
+    ArgumentError,
+    ConfigError,
+    ConversationState,
+    Envelope,
+    SegmentRenderer,
+    SourceResolver,
+)
+from processors import Sources, Vault
+from renderers import XmlRenderer
+
+__all__ = [
+    "Conversation",
+    "default_sources",
+    "import_transcript",
+    "load_conversation",
+    "rebuild_envelope",
+    "renderer_for",
+]
+
+
+def default_sources(
+    vault: str | Path | Vault | None = None, sources: SourceResolver | None = None
+) -> SourceResolver:
+    """``sources`` if given, else the built-in processors (and plugins) over ``vault``."""
+    if sources is not None and vault is not None:
+        raise ConfigError("vault", "give either vault= or sources=, not both")
+    if vault is not None and not isinstance(vault, str | Path | Vault):
+        raise ArgumentError("vault", f"must be a folder path, got {type(vault).__name__}")
+    if sources is not None:
+        return sources
+    return Sources() if vault is None else Sources.for_vault(vault)
+
+
+def renderer_for(sources: SourceResolver) -> SegmentRenderer:
+    """The XML renderer with the sources' processor renderers (plugins too) registered."""
+    xml = XmlRenderer()
+    if isinstance(sources, Sources):
+        for (source_type, form), fn in sources.view_renderers().items():
+            xml.register(source_type, form, fn)
+    return xml
+
+
+def _edges(
+    vault: str | Path | Vault | None,
+    sources: SourceResolver | None,
+    renderer: SegmentRenderer | None,
+) -> dict[str, Any]:
+    resolved = default_sources(vault, sources)
+    return {"sources": resolved, "renderer": renderer or renderer_for(resolved)}
+
+
+class Conversation(pipeline.Conversation):
+    """``pipeline.Conversation`` that also takes ``vault=`` and fills in sources and renderer.
+
+    >>> conv = Conversation("You are terse.", vault="examples/vault")
+    >>> env = conv.turn("Summarize this", attach=[{"note": "project-spec.md"}])
+    >>> conv.reply("It is a spec.")
+    """
+
+    def __init__(
+        self,
+        system: str | pipeline.SystemPrompt = "",
+        *,
+        vault: str | Path | Vault | None = None,
+        sources: SourceResolver | None = None,
+        renderer: SegmentRenderer | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(system, **_edges(vault, sources, renderer), **options)
+
+    @classmethod
+    def restore(
+        cls,
+        state: ConversationState,
+        *,
+        vault: str | Path | Vault | None = None,
+        sources: SourceResolver | None = None,
+        renderer: SegmentRenderer | None = None,
+        **options: Any,
+    ) -> Conversation:
+        """``pipeline.Conversation.restore`` with ``vault=`` and default edges."""
+        conv = super().restore(state, **_edges(vault, sources, renderer), **options)
+        assert isinstance(conv, Conversation)
+        return conv
+
+
+def load_conversation(
+    store: pipeline.Store,
+    conversation_id: str,
+    *,
+    vault: str | Path | Vault | None = None,
+    sources: SourceResolver | None = None,
+    renderer: SegmentRenderer | None = None,
+    **options: Any,
+) -> pipeline.Conversation:
+    """``pipeline.load_conversation`` with ``vault=`` and default edges."""
+    return pipeline.load_conversation(
+        store, conversation_id, **_edges(vault, sources, renderer), **options
+    )
+
+
+def rebuild_envelope(
+    store: pipeline.Store,
+    conversation_id: str,
+    turn: int | None = None,
+    *,
+    vault: str | Path | Vault | None = None,
+    sources: SourceResolver | None = None,
+    renderer: SegmentRenderer | None = None,
+    **options: Any,
+) -> Envelope | None:
+    """``pipeline.rebuild_envelope`` with ``vault=`` and default edges."""
+    return pipeline.rebuild_envelope(
+        store, conversation_id, turn, **_edges(vault, sources, renderer), **options
+    )
+
+
+def import_transcript(
+    text: str,
+    store: pipeline.Store,
+    *,
+    vault: str | Path | Vault | None = None,
+    sources: SourceResolver | None = None,
+    renderer: SegmentRenderer | None = None,
+    **options: Any,
+) -> pipeline.ImportReport:
+    """``pipeline.import_transcript`` with ``vault=`` and default edges."""
+    return pipeline.import_transcript(text, store, **_edges(vault, sources, renderer), **options)
