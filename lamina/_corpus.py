@@ -12,11 +12,10 @@ from pathlib import Path
 
 import attrs
 
+from lamina._script import Script, ScriptTurn
 from pipeline import (
     ConfigError,
     LaminaError,
-    Script,
-    ScriptTurn,
     SqliteStore,
     Store,
     SystemPrompt,

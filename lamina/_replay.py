@@ -21,22 +21,19 @@ import attrs
 from lamina._config import ReplayConfig, load_config
 from lamina._corpus import Corpus, Recording, find_corpus, store_recordings
 from lamina._engines import Engine, make_engine
+from lamina._host import Conversation, import_transcript
+from lamina._script import Script, parse_script, run_script
 from pipeline import (
     ConfigError,
-    Conversation,
     Envelope,
     InvariantViolation,
     LaminaError,
     LoadError,
-    Script,
     ScriptError,
     SqliteStore,
     check_envelope,
-    import_transcript,
     load_json,
     load_yaml,
-    parse_script,
-    run_script,
 )
 from processors import ProcessContext, Registry, Sources, Vault
 from renderers import simulate

@@ -103,7 +103,7 @@ def get_encoding(name: str) -> tiktoken.Encoding:
             enc = _encodings[name] = load_open_encoding(name)
         if enc is None:
             spec = _SPECS[name]
-            path = resources.files("pipeline._tokens.counter") / "encodings" / f"{name}.tiktoken"
+            path = resources.files("pipeline._tokens") / "encodings" / f"{name}.tiktoken"
             with resources.as_file(path) as real:
                 ranks = load_tiktoken_bpe(str(real), expected_hash=spec.sha256)
             enc = tiktoken.Encoding(

@@ -12,6 +12,7 @@ import distributed  # in the test extra: the Dask tests run, never skip
 import pytest
 
 from benchmarks.replay_corpus import write_configs, write_replay_corpus
+from lamina import Conversation as Conv
 from lamina import (
     DaskEngine,
     LocalEngine,
@@ -20,11 +21,12 @@ from lamina import (
     SerialEngine,
     find_corpus,
     load_config,
+    load_script,
     replay,
+    run_saved,
 )
 from lamina._engines import LOCAL_CLUSTER_CONFIG
-from pipeline import Conversation as Conv
-from pipeline import ConversationInfo, SqliteStore, export_transcript, load_script, run_saved
+from pipeline import ConversationInfo, SqliteStore, export_transcript
 from processors import Sources
 from tests.conftest import write_vault
 
