@@ -56,8 +56,7 @@ class _Lockstep:
     in-process build, the in-process build + save (what the server does), and HTTP."""
 
     def __init__(self, workload: Workload, vault: Path, store: Path, base: str) -> None:
-        from lamina import ConversationHub, ServerConfig
-        from pipeline import Conversation
+        from lamina import Conversation, ConversationHub, ServerConfig
 
         self.workload = workload
         self.conv = Conversation(SYSTEM, vault=vault)
@@ -137,7 +136,7 @@ def run_server_bench(conversations: int = 16, turns: int = 20) -> dict[str, Any]
         vault = Path(tmp) / "vault"
         write_vault(workload, vault)
         port = _free_port()
-        command = [sys.executable, "-m", "pipeline._cli", "serve", "--port", str(port)]
+        command = [sys.executable, "-m", "lamina._cli", "serve", "--port", str(port)]
         store = ["--store", str(Path(tmp) / "serve.sqlite"), "--vault", str(vault)]
         server = subprocess.Popen(
             [*command, *store], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

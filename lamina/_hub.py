@@ -19,12 +19,12 @@ from typing import Any
 import attrs
 
 from lamina._api_models import ConversationCreate, ReplyIn, TurnIn
+from lamina._host import Conversation, load_conversation, rebuild_envelope
 from pipeline import (
     AttachmentRecord,
     AttachmentSpec,
     Budget,
     ConfigError,
-    Conversation,
     ConversationError,
     ConversationInfo,
     Envelope,
@@ -36,8 +36,6 @@ from pipeline import (
     SystemPrompt,
     attachment_record,
     export_transcript,
-    load_conversation,
-    rebuild_envelope,
     save_turn,
     tool,
     tool_turn,

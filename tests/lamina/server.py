@@ -65,7 +65,7 @@ def free_port() -> int:
 
 
 def serve_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pipeline._cli", "serve", *args]
+    return [sys.executable, "-m", "lamina._cli", "serve", *args]
 
 
 @contextlib.contextmanager
