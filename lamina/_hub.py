@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+import pipeline
 from lamina._api_models import ConversationCreate, ReplyIn, TurnIn
 from lamina._host import Conversation, load_conversation, rebuild_envelope
 from pipeline import (
@@ -90,7 +91,7 @@ class StaleHead(LaminaError):
 class _Warm:
     """One conversation in memory: the live ``Conversation`` and what it built so far."""
 
-    conv: Conversation
+    conv: pipeline.Conversation
     settings: ConversationCreate
     sources: Sources
     envelopes: dict[int, Envelope] = attrs.field(factory=dict)
@@ -303,6 +304,7 @@ class ConversationHub:
         info = self.store.conversation(conversation_id)
         settings = _settings(info)
         sources = self._sources(settings)
+        conv: pipeline.Conversation
         if head.turn == 0:
             conv = Conversation(
                 _system(settings),
