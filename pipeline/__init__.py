@@ -33,6 +33,14 @@ from pipeline._conversation.conversation import (
     NoSources,
 )
 from pipeline._conversation.invariants import check_envelope
+from pipeline._conversation.usage import (
+    CALIBRATION_WINDOW,
+    MARGIN_BOUNDS,
+    Calibration,
+    TurnUsage,
+    Usage,
+    read_usage,
+)
 from pipeline._errors import (
     ArgumentError,
     AttachmentError,
@@ -199,11 +207,13 @@ from pipeline._views.views import (
 )
 
 __all__ = [
+    "CALIBRATION_WINDOW",
     "CALL_OVERHEAD",
     "CUT_POLICIES",
     "DEFAULT_ORDER",
     "EXCERPT_MIN_TOKENS",
     "LIBRARY_HEADING",
+    "MARGIN_BOUNDS",
     "MESSAGE_OVERHEAD",
     "NOT_SENT_INTRO",
     "PREFIX_FIRST_ORDER",
@@ -228,6 +238,7 @@ __all__ = [
     "BudgetReport",
     "BudgetSettings",
     "BuildReport",
+    "Calibration",
     "ChatMessage",
     "ChatTranscript",
     "ChatTranscriptError",
@@ -321,9 +332,11 @@ __all__ = [
     "TurnContext",
     "TurnGraph",
     "TurnRecord",
+    "TurnUsage",
     "TurnWarning",
     "UnknownAttachmentKind",
     "UnknownConversation",
+    "Usage",
     "View",
     "ViewMemo",
     "agent_call",
@@ -376,6 +389,7 @@ __all__ = [
     "preview_view",
     "read_confined",
     "read_regular",
+    "read_usage",
     "rebuild_envelope",
     "reference_view",
     "render_transcript",

@@ -31,10 +31,12 @@ from renderers._report import REPORT_LAYERS, render_report, report_blocks
 from renderers._requests import RequestRegistry, RequestRenderer, annotate_trace, render_request
 from renderers._simulate import Simulation, format_simulation, simulate
 from renderers._trace import TRACE_VERSION, trace_document, trace_turn
+from renderers._usage import CACHE_MISS, trace_usage, usage_record
 from renderers._xml import XmlRenderer, render_xml, xml_safe
 
 __all__ = [
     "AGENT_RENDERERS",
+    "CACHE_MISS",
     "DEFAULT_MODELS",
     "LAYOUTS",
     "REPORT_LAYERS",
@@ -78,5 +80,7 @@ __all__ = [
     "simulate",
     "trace_document",
     "trace_turn",
+    "trace_usage",
+    "usage_record",
     "xml_safe",
 ]

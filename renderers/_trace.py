@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline import Envelope, TokenCounter, request_tokens
+from pipeline import Calibration, Envelope, TokenCounter, TurnUsage, request_tokens
 from renderers._openai import openai_messages
+from renderers._usage import trace_usage
 
 __all__ = ["TRACE_VERSION", "trace_document", "trace_turn"]
 
@@ -42,8 +43,10 @@ def trace_turn(
     *,
     tokens_total: int | None = None,
     timings: bool = False,
+    usage: TurnUsage | None = None,
 ) -> dict[str, Any]:
-    """One turn of the trace (README: "Trace format")."""
+    """One turn of the trace (README: "Trace format"); ``usage`` adds the ``"usage"``
+    block (the provider's figures beside Lamina's prediction)."""
     out: dict[str, Any] = {
         "turn": envelope.turn,
         "prefix_hash": envelope.prefix_hash,
@@ -73,6 +76,8 @@ def trace_turn(
     }
     if timings:
         out["timings"] = _timings(envelope)
+    if usage is not None:
+        out["usage"] = trace_usage(usage)
     budget = envelope.report.budget
     if budget is not None:
         out["budget"] = {
@@ -94,11 +99,27 @@ def trace_turn(
 
 
 def trace_document(
-    envelopes: Sequence[Envelope], counter: TokenCounter, *, timings: bool = False
+    envelopes: Sequence[Envelope],
+    counter: TokenCounter,
+    *,
+    timings: bool = False,
+    usage: Sequence[TurnUsage] = (),
+    calibration: Sequence[Calibration] = (),
 ) -> dict[str, Any]:
-    """The trace of a run; ``timings`` adds per-phase times and cache meters (not stable)."""
-    return {
+    """The trace of a run; ``timings`` adds per-phase times and cache meters (not stable);
+    ``usage`` (e.g. ``Conversation.usage``) adds each recorded turn's ``"usage"`` block and
+    ``calibration`` (``Conversation.state.calibration``) each model's learned margin."""
+    by_turn = {u.turn: u for u in usage}
+    out: dict[str, Any] = {
         "lamina_trace": TRACE_VERSION,
         "tokenizer": counter.name,
-        "turns": [trace_turn(e, counter, timings=timings) for e in envelopes],
+        "turns": [
+            trace_turn(e, counter, timings=timings, usage=by_turn.get(e.turn)) for e in envelopes
+        ],
     }
+    if calibration:
+        out["calibration"] = [
+            {"model": c.model, "margin": c.margin, "prior": c.prior, "samples": c.samples}
+            for c in calibration
+        ]
+    return out

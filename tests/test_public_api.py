@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.parametrize("package", ["pipeline", "processors", "renderers", "lamina"])
+@pytest.mark.parametrize(
+    "package", ["pipeline", "processors", "renderers", "lamina", "lamina.adapters"]
+)
 def test_all_is_exactly_the_public_names(package: str) -> None:
     module = importlib.import_module(package)
     public = {

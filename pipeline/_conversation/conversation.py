@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from pipeline._conversation.usage import Calibration, TurnUsage
 from pipeline._errors import ArgumentError, ConfigError, ConversationError
 from pipeline._input import validate as _validate
 from pipeline._model.artifacts import AttachmentSpec, Processed, SourceResolver, resolver_for_turn
@@ -105,6 +106,8 @@ class ConversationState:
     policy: Policy = attrs.field(factory=Policy)
     history_view: HistoryView = attrs.field(factory=HistoryView)
     budget: BudgetSettings | None = None
+    usage: tuple[TurnUsage, ...] = ()
+    calibration: tuple[Calibration, ...] = ()
 
 
 class Conversation:
@@ -149,6 +152,8 @@ class Conversation:
         self._l1_compacted = False
         # The stored head this state continues (set by load_conversation and save_turn).
         self.saved_head: Head | None = None
+        self._usage: dict[int, TurnUsage] = {}
+        self._calibration: dict[str, Calibration] = {}
 
     @property
     def state(self) -> ConversationState:
@@ -162,6 +167,8 @@ class Conversation:
             policy=self.policy,
             history_view=self._history_view,
             budget=None if self.budget is None else BudgetSettings.of(self.budget),
+            usage=tuple(self._usage[k] for k in sorted(self._usage)),
+            calibration=tuple(self._calibration[m] for m in sorted(self._calibration)),
         )
 
     @classmethod
@@ -199,6 +206,8 @@ class Conversation:
         conv._history = list(state.history)
         conv._last_system = state.last_system
         conv._history_view = state.history_view
+        conv._usage = {u.turn: u for u in state.usage}
+        conv._calibration = {c.model: c for c in state.calibration}
         return conv
 
     @property
@@ -335,6 +344,32 @@ class Conversation:
         if last.assistant is not None:
             raise ConversationError(f"turn {last.turn} already has a reply")
         self._history[-1] = attrs.evolve(last, assistant=strip_reply(text))
+
+    @property
+    def usage(self) -> tuple[TurnUsage, ...]:
+        """The usage read-backs recorded so far, by turn."""
+        return tuple(self._usage[k] for k in sorted(self._usage))
+
+    def calibration(self, model: str) -> Calibration | None:
+        return self._calibration.get(model)
+
+    def record_usage(self, usage: TurnUsage) -> None:
+        """Keep a turn's usage read-back (saved with the state); for a provider whose
+        tokenizer is not local, the observed input tokens calibrate the budget's margin."""
+        if not isinstance(usage, TurnUsage):
+            got = type(usage).__name__
+            raise ArgumentError("usage", f"must be a pipeline.TurnUsage, got {got}")
+        if not 1 <= usage.turn <= len(self._history):
+            raise ConversationError(f"usage for turn {usage.turn}, which was not built")
+        self._usage[usage.turn] = usage
+        if usage.exact or usage.counted <= 0:
+            return
+        prior = self.budget.safety_margin if self.budget is not None else 0.0
+        calibration = self._calibration.get(usage.model) or Calibration(usage.model, prior)
+        calibration = calibration.observe(usage.counted, usage.observed.input_tokens)
+        self._calibration[usage.model] = calibration
+        if self.budget is not None:
+            self.budget = attrs.evolve(self.budget, safety_margin=calibration.margin)
 
     def process(self, spec: Attachment) -> Processed:
         """Run one attachment through the sources (for hosts that inspect artifacts)."""

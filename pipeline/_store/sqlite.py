@@ -64,7 +64,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 
 # State fields kept as one row per entry (versioned by turn) instead of inside the state blob.
-_SPLIT_PARTS = ("library", "history")
+_SPLIT_PARTS = ("library", "history", "usage")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 _converter = cattrs.Converter()
 # Stores written before warnings had codes hold bare sentences.

@@ -1,0 +1,90 @@
+"""What every adapter shares: a turn's agent loop rebuilt from a framework's tool calls."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from pipeline import (
+    AgentCall,
+    AgentTurn,
+    Conversation,
+    ConversationError,
+    Envelope,
+    Loop,
+    agent_call,
+)
+
+__all__ = ["Call", "LoopState"]
+
+
+@attrs.frozen
+class Call:
+    """A tool call as a framework holds it: id, name, arguments, and its result text."""
+
+    id: str
+    name: str
+    args: Any
+    result: str
+
+
+class LoopState:
+    """The conversation's current turn as an agent loop: its query, envelope and steps.
+
+    ``start`` builds the turn once per query (with the attachments given beforehand);
+    ``fit`` rebuilds the loop from the framework's calls, keeping each call's first seen
+    result (a framework may hand back the stubbed text Lamina sent last time).
+    """
+
+    def __init__(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+        self.pending: list[Any] = []
+        self.agent: AgentTurn | None = None
+        self.query: str | None = None
+        self.loops: list[Loop] = []
+        self._results: dict[str, str] = {}
+        self._finished = True
+
+    @property
+    def envelope(self) -> Envelope | None:
+        return None if self.agent is None else self.agent.envelope
+
+    def start(self, query: str) -> AgentTurn:
+        """The turn for ``query``: the current one, or a new one built by the conversation."""
+        if self.agent is not None and self.query == query and not self._finished:
+            return self.agent
+        self.agent = AgentTurn.start(self.conversation, query, self.pending)
+        self.pending = []
+        self.query = query
+        self._results = {}
+        self._finished = False
+        return self.agent
+
+    def is_current(self, text: str) -> bool:
+        """Whether ``text`` is this turn's query or the user message Lamina rendered for it."""
+        env = self.envelope
+        return not self._finished and env is not None and text in (self.query, env.user_text)
+
+    def fit(self, steps: Sequence[tuple[str, Iterable[Call]]]) -> Loop:
+        """The fitted loop for these (text, calls) model steps of the current turn."""
+        if self.agent is None:
+            raise ConversationError("no turn was started")
+        agent = attrs.evolve(self.agent, steps=())
+        for text, calls in steps:
+            made: list[AgentCall] = []
+            for call in calls:
+                result = self._results.setdefault(call.id, call.result)
+                made.append(agent_call(call.name, call.args, result, id=call.id))
+            agent = agent.step(*made, text=text)
+        loop = agent.fit()
+        self.loops.append(loop)
+        return loop
+
+    def finish(self, answer: str) -> None:
+        """End the turn: L4 keeps the query and ``answer``."""
+        if self.agent is None or self._finished:
+            raise ConversationError("finish() without a turn in progress")
+        self.agent.finish(self.conversation, answer)
+        self._finished = True

@@ -1,0 +1,131 @@
+"""LangChain: an envelope as ``BaseMessage``s, and an agent middleware that builds each
+model call with Lamina.
+
+``to_messages`` gives ``[SystemMessage(L1 + L2), history, HumanMessage(L3 + L5)]`` and
+the turn's tool calls and results; for Anthropic the system and user messages are
+content blocks carrying Lamina's ``cache_control`` breakpoints. ``LaminaMiddleware``
+replaces the system message and messages of every model call of a ``create_agent`` run
+with Lamina's, the turn's tool calls fitted to the budget as call + result units::
+
+    from langchain.agents import create_agent
+    from lamina.adapters.langchain import LaminaMiddleware
+
+    lamina = LaminaMiddleware(conversation)
+    agent = create_agent(model, tools=[search], middleware=[lamina])
+    lamina.attach({"note": "project-spec.md"})
+    state = agent.invoke({"messages": [{"role": "user", "content": "What changed?"}]})
+    lamina.finish(state["messages"][-1].text)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+
+from lamina.adapters._loop import Call, LoopState
+from pipeline import Conversation, ConversationError, Envelope, Loop
+from renderers import render_request
+
+__all__ = ["LaminaMiddleware", "to_messages"]
+
+
+def _system_and_user(envelope: Envelope, provider: str, model: str | None) -> tuple[Any, Any]:
+    if provider != "anthropic":
+        return envelope.system_text, envelope.user_text
+    body = render_request(envelope, "anthropic", model).body
+    return body.get("system", ""), body["messages"][-1]["content"]
+
+
+def to_messages(
+    source: Envelope | Loop, provider: str = "openai", model: str | None = None
+) -> list[AnyMessage]:
+    """Lamina's request as LangChain messages (``provider`` decides the content shape)."""
+    loop = source if isinstance(source, Loop) else None
+    envelope = source.envelope if isinstance(source, Loop) else source
+    system, user = _system_and_user(envelope, provider, model)
+    out: list[AnyMessage] = [SystemMessage(content=system)] if system else []
+    for role, text in envelope.history():
+        out.append(AIMessage(content=text) if role == "assistant" else HumanMessage(content=text))
+    out.append(HumanMessage(content=user))
+    for step in loop.steps if loop is not None else ():
+        calls = [{"name": c.name, "args": json.loads(c.args), "id": c.id} for c in step.calls]
+        out.append(AIMessage(content=step.text, tool_calls=calls))
+        out.extend(ToolMessage(content=c.content, tool_call_id=c.id) for c in step.calls)
+    return out
+
+
+def _text(message: BaseMessage) -> str:
+    return message.content if isinstance(message.content, str) else message.text
+
+
+def _steps(messages: Sequence[AnyMessage]) -> list[tuple[str, list[Call]]]:
+    results = {m.tool_call_id: _text(m) for m in messages if isinstance(m, ToolMessage)}
+    steps: list[tuple[str, list[Call]]] = []
+    for m in messages:
+        if isinstance(m, AIMessage) and m.tool_calls:
+            calls = [
+                Call(str(c["id"]), c["name"], c["args"], results[str(c["id"])])
+                for c in m.tool_calls
+                if str(c["id"]) in results
+            ]
+            if calls:
+                steps.append((_text(m), calls))
+    return steps
+
+
+class LaminaMiddleware(AgentMiddleware):
+    """Builds every model call of a LangChain agent from a Lamina conversation."""
+
+    def __init__(
+        self, conversation: Conversation, provider: str = "openai", model: str | None = None
+    ) -> None:
+        super().__init__()
+        self.state = LoopState(conversation)
+        self.provider = provider
+        self.model = model
+
+    @property
+    def loops(self) -> list[Loop]:
+        return self.state.loops
+
+    def attach(self, *specs: Any) -> None:
+        """Attachments for the next query."""
+        self.state.pending.extend(specs)
+
+    def finish(self, answer: str) -> None:
+        """Record the run's final answer as the turn's reply."""
+        self.state.finish(answer)
+
+    def build(self, messages: Sequence[AnyMessage]) -> list[AnyMessage]:
+        """The messages Lamina sends for an agent state's messages."""
+        start = max(
+            (i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=None
+        )
+        if start is None:
+            raise ConversationError("the agent's messages hold no user message")
+        query = _text(messages[start])
+        if not self.state.is_current(query):
+            self.state.start(query)
+        loop = self.state.fit(_steps(messages[start + 1 :]))
+        return to_messages(loop, self.provider, self.model)
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest,
+        handler: Callable[[ModelRequest], ModelResponse],
+    ) -> ModelResponse:
+        built = self.build(request.messages)
+        system = built[0] if built and isinstance(built[0], SystemMessage) else None
+        rest = built[1:] if system is not None else built
+        return handler(request.override(system_message=system, messages=rest))

@@ -1,0 +1,52 @@
+"""LiteLLM: ``completion(messages=...)`` with Lamina's request, cache breakpoints kept.
+
+For an Anthropic model the messages carry Lamina's ``cache_control`` blocks (the system
+as one block per L1 part and L2 entry, breakpoints where ``anthropic_breakpoints`` puts
+them), which LiteLLM passes through to the Messages API unchanged. Do not also set
+LiteLLM's ``cache_control_injection_points``: it adds breakpoints of its own (by role or
+message index), which can exceed Anthropic's four or mark a block whose prefix changes
+every turn. Other providers get plain OpenAI-format messages (their caching is automatic)::
+
+    from lamina.adapters.litellm import completion
+    response = completion([envelope], "anthropic/claude-sonnet-4-6")
+    conversation.reply(response.choices[0].message.content)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import litellm
+
+from pipeline import Envelope
+from renderers import render_request
+
+__all__ = ["completion", "split_model", "to_messages"]
+
+_PROVIDERS = {"anthropic": "anthropic", "openai": "openai", "gemini": "gemini"}
+
+
+def split_model(model: str) -> tuple[str, str]:
+    """LiteLLM's ``provider/model`` name as (Lamina provider, model)."""
+    name, provider, _, _ = litellm.get_llm_provider(model)
+    return _PROVIDERS.get(provider, "openai"), name
+
+
+def to_messages(envelopes: Envelope | Sequence[Envelope], model: str) -> list[dict[str, Any]]:
+    """Lamina's request for the last envelope as LiteLLM (OpenAI-format) messages."""
+    envs = [envelopes] if isinstance(envelopes, Envelope) else list(envelopes)
+    provider, name = split_model(model)
+    if provider != "anthropic":
+        messages: list[dict[str, Any]] = render_request(envs, "openai").body["messages"]
+        return messages
+    body = render_request(envs, "anthropic", name).body
+    system = [{"role": "system", "content": body["system"]}] if "system" in body else []
+    return [*system, *({"role": m["role"], "content": m["content"]} for m in body["messages"])]
+
+
+def completion(
+    envelopes: Envelope | Sequence[Envelope], model: str, **kwargs: Any
+) -> Any:
+    """``litellm.completion`` with Lamina's messages (``kwargs`` pass through)."""
+    return litellm.completion(model=model, messages=to_messages(envelopes, model), **kwargs)

@@ -1,0 +1,145 @@
+"""pydantic-ai: a history processor that hands the model Lamina's envelope.
+
+Each model request of a run gets ``[system: L1 + L2] -> L4 history -> [user: L3 + L5]``
+followed by the turn's tool calls and returns, fitted to the budget as one unit each
+(a result may be cut or stubbed, never separated from its call). Lamina keeps the
+history, so do not pass ``message_history`` to the run::
+
+    from pydantic_ai import Agent
+    from pydantic_ai.capabilities import ProcessHistory
+    from lamina.adapters.pydantic_ai import LaminaHistory
+
+    history = LaminaHistory(conversation)
+    agent = Agent(model, capabilities=[ProcessHistory(history)], tools=[search])
+    history.attach({"note": "project-spec.md"})
+    result = agent.run_sync("What changed in the spec?")
+    history.finish(result.output)
+
+(pydantic-ai 2 replaced ``Agent(history_processors=[...])`` with the ``ProcessHistory``
+capability; the processor itself is the same callable.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelRequestPart,
+    ModelResponse,
+    ModelResponsePart,
+    RetryPromptPart,
+    SystemPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+
+from lamina.adapters._loop import Call, LoopState
+from pipeline import Conversation, Envelope, Loop
+
+__all__ = ["LaminaHistory", "envelope_messages"]
+
+
+def _user_text(part: UserPromptPart) -> str:
+    if isinstance(part.content, str):
+        return part.content
+    return "\n\n".join(c for c in part.content if isinstance(c, str))
+
+
+def envelope_messages(envelope: Envelope) -> list[ModelMessage]:
+    """The envelope as pydantic-ai messages: system, history, then this turn's user text."""
+    out: list[ModelMessage] = []
+    if envelope.system_text:
+        out.append(ModelRequest(parts=[SystemPromptPart(envelope.system_text)]))
+    for role, text in envelope.history():
+        if role == "assistant":
+            out.append(ModelResponse(parts=[TextPart(text)]))
+        else:
+            out.append(ModelRequest(parts=[UserPromptPart(text)]))
+    out.append(ModelRequest(parts=[UserPromptPart(envelope.user_text)]))
+    return out
+
+
+def _loop_messages(loop: Loop) -> list[ModelMessage]:
+    out: list[ModelMessage] = []
+    for step in loop.steps:
+        parts: list[ModelResponsePart] = [TextPart(step.text)] if step.text else []
+        parts.extend(ToolCallPart(c.name, c.args, c.id) for c in step.calls)
+        out.append(ModelResponse(parts=parts))
+        returns: list[ModelRequestPart] = [
+            ToolReturnPart(c.name, c.content, c.id) for c in step.calls
+        ]
+        out.append(ModelRequest(parts=returns))
+    return out
+
+
+def _steps(messages: Sequence[ModelMessage]) -> list[tuple[str, list[Call]]]:
+    """(text, calls) per model response after the query, each call with its result."""
+    results: dict[str, str] = {}
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, ToolReturnPart):
+                    results[part.tool_call_id] = part.model_response_str()
+                elif isinstance(part, RetryPromptPart) and part.tool_call_id:
+                    results[part.tool_call_id] = part.model_response()
+    steps: list[tuple[str, list[Call]]] = []
+    for message in messages:
+        if not isinstance(message, ModelResponse):
+            continue
+        calls = [
+            Call(p.tool_call_id, p.tool_name, p.args_as_dict(), results[p.tool_call_id])
+            for p in message.parts
+            if isinstance(p, ToolCallPart) and p.tool_call_id in results
+        ]
+        if calls:
+            text = "".join(p.content for p in message.parts if isinstance(p, TextPart))
+            steps.append((text, calls))
+    return steps
+
+
+class LaminaHistory:
+    """A pydantic-ai history processor backed by a Lamina conversation."""
+
+    def __init__(self, conversation: Conversation) -> None:
+        self.state = LoopState(conversation)
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.state.conversation
+
+    @property
+    def loops(self) -> list[Loop]:
+        """Every request as fitted, in order (what the model was sent)."""
+        return self.state.loops
+
+    def attach(self, *specs: Any) -> None:
+        """Attachments for the next query (note, pdf, url... specs or their script form)."""
+        self.state.pending.extend(specs)
+
+    def finish(self, answer: str) -> None:
+        """Record the run's answer as the turn's reply (call with ``result.output``)."""
+        self.state.finish(answer)
+
+    def __call__(self, messages: list[ModelMessage]) -> list[ModelMessage]:
+        start = max(
+            (
+                i
+                for i, m in enumerate(messages)
+                if isinstance(m, ModelRequest)
+                and any(isinstance(p, UserPromptPart) for p in m.parts)
+            ),
+            default=None,
+        )
+        if start is None:
+            return messages
+        prompt = next(p for p in messages[start].parts if isinstance(p, UserPromptPart))
+        text = _user_text(prompt)
+        if not self.state.is_current(text):
+            self.state.start(text)
+        loop = self.state.fit(_steps(messages[start + 1 :]))
+        return [*envelope_messages(loop.envelope), *_loop_messages(loop)]

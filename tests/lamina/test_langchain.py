@@ -1,0 +1,110 @@
+"""LangChain: envelope messages, and a create_agent run with a fake chat model (offline)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from langchain.agents import create_agent
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    ToolMessage,
+    convert_to_openai_messages,
+)
+from langchain_core.outputs import ChatResult
+from langchain_core.tools import tool
+
+from lamina.adapters.langchain import LaminaMiddleware, to_messages
+from pipeline import Budget, Conversation
+from renderers import agent_request, render_request
+
+VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
+RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(400))
+
+
+def _normal(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI chat messages with tool arguments parsed and empty contents as None."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["content"] = m.get("content") or None
+            m["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "name": c["function"]["name"],
+                    "args": json.loads(c["function"]["arguments"]),
+                }
+                for c in m["tool_calls"]
+            ]
+        out.append(m)
+    return out
+
+
+class Scripted(GenericFakeChatModel):
+    """A fake chat model that records what it is sent; tools are accepted and ignored."""
+
+    received: ClassVar[list[list[BaseMessage]]] = []
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        self.received.append(list(messages))
+        return super()._generate(messages, *args, **kwargs)
+
+
+def _script(turns: int) -> Iterator[AIMessage]:
+    for t in range(turns):
+        for s in range(2):
+            call = {"name": "search", "args": {"q": f"r{t}-{s}"}, "id": f"c{t}{s}"}
+            yield AIMessage(content="", tool_calls=[call])
+        yield AIMessage(content=f"Answer {t}.")
+
+
+@tool
+def search(q: str) -> str:
+    """Search the project notes."""
+    return f"Results for {q}: " + " ".join(f"finding-{i} on sync" for i in range(150))
+
+
+def test_anthropic_messages_carry_cache_control_blocks() -> None:
+    conv = Conversation(RULES, vault=VAULT)
+    env = conv.turn("Summarize", [{"note": "project-spec.md"}])
+    messages = to_messages(env, "anthropic", "claude-sonnet-4-6")
+    body = render_request(env, "anthropic", "claude-sonnet-4-6").body
+    assert messages[0].content == body["system"]
+    assert any("cache_control" in b for b in body["system"])
+    assert messages[-1].content == body["messages"][-1]["content"]
+    plain = to_messages(env)
+    assert convert_to_openai_messages(plain) == render_request(env, "openai").body["messages"]
+
+
+def test_ten_turn_agent_under_a_small_budget() -> None:
+    budget = Budget(context_window=2400, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    lamina = LaminaMiddleware(conv)
+    model = Scripted(messages=_script(10))
+    model.received.clear()
+    agent = create_agent(model, tools=[search], middleware=[lamina])
+    for i in range(10):
+        if i % 3 == 0:
+            lamina.attach({"note": "project-spec.md"})
+        state = agent.invoke({"messages": [{"role": "user", "content": f"Question {i}?"}]})
+        lamina.finish(state["messages"][-1].text)
+    assert len(model.received) == len(lamina.loops) == 30
+    stubbed = 0
+    for received, loop in zip(model.received, lamina.loops, strict=True):
+        sent = _normal(convert_to_openai_messages(received))
+        assert sent == _normal(agent_request(loop, "openai").body["messages"])
+        calls = [c["id"] for m in received if isinstance(m, AIMessage) for c in m.tool_calls]
+        returns = [m.tool_call_id for m in received if isinstance(m, ToolMessage)]
+        assert calls == returns
+        assert budget.effective(loop.tokens) <= budget.limit
+        stubbed += sum(1 for d in loop.decisions if d.to_form == "stub")
+    assert stubbed > 0
+    assert [h.assistant for h in conv.history] == [f"Answer {t}." for t in range(10)]

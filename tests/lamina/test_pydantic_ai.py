@@ -1,0 +1,146 @@
+"""The pydantic-ai history processor with pydantic-ai's own FunctionModel (no network)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic_ai import Agent
+from pydantic_ai.capabilities import ProcessHistory
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    SystemPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from lamina.adapters.pydantic_ai import LaminaHistory
+from pipeline import Budget, Conversation
+from renderers import agent_request, render_request
+
+VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
+
+
+def openai_form(messages: list[ModelMessage]) -> list[dict[str, Any]]:
+    """pydantic-ai messages in OpenAI chat form, to compare with Lamina's request."""
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        if isinstance(message, ModelRequest):
+            for part in message.parts:
+                if isinstance(part, SystemPromptPart):
+                    out.append({"role": "system", "content": part.content})
+                elif isinstance(part, UserPromptPart):
+                    out.append({"role": "user", "content": part.content})
+                elif isinstance(part, ToolReturnPart):
+                    out.append(
+                        {"role": "tool", "tool_call_id": part.tool_call_id, "content": part.content}
+                    )
+            continue
+        text = "".join(p.content for p in message.parts if isinstance(p, TextPart))
+        calls = [
+            {
+                "id": p.tool_call_id,
+                "type": "function",
+                "function": {"name": p.tool_name, "arguments": p.args_as_json_str()},
+            }
+            for p in message.parts
+            if isinstance(p, ToolCallPart)
+        ]
+        if calls:
+            out.append({"role": "assistant", "content": text or None, "tool_calls": calls})
+        else:
+            out.append({"role": "assistant", "content": text})
+    return out
+
+
+def _result(q: str) -> str:
+    return f"Results for {q}: " + " ".join(f"finding-{i} about the sync engine" for i in range(150))
+
+
+class Scripted:
+    """A model that searches twice per question, then answers; it records what it got."""
+
+    def __init__(self) -> None:
+        self.received: list[list[ModelMessage]] = []
+
+    def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        self.received.append(list(messages))
+        steps = sum(
+            1
+            for m in messages
+            if isinstance(m, ModelResponse) and any(isinstance(p, ToolCallPart) for p in m.parts)
+        )
+        turn = len(self.received)
+        if steps < 2:
+            return ModelResponse(
+                parts=[ToolCallPart("search", json.dumps({"q": f"r{turn}"}), f"call-{turn}")]
+            )
+        return ModelResponse(parts=[TextPart(f"Answer after {steps} searches.")])
+
+
+def _agent(history: LaminaHistory, model: Scripted) -> Agent[None, str]:
+    agent = Agent(FunctionModel(model), capabilities=[ProcessHistory(history)])
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        return _result(q)
+
+    return agent
+
+
+def test_a_plain_turn_is_lamina_rendering() -> None:
+    """No tools: the model receives the envelope's system, history and user message."""
+    conv = Conversation("You are terse.", vault=VAULT)
+    history = LaminaHistory(conv)
+    received: list[list[ModelMessage]] = []
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        received.append(list(messages))
+        return ModelResponse(parts=[TextPart("It is a spec.")])
+
+    agent = Agent(FunctionModel(answer), capabilities=[ProcessHistory(history)])
+    history.attach({"note": "project-spec.md"})
+    result = agent.run_sync("Summarize this")
+    history.finish(result.output)
+    first = history.loops[-1].envelope
+    assert openai_form(received[0]) == render_request(first, "openai").body["messages"]
+    assert "project-spec" in first.user_text
+    result = agent.run_sync("Shorter, please")
+    history.finish(result.output)
+    second = history.loops[-1].envelope
+    assert second.turn == 2
+    assert openai_form(received[1]) == render_request(second, "openai").body["messages"]
+    assert conv.history[0].assistant == "It is a spec."
+
+
+def test_ten_turns_with_tools_under_a_small_budget() -> None:
+    """Every request equals Lamina's fitted loop, keeps each call with its return, and fits."""
+    budget = Budget(context_window=2400, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    history = LaminaHistory(conv)
+    model = Scripted()
+    agent = _agent(history, model)
+    for i in range(10):
+        if i % 3 == 0:
+            history.attach({"note": "project-spec.md"})
+        result = agent.run_sync(f"Question {i}: what does the sync engine do?")
+        history.finish(result.output)
+    assert len(model.received) == len(history.loops) == 30
+    stubbed = 0
+    for messages, loop in zip(model.received, history.loops, strict=True):
+        assert openai_form(messages) == agent_request(loop, "openai").body["messages"]
+        calls = [p.tool_call_id for m in messages for p in m.parts if isinstance(p, ToolCallPart)]
+        returns = [
+            p.tool_call_id for m in messages for p in m.parts if isinstance(p, ToolReturnPart)
+        ]
+        assert calls == returns
+        assert budget.effective(loop.tokens) <= budget.limit <= 2100
+        stubbed += sum(1 for d in loop.decisions if d.to_form == "stub")
+    assert stubbed > 0  # the budget had to act: the test exercises the fitting
+    assert [h.assistant for h in conv.history] == ["Answer after 2 searches."] * 10
