@@ -18,8 +18,9 @@ from langchain_core.messages import (
 from langchain_core.outputs import ChatResult
 from langchain_core.tools import tool
 
+from lamina import Conversation
 from lamina.adapters.langchain import LaminaMiddleware, to_messages
-from pipeline import Budget, Conversation
+from pipeline import Budget
 from renderers import agent_request, render_request
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"

@@ -9,8 +9,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at i
 
 import litellm
 
+from lamina import Conversation
 from lamina.adapters.litellm import completion, to_messages
-from pipeline import Conversation, Usage, read_usage
+from pipeline import Usage, read_usage
 from renderers import render_request
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"

@@ -16,8 +16,9 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
+from lamina import Conversation, load_conversation
 from lamina.adapters.openai_agents import LaminaSession
-from pipeline import Budget, Conversation, ConversationInfo, SqliteStore, load_conversation
+from pipeline import Budget, ConversationInfo, SqliteStore
 from renderers import agent_request
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"

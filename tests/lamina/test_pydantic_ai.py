@@ -20,8 +20,9 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from lamina import Conversation
 from lamina.adapters.pydantic_ai import LaminaHistory
-from pipeline import Budget, Conversation
+from pipeline import Budget
 from renderers import agent_request, render_request
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"

@@ -6,16 +6,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pipeline import (
-    Budget,
-    Calibration,
-    Conversation,
-    ConversationInfo,
-    Envelope,
-    SqliteStore,
-    load_conversation,
-    save_turn,
-)
+from lamina import Conversation, load_conversation
+from pipeline import Budget, Calibration, ConversationInfo, Envelope, SqliteStore, save_turn
 from renderers import trace_document, usage_record
 
 MODEL = "claude-sonnet-4-6"

@@ -16,9 +16,9 @@ from openai.types.completion_usage import PromptTokensDetails
 from openai.types.responses import ResponseUsage
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
+from lamina import Conversation, load_conversation
 from pipeline import (
     ArgumentError,
-    Conversation,
     ConversationError,
     ConversationInfo,
     Envelope,
@@ -26,7 +26,6 @@ from pipeline import (
     TokenCounter,
     TurnUsage,
     Usage,
-    load_conversation,
     read_usage,
     save_turn,
 )
