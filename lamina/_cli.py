@@ -33,8 +33,10 @@ from pipeline import (
     ConfigError,
     Envelope,
     LaminaError,
+    PostgresStore,
     ScriptError,
     SourceResolver,
+    SqliteStore,
 )
 
 __all__ = ["main"]
@@ -402,7 +404,9 @@ def demo(
     type=click.Choice(TOKENIZERS),
     help="Token encoding [default: the --model's, else o200k_base].",
 )
-@click.option("--store", "store_path", help="Save every turn to this store file (SQLite).")
+@click.option(
+    "--store", "store_path", help="Save every turn here: a SQLite file, or a postgresql:// URL."
+)
 @click.option("--conversation", "conversation_id", help="Id for the saved conversation.")
 @click.option(
     "--provider",
@@ -467,16 +471,11 @@ def run(
         envelopes = run_script(script, conv)
         trace = _trace(envelopes, conv, provider=provider, model=model, timings=timings)
     else:
-        from pipeline import (
-            ConversationInfo,
-            SqliteStore,
-            new_conversation_id,
-            now_stamp,
-        )
+        from pipeline import ConversationInfo, new_conversation_id, now_stamp, open_store
 
         cid = conversation_id or new_conversation_id()
         root = Path(vault) if vault else script.vault
-        with SqliteStore(store_path) as store:
+        with open_store(store_path) as store:
             store.create(
                 ConversationInfo(
                     cid, now_stamp(), vault="" if root is None else str(root.resolve())
@@ -501,7 +500,7 @@ def run(
 
 
 @cli.command()
-@click.argument("store_path", metavar="FILE")
+@click.argument("store_path", metavar="STORE")
 @click.option("--conversation", "conversation_id", required=True, help="The saved chat's id.")
 @click.option("--script", "script_path", required=True, help="Script of the turns to add.")
 @click.option(
@@ -533,12 +532,9 @@ def resume(
 
     The chat's saved budget applies; --window/--reserve/--model replace it for the new turns.
     """
-    from pipeline import SqliteStore
 
     script = load_script(script_path)
-    if not Path(store_path).is_file():
-        raise ScriptError(store_path, "", "no such store file")
-    with SqliteStore(store_path) as store:
+    with _existing_store(store_path) as store:
         saved = store.conversation(conversation_id).vault
         root = Path(vault) if vault else script.vault or (Path(saved) if saved else None)
         if root is not None and not root.is_dir():
@@ -568,16 +564,14 @@ def resume(
 
 
 @cli.command("export")
-@click.argument("store_path", metavar="FILE")
+@click.argument("store_path", metavar="STORE")
 @click.option("--conversation", "conversation_id", required=True, help="The saved chat's id.")
 @click.option("--out", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
 def export_cmd(store_path: str, conversation_id: str, out: str | None) -> None:
     """Export a saved chat as a markdown transcript."""
-    from pipeline import SqliteStore, export_transcript
+    from pipeline import export_transcript
 
-    if not Path(store_path).is_file():
-        raise ScriptError(store_path, "", "no such store file")
-    with SqliteStore(store_path) as store:
+    with _existing_store(store_path) as store:
         text = export_transcript(store, conversation_id)
     if out is None:
         click.echo(text, nl=False)
@@ -587,7 +581,9 @@ def export_cmd(store_path: str, conversation_id: str, out: str | None) -> None:
 
 @cli.command("import")
 @click.argument("transcript_path", metavar="TRANSCRIPT")
-@click.option("--store", "store_path", required=True, help="Store file to import into.")
+@click.option(
+    "--store", "store_path", required=True, help="Store to import into (file or postgresql:// URL)."
+)
 @click.option("--vault", type=click.Path(file_okay=False), required=True, help="Vault folder.")
 @click.option("--allow-fetch", is_flag=True, help="Fetch URLs and videos again.")
 @click.option("--conversation", "conversation_id", help="Id for the imported chat.")
@@ -599,12 +595,7 @@ def import_cmd(
     conversation_id: str | None,
 ) -> None:
     """Import a markdown transcript (Lamina's or the original plugin's) into a store."""
-    from pipeline import (
-        ChatTranscriptError,
-        FileProblem,
-        SqliteStore,
-        read_regular,
-    )
+    from pipeline import ChatTranscriptError, FileProblem, open_store, read_regular
 
     try:
         text = read_regular(transcript_path, 64_000_000).decode("utf-8")
@@ -614,7 +605,7 @@ def import_cmd(
         raise ChatTranscriptError(transcript_path, 0, f"cannot read: {exc}") from None
     if not Path(vault).is_dir():
         raise ScriptError(transcript_path, "vault", f"vault folder {vault} does not exist")
-    with SqliteStore(store_path) as store:
+    with open_store(store_path) as store:
         report = import_transcript(
             text,
             store,
@@ -694,15 +685,26 @@ def simulate(
 )
 @click.option(
     "--suite",
-    type=click.Choice(["build", "replay", "server"]),
+    type=click.Choice(["build", "replay", "server", "stores"]),
     default="build",
     show_default=True,
     help="build: turn latency vs peers; replay: `lamina replay` conversations/s per engine; "
-    "server: 16 conversations x 20 turns over HTTP.",
+    "server: 16 conversations x 20 turns over HTTP; stores: SQLite vs PostgreSQL latency "
+    "and 8 writer processes.",
 )
 @click.option("--conversations", type=int, default=200, show_default=True, help="replay suite.")
+@click.option(
+    "--postgres",
+    "postgres_url",
+    help="stores suite: this server (default: a throwaway local cluster, if installed).",
+)
 def bench(
-    scale: str, out: str | None, budget_only: bool, suite: str, conversations: int
+    scale: str,
+    out: str | None,
+    budget_only: bool,
+    suite: str,
+    conversations: int,
+    postgres_url: str | None,
 ) -> None:
     """Build-latency benchmarks vs floor, naive rebuild and peers, the budget benchmarks
     (--budget), the replay engines' throughput (--suite replay) or turns over HTTP (--suite
@@ -719,6 +721,9 @@ def bench(
     if budget_only:
         importlib.import_module("benchmarks.budget_fit").main(scale, out)
         return
+    if suite == "stores":
+        importlib.import_module("benchmarks.stores").main(scale, out, postgres_url)
+        return
     if suite == "server":
         status = importlib.import_module("benchmarks.server").main(out)
     elif suite == "replay":
@@ -731,7 +736,9 @@ def bench(
 
 @cli.command()
 @click.argument("script_path", metavar="SCRIPT", required=False)
-@click.option("--store", "store_path", help="Report a saved chat from this store file.")
+@click.option(
+    "--store", "store_path", help="Report a saved chat from this store (file or postgresql:// URL)."
+)
 @click.option("--conversation", "conversation_id", help="The saved chat's id (with --store).")
 @click.option(
     "--out",
@@ -813,11 +820,8 @@ def _saved_envelopes(
     store_path: str, conversation_id: str, vault: str | None, allow_private_network: bool
 ) -> tuple[list[Envelope], pipeline.Conversation]:
     """Every turn of a saved chat, rebuilt from the store and checked against its manifest."""
-    from pipeline import SqliteStore
 
-    if not Path(store_path).is_file():
-        raise ScriptError(store_path, "", "no such store file")
-    with SqliteStore(store_path) as store:
+    with _existing_store(store_path) as store:
         saved = store.conversation(conversation_id).vault
         root = Path(vault) if vault else (Path(saved) if saved else None)
         if root is not None and not root.is_dir():
@@ -923,6 +927,15 @@ def inspect(
 
 # The replay engine lives in the application package (issue #20); only its command is here.
 cli.add_command(replay_command)
+
+
+def _existing_store(value: str) -> SqliteStore | PostgresStore:
+    """The store a command reads: a PostgreSQL URL, or a SQLite file that must exist."""
+    from pipeline import is_postgres_url, open_store
+
+    if not is_postgres_url(value) and not Path(value).is_file():
+        raise ScriptError(value, "", "no such store file")
+    return open_store(value)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

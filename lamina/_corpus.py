@@ -16,9 +16,10 @@ from lamina._script import Script, ScriptTurn
 from pipeline import (
     ConfigError,
     LaminaError,
-    SqliteStore,
     Store,
     SystemPrompt,
+    is_postgres_url,
+    open_store,
 )
 
 __all__ = ["Corpus", "Recording", "find_corpus", "store_recordings"]
@@ -122,12 +123,13 @@ def _listed(list_file: Path) -> list[tuple[Path, str]]:
 def store_recordings(
     path: str | Path, ids: Sequence[str] = (), *, vault: str = "", prefix: str = ""
 ) -> list[Recording]:
-    """Every (or each named) conversation of a store, extracted into a script."""
-    p = Path(path)
-    if not p.is_file():
+    """Every (or each named) conversation of a store (a SQLite file or a PostgreSQL URL),
+    extracted into a script."""
+    p = str(path)
+    if not is_postgres_url(p) and not Path(p).is_file():
         raise ConfigError("store", f"{p}: no such store file")
     out: list[Recording] = []
-    with SqliteStore(p) as store:
+    with open_store(p) as store:
         wanted = list(ids) or [info.id for info in store.conversations()]
         for cid in wanted:
             rid = f"{prefix}{cid}"

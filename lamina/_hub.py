@@ -32,11 +32,11 @@ from pipeline import (
     Head,
     LaminaError,
     Policy,
-    SqliteStore,
     Store,
     SystemPrompt,
     attachment_record,
     export_transcript,
+    open_store,
     save_turn,
     tool,
     tool_turn,
@@ -107,7 +107,7 @@ class ConversationHub:
 
     def __init__(self, config: ServerConfig, store: Store | None = None) -> None:
         self.config = config
-        self.store: Store = store if store is not None else SqliteStore(config.store)
+        self.store: Store = store if store is not None else open_store(config.store)
         self._warm: OrderedDict[str, _Warm] = OrderedDict()
         self._mutex = threading.Lock()
         # Client-only conversations overlay their notes on an empty folder.

@@ -64,6 +64,7 @@ from pipeline._errors import (
     StoreError,
     StoreLocked,
     StoreSchemaTooNew,
+    StoreUnreachable,
     TokenizerUnavailable,
     TranscriptError,
     UnknownAttachmentKind,
@@ -132,14 +133,15 @@ from pipeline._stages.builtin import (
     library_entry,
 )
 from pipeline._stages.pages import MergePages, PagedPayload, format_pages, parse_pages
-from pipeline._store.sqlite import (
+from pipeline._store.open import open_store
+from pipeline._store.postgres import PostgresStore, is_postgres_url
+from pipeline._store.records import (
     AttachmentRecord,
     ConversationInfo,
     Head,
     LayerManifest,
     Manifest,
     SegmentManifest,
-    SqliteStore,
     Store,
     TurnRecord,
     attachment_record,
@@ -151,6 +153,7 @@ from pipeline._store.sqlite import (
     save_turn,
     turn_record,
 )
+from pipeline._store.sqlite import SqliteStore
 from pipeline._store.transcript import (
     ChatMessage,
     ChatTranscript,
@@ -297,6 +300,7 @@ __all__ = [
     "Placement",
     "PluginError",
     "Policy",
+    "PostgresStore",
     "Preview",
     "Processed",
     "Promote",
@@ -316,6 +320,7 @@ __all__ = [
     "StoreError",
     "StoreLocked",
     "StoreSchemaTooNew",
+    "StoreUnreachable",
     "Summarizer",
     "SummaryBacking",
     "SummaryCache",
@@ -372,6 +377,7 @@ __all__ = [
     "hit",
     "hits",
     "import_transcript",
+    "is_postgres_url",
     "is_turn_scoped",
     "join_blocks",
     "library_entry",
@@ -384,6 +390,7 @@ __all__ = [
     "markup_blocks",
     "new_conversation_id",
     "now_stamp",
+    "open_store",
     "parse_pages",
     "parse_transcript",
     "preview_view",

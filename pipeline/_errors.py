@@ -22,6 +22,7 @@ LaminaError
 │   ├── StoreLocked           another process holds the write lock too long
 │   ├── StoreCorrupt          not a Lamina store, or its bytes are damaged
 │   ├── StoreSchemaTooNew     written by a newer Lamina (.found, .supported)
+│   ├── StoreUnreachable      the database server cannot be reached (.reason)
 │   ├── ConflictError         the conversation moved on since this save's parent
 │   │                         (.conversation_id, .head_turn, .head_hash)
 │   └── UnknownConversation   no conversation with that id (.conversation_id)
@@ -57,6 +58,7 @@ __all__ = [
     "StoreError",
     "StoreLocked",
     "StoreSchemaTooNew",
+    "StoreUnreachable",
     "TokenizerUnavailable",
     "TranscriptError",
     "UnknownAttachmentKind",
@@ -248,6 +250,14 @@ class StoreSchemaTooNew(StoreError):
             f"schema version {found} is newer than this Lamina supports ({supported}); "
             "upgrade Lamina",
         )
+
+
+class StoreUnreachable(StoreError):
+    """The database server refused or did not answer (down, wrong address or password)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(path, f"cannot reach the database server: {reason}")
 
 
 class ConflictError(StoreError):

@@ -1,10 +1,15 @@
-"""Shared fixtures: a small vault written into tmp_path for each test that asks."""
+"""Shared fixtures: a small vault written into tmp_path for each test that asks, and
+a store on each backend (SQLite file, PostgreSQL database on a throwaway cluster)."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.stores import BACKENDS, Backend, PgServer, make_backend, pg_cluster
 
 SPEC = """---
 title: Project Spec
@@ -51,3 +56,33 @@ def vault(tmp_path: Path) -> Path:
         tmp_path / "vault",
         {"project-spec.md": SPEC, "docs/api-docs.md": API, "docs/auth.md": AUTH},
     )
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    """A PostgreSQL cluster for the whole session (skipped outside CI when absent)."""
+    with pg_cluster() as server:
+        yield server
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """An empty store on each backend: a SQLite file, then a fresh PostgreSQL database."""
+    server = request.getfixturevalue("pg_server") if request.param == "postgres" else None
+    return make_backend(request.param, tmp_path, server)
+
+
+@pytest.fixture
+def new_backend(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Callable[[str], Backend]:
+    """Makes another empty store on the named backend (for tests that use two stores)."""
+    numbers = itertools.count()
+
+    def make(name: str) -> Backend:
+        server = request.getfixturevalue("pg_server") if name == "postgres" else None
+        folder = tmp_path / f"store{next(numbers)}"
+        folder.mkdir()
+        return make_backend(name, folder, server)
+
+    return make

@@ -30,7 +30,7 @@ from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:
     from pipeline._budget.fit import Budget
-    from pipeline._store.sqlite import Head
+    from pipeline._store.records import Head
 
 __all__ = [
     "BudgetSettings",

@@ -23,7 +23,7 @@ from pipeline._hashing import text_hash
 from pipeline._input.safeload import LoadError, LoadLimits, load_yaml
 from pipeline._model.artifacts import SourceResolver
 from pipeline._model.envelope import Envelope
-from pipeline._store.sqlite import (
+from pipeline._store.records import (
     AttachmentRecord,
     ConversationInfo,
     Head,

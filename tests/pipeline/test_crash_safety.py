@@ -11,7 +11,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from lamina import Conversation
-from pipeline import ConversationInfo, ConversationState, SqliteStore, save_turn
+from pipeline import ConversationInfo, ConversationState, open_store, save_turn
+from tests.stores import Backend
 
 TURNS = 100
 ITERATIONS = 30
@@ -19,7 +20,7 @@ ITERATIONS = 30
 
 def _writer(store_path: str, vault: str, cid: str, conn: Connection) -> None:
     """The child: save turns one transaction each, acknowledging every save."""
-    store = SqliteStore(store_path)
+    store = open_store(store_path)
     store.create(ConversationInfo(cid))
     conv = Conversation("Be terse.", vault=vault)
     conn.send("ready")
@@ -47,9 +48,9 @@ def _reference(vault: Path, turns: int) -> list[ConversationState]:
     return states
 
 
-def test_sigkill_at_random_points_leaves_a_loadable_prefix(tmp_path: Path, vault: Path) -> None:
+def test_sigkill_at_random_points_leaves_a_loadable_prefix(backend: Backend, vault: Path) -> None:
     rng = random.Random(20260101)
-    store_path = tmp_path / "crash.db"
+    store_path = backend.value
     # Forked children skip the interpreter start-up; each is still a real process, SIGKILLed.
     fork = multiprocessing.get_context("fork")
     killed_mid_run = 0
@@ -73,7 +74,7 @@ def test_sigkill_at_random_points_leaves_a_loadable_prefix(tmp_path: Path, vault
     assert killed_mid_run == ITERATIONS
     reference = _reference(vault, TURNS)  # cheap: the writers never get far
     saved: list[int] = []
-    with SqliteStore(store_path) as store:
+    with backend.open() as store:
         ids = [c.id for c in store.conversations()]
         assert sorted(ids) == sorted(f"w{n}" for n in range(ITERATIONS))
         for n in range(ITERATIONS):

@@ -29,6 +29,7 @@ from pipeline import (
 from pipeline._conversation.conversation import BudgetSettings
 from renderers import openai_messages
 from tests.cli import lamina
+from tests.stores import Backend
 
 
 def _note(i: int, size: int) -> str:
@@ -70,7 +71,7 @@ def _write(path: Path, body: dict[str, Any]) -> str:
 
 
 def test_resume_without_budget_flags_continues_with_the_saved_budget(
-    tmp_path: Path, big_vault: Path
+    tmp_path: Path, big_vault: Path, backend: Backend
 ) -> None:
     whole = lamina(
         "run", _write(tmp_path / "all.json", {"system": "Be terse.", "turns": TURNS}),
@@ -79,12 +80,12 @@ def test_resume_without_budget_flags_continues_with_the_saved_budget(
     assert whole.returncode == 0, whole.stderr
     head = lamina(
         "run", _write(tmp_path / "head.json", {"system": "Be terse.", "turns": TURNS[:3]}),
-        "--vault", str(big_vault), "--json", "--store", str(tmp_path / "s.db"),
+        "--vault", str(big_vault), "--json", "--store", backend.value,
         "--conversation", "c", *WINDOW,
     )  # fmt: skip
     assert head.returncode == 0, head.stderr
     tail = lamina(
-        "resume", str(tmp_path / "s.db"), "--conversation", "c",
+        "resume", backend.value, "--conversation", "c",
         "--script", _write(tmp_path / "tail.json", {"turns": TURNS[3:]}), "--json",
     )  # fmt: skip
     assert tail.returncode == 0, tail.stderr
@@ -95,13 +96,15 @@ def test_resume_without_budget_flags_continues_with_the_saved_budget(
     assert json.dumps(joined) == json.dumps(json.loads(whole.stdout)["turns"])
 
 
-def test_budget_flags_on_resume_replace_the_saved_budget(tmp_path: Path, big_vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_budget_flags_on_resume_replace_the_saved_budget(
+    tmp_path: Path, big_vault: Path, backend: Backend
+) -> None:
+    with backend.open() as store:
         store.create(ConversationInfo("c", vault=str(big_vault)))
         conv = Conversation("Be terse.", vault=big_vault, budget=Budget(1500, 200))
         run_saved(parse_script({"turns": TURNS[:2]}), conv, store, "c")
     tail = lamina(
-        "resume", str(tmp_path / "s.db"), "--conversation", "c",
+        "resume", backend.value, "--conversation", "c",
         "--script", _write(tmp_path / "tail.json", {"turns": TURNS[2:3]}), "--json",
         "--window", "6000", "--reserve", "500",
     )  # fmt: skip
@@ -110,11 +113,11 @@ def test_budget_flags_on_resume_replace_the_saved_budget(tmp_path: Path, big_vau
     assert (budget["window"], budget["reserve_output"], budget["decisions"]) == (6000, 500, [])
 
 
-def test_state_records_the_budget_and_restore_rebuilds_it(tmp_path: Path, vault: Path) -> None:
+def test_state_records_the_budget_and_restore_rebuilds_it(backend: Backend, vault: Path) -> None:
     budget = Budget(2000, 300, safety_margin=0.1, history_step=2, summary_tokens=128)
     conv = Conversation("Be terse.", vault=vault, budget=budget)
     env = conv.turn("hi", [{"note": "project-spec.md"}])
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         store.create(ConversationInfo("c"))
         save_turn(store, "c", conv, env)
         state = store.load("c")
@@ -171,7 +174,7 @@ def test_a_state_saved_before_budgets_were_kept_loads_without_one(
 _RESUME = """
 import itertools, json, sys
 from lamina import load_conversation
-from pipeline import LLMSummarizer, SqliteStore, TokenCounter
+from pipeline import LLMSummarizer, TokenCounter, open_store
 from renderers import openai_messages
 
 store_path, vault = sys.argv[1], sys.argv[2]
@@ -180,7 +183,7 @@ def complete(prompt):
     calls.append(next(numbers))
     return f"Summary number {calls[-1]} of the text."
 summarizer = LLMSummarizer(complete, TokenCounter())
-with SqliteStore(store_path) as store:
+with open_store(store_path) as store:
     conv = load_conversation(store, "c", vault=vault, summarizer=summarizer)
     env = conv.turn("q4", [{"note": "big.md"}])
 print(json.dumps({"messages": openai_messages(env), "calls": calls}))
@@ -199,13 +202,13 @@ def _counting_summarizer() -> tuple[LLMSummarizer, list[int]]:
 
 
 def test_llm_summaries_render_identically_after_a_reload_in_a_fresh_process(
-    tmp_path: Path, big_vault: Path
+    big_vault: Path, backend: Backend
 ) -> None:
     summarizer, calls = _counting_summarizer()
     conv = Conversation(
         "Be terse.", vault=big_vault, budget=SUMMARIZING, summarizer=summarizer
     )
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         store.create(ConversationInfo("c"))
         run_saved(parse_script({"turns": TURNS[:3]}), conv, store, "c")
     assert calls == [1]
@@ -213,7 +216,7 @@ def test_llm_summaries_render_identically_after_a_reload_in_a_fresh_process(
     assert calls == [1]  # the uninterrupted turn 4 reuses turn 3's summary
     assert "Summary number 1 of the text." in expected[-1]["content"]
     out = subprocess.run(
-        [sys.executable, "-c", _RESUME, str(tmp_path / "s.db"), str(big_vault)],
+        [sys.executable, "-c", _RESUME, backend.value, str(big_vault)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -226,11 +229,11 @@ def test_llm_summaries_render_identically_after_a_reload_in_a_fresh_process(
 
 
 def test_summaries_are_saved_in_the_same_transaction_as_their_turn(
-    tmp_path: Path, big_vault: Path
+    backend: Backend, big_vault: Path
 ) -> None:
     summarizer, _ = _counting_summarizer()
     conv = Conversation(vault=big_vault, budget=SUMMARIZING, summarizer=summarizer)
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         store.create(ConversationInfo("c"))
         run_saved(parse_script({"turns": TURNS[:2]}), conv, store, "c")
         conv.turn("q3", [{"note": "big.md"}])
@@ -246,12 +249,12 @@ def test_summaries_are_saved_in_the_same_transaction_as_their_turn(
 
 
 def test_a_conversation_outliving_its_store_still_summarizes(
-    tmp_path: Path, big_vault: Path
+    backend: Backend, big_vault: Path
 ) -> None:
     """Once the store is closed the memo stops reading it instead of failing the turn."""
     summarizer, calls = _counting_summarizer()
     conv = Conversation(vault=big_vault, budget=SUMMARIZING, summarizer=summarizer)
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         store.create(ConversationInfo("c"))
         run_saved(parse_script({"turns": TURNS[:2]}), conv, store, "c")
     env = conv.turn("q3", [{"note": "big.md"}])

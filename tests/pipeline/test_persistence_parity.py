@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, load_conversation, parse_script, run_saved, run_script
-from pipeline import ConversationInfo, SqliteStore
+from pipeline import ConversationInfo
 from processors import ProcessContext, Sources, Vault
 from renderers import annotate_trace, trace_document
 from tests.cli import lamina
+from tests.stores import BACKENDS, Backend, make_backend
 from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 
@@ -45,27 +46,31 @@ def _turns(script: dict[str, Any], vault: Path) -> list[str]:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(chat=conversations, data=st.data())
+@pytest.mark.parametrize("backend_name", BACKENDS)
 def test_reload_in_a_fresh_process_gives_identical_traces(
     chat: dict[str, Any],
     data: st.DataObject,
     site_vault: tuple[Path, str],
     tmp_path_factory: pytest.TempPathFactory,
+    backend_name: str,
+    request: pytest.FixtureRequest,
 ) -> None:
     prop_vault, base = site_vault
     chat = localize(chat, base)
     k = data.draw(st.integers(1, len(chat["turns"]) - 1), label="save after turn")
     expected = _turns(chat, prop_vault)
     work = tmp_path_factory.mktemp("parity")
-    store_path = work / "s.db"
+    server = request.getfixturevalue("pg_server") if backend_name == "postgres" else None
+    backend = make_backend(backend_name, work, server)
     first = parse_script({"system": chat["system"], "turns": chat["turns"][:k]})
-    with SqliteStore(store_path) as store:
+    with backend.open() as store:
         store.create(ConversationInfo("p"))
         conv = Conversation(first.system, sources=_sources(prop_vault))
         run_saved(first, conv, store, "p")
     rest = work / "rest.json"
     rest.write_text(json.dumps({"turns": chat["turns"][k:]}), encoding="utf-8")
     out = lamina(
-        "resume", str(store_path), "--conversation", "p", "--script", str(rest),
+        "resume", backend.value, "--conversation", "p", "--script", str(rest),
         "--vault", str(prop_vault), "--json", "--allow-private-network",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -76,7 +81,7 @@ def test_reload_in_a_fresh_process_gives_identical_traces(
 
 @pytest.mark.parametrize("budget", [(), ("--window", "1200", "--reserve", "200")])
 def test_cli_run_then_resume_equals_one_run(
-    tmp_path: Path, vault: Path, budget: tuple[str, ...]
+    tmp_path: Path, vault: Path, budget: tuple[str, ...], backend: Backend
 ) -> None:
     turns = [
         {"user": "Summarize", "attach": [{"note": "project-spec.md"}], "reply": "A spec."},
@@ -91,14 +96,14 @@ def test_cli_run_then_resume_equals_one_run(
     assert whole.returncode == 0, whole.stderr
     head = lamina(
         "run", str(tmp_path / "head.json"), "--vault", str(vault), "--json",
-        "--store", str(tmp_path / "s.db"), *budget,
+        "--store", backend.value, *budget,
     )  # fmt: skip
     assert head.returncode == 0, head.stderr
     cid = json.loads(head.stdout)["conversation_id"]
     assert len(cid) == 32
     # No --vault: resume finds the vault recorded in the store.
     tail = lamina(
-        "resume", str(tmp_path / "s.db"), "--conversation", cid,
+        "resume", backend.value, "--conversation", cid,
         "--script", str(tmp_path / "tail.json"), "--json", *budget,
     )  # fmt: skip
     assert tail.returncode == 0, tail.stderr
@@ -107,7 +112,7 @@ def test_cli_run_then_resume_equals_one_run(
     assert json.dumps(joined) == json.dumps(json.loads(whole.stdout)["turns"])
 
 
-def test_loading_an_earlier_turn_forks_identically(tmp_path: Path, vault: Path) -> None:
+def test_loading_an_earlier_turn_forks_identically(backend: Backend, vault: Path) -> None:
     """Loading the state after turn 1 and running turn 2 again matches the original turn 2."""
     script = parse_script(
         {
@@ -117,7 +122,7 @@ def test_loading_an_earlier_turn_forks_identically(tmp_path: Path, vault: Path) 
             ]
         }
     )
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         store.create(ConversationInfo("f"))
         conv = Conversation(script.system, vault=vault)
         original = run_saved(script, conv, store, "f")[1]

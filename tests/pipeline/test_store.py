@@ -14,6 +14,7 @@ from pipeline import (
     ConversationInfo,
     Manifest,
     SqliteStore,
+    Store,
     StoreCorrupt,
     StoreError,
     StoreLocked,
@@ -22,10 +23,11 @@ from pipeline import (
     UnknownConversation,
     save_turn,
 )
-from pipeline._store.sqlite import SCHEMA_VERSION
+from pipeline._store.records import SCHEMA_VERSION
+from tests.stores import Backend
 
 
-def _chat(vault: Path, store: SqliteStore, cid: str = "c1", turns: int = 3) -> Conversation:
+def _chat(vault: Path, store: Store, cid: str = "c1", turns: int = 3) -> Conversation:
     store.create(ConversationInfo(cid, "2026-01-01T00:00:00Z"))
     conv = Conversation("Be terse.", vault=vault)
     for i in range(1, turns + 1):
@@ -54,31 +56,28 @@ def test_empty_version_zero_file_is_migrated(tmp_path: Path) -> None:
         assert store.conversations() == ()
     assert sqlite3.connect(tmp_path / "s.db").execute(
         "SELECT version FROM lamina_schema"
-    ).fetchone() == (1,)
+    ).fetchone() == (SCHEMA_VERSION,)
 
 
-def test_state_round_trips_exactly(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_state_round_trips_exactly(backend: Backend, vault: Path) -> None:
+    with backend.open() as store:
         conv = _chat(vault, store)
         assert store.load("c1") == conv.state
 
 
-def test_earlier_turn_loads_its_own_state(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_earlier_turn_loads_its_own_state(backend: Backend, vault: Path) -> None:
+    with backend.open() as store:
         _chat(vault, store, turns=3)
         state = store.load("c1", turn=2)
         assert [h.user for h in state.history] == ["question 1", "question 2"]
         assert len(state.library) == len(store.load("c1").library) - 1
 
 
-def test_unchanged_library_entry_is_stored_once(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_unchanged_library_entry_is_stored_once(backend: Backend, vault: Path) -> None:
+    with backend.open() as store:
         _chat(vault, store, turns=4)
-    db = sqlite3.connect(tmp_path / "s.db")
-    rows = db.execute(
-        "SELECT COUNT(*) FROM entries WHERE part = 'library' AND position = 0"
-    ).fetchone()
-    assert rows == (1,)
+    rows = backend.rows("SELECT COUNT(*) FROM entries WHERE part = 'library' AND position = 0")
+    assert rows == [(1,)]
 
 
 def test_manifest_keeps_segments_and_hashes_without_text(tmp_path: Path, vault: Path) -> None:
@@ -93,8 +92,10 @@ def test_manifest_keeps_segments_and_hashes_without_text(tmp_path: Path, vault: 
     assert b"sync service keeps notebooks" not in body  # texts are compressed snapshots only
 
 
-def test_saving_the_reply_replaces_the_turn_and_keeps_its_time(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_saving_the_reply_replaces_the_turn_and_keeps_its_time(
+    backend: Backend, vault: Path
+) -> None:
+    with backend.open() as store:
         store.create(ConversationInfo("c1"))
         conv = Conversation("", vault=vault)
         env = conv.turn("hi")
@@ -106,8 +107,8 @@ def test_saving_the_reply_replaces_the_turn_and_keeps_its_time(tmp_path: Path, v
         assert store.load("c1").history[-1].assistant == "hello"
 
 
-def test_skipping_a_turn_is_refused(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_skipping_a_turn_is_refused(backend: Backend, vault: Path) -> None:
+    with backend.open() as store:
         conv = _chat(vault, store, turns=1)
         conv.turn("two")
         conv.turn("three")
@@ -115,8 +116,8 @@ def test_skipping_a_turn_is_refused(tmp_path: Path, vault: Path) -> None:
             save_turn(store, "c1", conv)
 
 
-def test_loaded_conversation_continues_like_the_original(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_loaded_conversation_continues_like_the_original(backend: Backend, vault: Path) -> None:
+    with backend.open() as store:
         conv = _chat(vault, store)
         again = load_conversation(store, "c1", vault=vault)
     a = conv.turn("next", [{"note": "docs/auth.md"}])
@@ -124,16 +125,16 @@ def test_loaded_conversation_continues_like_the_original(tmp_path: Path, vault: 
     assert a == b
 
 
-def test_unknown_conversation_is_named(tmp_path: Path) -> None:
+def test_unknown_conversation_is_named(backend: Backend) -> None:
     with (
-        SqliteStore(tmp_path / "s.db") as store,
+        backend.open() as store,
         pytest.raises(UnknownConversation, match="'nope'"),
     ):
         store.load("nope")
 
 
-def test_duplicate_and_malformed_ids_are_refused(tmp_path: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_duplicate_and_malformed_ids_are_refused(backend: Backend) -> None:
+    with backend.open() as store:
         store.create(ConversationInfo("c1"))
         with pytest.raises(StoreError, match="already exists"):
             store.create(ConversationInfo("c1"))
@@ -155,32 +156,28 @@ def test_foreign_sqlite_file_is_refused(tmp_path: Path) -> None:
         SqliteStore(path)
 
 
-def test_damaged_snapshot_fails_its_hash_check(tmp_path: Path, vault: Path) -> None:
+def test_damaged_snapshot_fails_its_hash_check(backend: Backend, vault: Path) -> None:
     import zlib
 
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         _chat(vault, store, turns=1)
-    db = sqlite3.connect(tmp_path / "s.db")
-    db.execute("UPDATE snapshots SET body = ? WHERE kind = 'history'", (zlib.compress(b'{"x":1}'),))
-    db.commit()
-    db.close()
+    backend.execute(
+        "UPDATE snapshots SET body = ? WHERE kind = 'history'", (zlib.compress(b'{"x":1}'),)
+    )
     with (
-        SqliteStore(tmp_path / "s.db") as store,
+        backend.open() as store,
         pytest.raises(StoreCorrupt, match="does not match"),
     ):
         store.load("c1")
 
 
-def test_newer_schema_is_refused_with_versions(tmp_path: Path) -> None:
-    SqliteStore(tmp_path / "s.db").close()
-    db = sqlite3.connect(tmp_path / "s.db")
-    db.execute("UPDATE lamina_schema SET version = 99")
-    db.commit()
-    db.close()
+def test_newer_schema_is_refused_with_versions(backend: Backend) -> None:
+    backend.open().close()
+    backend.execute("UPDATE lamina_schema SET version = 99")
     with pytest.raises(StoreSchemaTooNew) as info:
-        SqliteStore(tmp_path / "s.db")
+        backend.open()
     assert (info.value.found, info.value.supported) == (99, SCHEMA_VERSION)
-    assert str(tmp_path / "s.db") in str(info.value)
+    assert backend.label in str(info.value)
 
 
 def test_held_write_lock_gives_store_locked(tmp_path: Path) -> None:
@@ -195,16 +192,16 @@ def test_held_write_lock_gives_store_locked(tmp_path: Path) -> None:
         holder.close()
 
 
-def test_summary_memo_keeps_the_first_write(tmp_path: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_summary_memo_keeps_the_first_write(backend: Backend) -> None:
+    with backend.open() as store:
         assert store.get_summary("h", 100, "textrank") is None
         store.put_summary("h", 100, "textrank", SummaryResult("first", ("one failure",)))
         store.put_summary("h", 100, "textrank", SummaryResult("second"))
         assert store.get_summary("h", 100, "textrank") == SummaryResult("first", ("one failure",))
 
 
-def test_token_memo_round_trips(tmp_path: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_token_memo_round_trips(backend: Backend) -> None:
+    with backend.open() as store:
         store.put_tokens("abc", "o200k_base", 42)
         assert store.get_tokens("abc", "o200k_base") == 42
         assert store.get_tokens("abc", "cl100k_base") is None
@@ -221,8 +218,8 @@ def test_cli_reports_corrupt_store_in_one_line(
     assert "bad.db" in err and "not a SQLite database" in err
 
 
-def test_last_turn_is_rebuilt_identically_or_not_at_all(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_last_turn_is_rebuilt_identically_or_not_at_all(backend: Backend, vault: Path) -> None:
+    with backend.open() as store:
         store.create(ConversationInfo("c1"))
         conv = Conversation("Be terse.", vault=vault)
         envelopes = []

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from lamina import Conversation
-from pipeline import SqliteStore
+from tests.stores import Backend
 
 WRITERS = 4
 READERS = 2
@@ -17,11 +17,12 @@ TURNS = 25
 
 WRITER = """
 import sys
-from pipeline import Conversation, ConversationInfo, SqliteStore, save_turn
+from lamina import Conversation
+from pipeline import ConversationInfo, open_store, save_turn
 from tests.pipeline.test_store_concurrency import attach_for
 
 store_path, vault, name, turns = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-store = SqliteStore(store_path, timeout=30)
+store = open_store(store_path, timeout=30)
 store.create(ConversationInfo(name))
 conv = Conversation(f"You serve {name}.", vault=vault)
 for i in range(1, turns + 1):
@@ -33,10 +34,10 @@ for i in range(1, turns + 1):
 
 READER = """
 import json, sys, time
-from pipeline import SqliteStore
+from pipeline import open_store
 
 store_path, writers, turns = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-store = SqliteStore(store_path, timeout=30)
+store = open_store(store_path, timeout=30)
 checks, errors = 0, []
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
@@ -65,10 +66,12 @@ def attach_for(name: str, i: int) -> list[dict[str, str]]:
     return [{"note": notes[i % 3]}, {"selection": f"{name} picked {i}"}]
 
 
-def test_parallel_writers_and_readers_lose_and_mix_nothing(tmp_path: Path, vault: Path) -> None:
+def test_parallel_writers_and_readers_lose_and_mix_nothing(
+    tmp_path: Path, vault: Path, backend: Backend
+) -> None:
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root)}
-    store_path = tmp_path / "shared.db"
+    store_path = backend.value
     (tmp_path / "writer.py").write_text(WRITER, encoding="utf-8")
     (tmp_path / "reader.py").write_text(READER, encoding="utf-8")
     names = [f"conv{n}" for n in range(WRITERS)]
@@ -83,7 +86,7 @@ def test_parallel_writers_and_readers_lose_and_mix_nothing(tmp_path: Path, vault
             env=env,
         )
 
-    SqliteStore(store_path).close()  # created up front so readers never see a missing file
+    backend.open().close()  # created up front so readers never see a missing file
     readers = [spawn("reader.py", str(WRITERS), str(TURNS)) for _ in range(READERS)]
     writers = [spawn("writer.py", str(vault), name, str(TURNS)) for name in names]
     for w in writers:
@@ -96,7 +99,7 @@ def test_parallel_writers_and_readers_lose_and_mix_nothing(tmp_path: Path, vault
         assert result["errors"] == []
         assert result["checks"] > 0
 
-    with SqliteStore(store_path) as store:
+    with backend.open() as store:
         assert [c.id for c in store.conversations()] == names
         for name in names:
             conv = Conversation(f"You serve {name}.", vault=vault)

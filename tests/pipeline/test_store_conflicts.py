@@ -16,13 +16,15 @@ from pipeline import (
     Head,
     LaminaError,
     SqliteStore,
+    Store,
     StoreCorrupt,
     StoreError,
     save_turn,
 )
+from tests.stores import Backend
 
 
-def _started(store: SqliteStore, vault: Path, turns: int = 2) -> Conversation:
+def _started(store: Store, vault: Path, turns: int = 2) -> Conversation:
     store.create(ConversationInfo("c"))
     conv = Conversation("Be terse.", vault=vault)
     for i in range(1, turns + 1):
@@ -32,8 +34,8 @@ def _started(store: SqliteStore, vault: Path, turns: int = 2) -> Conversation:
     return conv
 
 
-def test_head_is_empty_before_any_turn_and_follows_saves(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_head_is_empty_before_any_turn_and_follows_saves(backend: Backend, vault: Path) -> None:
+    with backend.open() as store:
         store.create(ConversationInfo("c"))
         assert store.head("c") == Head(0, "")
         conv = Conversation("Be terse.", vault=vault)
@@ -46,8 +48,8 @@ def test_head_is_empty_before_any_turn_and_follows_saves(tmp_path: Path, vault: 
         assert store.head("c").turn == 1 and store.head("c") != first
 
 
-def test_loaded_state_and_head_agree(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_loaded_state_and_head_agree(backend: Backend, vault: Path) -> None:
+    with backend.open() as store:
         conv = _started(store, vault)
         state, head = store.load_head("c")
         assert state == conv.state and head == store.head("c") == conv.saved_head
@@ -55,16 +57,16 @@ def test_loaded_state_and_head_agree(tmp_path: Path, vault: Path) -> None:
 
 
 def test_a_second_writer_at_the_same_head_gets_a_conflict_and_writes_nothing(
-    tmp_path: Path, vault: Path
+    backend: Backend, vault: Path
 ) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         _started(store, vault)
         a = load_conversation(store, "c", vault=vault)
         b = load_conversation(store, "c", vault=vault)
         a.turn("from a")
         save_turn(store, "c", a)
         winner = store.head("c")
-        before = (tmp_path / "s.db").read_bytes(), store.turns("c")
+        before = backend.dump(), store.turns("c")
         b.turn("from b")
         with pytest.raises(ConflictError) as caught:
             save_turn(store, "c", b)
@@ -72,14 +74,15 @@ def test_a_second_writer_at_the_same_head_gets_a_conflict_and_writes_nothing(
         assert (caught.value.expected_turn, caught.value.conversation_id) == (2, "c")
         assert isinstance(caught.value, LaminaError)
         assert store.turns("c") == before[1] and store.head("c") == winner
+        assert backend.dump() == before[0]
         assert [h.user for h in store.load("c").history] == ["q1", "q2", "from a"]
 
 
 def test_the_loser_cannot_replace_the_winners_turn_by_saving_it_again(
-    tmp_path: Path, vault: Path
+    backend: Backend, vault: Path
 ) -> None:
     """Both continue turn 2; the loser's 'same turn again' is not from the winner's save."""
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         _started(store, vault)
         a = load_conversation(store, "c", vault=vault)
         b = load_conversation(store, "c", vault=vault)
@@ -95,8 +98,8 @@ def test_the_loser_cannot_replace_the_winners_turn_by_saving_it_again(
         assert store.load("c").history[-1].assistant == "reply a"
 
 
-def test_after_a_conflict_a_reload_continues(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_after_a_conflict_a_reload_continues(backend: Backend, vault: Path) -> None:
+    with backend.open() as store:
         _started(store, vault)
         a = load_conversation(store, "c", vault=vault)
         b = load_conversation(store, "c", vault=vault)
@@ -112,9 +115,9 @@ def test_after_a_conflict_a_reload_continues(tmp_path: Path, vault: Path) -> Non
 
 
 def test_a_new_conversation_object_cannot_overwrite_saved_turns(
-    tmp_path: Path, vault: Path
+    backend: Backend, vault: Path
 ) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         _started(store, vault, turns=1)
         fresh = Conversation("Be terse.", vault=vault)
         fresh.turn("another first turn")
@@ -123,8 +126,8 @@ def test_a_new_conversation_object_cannot_overwrite_saved_turns(
         assert [r.user for r in store.turns("c")] == ["q1"]
 
 
-def test_skipping_a_turn_is_still_refused(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_skipping_a_turn_is_still_refused(backend: Backend, vault: Path) -> None:
+    with backend.open() as store:
         conv = _started(store, vault, turns=1)
         conv.turn("two")
         conv.turn("three")
@@ -132,8 +135,8 @@ def test_skipping_a_turn_is_still_refused(tmp_path: Path, vault: Path) -> None:
             save_turn(store, "c", conv)
 
 
-def test_transaction_is_all_or_nothing(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_transaction_is_all_or_nothing(backend: Backend, vault: Path) -> None:
+    with backend.open() as store:
         conv = Conversation("Be terse.", vault=vault)
         conv.turn("q1")
         with pytest.raises(RuntimeError), store.transaction():
@@ -170,9 +173,9 @@ def test_a_file_that_is_not_sqlite_is_refused_unchanged(tmp_path: Path) -> None:
     assert path.read_bytes() == b"just some text, not a database\n" * 100
 
 
-def test_store_works_from_other_threads(tmp_path: Path, vault: Path) -> None:
+def test_store_works_from_other_threads(backend: Backend, vault: Path) -> None:
     results: list[object] = []
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         _started(store, vault, turns=1)
 
         def use(n: int) -> None:
@@ -191,11 +194,11 @@ def test_store_works_from_other_threads(tmp_path: Path, vault: Path) -> None:
         assert len(store.conversations()) == 9
 
 
-def test_texts_that_are_not_utf8_round_trip(tmp_path: Path, vault: Path) -> None:
+def test_texts_that_are_not_utf8_round_trip(backend: Backend, vault: Path) -> None:
     """A file name that is not UTF-8 arrives as surrogate escapes; the store keeps them."""
     name = b"caf\xe9.md".decode("utf-8", "surrogateescape")
     (vault / name).write_text("# Cafe\n\nhello\n", encoding="utf-8")
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         store.create(ConversationInfo("c", vault=str(vault / name)))
         conv = Conversation("", vault=vault)
         env = conv.turn(f"about {name}", [{"note": name}])
@@ -205,3 +208,17 @@ def test_texts_that_are_not_utf8_round_trip(tmp_path: Path, vault: Path) -> None
         assert store.conversation("c").vault == str(vault / name)
         assert store.find_attachment("note", name) == record.attachments[0]
         assert store.load("c") == conv.state
+
+
+def test_head_is_one_row_read_and_agrees_with_the_computed_head(
+    backend: Backend, vault: Path
+) -> None:
+    """head() reads the hash each save recorded; rows from before schema version 2 (no
+    recorded hash) fall back to computing it, with the same answer."""
+    with backend.open() as store:
+        conv = _started(store, vault, turns=3)
+        recorded = store.head("c")
+        assert recorded == conv.saved_head == store.load_head("c")[1]
+    backend.execute("UPDATE turns SET head_hash = ''")
+    with backend.open() as store:
+        assert store.head("c") == recorded

@@ -9,22 +9,26 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
+import pytest
+
 from lamina import Conversation, load_conversation
-from pipeline import ConflictError, ConversationInfo, SqliteStore, save_turn
+from pipeline import ConflictError, ConversationInfo, SqliteStore, open_store, save_turn
 from pipeline._store.transcript import export_transcript
 from tests.cli import ROOT, lamina
+from tests.stores import BACKENDS, Backend
 
-WORKERS = 4
-ROUNDS = 12
+WORKERS = 8
+ROUNDS = 20
 
 
 def _racer(store_path: str, vault: str, name: str, barrier: Barrier, conn: Connection) -> None:
     """Each round: load the head, build a turn, wait for all, then try to save it."""
-    store = SqliteStore(store_path, timeout=30)
+    store = open_store(store_path, timeout=30)
     for n in range(ROUNDS):
         barrier.wait()
         conv = load_conversation(store, "c", vault=vault)
@@ -39,9 +43,11 @@ def _racer(store_path: str, vault: str, name: str, barrier: Barrier, conn: Conne
             conn.send(("lost", n, exc.head_turn))
 
 
-def test_racing_workers_exactly_one_wins_each_round(tmp_path: Path, vault: Path) -> None:
-    store_path = tmp_path / "race.db"
-    with SqliteStore(store_path) as store:
+def test_racing_workers_exactly_one_wins_each_round(backend: Backend, vault: Path) -> None:
+    """8 processes resume one conversation at the same head each round and save the next
+    turn: one wins, the others get ConflictError, the history is the winners' turns."""
+    store_path = backend.value
+    with backend.open() as store:
         store.create(ConversationInfo("c"))
         conv = Conversation("Be terse.", vault=vault)
         conv.turn("start")
@@ -65,7 +71,7 @@ def test_racing_workers_exactly_one_wins_each_round(tmp_path: Path, vault: Path)
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    with SqliteStore(store_path) as store:
+    with backend.open() as store:
         records = store.turns("c")
         assert [r.user for r in records] == ["start", *winners]
         assert [r.turn for r in records] == list(range(1, ROUNDS + 2))
@@ -76,16 +82,15 @@ def test_racing_workers_exactly_one_wins_each_round(tmp_path: Path, vault: Path)
         )
 
 
-def _seeded_store(tmp_path: Path, vault: Path, turns: int = 1) -> Path:
-    store_path = tmp_path / "chat.db"
-    with SqliteStore(store_path) as store:
+def _seeded_store(backend: Backend, vault: Path, turns: int = 1) -> str:
+    with backend.open() as store:
         store.create(ConversationInfo("c", vault=str(vault)))
         conv = Conversation("Be terse.", vault=vault)
         for i in range(turns):
             conv.turn(f"seed {i}", [{"note": "project-spec.md"}])
             conv.reply(f"seed reply {i}")
             save_turn(store, "c", conv)
-    return store_path
+    return backend.value
 
 
 def _script(tmp_path: Path, name: str) -> Path:
@@ -97,29 +102,32 @@ def _script(tmp_path: Path, name: str) -> Path:
     return path
 
 
-def _resume(store: Path, script: Path) -> subprocess.Popen[str]:
+def _resume(store: str, script: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "lamina._cli", "resume", str(store), "--conversation", "c",
+        [sys.executable, "-m", "lamina._cli", "resume", store, "--conversation", "c",
          "--script", str(script), "--json"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
-def _users(store_path: Path) -> list[str]:
-    with SqliteStore(store_path) as store:
+def _users(store_value: str) -> list[str]:
+    with open_store(store_value) as store:
         records = store.turns("c")
         assert [r.turn for r in records] == list(range(1, len(records) + 1))
         assert [h.user for h in store.load("c").history] == [r.user for r in records]
         return [r.user for r in records]
 
 
-def test_two_cli_resumes_at_once_lose_no_turn(tmp_path: Path, vault: Path) -> None:
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_two_cli_resumes_at_once_lose_no_turn(
+    tmp_path: Path, vault: Path, new_backend: Callable[[str], Backend], backend_name: str
+) -> None:
     """Per trial: each run that exits 0 has its turn stored; the other says why, exit 2."""
     conflicts = 0
     for trial in range(4):
         folder = tmp_path / f"t{trial}"
         folder.mkdir()
-        store = _seeded_store(folder, vault)
+        store = _seeded_store(new_backend(backend_name), vault)
         names = [f"A{trial}", f"B{trial}"]
         procs = [_resume(store, _script(folder, name)) for name in names]
         outcomes = [(p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs]
@@ -135,12 +143,15 @@ def test_two_cli_resumes_at_once_lose_no_turn(tmp_path: Path, vault: Path) -> No
     assert conflicts >= 1  # the runs did overlap at least once (they nearly always do)
 
 
-def test_sigkill_during_concurrent_resumes_loses_nothing(tmp_path: Path, vault: Path) -> None:
+@pytest.mark.parametrize("backend_name", BACKENDS)
+def test_sigkill_during_concurrent_resumes_loses_nothing(
+    tmp_path: Path, vault: Path, new_backend: Callable[[str], Backend], backend_name: str
+) -> None:
     rng = random.Random(1414)
     for trial in range(3):
         folder = tmp_path / f"k{trial}"
         folder.mkdir()
-        store = _seeded_store(folder, vault)
+        store = _seeded_store(new_backend(backend_name), vault)
         scripts = [_script(folder, f"K{trial}"), _script(folder, f"S{trial}")]
         victim, survivor = _resume(store, scripts[0]), _resume(store, scripts[1])
         time.sleep(rng.uniform(0.2, 1.5))
@@ -155,7 +166,7 @@ def test_sigkill_during_concurrent_resumes_loses_nothing(tmp_path: Path, vault: 
         # Whatever the kill left, running the killed (and a refused) script again succeeds.
         for name, script in zip(("K", "S"), scripts, strict=True):
             if f"{name}{trial}" not in users:
-                retry = lamina("resume", str(store), "--conversation", "c", "--script", str(script))
+                retry = lamina("resume", store, "--conversation", "c", "--script", str(script))
                 assert retry.returncode == 0, retry.stderr
         assert sorted(_users(store)[1:]) == sorted([f"K{trial}", f"S{trial}"])
 

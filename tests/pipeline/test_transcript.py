@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import http.server
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from pipeline import (
     ChatTranscriptError,
     ConversationInfo,
     SqliteStore,
+    Store,
     SystemPrompt,
     export_transcript,
     parse_transcript,
@@ -24,6 +25,7 @@ from pipeline import (
 )
 from processors import Sources
 from tests.conftest import write_vault
+from tests.stores import BACKENDS, Backend
 
 PLUGIN = """---
 epoch: 1712345678901
@@ -92,7 +94,7 @@ def test_parse_undoes_render() -> None:
     assert parse_transcript(render_transcript(transcript)) == transcript
 
 
-def _store_chat(store: SqliteStore, vault: Path) -> None:
+def _store_chat(store: Store, vault: Path) -> None:
     store.create(ConversationInfo("orig", "2026-01-01T00:00:00Z", "gpt-4o", ("a", "b"), "Title"))
     conv = Conversation(SystemPrompt("Be terse.", "Memory"), vault=vault)
     turns = [
@@ -107,12 +109,17 @@ def _store_chat(store: SqliteStore, vault: Path) -> None:
         save_turn(store, "orig", conv, env, attach, created=f"T{i}", reply_created=f"R{i}")
 
 
-def test_export_import_export_is_identical(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "a.db") as a:
+@pytest.mark.parametrize("source", BACKENDS)
+@pytest.mark.parametrize("target", BACKENDS)
+def test_export_import_export_is_identical(
+    new_backend: Callable[[str], Backend], vault: Path, source: str, target: str
+) -> None:
+    """Saved in either backend, imported into either: the same transcript and state."""
+    with new_backend(source).open() as a:
         _store_chat(a, vault)
         first = export_transcript(a, "orig")
         state = a.load("orig")
-    with SqliteStore(tmp_path / "b.db") as b:
+    with new_backend(target).open() as b:
         report = import_transcript(first, b, vault=vault)
         assert report.problems == ()
         assert report.turns == 3
@@ -121,9 +128,9 @@ def test_export_import_export_is_identical(tmp_path: Path, vault: Path) -> None:
         assert b.load("orig") == state
 
 
-def test_missing_note_is_reported_and_kept_in_the_transcript(tmp_path: Path, vault: Path) -> None:
+def test_missing_note_is_reported_and_kept_in_the_transcript(backend: Backend, vault: Path) -> None:
     text = "**user**: hi\n[Context: Notes: project-spec.md, gone.md]\n[Timestamp: t]\n"
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         report = import_transcript(text, store, vault=vault, conversation_id="m")
         assert [(p.turn, p.kind, p.label) for p in report.problems] == [(1, "note", "gone.md")]
         assert "no such note" in report.problems[0].reason
@@ -155,9 +162,9 @@ def test_ambiguous_basename_is_reported_with_candidates(tmp_path: Path) -> None:
         "1712345678901",
     ],
 )
-def test_odd_timestamps_survive_verbatim(tmp_path: Path, vault: Path, stamp: str) -> None:
+def test_odd_timestamps_survive_verbatim(backend: Backend, vault: Path, stamp: str) -> None:
     text = f"**user**: hi\n[Timestamp: {stamp}]\n\n**ai**: yo\n[Timestamp: {stamp}!]\n"
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         import_transcript(text, store, vault=vault, conversation_id="t")
         (record,) = store.turns("t")
         assert (record.created, record.reply_created) == (stamp, stamp + "!")
@@ -165,17 +172,19 @@ def test_odd_timestamps_survive_verbatim(tmp_path: Path, vault: Path, stamp: str
     assert f"[Timestamp: {stamp}]\n\n**ai**: yo\n[Timestamp: {stamp}!]\n" in out
 
 
-def test_reply_without_a_question_is_reported(tmp_path: Path, vault: Path) -> None:
+def test_reply_without_a_question_is_reported(backend: Backend, vault: Path) -> None:
     text = "**ai**: Welcome!\n\n**user**: hi\n\n**ai**: one\n\n**ai**: two\n"
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         report = import_transcript(text, store, vault=vault, conversation_id="r")
         assert [p.label for p in report.problems] == ["line 1", "line 7"]
         assert all(p.turn == 0 for p in report.problems)
         assert store.load("r").history[0].assistant == "one"
 
 
-def test_selection_is_rebuilt_only_from_the_store(tmp_path: Path, vault: Path) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+def test_selection_is_rebuilt_only_from_the_store(
+    backend: Backend, new_backend: Callable[[str], Backend], vault: Path
+) -> None:
+    with backend.open() as store:
         store.create(ConversationInfo("src"))
         conv = Conversation("", vault=vault)
         attach = [{"selection": "the picked text", "source": "a.md"}]
@@ -184,7 +193,7 @@ def test_selection_is_rebuilt_only_from_the_store(tmp_path: Path, vault: Path) -
         report = import_transcript(text, store, vault=vault, conversation_id="copy")
         assert report.problems == ()
         assert store.load("copy").library == store.load("src").library
-    with SqliteStore(tmp_path / "other.db") as other:
+    with new_backend(backend.name).open() as other:
         report = import_transcript(text, other, vault=vault)
         (problem,) = report.problems
         assert problem.kind == "selection"
@@ -215,9 +224,9 @@ def page_url() -> Iterator[str]:
 
 
 def test_plugin_transcript_imports_without_fetching(
-    tmp_path: Path, vault: Path, page_url: str
+    backend: Backend, vault: Path, page_url: str
 ) -> None:
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         report = import_transcript(PLUGIN.format(url=page_url), store, vault=vault)
         info = store.conversation(report.conversation_id)
         assert (info.model, info.title, info.tags) == (
@@ -238,10 +247,10 @@ def test_plugin_transcript_imports_without_fetching(
 
 
 def test_plugin_transcript_fetches_urls_when_allowed(
-    tmp_path: Path, vault: Path, page_url: str
+    backend: Backend, vault: Path, page_url: str
 ) -> None:
     sources = Sources.for_vault(vault, allow_private_network=True)
-    with SqliteStore(tmp_path / "s.db") as store:
+    with backend.open() as store:
         report = import_transcript(
             PLUGIN.format(url=page_url), store, sources=sources, allow_fetch=True
         )

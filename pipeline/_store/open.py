@@ -1,0 +1,20 @@
+"""One place that turns a ``--store`` value into a store: a path or a PostgreSQL URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline._store.postgres import PostgresStore, is_postgres_url
+from pipeline._store.sqlite import SqliteStore
+
+__all__ = ["open_store"]
+
+
+def open_store(value: str | Path, *, timeout: float = 10.0) -> SqliteStore | PostgresStore:
+    """``postgresql://...`` opens a ``PostgresStore``; anything else is a SQLite file path.
+
+    The CLI's ``--store`` and the Python API choose the same way, so a host switches
+    databases by changing one setting."""
+    if isinstance(value, str) and is_postgres_url(value):
+        return PostgresStore(value, timeout=timeout)
+    return SqliteStore(value, timeout=timeout)

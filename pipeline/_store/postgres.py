@@ -1,0 +1,289 @@
+"""The server store: PostgreSQL through psycopg 3 and a connection pool (extra ``postgres``).
+
+Tables live in their own schema (``lamina``), so a store can share a database with the
+host application. A save is one transaction that first locks its conversation's row
+(``SELECT ... FOR UPDATE``): writers of one conversation take turns, writers of different
+conversations do not wait for each other, and the conflict rule of ``SqlStore`` then reads
+a head nobody can move. Snapshots are content-addressed and written once
+(``ON CONFLICT DO NOTHING``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import re
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pipeline._errors import StoreCorrupt, StoreError, StoreLocked, StoreUnreachable
+from pipeline._store.sql import HEAD_COLUMN, Db, SqlStore
+
+if TYPE_CHECKING:
+    import psycopg
+    import psycopg_pool
+
+__all__ = ["MIGRATIONS", "SCHEMA", "PostgresStore", "is_postgres_url"]
+
+SCHEMA = "lamina"
+
+_SCHEMA_V1 = """
+CREATE TABLE snapshots (
+    hash TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    body BYTEA NOT NULL
+);
+CREATE TABLE conversations (
+    id TEXT PRIMARY KEY,
+    created TEXT NOT NULL,
+    model TEXT NOT NULL,
+    tags TEXT NOT NULL,
+    title TEXT NOT NULL,
+    vault TEXT NOT NULL,
+    saved_at TEXT NOT NULL
+);
+CREATE TABLE turns (
+    conversation_id TEXT NOT NULL REFERENCES conversations(id),
+    turn INTEGER NOT NULL,
+    user_text TEXT NOT NULL,
+    reply_text TEXT,
+    created TEXT NOT NULL,
+    reply_created TEXT NOT NULL,
+    state_hash TEXT NOT NULL REFERENCES snapshots(hash),
+    manifest_hash TEXT REFERENCES snapshots(hash),
+    parts TEXT NOT NULL,
+    saved_at TEXT NOT NULL,
+    PRIMARY KEY (conversation_id, turn)
+);
+CREATE TABLE entries (
+    conversation_id TEXT NOT NULL,
+    part TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    since_turn INTEGER NOT NULL,
+    hash TEXT NOT NULL REFERENCES snapshots(hash),
+    PRIMARY KEY (conversation_id, part, position, since_turn)
+);
+CREATE TABLE attachments (
+    conversation_id TEXT NOT NULL,
+    turn INTEGER NOT NULL,
+    position INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    label TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    rebuilt INTEGER NOT NULL,
+    PRIMARY KEY (conversation_id, turn, position)
+);
+CREATE INDEX attachments_by_label ON attachments(kind, label);
+CREATE TABLE summaries (
+    content_hash TEXT NOT NULL,
+    target_tokens BIGINT NOT NULL,
+    summarizer_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    failures TEXT NOT NULL,
+    PRIMARY KEY (content_hash, target_tokens, summarizer_id)
+);
+CREATE TABLE token_counts (
+    text_hash TEXT NOT NULL,
+    tokenizer TEXT NOT NULL,
+    tokens BIGINT NOT NULL,
+    PRIMARY KEY (text_hash, tokenizer)
+);
+"""
+
+# MIGRATIONS[v] takes a store at schema version v to v + 1 (0 is an empty schema).
+MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, HEAD_COLUMN)
+
+# Taken while the schema is created or migrated, so two first openers do not collide.
+_MIGRATION_LOCK = 0x6C616D696E61
+# A text PostgreSQL cannot hold (NUL, lone surrogates) is kept as this mark + its JSON.
+_ESCAPED = "\ufdd0"
+_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+
+
+def is_postgres_url(value: str) -> bool:
+    """Whether a ``--store`` value names a PostgreSQL server rather than a SQLite file."""
+    return value.startswith(("postgresql://", "postgres://"))
+
+
+@functools.lru_cache(maxsize=256)
+def _placeholders(sql: str) -> str:
+    return sql.replace("?", "%s")
+
+
+class _PgDb:
+    """A psycopg connection seen through the shared queries' ``?`` placeholders."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> Any:
+        return self._conn.execute(_placeholders(sql), parameters)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> Any:
+        batch = list(rows)
+        if batch:
+            with self._conn.cursor() as cursor:
+                cursor.executemany(_placeholders(sql), batch)
+
+
+class PostgresStore(SqlStore):
+    """The ``Store`` protocol on a PostgreSQL server (``postgresql://`` URL).
+
+    ``timeout`` bounds connecting, waiting for a pooled connection and waiting for another
+    writer's lock (then ``StoreUnreachable`` or ``StoreLocked``); ``max_connections`` is
+    the pool's size. Open one per process and share it between threads.
+    """
+
+    _lock_row = " FOR UPDATE"
+    _binary = ' COLLATE "C"'
+    _migrations = MIGRATIONS
+
+    def __init__(self, url: str, *, timeout: float = 10.0, max_connections: int = 4) -> None:
+        self._label = _PASSWORD.sub(r"\1***@", url)
+        self._timeout = timeout
+        try:
+            import psycopg
+            import psycopg_pool
+        except ImportError:
+            raise StoreError(
+                self._label, "PostgreSQL needs the postgres extra: pip install 'lamina[postgres]'"
+            ) from None
+        self._psycopg = psycopg
+        self._local = threading.local()
+        settings: dict[str, Any] = {
+            "autocommit": True,
+            "connect_timeout": max(1, math.ceil(timeout)),
+            "options": f"-c search_path={SCHEMA} -c lock_timeout={max(1, int(timeout * 1000))}",
+        }
+        # The first connection is made directly, so its failure says the server's words.
+        with self._errors():
+            try:
+                first = psycopg.connect(url, **settings)
+            except psycopg.ProgrammingError as exc:  # a malformed URL
+                raise StoreError(self._label, f"not a usable URL: {_first_line(exc)}") from None
+            with first:
+                self._migrate(first)
+            self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+                url,
+                kwargs=settings,
+                min_size=1,
+                max_size=max(1, max_connections),
+                timeout=timeout,
+                open=True,
+            )
+        self._closed = False
+
+    def close(self) -> None:
+        self._closed = True
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close()
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        errors = self._psycopg.errors
+        try:
+            yield
+        except errors.LockNotAvailable:
+            raise StoreLocked(
+                self._label, f"another writer holds the lock (waited {self._timeout:g} s)"
+            ) from None
+        except (errors.UndefinedTable, errors.UndefinedColumn) as exc:
+            raise StoreCorrupt(
+                self._label, f"tables are missing or damaged: {_first_line(exc)}"
+            ) from None
+        except self._psycopg.OperationalError as exc:
+            raise StoreUnreachable(self._label, _first_line(exc)) from None
+        except self._psycopg.Error as exc:
+            raise StoreError(self._label, _first_line(exc)) from None
+
+    @contextlib.contextmanager
+    def _tx(self, write: bool) -> Iterator[Db]:
+        """One transaction on a pooled connection held by this thread until it ends.
+
+        Inside ``transaction()`` it is a savepoint of the outer transaction instead. Reads
+        see one snapshot (REPEATABLE READ); writes lock what they change."""
+        if self._closed:
+            raise StoreError(self._label, "the store is closed")
+        held: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        with self._errors():
+            if held is not None:
+                held.execute("SAVEPOINT lamina_inner")
+                try:
+                    yield _PgDb(held)
+                except BaseException:
+                    held.execute("ROLLBACK TO SAVEPOINT lamina_inner")
+                    held.execute("RELEASE SAVEPOINT lamina_inner")
+                    raise
+                held.execute("RELEASE SAVEPOINT lamina_inner")
+                return
+            with self._pool.connection() as conn:
+                conn.execute("BEGIN" if write else "BEGIN ISOLATION LEVEL REPEATABLE READ")
+                self._local.conn = conn
+                try:
+                    yield _PgDb(conn)
+                except BaseException:
+                    if not conn.closed:
+                        conn.execute("ROLLBACK")
+                    raise
+                finally:
+                    self._local.conn = None
+                conn.execute("COMMIT")
+
+    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
+        db = _PgDb(conn)
+        conn.execute("BEGIN")
+        try:
+            db.execute("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
+            tables = {
+                r[0]
+                for r in db.execute(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = ?",
+                    (SCHEMA,),
+                )
+            }
+            if "lamina_schema" in tables:
+                row = db.execute("SELECT version FROM lamina_schema").fetchone()
+                version = None if row is None else row[0]
+            elif tables:
+                raise StoreCorrupt(
+                    self._label, f"schema {SCHEMA!r} holds other tables: not a Lamina store"
+                )
+            else:
+                db.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+                db.execute("CREATE TABLE lamina_schema (version INTEGER NOT NULL)")
+                db.execute("INSERT INTO lamina_schema VALUES (0)")
+                version = 0
+            self._upgrade(db, version)
+        except BaseException:
+            if not conn.closed:
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def _text(self, text: str) -> Any:
+        """PostgreSQL's TEXT holds no NUL and only valid UTF-8: such a text is escaped."""
+        if "\x00" in text or text.startswith(_ESCAPED):
+            return _ESCAPED + json.dumps(text)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            return _ESCAPED + json.dumps(text)
+        return text
+
+    def _untext(self, value: Any) -> Any:
+        if isinstance(value, str) and value.startswith(_ESCAPED):
+            return json.loads(value[len(_ESCAPED) :])
+        return value
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

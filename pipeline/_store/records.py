@@ -1,0 +1,479 @@
+"""Conversation persistence: the ``Store`` protocol, its records and the helpers hosts call.
+
+The store keeps everything a conversation needs to continue byte-identically after a
+reload: the ``ConversationState`` of every turn (split into content-addressed snapshots,
+so library entries and history entries are written once), per-turn envelope manifests
+(typed segments and hashes, never rendered text), the attachments of each turn, and
+memo tables for summaries and token counts. Saving a turn is one transaction. The SQL
+backends (``sqlite``, ``postgres``) share their rules in ``sql``; ``open_store`` picks one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+import xxhash
+
+from pipeline._conversation.conversation import Conversation, ConversationState
+from pipeline._errors import (
+    ConversationError,
+    LaminaError,
+)
+from pipeline._model.artifacts import AttachmentSpec
+from pipeline._model.envelope import BuildReport, Envelope, Form
+from pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AttachmentRecord",
+    "ConversationInfo",
+    "Head",
+    "LayerManifest",
+    "Manifest",
+    "SegmentManifest",
+    "Store",
+    "TurnRecord",
+    "attachment_record",
+    "back_summaries",
+    "canonical",
+    "digest",
+    "head_hash",
+    "load_conversation",
+    "new_conversation_id",
+    "now_stamp",
+    "rebuild_envelope",
+    "save_turn",
+    "turn_record",
+]
+
+SCHEMA_VERSION = 2
+
+
+
+def new_conversation_id() -> str:
+    """A fresh random id (only ever used at the edge, never inside anything hashed)."""
+    return uuid.uuid4().hex
+
+
+def now_stamp() -> str:
+    """The wall-clock time for humans (UTC, ISO 8601); never hashed or rendered."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# --- records ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Head:
+    """Where a stored conversation stands: its last turn and that turn's state hash.
+
+    A save names the head it continues (``parent``); the empty conversation is
+    ``Head(0, "")``. The hash covers the whole saved state (its content-addressed parts),
+    so two writers that both continue turn N from different states never look alike.
+    """
+
+    turn: int = 0
+    hash: str = ""
+
+
+@attrs.frozen
+class ConversationInfo:
+    """A conversation's header: id and the human metadata a transcript shows."""
+
+    id: str
+    created: str = ""
+    model: str = ""
+    tags: tuple[str, ...] = ()
+    title: str = ""
+    vault: str = ""
+
+
+@attrs.frozen
+class AttachmentRecord:
+    """One attachment of a turn: its kind, a label (path, URL, key) and its script form.
+
+    ``spec`` is the canonical JSON of the script form (``{"note": "a.md"}``), or "" when
+    the attachment could not be rebuilt on import (``rebuilt`` is then False).
+    """
+
+    kind: str
+    label: str
+    spec: str = ""
+    rebuilt: bool = True
+
+    def data(self) -> dict[str, Any] | None:
+        """The script form as a mapping, or None when it was not kept."""
+        return json.loads(self.spec) if self.spec else None
+
+
+@attrs.frozen
+class TurnRecord:
+    """What a transcript shows of one turn: texts, attachments and timestamps."""
+
+    turn: int
+    user: str
+    reply: str | None = None
+    attachments: tuple[AttachmentRecord, ...] = ()
+    created: str = ""
+    reply_created: str = ""
+
+
+@attrs.frozen
+class SegmentManifest:
+    """A segment without its text: identity, form, hash and token count."""
+
+    key: str
+    form: Form
+    source_type: str
+    content_hash: str
+    tokens: int
+    title: str = ""
+    locator: str = ""
+    recoverable: bool = True
+    role: str = ""
+
+
+@attrs.frozen
+class LayerManifest:
+    name: str
+    hash: str
+    tokens: int
+    segments: tuple[SegmentManifest, ...]
+
+
+@attrs.frozen
+class Manifest:
+    """A turn's envelope as typed segments and hashes (what was sent, not the bytes)."""
+
+    turn: int
+    prefix_hash: str
+    layers: tuple[LayerManifest, ...]
+    report: BuildReport
+
+    @classmethod
+    def of(cls, envelope: Envelope) -> Manifest:
+        layers = tuple(
+            LayerManifest(
+                str(layer.name),
+                layer.hash,
+                layer.tokens,
+                tuple(
+                    SegmentManifest(
+                        s.key,
+                        s.form,
+                        s.source_type,
+                        s.content_hash,
+                        s.tokens,
+                        s.title,
+                        s.locator,
+                        s.recoverable,
+                        s.role,
+                    )
+                    for s in layer.segments
+                ),
+            )
+            for layer in envelope.layers
+        )
+        return cls(envelope.turn, envelope.prefix_hash, layers, envelope.report)
+
+
+# --- the protocol ----------------------------------------------------------------------
+
+
+class Store(SummaryBacking, Protocol):
+    """Where conversations live between processes; small enough for a server database.
+
+    It is also where memoized summaries outlive the process (``SummaryBacking``)."""
+
+    @property
+    def path(self) -> str:
+        """A label naming the store in errors (a file path, a URL)."""
+        ...
+
+    def create(self, info: ConversationInfo) -> None:
+        """Add a conversation header; StoreError if the id is taken."""
+        ...
+
+    def conversation(self, conversation_id: str) -> ConversationInfo:
+        """The header; UnknownConversation if absent."""
+        ...
+
+    def conversations(self) -> tuple[ConversationInfo, ...]: ...
+
+    def delete(self, conversation_id: str) -> None:
+        """Remove a conversation, its turns and attachments (snapshots and memos stay:
+        they are content-addressed and shared); UnknownConversation if absent."""
+        ...
+
+    def save_turn(
+        self,
+        conversation_id: str,
+        record: TurnRecord,
+        state: ConversationState,
+        manifest: Manifest | None = None,
+        summaries: Sequence[tuple[SummaryKey, SummaryResult]] = (),
+        *,
+        parent: Head,
+    ) -> Head:
+        """Save turn ``record.turn`` atomically, with the summaries the turn made (memo
+        rows, first write wins), and return the new head.
+
+        ``parent`` is the head the save continues: the turn before for a new turn; for the
+        same turn saved again (once its reply is known) the head this writer's earlier save
+        of it returned, so a turn is only ever replaced from the state it was built on. If
+        the stored head is not ``parent``, ``ConflictError`` (carrying the head) and nothing
+        is written."""
+        ...
+
+    def head(self, conversation_id: str) -> Head:
+        """The stored head (one row read; for warm workers); ``Head()`` before any turn."""
+        ...
+
+    def load_head(
+        self, conversation_id: str, turn: int | None = None
+    ) -> tuple[ConversationState, Head]:
+        """``load`` and the head of that state, read in one transaction."""
+        ...
+
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
+        """Everything the store does inside the block is one transaction: all or nothing."""
+        ...
+
+    def turns(self, conversation_id: str) -> tuple[TurnRecord, ...]: ...
+
+    def load(self, conversation_id: str, turn: int | None = None) -> ConversationState:
+        """The state after ``turn`` (default: the last saved turn)."""
+        ...
+
+    def manifest(self, conversation_id: str, turn: int) -> Manifest | None: ...
+
+    def find_attachment(self, kind: str, label: str) -> AttachmentRecord | None:
+        """A stored attachment with a kept script form (e.g. a selection by key)."""
+        ...
+
+    def get_tokens(self, text_hash: str, tokenizer: str) -> int | None: ...
+
+    def put_tokens(self, text_hash: str, tokenizer: str, tokens: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# --- content addresses (shared by every backend) ---------------------------------------
+
+
+def canonical(value: Any) -> bytes:
+    """The canonical JSON bytes of a value (sorted keys; lone surrogates kept)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8", "surrogatepass"
+    )
+
+
+def digest(body: bytes) -> str:
+    return str(xxhash.xxh3_128_hexdigest(body))
+
+
+def head_hash(state_hash: str, parts: Mapping[str, Sequence[str]]) -> str:
+    """The hash of a whole saved state: its snapshot and its parts' entry hashes in order."""
+    return digest(canonical({"state": state_hash, "parts": {p: list(parts[p]) for p in parts}}))
+
+
+# --- conversation helpers ----------------------------------------------------------------
+
+Attachment = AttachmentSpec | Mapping[str, Any]
+
+# Script-form field names of the built-in spec classes (kind -> (field, attribute) pairs).
+_SPEC_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "note": (("note", "path"),),
+    "folder": (("folder", "path"),),
+    "tag": (("tag", "tag"),),
+    "url": (("url", "url"),),
+    "pdf": (("pdf", "path"), ("pages", "pages")),
+    "youtube": (("youtube", "video_id"), ("transcript", "transcript")),
+}
+
+
+def _script_form(spec: Attachment) -> dict[str, Any] | None:
+    if isinstance(spec, Mapping):
+        return dict(spec)
+    kind = spec.kind
+    if kind == "selection":
+        payload = spec.payload  # type: ignore[attr-defined]
+        form: dict[str, Any] = {"selection": payload.text}
+        if payload.source:
+            form["source"] = payload.source
+        if payload.lines:
+            form["lines"] = list(payload.lines)
+        return form
+    fields = _SPEC_FIELDS.get(kind)
+    if fields is None or not all(hasattr(spec, attr) for _, attr in fields):
+        return None
+    form = {name: getattr(spec, attr) for name, attr in fields}
+    return {k: v for k, v in form.items() if v not in (None, "") or k == kind}
+
+
+def attachment_record(
+    spec: Attachment, conversation: Conversation | None = None
+) -> AttachmentRecord:
+    """How a transcript lists an attachment: kind, a label and its script form.
+
+    Selections are labelled by their artifact key (computed with ``conversation``'s
+    sources, no I/O), every other kind by the path, URL, tag or video it names.
+    """
+    form = _script_form(spec)
+    kind = (
+        spec.kind
+        if not isinstance(spec, Mapping)
+        else next(
+            (
+                k
+                for k in ("note", "folder", "tag", "url", "youtube", "pdf", "selection")
+                if k in spec
+            ),
+            str(next(iter(spec), "")),
+        )
+    )
+    if form is None:
+        text = spec.describe()  # type: ignore[union-attr]
+        return AttachmentRecord(kind, text.removeprefix(f"{kind} "), "", True)
+    if kind == "selection" and conversation is not None:
+        label = conversation.process(form).artifacts[0].key
+    elif kind == "pdf" and form.get("pages"):
+        label = f"{form['pdf']}#pages={form['pages']}"
+    else:
+        label = str(form.get(kind, ""))
+    return AttachmentRecord(kind, label, canonical(form).decode("utf-8", "surrogatepass"), True)
+
+
+def save_turn(
+    store: Store,
+    conversation_id: str,
+    conversation: Conversation,
+    envelope: Envelope | None = None,
+    attach: Sequence[Attachment | AttachmentRecord] = (),
+    *,
+    created: str | None = None,
+    reply_created: str | None = None,
+    parent: Head | None = None,
+) -> TurnRecord:
+    """Save the conversation's last turn (call again after ``reply()`` to add the reply).
+
+    The save continues ``parent``, by default the head the conversation was loaded at or
+    last saved (``conversation.saved_head``; the empty head for a new conversation). When
+    another writer moved the conversation on, ``ConflictError`` and nothing is saved:
+    load it again (``load_conversation``) and redo the turn.
+    """
+    if not conversation.history:
+        raise ConversationError("save_turn() was called before any turn")
+    record = turn_record(
+        conversation, attach, created=created, reply_created=reply_created
+    )
+    back_summaries(conversation, store)
+    summaries = conversation.summaries.unsaved()
+    conversation.saved_head = store.save_turn(
+        conversation_id,
+        record,
+        conversation.state,
+        None if envelope is None else Manifest.of(envelope),
+        summaries,
+        parent=parent or conversation.saved_head or Head(),
+    )
+    conversation.summaries.mark_saved(key for key, _ in summaries)
+    return record
+
+
+def turn_record(
+    conversation: Conversation,
+    attach: Sequence[Attachment | AttachmentRecord] = (),
+    *,
+    created: str | None = None,
+    reply_created: str | None = None,
+) -> TurnRecord:
+    """What a transcript keeps of the conversation's last turn (texts, attachments, times)."""
+    last = conversation.history[-1]
+    stamp = now_stamp()
+    return TurnRecord(
+        turn=last.turn,
+        user=last.user,
+        reply=last.assistant,
+        attachments=tuple(
+            a if isinstance(a, AttachmentRecord) else attachment_record(a, conversation)
+            for a in attach
+        ),
+        created=stamp if created is None else created,
+        reply_created=("" if last.assistant is None else stamp)
+        if reply_created is None
+        else reply_created,
+    )
+
+
+def back_summaries(conversation: Conversation, store: Store) -> Conversation:
+    """Back the conversation's summary memo with ``store`` (unless it has a backing)."""
+    if conversation.summaries.backing is None:
+        conversation.summaries.backing = store
+    return conversation
+
+
+def load_conversation(
+    store: Store,
+    conversation_id: str,
+    *,
+    turn: int | None = None,
+    **restore: Any,
+) -> Conversation:
+    """``Conversation.restore`` of a stored state; ``restore`` takes vault=, sources=, ...
+
+    The saved budget comes back unless ``budget=`` is given; summaries are read from and
+    saved to the store's memo, so an LLM summary renders to the same bytes after a reload.
+    """
+    state, head = store.load_head(conversation_id, turn)
+    conversation = back_summaries(Conversation.restore(state, **restore), store)
+    conversation.saved_head = head
+    return conversation
+
+
+def rebuild_envelope(
+    store: Store, conversation_id: str, turn: int | None = None, **restore: Any
+) -> Envelope | None:
+    """Turn ``turn``'s envelope (default: the last) built again from the turn before it.
+
+    A resumed chat needs the previous request to report what the cache kept; the store
+    holds manifests, not texts, so the turn is replayed and checked against its manifest.
+    None when it cannot be replayed identically (a note changed on disk, a spec not kept).
+    """
+    records = store.turns(conversation_id)
+    k = turn if turn is not None else len(records)
+    if not 1 <= k <= len(records):
+        return None
+    record = records[k - 1]
+    forms = [a.data() for a in record.attachments if a.rebuilt]
+    if any(form is None for form in forms):
+        return None
+    after = store.load(conversation_id, k)
+    system = after.last_system or after.system
+    # The budget the turn was built with (saved with its state), unless one is given.
+    options = dict(restore)
+    if options.get("budget") is None and after.budget is not None:
+        options["budget"] = after.budget.budget()
+    if k > 1:
+        before = store.load(conversation_id, k - 1)
+        conv = Conversation.restore(before, **options)
+        conv.set_system(system.stable, system.mutable)
+    else:
+        before = ConversationState(system)
+        conv = Conversation(system, tokenizer=after.tokenizer, policy=after.policy, **options)
+    back_summaries(conv, store)
+    earlier = dict(before.vault_changes)
+    changes = {p: t for p, t in after.vault_changes if earlier.get(p) != t}
+    try:
+        envelope = conv.turn(
+            record.user, [f for f in forms if f is not None], vault_changes=changes
+        )
+    except LaminaError:
+        return None
+    return envelope if Manifest.of(envelope) == store.manifest(conversation_id, k) else None

@@ -1,0 +1,573 @@
+"""What every SQL store shares: the rules, written once; each backend brings its SQL edges.
+
+``SqlStore`` holds the conflict rule (a save names its parent head), the snapshot encoding
+(canonical JSON, zlib, xxh3-128, checked on read), the schema version check and migration
+loop, and every query both databases understand. A backend (``SqliteStore``,
+``PostgresStore``) supplies connections and transactions, how a text is kept, its DDL,
+its error mapping and the clause that locks a conversation row.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, Self
+
+import cattrs
+
+from pipeline._conversation.conversation import ConversationState
+from pipeline._errors import (
+    ConflictError,
+    ConversationError,
+    StoreCorrupt,
+    StoreError,
+    StoreSchemaTooNew,
+    UnknownConversation,
+)
+from pipeline._model.artifacts import TurnWarning
+from pipeline._store.records import (
+    SCHEMA_VERSION,
+    AttachmentRecord,
+    ConversationInfo,
+    Head,
+    Manifest,
+    TurnRecord,
+    canonical,
+    digest,
+    head_hash,
+    now_stamp,
+)
+from pipeline._views.summarize import SummaryKey, SummaryResult
+
+__all__ = ["HEAD_COLUMN", "Cursor", "Db", "SqlStore", "check_version"]
+
+# Schema version 2, the same in every backend: each turn row keeps the head hash it
+# made, so ``head()`` is one indexed row read. Rows saved before it hold "" (computed).
+HEAD_COLUMN = "ALTER TABLE turns ADD COLUMN head_hash TEXT NOT NULL DEFAULT ''"
+
+# Snapshots read per query (well under SQLite's and PostgreSQL's parameter limits).
+_BATCH = 500
+# State fields kept as one row per entry (versioned by turn) instead of inside the state blob.
+_SPLIT_PARTS = ("library", "history", "usage")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+_converter = cattrs.Converter()
+# Stores written before warnings had codes hold bare sentences.
+_converter.register_structure_hook(TurnWarning, lambda value, _: TurnWarning.of(value))
+
+
+class Cursor(Protocol):
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Db(Protocol):
+    """The slice of a DB-API connection the shared queries use (``?`` placeholders)."""
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Any: ...
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]], /) -> Any: ...
+
+
+def check_version(label: str, version: object) -> int:
+    """The stored schema version, refused when missing or newer than this Lamina knows."""
+    if not isinstance(version, int):
+        raise StoreCorrupt(label, "the schema version row is missing")
+    if version > SCHEMA_VERSION:
+        raise StoreSchemaTooNew(label, version, SCHEMA_VERSION)
+    return version
+
+
+def encode_snapshot(value: Any) -> tuple[str, bytes]:
+    """A value's content address and its stored body (zlib of its canonical JSON)."""
+    body = canonical(value)
+    return digest(body), zlib.compress(body, 6)
+
+
+class _Snapshots:
+    """The snapshots a save writes, encoded before anything is written (hash -> row)."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[str, bytes]] = {}
+
+    def add(self, kind: str, value: Any) -> str:
+        digest_, body = encode_snapshot(value)
+        self.rows.setdefault(digest_, (kind, body))
+        return digest_
+
+
+class SqlStore:
+    """The ``Store`` protocol over any SQL database that a backend subclass connects."""
+
+    # Appended to the read of the conversation row a save starts with (PostgreSQL locks it).
+    _lock_row = ""
+    # Makes text comparisons and orderings code-point order (PostgreSQL's may follow a locale).
+    _binary = ""
+    # The DDL that takes schema version v to v + 1 (index v; 0 is an empty database).
+    _migrations: tuple[str, ...] = ()
+    _label = ""
+
+    @property
+    def path(self) -> str:
+        return self._label
+
+    # -- what a backend supplies ----------------------------------------------------
+
+    def _tx(self, write: bool) -> contextlib.AbstractContextManager[Db]:
+        """One transaction (a savepoint inside ``transaction()``); writes may lock."""
+        raise NotImplementedError
+
+    def _text(self, text: str) -> Any:
+        """A str as the database keeps it in a TEXT column."""
+        return text
+
+    def _untext(self, value: Any) -> Any:
+        """``_text`` reversed (None stays None)."""
+        return value
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    # -- shared -----------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Everything done inside the block is one write transaction: all of it or none.
+
+        Other writers of the same conversation wait while it is open: keep it to the writes."""
+        with self._tx(write=True):
+            yield
+
+    def _upgrade(self, db: Db, version: object) -> None:
+        """Check the stored ``version`` and migrate from it to ``SCHEMA_VERSION``."""
+        for step in range(check_version(self._label, version), SCHEMA_VERSION):
+            for statement in self._migrations[step].split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute("UPDATE lamina_schema SET version = ?", (step + 1,))
+
+    def _put_snapshots(self, db: Db, rows: Mapping[str, tuple[str, bytes]]) -> None:
+        """Write each snapshot (hash -> kind, body) once, in hash order: two transactions
+        that share snapshots then wait for each other at most, never deadlock."""
+        db.executemany(
+            "INSERT INTO snapshots (hash, kind, body) VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+            [(h, *rows[h]) for h in sorted(rows)],
+        )
+
+    def _get_snapshot(self, db: Db, wanted: str) -> Any:
+        return self._get_snapshots(db, [wanted])[wanted]
+
+    def _get_snapshots(self, db: Db, wanted: Sequence[str]) -> dict[str, Any]:
+        """Each wanted snapshot's value, read in a few queries (not one per snapshot)."""
+        unique = sorted(set(wanted))
+        bodies: dict[str, Any] = {}
+        for start in range(0, len(unique), _BATCH):
+            chunk = unique[start : start + _BATCH]
+            marks = ", ".join("?" * len(chunk))
+            for h, body in db.execute(
+                f"SELECT hash, body FROM snapshots WHERE hash IN ({marks})", chunk
+            ):
+                bodies[h] = body
+        return {h: self._decode(h, bodies.get(h)) for h in unique}
+
+    def _decode(self, wanted: str, stored: Any) -> Any:
+        if stored is None:
+            raise StoreCorrupt(self._label, f"snapshot {wanted} is missing")
+        try:
+            body = zlib.decompress(bytes(stored))
+        except (zlib.error, TypeError) as exc:
+            raise StoreCorrupt(self._label, f"snapshot {wanted} is damaged: {exc}") from None
+        if digest(body) != wanted:
+            raise StoreCorrupt(self._label, f"snapshot {wanted} does not match its hash")
+        return json.loads(body)
+
+    def _require(self, db: Db, conversation_id: str, lock: bool = False) -> None:
+        query = "SELECT 1 FROM conversations WHERE id = ?" + (self._lock_row if lock else "")
+        if db.execute(query, (conversation_id,)).fetchone() is None:
+            raise UnknownConversation(self._label, conversation_id)
+
+    # -- conversations ----------------------------------------------------------------
+
+    def create(self, info: ConversationInfo) -> None:
+        if not _ID.match(info.id):
+            raise StoreError(
+                self._label,
+                f"conversation id {info.id!r} must be 1-200 letters, digits or ._:- characters",
+            )
+        with self._tx(write=True) as db:
+            if db.execute("SELECT 1 FROM conversations WHERE id = ?", (info.id,)).fetchone():
+                raise StoreError(self._label, f"conversation {info.id!r} already exists")
+            db.execute(
+                "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    info.id,
+                    self._text(info.created),
+                    self._text(info.model),
+                    json.dumps(list(info.tags)),
+                    self._text(info.title),
+                    self._text(info.vault),
+                    now_stamp(),
+                ),
+            )
+
+    def delete(self, conversation_id: str) -> None:
+        with self._tx(write=True) as db:
+            self._require(db, conversation_id, lock=True)
+            for table in ("attachments", "entries", "turns"):
+                db.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,))
+            db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    def _info(self, row: Sequence[Any]) -> ConversationInfo:
+        texts = [self._untext(v) for v in row]
+        return ConversationInfo(
+            texts[0], texts[1], texts[2], tuple(json.loads(texts[3])), texts[4], texts[5]
+        )
+
+    def conversation(self, conversation_id: str) -> ConversationInfo:
+        with self._tx(write=False) as db:
+            row = db.execute(
+                "SELECT id, created, model, tags, title, vault FROM conversations WHERE id = ?",
+                (conversation_id,),
+            ).fetchone()
+        if row is None:
+            raise UnknownConversation(self._label, conversation_id)
+        return self._info(row)
+
+    def conversations(self) -> tuple[ConversationInfo, ...]:
+        with self._tx(write=False) as db:
+            rows = db.execute(
+                "SELECT id, created, model, tags, title, vault FROM conversations "
+                f"ORDER BY id{self._binary}"
+            ).fetchall()
+        return tuple(self._info(r) for r in rows)
+
+    # -- turns ------------------------------------------------------------------------
+
+    def save_turn(
+        self,
+        conversation_id: str,
+        record: TurnRecord,
+        state: ConversationState,
+        manifest: Manifest | None = None,
+        summaries: Sequence[tuple[SummaryKey, SummaryResult]] = (),
+        *,
+        parent: Head,
+    ) -> Head:
+        plain = _converter.unstructure(state)
+        split = {p: plain.pop(p) for p in _SPLIT_PARTS if isinstance(plain.get(p), list)}
+        k = record.turn
+        snapshots = _Snapshots()
+        with self._tx(write=True) as db:
+            # The row lock (where the backend has one) makes the head read below final.
+            self._require(db, conversation_id, lock=True)
+            head, current = self._head(db, conversation_id)
+            if head != parent:
+                raise ConflictError(
+                    self._label, conversation_id, head.turn, head.hash, parent.turn, parent.hash
+                )
+            last = head.turn
+            if k not in (last, last + 1) or k < 1:
+                raise ConversationError(
+                    f"conversation {conversation_id!r}: cannot save turn {k} after turn {last}"
+                )
+            created = record.created
+            if k == last:  # the same turn again (e.g. once its reply is known): replace it
+                # The user message happened once: its first recorded time is kept.
+                created = self._untext(
+                    db.execute(
+                        "SELECT created FROM turns WHERE conversation_id = ? AND turn = ?",
+                        (conversation_id, k),
+                    ).fetchone()[0]
+                )
+                for table, column in (
+                    ("entries", "since_turn"),
+                    ("turns", "turn"),
+                    ("attachments", "turn"),
+                ):
+                    db.execute(
+                        f"DELETE FROM {table} WHERE conversation_id = ? AND {column} = ?",
+                        (conversation_id, k),
+                    )
+                current = {p: self._current(db, conversation_id, p, k - 1) for p in split}
+            lengths: dict[str, int] = {}
+            digests: dict[str, list[str]] = {}
+            changed: list[tuple[str, str, int, int, str]] = []
+            for part, items in split.items():
+                before = current.get(part, {})
+                digests[part] = [snapshots.add(part, item) for item in items]
+                changed.extend(
+                    (conversation_id, part, position, k, h)
+                    for position, h in enumerate(digests[part])
+                    if before.get(position) != h
+                )
+                lengths[part] = len(items)
+            state_hash = snapshots.add("state", plain)
+            manifest_hash = (
+                None
+                if manifest is None
+                else snapshots.add("manifest", _converter.unstructure(manifest))
+            )
+            self._put_snapshots(db, snapshots.rows)
+            db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?)", changed)
+            new_head = Head(k, head_hash(state_hash, digests))
+            db.execute(
+                "INSERT INTO turns (conversation_id, turn, user_text, reply_text, created, "
+                "reply_created, state_hash, manifest_hash, parts, saved_at, head_hash) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    conversation_id,
+                    k,
+                    self._text(record.user),
+                    None if record.reply is None else self._text(record.reply),
+                    self._text(created),
+                    self._text(record.reply_created),
+                    state_hash,
+                    manifest_hash,
+                    json.dumps(lengths, sort_keys=True),
+                    now_stamp(),
+                    new_head.hash,
+                ),
+            )
+            db.executemany(
+                "INSERT INTO attachments VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        conversation_id,
+                        k,
+                        i,
+                        *map(self._text, (a.kind, a.label, a.spec)),
+                        int(a.rebuilt),
+                    )
+                    for i, a in enumerate(record.attachments)
+                ],
+            )
+            db.executemany(
+                "INSERT INTO summaries VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                sorted(
+                    (*key, self._text(r.text), json.dumps(list(r.failures)))
+                    for key, r in dict(summaries).items()
+                ),
+            )
+        return new_head
+
+    def _head(self, db: Db, conversation_id: str) -> tuple[Head, dict[str, dict[int, str]]]:
+        """The stored head and, per part, each position's entry hash as of the head."""
+        row = db.execute(
+            "SELECT turn, state_hash, parts FROM turns WHERE conversation_id = ? "
+            "ORDER BY turn DESC LIMIT 1",
+            (conversation_id,),
+        ).fetchone()
+        if row is None:
+            return Head(), {}
+        k, state_hash, parts = row
+        current = {p: self._current(db, conversation_id, p, k) for p in json.loads(parts)}
+        return Head(k, self._state_hash(k, state_hash, parts, current)), current
+
+    def _state_hash(
+        self, k: int, state_hash: str, parts: str, current: Mapping[str, Mapping[int, str]]
+    ) -> str:
+        ordered: dict[str, list[str]] = {}
+        for part, length in json.loads(parts).items():
+            if sorted(current[part])[:length] != list(range(length)):
+                raise StoreCorrupt(self._label, f"turn {k}: {part} entries are missing")
+            ordered[part] = [current[part][i] for i in range(length)]
+        return head_hash(state_hash, ordered)
+
+    def head(self, conversation_id: str) -> Head:
+        """One row read: the last turn and the head hash its save recorded."""
+        with self._tx(write=False) as db:
+            row = db.execute(
+                "SELECT turn, head_hash FROM turns WHERE conversation_id = ? "
+                "ORDER BY turn DESC LIMIT 1",
+                (conversation_id,),
+            ).fetchone()
+            if row is None:
+                self._require(db, conversation_id)
+                return Head()
+            if row[1]:
+                return Head(int(row[0]), str(row[1]))
+            return self._head(db, conversation_id)[0]  # saved before schema version 2
+
+    def _current(self, db: Db, conversation_id: str, part: str, turn: int) -> dict[int, str]:
+        """Each position's entry hash as of ``turn`` (the latest row at or before it)."""
+        rows = db.execute(
+            "SELECT position, hash FROM (SELECT position, hash, ROW_NUMBER() OVER "
+            "(PARTITION BY position ORDER BY since_turn DESC) AS rn FROM entries "
+            "WHERE conversation_id = ? AND part = ? AND since_turn <= ?) AS latest "
+            "WHERE rn = 1",
+            (conversation_id, part, turn),
+        ).fetchall()
+        return {int(p): str(h) for p, h in rows}
+
+    def turns(self, conversation_id: str) -> tuple[TurnRecord, ...]:
+        text = self._untext
+        with self._tx(write=False) as db:
+            self._require(db, conversation_id)
+            rows = db.execute(
+                "SELECT turn, user_text, reply_text, created, reply_created FROM turns "
+                "WHERE conversation_id = ? ORDER BY turn",
+                (conversation_id,),
+            ).fetchall()
+            attached: dict[int, list[AttachmentRecord]] = {}
+            for turn, kind, label, spec, rebuilt in db.execute(
+                "SELECT turn, kind, label, spec, rebuilt FROM attachments "
+                "WHERE conversation_id = ? ORDER BY turn, position",
+                (conversation_id,),
+            ):
+                attached.setdefault(turn, []).append(
+                    AttachmentRecord(text(kind), text(label), text(spec), bool(rebuilt))
+                )
+        return tuple(
+            TurnRecord(
+                t,
+                text(user),
+                text(reply),
+                tuple(attached.get(t, ())),
+                text(created),
+                text(reply_created),
+            )
+            for t, user, reply, created, reply_created in rows
+        )
+
+    def load(self, conversation_id: str, turn: int | None = None) -> ConversationState:
+        return self.load_head(conversation_id, turn)[0]
+
+    def load_head(
+        self, conversation_id: str, turn: int | None = None
+    ) -> tuple[ConversationState, Head]:
+        with self._tx(write=False) as db:
+            self._require(db, conversation_id)
+            if turn is None:
+                row = db.execute(
+                    "SELECT turn, state_hash, parts FROM turns WHERE conversation_id = ? "
+                    "ORDER BY turn DESC LIMIT 1",
+                    (conversation_id,),
+                ).fetchone()
+            else:
+                row = db.execute(
+                    "SELECT turn, state_hash, parts FROM turns "
+                    "WHERE conversation_id = ? AND turn = ?",
+                    (conversation_id, turn),
+                ).fetchone()
+            if row is None:
+                which = "any turn" if turn is None else f"turn {turn}"
+                raise StoreError(
+                    self._label, f"conversation {conversation_id!r} has no saved {which}"
+                )
+            k, state_hash, parts = row
+            current = {p: self._current(db, conversation_id, p, k) for p in json.loads(parts)}
+            try:
+                head = Head(k, self._state_hash(k, state_hash, parts, current))
+            except StoreCorrupt:
+                raise StoreCorrupt(
+                    self._label, f"{conversation_id!r} turn {k}: entries are missing"
+                ) from None
+            lengths = json.loads(parts)
+            found = self._get_snapshots(
+                db,
+                [state_hash, *(current[p][i] for p, n in lengths.items() for i in range(n))],
+            )
+            plain = found[state_hash]
+            for part, length in lengths.items():
+                plain[part] = [found[current[part][i]] for i in range(length)]
+        try:
+            return _converter.structure(plain, ConversationState), head
+        except Exception as exc:  # cattrs raises many kinds; all mean the record is unusable
+            raise StoreCorrupt(
+                self._label, f"{conversation_id!r} turn {k}: state does not load: {exc}"
+            ) from None
+
+    def manifest(self, conversation_id: str, turn: int) -> Manifest | None:
+        with self._tx(write=False) as db:
+            self._require(db, conversation_id)
+            row = db.execute(
+                "SELECT manifest_hash FROM turns WHERE conversation_id = ? AND turn = ?",
+                (conversation_id, turn),
+            ).fetchone()
+            if row is None or row[0] is None:
+                return None
+            plain = self._get_snapshot(db, row[0])
+        try:
+            return _converter.structure(plain, Manifest)
+        except Exception as exc:
+            raise StoreCorrupt(
+                self._label, f"manifest of turn {turn} does not load: {exc}"
+            ) from None
+
+    def find_attachment(self, kind: str, label: str) -> AttachmentRecord | None:
+        with self._tx(write=False) as db:
+            row = db.execute(
+                "SELECT kind, label, spec, rebuilt FROM attachments "
+                "WHERE kind = ? AND label = ? AND spec != '' "
+                f"ORDER BY conversation_id{self._binary}, turn LIMIT 1",
+                (self._text(kind), self._text(label)),
+            ).fetchone()
+        if row is None:
+            return None
+        text = self._untext
+        return AttachmentRecord(text(row[0]), text(row[1]), text(row[2]), bool(row[3]))
+
+    # -- memo tables ------------------------------------------------------------------
+
+    _closed = False
+
+    def get_summary(
+        self, content_hash: str, target_tokens: int, summarizer_id: str
+    ) -> SummaryResult | None:
+        """The memoized summary, or None (always None once closed: a conversation that
+        outlives its store stops reading it rather than failing)."""
+        if self._closed:
+            return None
+        with self._tx(write=False) as db:
+            row = db.execute(
+                "SELECT text, failures FROM summaries WHERE content_hash = ? AND target_tokens = ? "
+                "AND summarizer_id = ?",
+                (content_hash, target_tokens, summarizer_id),
+            ).fetchone()
+        if row is None:
+            return None
+        return SummaryResult(self._untext(row[0]), tuple(json.loads(row[1])))
+
+    def put_summary(
+        self, content_hash: str, target_tokens: int, summarizer_id: str, result: SummaryResult
+    ) -> None:
+        """First write wins, like ``SummaryCache``: a stored summary never changes."""
+        with self._tx(write=True) as db:
+            db.execute(
+                "INSERT INTO summaries VALUES (?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (
+                    content_hash,
+                    target_tokens,
+                    summarizer_id,
+                    self._text(result.text),
+                    json.dumps(list(result.failures)),
+                ),
+            )
+
+    def get_tokens(self, text_hash: str, tokenizer: str) -> int | None:
+        with self._tx(write=False) as db:
+            row = db.execute(
+                "SELECT tokens FROM token_counts WHERE text_hash = ? AND tokenizer = ?",
+                (text_hash, tokenizer),
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def put_tokens(self, text_hash: str, tokenizer: str, tokens: int) -> None:
+        with self._tx(write=True) as db:
+            db.execute(
+                "INSERT INTO token_counts VALUES (?, ?, ?) ON CONFLICT DO NOTHING",
+                (text_hash, tokenizer, tokens),
+            )

@@ -1,0 +1,105 @@
+"""Both store backends for tests: a throwaway PostgreSQL cluster and a per-test store.
+
+The cluster (``benchmarks.pgcluster``) is made with the machine's ``initdb`` (as the
+``postgres`` user when the tests run as root), listens only on a Unix socket in its own
+temp folder, runs with ``fsync=off`` and is stopped at the end of the session. In CI
+(``CI=true``) a missing PostgreSQL is a failure, elsewhere a skip that says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import sqlite3
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from benchmarks.pgcluster import Cluster, Unavailable, throwaway_cluster
+from pipeline import PostgresStore, SqliteStore, open_store
+
+BACKENDS = ("sqlite", "postgres")
+_TABLES = ("lamina_schema", "conversations", "turns", "entries", "snapshots", "attachments",
+           "summaries", "token_counts")  # fmt: skip
+_numbers = itertools.count()
+
+
+@attrs.frozen
+class PgServer:
+    """The session's cluster; each test asks it for a fresh database."""
+
+    cluster: Cluster
+
+    def url(self, database: str) -> str:
+        return self.cluster.url(database)
+
+    def create_database(self) -> str:
+        return self.cluster.create_database(f"t{os.getpid()}_{next(_numbers)}")
+
+
+@contextlib.contextmanager
+def pg_cluster() -> Iterator[PgServer]:
+    """Start a cluster for the session; in CI a missing PostgreSQL fails, else skips."""
+    try:
+        with throwaway_cluster() as cluster:
+            yield PgServer(cluster)
+    except Unavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
+@attrs.frozen
+class Backend:
+    """One store for one test: its ``--store`` value, and raw SQL on it for damage tests."""
+
+    name: str
+    value: str
+
+    def open(self, **options: Any) -> SqliteStore | PostgresStore:
+        return open_store(self.value, **options)
+
+    @property
+    def label(self) -> str:
+        """How errors name the store (the path, the URL without a password)."""
+        return self.value
+
+    def rows(self, sql: str, parameters: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run ``sql`` (``?`` placeholders) on the store's tables, outside the store."""
+        if self.name == "sqlite":
+            db = sqlite3.connect(self.value)
+            try:
+                cursor = db.execute(sql, parameters)
+                found = [tuple(r) for r in cursor.fetchall()] if cursor.description else []
+                db.commit()
+            finally:
+                db.close()
+            return found
+        import psycopg
+
+        with psycopg.connect(self.value, autocommit=True, options="-c search_path=lamina") as c:
+            cur = c.execute(sql.replace("?", "%s"), parameters)
+            return [tuple(r) for r in cur.fetchall()] if cur.description else []
+
+    def execute(self, sql: str, parameters: Sequence[Any] = ()) -> None:
+        self.rows(sql, parameters)
+
+    def dump(self) -> list[list[str]]:
+        """Every row of every table, in a stable order: equal dumps, equal stores."""
+        tables = []
+        for table in _TABLES:
+            rows = self.rows(f"SELECT * FROM {table}")
+            tables.append(sorted(repr(tuple(bytes(v) if isinstance(v, memoryview) else v
+                                            for v in r)) for r in rows))  # fmt: skip
+        return tables
+
+
+def make_backend(name: str, folder: Path, server: PgServer | None) -> Backend:
+    if name == "sqlite":
+        return Backend(name, str(folder / "s.db"))
+    assert server is not None
+    return Backend(name, server.create_database())
