@@ -192,7 +192,7 @@ def test_a_body_that_would_close_the_cdata_falls_back_to_escaped_text(site: Path
     text = renderer.render(_view(Form.FULL, "| x]]><y/> |"))
     assert "CDATA" not in text
     assert "\n| x]]><y/> |\n" in text
-    closing = Registry.default().renderer().render(_view(Form.FULL, "| </csv> |"))
+    closing = renderer.render(_view(Form.FULL, "| </csv> |"))
     assert "CDATA" not in closing and "| &lt;/csv> |" in closing
 
 
