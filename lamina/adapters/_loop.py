@@ -17,7 +17,7 @@ from pipeline import (
     agent_call,
 )
 
-__all__ = ["Call", "LoopState"]
+__all__ = ["Call", "LoopAdapter", "LoopState"]
 
 
 @attrs.frozen
@@ -82,9 +82,38 @@ class LoopState:
         self.loops.append(loop)
         return loop
 
+    def fit_query(self, query: str, steps: Sequence[tuple[str, Iterable[Call]]]) -> Loop:
+        """The fitted loop of ``query``'s turn, started first when it is a new query."""
+        if not self.is_current(query):
+            self.start(query)
+        return self.fit(steps)
+
     def finish(self, answer: str) -> None:
         """End the turn: L4 keeps the query and ``answer``."""
         if self.agent is None or self._finished:
             raise ConversationError("finish() without a turn in progress")
         self.agent.finish(self.conversation, answer)
         self._finished = True
+
+
+class LoopAdapter:
+    """What an adapter exposes to its host: the conversation, the fitted loops, attach, finish."""
+
+    state: LoopState
+
+    @property
+    def conversation(self) -> Conversation:
+        return self.state.conversation
+
+    @property
+    def loops(self) -> list[Loop]:
+        """Every request as fitted, in order (what the model was sent)."""
+        return self.state.loops
+
+    def attach(self, *specs: Any) -> None:
+        """Attachments for the next query (note, pdf, url... specs or their script form)."""
+        self.state.pending.extend(specs)
+
+    def finish(self, answer: str) -> None:
+        """Record the run's final answer as the turn's reply."""
+        self.state.finish(answer)

@@ -33,7 +33,7 @@ from langchain_core.messages import (
     ToolMessage,
 )
 
-from lamina.adapters._loop import Call, LoopState
+from lamina.adapters._loop import Call, LoopAdapter, LoopState
 from pipeline import Conversation, ConversationError, Envelope, Loop
 from renderers import render_request
 
@@ -84,7 +84,7 @@ def _steps(messages: Sequence[AnyMessage]) -> list[tuple[str, list[Call]]]:
     return steps
 
 
-class LaminaMiddleware(AgentMiddleware):
+class LaminaMiddleware(LoopAdapter, AgentMiddleware):
     """Builds every model call of a LangChain agent from a Lamina conversation."""
 
     def __init__(
@@ -95,18 +95,6 @@ class LaminaMiddleware(AgentMiddleware):
         self.provider = provider
         self.model = model
 
-    @property
-    def loops(self) -> list[Loop]:
-        return self.state.loops
-
-    def attach(self, *specs: Any) -> None:
-        """Attachments for the next query."""
-        self.state.pending.extend(specs)
-
-    def finish(self, answer: str) -> None:
-        """Record the run's final answer as the turn's reply."""
-        self.state.finish(answer)
-
     def build(self, messages: Sequence[AnyMessage]) -> list[AnyMessage]:
         """The messages Lamina sends for an agent state's messages."""
         start = max(
@@ -114,10 +102,7 @@ class LaminaMiddleware(AgentMiddleware):
         )
         if start is None:
             raise ConversationError("the agent's messages hold no user message")
-        query = _text(messages[start])
-        if not self.state.is_current(query):
-            self.state.start(query)
-        loop = self.state.fit(_steps(messages[start + 1 :]))
+        loop = self.state.fit_query(_text(messages[start]), _steps(messages[start + 1 :]))
         return to_messages(loop, self.provider, self.model)
 
     def wrap_model_call(

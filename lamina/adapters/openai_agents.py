@@ -24,12 +24,11 @@ from agents.items import TResponseInputItem
 from agents.memory import SessionABC
 from agents.run import CallModelData, ModelInputData
 
-from lamina.adapters._loop import Call, LoopState
+from lamina.adapters._loop import Call, LoopAdapter, LoopState
 from pipeline import (
     Conversation,
     ConversationError,
     ConversationInfo,
-    Loop,
     Store,
     UnknownConversation,
     save_turn,
@@ -86,7 +85,7 @@ def _steps(items: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Call]]]:
     return steps
 
 
-class LaminaSession(SessionABC):
+class LaminaSession(LoopAdapter, SessionABC):
     """Conversation history for the Agents SDK, backed by a Lamina conversation and store."""
 
     def __init__(
@@ -99,28 +98,13 @@ class LaminaSession(SessionABC):
         self.store = store
         self.session_id = conversation_id
 
-    @property
-    def conversation(self) -> Conversation:
-        return self.state.conversation
-
-    @property
-    def loops(self) -> list[Loop]:
-        return self.state.loops
-
-    def attach(self, *specs: Any) -> None:
-        """Attachments for the next query."""
-        self.state.pending.extend(specs)
-
     def call_model_input_filter(self, data: CallModelData[Any]) -> ModelInputData:
         """``RunConfig(call_model_input_filter=...)``: Lamina's instructions and input."""
         items = [_plain(i) for i in data.model_data.input]
         start = max((i for i, it in enumerate(items) if it.get("role") == "user"), default=None)
         if start is None:
             raise ConversationError("the model input holds no user message")
-        query = _text(items[start])
-        if not self.state.is_current(query):
-            self.state.start(query)
-        loop = self.state.fit(_steps(items[start + 1 :]))
+        loop = self.state.fit_query(_text(items[start]), _steps(items[start + 1 :]))
         body = agent_request(loop, "openai-responses").body
         return ModelInputData(input=body["input"], instructions=body.get("instructions"))
 

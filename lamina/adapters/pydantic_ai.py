@@ -22,7 +22,6 @@ capability; the processor itself is the same callable.)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pydantic_ai.messages import (
     ModelMessage,
@@ -38,7 +37,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from lamina.adapters._loop import Call, LoopState
+from lamina.adapters._loop import Call, LoopAdapter, LoopState
 from pipeline import Conversation, Envelope, Loop
 
 __all__ = ["LaminaHistory", "envelope_messages"]
@@ -102,28 +101,11 @@ def _steps(messages: Sequence[ModelMessage]) -> list[tuple[str, list[Call]]]:
     return steps
 
 
-class LaminaHistory:
+class LaminaHistory(LoopAdapter):
     """A pydantic-ai history processor backed by a Lamina conversation."""
 
     def __init__(self, conversation: Conversation) -> None:
         self.state = LoopState(conversation)
-
-    @property
-    def conversation(self) -> Conversation:
-        return self.state.conversation
-
-    @property
-    def loops(self) -> list[Loop]:
-        """Every request as fitted, in order (what the model was sent)."""
-        return self.state.loops
-
-    def attach(self, *specs: Any) -> None:
-        """Attachments for the next query (note, pdf, url... specs or their script form)."""
-        self.state.pending.extend(specs)
-
-    def finish(self, answer: str) -> None:
-        """Record the run's answer as the turn's reply (call with ``result.output``)."""
-        self.state.finish(answer)
 
     def __call__(self, messages: list[ModelMessage]) -> list[ModelMessage]:
         start = max(
@@ -138,8 +120,5 @@ class LaminaHistory:
         if start is None:
             return messages
         prompt = next(p for p in messages[start].parts if isinstance(p, UserPromptPart))
-        text = _user_text(prompt)
-        if not self.state.is_current(text):
-            self.state.start(text)
-        loop = self.state.fit(_steps(messages[start + 1 :]))
+        loop = self.state.fit_query(_user_text(prompt), _steps(messages[start + 1 :]))
         return [*envelope_messages(loop.envelope), *_loop_messages(loop)]
