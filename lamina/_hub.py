@@ -169,7 +169,7 @@ class ConversationHub:
         tools = [tool(c.name, c.args, c.result) for c in body.tools]
         conv = warm.conv
         parent = warm.head
-        previous = self._envelope(conversation_id, warm, parent.turn) if parent.turn else None
+        previous = self._previous(conversation_id, warm, parent.turn)
         envelope = tool_turn(conv, body.user, specs, tools=tools, vault_changes=changes)
         records = tuple(attachment_record(a, conv) for a in body.attach)
         try:
@@ -283,6 +283,17 @@ class ConversationHub:
                 )
             warm.envelopes[k] = envelope
         return envelope
+
+    def _previous(self, conversation_id: str, warm: _Warm, k: int) -> Envelope | None:
+        """Turn ``k``'s envelope for the next turn's cache report; None when there is no
+        turn ``k`` or it cannot be rebuilt (a changed page, tool results not kept), so a
+        turn after a restart is built and reported as one with no previous request."""
+        if k == 0:
+            return None
+        try:
+            return self._envelope(conversation_id, warm, k)
+        except FieldError:
+            return None
 
     def _current(
         self, conversation_id: str, turn: int | None = None, hash_: str | None = None

@@ -167,6 +167,45 @@ def test_a_restart_loses_nothing_and_the_next_turn_is_byte_identical(tmp_path: P
     assert again["messages"] == uninterrupted[0]["messages"]
 
 
+def _client(url: str) -> httpx.Client:
+    return httpx.Client(base_url=url, timeout=60)
+
+
+class _ChangingPage(http.server.BaseHTTPRequestHandler):
+    body = b"<html><body><article><p>First version of the page.</p></article></body></html>"
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_after_a_restart_a_turn_whose_parent_cannot_be_rebuilt_still_goes_through(
+    tmp_path: Path,
+) -> None:
+    page = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ChangingPage)
+    threading.Thread(target=page.serve_forever, daemon=True).start()
+    address = f"http://127.0.0.1:{page.server_address[1]}/page.html"
+    store = tmp_path / "s.sqlite"
+    try:
+        with running(store, "--allow-private-network") as url, _client(url) as c:
+            cid = create(c)["id"]
+            head = turn(c, cid, EMPTY, user="read", attach=[{"url": address}])["head"]
+        _ChangingPage.body = b"<html><body><article><p>Changed.</p></article></body></html>"
+        with running(store, "--allow-private-network") as url, _client(url) as c:
+            rebuilt = c.get(f"/v1/conversations/{cid}/turns/1/trace")
+            second = turn(c, cid, head, user="and now?")
+    finally:
+        page.shutdown()
+    assert rebuilt.status_code == 409  # turn 1 itself cannot be shown again ...
+    assert second["head"]["turn"] == 2  # ... but the conversation goes on
+    assert second["cache"]["common_prefix_tokens"] == 0
+
+
 def test_errors_are_one_json_sentence_with_the_field(client: httpx.Client) -> None:
     missing = client.post("/v1/conversations/nope/turns", json={"parent": EMPTY, "user": "x"})
     assert missing.status_code == 404
