@@ -69,8 +69,9 @@ def serve_command(*args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def running(store: Path, *args: str, token: str | None = None) -> Iterator[str]:
-    """``lamina serve --store STORE ARGS`` until the block ends; yields its base URL."""
+def running(store: Path | str, *args: str, token: str | None = None) -> Iterator[str]:
+    """``lamina serve --store STORE ARGS`` until the block ends; yields its base URL
+    (STORE: a SQLite file or a postgresql:// URL)."""
     port = free_port()
     proc = subprocess.Popen(
         serve_command("--port", str(port), "--store", str(store), *args),

@@ -15,6 +15,7 @@ import pytest
 
 from tests.cli import lamina
 from tests.lamina.server import VAULT, WALKTHROUGH, create, reply, run_turns, running, turn
+from tests.stores import PgServer
 
 EMPTY = {"turn": 0, "hash": ""}
 
@@ -165,6 +166,32 @@ def test_a_restart_loses_nothing_and_the_next_turn_is_byte_identical(tmp_path: P
         assert a["request"]["messages"] == b["request"]["messages"]
         assert a["request"]["system"] == b["request"]["system"]
     assert again["messages"] == uninterrupted[0]["messages"]
+
+
+def test_two_servers_on_one_postgres_database_continue_each_others_turns(
+    tmp_path: Path, pg_server: PgServer
+) -> None:
+    store = pg_server.create_database()
+    turns = WALKTHROUGH["turns"][:3]
+    with running(tmp_path / "one.sqlite", "--vault", str(VAULT)) as url, _client(url) as c:
+        alone, _ = run_turns(c, create(c, system=WALKTHROUGH["system"])["id"], EMPTY, turns)
+    with (
+        running(store, "--vault", str(VAULT)) as a,
+        running(store, "--vault", str(VAULT)) as b,
+        _client(a) as ca,
+        _client(b) as cb,
+    ):
+        cid = create(ca, system=WALKTHROUGH["system"])["id"]
+        shared, head = run_turns(ca, cid, EMPTY, turns[:1])
+        more, head = run_turns(cb, cid, head, turns[1:2])  # the other worker goes on
+        last, head = run_turns(ca, cid, head, turns[2:])  # and the first sees its turn
+        stale = ca.post(f"/v1/conversations/{cid}/turns", json={"parent": EMPTY, "user": "x"})
+        listed = cb.get("/v1/conversations").json()["conversations"]
+    assert stale.status_code == 409 and stale.json()["head"] == head
+    assert [x["id"] for x in listed] == [cid] and listed[0]["head"] == head
+    for a_turn, b_turn in zip(alone, [*shared, *more, *last], strict=True):
+        assert a_turn["messages"] == b_turn["messages"]
+        assert a_turn["cache"] == b_turn["cache"]
 
 
 def _client(url: str) -> httpx.Client:
