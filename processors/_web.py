@@ -12,6 +12,7 @@ Speed is a wash: ~2.7 ms vs ~1.9 ms per page. trafilatura is already a runtime d
 from __future__ import annotations
 
 import codecs
+import concurrent.futures
 import contextlib
 import ipaddress
 import re
@@ -193,7 +194,7 @@ def _limits(options: Mapping[str, Any]) -> _Limits:
 # through IPv6 forms that carry an IPv4 address (NAT64, 6to4, mapped, ...). One deadline
 # covers every hop (``_Deadline``); compressed bodies are inflated with a cap per layer.
 # Not covered: environment proxies (disabled with trust_env=False, so a host that needs
-# one cannot fetch) and DNS resolution time (the system resolver's own timeouts).
+# one cannot fetch). DNS lookups run under the fetch's deadline (see _resolve).
 
 
 class _Deadline:
@@ -283,7 +284,9 @@ def _fetch_one(
     """One hop: the response, or None and the redirect target."""
     parts = urlsplit(current)
     host = parts.hostname or ""
-    addresses = _resolve(start, host, parts.port or _DEFAULT_PORTS[parts.scheme], allow_private)
+    port = parts.port or _DEFAULT_PORTS[parts.scheme]
+    wait = min(limits.timeout, deadline.remaining())
+    addresses = _resolve(start, host, port, allow_private, wait)
     last_error: httpx.ConnectError | None = None
     for address in addresses:
         literal = f"[{address}]" if ":" in address else address
@@ -460,10 +463,36 @@ def _too_large(start: str, current: str, cap: int) -> FetchError:
     return FetchError(start, "too-large", f"{current} is larger than the {cap:,}-byte cap")
 
 
-def _resolve(start: str, host: str, port: int, allow_private: bool) -> list[str]:
-    """Every address ``host`` resolves to; refuses non-public ones unless allowed."""
+# getaddrinfo cannot be interrupted: a lookup runs on one of a few daemon threads and the
+# fetch stops waiting at its deadline (a stuck lookup keeps its thread until the resolver
+# gives up; further lookups queue behind it and time out the same way).
+_LOOKUPS = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="lamina-dns")
+
+Lookup = Callable[[str, int], list[tuple[Any, ...]]]
+
+
+def _getaddrinfo(host: str, port: int) -> list[tuple[Any, ...]]:
+    return list(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+
+
+def _resolve(
+    start: str,
+    host: str,
+    port: int,
+    allow_private: bool,
+    seconds: float,
+    lookup: Lookup = _getaddrinfo,
+) -> list[str]:
+    """Every address ``host`` resolves to within ``seconds``; refuses non-public ones
+    unless allowed."""
+    future = _LOOKUPS.submit(lookup, host, port)
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = future.result(timeout=max(seconds, 0.0))
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        raise FetchError(
+            start, "timeout", f"resolving {host} took longer than {seconds:.3g} s"
+        ) from None
     except (socket.gaierror, UnicodeError) as exc:
         raise FetchError(start, "dns", f"cannot resolve {host}: {exc}") from None
     addresses = list(dict.fromkeys(str(info[4][0]).split("%")[0] for info in infos))

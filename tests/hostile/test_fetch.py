@@ -248,3 +248,34 @@ def test_loopback_inside_ipv6_is_refused_before_connecting(literal: str) -> None
     error = _error(f"http://{literal}/latest/meta-data/", ProcessContext())
     assert error.reason == "private-network"
     assert "inside" in str(error)
+
+
+def test_a_lookup_that_never_answers_stops_at_the_deadline() -> None:
+    from processors._web import _resolve
+
+    answered = threading.Event()
+
+    def stuck(host: str, port: int) -> list[tuple[object, ...]]:
+        answered.wait(30)  # a resolver that does not answer (released when the test ends)
+        return []
+
+    try:
+        with pytest.raises(FetchError) as caught:
+            _resolve("http://slow.example/", "slow.example", 80, False, 0.2, lookup=stuck)
+    finally:
+        answered.set()
+    assert caught.value.reason == "timeout"
+    assert "resolving slow.example took longer than 0.2 s" in str(caught.value)
+
+
+def test_a_lookup_that_answers_in_time_gives_its_addresses() -> None:
+    from processors._web import _resolve
+
+    def loopback(host: str, port: int) -> list[tuple[object, ...]]:
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    found = _resolve("http://here.test/", "here.test", 80, True, 5.0, lookup=loopback)
+    assert found == ["127.0.0.1"]
+    with pytest.raises(FetchError) as refused:
+        _resolve("http://here.test/", "here.test", 80, False, 5.0, lookup=loopback)
+    assert refused.value.reason == "private-network"
