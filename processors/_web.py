@@ -44,6 +44,13 @@ _CP1252_ALIASES = frozenset({"iso-8859-1", "iso8859-1", "latin1", "latin-1", "us
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
 _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
 _LIST_ITEM = re.compile(r"^(?:[-*+]|\d+[.)])\s")
+# trafilatura escapes the page's own text for markdown: "\[1\]", "snake\_case", "\# x".
+# A code span (left as it is), or a run of backslashes before an inline-special character
+# (it wrote 2n+1 for the page's n), in one left-to-right scan.
+_SPAN_OR_ESCAPE = re.compile(r"(?<!\\)(`+)(?!`).*?(?<!`)\1(?!`)|(\\+)([*_`~\[\]<])")
+_BLOCK_ESCAPE = re.compile(
+    r"^( {0,3})\\(#{1,6}(?=[ \t]|$)|>|[-+](?=[ \t]|$))|^( {0,3}\d{1,9})\\([.)])(?=[ \t]|$)"
+)
 _USER_AGENT = "lamina/0.1 (context fetcher)"
 
 
@@ -613,7 +620,7 @@ def _extract_html(html: str, page_url: str) -> tuple[str, str]:
     if document is not None and not isinstance(document, dict):
         title = (document.title or "").strip()
         if document.body is not None:
-            return title, _tidy_markdown(xmltotxt(document.body, True))
+            return title, _unescape_markdown(_tidy_markdown(xmltotxt(document.body, True)))
     if not title:
         with contextlib.suppress(ValueError, lxml.etree.ParserError):
             title = (lxml.html.fromstring(html).findtext(".//title") or "").strip()
@@ -641,6 +648,34 @@ def _tidy_markdown(text: str) -> str:
         else:
             out.append(stripped)
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
+
+
+def _unescape_markdown(text: str) -> str:
+    """The page's text as written: undo the backslashes trafilatura adds to prose (never
+    inside code), so "[1]" reaches the model as "[1]", not "\\[1\\]"."""
+    out: list[str] = []
+    in_fence = False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+        elif not in_fence:
+            line = _BLOCK_ESCAPE.sub(_unescape_block, line, count=1)
+            line = _SPAN_OR_ESCAPE.sub(_unescape_inline, line)
+        out.append(line)
+    return "\n".join(out)
+
+
+def _unescape_block(match: re.Match[str]) -> str:
+    if match.group(2) is not None:
+        return match.group(1) + match.group(2)
+    return match.group(3) + match.group(4)
+
+
+def _unescape_inline(match: re.Match[str]) -> str:
+    run = match.group(2)
+    if run is None or len(run) % 2 == 0:
+        return match.group(0)  # a code span, or backslashes the page wrote itself
+    return "\\" * (len(run) // 2) + match.group(3)
 
 
 def _last_segment(page_url: str) -> str:

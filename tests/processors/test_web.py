@@ -116,6 +116,7 @@ class Server:
                 b'<meta charset="windows-1252">' + cafe.encode("cp1252"),
                 "text/html",
             ),
+            "/specials": lambda h: _send(h, _SPECIALS.encode()),
             "/empty": lambda h: _send(h, b"<html><body><script>x()</script></body></html>"),
             "/image.png": lambda h: _send(h, b"\x89PNG\r\n\x1a\n" + bytes(64), "image/png"),
             "/notes.md": lambda h: _send(
@@ -125,6 +126,15 @@ class Server:
             ),
             "/files/readme.txt": lambda h: _send(h, b"Just some text.\n", "text/plain"),
         }
+
+
+_SPECIALS = """<html><head><title>Specials</title></head><body><article><h1>Specials</h1>
+<p>Footnote [1] and snake_case_name and 2*3*4 and a &lt;tag&gt; and ~x~ and C:\\dir\\*.md.</p>
+<p># not a heading, and <b>bold text</b> here. See <code>a_b [x] \\* y</code> too.</p>
+<p>1. not a list, really; the sentence is long enough for extraction to keep it.</p>
+<p>- a dash starts this sentence, which is long enough for the extractor to keep.</p>
+<p>Some more paragraph text so that trafilatura treats this as the page's main content.</p>
+</article></body></html>"""
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +177,20 @@ def test_article_becomes_one_recoverable_url_artifact(server: Server, ctx: Proce
     assert artifact.recoverable
     assert artifact.payload.attributes() == (("url", server.url("/article")),)
     assert artifact.locator == server.url("/article")
+
+
+def test_the_page_text_reaches_the_model_as_written_not_markdown_escaped(
+    server: Server, ctx: ProcessContext
+) -> None:
+    text = fetch(server.url("/specials"), ctx).text
+    assert text == (
+        "# Specials\n\n"
+        "Footnote [1] and snake_case_name and 2*3*4 and a <tag> and ~x~ and C:\\dir\\*.md.\n\n"
+        "# not a heading, and **bold text** here. See `a_b [x] \\* y` too.\n\n"
+        "1. not a list, really; the sentence is long enough for extraction to keep it.\n\n"
+        "- a dash starts this sentence, which is long enough for the extractor to keep.\n\n"
+        "Some more paragraph text so that trafilatura treats this as the page's main content."
+    )
 
 
 def test_article_title_and_main_text_are_extracted(server: Server, ctx: ProcessContext) -> None:
