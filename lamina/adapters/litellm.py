@@ -10,6 +10,16 @@ every turn. Other providers get plain OpenAI-format messages (their caching is a
     from lamina.adapters.litellm import completion
     response = completion([envelope], "anthropic/claude-sonnet-4-6")
     conversation.reply(response.choices[0].message.content)
+
+A tool loop passes the ``AgentTurn`` (or its fitted ``Loop``) instead of the envelope:
+the turn's request comes first, then its steps as OpenAI-format assistant ``tool_calls``
+and ``tool`` messages, which LiteLLM turns into each provider's own tool blocks::
+
+    agent = AgentTurn.start(conversation, query, attachments)
+    while (message := completion(agent, model, tools=TOOLS).choices[0].message).tool_calls:
+        agent = agent.step(*(agent_call(c.function.name, json.loads(c.function.arguments),
+                                        run(c), id=c.id) for c in message.tool_calls))
+    agent.finish(conversation, message.content)
 """
 
 from __future__ import annotations
@@ -19,8 +29,8 @@ from typing import Any
 
 import litellm
 
-from pipeline import Envelope
-from renderers import render_request
+from pipeline import AgentTurn, Envelope, Loop
+from renderers import loop_messages, render_request
 
 __all__ = ["completion", "split_model", "to_messages"]
 
@@ -33,9 +43,19 @@ def split_model(model: str) -> tuple[str, str]:
     return _PROVIDERS.get(provider, "openai"), name
 
 
-def to_messages(envelopes: Envelope | Sequence[Envelope], model: str) -> list[dict[str, Any]]:
-    """Lamina's request for the last envelope as LiteLLM (OpenAI-format) messages."""
-    envs = [envelopes] if isinstance(envelopes, Envelope) else list(envelopes)
+Request = Envelope | Sequence[Envelope] | AgentTurn | Loop
+
+
+def to_messages(request: Request, model: str) -> list[dict[str, Any]]:
+    """Lamina's request for the last envelope (or the agent loop's next request) as
+    LiteLLM (OpenAI-format) messages."""
+    if isinstance(request, AgentTurn | Loop):
+        loop = request.fit() if isinstance(request, AgentTurn) else request
+        return [*_envelope_messages([loop.envelope], model), *loop_messages(loop, "openai")]
+    return _envelope_messages([request] if isinstance(request, Envelope) else list(request), model)
+
+
+def _envelope_messages(envs: list[Envelope], model: str) -> list[dict[str, Any]]:
     provider, name = split_model(model)
     if provider != "anthropic":
         messages: list[dict[str, Any]] = render_request(envs, "openai").body["messages"]
@@ -45,8 +65,6 @@ def to_messages(envelopes: Envelope | Sequence[Envelope], model: str) -> list[di
     return [*system, *({"role": m["role"], "content": m["content"]} for m in body["messages"])]
 
 
-def completion(
-    envelopes: Envelope | Sequence[Envelope], model: str, **kwargs: Any
-) -> Any:
+def completion(request: Request, model: str, **kwargs: Any) -> Any:
     """``litellm.completion`` with Lamina's messages (``kwargs`` pass through)."""
-    return litellm.completion(model=model, messages=to_messages(envelopes, model), **kwargs)
+    return litellm.completion(model=model, messages=to_messages(request, model), **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -11,8 +12,8 @@ import litellm
 
 from lamina import Conversation
 from lamina.adapters.litellm import completion, to_messages
-from pipeline import Usage, read_usage
-from renderers import render_request
+from pipeline import AgentTurn, Usage, agent_call, read_usage
+from renderers import agent_request, render_request
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(400))
@@ -50,3 +51,41 @@ def test_completion_with_mock_response_and_its_usage() -> None:
     assert usage == Usage(
         response.usage.prompt_tokens, 0, 0, response.usage.completion_tokens, "openai"
     )
+
+
+def test_a_tool_loop_through_litellm_keeps_lamina_blocks_and_pairs_each_call() -> None:
+    conv = Conversation(RULES, vault=VAULT)
+    agent = AgentTurn.start(conv, "How do tokens expire?", [{"note": "project-spec.md"}])
+    call = {
+        "id": "toolu_01",
+        "type": "function",
+        "function": {"name": "read_note", "arguments": json.dumps({"path": "docs/auth.md"})},
+    }
+    first = completion(agent, "anthropic/claude-sonnet-4-6", mock_tool_calls=[call])
+    (asked,) = first.choices[0].message.tool_calls
+    result = (VAULT / "docs" / "auth.md").read_text(encoding="utf-8")
+    args = json.loads(asked.function.arguments)
+    agent = agent.step(agent_call(asked.function.name, args, result, id=asked.id))
+    messages = to_messages(agent, "anthropic/claude-sonnet-4-6")
+    body = litellm.AnthropicConfig().transform_request(
+        model="claude-sonnet-4-6",
+        messages=messages,
+        optional_params={},
+        litellm_params={},
+        headers={},
+    )
+    mine = agent_request(agent, "anthropic", "claude-sonnet-4-6").body
+    assert body["system"] == mine["system"]
+    assert any("cache_control" in block for block in body["system"])
+    assert body["messages"][: len(mine["messages"]) - 2] == mine["messages"][:-2]
+    tool_use = body["messages"][-2]["content"][-1]
+    tool_result = body["messages"][-1]["content"][0]
+    assert (tool_use["type"], tool_use["id"], tool_use["name"], tool_use["input"]) == (
+        "tool_use", "toolu_01", "read_note", {"path": "docs/auth.md"}
+    )
+    assert (tool_result["type"], tool_result["tool_use_id"]) == ("tool_result", "toolu_01")
+    assert tool_result["content"] == mine["messages"][-1]["content"][0]["content"]
+    assert "Fieldbook uses OAuth 2.0" in tool_result["content"]
+    final = completion(agent, "anthropic/claude-sonnet-4-6", mock_response="After one hour.")
+    agent.finish(conv, final.choices[0].message.content)
+    assert conv.history[-1].assistant == "After one hour."
