@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import importlib.resources
 import json
 import os
 import sys
@@ -93,7 +94,7 @@ class _QuietHandler(SimpleHTTPRequestHandler):
 
 @contextlib.contextmanager
 def _demo_site(root: Path) -> Iterator[str | None]:
-    """Serve examples/site on 127.0.0.1 (a fixed port, so the trace is stable) for the demo.
+    """Serve the demo site folder on 127.0.0.1 (a fixed port, so the trace is stable) for the demo.
 
     Another demo may hold the port for a moment: wait for it (up to ~5 s) before trying the
     next ports. Yields the base URL, or None when no port could be had (the page is skipped).
@@ -122,14 +123,13 @@ def _demo_site(root: Path) -> Iterator[str | None]:
 DEMO_BUDGET = Budget(context_window=4800, reserve_output=1000)
 
 
-def _demo_vault() -> Path:
-    for base in (Path(__file__).resolve().parents[1], Path.cwd()):
-        candidate = base / "examples" / "vault"
-        if candidate.is_dir():
-            return candidate
-    raise ScriptError(
-        "demo", "vault", "examples/vault not found; run from the repository or pass --vault"
-    )
+@contextlib.contextmanager
+def demo_data() -> Iterator[Path]:
+    """The demo's material (``vault/`` and ``site/``), shipped inside the package as
+    ``lamina/_demo`` and found through importlib.resources, so ``lamina demo`` works from
+    any folder after a plain install (the repository's ``examples/vault`` links to it)."""
+    with importlib.resources.as_file(importlib.resources.files("lamina") / "_demo") as path:
+        yield path
 
 
 def _conversation(
@@ -238,7 +238,8 @@ def _write_report(
         tmp.write_text(html, encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the folder may not be one
+            tmp.unlink(missing_ok=True)
         raise ConfigError("--out", f"cannot write {path}: {exc.strerror or exc}") from None
     return path
 
@@ -337,7 +338,9 @@ def cli() -> None:
 
 @cli.command()
 @click.option(
-    "--vault", type=click.Path(file_okay=False), help="Vault folder (default: examples/vault)."
+    "--vault",
+    type=click.Path(file_okay=False),
+    help="Vault folder (default: the example vault shipped with Lamina).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace instead of tables.")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
@@ -368,11 +371,26 @@ def demo(
     Turn 1 attaches project-spec.md; turn 2 keeps it and adds docs/api-docs.md; turn 3
     keeps only the spec; turn 4 attaches a folder, a tag (its notes overlap the folder
     and the library: dedup and references), a PDF, a video transcript, a selection and a
-    web page (served from examples/site on 127.0.0.1), more than the demo's 4,800-token
+    web page (served from the shipped demo site on 127.0.0.1), more than the demo's 4,800-token
     window holds, so the budget cuts. Ends by writing the conversation's HTML report
     (`lamina report`) and printing its path.
     """
-    root = Path(vault) if vault else _demo_vault()
+    with demo_data() as shipped:
+        _demo(shipped, vault, as_json, full, tokenizer, report_path, window, reserve, model)
+
+
+def _demo(
+    shipped: Path,
+    vault: str | None,
+    as_json: bool,
+    full: bool,
+    tokenizer: str | None,
+    report_path: str | None,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
+) -> None:
+    root = Path(vault) if vault else shipped / "vault"
     budget = _budget(window, reserve, model) or DEMO_BUDGET
     with _demo_site(root.parent / "site") as site:
         data = copy.deepcopy(DEMO_SCRIPT)
@@ -575,8 +593,11 @@ def export_cmd(store_path: str, conversation_id: str, out: str | None) -> None:
         text = export_transcript(store, conversation_id)
     if out is None:
         click.echo(text, nl=False)
-    else:
+        return
+    try:
         Path(out).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
 
 
 @cli.command("import")
@@ -714,7 +735,9 @@ def bench(
     root = Path(__file__).resolve().parents[1]
     if not (root / "benchmarks" / "run.py").is_file():
         raise ConfigError(
-            "bench", f"{root / 'benchmarks'} not found: run from a source checkout of Lamina"
+            "bench",
+            f"needs a source checkout of Lamina ({root / 'benchmarks'} not found: the "
+            "benchmarks are not installed with the package); run it from the repository",
         )
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
@@ -941,8 +964,8 @@ def _existing_store(value: str) -> SqliteStore | PostgresStore:
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit status (a command's own, else 0).
 
-    Any LaminaError and any usage error (a bad option value, a missing argument) is one
-    line ``lamina: error: ...`` on stderr and exit status 2.
+    Any LaminaError, OSError and usage error (a bad option value, a missing argument) is
+    one line ``lamina: error: ...`` on stderr and exit status 2.
     """
     _tolerant_streams()
     try:
@@ -951,6 +974,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except LaminaError as exc:
         _error(str(exc))
+        return 2
+    except OSError as exc:
+        # What the system refused (a full disk, a permission, a folder that is not one) on
+        # a path no command checked first: still one line, never a traceback.
+        where = f"{exc.filename}: " if exc.filename else ""
+        _error(f"{where}{exc.strerror or exc}")
         return 2
     except click.exceptions.Abort:
         click.echo("lamina: aborted", err=True)
@@ -978,7 +1007,7 @@ def _tolerant_streams() -> None:
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--port", type=int, default=8765, show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--store", "store_path", default="lamina.sqlite", show_default=True)
 @click.option("--vault", type=click.Path(file_okay=False, exists=True), help="Server vault.")
 @click.option("--token-file", type=click.Path(dir_okay=False), help="Bearer token file.")

@@ -91,8 +91,9 @@ class TokenizerUnavailable(ConfigError):
         )
 
 
-class ArgumentError(LaminaError):
-    """A public function or method got an argument of the wrong type or value."""
+class ArgumentError(LaminaError, ValueError):
+    """A public function or method got an argument of the wrong type or value (also a
+    ``ValueError``, so a host's ``except ValueError`` written before it keeps working)."""
 
     def __init__(self, argument: str, problem: str) -> None:
         self.argument = argument

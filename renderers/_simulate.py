@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import Envelope, TokenCounter, text_hash
+from pipeline import ArgumentError, Envelope, TokenCounter, text_hash
 from renderers._layouts import LAYOUTS, Layout, Prompt, build_prompt
 from renderers._openai import chatml
 from renderers._providers import (
@@ -101,13 +101,13 @@ class Simulation:
         for s in self.series:
             if s.layout == layout and s.provider == provider:
                 return s
-        raise KeyError((layout, provider))
+        raise ArgumentError("layout", f"no series for layout {layout!r} and provider {provider!r}")
 
     def vs_naive(self, layout: str, provider: str) -> float | None:
         """Cost of ``layout`` over the naive layout's uncached input (None without naive)."""
         try:
             naive = self.get("naive", provider)
-        except KeyError:
+        except ArgumentError:
             return None
         return self.get(layout, provider).cost / naive.input_tokens if naive.input_tokens else None
 

@@ -7,6 +7,7 @@ from typing import Any, Protocol, Self, cast, runtime_checkable
 
 import attrs
 
+from pipeline._errors import ArgumentError
 from pipeline._hashing import content_hash
 
 __all__ = [
@@ -73,7 +74,7 @@ class Artifact:
 def make_artifact(source_type: str, key: str, payload: Payload, *, recoverable: bool) -> Artifact:
     """Build an artifact, hashing the canonical bytes of its source type and payload."""
     if not key.startswith(f"{source_type}:"):
-        raise ValueError(f"artifact key {key!r} must start with {source_type + ':'!r}")
+        raise ArgumentError("key", f"artifact key {key!r} must start with {source_type + ':'!r}")
     digest = content_hash({"source_type": source_type, "payload": payload})
     return Artifact(key, source_type, recoverable, payload, digest)
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import networkx as nx
 
+from pipeline._errors import ArgumentError
 from pipeline._model.artifacts import Artifact, Processed, TurnWarning
 from pipeline._model.envelope import BudgetReport, Decision, Envelope, Form
 from pipeline._model.history import HistoryEntry
@@ -145,7 +146,7 @@ class TurnGraph:
     def artifact(self, key: str) -> Artifact:
         artifact: Artifact | None = self.graph.nodes[key].get("artifact")
         if artifact is None:
-            raise KeyError(f"{key} is not an artifact of this turn")
+            raise ArgumentError("key", f"{key} is not an artifact of this turn")
         return artifact
 
     def artifacts(self) -> Iterator[Artifact]:

@@ -17,7 +17,7 @@ from typing import Literal
 import attrs
 import tiktoken
 
-from pipeline._errors import ConfigError
+from pipeline._errors import ArgumentError, ConfigError
 from pipeline._text.markdown import FENCE_LINE, fence_after, split_sections, trim_blank_lines
 from pipeline._tokens.counter import TokenCounter, count_joined_from
 
@@ -193,7 +193,7 @@ def _last_boundary(text: str, end: int, kind: str) -> int | None:
 def _boundary_before(text: str, end: int, boundary: Boundary) -> int:
     """The last ``boundary`` cut (falling back along its chain) in [end // 2, end], else end."""
     if boundary not in _CHAINS:
-        raise ValueError(f"unknown boundary {boundary!r} (known: {', '.join(_CHAINS)})")
+        raise ArgumentError("boundary", f"unknown {boundary!r} (known: {', '.join(_CHAINS)})")
     for kind in _CHAINS[boundary]:
         pos = _last_boundary(text, end, kind)
         if pos is not None:
@@ -204,7 +204,7 @@ def _boundary_before(text: str, end: int, boundary: Boundary) -> int:
 def _cut_position(text: str, counter: TokenCounter, max_tokens: int, boundary: Boundary) -> int:
     """Where to cut ``text`` so the prefix has at most ``max_tokens`` tokens (len if it fits)."""
     if boundary not in _CHAINS:
-        raise ValueError(f"unknown boundary {boundary!r} (known: {', '.join(_CHAINS)})")
+        raise ArgumentError("boundary", f"unknown {boundary!r} (known: {', '.join(_CHAINS)})")
     hard = _hard_prefix(text, counter.encoding, max_tokens)
     if len(hard) == len(text):
         return len(text)
@@ -381,7 +381,7 @@ def make_excerpt(text: str, counter: TokenCounter, max_tokens: int) -> Excerpt:
     ``max_tokens`` below ``EXCERPT_MIN_TOKENS`` raises ``ValueError``.
     """
     if max_tokens < EXCERPT_MIN_TOKENS:
-        raise ValueError(f"max_tokens must be >= {EXCERPT_MIN_TOKENS}, got {max_tokens}")
+        raise ArgumentError("max_tokens", f"must be >= {EXCERPT_MIN_TOKENS}, got {max_tokens}")
     enc = counter.encoding
     total = len(text)
     if len(_hard_prefix(text, enc, max_tokens)) == total:

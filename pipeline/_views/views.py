@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 import attrs
 
-from pipeline._errors import ConfigError
+from pipeline._errors import ArgumentError, ConfigError
 from pipeline._model.artifacts import Artifact
 from pipeline._model.envelope import Form, View
 from pipeline._tokens.counter import (
@@ -202,7 +202,9 @@ def summary_view(
 ) -> View:
     """A memoized abstractive-or-extractive summary; never for non-recoverable artifacts."""
     if not artifact.recoverable:
-        raise ValueError(f"{artifact.key} is not recoverable and may only be excerpted")
+        raise ArgumentError(
+            "artifact", f"{artifact.key} is not recoverable and may only be excerpted"
+        )
     body = artifact.payload.body()
     result = cache.summarize(summarizer, artifact.content_hash, body, target_tokens)
     return _view(artifact, Form.SUMMARY, result.text, marks)
