@@ -28,7 +28,7 @@ from pipeline._model.envelope import NOT_SENT, BudgetReport, Decision, Envelope,
 from pipeline._model.library import LibraryEntry
 from pipeline._model.tools import chunk_source
 from pipeline._tokens.counter import TokenCounter
-from pipeline._tokens.profiles import get_profile
+from pipeline._tokens.profiles import CHAT_TEMPLATES, get_profile
 from pipeline._turn.assemble import assemble, complete, item_view, summary_target, visible_history
 from pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
 from pipeline._turn.measure import request_tokens
@@ -334,6 +334,9 @@ class Budget:
     counts with it, so an open model's budget is counted with its own encoding."""
     content_lead: str = ""
     trim_content: bool = False
+    chat_template: str = "messages"
+    """Where the chat template puts the system text (``CHAT_TEMPLATES``): "mistral" for
+    Mistral's instruct format, which sends it inside the last user message."""
     order: tuple[Cut, ...] = attrs.field(
         default=attrs.Factory(lambda self: CUT_POLICIES.get(self.policy, ()), takes_self=True),
         eq=False,
@@ -344,6 +347,11 @@ class Budget:
             raise ConfigError(
                 "budget.policy",
                 f"must be one of {', '.join(CUT_POLICIES)}, got {self.policy!r}",
+            )
+        if self.chat_template not in CHAT_TEMPLATES:
+            raise ConfigError(
+                "budget.chat_template",
+                f"must be one of {', '.join(CHAT_TEMPLATES)}, got {self.chat_template!r}",
             )
         if not 0 <= self.reserve_output < self.context_window:
             raise ConfigError(
@@ -378,6 +386,7 @@ class Budget:
             "tokenizer": profile.tokenizer,
             "content_lead": profile.content_lead,
             "trim_content": profile.trim_content,
+            "chat_template": profile.chat_template,
         }
         fields.update(overrides)
         return cls(**fields)  # type: ignore[arg-type]
@@ -418,6 +427,7 @@ class Budget:
             priming=self.priming_tokens,
             lead=self.content_lead,
             trim=self.trim_content,
+            template=self.chat_template,
         )
 
 

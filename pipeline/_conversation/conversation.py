@@ -63,6 +63,7 @@ class BudgetSettings:
     tokenizer: str | None = None
     content_lead: str = ""
     trim_content: bool = False
+    chat_template: str = "messages"
 
     @classmethod
     def of(cls, budget: Budget) -> BudgetSettings:
@@ -79,6 +80,7 @@ class BudgetSettings:
             budget.tokenizer,
             budget.content_lead,
             budget.trim_content,
+            budget.chat_template,
         )
 
     def budget(self) -> Budget:

@@ -21,9 +21,15 @@ import attrs
 from pipeline._errors import ConfigError
 from pipeline._tokens.counter import TOKENIZERS
 
-__all__ = ["PROFILES", "ModelProfile", "Provider", "get_profile"]
+__all__ = ["CHAT_TEMPLATES", "PROFILES", "ChatTemplate", "ModelProfile", "Provider", "get_profile"]
 
 Provider = Literal["openai", "anthropic", "gemini"]
+ChatTemplate = Literal["messages", "mistral"]
+CHAT_TEMPLATES: tuple[str, ...] = ("messages", "mistral")
+"""How a chat template lays out the request: "messages" frames every message alike, the
+system message first (OpenAI, Llama, Qwen); "mistral" is Mistral's instruct format (v2/v3):
+the system text joins the last user message, consecutive user messages merge (both with a
+blank line), ``[INST]``/``[/INST]`` around each user turn and ``</s>`` after each reply."""
 _PROVIDERS = ("anthropic", "gemini", "openai")
 
 ANTHROPIC_MARGIN = 0.30
@@ -50,7 +56,9 @@ class ModelProfile:
     3 per message and 3 to prime the reply; for open models, what their chat template adds
     around each message, and once per request: BOS, the reply header, fixed system text);
     ``content_lead`` is the template's text right before each content in the same run, and
-    ``trim_content`` whether the template strips contents (see ``request_tokens``).
+    ``trim_content`` whether the template strips contents (see ``request_tokens``);
+    ``chat_template`` says where the system text goes (one of ``CHAT_TEMPLATES``; for
+    "mistral", ``per_message_tokens`` frames each user turn and ``priming_tokens`` is ``<s>``).
     """
 
     name: str
@@ -66,9 +74,14 @@ class ModelProfile:
     max_output_tokens: int | None = None
     content_lead: str = ""
     trim_content: bool = False
+    chat_template: ChatTemplate = "messages"
 
     def __attrs_post_init__(self) -> None:
         problems: list[str] = []
+        if self.chat_template not in CHAT_TEMPLATES:
+            problems.append(
+                f"chat_template {self.chat_template!r} is not one of {', '.join(CHAT_TEMPLATES)}"
+            )
         if self.provider not in _PROVIDERS:
             problems.append(f"provider {self.provider!r} is not one of {', '.join(_PROVIDERS)}")
         if self.tokenizer not in TOKENIZERS:
@@ -144,6 +157,7 @@ class _Framing:
     priming: int
     lead: str = ""
     trim: bool = False
+    template: ChatTemplate = "messages"
 
 
 def _open(name: str, window: int, reserve: int, tokenizer: str, framing: _Framing) -> ModelProfile:
@@ -159,6 +173,7 @@ def _open(name: str, window: int, reserve: int, tokenizer: str, framing: _Framin
         priming_tokens=framing.priming,
         content_lead=framing.lead,
         trim_content=framing.trim,
+        chat_template=framing.template,
     )
 
 
@@ -169,14 +184,29 @@ def _open(name: str, window: int, reserve: int, tokenizer: str, framing: _Framin
 # Contents are trimmed and follow "\n\n" in one run.
 LLAMA3_FRAMING = _Framing(5, 5, "\n\n", trim=True)
 # Llama 3.1 and 3.3 templates also open the system message with "Cutting Knowledge Date:
-# December 2023\nToday Date: 26 Jul 2024\n\n" (20 tokens). Llama 3.2's template writes
-# today's date there instead, so its count varies by day: no 3.2 profile.
+# December 2023\nToday Date: 26 Jul 2024\n\n" (20 tokens). Llama 3.2's template
+# (meta-llama/Llama-3.2-1B-Instruct and -3B-Instruct, tokenizer_config.json chat_template)
+# writes strftime_now("%d %b %Y") there instead of the fixed date: every "DD Mon YYYY" date
+# (English month names) from 2020 to 2099 is the same 20 tokens (a test checks each day).
 LLAMA31_FRAMING = _Framing(5, 5 + 20, "\n\n", trim=True)
 # Llama 4, as llama-models' ChatFormat encodes it: <|header_start|>role<|header_end|>, then
 # "\n\n" and the content encoded apart, <|eot|>; BOS + the assistant header.
 LLAMA4_FRAMING = _Framing(5, 5)
 # Qwen (ChatML): <|im_start|>role\n ... <|im_end|>\n = 5; <|im_start|>assistant\n = 3.
 CHATML_FRAMING = _Framing(5, 3, "\n")
+# Qwen3.5 and Qwen3.6 (Qwen/Qwen3.5-27B chat_template.jinja, text path, no tools): ChatML
+# with every content trimmed; the reply is primed with <|im_start|>assistant\n<think>\n
+# (thinking on, the default) = 5. With enable_thinking=false the template adds
+# <think>\n\n</think>\n\n instead of <think>\n: priming_tokens=7. A reply holding
+# "</think>" is cut there by the template (the part before it is dropped): not counted.
+QWEN3_5_FRAMING = _Framing(5, 5, "\n", trim=True)
+# Mistral instruct v3 with tekken (mistral-common's InstructTokenizerV3, what vLLM's
+# --tokenizer-mode mistral runs, and the models' own chat templates): <s>, then
+# [INST]user[/INST] per user turn (2), reply</s> (1, MISTRAL_REPLY_END); the system text
+# opens the LAST user message (system + "\n\n" + user). Caching: the request's stable prefix
+# is <s> and the history only; the system text and the Context Library move behind it
+# every turn, so a server's prefix cache never holds them (they are re-read each turn).
+MISTRAL_V3_FRAMING = _Framing(2, 1, template="mistral")
 
 
 _ALL = (
@@ -219,6 +249,8 @@ _ALL = (
     _open("llama-3.1-8b-instruct", 131_072, 8_192, "llama3", LLAMA31_FRAMING),
     _open("llama-3.1-70b-instruct", 131_072, 8_192, "llama3", LLAMA31_FRAMING),
     _open("llama-3.1-405b-instruct", 131_072, 8_192, "llama3", LLAMA31_FRAMING),
+    _open("llama-3.2-1b-instruct", 131_072, 8_192, "llama3", LLAMA31_FRAMING),
+    _open("llama-3.2-3b-instruct", 131_072, 8_192, "llama3", LLAMA31_FRAMING),
     _open("llama-3.3-70b-instruct", 131_072, 8_192, "llama3", LLAMA31_FRAMING),
     # Scout's card says 10M tokens and Maverick's 1M; servers often configure less
     # (override context_window to the server's --max-model-len).
@@ -235,6 +267,19 @@ _ALL = (
     _open("qwen3-32b", 32_768, 8_192, "qwen2", CHATML_FRAMING),
     _open("qwen3-30b-a3b", 32_768, 8_192, "qwen2", CHATML_FRAMING),
     _open("qwen3-235b-a22b", 32_768, 8_192, "qwen2", CHATML_FRAMING),
+    # Qwen3.5 / 3.6: a native 262,144 window; Qwen suggests 32,768 output tokens for
+    # thinking replies, the reserve here.
+    _open("qwen3.5-27b", 262_144, 32_768, "qwen3_5", QWEN3_5_FRAMING),
+    _open("qwen3.5-35b-a3b", 262_144, 32_768, "qwen3_5", QWEN3_5_FRAMING),
+    _open("qwen3.5-397b-a17b", 262_144, 32_768, "qwen3_5", QWEN3_5_FRAMING),
+    _open("qwen3.6-27b", 262_144, 32_768, "qwen3_5", QWEN3_5_FRAMING),
+    _open("qwen3.6-35b-a3b", 262_144, 32_768, "qwen3_5", QWEN3_5_FRAMING),
+    # Mistral (the `mistral` extra), the models mistral-common encodes with tekken v3:
+    # 128k windows from the model cards (servers often set less: override context_window).
+    # Pixtral's tekken file has the same vocabulary and pattern (text counts are the same).
+    _open("mistral-nemo-instruct-2407", 131_072, 8_192, "tekken", MISTRAL_V3_FRAMING),
+    _open("ministral-8b-instruct-2410", 131_072, 8_192, "tekken", MISTRAL_V3_FRAMING),
+    _open("pixtral-12b-2409", 131_072, 8_192, "tekken", MISTRAL_V3_FRAMING),
 )
 
 PROFILES: Mapping[str, ModelProfile] = MappingProxyType({p.name: p for p in _ALL})
