@@ -36,7 +36,8 @@ def request_tokens(
     each user turn and ``priming`` what opens the request (``<s>``).
     """
     if template not in CHAT_TEMPLATES:
-        raise ConfigError("template", f"must be one of {', '.join(CHAT_TEMPLATES)}, got {template!r}")
+        known = ", ".join(CHAT_TEMPLATES)
+        raise ConfigError("template", f"must be one of {known}, got {template!r}")
     if template == "mistral":
         return _mistral_tokens(envelope, counter, per_message, priming)
 

@@ -299,7 +299,8 @@ def _mistral_v3(messages: list[ChatMessage], mm: bool = False) -> int:
         "user": UserMessage,
         "assistant": AssistantMessage,
     }
-    request = ChatCompletionRequest(messages=[kinds[m["role"]](content=m["content"]) for m in messages])
+    sent = [kinds[m["role"]](content=m["content"]) for m in messages]
+    request = ChatCompletionRequest(messages=sent)
     return len(_mistral(mm).encode_chat_completion(request).tokens)
 
 

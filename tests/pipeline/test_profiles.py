@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import datetime
+
+import cattrs
 import pytest
 
+from pipeline import Budget, BudgetSettings, TokenCounter
 from pipeline._errors import ConfigError
 from pipeline._tokens.counter import TOKENIZERS
 from pipeline._tokens.profiles import PROFILES, ModelProfile, get_profile
@@ -76,3 +80,42 @@ def test_every_builtin_profile_is_consistent(name: str) -> None:
     assert (profile.safety_margin > 0) == (not profile.exact_tokens)
     assert 0 < profile.input_budget < profile.context_window
     assert profile.min_cacheable_tokens >= 1024
+
+
+def test_chat_template_must_be_known() -> None:
+    with pytest.raises(ConfigError, match="chat_template 'chatml' is not one of messages, mistral"):
+        get_profile("gpt-4o", chat_template="chatml")
+    with pytest.raises(ConfigError, match="budget.chat_template"):
+        Budget(8000, chat_template="chatml")
+
+
+def test_mistral_profiles_put_the_system_text_in_the_last_user_message() -> None:
+    profile = get_profile("mistral-nemo-instruct-2407")
+    assert (profile.tokenizer, profile.chat_template) == ("tekken", "mistral")
+    assert (profile.per_message_tokens, profile.priming_tokens) == (2, 1)
+    budget = Budget.for_model("mistral-nemo-instruct-2407")
+    assert (budget.chat_template, budget.tokenizer) == ("mistral", "tekken")
+    assert BudgetSettings.of(budget).budget().chat_template == "mistral"
+    assert Budget.for_model("qwen3.5-27b").chat_template == "messages"
+
+
+def test_budget_settings_saved_before_the_chat_template_field_still_load() -> None:
+    old = {"context_window": 8000, "tokenizer": "tekken"}
+    assert cattrs.structure(old, BudgetSettings).budget().chat_template == "messages"
+
+
+_MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+
+
+def test_llama_3_2_date_line_counts_the_same_every_day() -> None:
+    """Llama 3.2's template writes today's date ("%d %b %Y"): every day counts alike, so its
+    profile's fixed priming (the 3.1 framing) holds on any day."""
+    counter = TokenCounter("llama3")
+    day = datetime.date(2020, 1, 1)
+    counts = set()
+    while day.year < 2100:
+        date = f"{day.day:02d} {_MONTHS[day.month - 1]} {day.year}"
+        counts.add(counter.count(f"Cutting Knowledge Date: December 2023\nToday Date: {date}\n\n"))
+        day += datetime.timedelta(days=1)
+    assert counts == {20}
+    assert get_profile("llama-3.2-3b-instruct").priming_tokens == 5 + 20
