@@ -587,7 +587,7 @@ def resume(
 @click.option("--out", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
 def export_cmd(store_path: str, conversation_id: str, out: str | None) -> None:
     """Export a saved chat as a markdown transcript."""
-    from pipeline import export_transcript
+    from lamina._host import export_transcript
 
     with _existing_store(store_path) as store:
         text = export_transcript(store, conversation_id)

@@ -13,21 +13,26 @@ from typing import Any
 import pipeline
 from pipeline import (
     ArgumentError,
+    AttachmentKinds,
+    ChatTranscript,
     ConfigError,
     ConversationState,
     Envelope,
     SegmentRenderer,
     SourceResolver,
 )
-from processors import Sources, Vault
+from processors import Registry, Sources, Vault
 from renderers import XmlRenderer
 
 __all__ = [
     "Conversation",
     "default_sources",
+    "export_transcript",
     "import_transcript",
     "load_conversation",
+    "parse_transcript",
     "rebuild_envelope",
+    "render_transcript",
     "renderer_for",
 ]
 
@@ -140,3 +145,22 @@ def import_transcript(
 ) -> pipeline.ImportReport:
     """``pipeline.import_transcript`` with ``vault=`` and default edges."""
     return pipeline.import_transcript(text, store, **_edges(vault, sources, renderer), **options)
+
+
+def export_transcript(
+    store: pipeline.Store, conversation_id: str, *, kinds: AttachmentKinds | None = None
+) -> str:
+    """``pipeline.export_transcript`` naming kinds as their processors do (plugins too)."""
+    return pipeline.export_transcript(store, conversation_id, kinds or Registry.default())
+
+
+def render_transcript(transcript: ChatTranscript, *, kinds: AttachmentKinds | None = None) -> str:
+    """``pipeline.render_transcript`` naming kinds as their processors do (plugins too)."""
+    return pipeline.render_transcript(transcript, kinds or Registry.default())
+
+
+def parse_transcript(
+    text: str, path: str = "<transcript>", *, kinds: AttachmentKinds | None = None
+) -> ChatTranscript:
+    """``pipeline.parse_transcript`` reading categories as the processors name them."""
+    return pipeline.parse_transcript(text, path, kinds or Registry.default())

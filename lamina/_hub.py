@@ -20,7 +20,7 @@ import attrs
 
 import pipeline
 from lamina._api_models import ConversationCreate, ReplyIn, TurnIn
-from lamina._host import Conversation, load_conversation, rebuild_envelope
+from lamina._host import Conversation, export_transcript, load_conversation, rebuild_envelope
 from pipeline import (
     AttachmentRecord,
     AttachmentSpec,
@@ -35,7 +35,6 @@ from pipeline import (
     Store,
     SystemPrompt,
     attachment_record,
-    export_transcript,
     open_store,
     save_turn,
     tool,

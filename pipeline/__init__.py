@@ -53,6 +53,7 @@ from pipeline._errors import (
     InvariantViolation,
     LaminaError,
     NoteNotFound,
+    NotRebuilt,
     PathOutsideVault,
     PdfError,
     PipelineError,
@@ -69,6 +70,7 @@ from pipeline._errors import (
     TranscriptError,
     UnknownAttachmentKind,
     UnknownConversation,
+    UnknownSetting,
 )
 from pipeline._hashing import canonical_bytes, content_hash, text_hash
 from pipeline._input.files import FileProblem, read_confined, read_regular
@@ -102,6 +104,7 @@ from pipeline._model.envelope import (
     system_parts,
 )
 from pipeline._model.history import HistoryEntry, has_context_markup, strip_reply
+from pipeline._model.kinds import AttachmentKinds, LabelLookup, NoKinds
 from pipeline._model.library import Library, LibraryEntry
 from pipeline._model.tools import (
     TOOL_SOURCE,
@@ -233,6 +236,7 @@ __all__ = [
     "ArgumentError",
     "Artifact",
     "AttachmentError",
+    "AttachmentKinds",
     "AttachmentRecord",
     "AttachmentSpec",
     "Boundary",
@@ -272,6 +276,7 @@ __all__ = [
     "ImportReport",
     "InvariantViolation",
     "LLMSummarizer",
+    "LabelLookup",
     "LaminaError",
     "Layer",
     "LayerManifest",
@@ -288,8 +293,10 @@ __all__ = [
     "MarkupBlock",
     "MergePages",
     "ModelProfile",
+    "NoKinds",
     "NoRenderer",
     "NoSources",
+    "NotRebuilt",
     "NoteNotFound",
     "PagedPayload",
     "PathOutsideVault",
@@ -341,6 +348,7 @@ __all__ = [
     "TurnWarning",
     "UnknownAttachmentKind",
     "UnknownConversation",
+    "UnknownSetting",
     "Usage",
     "View",
     "ViewMemo",

@@ -46,6 +46,7 @@ __all__ = [
     "FetchError",
     "InvariantViolation",
     "LaminaError",
+    "NotRebuilt",
     "NoteNotFound",
     "PathOutsideVault",
     "PdfError",
@@ -63,6 +64,7 @@ __all__ = [
     "TranscriptError",
     "UnknownAttachmentKind",
     "UnknownConversation",
+    "UnknownSetting",
 ]
 
 
@@ -76,6 +78,16 @@ class ConfigError(LaminaError):
     def __init__(self, setting: str, problem: str) -> None:
         self.setting = setting
         super().__init__(f"{setting}: {problem}")
+
+
+class UnknownSetting(ConfigError):
+    """A processor setting nobody declares (a misspelt key, or a kind with no settings)."""
+
+    def __init__(self, setting: str, kind: str, known: Sequence[str]) -> None:
+        self.setting, self.kind, self.known = setting, kind, tuple(known)
+        listed = ", ".join(self.known) if self.known else "none"
+        owner = f"the {kind!r} processor has no such setting" if kind else "no processor has it"
+        super().__init__(setting, f"unknown setting: {owner} (known: {listed})")
 
 
 class TokenizerUnavailable(ConfigError):
@@ -147,6 +159,14 @@ class UnknownAttachmentKind(AttachmentError):
         self.kind = kind
         self.known = tuple(sorted(known))
         super().__init__(kind, f"unknown attachment kind (known: {', '.join(self.known)})")
+
+
+class NotRebuilt(AttachmentError):
+    """An attachment a transcript names could not be rebuilt from its label (and why)."""
+
+    def __init__(self, kind: str, label: str, reason: str) -> None:
+        self.kind, self.label, self.reason = kind, label, reason
+        super().__init__(f"{kind} {label}", reason)
 
 
 class PathOutsideVault(AttachmentError):

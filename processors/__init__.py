@@ -1,6 +1,6 @@
 """Processors: one per source type, turning attachments into typed artifacts."""
 
-from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext
+from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext, read_settings
 from processors._notes import (
     FolderProcessor,
     NotePayload,
@@ -11,12 +11,19 @@ from processors._notes import (
     note,
     tag,
 )
-from processors._pdf import PdfPayload, PdfProcessor, parse_page_range, pdf
-from processors._registry import ENTRY_POINT_GROUP, Processor, Registry
+from processors._pdf import PdfPayload, PdfProcessor, PdfSettings, parse_page_range, pdf
+from processors._registry import (
+    ENTRY_POINT_GROUP,
+    BaseProcessor,
+    Processor,
+    Registry,
+    plugin_scans,
+    reload_plugins,
+)
 from processors._selection import SelectionPayload, SelectionProcessor, selection
 from processors._sources import Sources
 from processors._vault import Vault
-from processors._web import UrlPayload, UrlProcessor, normalize_url, url
+from processors._web import UrlPayload, UrlProcessor, UrlSettings, normalize_url, url
 from processors._youtube import (
     Cue,
     JsonTranscriptProvider,
@@ -25,6 +32,7 @@ from processors._youtube import (
     TranscriptProvider,
     YoutubePayload,
     YoutubeProcessor,
+    YoutubeSettings,
     YoutubeTranscriptApiProvider,
     parse_video_id,
     youtube,
@@ -33,6 +41,7 @@ from processors._youtube import (
 __all__ = [
     "DISPLAY_PROPERTIES",
     "ENTRY_POINT_GROUP",
+    "BaseProcessor",
     "Cue",
     "FolderProcessor",
     "JsonTranscriptProvider",
@@ -41,6 +50,7 @@ __all__ = [
     "NoteProcessor",
     "PdfPayload",
     "PdfProcessor",
+    "PdfSettings",
     "ProcessContext",
     "Processor",
     "Registry",
@@ -53,10 +63,12 @@ __all__ = [
     "TranscriptProvider",
     "UrlPayload",
     "UrlProcessor",
+    "UrlSettings",
     "Vault",
     "WikiLink",
     "YoutubePayload",
     "YoutubeProcessor",
+    "YoutubeSettings",
     "YoutubeTranscriptApiProvider",
     "folder",
     "normalize_url",
@@ -64,6 +76,9 @@ __all__ = [
     "parse_page_range",
     "parse_video_id",
     "pdf",
+    "plugin_scans",
+    "read_settings",
+    "reload_plugins",
     "selection",
     "tag",
     "url",

@@ -17,12 +17,13 @@ def builtin_processors() -> list[Processor]:
     from processors._web import UrlProcessor
     from processors._youtube import YoutubeProcessor
 
+    # This order is the order of a transcript's context line (Notes, URLs, Tags, ...).
     return [
         NoteProcessor(),
-        FolderProcessor(),
-        TagProcessor(),
-        SelectionProcessor(),
         UrlProcessor(),
+        TagProcessor(),
+        FolderProcessor(),
         YoutubeProcessor(),
         PdfProcessor(),
+        SelectionProcessor(),
     ]

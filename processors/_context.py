@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 
-from pipeline import ConfigError
+from pipeline import ConfigError, UnknownSetting
 from processors._vault import Vault
 
-__all__ = ["DISPLAY_PROPERTIES", "NoteOptions", "ProcessContext"]
+__all__ = ["DISPLAY_PROPERTIES", "NoteOptions", "ProcessContext", "read_settings"]
 
 
 PropertiesSetting = Literal["auto", "all", "none"] | tuple[str, ...]
@@ -56,6 +56,9 @@ class NoteOptions:
 class ProcessContext:
     """Settings and shared state handed to every processor call.
 
+    ``options`` are the processors' settings by ``<kind>_<setting>`` (``url_timeout``,
+    ``pdf_max_pages``): each processor reads its own as a typed settings class
+    (``read_settings``), and a key no processor declares is an ``UnknownSetting``.
     ``pdf_passwords`` (PDF path as attached -> password) opens encrypted PDFs; it is
     never part of a key, a payload, the store or the trace."""
 
@@ -68,3 +71,22 @@ class ProcessContext:
     options: Mapping[str, Any] = attrs.field(factory=dict)
     notes: NoteOptions = attrs.field(factory=NoteOptions)
     pdf_passwords: Mapping[str, str] = attrs.field(factory=dict, repr=False, eq=False)
+
+
+S = TypeVar("S")
+
+
+def read_settings(options: Mapping[str, Any], kind: str, settings: type[S]) -> S:
+    """``kind``'s typed settings from the ``<kind>_<field>`` keys of ``options``; a key
+    with the kind's prefix naming no field is an UnknownSetting (naming it and the kind)."""
+    prefix = f"{kind}_"
+    fields = {a.name for a in attrs.fields(settings)}  # type: ignore[arg-type]
+    given: dict[str, Any] = {}
+    for key, value in options.items():
+        if not key.startswith(prefix):
+            continue
+        name = key[len(prefix) :]
+        if name not in fields:
+            raise UnknownSetting(key, kind, sorted(prefix + f for f in fields))
+        given[name] = value
+    return settings(**given)

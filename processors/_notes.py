@@ -18,9 +18,11 @@ import attrs
 from pipeline import (
     Artifact,
     AttachmentError,
+    LabelLookup,
     Link,
     LoadError,
     LoadLimits,
+    NotRebuilt,
     Processed,
     TurnWarning,
     fence_after,
@@ -30,6 +32,7 @@ from pipeline import (
     text_hash,
 )
 from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext
+from processors._processor import BaseProcessor
 from processors._vault import Vault
 
 __all__ = [
@@ -618,9 +621,33 @@ def _notes_processed(
     )
 
 
+def _vault_for_label(ctx: ProcessContext, kind: str, label: str) -> Vault:
+    if ctx.vault is None:
+        raise NotRebuilt(kind, label, "no vault given to read notes from")
+    return ctx.vault
+
+
+def resolve_note(label: str, notes: tuple[str, ...]) -> tuple[str | None, str]:
+    """A vault path for a transcript's note label (by path, else by a unique basename),
+    or None and why not."""
+    name = label.strip().lstrip("/")
+    wanted = name if name.lower().endswith(".md") else name + ".md"
+    if wanted in notes:
+        return wanted, ""
+    base = posixpath.basename(wanted).casefold()
+    matches = sorted(n for n in notes if posixpath.basename(n).casefold() == base)
+    if len(matches) == 1:
+        return matches[0], ""
+    if matches:
+        return None, f"ambiguous basename: matches {', '.join(matches)}"
+    return None, "no such note in the vault (deleted or renamed?)"
+
+
 @attrs.frozen
-class NoteProcessor:
+class NoteProcessor(BaseProcessor):
     """``{"note": path}``: one note artifact plus its wikilink edges."""
+
+    category = "Notes"
 
     @property
     def kind(self) -> str:
@@ -628,6 +655,19 @@ class NoteProcessor:
 
     def parse(self, data: Mapping[str, Any]) -> NoteSpec:
         return note(_script_field("note", data))
+
+    def script_form(self, spec: NoteSpec) -> dict[str, Any]:
+        return {"note": spec.path}
+
+    def from_label(
+        self, label: str, lookup: LabelLookup, ctx: ProcessContext
+    ) -> tuple[dict[str, Any], str]:
+        """The note by its path, else by a unique basename (a transcript may drop folders)."""
+        vault = _vault_for_label(ctx, "note", label)
+        path, why = resolve_note(label, vault.notes())
+        if path is None:
+            raise NotRebuilt("note", label, why)
+        return {"note": path}, path
 
     def process(self, spec: NoteSpec, ctx: ProcessContext) -> Processed:
         vault = _need_vault(ctx, spec.describe())
@@ -639,8 +679,10 @@ class NoteProcessor:
 
 
 @attrs.frozen
-class FolderProcessor:
+class FolderProcessor(BaseProcessor):
     """``{"folder": path}``: every note below the folder, sorted by path, as a group."""
+
+    category = "Folders"
 
     @property
     def kind(self) -> str:
@@ -648,6 +690,15 @@ class FolderProcessor:
 
     def parse(self, data: Mapping[str, Any]) -> FolderSpec:
         return folder(_script_field("folder", data))
+
+    def script_form(self, spec: FolderSpec) -> dict[str, Any]:
+        return {"folder": spec.path}
+
+    def from_label(
+        self, label: str, lookup: LabelLookup, ctx: ProcessContext
+    ) -> tuple[dict[str, Any], str]:
+        _vault_for_label(ctx, "folder", label)
+        return {"folder": label}, label
 
     def process(self, spec: FolderSpec, ctx: ProcessContext) -> Processed:
         vault = _need_vault(ctx, spec.describe())
@@ -672,8 +723,10 @@ class FolderProcessor:
 
 
 @attrs.frozen
-class TagProcessor:
+class TagProcessor(BaseProcessor):
     """``{"tag": "#t"}``: every note whose frontmatter or inline tags include ``#t``."""
+
+    category = "Tags"
 
     @property
     def kind(self) -> str:
@@ -681,6 +734,15 @@ class TagProcessor:
 
     def parse(self, data: Mapping[str, Any]) -> TagSpec:
         return tag(_script_field("tag", data))
+
+    def script_form(self, spec: TagSpec) -> dict[str, Any]:
+        return {"tag": spec.tag}
+
+    def from_label(
+        self, label: str, lookup: LabelLookup, ctx: ProcessContext
+    ) -> tuple[dict[str, Any], str]:
+        _vault_for_label(ctx, "tag", label)
+        return {"tag": label}, label
 
     def process(self, spec: TagSpec, ctx: ProcessContext) -> Processed:
         vault = _need_vault(ctx, spec.describe())

@@ -25,6 +25,7 @@ from pipeline import (
     AttachmentError,
     ConfigError,
     FileProblem,
+    LabelLookup,
     PathOutsideVault,
     PdfError,
     Processed,
@@ -33,11 +34,13 @@ from pipeline import (
     read_confined,
     read_regular,
 )
-from processors._context import ProcessContext
+from processors._context import ProcessContext, read_settings
+from processors._processor import BaseProcessor
 
 __all__ = [
     "PdfPayload",
     "PdfProcessor",
+    "PdfSettings",
     "PdfSpec",
     "format_page_range",
     "parse_page_range",
@@ -203,10 +206,39 @@ def pdf(path: str, pages: str | int | None = None) -> PdfSpec:
     return PdfSpec(path, format_page_range(parse_page_range(pages, path=path)))
 
 
-class PdfProcessor:
+def _positive_option(_: Any, attribute: attrs.Attribute[int], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"pdf_{attribute.name}", f"must be a positive integer, not {value!r}")
+
+
+@attrs.frozen
+class PdfSettings:
+    """``pdf_max_pages`` pages are extracted at most; files over ``pdf_max_bytes`` are refused."""
+
+    max_pages: int = attrs.field(default=DEFAULT_MAX_PAGES, validator=_positive_option)
+    max_bytes: int = attrs.field(default=DEFAULT_MAX_BYTES, validator=_positive_option)
+
+
+class PdfProcessor(BaseProcessor):
     """PDF files in the vault (or absolute paths when the host allows them)."""
 
     kind = "pdf"
+    category = "PDFs"
+    settings = PdfSettings
+
+    def script_form(self, spec: PdfSpec) -> dict[str, Any]:
+        return {"pdf": spec.path} | ({"pages": spec.pages} if spec.pages else {})
+
+    def label(self, form: Mapping[str, Any]) -> str:
+        """The path, with ``#pages=`` when only some pages were attached."""
+        pages = form.get("pages")
+        return f"{form['pdf']}#pages={pages}" if pages else str(form.get("pdf", ""))
+
+    def from_label(
+        self, label: str, lookup: LabelLookup, ctx: ProcessContext
+    ) -> tuple[dict[str, Any], str]:
+        file, _, pages = label.partition("#pages=")
+        return {"pdf": file} | ({"pages": pages} if pages else {}), label
 
     def parse(self, data: Mapping[str, Any]) -> PdfSpec:
         unknown = sorted(set(data) - {"pdf", "pages"})
@@ -218,8 +250,8 @@ class PdfProcessor:
 
     def process(self, spec: PdfSpec, ctx: ProcessContext) -> Processed:
         rel, full = _locate(spec.path, ctx)
-        max_pages = _int_option(ctx, "pdf_max_pages", DEFAULT_MAX_PAGES)
-        max_bytes = _int_option(ctx, "pdf_max_bytes", DEFAULT_MAX_BYTES)
+        settings = read_settings(ctx.options, self.kind, PdfSettings)
+        max_pages, max_bytes = settings.max_pages, settings.max_bytes
         inside = ctx.vault is not None and not os.path.isabs(rel)
         data = _read(full, rel, max_bytes, ctx.vault.root if inside and ctx.vault else None)
         spans = parse_page_range(spec.pages, path=rel) if spec.pages else ()
@@ -241,13 +273,6 @@ class PdfProcessor:
         if payload.image_only and not payload.xfa:
             warnings.append(TurnWarning("pdf-no-text", key, _no_text(len(payload.page_texts))))
         return Processed((artifact,), warnings=warnings)
-
-
-def _int_option(ctx: ProcessContext, name: str, default: int) -> int:
-    value = ctx.options.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(name, f"must be a positive integer, not {value!r}")
-    return value
 
 
 def _locate(path: str, ctx: ProcessContext) -> tuple[str, Path]:

@@ -1,52 +1,107 @@
-"""The processor registry: one processor per attachment kind, plugins by entry point."""
+"""The processor registry: one processor per attachment kind, plugins by entry point.
+
+A processor owns its kind: parsing its script form and writing it back, its label and
+category in transcripts, its view renderers and its typed settings. ``Registry``
+checks all of it at ``register`` (naming the plugin) and answers the core's
+``AttachmentKinds`` questions by asking the kind's processor.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import inspect
+from collections.abc import Iterable, Mapping
 from importlib.metadata import EntryPoint, entry_points
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
+
+import attrs
 
 from pipeline import (
     AttachmentError,
     AttachmentSpec,
     Form,
+    LabelLookup,
+    NotRebuilt,
     PluginError,
-    Processed,
     RegistryError,
     UnknownAttachmentKind,
-    View,
+    UnknownSetting,
 )
+from processors._context import ProcessContext
+from processors._processor import BaseProcessor, Processor, ViewRenderer
 
-if TYPE_CHECKING:
-    from processors._context import ProcessContext
-
-__all__ = ["ENTRY_POINT_GROUP", "Processor", "Registry"]
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "BaseProcessor",
+    "Processor",
+    "Registry",
+    "plugin_scans",
+    "reload_plugins",
+]
 
 ENTRY_POINT_GROUP = "lamina.processors"
 
 
-ViewRenderer = Callable[[View], str]
+# Hook -> the positional arguments it is called with (pluggy-style signature check).
+_HOOKS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("parse", ("data",)),
+    ("script_form", ("spec",)),
+    ("label", ("form",)),
+    ("from_label", ("label", "lookup", "ctx")),
+    ("process", ("spec", "ctx")),
+)
 
 
-class Processor(Protocol):
-    """Turns one attachment spec of its ``kind`` into artifacts.
+@attrs.frozen
+class _Scan:
+    """One scan of the installed plugins: what loaded (entry point, processor) and what not."""
 
-    A processor may also have ``renderers``: a mapping ``(source_type, form) -> fn(View)
-    -> str`` that the registry hands to the segment renderer (see ``Registry.view_renderers``).
-    """
+    loaded: tuple[tuple[EntryPoint, Any], ...]
+    errors: tuple[PluginError, ...]
 
-    @property
-    def kind(self) -> str: ...
 
-    def parse(self, data: Mapping[str, Any]) -> AttachmentSpec:
-        """The spec from its script form, e.g. ``{"note": "a.md"}``; raise AttachmentError."""
-        ...
+_scan: _Scan | None = None
+_scans = 0
 
-    def process(self, spec: Any, ctx: ProcessContext) -> Processed: ...
+
+def plugin_scans() -> int:
+    """How many times this process has scanned the installed plugins' entry points."""
+    return _scans
+
+
+def reload_plugins() -> None:
+    """Forget the plugin scan: the next ``Registry.default()`` scans the installed
+    distributions again (call it after installing or removing a plugin)."""
+    global _scan
+    _scan = None
+
+
+def _scan_plugins(group: str) -> _Scan:
+    """Load every entry point of ``group``; a broken one becomes a PluginError by name."""
+    global _scans
+    _scans += 1
+    loaded: list[tuple[EntryPoint, Any]] = []
+    errors: list[PluginError] = []
+    for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+        try:
+            target = ep.load()
+            # An entry point names a processor instance, or a class / factory making one.
+            is_instance = hasattr(target, "process") and not isinstance(target, type)
+            loaded.append((ep, target if is_instance else target()))
+        except Exception as exc:  # a plugin may fail in any way; report it by name
+            errors.append(PluginError(ep.name, f"{type(exc).__name__}: {exc}{_origin(ep)}"))
+    return _Scan(tuple(loaded), tuple(errors))
+
+
+def _default_scan() -> _Scan:
+    global _scan
+    if _scan is None:
+        _scan = _scan_plugins(ENTRY_POINT_GROUP)
+    return _scan
 
 
 class Registry:
-    """Processors by kind. ``register`` refuses duplicates; ``default()`` adds plugins."""
+    """Processors by kind, in registration order. ``register`` checks each processor's
+    hooks and refuses duplicates; ``default()`` adds the installed plugins."""
 
     def __init__(self, processors: Iterable[Processor] = ()) -> None:
         self._processors: dict[str, Processor] = {}
@@ -56,11 +111,14 @@ class Registry:
             self.register(processor)
 
     def register(self, processor: Processor) -> None:
+        """Add ``processor``; RegistryError (naming its kind and class) if a hook is
+        missing or malformed, or its kind or a renderer is taken."""
         kind = processor.kind
-        if not kind or not kind.replace("_", "").replace("-", "").isalnum():
-            raise RegistryError(kind, "a kind must be a non-empty word")
+        if not isinstance(kind, str) or not kind.replace("_", "").replace("-", "").isalnum():
+            raise RegistryError(str(kind), "a kind must be a non-empty word")
         if kind in self._processors:
             raise RegistryError(kind, "a processor for this kind is already registered")
+        _check_hooks(processor)
         renderers = _renderers_of(processor)
         taken = [f"{t}/{f}" for t, f in renderers if (t, f) in self._renderers]
         if taken:
@@ -101,19 +159,74 @@ class Registry:
             raise UnknownAttachmentKind(str(first), self.kinds())
         return self._processors[kinds[0]].parse(data)
 
+    # --- the core's AttachmentKinds, answered by each kind's processor ---------------
+
+    def kind_of(self, form: Mapping[str, Any]) -> str:
+        """The registered kind among the script form's keys, else its first key."""
+        named = [k for k in self._processors if k in form]
+        return named[0] if named else str(next(iter(form), ""))
+
+    def script_form(self, spec: AttachmentSpec) -> dict[str, Any] | None:
+        processor = self._processors.get(spec.kind)
+        return None if processor is None else processor.script_form(spec)
+
+    def label(self, kind: str, form: Mapping[str, Any]) -> str:
+        processor = self._processors.get(kind)
+        return str(form.get(kind, "")) if processor is None else processor.label(form)
+
+    def category(self, kind: str) -> str:
+        processor = self._processors.get(kind)
+        return kind if processor is None else processor.category or kind
+
+    def kind_named(self, category: str) -> str:
+        name = category.strip()
+        for kind, processor in self._processors.items():
+            if (processor.category or kind) == name:
+                return kind
+        return name.lower() or "unknown"
+
+    def order(self, kind: str) -> tuple[int, str]:
+        kinds = list(self._processors)
+        return (kinds.index(kind), "") if kind in kinds else (len(kinds), kind)
+
+    def from_label(
+        self, kind: str, label: str, lookup: LabelLookup, ctx: ProcessContext | None = None
+    ) -> tuple[dict[str, Any], str]:
+        processor = self._processors.get(kind)
+        if processor is None:
+            raise NotRebuilt(kind, label, "unknown context category")
+        return processor.from_label(label, lookup, ctx or ProcessContext())
+
+    # --- settings ----------------------------------------------------------------------
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Refuse an option no registered processor declares (``<kind>_<setting>``), with
+        UnknownSetting naming it and the kind; each processor checks the values."""
+        by_length = sorted(self._processors, key=len, reverse=True)
+        for key in options:
+            kind = next((k for k in by_length if key.startswith(k + "_")), "")
+            known = _setting_names(kind, self._processors[kind].settings if kind else None)
+            if key not in known:
+                every = [
+                    n for k, p in self._processors.items() for n in _setting_names(k, p.settings)
+                ]
+                raise UnknownSetting(key, kind, known if kind else sorted(every))
+
+    # --- plugins -----------------------------------------------------------------------
+
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> list[PluginError]:
-        """Register every installed plugin of ``group``; a broken one is reported and skipped."""
-        errors: list[PluginError] = []
-        for ep in sorted(entry_points(group=group), key=lambda e: e.name):
+        """Register every installed plugin of ``group`` (scanning now); a broken one is
+        reported and skipped."""
+        return self._add_plugins(_scan_plugins(group))
+
+    def _add_plugins(self, scan: _Scan) -> list[PluginError]:
+        errors = list(scan.errors)
+        for ep, processor in scan.loaded:
             try:
-                loaded = ep.load()
-                # An entry point names a processor instance, or a class / factory making one.
-                is_instance = hasattr(loaded, "process") and not isinstance(loaded, type)
-                processor = loaded if is_instance else loaded()
                 self.register(processor)
             except Exception as exc:  # a plugin may fail in any way; report it by name
-                problem = f"{type(exc).__name__}: {exc}{_origin(ep)}"
-                errors.append(PluginError(ep.name, problem))
+                errors.append(PluginError(ep.name, f"{type(exc).__name__}: {exc}{_origin(ep)}"))
+        errors.sort(key=lambda e: e.plugin)
         self.plugin_errors.extend(errors)
         return errors
 
@@ -125,19 +238,62 @@ class Registry:
         return cls(builtin_processors())
 
     @classmethod
-    def default(cls) -> Registry:
-        """Built-ins plus every installed ``lamina.processors`` plugin."""
+    def default(cls, *, refresh: bool = False) -> Registry:
+        """Built-ins plus every installed ``lamina.processors`` plugin.
+
+        The installed plugins are scanned once per process; ``refresh=True`` scans again
+        (after installing a plugin), as does ``reload_plugins()``.
+        """
+        if refresh:
+            reload_plugins()
         registry = cls.builtin()
-        registry.load_entry_points()
+        registry._add_plugins(_default_scan())
         return registry
+
+
+def _setting_names(kind: str, settings: type | None) -> list[str]:
+    if not kind or settings is None:
+        return []
+    return [f"{kind}_{a.name}" for a in attrs.fields(settings)]
+
+
+def _check_hooks(processor: Processor) -> None:
+    """Every hook present and callable with its arguments, every attribute well typed."""
+    kind = processor.kind
+    owner = f"{type(processor).__module__}.{type(processor).__qualname__}"
+    for name, params in _HOOKS:
+        hook = getattr(processor, name, None)
+        if not callable(hook):
+            raise RegistryError(
+                kind,
+                f"{owner} has no {name}() hook (subclass processors.BaseProcessor "
+                "for the optional hooks' defaults)",
+            )
+        try:
+            inspect.signature(hook).bind(*params)
+        except TypeError:
+            raise RegistryError(
+                kind, f"{owner}.{name}() must take ({', '.join(params)})"
+            ) from None
+        except ValueError:  # a builtin without a signature: trusted
+            pass
+    category = getattr(processor, "category", None)
+    if not isinstance(category, str):
+        raise RegistryError(kind, f"{owner}.category must be a string")
+    settings = getattr(processor, "settings", None)
+    if settings is not None and not (isinstance(settings, type) and attrs.has(settings)):
+        raise RegistryError(kind, f"{owner}.settings must be an attrs class or None")
 
 
 def _renderers_of(processor: Processor) -> dict[tuple[str, Form], ViewRenderer]:
     """A processor's optional ``renderers``, checked: (source type, form) -> callable."""
     declared = getattr(processor, "renderers", None)
-    if declared is None:
-        return {}
     kind = processor.kind
+    if declared is None:
+        raise RegistryError(
+            kind,
+            "has no renderers mapping (subclass processors.BaseProcessor for the default)",
+        )
     if not isinstance(declared, Mapping):
         raise RegistryError(kind, "renderers must be a mapping (source_type, form) -> function")
     found: dict[tuple[str, Form], ViewRenderer] = {}

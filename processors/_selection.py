@@ -7,8 +7,16 @@ from typing import Any, Self
 
 import attrs
 
-from pipeline import AttachmentError, Processed, content_hash, make_artifact
+from pipeline import (
+    AttachmentError,
+    LabelLookup,
+    NotRebuilt,
+    Processed,
+    content_hash,
+    make_artifact,
+)
 from processors._context import ProcessContext
+from processors._processor import BaseProcessor
 
 __all__ = ["SelectionPayload", "SelectionProcessor", "SelectionSpec", "selection"]
 
@@ -98,12 +106,36 @@ def selection(
 
 
 @attrs.frozen
-class SelectionProcessor:
+class SelectionProcessor(BaseProcessor):
     """``{"selection": text, "source": p, "lines": [a, b]}``: one non-recoverable artifact."""
+
+    category = "Selections"
 
     @property
     def kind(self) -> str:
         return "selection"
+
+    def script_form(self, spec: SelectionSpec) -> dict[str, Any]:
+        payload = spec.payload
+        form: dict[str, Any] = {"selection": payload.text}
+        if payload.source:
+            form["source"] = payload.source
+        if payload.lines:
+            form["lines"] = list(payload.lines)
+        return form
+
+    def label(self, form: Mapping[str, Any]) -> str:
+        """The artifact key: transcripts do not carry the selected text itself."""
+        return _key(self.parse(form).payload)
+
+    def from_label(
+        self, label: str, lookup: LabelLookup, ctx: ProcessContext
+    ) -> tuple[dict[str, Any], str]:
+        stored = lookup.stored("selection", label)
+        if stored is None:
+            why = "selected text is not in the store (transcripts do not carry it)"
+            raise NotRebuilt("selection", label, why)
+        return dict(stored), label
 
     def parse(self, data: Mapping[str, Any]) -> SelectionSpec:
         extra = sorted(str(k) for k in data if k not in _FIELDS)
@@ -115,5 +147,10 @@ class SelectionProcessor:
 
     def process(self, spec: SelectionSpec, ctx: ProcessContext) -> Processed:
         payload = spec.payload
-        key = f"selection:{content_hash(payload)[:16]}"
-        return Processed(artifacts=(make_artifact("selection", key, payload, recoverable=False),))
+        return Processed(
+            artifacts=(make_artifact("selection", _key(payload), payload, recoverable=False),)
+        )
+
+
+def _key(payload: SelectionPayload) -> str:
+    return f"selection:{content_hash(payload)[:16]}"

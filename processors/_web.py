@@ -29,11 +29,29 @@ import httpx
 import lxml.etree
 import lxml.html
 
-from pipeline import AttachmentError, ConfigError, FetchError, Processed, TurnWarning, make_artifact
+from pipeline import (
+    AttachmentError,
+    ConfigError,
+    FetchError,
+    LabelLookup,
+    NotRebuilt,
+    Processed,
+    TurnWarning,
+    make_artifact,
+)
 from processors._address import classify_address, is_public_address
-from processors._context import ProcessContext
+from processors._context import ProcessContext, read_settings
+from processors._processor import BaseProcessor
 
-__all__ = ["UrlPayload", "UrlProcessor", "UrlSpec", "normalize_url", "url"]
+__all__ = [
+    "UrlPayload",
+    "UrlProcessor",
+    "UrlSettings",
+    "UrlSpec",
+    "fetch_for_label",
+    "normalize_url",
+    "url",
+]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
@@ -143,10 +161,57 @@ class _Response:
     content: bytes
 
 
-class UrlProcessor:
+def _seconds(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None and attribute.name == "deadline":
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 1e-3:
+        raise ConfigError(
+            f"url_{attribute.name}", f"must be a positive number of seconds, got {value!r}"
+        )
+
+
+def _count(_: Any, attribute: attrs.Attribute[int], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"url_{attribute.name}", f"must be a non-negative integer, got {value!r}"
+        )
+
+
+@attrs.frozen
+class UrlSettings:
+    """Fetch limits: seconds per hop (``url_timeout``), bytes (``url_max_bytes``),
+    redirects (``url_max_redirects``) and seconds for all hops (``url_deadline``, by
+    default the larger of 30 and three timeouts)."""
+
+    timeout: float = attrs.field(default=10.0, validator=_seconds)
+    max_bytes: int = attrs.field(default=5_000_000, validator=_count)
+    max_redirects: int = attrs.field(default=5, validator=_count)
+    deadline: float | None = attrs.field(default=None, validator=_seconds)
+
+
+def fetch_for_label(kind: str, label: str, lookup: LabelLookup) -> tuple[dict[str, Any], str]:
+    """``{kind: label}`` for a fetched kind, when the host allows fetching."""
+    if not lookup.allow_fetch:
+        raise NotRebuilt(
+            kind, label, "fetching is not allowed (pass allow_fetch / --allow-fetch)"
+        )
+    return {kind: label}, label
+
+
+class UrlProcessor(BaseProcessor):
     """Fetches ``url(u)`` attachments into one recoverable ``url:<normalized url>`` artifact."""
 
     kind = "url"
+    category = "URLs"
+    settings = UrlSettings
+
+    def script_form(self, spec: UrlSpec) -> dict[str, Any]:
+        return {"url": spec.url}
+
+    def from_label(
+        self, label: str, lookup: LabelLookup, ctx: ProcessContext
+    ) -> tuple[dict[str, Any], str]:
+        return fetch_for_label("url", label, lookup)
 
     def parse(self, data: Mapping[str, Any]) -> UrlSpec:
         u = data.get("url")
@@ -167,28 +232,22 @@ class UrlProcessor:
         if isinstance(cached, tuple) and not (ctx.refresh or spec.refresh):
             payload, warnings = cached
         else:
-            response = _fetch(normalized, _limits(ctx.options), ctx.allow_private_network)
+            limits = _limits(read_settings(ctx.options, self.kind, UrlSettings))
+            response = _fetch(normalized, limits, ctx.allow_private_network)
             payload, warnings = _payload(normalized, response)
             ctx.cache[key] = (payload, warnings)
         artifact = make_artifact("url", key, payload, recoverable=True)
         return Processed((artifact,), warnings=warnings)
 
 
-def _limits(options: Mapping[str, Any]) -> _Limits:
-    def number(name: str, default: float, *, integer: bool = False) -> Any:
-        value = options.get(name, default)
-        ok = isinstance(value, int) if integer else isinstance(value, int | float)
-        if isinstance(value, bool) or not ok or value < (0 if integer else 1e-3):
-            kind = "a non-negative integer" if integer else "a positive number of seconds"
-            raise ConfigError(name, f"must be {kind}, got {value!r}")
-        return value
-
-    timeout = float(number("url_timeout", 10.0))
+def _limits(settings: UrlSettings) -> _Limits:
+    timeout = float(settings.timeout)
+    deadline = settings.deadline if settings.deadline is not None else max(30.0, 3 * timeout)
     return _Limits(
         timeout=timeout,
-        max_bytes=number("url_max_bytes", 5_000_000, integer=True),
-        max_redirects=number("url_max_redirects", 5, integer=True),
-        deadline=float(number("url_deadline", max(30.0, 3 * timeout))),
+        max_bytes=settings.max_bytes,
+        max_redirects=settings.max_redirects,
+        deadline=float(deadline),
     )
 
 

@@ -13,7 +13,9 @@ import attrs
 
 from pipeline import (
     AttachmentError,
+    ConfigError,
     FileProblem,
+    LabelLookup,
     LoadError,
     LoadLimits,
     PathOutsideVault,
@@ -25,7 +27,9 @@ from pipeline import (
     read_confined,
     read_regular,
 )
-from processors._context import ProcessContext
+from processors._context import ProcessContext, read_settings
+from processors._processor import BaseProcessor
+from processors._web import fetch_for_label
 
 __all__ = [
     "Cue",
@@ -35,6 +39,7 @@ __all__ = [
     "TranscriptProvider",
     "YoutubePayload",
     "YoutubeProcessor",
+    "YoutubeSettings",
     "YoutubeSpec",
     "YoutubeTranscriptApiProvider",
     "parse_video_id",
@@ -566,12 +571,35 @@ def youtube(
 _SCRIPT_FIELDS = frozenset({"youtube", "transcript", "title", "channel", "language", "duration"})
 
 
-class YoutubeProcessor:
+def _provider_setting(_: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value in (None, "", "none", "youtube-transcript-api"):
+        return
+    if not isinstance(value, TranscriptProvider):
+        raise ConfigError(
+            "youtube_provider",
+            f"expected a TranscriptProvider or 'youtube-transcript-api', not {value!r}",
+        )
+
+
+@attrs.frozen
+class YoutubeSettings:
+    """Where transcripts come from without a file: ``youtube_provider`` (a
+    TranscriptProvider, or "youtube-transcript-api" asking in ``youtube_languages``)."""
+
+    provider: TranscriptProvider | str | None = attrs.field(
+        default=None, validator=_provider_setting
+    )
+    languages: tuple[str, ...] = attrs.field(default=("en",), converter=tuple)
+
+
+class YoutubeProcessor(BaseProcessor):
     """YouTube videos. Without a transcript file the ``provider`` is asked (none by default,
     so nothing touches the network unless the host opts in); failures give a
     no-transcript artifact with a warning rather than failing the turn."""
 
     kind = "youtube"
+    category = "YouTube"
+    settings = YoutubeSettings
 
     def __init__(self, provider: TranscriptProvider | None = None) -> None:
         self.provider = provider
@@ -593,6 +621,24 @@ class YoutubeProcessor:
             language=data.get("language", ""),
             duration=data.get("duration"),
         )
+
+    def script_form(self, spec: YoutubeSpec) -> dict[str, Any]:
+        """The video id, with the transcript file and metadata that were given."""
+        form: dict[str, Any] = {"youtube": spec.video_id}
+        fields = (
+            ("transcript", spec.transcript),
+            ("title", spec.title),
+            ("channel", spec.channel),
+            ("language", spec.language),
+            ("duration", spec.duration_s),
+        )
+        form.update((name, value) for name, value in fields if value not in (None, ""))
+        return form
+
+    def from_label(
+        self, label: str, lookup: LabelLookup, ctx: ProcessContext
+    ) -> tuple[dict[str, Any], str]:
+        return fetch_for_label("youtube", label, lookup)
 
     def process(self, spec: YoutubeSpec, ctx: ProcessContext) -> Processed:
         warnings: tuple[TurnWarning, ...] = ()
@@ -636,21 +682,12 @@ class YoutubeProcessor:
 
 
 def _provider_option(ctx: ProcessContext) -> TranscriptProvider | None:
-    """``ctx.options["youtube_provider"]``: a provider, or "youtube-transcript-api"."""
-    option = ctx.options.get("youtube_provider")
-    if option is None or option == "" or option == "none":
-        return None
+    """The ``youtube_provider`` setting: a provider, or "youtube-transcript-api"."""
+    settings = read_settings(ctx.options, "youtube", YoutubeSettings)
+    option = settings.provider
     if option == "youtube-transcript-api":
-        languages = ctx.options.get("youtube_languages", ("en",))
-        return YoutubeTranscriptApiProvider(tuple(languages))
-    if isinstance(option, TranscriptProvider):
-        return option
-    from pipeline import ConfigError
-
-    raise ConfigError(
-        "youtube_provider",
-        f"expected a TranscriptProvider or 'youtube-transcript-api', not {option!r}",
-    )
+        return YoutubeTranscriptApiProvider(settings.languages)
+    return option if isinstance(option, TranscriptProvider) else None
 
 
 def file_provider(path: str, ctx: ProcessContext) -> TranscriptProvider:

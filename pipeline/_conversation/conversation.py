@@ -19,6 +19,7 @@ from pipeline._model.envelope import (
     View,
 )
 from pipeline._model.history import HistoryEntry, strip_reply
+from pipeline._model.kinds import AttachmentKinds, NoKinds
 from pipeline._model.library import Library, LibraryEntry
 from pipeline._stages.builtin import Pipeline
 from pipeline._tokens.counter import TokenCounter
@@ -437,6 +438,10 @@ class NoSources:
         if not changes:
             return self
         raise ConfigError("vault_changes", f"there is no vault to change: {_NO_EDGE}")
+
+    @property
+    def kinds(self) -> AttachmentKinds:
+        return NoKinds()
 
 
 class NoRenderer:

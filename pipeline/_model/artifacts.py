@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol, Self, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, cast, runtime_checkable
 
 import attrs
 
 from pipeline._errors import ArgumentError
 from pipeline._hashing import content_hash
+
+if TYPE_CHECKING:
+    from pipeline._model.kinds import AttachmentKinds
 
 __all__ = [
     "Artifact",
@@ -152,6 +155,11 @@ class SourceResolver(Protocol):
 
     def parse(self, data: Mapping[str, Any]) -> AttachmentSpec:
         """A spec from its script form, e.g. ``{"note": "a.md"}``."""
+        ...
+
+    @property
+    def kinds(self) -> AttachmentKinds:
+        """What the store and transcripts ask about these sources' attachment kinds."""
         ...
 
 

@@ -27,6 +27,7 @@ from pipeline._model.artifacts import (
     resolver_for_turn,
 )
 from pipeline._model.envelope import TOOL_SOURCE
+from pipeline._model.kinds import AttachmentKinds
 
 if TYPE_CHECKING:
     from pipeline._conversation.conversation import Conversation
@@ -314,6 +315,10 @@ class ToolSources:
 
     def with_changes(self, changes: Mapping[str, str]) -> ToolSources:
         return ToolSources(self.inner.with_changes(changes))
+
+    @property
+    def kinds(self) -> AttachmentKinds:
+        return self.inner.kinds
 
     def for_turn(self) -> ToolSources:
         return ToolSources(resolver_for_turn(self.inner))

@@ -27,6 +27,7 @@ from pipeline._errors import (
 )
 from pipeline._model.artifacts import AttachmentSpec
 from pipeline._model.envelope import BuildReport, Envelope, Form
+from pipeline._model.kinds import NoKinds
 from pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
 
 __all__ = [
@@ -287,66 +288,26 @@ def head_hash(state_hash: str, parts: Mapping[str, Sequence[str]]) -> str:
 
 Attachment = AttachmentSpec | Mapping[str, Any]
 
-# Script-form field names of the built-in spec classes (kind -> (field, attribute) pairs).
-_SPEC_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
-    "note": (("note", "path"),),
-    "folder": (("folder", "path"),),
-    "tag": (("tag", "tag"),),
-    "url": (("url", "url"),),
-    "pdf": (("pdf", "path"), ("pages", "pages")),
-    "youtube": (("youtube", "video_id"), ("transcript", "transcript")),
-}
-
-
-def _script_form(spec: Attachment) -> dict[str, Any] | None:
-    if isinstance(spec, Mapping):
-        return dict(spec)
-    kind = spec.kind
-    if kind == "selection":
-        payload = spec.payload  # type: ignore[attr-defined]
-        form: dict[str, Any] = {"selection": payload.text}
-        if payload.source:
-            form["source"] = payload.source
-        if payload.lines:
-            form["lines"] = list(payload.lines)
-        return form
-    fields = _SPEC_FIELDS.get(kind)
-    if fields is None or not all(hasattr(spec, attr) for _, attr in fields):
-        return None
-    form = {name: getattr(spec, attr) for name, attr in fields}
-    return {k: v for k, v in form.items() if v not in (None, "") or k == kind}
-
-
 def attachment_record(
     spec: Attachment, conversation: Conversation | None = None
 ) -> AttachmentRecord:
     """How a transcript lists an attachment: kind, a label and its script form.
 
-    Selections are labelled by their artifact key (computed with ``conversation``'s
-    sources, no I/O), every other kind by the path, URL, tag or video it names.
+    The kind's processor (through ``conversation``'s sources) writes the spec back as its
+    script form and names it: a path, URL, tag or video, a selection's artifact key. A
+    spec of a kind nobody registered keeps its description and no script form.
     """
-    form = _script_form(spec)
-    kind = (
-        spec.kind
-        if not isinstance(spec, Mapping)
-        else next(
-            (
-                k
-                for k in ("note", "folder", "tag", "url", "youtube", "pdf", "selection")
-                if k in spec
-            ),
-            str(next(iter(spec), "")),
-        )
-    )
+    kinds = conversation.sources.kinds if conversation is not None else NoKinds()
+    if isinstance(spec, Mapping):
+        form: dict[str, Any] | None = dict(spec)
+        kind = kinds.kind_of(spec)
+    else:
+        kind = spec.kind
+        form = kinds.script_form(spec)
     if form is None:
         text = spec.describe()  # type: ignore[union-attr]
         return AttachmentRecord(kind, text.removeprefix(f"{kind} "), "", True)
-    if kind == "selection" and conversation is not None:
-        label = conversation.process(form).artifacts[0].key
-    elif kind == "pdf" and form.get("pages"):
-        label = f"{form['pdf']}#pages={form['pages']}"
-    else:
-        label = str(form.get(kind, ""))
+    label = kinds.label(kind, form)
     return AttachmentRecord(kind, label, canonical(form).decode("utf-8", "surrogatepass"), True)
 
 

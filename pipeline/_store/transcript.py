@@ -9,7 +9,6 @@ processors again; whatever cannot be rebuilt is listed in the ``ImportReport``.
 from __future__ import annotations
 
 import datetime
-import posixpath
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,11 +17,12 @@ import attrs
 import yaml
 
 from pipeline._conversation.conversation import Conversation, ConversationState, SystemPrompt
-from pipeline._errors import ChatTranscriptError, LaminaError, StoreError
+from pipeline._errors import ChatTranscriptError, LaminaError, NotRebuilt, StoreError
 from pipeline._hashing import text_hash
 from pipeline._input.safeload import LoadError, LoadLimits, load_yaml
 from pipeline._model.artifacts import SourceResolver
 from pipeline._model.envelope import Envelope
+from pipeline._model.kinds import AttachmentKinds, LabelLookup, NoKinds
 from pipeline._store.records import (
     AttachmentRecord,
     ConversationInfo,
@@ -36,7 +36,6 @@ from pipeline._store.records import (
 from pipeline._views.views import SegmentRenderer
 
 __all__ = [
-    "CONTEXT_CATEGORIES",
     "ChatMessage",
     "ChatTranscript",
     "ImportProblem",
@@ -47,24 +46,11 @@ __all__ = [
     "render_transcript",
 ]
 
-# Context-line category -> attachment kind, in the order the line lists them.
-CONTEXT_CATEGORIES: tuple[tuple[str, str], ...] = (
-    ("Notes", "note"),
-    ("URLs", "url"),
-    ("Tags", "tag"),
-    ("Folders", "folder"),
-    ("YouTube", "youtube"),
-    ("PDFs", "pdf"),
-    ("Selections", "selection"),
-)
-_CATEGORY = dict(CONTEXT_CATEGORIES)
-_LABEL = {kind: name for name, kind in CONTEXT_CATEGORIES}
 _MARKER = re.compile(r"^\*\*(user|ai)\*\*:(?: |$)")
 _CONTEXT = re.compile(r"^\[Context: (.*)\]$")
 _TIMESTAMP = re.compile(r"^\[Timestamp: (.*)\]$")
 # Message lines that would read as structure get one more leading backslash on export.
 _STRUCTURAL = re.compile(r"^\\*(?:\*\*(?:user|ai)\*\*:|\[Context: |\[Timestamp: )")
-_FETCHED = ("url", "youtube")
 
 
 @attrs.frozen
@@ -130,24 +116,25 @@ def _unescape(line: str) -> str:
     return line[1:] if _STRUCTURAL.match(line) and line.startswith("\\") else line
 
 
-def _context_line(context: Sequence[tuple[str, str]]) -> str:
+def _context_line(context: Sequence[tuple[str, str]], kinds: AttachmentKinds) -> str:
+    """``[Context: Notes: a.md | URLs: ...]``: each kind's category, in the kinds' order."""
     groups: dict[str, list[str]] = {}
     for kind, label in context:
         groups.setdefault(kind, []).append(label)
     parts = [
-        f"{_LABEL.get(kind, kind)}: {', '.join(labels)}"
-        for kind, labels in sorted(groups.items(), key=lambda kv: _order(kv[0]))
+        f"{kinds.category(kind)}: {', '.join(labels)}"
+        for kind, labels in sorted(groups.items(), key=lambda kv: kinds.order(kv[0]))
     ]
     return f"[Context: {' | '.join(parts)}]"
 
 
-def _order(kind: str) -> tuple[int, str]:
-    kinds = [k for _, k in CONTEXT_CATEGORIES]
-    return (kinds.index(kind), "") if kind in kinds else (len(kinds), kind)
+def render_transcript(transcript: ChatTranscript, kinds: AttachmentKinds | None = None) -> str:
+    """The markdown text; the same transcript always gives the same bytes.
 
-
-def render_transcript(transcript: ChatTranscript) -> str:
-    """The markdown text; the same transcript always gives the same bytes."""
+    ``kinds`` (e.g. a ``processors.Registry``) names each kind's context-line category;
+    without it a category is the kind's own name (``lamina.render_transcript`` fills it).
+    """
+    kinds = kinds or NoKinds()
     header: dict[str, Any] = {
         "conversation_id": transcript.conversation_id,
         "model": transcript.model,
@@ -166,7 +153,7 @@ def render_transcript(transcript: ChatTranscript) -> str:
     for m in transcript.messages:
         lines = [f"**{m.role}**: {_escape(m.text)}"]
         if m.context:
-            lines.append(_context_line(m.context))
+            lines.append(_context_line(m.context, kinds))
         if m.timestamp:
             lines.append(f"[Timestamp: {m.timestamp}]")
         blocks.append("\n".join(lines))
@@ -177,8 +164,10 @@ def _record_context(attachments: Sequence[AttachmentRecord]) -> tuple[tuple[str,
     return tuple((a.kind, a.label) for a in attachments)
 
 
-def export_transcript(store: Store, conversation_id: str) -> str:
-    """The stored conversation as markdown (deterministic given the store)."""
+def export_transcript(
+    store: Store, conversation_id: str, kinds: AttachmentKinds | None = None
+) -> str:
+    """The stored conversation as markdown (deterministic given the store and ``kinds``)."""
     info = store.conversation(conversation_id)
     records = store.turns(conversation_id)
     system = store.load(conversation_id).system if records else SystemPrompt()
@@ -190,7 +179,8 @@ def export_transcript(store: Store, conversation_id: str) -> str:
     return render_transcript(
         ChatTranscript(
             info.id, info.model, info.created, info.tags, info.title, system, tuple(messages)
-        )
+        ),
+        kinds,
     )
 
 
@@ -261,14 +251,14 @@ def _system(value: Any, path: str) -> SystemPrompt:
     raise ChatTranscriptError(path, 0, "frontmatter 'system' must be text or stable/mutable")
 
 
-def _parse_context(inner: str) -> tuple[tuple[str, str], ...]:
+def _parse_context(inner: str, kinds: AttachmentKinds) -> tuple[tuple[str, str], ...]:
     out: list[tuple[str, str]] = []
     for part in inner.split(" | "):
         name, sep, rest = part.partition(":")
         if not sep:
             out.append(("unknown", part.strip()))
             continue
-        kind = _CATEGORY.get(name.strip(), name.strip().lower() or "unknown")
+        kind = kinds.kind_named(name.strip())
         out.extend((kind, item.strip()) for item in rest.split(", ") if item.strip())
     return tuple(out)
 
@@ -282,8 +272,15 @@ def _lines(text: str) -> list[str]:
     return text.split("\n")
 
 
-def parse_transcript(text: str, path: str = "<transcript>") -> ChatTranscript:
-    """Read a Lamina or original-plugin transcript; ChatTranscriptError if malformed."""
+def parse_transcript(
+    text: str, path: str = "<transcript>", kinds: AttachmentKinds | None = None
+) -> ChatTranscript:
+    """Read a Lamina or original-plugin transcript; ChatTranscriptError if malformed.
+
+    ``kinds`` maps context-line categories (``Notes``) to kinds; without it a category is
+    read as a kind's name (``lamina.parse_transcript`` fills it).
+    """
+    kinds = kinds or NoKinds()
     lines = _lines(text)
     meta, start = _frontmatter(lines, path)
     messages: list[ChatMessage] = []
@@ -302,7 +299,7 @@ def parse_transcript(text: str, path: str = "<transcript>") -> ChatTranscript:
                 timestamp = m.group(1)
                 body.pop()
             elif body and (m := _CONTEXT.match(body[-1])) and not context:
-                context = _parse_context(m.group(1))
+                context = _parse_context(m.group(1), kinds)
                 body.pop()
         messages.append(
             ChatMessage(role, "\n".join(_unescape(b) for b in body), context, timestamp, line)
@@ -334,56 +331,15 @@ def parse_transcript(text: str, path: str = "<transcript>") -> ChatTranscript:
 # --- import -----------------------------------------------------------------------------
 
 
-def _resolve_note(label: str, notes: Sequence[str]) -> tuple[str | None, str]:
-    """A vault path for a transcript's note label, or None and why not."""
-    name = label.strip().lstrip("/")
-    wanted = name if name.lower().endswith(".md") else name + ".md"
-    if wanted in notes:
-        return wanted, ""
-    base = posixpath.basename(wanted).casefold()
-    matches = sorted(n for n in notes if posixpath.basename(n).casefold() == base)
-    if len(matches) == 1:
-        return matches[0], ""
-    if matches:
-        return None, f"ambiguous basename: matches {', '.join(matches)}"
-    return None, "no such note in the vault (deleted or renamed?)"
-
-
 def _attempt(
-    conv: Conversation,
-    kind: str,
-    label: str,
-    store: Store,
-    notes: Sequence[str] | None,
-    allow_fetch: bool,
+    conv: Conversation, kinds: AttachmentKinds, kind: str, label: str, lookup: LabelLookup
 ) -> tuple[dict[str, Any] | None, str, str]:
-    """(script form, label to keep, reason it failed)."""
-    if kind == "note":
-        if notes is None:
-            return None, label, "no vault given to read notes from"
-        path, why = _resolve_note(label, notes)
-        if path is None:
-            return None, label, why
-        form: dict[str, Any] = {"note": path}
-        label = path
-    elif kind in ("tag", "folder"):
-        if notes is None:
-            return None, label, "no vault given to read notes from"
-        form = {kind: label}
-    elif kind in _FETCHED:
-        if not allow_fetch:
-            return None, label, "fetching is not allowed (pass allow_fetch / --allow-fetch)"
-        form = {kind: label}
-    elif kind == "pdf":
-        file, _, pages = label.partition("#pages=")
-        form = {"pdf": file} | ({"pages": pages} if pages else {})
-    elif kind == "selection":
-        found = store.find_attachment("selection", label)
-        if found is None or found.data() is None:
-            return None, label, "selected text is not in the store (transcripts do not carry it)"
-        form = found.data() or {}
-    else:
-        return None, label, "unknown context category"
+    """(script form, label to keep, reason it failed): the kind's processor rebuilds the
+    form from the label, and the form is then checked by processing it."""
+    try:
+        form, label = kinds.from_label(kind, label, lookup)
+    except NotRebuilt as exc:
+        return None, label, exc.reason
     try:
         conv.process(form)
     except LaminaError as exc:
@@ -408,11 +364,12 @@ def import_transcript(
     The whole import is one transaction, written once every turn is rebuilt: a failure
     or a kill leaves nothing behind, so importing again works.
     """
-    parsed = parse_transcript(text, path)
+    kinds = sources.kinds if sources is not None else NoKinds()
+    parsed = parse_transcript(text, path, kinds)
     cid = conversation_id or parsed.conversation_id or text_hash(text)
     conv = Conversation(parsed.system, sources=sources, renderer=renderer)
     conv.summaries.backing = store
-    notes = _vault_notes(conv)
+    lookup = LabelLookup(allow_fetch, lambda kind, label: _stored(store, kind, label))
     saves: list[tuple[TurnRecord, ConversationState, Manifest, Any]] = []
 
     def keep(envelope: Envelope, records: list[AttachmentRecord], created: str, reply: str) -> None:
@@ -446,7 +403,7 @@ def import_transcript(
         forms: list[dict[str, Any]] = []
         records = []
         for kind, label in m.context:
-            form, kept, why = _attempt(conv, kind, label, store, notes, allow_fetch)
+            form, kept, why = _attempt(conv, kinds, kind, label, lookup)
             if form is None:
                 problems.append(ImportProblem(turn, kind, label, why))
                 records.append(AttachmentRecord(kind, kept, "", rebuilt=False))
@@ -470,10 +427,7 @@ def import_transcript(
     return ImportReport(cid, len(conv.history), tuple(rebuilt), tuple(problems))
 
 
-def _vault_notes(conv: Conversation) -> tuple[str, ...] | None:
-    context = getattr(conv.sources, "context", None)
-    vault = getattr(context, "vault", None)
-    if vault is None:
-        return None
-    notes: tuple[str, ...] = vault.notes()
-    return notes
+def _stored(store: Store, kind: str, label: str) -> dict[str, Any] | None:
+    """The script form ``store`` kept for an attachment of ``kind`` labelled ``label``."""
+    found = store.find_attachment(kind, label)
+    return None if found is None else found.data()

@@ -19,6 +19,7 @@ from lamina import (
     ReplayConfig,
     ReplayResult,
     SerialEngine,
+    export_transcript,
     find_corpus,
     load_config,
     load_script,
@@ -26,7 +27,7 @@ from lamina import (
     run_saved,
 )
 from lamina._engines import LOCAL_CLUSTER_CONFIG
-from pipeline import ConversationInfo, SqliteStore, export_transcript
+from pipeline import ConversationInfo, SqliteStore
 from processors import Sources
 from tests.conftest import write_vault
 

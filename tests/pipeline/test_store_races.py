@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lamina import Conversation, load_conversation
+from lamina import Conversation, export_transcript, load_conversation
 from pipeline import ConflictError, ConversationInfo, SqliteStore, open_store, save_turn
-from pipeline._store.transcript import export_transcript
 from tests.cli import ROOT, lamina
 from tests.stores import BACKENDS, Backend
 

@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from lamina import Conversation, import_transcript
+from lamina import (
+    Conversation,
+    export_transcript,
+    import_transcript,
+    parse_transcript,
+    render_transcript,
+)
 from pipeline import (
     ChatMessage,
     ChatTranscript,
@@ -18,9 +24,6 @@ from pipeline import (
     SqliteStore,
     Store,
     SystemPrompt,
-    export_transcript,
-    parse_transcript,
-    render_transcript,
     save_turn,
 )
 from processors import Sources

@@ -28,7 +28,15 @@ from pipeline import (
     View,
     check_envelope,
 )
-from processors import ProcessContext, Registry, Sources, Vault, note
+from processors import (
+    BaseProcessor,
+    ProcessContext,
+    Registry,
+    Sources,
+    Vault,
+    note,
+    reload_plugins,
+)
 from tests.cli import lamina
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,9 +66,11 @@ def site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     )
     install(folder, "lamina_csv", {"csv": "lamina_csv:CsvProcessor"})
     monkeypatch.syspath_prepend(str(folder))
+    reload_plugins()  # installed now: the next Registry.default() scans again
     yield folder
     for name in PLUGIN_MODULES:
         sys.modules.pop(name, None)
+    reload_plugins()
 
 
 @pytest.fixture
@@ -196,13 +206,20 @@ def test_a_body_that_would_close_the_cdata_falls_back_to_escaped_text(site: Path
     assert "CDATA" not in closing and "| &lt;/csv> |" in closing
 
 
-class _Fake:
+class _Fake(BaseProcessor):
     def __init__(self, kind: str, renderers: Any = None) -> None:
-        self.kind = kind
+        self._kind = kind
         if renderers is not None:
             self.renderers = renderers
 
+    @property
+    def kind(self) -> str:
+        return self._kind
+
     def parse(self, data: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def script_form(self, spec: Any) -> dict[str, Any]:
         raise NotImplementedError
 
     def process(self, spec: Any, ctx: ProcessContext) -> Processed:
@@ -327,3 +344,122 @@ def test_the_cli_warns_about_broken_plugins_and_carries_on(
     assert [line.split("'")[1] for line in lines] == ["ghost", "licensed", "notes2"]
     assert all(line.startswith("lamina: warning: '") for line in lines)
     assert "csv:data/cities.csv" in result.stdout
+
+
+# --- a plugin kind persists like a built-in one --------------------------------------
+
+
+def test_a_plugin_kind_saves_resumes_exports_and_imports(
+    site: Path, csv_vault: Path, tmp_path: Path
+) -> None:
+    from lamina_csv import csv_file
+
+    from lamina import export_transcript, import_transcript, load_conversation, rebuild_envelope
+    from pipeline import ConversationInfo, SqliteStore, save_turn
+
+    with SqliteStore(tmp_path / "a.sqlite") as store:
+        store.create(ConversationInfo("c", "2026-01-01T00:00:00Z", "gpt-4o"))
+        conv = Conversation("You are helpful.", vault=csv_vault)
+        first = [csv_file("data/cities.csv", rows=2)]
+        env1 = conv.turn("What is in the table?", attach=first)
+        conv.reply("Cities.")
+        saved = save_turn(store, "c", conv, env1, first, created="T1", reply_created="R1")
+        second = [note("project-spec.md"), {"csv": "data/cities.csv"}]
+        env2 = conv.turn("All rows and the spec?", attach=second)
+        save_turn(store, "c", conv, env2, second, created="T2")
+        [record] = saved.attachments
+        assert (record.kind, record.label) == ("csv", "data/cities.csv#rows=2")
+        assert record.rebuilt
+        assert record.data() == {"csv": "data/cities.csv", "rows": 2}
+
+        # Resume: both turns replay to their saved manifests, and the chat goes on.
+        assert rebuild_envelope(store, "c", 1, vault=csv_vault) is not None
+        previous = rebuild_envelope(store, "c", vault=csv_vault)
+        assert previous is not None and previous.system_text == env2.system_text
+        resumed = load_conversation(store, "c", vault=csv_vault)
+        again = resumed.turn("And again?", attach=[csv_file("data/cities.csv", rows=2)])
+        assert again.l2.keys()[0] == "csv:data/cities.csv"
+
+        text = export_transcript(store, "c")
+        state = store.load("c")
+    assert "[Context: CSV files: data/cities.csv#rows=2]" in text
+    assert "[Context: Notes: project-spec.md | CSV files: data/cities.csv]" in text
+
+    with SqliteStore(tmp_path / "b.sqlite") as other:
+        report = import_transcript(text, other, vault=csv_vault)
+        assert report.problems == ()
+        assert report.rebuilt == (
+            "csv data/cities.csv#rows=2",
+            "note project-spec.md",
+            "csv data/cities.csv",
+        )
+        assert export_transcript(other, "c") == text
+        assert other.load("c") == state
+
+
+def test_a_plugin_without_a_required_hook_is_refused_naming_it() -> None:
+    class NoForm:
+        kind = "nf"
+        category = ""
+        renderers: Mapping[Any, Any] = {}
+        settings = None
+
+        def parse(self, data: Mapping[str, Any]) -> Any:
+            raise NotImplementedError
+
+        def process(self, spec: Any, ctx: ProcessContext) -> Processed:
+            raise NotImplementedError
+
+    with pytest.raises(RegistryError, match=r"NoForm has no script_form\(\) hook") as info:
+        Registry([NoForm()])  # type: ignore[list-item]
+    assert info.value.kind == "nf"
+
+
+def test_a_hook_with_the_wrong_arguments_is_refused() -> None:
+    class BadLabel(_Fake):
+        def label(self) -> str:  # type: ignore[override]
+            return ""
+
+    with pytest.raises(RegistryError, match=r"BadLabel.label\(\) must take \(form\)"):
+        Registry([BadLabel("bl")])
+
+
+def test_an_installed_broken_hook_is_a_plugin_error(site: Path) -> None:
+    site.joinpath("lamina_nohooks.py").write_text(
+        "class Old:\n"
+        "    kind = 'old'\n"
+        "    def parse(self, data):\n        raise NotImplementedError\n"
+        "    def process(self, spec, ctx):\n        raise NotImplementedError\n",
+        encoding="utf-8",
+    )
+    install(site, "lamina_nohooks", {"old": "lamina_nohooks:Old"})
+    try:
+        registry = Registry.default(refresh=True)
+    finally:
+        sys.modules.pop("lamina_nohooks", None)
+    assert "csv" in registry and "old" not in registry
+    [error] = registry.plugin_errors
+    assert error.plugin == "old"
+    assert "lamina_nohooks.Old has no script_form() hook" in str(error)
+
+
+# --- discovery once per process ----------------------------------------------------
+
+
+def test_plugins_are_scanned_once_per_process_and_again_on_request(
+    site: Path, csv_vault: Path
+) -> None:
+    from processors import plugin_scans
+
+    Conversation("s", vault=csv_vault)
+    scans = plugin_scans()
+    second = Conversation("s", vault=csv_vault)
+    Conversation.restore(second.state, vault=csv_vault)
+    assert plugin_scans() == scans
+    assert "csv" in Registry.default()
+    assert plugin_scans() == scans
+    Registry.default(refresh=True)
+    assert plugin_scans() == scans + 1
+    reload_plugins()
+    Conversation("s", vault=csv_vault)
+    assert plugin_scans() == scans + 2

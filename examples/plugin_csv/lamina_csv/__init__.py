@@ -17,8 +17,8 @@ from typing import Any, Self
 import attrs
 from lxml import etree
 
-from pipeline import AttachmentError, Processed, View, escape_body, make_artifact
-from processors import ProcessContext
+from pipeline import AttachmentError, LabelLookup, Processed, View, escape_body, make_artifact
+from processors import BaseProcessor, ProcessContext
 from renderers import render_xml, xml_safe
 
 __all__ = [
@@ -127,13 +127,30 @@ def render_csv(view: View) -> str:
     return etree.tostring(el, encoding="unicode")
 
 
-class CsvProcessor:
+class CsvProcessor(BaseProcessor):
     """CSV files inside the vault, read with the standard csv module."""
 
     kind = "csv"
+    category = "CSV files"
     renderers: Mapping[tuple[str, str], Callable[[View], str]] = MappingProxyType(
         {("csv", "full"): render_csv}
     )
+
+    def script_form(self, spec: CsvSpec) -> dict[str, Any]:
+        """``{"csv": path}``, with ``rows`` when it is not the default."""
+        return {"csv": spec.path} | ({"rows": spec.rows} if spec.rows != DEFAULT_ROWS else {})
+
+    def label(self, form: Mapping[str, Any]) -> str:
+        """The path, with ``#rows=`` when the attachment asked for another row count."""
+        rows = form.get("rows")
+        path = str(form["csv"])
+        return f"{path}#rows={rows}" if rows not in (None, DEFAULT_ROWS) else path
+
+    def from_label(
+        self, label: str, lookup: LabelLookup, ctx: ProcessContext
+    ) -> tuple[dict[str, Any], str]:
+        path, _, rows = label.partition("#rows=")
+        return {"csv": path} | ({"rows": int(rows)} if rows.isdigit() else {}), label
 
     def parse(self, data: Mapping[str, Any]) -> CsvSpec:
         unknown = sorted(set(data) - {"csv", "rows"})
