@@ -463,3 +463,23 @@ def test_plugins_are_scanned_once_per_process_and_again_on_request(
     reload_plugins()
     Conversation("s", vault=csv_vault)
     assert plugin_scans() == scans + 2
+
+
+def test_a_plugin_record_saved_before_kinds_owned_their_form_still_loads(
+    site: Path, csv_vault: Path, tmp_path: Path
+) -> None:
+    """Stores written before: a plugin attachment kept with no script form."""
+    from lamina import export_transcript, load_conversation, rebuild_envelope
+    from pipeline import AttachmentRecord, ConversationInfo, SqliteStore, save_turn
+
+    with SqliteStore(tmp_path / "old.sqlite") as store:
+        store.create(ConversationInfo("old", "2026-01-01T00:00:00Z"))
+        conv = Conversation("s", vault=csv_vault)
+        env = conv.turn("Read it", attach=[{"csv": "data/cities.csv"}])
+        old = AttachmentRecord("csv", "data/cities.csv (first 200 rows)", "", True)
+        save_turn(store, "old", conv, env, [old], created="T1")
+        assert rebuild_envelope(store, "old", vault=csv_vault) is None  # nothing to replay
+        assert load_conversation(store, "old", vault=csv_vault).state == conv.state
+        assert "[Context: CSV files: data/cities.csv (first 200 rows)]" in export_transcript(
+            store, "old"
+        )
