@@ -17,19 +17,27 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Literal, cast
 
 import attrs
 
-from pipeline._errors import BudgetExceeded, ConfigError
+from pipeline._budget import engine
+from pipeline._errors import ConfigError
 from pipeline._input import validate as _validate
 from pipeline._model.artifacts import Artifact, TurnWarning, make_artifact
 from pipeline._model.envelope import NOT_SENT, BudgetReport, Decision, Envelope, Form
 from pipeline._model.library import LibraryEntry
 from pipeline._model.tools import chunk_source
 from pipeline._tokens.counter import TokenCounter
-from pipeline._tokens.profiles import CHAT_TEMPLATES, get_profile
-from pipeline._turn.assemble import assemble, complete, item_view, summary_target, visible_history
+from pipeline._tokens.profiles import (
+    CHAT_TEMPLATES,
+    OPENAI_FRAMING,
+    ChatTemplate,
+    Framing,
+    get_profile,
+)
+from pipeline._turn.assemble import draft, item_view, summary_target, visible_history
+from pipeline._turn.draft import Draft
 from pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
 from pipeline._turn.measure import request_tokens
 from pipeline._views.preview import (
@@ -60,11 +68,10 @@ __all__ = [
     "shorten_replies",
 ]
 
-Cut = Callable[[TurnGraph, Envelope], "tuple[TurnGraph, Decision] | None"]
+Cut = Callable[[TurnGraph, Draft], "tuple[TurnGraph, Decision] | None"]
 """One cut: the smallest next reduction of ``turn`` (and its decision), or None if none.
 
-The envelope a cut gets is a measurement: its segments (text, tokens) are real, its
-joined layer and message texts and hashes are left empty."""
+It gets the turn's ``Draft``: each layer's segments (text, tokens) and exact counts."""
 
 
 def _decision(
@@ -73,7 +80,7 @@ def _decision(
     return Decision("budget", target, before, after, reason, saved, layer=layer)
 
 
-def drop_history(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | None:
+def drop_history(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
     """Drop the oldest whole turns, ``history_step`` at a time, never the last one."""
     assert turn.ctx.budget is not None
     shown = [entry for entry, _ in visible_history(turn)]
@@ -87,7 +94,7 @@ def drop_history(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] |
     return attrs.evolve(turn, history_view=view), _decision(target, "text", "dropped", reason, "L4")
 
 
-def shorten_replies(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | None:
+def shorten_replies(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
     """Shorten the oldest long reply (not the last turn's) to ``reply_tokens``."""
     budget = turn.ctx.budget
     assert budget is not None
@@ -121,7 +128,7 @@ _NEXT_RECOVERABLE = {
 }
 
 
-def compact_l3(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | None:
+def compact_l3(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
     """Step the largest recoverable L3 item down: full -> preview -> summary -> reference."""
     sizes = {s.key: s.tokens for s in env.l3.segments}
     candidates = [
@@ -193,7 +200,7 @@ def _l2_step(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry | None:
     return LibraryEntry(new, text, ctx.counter.count(text), entry.turn)
 
 
-def compact_l2(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | None:
+def compact_l2(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
     """Step the oldest L2 entry down: -> preview -> summary -> evicted stub (key, title, path).
 
     Entries this turn refers to are compacted last, so a reference keeps its content.
@@ -218,7 +225,7 @@ def compact_l2(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | N
     return None
 
 
-def compact_l1_mutable(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | None:
+def compact_l1_mutable(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
     """Compact L1's mutable part (memory, project overlays): preview, then halve it."""
     text = turn.system.mutable
     counter = turn.ctx.counter
@@ -235,7 +242,7 @@ def compact_l1_mutable(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decis
     return attrs.evolve(turn, system=system), decision
 
 
-def excerpt_non_recoverable(turn: TurnGraph, env: Envelope) -> tuple[TurnGraph, Decision] | None:
+def excerpt_non_recoverable(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
     """Halve the largest non-recoverable item as a marked head+tail excerpt (never summarize)."""
     sizes = {s.key: s.tokens for s in env.l3.segments}
     best = None
@@ -322,8 +329,10 @@ class Budget:
 
     context_window: int = attrs.field(validator=_at_least(1))
     reserve_output: int = attrs.field(default=4096, validator=_at_least(0))
-    per_message_tokens: int = attrs.field(default=3, validator=_at_least(0))
-    priming_tokens: int = attrs.field(default=3, validator=_at_least(0))
+    per_message_tokens: int = attrs.field(
+        default=OPENAI_FRAMING.per_message, validator=_at_least(0)
+    )
+    priming_tokens: int = attrs.field(default=OPENAI_FRAMING.priming, validator=_at_least(0))
     safety_margin: float = attrs.field(default=0.0, validator=_real)
     history_step: int = attrs.field(default=4, validator=_at_least(1))
     reply_tokens: int = attrs.field(default=400, validator=_at_least(1))
@@ -332,11 +341,12 @@ class Budget:
     tokenizer: str | None = None
     """The profile's tokenizer (``for_model``); a ``Conversation`` without ``tokenizer=``
     counts with it, so an open model's budget is counted with its own encoding."""
-    content_lead: str = ""
-    trim_content: bool = False
-    chat_template: str = "messages"
+    content_lead: str = OPENAI_FRAMING.lead
+    trim_content: bool = OPENAI_FRAMING.trim
+    chat_template: str = OPENAI_FRAMING.template
     """Where the chat template puts the system text (``CHAT_TEMPLATES``): "mistral" for
     Mistral's instruct format, which sends it inside the last user message."""
+    tool_call_tokens: int = attrs.field(default=OPENAI_FRAMING.tool_call, validator=_at_least(0))
     order: tuple[Cut, ...] = attrs.field(
         default=attrs.Factory(lambda self: CUT_POLICIES.get(self.policy, ()), takes_self=True),
         eq=False,
@@ -387,6 +397,7 @@ class Budget:
             "content_lead": profile.content_lead,
             "trim_content": profile.trim_content,
             "chat_template": profile.chat_template,
+            "tool_call_tokens": profile.tool_call_tokens,
         }
         fields.update(overrides)
         return cls(**fields)  # type: ignore[arg-type]
@@ -418,26 +429,70 @@ class Budget:
             decisions=tuple(decisions),
         )
 
-    def used(self, env: Envelope, counter: TokenCounter) -> int:
-        """Exact request tokens of ``env`` with this budget's message framing."""
-        return request_tokens(
-            env,
-            counter,
-            per_message=self.per_message_tokens,
-            priming=self.priming_tokens,
-            lead=self.content_lead,
-            trim=self.trim_content,
-            template=self.chat_template,
+    @property
+    def framing(self) -> Framing:
+        """The chat framing this budget counts around contents (from the model profile)."""
+        return Framing(
+            self.per_message_tokens,
+            self.priming_tokens,
+            self.content_lead,
+            self.trim_content,
+            cast(ChatTemplate, self.chat_template),
+            self.tool_call_tokens,
         )
 
+    def used(self, env: Envelope | Draft, counter: TokenCounter) -> int:
+        """Exact request tokens of ``env`` with this budget's message framing."""
+        return request_tokens(env, counter, self.framing)
 
-def _layer_tokens(env: Envelope) -> tuple[tuple[str, int], ...]:
-    return tuple((str(layer.name), layer.tokens) for layer in env.layers)
+
+@attrs.frozen
+class _Fitting:
+    """The engine's state for a turn: the turn, its draft and the request's exact tokens."""
+
+    turn: TurnGraph
+    draft: Draft
+    used: int
+
+    def layer_tokens(self) -> tuple[tuple[str, int], ...]:
+        return self.draft.layer_tokens()
+
+
+Plan = Callable[[TurnGraph, Draft, int, Budget], "tuple[TurnGraph, list[Decision]] | None"]
+
+
+def _step(plan: Plan, budget: Budget) -> engine.Plan[_Fitting]:
+    """``plan`` as an engine plan: the cut turn is drafted again from the last draft (only
+    the blocks the cut changed are rendered and counted) and measured."""
+
+    def run(state: _Fitting, over: int) -> tuple[_Fitting, list[Decision]] | None:
+        step = plan(state.turn, state.draft, over, budget)
+        if step is None:
+            return None
+        turn, made = step
+        drafted = draft(turn, state.draft)
+        return _Fitting(turn, drafted, budget.used(drafted, turn.ctx.counter)), made
+
+    return run
+
+
+def _too_big(budget: Budget) -> Callable[[_Fitting, int], str]:
+    def message(state: _Fitting, cuts: int) -> str:
+        return (
+            f"turn {state.turn.ctx.turn}: {budget.effective(state.used)} tokens do not fit the "
+            f"limit of {budget.limit} (window {budget.context_window} - reserve "
+            f"{budget.reserve_output}) even after {cuts} cuts"
+        )
+
+    return message
 
 
 @attrs.frozen
 class Enforce:
-    """The budget stage: fit the exact rendered request into the window, or raise."""
+    """The budget stage: fit the exact rendered request into the window, or raise.
+
+    The default policy plans its cuts in rounds from known counts (``_PLANS``); any other
+    order takes one cut at a time. Both run on the fitting engine over the turn's draft."""
 
     name: str = "budget"
     after: tuple[str, ...] = ("reference",)
@@ -448,76 +503,25 @@ class Enforce:
         if budget is None:
             return turn
         if budget.policy == "current-first" and budget.order is DEFAULT_ORDER:
-            return _fit_in_rounds(turn, budget)
-        env = assemble(turn, measure_only=True)
-        used = budget.used(env, turn.ctx.counter)
-        before = _layer_tokens(env)
-        decisions: list[Decision] = []
-        while budget.effective(used) > budget.limit:
-            for cut in budget.order:
-                step = cut(turn, env)
-                if step is not None:
-                    break
-            else:
-                report = budget.report(used, before, _layer_tokens(env), decisions)
-                raise BudgetExceeded(
-                    f"turn {turn.ctx.turn}: {budget.effective(used)} tokens do not fit "
-                    "the limit of "
-                    f"{budget.limit} (window {budget.context_window} - reserve "
-                    f"{budget.reserve_output}) even after {len(decisions)} cuts",
-                    report,
-                )
-            turn, decision = step
-            env = assemble(turn, measure_only=True)
-            now = budget.used(env, turn.ctx.counter)
-            decisions.append(attrs.evolve(decision, tokens_saved=used - now))
-            used = now
-        report = budget.report(used, before, _layer_tokens(env), decisions)
-        measured = (complete(env, turn), turn.render_inputs())
-        return attrs.evolve(turn, budget_report=report, measured=measured).decide(*decisions)
+            # The library as the model last saw it: an edited note's preview leads with
+            # what changed since.
+            turn = attrs.evolve(turn, seen=turn.library)
+            plans = _PLANS
+        else:
+            plans = tuple(_single(cut) for cut in budget.order)
+        drafted = draft(turn)
+        start = _Fitting(turn, drafted, budget.used(drafted, turn.ctx.counter))
+        steps = [_step(plan, budget) for plan in plans]
+        done, report = engine.fit(start, steps, budget, _too_big(budget))
+        decided = attrs.evolve(done.turn, budget_report=report, measured=done.draft)
+        return decided.decide(*report.decisions)
 
 
 # -- the current-first policy: cuts planned from known counts, one measurement per round --
 
-Plan = Callable[[TurnGraph, Envelope, int, Budget], "tuple[TurnGraph, list[Decision]] | None"]
-
-
-def _fit_in_rounds(turn: TurnGraph, budget: Budget) -> TurnGraph:
-    """Fit ``turn`` by rounds: each round's plan picks its cuts from the last measurement's
-    counts (enough to cover the excess), then the request is measured once again."""
-    counter = turn.ctx.counter
-    turn = attrs.evolve(turn, seen=turn.library)
-    env = assemble(turn, measure_only=True)
-    used = budget.used(env, counter)
-    before = _layer_tokens(env)
-    decisions: list[Decision] = []
-    while (over := budget.effective(used) - budget.limit) > 0:
-        for plan in _PLANS:
-            step = plan(turn, env, over, budget)
-            if step is not None:
-                break
-        else:
-            report = budget.report(used, before, _layer_tokens(env), decisions)
-            raise BudgetExceeded(
-                f"turn {turn.ctx.turn}: {budget.effective(used)} tokens do not fit the limit of "
-                f"{budget.limit} (window {budget.context_window} - reserve "
-                f"{budget.reserve_output}) even after {len(decisions)} cuts",
-                report,
-            )
-        turn, made = step
-        env = assemble(turn, measure_only=True)
-        now = budget.used(env, counter)
-        if len(made) == 1:
-            made = [attrs.evolve(made[0], tokens_saved=used - now)]
-        decisions.extend(made)
-        used = now
-    report = budget.report(used, before, _layer_tokens(env), decisions)
-    measured = (complete(env, turn), turn.render_inputs())
-    return attrs.evolve(turn, budget_report=report, measured=measured).decide(*decisions)
-
 
 def _plan_library(
-    turn: TurnGraph, env: Envelope, over: int, budget: Budget
+    turn: TurnGraph, env: Draft, over: int, budget: Budget
 ) -> tuple[TurnGraph, list[Decision]] | None:
     """Step library entries down, oldest first (those this turn refers to last), each as
     far as it goes, until the excess and a tenth of the limit more are saved: the slack
@@ -562,7 +566,7 @@ def _plan_library(
 
 def _single(cut: Cut) -> Plan:
     def plan(
-        turn: TurnGraph, env: Envelope, over: int, budget: Budget
+        turn: TurnGraph, env: Draft, over: int, budget: Budget
     ) -> tuple[TurnGraph, list[Decision]] | None:
         step = cut(turn, env)
         return None if step is None else (step[0], [step[1]])
@@ -593,7 +597,7 @@ def _cap(sizes: list[int], room: int) -> int:
 
 
 def _plan_previews(
-    turn: TurnGraph, env: Envelope, over: int, budget: Budget
+    turn: TurnGraph, env: Draft, over: int, budget: Budget
 ) -> tuple[TurnGraph, list[Decision]] | None:
     """This turn's items capped at the largest size that fits, down to previews of
     ``MIN_PREVIEW_TOKENS`` (``_plan_current``)."""
@@ -601,14 +605,14 @@ def _plan_previews(
 
 
 def _plan_unsent(
-    turn: TurnGraph, env: Envelope, over: int, budget: Budget
+    turn: TurnGraph, env: Draft, over: int, budget: Budget
 ) -> tuple[TurnGraph, list[Decision]] | None:
     """The largest of this turn's items go unsent (``_plan_current``)."""
     return _plan_current(turn, env, over, budget, unsent=True)
 
 
 def _plan_current(
-    turn: TurnGraph, env: Envelope, over: int, budget: Budget, *, unsent: bool
+    turn: TurnGraph, env: Draft, over: int, budget: Budget, *, unsent: bool
 ) -> tuple[TurnGraph, list[Decision]] | None:
     """This turn's recoverable items all capped at the one largest size that fits (fine
     steps: a preview can have any size); below ``MIN_PREVIEW_TOKENS``, with ``unsent``,
@@ -699,7 +703,7 @@ def group_index(group: str, members: Sequence[tuple[Artifact, int]]) -> Artifact
 
 
 def _plan_groups(
-    turn: TurnGraph, env: Envelope, over: int, budget: Budget
+    turn: TurnGraph, env: Draft, over: int, budget: Budget
 ) -> tuple[TurnGraph, list[Decision]] | None:
     """Collapse the largest folder or tag group of this turn's items into one index."""
     sizes = {s.key: s.tokens for s in env.l3.segments}

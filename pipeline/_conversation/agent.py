@@ -18,6 +18,7 @@ from pipeline._errors import BudgetExceeded, ConversationError
 from pipeline._model.envelope import BudgetReport, Decision, Envelope
 from pipeline._model.tools import Hit, ToolUse, canonical_args, tool_artifact, tool_key, tool_turn
 from pipeline._tokens.counter import TokenCounter
+from pipeline._tokens.profiles import OPENAI_FRAMING, Framing
 from pipeline._views.preview import EXCERPT_MIN_TOKENS, cut_to_tokens
 
 if TYPE_CHECKING:
@@ -182,14 +183,12 @@ class AgentTurn:
             return f"{call.result}\n\n{QUESTION_AGAIN}{self.question}", True
         return call.result, False
 
-    def _framing(self) -> tuple[int, int]:
-        if self.budget is None:
-            return 3, 3
-        return self.budget.per_message_tokens, self.budget.priming_tokens
+    def _framing(self) -> Framing:
+        return OPENAI_FRAMING if self.budget is None else self.budget.framing
 
     def loop_tokens(self, steps: Iterable[LoopStep]) -> int:
         """Tokens the loop adds: per message framing, texts, call names and arguments."""
-        per_message, _ = self._framing()
+        per_message = self._framing().per_message
         total = 0
         for step in steps:
             total += per_message + self.counter.count(step.text)
@@ -201,8 +200,7 @@ class AgentTurn:
     def base_tokens(self) -> int:
         from pipeline._turn.measure import request_tokens
 
-        per_message, priming = self._framing()
-        return request_tokens(self.envelope, self.counter, per_message=per_message, priming=priming)
+        return request_tokens(self.envelope, self.counter, self._framing())
 
     def fit(self) -> Loop:
         """The loop as sent: old results stubbed, then the newest cut, until it fits.

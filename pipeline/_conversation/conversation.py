@@ -23,6 +23,7 @@ from pipeline._model.kinds import AttachmentKinds, NoKinds
 from pipeline._model.library import Library, LibraryEntry
 from pipeline._stages.builtin import Pipeline
 from pipeline._tokens.counter import TokenCounter
+from pipeline._tokens.profiles import OPENAI_FRAMING
 from pipeline._turn.assemble import assemble
 from pipeline._turn.graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
 from pipeline._turn.measure import request_tokens
@@ -54,17 +55,18 @@ class BudgetSettings:
 
     context_window: int
     reserve_output: int = 4096
-    per_message_tokens: int = 3
-    priming_tokens: int = 3
+    per_message_tokens: int = OPENAI_FRAMING.per_message
+    priming_tokens: int = OPENAI_FRAMING.priming
     safety_margin: float = 0.0
     history_step: int = 4
     reply_tokens: int = 400
     summary_tokens: int = 256
     policy: str = "current-first"
     tokenizer: str | None = None
-    content_lead: str = ""
-    trim_content: bool = False
-    chat_template: str = "messages"
+    content_lead: str = OPENAI_FRAMING.lead
+    trim_content: bool = OPENAI_FRAMING.trim
+    chat_template: str = OPENAI_FRAMING.template
+    tool_call_tokens: int = OPENAI_FRAMING.tool_call
 
     @classmethod
     def of(cls, budget: Budget) -> BudgetSettings:
@@ -82,6 +84,7 @@ class BudgetSettings:
             budget.content_lead,
             budget.trim_content,
             budget.chat_template,
+            budget.tool_call_tokens,
         )
 
     def budget(self) -> Budget:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from typing import Protocol
 
 import attrs
 
@@ -16,6 +17,7 @@ __all__ = [
     "NOT_SENT_INTRO",
     "QUERY_LABEL",
     "REFERENCES_INTRO",
+    "Blocks",
     "BudgetReport",
     "BuildReport",
     "Decision",
@@ -273,7 +275,14 @@ class Envelope:
         return tuple((s.role, s.text) for s in self.l4.segments)
 
 
-def system_parts(l1: Layer, l2: Layer) -> list[str]:
+class Blocks(Protocol):
+    """Anything with a layer's segments: a ``Layer`` or a draft's measured layer."""
+
+    @property
+    def segments(self) -> tuple[Segment, ...]: ...
+
+
+def system_parts(l1: Blocks, l2: Blocks) -> list[str]:
     """The system message's blocks: L1 segments, then the library heading and L2 entries."""
     parts = [s.text for s in l1.segments]
     if l2.segments:
@@ -282,21 +291,29 @@ def system_parts(l1: Layer, l2: Layer) -> list[str]:
     return [p for p in parts if p]
 
 
-def user_parts(l3: Layer, l5: Layer) -> list[str]:
+def user_parts(l3: Blocks, l5: Blocks) -> list[str]:
     """The user message's blocks: tool results, references, new context, the labelled query."""
-    tools = [s.text for s in l3.segments if s.source_type == TOOL_SOURCE]
+    return [text for text, _ in user_blocks(l3, l5)]
+
+
+def user_blocks(l3: Blocks, l5: Blocks) -> list[tuple[str, Segment | None]]:
+    """``user_parts`` with the segment each block is the text of (None for the joined
+    reference lists and a labelled query), so a measure can use the segments' counts."""
+    tools = [(s.text, s) for s in l3.segments if s.source_type == TOOL_SOURCE]
     rest = [s for s in l3.segments if s.source_type != TOOL_SOURCE]
     refs = [s.text for s in rest if s.form is Form.REFERENCE and not s.unsent]
     unsent = [s.text for s in rest if s.form is Form.REFERENCE and s.unsent]
-    full = [s.text for s in rest if s.form is not Form.REFERENCE]
-    parts: list[str] = [*tools]
+    full = [(s.text, s) for s in rest if s.form is not Form.REFERENCE]
+    parts: list[tuple[str, Segment | None]] = [*tools]
     if refs:
-        parts.append(REFERENCES_INTRO + "\n" + "\n".join(refs))
+        parts.append((REFERENCES_INTRO + "\n" + "\n".join(refs), None))
     if unsent:
-        parts.append(NOT_SENT_INTRO + "\n" + "\n".join(unsent))
+        parts.append((NOT_SENT_INTRO + "\n" + "\n".join(unsent), None))
     parts.extend(full)
-    query = join_blocks(
-        s.text for s in l5.segments
-    )  # from segments: measurements leave l5.text empty
-    parts.append(QUERY_LABEL + query if parts else query)
-    return [p for p in parts if p]
+    query = join_blocks(s.text for s in l5.segments)
+    if parts:
+        parts.append((QUERY_LABEL + query, None))
+    else:
+        texts = [s for s in l5.segments if s.text]
+        parts.append((query, texts[0] if len(texts) == 1 else None))
+    return [(text, segment) for text, segment in parts if text]

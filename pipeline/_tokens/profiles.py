@@ -21,7 +21,16 @@ import attrs
 from pipeline._errors import ConfigError
 from pipeline._tokens.counter import TOKENIZERS
 
-__all__ = ["CHAT_TEMPLATES", "PROFILES", "ChatTemplate", "ModelProfile", "Provider", "get_profile"]
+__all__ = [
+    "CHAT_TEMPLATES",
+    "OPENAI_FRAMING",
+    "PROFILES",
+    "ChatTemplate",
+    "Framing",
+    "ModelProfile",
+    "Provider",
+    "get_profile",
+]
 
 Provider = Literal["openai", "anthropic", "gemini"]
 ChatTemplate = Literal["messages", "mistral"]
@@ -41,6 +50,25 @@ GEMINI_MARGIN = 0.15
 """Gemini's tokenizer (SentencePiece, ~256k entries) is not available offline. Third-party
 comparisons put o200k-based estimates within 5-15% for prose and worse for code; we know of
 no careful measurement, so 15% is a guess on the safe side. Override it when you measure."""
+
+
+@attrs.frozen
+class Framing:
+    """What a chat request adds around its contents, in tokens: per message, once to prime
+    the reply, the template's text right before each content (``lead``), whether it strips
+    contents, where it puts the system text (``template``, one of ``CHAT_TEMPLATES``) and
+    per native tool call (id, type, function wrapper beyond the name and arguments)."""
+
+    per_message: int
+    priming: int
+    lead: str = ""
+    trim: bool = False
+    template: ChatTemplate = "messages"
+    tool_call: int = 8
+
+
+OPENAI_FRAMING = Framing(3, 3)
+"""OpenAI chat framing: 3 tokens per message and 3 to prime the reply; the default."""
 
 
 @attrs.frozen
@@ -69,12 +97,13 @@ class ModelProfile:
     exact_tokens: bool = True
     safety_margin: float = 0.0
     min_cacheable_tokens: int = 1024
-    per_message_tokens: int = 3
-    priming_tokens: int = 3
+    per_message_tokens: int = OPENAI_FRAMING.per_message
+    priming_tokens: int = OPENAI_FRAMING.priming
     max_output_tokens: int | None = None
-    content_lead: str = ""
-    trim_content: bool = False
-    chat_template: ChatTemplate = "messages"
+    content_lead: str = OPENAI_FRAMING.lead
+    trim_content: bool = OPENAI_FRAMING.trim
+    chat_template: ChatTemplate = OPENAI_FRAMING.template
+    tool_call_tokens: int = OPENAI_FRAMING.tool_call
 
     def __attrs_post_init__(self) -> None:
         problems: list[str] = []
@@ -97,7 +126,8 @@ class ModelProfile:
             problems.append(f"safety_margin must be in [0, 1), got {self.safety_margin}")
         if self.exact_tokens and self.safety_margin:
             problems.append("an exact tokenizer needs no safety_margin")
-        if min(self.min_cacheable_tokens, self.per_message_tokens, self.priming_tokens) < 0:
+        counts = (self.min_cacheable_tokens, self.per_message_tokens, self.priming_tokens)
+        if min(*counts, self.tool_call_tokens) < 0:
             problems.append("token counts must be >= 0")
         if problems:
             raise ConfigError(f"profile {self.name!r}", "; ".join(problems))
@@ -112,6 +142,18 @@ class ModelProfile:
         if self.exact_tokens:
             return counted
         return math.ceil(counted * (1.0 + self.safety_margin))
+
+    @property
+    def framing(self) -> Framing:
+        """This model's chat framing (what ``request_tokens`` counts around contents)."""
+        return Framing(
+            self.per_message_tokens,
+            self.priming_tokens,
+            self.content_lead,
+            self.trim_content,
+            self.chat_template,
+            self.tool_call_tokens,
+        )
 
     def framing_tokens(self, messages: int) -> int:
         """Chat framing overhead for ``messages`` messages (before margin)."""
@@ -151,16 +193,7 @@ def _gemini(name: str, window: int, reserve: int, max_out: int, cache_min: int) 
     )
 
 
-@attrs.frozen
-class _Framing:
-    per_message: int
-    priming: int
-    lead: str = ""
-    trim: bool = False
-    template: ChatTemplate = "messages"
-
-
-def _open(name: str, window: int, reserve: int, tokenizer: str, framing: _Framing) -> ModelProfile:
+def _open(name: str, window: int, reserve: int, tokenizer: str, framing: Framing) -> ModelProfile:
     # Open models are served behind OpenAI-compatible APIs (vLLM, Ollama, llama.cpp); their
     # tokenizers run locally (an extra), so counts are exact.
     return ModelProfile(
@@ -174,6 +207,7 @@ def _open(name: str, window: int, reserve: int, tokenizer: str, framing: _Framin
         content_lead=framing.lead,
         trim_content=framing.trim,
         chat_template=framing.template,
+        tool_call_tokens=framing.tool_call,
     )
 
 
@@ -182,31 +216,31 @@ def _open(name: str, window: int, reserve: int, tokenizer: str, framing: _Framin
 # Llama 3: <|start_header_id|>role<|end_header_id|>\n\n ... <|eot_id|> = 5 per message;
 # <|begin_of_text|> + the assistant header = 5 per request.
 # Contents are trimmed and follow "\n\n" in one run.
-LLAMA3_FRAMING = _Framing(5, 5, "\n\n", trim=True)
+LLAMA3_FRAMING = Framing(5, 5, "\n\n", trim=True)
 # Llama 3.1 and 3.3 templates also open the system message with "Cutting Knowledge Date:
 # December 2023\nToday Date: 26 Jul 2024\n\n" (20 tokens). Llama 3.2's template
 # (meta-llama/Llama-3.2-1B-Instruct and -3B-Instruct, tokenizer_config.json chat_template)
 # writes strftime_now("%d %b %Y") there instead of the fixed date: every "DD Mon YYYY" date
 # (English month names) from 2020 to 2099 is the same 20 tokens (a test checks each day).
-LLAMA31_FRAMING = _Framing(5, 5 + 20, "\n\n", trim=True)
+LLAMA31_FRAMING = Framing(5, 5 + 20, "\n\n", trim=True)
 # Llama 4, as llama-models' ChatFormat encodes it: <|header_start|>role<|header_end|>, then
 # "\n\n" and the content encoded apart, <|eot|>; BOS + the assistant header.
-LLAMA4_FRAMING = _Framing(5, 5)
+LLAMA4_FRAMING = Framing(5, 5)
 # Qwen (ChatML): <|im_start|>role\n ... <|im_end|>\n = 5; <|im_start|>assistant\n = 3.
-CHATML_FRAMING = _Framing(5, 3, "\n")
+CHATML_FRAMING = Framing(5, 3, "\n")
 # Qwen3.5 and Qwen3.6 (Qwen/Qwen3.5-27B chat_template.jinja, text path, no tools): ChatML
 # with every content trimmed; the reply is primed with <|im_start|>assistant\n<think>\n
 # (thinking on, the default) = 5. With enable_thinking=false the template adds
 # <think>\n\n</think>\n\n instead of <think>\n: priming_tokens=7. A reply holding
 # "</think>" is cut there by the template (the part before it is dropped): not counted.
-QWEN3_5_FRAMING = _Framing(5, 5, "\n", trim=True)
+QWEN3_5_FRAMING = Framing(5, 5, "\n", trim=True)
 # Mistral instruct v3 with tekken (mistral-common's InstructTokenizerV3, what vLLM's
 # --tokenizer-mode mistral runs, and the models' own chat templates): <s>, then
 # [INST]user[/INST] per user turn (2), reply</s> (1, MISTRAL_REPLY_END); the system text
 # opens the LAST user message (system + "\n\n" + user). Caching: the request's stable prefix
 # is <s> and the history only; the system text and the Context Library move behind it
 # every turn, so a server's prefix cache never holds them (they are re-read each turn).
-MISTRAL_V3_FRAMING = _Framing(2, 1, template="mistral")
+MISTRAL_V3_FRAMING = Framing(2, 1, template="mistral")
 
 
 _ALL = (

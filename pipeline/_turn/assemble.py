@@ -8,6 +8,7 @@ import attrs
 
 from pipeline._hashing import text_hash
 from pipeline._model.envelope import (
+    BLOCK_SEP,
     BuildReport,
     Envelope,
     Form,
@@ -19,8 +20,10 @@ from pipeline._model.envelope import (
     user_parts,
 )
 from pipeline._model.history import HistoryEntry
-from pipeline._tokens.counter import TokenCounter
+from pipeline._tokens.counter import TokenCounter, count_with_sep_from
+from pipeline._turn.draft import Draft, DraftLayer, ItemBlock
 from pipeline._turn.graph import Placement, TurnGraph
+from pipeline._turn.measure import joined_tokens
 from pipeline._views.preview import cut_to_tokens, fit_preview, focus_words
 from pipeline._views.views import (
     excerpt_view,
@@ -34,6 +37,7 @@ __all__ = [
     "DEFAULT_REPLY_TOKENS",
     "assemble",
     "complete",
+    "draft",
     "fitted_preview",
     "item_view",
     "shorten_reply",
@@ -128,75 +132,166 @@ def _report(turn: TurnGraph) -> BuildReport:
     )
 
 
-def assemble(turn: TurnGraph, *, measure_only: bool = False) -> Envelope:
+def assemble(turn: TurnGraph) -> Envelope:
     """Render every layer of ``turn`` (segment text and exact token counts) into an envelope.
 
-    ``measure_only`` skips what only the final request needs (joined layer texts, message
-    texts, hashes: left empty) for the budget stage, which re-measures after every cut.
+    When the budget stage left a draft measured from what the layers are rendered from
+    now (no later stage changed an input), the envelope is completed from it."""
+    found = turn.measured
+    if found is None or not _made_from(found, turn):
+        found = draft(turn)
+    return complete(found, turn)
+
+
+def _made_from(found: Draft, turn: TurnGraph) -> bool:
+    return found.inputs == turn.render_inputs() and all(
+        turn.graph.nodes[b.placement.key].get("artifact") is b.artifact for b in found.items
+    )
+
+
+def _text_segment(counter: TokenCounter, key: str, kind: str, text: str, role: str = "") -> Segment:
+    return Segment(
+        key=key,
+        form=Form.TEXT,
+        source_type=kind,
+        content_hash=text_hash(text),
+        text=text,
+        tokens=counter.count(text),
+        role=role,
+    )
+
+
+def _joined_tokens(
+    counter: TokenCounter, segments: Sequence[Segment], seps: dict[str, int | None] | None = None
+) -> int:
+    """Exact count of the segments' texts joined by a blank line, from their counts."""
+    known = seps or {}
+    return joined_tokens(
+        [(s.text, s.tokens, known.get(s.key)) for s in segments if s.text], counter
+    )
+
+
+def draft(turn: TurnGraph, previous: Draft | None = None) -> Draft:
+    """Measure every layer of ``turn``: segments with their exact counts, no joined texts.
+
+    With ``previous`` (a draft of the same turn before a cut: same context) only what
+    changed is rendered and counted again: placements whose placement or artifact
+    changed, history entries whose shown form changed, L1 if it changed; L2 carries its
+    count through ``Library.replace``. Layer counts come from the blocks' counts.
     """
-    if turn.measured is not None and not measure_only:
-        measured, inputs = turn.measured
-        if all(a is b for a, b in zip(inputs, turn.render_inputs(), strict=True)):
-            # Nothing the layers depend on changed since the budget stage rendered them.
-            return attrs.evolve(measured, report=_report(turn))
     counter = turn.ctx.counter
 
-    def text_segment(key: str, source_type: str, text: str, role: str = "") -> Segment:
-        return Segment(
-            key=key,
-            form=Form.TEXT,
-            source_type=source_type,
-            content_hash=text_hash(text),
-            text=text,
-            tokens=counter.count(text),
-            role=role,
-        )
-
-    def layer(name: LayerName, segments: Sequence[Segment]) -> Layer:
-        tokens = counter.count_joined([s.text for s in segments])
-        if measure_only:
-            return Layer(name, tuple(segments), tokens, "", "")
-        return Layer(name, tuple(segments), tokens)
+    def layer(name: LayerName, segments: Sequence[Segment]) -> DraftLayer:
+        return DraftLayer(name, tuple(segments), _joined_tokens(counter, segments))
 
     system = turn.system
-    l1 = [
-        text_segment(f"system:{part}", "system", text)
-        for part, text in (("stable", system.stable), ("mutable", system.mutable))
-        if text
-    ]
-    refs: list[Segment] = []
-    full: list[Segment] = []
-    views = [item_view(turn, item) for item in turn.items]
-    texts = [turn.ctx.renderer.render(view) for view in views]
-    for view, text, tokens in zip(views, texts, counter.count_many(texts), strict=True):
-        (refs if view.form is Form.REFERENCE else full).append(Segment.of_view(view, text, tokens))
-    l4: list[Segment] = []
-    for entry, reply in visible_history(turn):
-        l4.append(text_segment(f"history:{entry.turn}:user", "history", entry.user, "user"))
-        if reply is not None:
-            l4.append(
-                text_segment(f"history:{entry.turn}:assistant", "history", reply, "assistant")
-            )
-    l5 = [text_segment("query", "query", turn.query, "user")]
-    if measure_only:
-        l2 = Layer(LayerName.L2, *turn.library.measure(counter), "", "")
+    if previous is not None and previous.system == system:
+        l1 = previous.l1
     else:
-        l2 = turn.library.layer(counter)
-    layers = (
-        layer(LayerName.L1, l1),
-        l2,
-        layer(LayerName.L3, [*refs, *full]),
-        layer(LayerName.L4, l4),
-        layer(LayerName.L5, l5),
+        l1 = layer(
+            LayerName.L1,
+            [
+                _text_segment(counter, f"system:{part}", "system", text)
+                for part, text in (("stable", system.stable), ("mutable", system.mutable))
+                if text
+            ],
+        )
+    if previous is not None and previous.library is turn.library:
+        l2 = previous.l2
+    else:
+        l2 = DraftLayer(LayerName.L2, *turn.library.measure(counter))
+    items = _item_blocks(turn, previous)
+    refs = [b.segment for b in items if b.segment.form is Form.REFERENCE]
+    full = [b.segment for b in items if b.segment.form is not Form.REFERENCE]
+    seps = {b.segment.key: b.with_sep for b in items}
+    l3 = DraftLayer(LayerName.L3, (*refs, *full), _joined_tokens(counter, [*refs, *full], seps))
+    if (
+        previous is not None
+        and previous.history is turn.history
+        and previous.history_view == turn.history_view
+    ):
+        l4 = previous.l4
+    else:
+        l4 = layer(LayerName.L4, _history_segments(turn, previous))
+    if previous is not None and previous.query == turn.query:
+        l5 = previous.l5
+    else:
+        l5 = layer(LayerName.L5, [_text_segment(counter, "query", "query", turn.query, "user")])
+    return Draft(
+        turn.ctx.turn,
+        (l1, l2, l3, l4, l5),
+        items,
+        turn.library,
+        system,
+        turn.history,
+        turn.history_view,
+        turn.query,
     )
-    if measure_only:
-        return Envelope(turn.ctx.turn, layers, _report(turn), "", "", "")
-    return _messages(turn, layers)
 
 
-def complete(measured: Envelope, turn: TurnGraph) -> Envelope:
-    """The full envelope of ``turn`` from its measure-only one (same segments and counts):
-    layer hashes and message texts added, nothing rendered or counted again."""
+def _item_blocks(turn: TurnGraph, previous: Draft | None) -> tuple[ItemBlock, ...]:
+    """L3's blocks in placement order; a previous block is kept when its placement and
+    artifact are unchanged (and, for a preview fitted against the library, the library)."""
+    known: dict[str, ItemBlock] = {}
+    if previous is not None and (turn.seen is not None or previous.library is turn.library):
+        known = {b.placement.key: b for b in previous.items}
+    blocks: list[ItemBlock | None] = []
+    fresh: list[tuple[int, Placement, View]] = []
+    for i, item in enumerate(turn.items):
+        artifact = turn.artifact(item.key)
+        old = known.get(item.key)
+        if old is not None and old.placement == item and old.artifact is artifact:
+            blocks.append(old)
+        else:
+            blocks.append(None)
+            fresh.append((i, item, item_view(turn, item)))
+    texts = [turn.ctx.renderer.render(view) for _, _, view in fresh]
+    for (i, item, view), text, tokens in zip(
+        fresh, texts, turn.ctx.counter.count_many(texts), strict=True
+    ):
+        with_sep = count_with_sep_from(text, tokens, BLOCK_SEP, turn.ctx.counter.count)
+        segment = Segment.of_view(view, text, tokens)
+        blocks[i] = ItemBlock(item, turn.artifact(item.key), segment, with_sep)
+    return tuple(b for b in blocks if b is not None)
+
+
+def _history_segments(turn: TurnGraph, previous: Draft | None) -> list[Segment]:
+    """L4's segments; with ``previous``, an entry's segments are kept when its reply is
+    shown as before (shortened or not)."""
+    counter = turn.ctx.counter
+    view = turn.history_view
+    limit = turn.ctx.budget.reply_tokens if turn.ctx.budget else DEFAULT_REPLY_TOKENS
+    known: dict[str, Segment] = {}
+    was_short: tuple[int, ...] = ()
+    if previous is not None and previous.history is turn.history:
+        known = {s.key: s for s in previous.l4.segments}
+        was_short = previous.history_view.shortened
+    out: list[Segment] = []
+    for entry in turn.history:
+        if entry.turn < view.start:
+            continue
+        key = f"history:{entry.turn}:user"
+        old = known.get(key)
+        if old is not None and old.text == entry.user:
+            out.append(old)
+        else:
+            out.append(_text_segment(counter, key, "history", entry.user, "user"))
+        if entry.assistant is None:
+            continue
+        key = f"history:{entry.turn}:assistant"
+        short = entry.turn in view.shortened
+        old = known.get(key)
+        if old is not None and short == (entry.turn in was_short):
+            out.append(old)
+            continue
+        reply = shorten_reply(entry.assistant, counter, limit) if short else entry.assistant
+        out.append(_text_segment(counter, key, "history", reply, "assistant"))
+    return out
+
+
+def complete(measured: Draft, turn: TurnGraph) -> Envelope:
+    """The envelope of ``turn`` from its draft (same segments and counts): layer texts and
+    hashes and the message texts added, nothing rendered or counted again."""
     l1, _, l3, l4, l5 = measured.layers
     layers = (
         Layer(l1.name, l1.segments, l1.tokens),

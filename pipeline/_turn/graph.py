@@ -10,7 +10,7 @@ import networkx as nx
 
 from pipeline._errors import ArgumentError
 from pipeline._model.artifacts import Artifact, Processed, TurnWarning
-from pipeline._model.envelope import BudgetReport, Decision, Envelope, Form
+from pipeline._model.envelope import BudgetReport, Decision, Form
 from pipeline._model.history import HistoryEntry
 from pipeline._model.library import Library
 from pipeline._tokens.counter import TokenCounter
@@ -19,6 +19,7 @@ from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:
     from pipeline._budget.fit import Budget
+    from pipeline._turn.draft import Draft
 
 __all__ = ["HistoryView", "Placement", "SystemPrompt", "TurnContext", "TurnGraph"]
 
@@ -95,11 +96,9 @@ class TurnGraph:
     # preview of an edited note is compared with (its changed sections go first).
     seen: Library | None = attrs.field(default=None, eq=False, repr=False)
     timings: tuple[tuple[str, float], ...] = attrs.field(default=(), eq=False)
-    # The envelope the budget stage measured, with what it was measured from, so the
-    # render step can reuse its layers when no later stage changed those inputs.
-    measured: tuple[Envelope, tuple[object, ...]] | None = attrs.field(
-        default=None, eq=False, repr=False
-    )
+    # The draft the budget stage measured (it names what it was rendered from), so the
+    # render step completes it when no later stage changed those inputs.
+    measured: Draft | None = attrs.field(default=None, eq=False, repr=False)
 
     def render_inputs(self) -> tuple[object, ...]:
         """What the layers are rendered from; compared by identity, not value."""

@@ -2,43 +2,99 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pipeline._errors import ConfigError
-from pipeline._model.envelope import BLOCK_SEP, LIBRARY_HEADING, Envelope, system_parts, user_parts
-from pipeline._tokens.counter import TokenCounter, count_joined_from
-from pipeline._tokens.profiles import CHAT_TEMPLATES
+from pipeline._model.envelope import (
+    BLOCK_SEP,
+    LIBRARY_HEADING,
+    Envelope,
+    system_parts,
+    user_blocks,
+)
+from pipeline._tokens.counter import (
+    TokenCounter,
+    count_joined_from,
+    count_with_sep_from,
+    starts_piece,
+)
+from pipeline._tokens.profiles import CHAT_TEMPLATES, OPENAI_FRAMING, Framing
+from pipeline._turn.draft import Draft
 
-__all__ = ["MESSAGE_OVERHEAD", "MISTRAL_REPLY_END", "REPLY_PRIMING", "request_tokens"]
+__all__ = [
+    "MESSAGE_OVERHEAD",
+    "MISTRAL_REPLY_END",
+    "REPLY_PRIMING",
+    "joined_tokens",
+    "request_tokens",
+]
 
-# OpenAI chat framing: every message costs 3 tokens, and the reply is primed with 3.
-MESSAGE_OVERHEAD = 3
-REPLY_PRIMING = 3
+MESSAGE_OVERHEAD = OPENAI_FRAMING.per_message
+REPLY_PRIMING = OPENAI_FRAMING.priming
 
 MISTRAL_REPLY_END = 1
 """The ``</s>`` Mistral's instruct format writes after every assistant message."""
 
 
+def joined_tokens(parts: Sequence[tuple[str, int, int | None]], counter: TokenCounter) -> int:
+    """Exact count of ``BLOCK_SEP.join`` of the parts' texts from each part's count and,
+    where known, the count of the part followed by ``BLOCK_SEP`` (else a short tail is
+    counted); ``count_joined`` when the pieces may not add up."""
+    total = 0
+    for i, (text, tokens, with_sep) in enumerate(parts):
+        if i and not starts_piece(text):
+            break
+        if i == len(parts) - 1:
+            return total + tokens
+        if with_sep is None:
+            with_sep = count_with_sep_from(text, tokens, BLOCK_SEP, counter.count)
+            if with_sep is None:
+                break
+        total += with_sep
+    else:
+        return 0
+    return counter.count_joined([text for text, _, _ in parts])
+
+
+def _each_with_sep(parts: Sequence[tuple[str, int]], counter: TokenCounter) -> int | None:
+    """Exact count of ``BLOCK_SEP.join(texts) + BLOCK_SEP`` from the parts' counts (each
+    block but the first starts a new piece: ``count_joined``'s rule); None if unsure."""
+    total = 0
+    for i, (text, tokens) in enumerate(parts):
+        if i and not starts_piece(text):
+            return None
+        with_sep = count_with_sep_from(text, tokens, BLOCK_SEP, counter.count)
+        if with_sep is None:
+            return None
+        total += with_sep
+    return total
+
+
 def request_tokens(
-    envelope: Envelope,
+    envelope: Envelope | Draft,
     counter: TokenCounter,
-    *,
-    per_message: int = MESSAGE_OVERHEAD,
-    priming: int = REPLY_PRIMING,
-    lead: str = "",
-    trim: bool = False,
-    template: str = "messages",
+    framing: Framing = OPENAI_FRAMING,
 ) -> int:
     """Exact tokens of the chat request (contents + per-message framing + reply priming).
 
-    ``lead`` is the text a chat template writes right before each message's content in the
-    same run ("\n\n" after a Llama header, "\n" after a ChatML role), counted in the
-    framing; ``trim`` says the template strips each content (Llama 3's ``| trim``).
-    ``template`` is one of ``CHAT_TEMPLATES``; for "mistral", ``per_message`` is what frames
-    each user turn and ``priming`` what opens the request (``<s>``).
+    ``framing.lead`` is the text a chat template writes right before each message's
+    content in the same run ("\n\n" after a Llama header, "\n" after a ChatML role),
+    counted in the framing; ``framing.trim`` says the template strips each content (Llama
+    3's ``| trim``). ``framing.template`` is one of ``CHAT_TEMPLATES``; for "mistral",
+    ``per_message`` is what frames each user turn and ``priming`` what opens the request
+    (``<s>``). Blocks are counted from their segments' known counts (short tails only), so
+    measuring a draft after a cut encodes nothing but what the cut changed.
     """
-    if template not in CHAT_TEMPLATES:
+    lead, trim, per_message, priming = (
+        framing.lead,
+        framing.trim,
+        framing.per_message,
+        framing.priming,
+    )
+    if framing.template not in CHAT_TEMPLATES:
         known = ", ".join(CHAT_TEMPLATES)
-        raise ConfigError("template", f"must be one of {known}, got {template!r}")
-    if template == "mistral":
+        raise ConfigError("template", f"must be one of {known}, got {framing.template!r}")
+    if framing.template == "mistral":
         return _mistral_tokens(envelope, counter, per_message, priming)
 
     def content(text: str, tokens: int) -> int:
@@ -59,22 +115,45 @@ def request_tokens(
         total += _system_tokens(envelope, counter) + per_message
     for segment in envelope.l4.segments:
         total += content(segment.text, segment.tokens) + per_message
-    user = user_parts(envelope.l3, envelope.l5)
-    total += content(BLOCK_SEP.join(user), counter.count_joined(user)) + per_message
+    blocks = _user_known(envelope, counter)
+    edge = (blocks[0][0][:1] + blocks[-1][0][-1:]) if blocks else ""
+    if (lead or trim) and any(c.isspace() for c in edge):
+        text = BLOCK_SEP.join(t for t, _, _ in blocks)
+        total += content(text, counter.count_joined([t for t, _, _ in blocks])) + per_message
+    else:
+        total += joined_tokens(blocks, counter) + per_message
     return total
 
 
-def _system_tokens(envelope: Envelope, counter: TokenCounter) -> int:
+def _user_known(
+    envelope: Envelope | Draft, counter: TokenCounter
+) -> list[tuple[str, int, int | None]]:
+    """The user message's blocks with their tokens and, for a draft's L3 blocks, their
+    tokens followed by a blank line (see ``joined_tokens``)."""
+    seps = envelope.with_sep() if isinstance(envelope, Draft) else {}
+    return [
+        (text, counter.count(text), None) if seg is None else (text, seg.tokens, seps.get(seg.key))
+        for text, seg in user_blocks(envelope.l3, envelope.l5)
+    ]
+
+
+def _system_tokens(envelope: Envelope | Draft, counter: TokenCounter) -> int:
     """Tokens of the system text (L1 blocks, then the library heading and L2 entries)."""
     l2 = envelope.l2
     if l2.segments and l2.segments[0].text[:1] not in ("", "/", " ", "\n", "\t"):
         # Additive at the block boundary (see TokenCounter.count_joined): L2 is counted once.
-        head = [s.text for s in envelope.l1.segments if s.text] + [LIBRARY_HEADING]
-        return counter.count(BLOCK_SEP.join(head) + BLOCK_SEP) + l2.tokens
+        head = [(s.text, s.tokens) for s in envelope.l1.segments if s.text]
+        head.append((LIBRARY_HEADING, counter.count(LIBRARY_HEADING)))
+        tokens = _each_with_sep(head, counter)
+        if tokens is None:
+            tokens = counter.count(BLOCK_SEP.join(t for t, _ in head) + BLOCK_SEP)
+        return tokens + l2.tokens
     return counter.count_joined(system_parts(envelope.l1, l2))
 
 
-def _mistral_tokens(envelope: Envelope, counter: TokenCounter, per_user: int, start: int) -> int:
+def _mistral_tokens(
+    envelope: Envelope | Draft, counter: TokenCounter, per_user: int, start: int
+) -> int:
     """Exact tokens of the request as Mistral's instruct format (v2/v3) encodes it.
 
     ``<s>``, then per user turn ``[INST]`` + contents + ``[/INST]``, each reply (trailing
@@ -94,8 +173,8 @@ def _mistral_tokens(envelope: Envelope, counter: TokenCounter, per_user: int, st
             pending = []
         else:
             pending.append((segment.text, segment.tokens))
-    user = user_parts(envelope.l3, envelope.l5)
-    last = [*pending, (BLOCK_SEP.join(user), counter.count_joined(user))]
+    user = _user_known(envelope, counter)
+    last = [*pending, (BLOCK_SEP.join(t for t, _, _ in user), joined_tokens(user, counter))]
     system = system_parts(envelope.l1, envelope.l2)
     if not system:
         return total + per_user + _joined(last, counter)

@@ -219,3 +219,40 @@ def test_budget_from_model_profile_and_validation() -> None:
         Budget(context_window=100, reserve_output=100)
     with pytest.raises(ConfigError, match="budget.context_window"):
         Budget(context_window=0)
+
+
+def _recount(env: Envelope, per_message: int, priming: int, lead: str, trim: bool) -> int:
+    """The request's tokens counted from scratch: every message's content encoded whole."""
+
+    def content(text: str) -> int:
+        text = text.strip() if trim else text
+        return len(ENC.encode_ordinary(lead + text)) - len(ENC.encode_ordinary(lead))
+
+    messages = [env.system_text] if env.system_text else []
+    messages += [s.text for s in env.l4.segments]
+    messages.append(env.user_text)
+    return priming + sum(content(m) + per_message for m in messages)
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    script=conversations,
+    window=st.integers(min_value=600, max_value=6000),
+    policy=st.sampled_from(["current-first", "prefix-first"]),
+    template=st.booleans(),
+)
+def test_the_engines_running_count_equals_a_full_recount(
+    script: dict[str, Any], window: int, policy: str, template: bool, prop_vault: tuple[Path, str]
+) -> None:
+    """Each cut moves the count by its blocks' delta; the final count is the whole
+    request's, with or without a chat template's lead and trimming."""
+    framing = {"content_lead": "\n\n", "trim_content": True} if template else {}
+    budget = Budget(window, window // 5, 5, 4, history_step=3, policy=policy, **framing)
+    envelopes, _ = _run(script, prop_vault, budget)
+    lead = "\n\n" if template else ""
+    for env in envelopes:
+        if env is None or env.report.budget is None:
+            continue
+        assert env.report.budget.used == _recount(env, 5, 4, lead, template)
