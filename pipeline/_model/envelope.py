@@ -136,8 +136,8 @@ class Layer:
     name: LayerName
     segments: tuple[Segment, ...]
     tokens: int
-    # The joined text is made on first use when a caller that keeps the hash incrementally
-    # (the L2 library) leaves it out: a warm turn then never copies the whole library.
+    # A caller that keeps the hash incrementally (the L2 library) leaves the joined text out:
+    # a warm turn then never copies the whole library unless someone reads ``text``.
     _text: str | None = attrs.field(default=None, alias="text", eq=False, repr=False)
     hash: str = attrs.field(
         default=attrs.Factory(
@@ -152,11 +152,9 @@ class Layer:
 
     @property
     def text(self) -> str:
-        """The segments' texts joined by a blank line (the bytes the hash is over)."""
-        if self._text is None:
-            object.__setattr__(self, "_text", join_blocks(s.text for s in self.segments))
-        assert self._text is not None
-        return self._text
+        """The segments' texts joined by a blank line (the bytes the hash is over); joined on
+        each use when the layer was made without it (nothing is stored in the frozen value)."""
+        return join_blocks(s.text for s in self.segments) if self._text is None else self._text
 
     def keys(self) -> tuple[str, ...]:
         return tuple(s.key for s in self.segments)

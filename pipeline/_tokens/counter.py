@@ -353,5 +353,7 @@ class TokenCounter:
         return self.count(text + sep) if found is None else found
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` (uncached; for prefix comparisons)."""
+        """Token ids of ``text`` (uncached; for cuts and prefix comparisons), counted in
+        ``encoded_chars`` like every other encode."""
+        self.encoded_chars += len(text)
         return self.encoding.encode_ordinary(text)

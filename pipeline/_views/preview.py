@@ -9,13 +9,11 @@ part costs.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from typing import Literal
 
 import attrs
-import tiktoken
 
 from pipeline._errors import ArgumentError, ConfigError
 from pipeline._text.markdown import FENCE_LINE, fence_after, split_sections, trim_blank_lines
@@ -91,18 +89,14 @@ class Excerpt:
     tail_chars: int
 
 
-def _count(enc: tiktoken.Encoding, text: str) -> int:
-    return len(enc.encode_ordinary(text)) if text else 0
+def _count(counter: TokenCounter, text: str) -> int:
+    """A one-off count (a candidate cut), encoded through the counter so its meter sees it."""
+    return counter.count_once(text)
 
 
-@functools.lru_cache(maxsize=1024)
-def _count_short(enc: tiktoken.Encoding, text: str) -> int:
-    """Counts of separators and punctuation tails, asked for again and again."""
-    return _count(enc, text)
-
-
-def _small(enc: tiktoken.Encoding) -> Callable[[str], int]:
-    return lambda t: _count_short(enc, t) if len(t) <= 16 else _count(enc, t)
+def _small(counter: TokenCounter) -> Callable[[str], int]:
+    """Counts of separators and punctuation tails, asked for again and again: remembered."""
+    return lambda t: counter.count(t) if len(t) <= 16 else counter.count_once(t)
 
 
 def _surely_fits(text: str, max_tokens: int) -> bool:
@@ -113,66 +107,67 @@ def _surely_fits(text: str, max_tokens: int) -> bool:
 
 
 def _token_window(
-    text: str, enc: tiktoken.Encoding, max_tokens: int
+    text: str, counter: TokenCounter, max_tokens: int
 ) -> tuple[str, list[int]] | None:
     """A leading chunk of ``text`` with more than ``max_tokens`` tokens, and its tokens;
     None when the whole text fits. Encodes a growing window, never a long input whole."""
     if _surely_fits(text, max_tokens):
         return None
-    chunk, tokens = _window_tokens(text, enc, max_tokens)
+    chunk, tokens = _window_tokens(text, counter, max_tokens)
     return (chunk, tokens) if len(tokens) > max_tokens else None
 
 
-def _window_tokens(text: str, enc: tiktoken.Encoding, max_tokens: int) -> tuple[str, list[int]]:
+def _window_tokens(text: str, counter: TokenCounter, max_tokens: int) -> tuple[str, list[int]]:
     """The shortest window (growing from about ``max_tokens`` tokens) that holds more than
     ``max_tokens`` tokens, and its tokens; the whole text and its tokens if it fits."""
     window = max_tokens * 4 + 64
     while True:
         chunk = text[:window]
-        tokens = enc.encode_ordinary(chunk)
+        tokens = counter.encode(chunk)
         if len(tokens) > max_tokens or len(chunk) == len(text):
             return chunk, tokens
         # Grow to where max_tokens should end at this chunk's characters per token.
         window = max(window + 64, len(chunk) * (max_tokens + 16) // max(len(tokens), 1))
 
 
-def _token_prefix(chunk: str, enc: tiktoken.Encoding, tokens: list[int], n: int) -> tuple[str, int]:
+def _token_prefix(chunk: str, counter: TokenCounter, tokens: list[int], n: int) -> tuple[str, int]:
     """The characters of ``chunk`` that its first ``n`` tokens cover (a partial one dropped),
     and those tokens' byte length."""
-    raw = enc.decode_bytes(tokens[:n])
+    raw = counter.encoding.decode_bytes(tokens[:n])
     return chunk[: len(raw.decode("utf-8", errors="ignore"))], len(raw)
 
 
-def _hard_prefix(text: str, enc: tiktoken.Encoding, max_tokens: int) -> str:
+def _hard_prefix(text: str, counter: TokenCounter, max_tokens: int) -> str:
     """A prefix of ``text`` with at most ``max_tokens`` tokens, ``text`` itself if it fits."""
     if max_tokens <= 0 or not text:
         return ""
-    found = _token_window(text, enc, max_tokens)
+    found = _token_window(text, counter, max_tokens)
     if found is None:
         return text
     chunk, tokens = found
-    prefix = _token_prefix(chunk, enc, tokens, max_tokens)[0]
-    while prefix and _count(enc, prefix) > max_tokens:
+    prefix = _token_prefix(chunk, counter, tokens, max_tokens)[0]
+    while prefix and _count(counter, prefix) > max_tokens:
         prefix = prefix[: len(prefix) - max(1, len(prefix) // 64)]
     return prefix
 
 
-def _hard_suffix(text: str, enc: tiktoken.Encoding, max_tokens: int) -> str:
+def _hard_suffix(text: str, counter: TokenCounter, max_tokens: int) -> str:
     """A suffix of ``text`` with at most ``max_tokens`` tokens, ``text`` itself if it fits."""
     if max_tokens <= 0 or not text:
         return ""
     window = max_tokens * 4 + 64
     while True:
         chunk = text[-window:]
-        tokens = enc.encode_ordinary(chunk)
+        tokens = counter.encode(chunk)
         if len(tokens) <= max_tokens:
             if len(chunk) == len(text):
                 return text
             window *= 2
             continue
-        decoded = enc.decode_bytes(tokens[-max_tokens:]).decode("utf-8", errors="ignore")
+        raw = counter.encoding.decode_bytes(tokens[-max_tokens:])
+        decoded = raw.decode("utf-8", errors="ignore")
         suffix = chunk[len(chunk) - len(decoded) :] if decoded else ""
-        while suffix and _count(enc, suffix) > max_tokens:
+        while suffix and _count(counter, suffix) > max_tokens:
             suffix = suffix[max(1, len(suffix) // 64) :]
         return suffix
 
@@ -205,7 +200,7 @@ def _cut_position(text: str, counter: TokenCounter, max_tokens: int, boundary: B
     """Where to cut ``text`` so the prefix has at most ``max_tokens`` tokens (len if it fits)."""
     if boundary not in _CHAINS:
         raise ArgumentError("boundary", f"unknown {boundary!r} (known: {', '.join(_CHAINS)})")
-    hard = _hard_prefix(text, counter.encoding, max_tokens)
+    hard = _hard_prefix(text, counter, max_tokens)
     if len(hard) == len(text):
         return len(text)
     return _boundary_before(text, len(hard), boundary)
@@ -235,7 +230,7 @@ def _open_fence(text: str) -> str | None:
 
 
 def _tokens_up_to(
-    enc: tiktoken.Encoding, tokens: list[int], n: int, n_bytes: int, text: str, kept: str
+    counter: TokenCounter, tokens: list[int], n: int, n_bytes: int, text: str, kept: str
 ) -> int | None:
     """Exact count of ``kept + " ..."`` from the window's first ``n`` tokens (``n_bytes``
     long), without encoding it.
@@ -251,10 +246,10 @@ def _tokens_up_to(
     size = len(kept.encode("utf-8", "surrogatepass"))
     while n_bytes > size and n > 0:
         n -= 1
-        n_bytes -= len(enc.decode_single_token_bytes(tokens[n]))
+        n_bytes -= len(counter.encoding.decode_single_token_bytes(tokens[n]))
     if n_bytes != size:
         return None
-    return n + _count_short(enc, " " + ELLIPSIS)
+    return n + counter.count(" " + ELLIPSIS)
 
 
 def _cut_with_marker(
@@ -267,13 +262,12 @@ def _cut_with_marker(
     result is counted from that window's tokens when the cut allows it (see
     ``_tokens_up_to``), else encoded once more.
     """
-    enc = counter.encoding
-    chunk, tokens = _window_tokens(text, enc, max_tokens) if max_tokens > 0 else (text, [])
+    chunk, tokens = _window_tokens(text, counter, max_tokens) if max_tokens > 0 else (text, [])
     if len(tokens) <= max_tokens and len(chunk) == len(text) and max_tokens > 0:
         return text, False, len(tokens)
     limit = max_tokens
     while True:
-        hard, hard_bytes = _token_prefix(chunk, enc, tokens, max(limit, 0))
+        hard, hard_bytes = _token_prefix(chunk, counter, tokens, max(limit, 0))
         kept = text[: _boundary_before(text, len(hard), boundary)].rstrip()
         fence = _open_fence(kept)
         counted = None
@@ -283,8 +277,8 @@ def _cut_with_marker(
             out = f"{kept}\n{ELLIPSIS}"
         else:
             out = f"{kept} {ELLIPSIS}".lstrip()
-            counted = _tokens_up_to(enc, tokens, max(limit, 0), hard_bytes, text, kept)
-        n = _count(enc, out) if counted is None else counted
+            counted = _tokens_up_to(counter, tokens, max(limit, 0), hard_bytes, text, kept)
+        n = _count(counter, out) if counted is None else counted
         if n <= max_tokens or limit <= 1:
             return out, True, n
         limit = max(limit - (n - max_tokens), 1)
@@ -316,7 +310,6 @@ def make_preview(
             f"{section_tokens}, {headless_tokens}",
         )
     sections = split_sections(body)
-    enc = counter.encoding
     if sections[0][0] is None and len(sections) == 1:
         text, cut, n = _cut_with_marker(
             trim_blank_lines(body), counter, headless_tokens, "sentence"
@@ -337,25 +330,25 @@ def make_preview(
             text, cut, n = _cut_with_marker(trimmed, counter, section_tokens, "sentence")
             lines.append((text, n))
             any_cut = any_cut or cut
-        blocks.append(_joined_count(lines, "\n", enc))
+        blocks.append(_joined_count(lines, "\n", counter))
     if dropped:
         line = _omitted_line(dropped)
-        blocks.append((line, _count(enc, line)))
+        blocks.append((line, _count(counter, line)))
     parts = [(b, -1 if k is None else k) for b, k in blocks]
-    text, total = _joined_count(parts, "\n\n", enc)
+    text, total = _joined_count(parts, "\n\n", counter)
     known = tuple((len(b), k) for b, k in parts) if total is not None else ()
     return Preview(text, len(sections), len(kept), any_cut, -1 if total is None else total, known)
 
 
 def _joined_count(
-    parts: list[tuple[str, int]], sep: str, enc: tiktoken.Encoding
+    parts: list[tuple[str, int]], sep: str, counter: TokenCounter
 ) -> tuple[str, int | None]:
     """``sep.join`` of the (text, count) parts and its exact count made from theirs (a count
     of -1 is unknown), or None when the pieces do not add up (see ``count_joined_from``)."""
     text = sep.join(t for t, _ in parts)
     if any(n < 0 for _, n in parts):
         return text, None
-    return text, count_joined_from(parts, sep, _small(enc))
+    return text, count_joined_from(parts, sep, _small(counter))
 
 
 def _excerpt_marker(cut: int, total: int) -> str:
@@ -382,16 +375,15 @@ def make_excerpt(text: str, counter: TokenCounter, max_tokens: int) -> Excerpt:
     """
     if max_tokens < EXCERPT_MIN_TOKENS:
         raise ArgumentError("max_tokens", f"must be >= {EXCERPT_MIN_TOKENS}, got {max_tokens}")
-    enc = counter.encoding
     total = len(text)
-    if len(_hard_prefix(text, enc, max_tokens)) == total:
+    if len(_hard_prefix(text, counter, max_tokens)) == total:
         return Excerpt(text, 0, total, total, 0)
-    budget = max_tokens - _count(enc, _excerpt_marker(total, total)) - 2
+    budget = max_tokens - _count(counter, _excerpt_marker(total, total)) - 2
     while True:
         head_budget = max(budget, 0) * 2 // 3
         tail_budget = max(budget, 0) - head_budget
         head_end = _cut_position(text, counter, head_budget, "line") if head_budget else 0
-        suffix = _hard_suffix(text, enc, tail_budget)
+        suffix = _hard_suffix(text, counter, tail_budget)
         tail_start = _first_boundary(text, total - len(suffix), ("line", "word"))
         if not suffix:
             tail_start = total
@@ -399,7 +391,7 @@ def make_excerpt(text: str, counter: TokenCounter, max_tokens: int) -> Excerpt:
         head, tail = text[:head_end], text[tail_start:]
         cut = tail_start - head_end
         out = "\n".join(part for part in (head, _excerpt_marker(cut, total), tail) if part)
-        excess = _count(enc, out) - max_tokens
+        excess = _count(counter, out) - max_tokens
         if excess <= 0 or budget <= 0:
             return Excerpt(out, cut, total, head_end, total - tail_start)
         budget -= excess
@@ -469,7 +461,7 @@ def fit_preview(
     budget = max_tokens
     while True:
         chosen: list[str] = []
-        left = budget - _count(counter.encoding, _omitted_line(len(sections)))
+        left = budget - _count(counter, _omitted_line(len(sections)))
         for i in order:
             n = counter.count(texts[i]) + 2
             if n <= left:

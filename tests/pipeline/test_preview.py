@@ -355,8 +355,9 @@ def test_marked_cut_counted_from_the_window_equals_encoding_it(
     """Where the cut is counted from the window's tokens, the count is the true one."""
     from pipeline._views.preview import ELLIPSIS, _token_window, _tokens_up_to
 
-    enc = TokenCounter(name).encoding
-    found = _token_window(text, enc, limit)
+    counter = TokenCounter(name)
+    enc = counter.encoding
+    found = _token_window(text, counter, limit)
     if found is None:
         assert len(enc.encode_ordinary(text)) <= limit
         return
@@ -364,7 +365,7 @@ def test_marked_cut_counted_from_the_window_equals_encoding_it(
     for pos in range(1, len(chunk)):
         kept = text[:pos].rstrip()
         n_bytes = len(enc.decode_bytes(tokens))
-        counted = _tokens_up_to(enc, tokens, len(tokens), n_bytes, text, kept)
+        counted = _tokens_up_to(counter, tokens, len(tokens), n_bytes, text, kept)
         if counted is not None:
             assert counted == len(enc.encode_ordinary(f"{kept} {ELLIPSIS}")), (kept, text)
 
@@ -394,3 +395,12 @@ _MARKDOWN = st.lists(MARKDOWN_LINE, min_size=1, max_size=60).map("\n".join)
 def test_preview_reports_its_exact_token_count(body: str, limit: int) -> None:
     preview = make_preview(body, COUNTER, section_tokens=limit, headless_tokens=limit)
     assert preview.tokens in (-1, COUNTER.count(preview.text))
+
+
+def test_cutting_encodes_through_the_counters_meter() -> None:
+    """A cut's windows go through the counter, so ``encoded_chars`` sees what previews cost."""
+    counter = TokenCounter()
+    text = "A sentence of a note. " * 400
+    cut = cut_to_tokens(text, counter, 50)
+    assert len(cut) < len(text)
+    assert len(cut) <= counter.encoded_chars < len(text)
