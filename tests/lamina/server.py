@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import socket
 import subprocess
 import sys
@@ -13,48 +14,13 @@ from typing import Any
 
 import httpx
 
+from lamina._cli import DEMO_SCRIPT
+
 ROOT = Path(__file__).resolve().parents[2]
 VAULT = ROOT / "examples" / "vault"
 
-WALKTHROUGH: dict[str, Any] = {
-    "system": {
-        "stable": "You are Lamina's demo assistant. Answer from the attached context.",
-        "mutable": "User memory: prefers short answers.",
-    },
-    "turns": [
-        {
-            "user": "Summarize this",
-            "attach": [{"note": "project-spec.md"}],
-            "reply": "The spec describes the product, its goals and milestones.",
-        },
-        {
-            "user": "What endpoints does the API support?",
-            "attach": [{"note": "project-spec.md"}, {"note": "docs/api-docs.md"}],
-            "reply": "The API lists its endpoints in docs/api-docs.md.",
-        },
-        {
-            "user": "Explain the auth flow from the spec",
-            "attach": [{"note": "project-spec.md"}],
-            "reply": "Devices sign in with short-lived tokens; see docs/auth.md.",
-        },
-        {
-            "user": "What did the design review and the talk decide about offline sync?",
-            "attach": [
-                {"folder": "meetings"},
-                {"tag": "#project/lamina"},
-                {"pdf": "media/sync-design-review.pdf"},
-                {
-                    "youtube": "https://youtu.be/Fb5yncT4lk1",
-                    "transcript": "media/offline-sync-talk.vtt",
-                },
-                {
-                    "selection": "Conflicts are kept as two versions until a person resolves them.",
-                    "source": "project-spec.md",
-                },
-            ],
-        },
-    ],
-}
+# The demo's own conversation (four turns: notes, a folder, a tag, a PDF, a video, a selection).
+WALKTHROUGH: dict[str, Any] = copy.deepcopy(DEMO_SCRIPT)
 
 
 def free_port() -> int:
