@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
 
@@ -19,17 +20,23 @@ VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(400))
 
 
-def test_anthropic_body_keeps_lamina_blocks_and_breakpoints() -> None:
-    conv = Conversation(RULES, vault=VAULT)
-    env = conv.turn("Summarize", [{"note": "project-spec.md"}])
-    messages = to_messages(env, "anthropic/claude-sonnet-4-6")
-    body = litellm.AnthropicConfig().transform_request(
+def _anthropic_body(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Messages API body LiteLLM makes of these messages (its own transformation)."""
+    body: dict[str, Any] = litellm.AnthropicConfig().transform_request(
         model="claude-sonnet-4-6",
-        messages=messages,
+        messages=messages,  # type: ignore[arg-type]
         optional_params={},
         litellm_params={},
         headers={},
     )
+    return body
+
+
+def test_anthropic_body_keeps_lamina_blocks_and_breakpoints() -> None:
+    conv = Conversation(RULES, vault=VAULT)
+    env = conv.turn("Summarize", [{"note": "project-spec.md"}])
+    messages = to_messages(env, "anthropic/claude-sonnet-4-6")
+    body = _anthropic_body(messages)
     mine = render_request(env, "anthropic", "claude-sonnet-4-6").body
     assert body["system"] == mine["system"]
     assert body["messages"] == mine["messages"]
@@ -67,13 +74,7 @@ def test_a_tool_loop_through_litellm_keeps_lamina_blocks_and_pairs_each_call() -
     args = json.loads(asked.function.arguments)
     agent = agent.step(agent_call(asked.function.name, args, result, id=asked.id))
     messages = to_messages(agent, "anthropic/claude-sonnet-4-6")
-    body = litellm.AnthropicConfig().transform_request(
-        model="claude-sonnet-4-6",
-        messages=messages,
-        optional_params={},
-        litellm_params={},
-        headers={},
-    )
+    body = _anthropic_body(messages)
     mine = agent_request(agent, "anthropic", "claude-sonnet-4-6").body
     assert body["system"] == mine["system"]
     assert any("cache_control" in block for block in body["system"])
