@@ -12,7 +12,7 @@ import collections
 import functools
 import json
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -273,6 +273,20 @@ def _costs(
     return tuple(out), sum(sent), max(sent, default=0)
 
 
+def _run_turns(
+    script: Script, conv: Conversation, errors: list[ReplayError]
+) -> Iterator[Envelope]:
+    """The script's envelopes, one turn at a time; a failing turn is appended to ``errors``
+    and ends the replay (one conversation's failure never stops the run)."""
+    for n, turn in enumerate(script.turns, start=1):
+        try:
+            (env,) = run_script(attrs.evolve(script, turns=(turn,)), conv, check=False)
+        except Exception as exc:
+            errors.append(ReplayError(n, type(exc).__name__, _message(exc)))
+            return
+        yield env
+
+
 def replay_script(
     script: Script,
     config: ReplayConfig,
@@ -299,12 +313,7 @@ def replay_script(
             unrebuilt=tuple(unrebuilt),
         )
     previous: Envelope | None = None
-    for n, turn in enumerate(script.turns, start=1):
-        try:
-            (env,) = run_script(attrs.evolve(script, turns=(turn,)), conv, check=False)
-        except Exception as exc:  # one conversation's failure never stops the run
-            errors.append(ReplayError(n, type(exc).__name__, _message(exc)))
-            break
+    for n, env in enumerate(_run_turns(script, conv, errors), start=1):
         if failure is None:
             try:
                 check_envelope(env, previous, conv.policy)

@@ -17,6 +17,7 @@ from lamina._config import load_config
 from lamina._corpus import find_corpus
 from lamina._engines import ENGINES, make_engine
 from lamina._replay import ReplayResult, replay
+from lamina._replay_report import write_replay_report
 from pipeline import ConfigError
 
 __all__ = ["replay_command"]
@@ -43,6 +44,20 @@ __all__ = ["replay_command"]
     "--vault", type=click.Path(file_okay=False), help="Vault of conversations that name none."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON, not a table.")
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    help="Also write the run's HTML report here (and its worst conversations' reports "
+    "into <name>_files/ beside it).",
+)
+@click.option(
+    "--worst",
+    type=click.IntRange(min=0),
+    default=5,
+    show_default=True,
+    help="Worst conversations per config to report on (with --report).",
+)
 def replay_command(
     corpus: tuple[str, ...],
     config_paths: tuple[str, ...],
@@ -53,13 +68,17 @@ def replay_command(
     store_path: str | None,
     vault: str | None,
     as_json: bool,
+    report_path: str | None,
+    worst: int,
 ) -> None:
     """Replay recorded conversations (a folder or list file of scripts and transcripts,
     and/or a --store) under each --config; per conversation and config: tokens, cache and
     cost per provider, decisions, invariant checks, errors; then a summary per config.
 
     Results stream to --out as conversations finish and are sorted when the run ends, so
-    the file is byte-identical for every engine and worker count.
+    the file is byte-identical for every engine and worker count. --report writes one
+    self-contained HTML page: per config a chart over the corpus (tokens sent, cached
+    share, cost per conversation) and links to its worst conversations' own reports.
     """
     if not corpus and store_path is None:
         raise ConfigError("corpus", "give a corpus folder or list file, or --store")
@@ -104,6 +123,14 @@ def replay_command(
         console = Console()
         Console(width=max(console.width, 160) if not console.is_terminal else None).print(
             summary.table()
+        )
+    if report_path is not None:
+        written = write_replay_report(run, found, report_path, worst=worst)
+        where = f"; {len(written.pages)} conversation reports" if written.pages else ""
+        click.echo(
+            f"report: {written.path} ({len(found)} conversations x {len(configs)} configs"
+            f"{where})",
+            err=as_json,
         )
     rate = len(found) / seconds if seconds else 0.0
     err.print(

@@ -27,6 +27,7 @@ from renderers._providers import (
     prompt_cache_key,
     request_options,
 )
+from renderers._replay_report import PROVIDER_COLOURS, render_replay_report
 from renderers._report import REPORT_LAYERS, render_report, report_blocks
 from renderers._requests import RequestRegistry, RequestRenderer, annotate_trace, render_request
 from renderers._simulate import Simulation, format_simulation, simulate
@@ -39,6 +40,7 @@ __all__ = [
     "CACHE_MISS",
     "DEFAULT_MODELS",
     "LAYOUTS",
+    "PROVIDER_COLOURS",
     "REPORT_LAYERS",
     "TRACE_VERSION",
     "Block",
@@ -72,6 +74,7 @@ __all__ = [
     "prefix_report",
     "prefix_reports",
     "prompt_cache_key",
+    "render_replay_report",
     "render_report",
     "render_request",
     "render_xml",
