@@ -10,18 +10,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from lamina import Conversation
+from lamina import Conversation, find_corpus, replay
+from lamina._replay_report import write_replay_report
 from pipeline import Policy, SystemPrompt
 from processors import note
 from renderers import render_report, report_blocks, xml_safe
 from tests.cli import ROOT, lamina
 from tests.conftest import write_vault
+from tests.lamina.test_cli_replay import HOSTILE_NAME, write_report_corpus
 from tests.renderers.test_report import HOSTILE, _trace
 
 ARTIFACTS = ROOT / ".artifacts"
@@ -61,14 +64,15 @@ class Page:
         return self.page.evaluate(script)
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Chromium for the module (starting it costs about 2 s); each test opens pages."""
     executable = _chromium()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),  # a fresh --user-data-dir
+            str(tmp_path_factory.mktemp("profile")),  # a fresh --user-data-dir
             executable_path=executable,
             headless=True,
             args=FLAGS,
@@ -175,3 +179,76 @@ def test_hostile_note_renders_as_text_in_chromium(browser: Any, tmp_path: Path) 
     ) == ["turn 3: the cached prefix broke: artifact-changed:note:evil.md"]
     assert page.console == [] and page.errors == []
     assert page.requests == [page.url]
+
+
+def test_replay_report_in_chromium(browser: Any, tmp_path: Path) -> None:
+    """Per config the chart's columns add up to the results file's totals and the summary
+    table shows the summary's; every worst-conversation link opens an existing report; a
+    conversation named and written in markup stays text; nothing logged, nothing fetched."""
+    chats, configs = write_report_corpus(tmp_path)
+    run = replay(chats, configs, engine="serial")
+    written = write_replay_report(run, find_corpus(chats), tmp_path / "replay.html", worst=2)
+    rows = [r.to_json() for r in run.results]
+    summary = run.summary().to_json()
+    page = _open(browser, written.path)
+
+    charts = page.evaluate(
+        """[...document.querySelectorAll('svg.config-chart')].map(svg => ({
+            config: svg.dataset.config, total: +svg.dataset.tokensSent,
+            conversations: [...svg.querySelectorAll('g.conversation')].map(
+                g => g.dataset.conversation),
+            sent: [...svg.querySelectorAll('g.conversation rect.sent')].reduce(
+                (n, r) => n + +r.dataset.tokens, 0),
+            bills: [...svg.querySelectorAll('rect.cost')].map(r => [
+                r.dataset.provider, +r.dataset.cost,
+                +svg.querySelector(`g.conversation[data-index="${
+                    r.closest('g').dataset.index}"] rect.share[data-provider="${
+                    r.dataset.provider}"]`).dataset.cached])}))"""
+    )
+    assert [c["config"] for c in charts] == ["pin", "tight"]
+    for chart in charts:
+        mine = [r for r in rows if r["config"] == chart["config"]]
+        assert chart["conversations"] == [r["conversation"] for r in mine]
+        assert chart["sent"] == chart["total"] == sum(r["tokens_sent"] for r in mine)
+        for provider in {p for r in mine for p in r["providers"]}:
+            bills = [b for b in chart["bills"] if b[0] == provider]
+            expected = [r["providers"][provider] for r in mine if provider in r["providers"]]
+            assert sum(b[2] for b in bills) == sum(e["cached_tokens"] for e in expected)
+            assert sum(b[1] for b in bills) == pytest.approx(sum(e["cost"] for e in expected))
+    table = page.evaluate(
+        """[...document.querySelectorAll('table.summary tbody tr')].map(tr =>
+            [tr.dataset.config, tr.children[5].textContent])"""
+    )
+    assert table == [[n, f"{c['tokens_sent']:,}"] for n, c in summary["configs"].items()]
+
+    links = page.evaluate(
+        """[...document.querySelectorAll('ol.worst a')].map(a => [a.textContent, a.href])"""
+    )
+    assert len(links) == 4 and [name for name, _ in links[::2]] == [HOSTILE_NAME] * 2
+    files = [Path(urllib.parse.unquote(urllib.parse.urlparse(href).path)) for _, href in links]
+    assert files == list(written.pages) and all(f.is_file() for f in files)
+    dom = page.evaluate(
+        """(() => {
+            const walker = document.createTreeWalker(document, NodeFilter.SHOW_COMMENT);
+            let comments = 0; while (walker.nextNode()) comments++;
+            const on = [...document.querySelectorAll('*')].filter(
+                e => [...e.attributes].some(a => a.name.startsWith('on'))).length;
+            return {scripts: document.scripts.length, comments, on,
+                    svgs: document.querySelectorAll('svg').length};
+        })()"""
+    )
+    assert dom == {"scripts": 0, "comments": 0, "on": 0, "svgs": 2}
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.page.screenshot(path=str(ARTIFACTS / "report-replay.png"), full_page=True)
+    assert page.console == [] and page.errors == []
+    assert page.requests == [page.url]
+
+    linked = _open(browser, files[0])  # the hostile conversation's own report (turn 1)
+    assert linked.evaluate(
+        "[...document.querySelectorAll('svg.window-chart g.turn')].map(g => +g.dataset.turn)"
+    ) == [1]
+    pres = linked.evaluate("[...document.querySelectorAll('pre')].map(p => p.textContent)")
+    assert any("</pre></svg><script>alert(1)</script><!-- x -->" in p for p in pres)
+    assert linked.evaluate("document.scripts.length") == 0
+    assert linked.console == [] and linked.errors == []
+    assert linked.requests == [linked.url]
