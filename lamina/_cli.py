@@ -189,6 +189,15 @@ def network_option(fn: F) -> F:
     )(fn)
 
 
+def tokenizer_option(fn: F) -> F:
+    """--tokenizer: the token encoding, when not the --model's."""
+    return click.option(
+        "--tokenizer",
+        type=click.Choice(TOKENIZERS),
+        help="Token encoding [default: the --model's, else o200k_base].",
+    )(fn)
+
+
 def budget_options(fn: F) -> F:
     """--window, --reserve and --model: the whole-payload token budget."""
     fn = click.option("--model", help="Model profile for the budget (window, reserve, framing).")(
@@ -344,11 +353,7 @@ def cli() -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace instead of tables.")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
-@click.option(
-    "--tokenizer",
-    type=click.Choice(TOKENIZERS),
-    help="Token encoding [default: the --model's, else o200k_base].",
-)
+@tokenizer_option
 @click.option(
     "--report",
     "report_path",
@@ -417,11 +422,7 @@ def _demo(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace (the public format).")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
-@click.option(
-    "--tokenizer",
-    type=click.Choice(TOKENIZERS),
-    help="Token encoding [default: the --model's, else o200k_base].",
-)
+@tokenizer_option
 @click.option(
     "--store", "store_path", help="Save every turn here: a SQLite file, or a postgresql:// URL."
 )
@@ -646,11 +647,7 @@ def import_cmd(
     "--vault", type=click.Path(file_okay=False), help="Vault folder (overrides the script's)."
 )
 @click.option("--json", "as_json", is_flag=True, help="Per layout and provider, per turn, as JSON.")
-@click.option(
-    "--tokenizer",
-    type=click.Choice(TOKENIZERS),
-    help="Token encoding [default: the --model's, else o200k_base].",
-)
+@tokenizer_option
 @network_option
 def simulate(
     script_path: str,
@@ -778,11 +775,7 @@ def bench(
 @click.option(
     "--vault", type=click.Path(file_okay=False), help="Vault folder (default: script's, saved)."
 )
-@click.option(
-    "--tokenizer",
-    type=click.Choice(TOKENIZERS),
-    help="Token encoding [default: the --model's, else o200k_base].",
-)
+@tokenizer_option
 @budget_options
 @network_option
 def report(
@@ -921,11 +914,7 @@ def _inspect_turn(
 @click.option(
     "--vault", type=click.Path(file_okay=False), help="Vault folder (overrides the script's)."
 )
-@click.option(
-    "--tokenizer",
-    type=click.Choice(TOKENIZERS),
-    help="Token encoding [default: the --model's, else o200k_base].",
-)
+@tokenizer_option
 @budget_options
 @network_option
 def inspect(
