@@ -218,7 +218,7 @@ def compact_l2(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None
             else f"library entry compacted to a {to}"
         )
         decision = _decision(entry.key, str(entry.form), to, reason, "L2")
-        out = attrs.evolve(turn, library=turn.library.replace(new, turn.ctx.counter))
+        out = attrs.evolve(turn, library=turn.library.replace(new))
         if new.form is Form.SUMMARY:
             out = _summary_warnings(out, entry.key, f"{entry.content_hash}:l2", entry.view.body)
         return out, decision
@@ -275,7 +275,7 @@ def excerpt_non_recoverable(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Dec
         decision = _decision(
             entry.key, "full", "excerpt", "non-recoverable library entry cut to an excerpt", "L2"
         )
-        return attrs.evolve(turn, library=turn.library.replace(new, turn.ctx.counter)), decision
+        return attrs.evolve(turn, library=turn.library.replace(new)), decision
     return None
 
 
@@ -552,7 +552,7 @@ def _plan_library(
             )
             gain = entry.tokens - new.tokens
             decisions.append(_decision(entry.key, str(entry.form), to, reason, "L2", gain))
-            library = library.replace(new, turn.ctx.counter)
+            library = library.replace(new)
             if new.form is Form.SUMMARY:
                 out = _summary_warnings(out, entry.key, f"{entry.content_hash}:l2", entry.view.body)
             saved += gain

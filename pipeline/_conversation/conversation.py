@@ -20,7 +20,7 @@ from pipeline._model.envelope import (
 )
 from pipeline._model.history import HistoryEntry, strip_reply
 from pipeline._model.kinds import AttachmentKinds, NoKinds
-from pipeline._model.library import Library, LibraryEntry
+from pipeline._model.library import Library, LibraryEntry, LibraryPrefix
 from pipeline._stages.builtin import Pipeline
 from pipeline._tokens.counter import TokenCounter
 from pipeline._tokens.profiles import OPENAI_FRAMING
@@ -154,6 +154,8 @@ class Conversation:
         self.summarizer = summarizer or TextRankSummarizer()
         self.summaries = SummaryCache()
         self.views = ViewMemo()
+        # The rendered library and system message, extended turn to turn.
+        self.prefix = LibraryPrefix()
         self._history_view = HistoryView()
         self._l1_compacted = False
         # The stored head this state continues (set by load_conversation and save_turn).
@@ -282,6 +284,7 @@ class Conversation:
             summaries=self.summaries,
             summarizer=self.summarizer,
             views=self.views,
+            prefix=self.prefix,
         )
         start = TurnGraph.build(
             processed,

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import attrs
 import xxhash
 
+from pipeline._errors import ArgumentError
 from pipeline._hashing import feed, hash_joined
 from pipeline._model.envelope import (
     BLOCK_SEP,
@@ -19,7 +20,7 @@ from pipeline._model.envelope import (
 )
 from pipeline._tokens.counter import TokenCounter, starts_piece
 
-__all__ = ["Library", "LibraryEntry"]
+__all__ = ["Library", "LibraryEntry", "LibraryPrefix"]
 
 
 @attrs.frozen
@@ -71,20 +72,19 @@ class _Rendered:
 
 @attrs.frozen
 class Library:
-    """Immutable, ordered entries; ``append`` and ``replace`` return new libraries."""
+    """Immutable, ordered entries; ``append`` and ``replace`` return new libraries.
+
+    A plain value: its rendered layer and system message are kept, between turns, by the
+    conversation's ``LibraryPrefix``, not in here.
+    """
 
     entries: tuple[LibraryEntry, ...] = ()
-    _index: dict[str, int] = attrs.field(init=False, repr=False, eq=False)
-    _rendered: _Rendered | None = attrs.field(default=None, repr=False, eq=False, alias="_rendered")
-    # After ``replace``: the segments and exact count, without the text or hash (the
-    # budget stage re-measures after each cut; only the final envelope needs the hash).
-    _measured: _Measured | None = attrs.field(default=None, repr=False, eq=False, alias="_measured")
-
-    def __attrs_post_init__(self) -> None:
-        index = {e.key: i for i, e in enumerate(self.entries)}
-        if len(index) != len(self.entries):
-            raise ValueError("a library holds one entry per key")
-        object.__setattr__(self, "_index", index)
+    _index: dict[str, int] = attrs.field(
+        init=False,
+        repr=False,
+        eq=False,
+        default=attrs.Factory(lambda self: _index_of(self.entries), takes_self=True),
+    )
 
     def __contains__(self, key: object) -> bool:
         return key in self._index
@@ -102,70 +102,96 @@ class Library:
     def keys(self) -> tuple[str, ...]:
         return tuple(e.key for e in self.entries)
 
-    def append(self, entry: LibraryEntry, counter: TokenCounter | None = None) -> Library:
-        """A library with ``entry`` last; its L2 layer is extended when it was rendered."""
+    def append(self, entry: LibraryEntry) -> Library:
+        """A library with ``entry`` last."""
         if entry.key in self._index:
-            raise ValueError(f"{entry.key} is already in the library")
-        grown = Library((*self.entries, entry))
-        done = self._rendered
-        if done is not None and counter is not None and done.counter_name == counter.name:
-            object.__setattr__(grown, "_rendered", _extend(done, entry, counter))
-        return grown
+            raise ArgumentError("entry", f"{entry.key} is already in the library")
+        return Library((*self.entries, entry))
 
-    def replace(self, entry: LibraryEntry, counter: TokenCounter | None = None) -> Library:
-        """Replace the entry with the same key in place (its position is kept).
-
-        With ``counter``, the new library's count is the old one's, corrected for the one
-        block (see ``measure``), instead of being counted over every entry again.
-        """
+    def replace(self, entry: LibraryEntry) -> Library:
+        """Replace the entry with the same key in place (its position is kept)."""
         i = self._index[entry.key]
-        changed = Library((*self.entries[:i], entry, *self.entries[i + 1 :]))
-        base = self._base(counter) if counter is not None else None
-        if base is not None and counter is not None:
-            object.__setattr__(changed, "_measured", _replaced(base, i, entry, counter))
-        return changed
-
-    def measure(self, counter: TokenCounter) -> tuple[tuple[Segment, ...], int]:
-        """The L2 segments and their exact joined count, without making the layer's text or
-        hash when a ``replace`` carried the count forward."""
-        base = self._base(counter)
-        if base is None:
-            layer = self.layer(counter)
-            return layer.segments, layer.tokens
-        return base.segments, base.tokens
-
-    def _base(self, counter: TokenCounter) -> _Measured | None:
-        done = self._rendered
-        if done is not None and done.counter_name == counter.name:
-            layer = done.layer
-            return _Measured(layer.segments, layer.tokens, counter.name, _all_additive(layer))
-        found = self._measured
-        return found if found is not None and found.counter_name == counter.name else None
+        return Library((*self.entries[:i], entry, *self.entries[i + 1 :]))
 
     def layer(self, counter: TokenCounter) -> Layer:
-        """The L2 layer (segments, text, hash, exact tokens), computed once per library."""
+        """The L2 layer (segments, text, hash, exact tokens), made afresh; a conversation
+        gets it from its ``LibraryPrefix``, which extends the last one instead."""
+        return LibraryPrefix().layer(self, counter)
+
+
+def _index_of(entries: tuple[LibraryEntry, ...]) -> dict[str, int]:
+    index = {e.key: i for i, e in enumerate(entries)}
+    if len(index) != len(entries):
+        raise ArgumentError("entries", "a library holds one entry per key")
+    return index
+
+
+@attrs.define
+class LibraryPrefix:
+    """A conversation's rendered L2 layer and system message (text, xxh3 state, exact
+    count), kept between turns so the next library extends them instead of redoing them.
+
+    Mutable on purpose, one per conversation (``TurnContext.prefix``). Every answer is for
+    the library asked about: one that extends the kept entries is appended to them, one with
+    the same length is corrected by the blocks that differ (the budget's cuts), any other is
+    rendered afresh; so a prefix shared or out of date is slower, never wrong.
+    """
+
+    _entries: tuple[LibraryEntry, ...] = ()
+    _rendered: _Rendered | None = None
+
+    def _kept(self, counter: TokenCounter) -> _Rendered | None:
         done = self._rendered
-        if done is None or done.counter_name != counter.name:
-            measured = self._measured
-            if measured is not None and measured.counter_name == counter.name:
-                segments, tokens = measured.segments, measured.tokens
-            else:
-                segments = tuple(e.segment() for e in self.entries)
-                tokens = counter.count_joined([s.text for s in segments])
+        return done if done is not None and done.counter_name == counter.name else None
+
+    def _extends(self, library: Library) -> bool:
+        n = len(self._entries)
+        return len(library.entries) >= n and library.entries[:n] == self._entries
+
+    def layer(self, library: Library, counter: TokenCounter) -> Layer:
+        """The L2 layer of ``library`` (segments, hash, exact tokens; text on first use)."""
+        done = self._kept(counter)
+        if done is not None and self._extends(library):
+            for entry in library.entries[len(self._entries) :]:
+                done = _extend(done, entry, counter)
+        else:
+            segments, tokens = self.measure(library, counter)
             hasher = hash_joined(xxhash.xxh3_128(), (s.text for s in segments), BLOCK_SEP)
-            # The joined text is left to first use (Layer.text): the system message has it.
+            # The joined text is left out (Layer.text): the system message has it.
             layer = Layer(LayerName.L2, segments, tokens, None, hasher.hexdigest())
             done = _Rendered(layer, hasher, counter.name)
-            object.__setattr__(self, "_rendered", done)
+        self._entries, self._rendered = library.entries, done
         return done.layer
 
-    def system_text(self, counter: TokenCounter, head: tuple[str, ...]) -> tuple[str, str]:
-        """The system message text, ``head`` blocks (L1) then the library, and its hash.
+    def measure(self, library: Library, counter: TokenCounter) -> tuple[tuple[Segment, ...], int]:
+        """The L2 segments of ``library`` and their exact joined count, without making a
+        text or hash when the kept layer can be corrected for the blocks that differ."""
+        done = self._kept(counter)
+        if done is not None and self._extends(library):
+            layer = self.layer(library, counter)
+            return layer.segments, layer.tokens
+        if done is not None and len(library.entries) == len(self._entries):
+            layer = done.layer
+            found: _Measured | None = _Measured(
+                layer.segments, layer.tokens, counter.name, _all_additive(layer)
+            )
+            for i, (old, new) in enumerate(zip(self._entries, library.entries, strict=True)):
+                if found is not None and old is not new and old != new:
+                    found = _replaced(found, i, new, counter)
+            if found is not None:
+                return found.segments, found.tokens
+        segments = tuple(e.segment() for e in library.entries)
+        return segments, counter.count_joined([s.text for s in segments])
 
-        Kept with the rendered layer; ``append`` extends the hash and the text is extended
-        on first use (one copy), so a warm turn does not join and hash the library again.
+    def system_text(
+        self, library: Library, counter: TokenCounter, head: tuple[str, ...]
+    ) -> tuple[str, str]:
+        """The system message text, ``head`` blocks (L1) then ``library``, and its hash.
+
+        Kept with the rendered layer: an appended entry extends the hash and the text is
+        extended on first use (one copy), so a warm turn does not join and hash it again.
         """
-        self.layer(counter)
+        self.layer(library, counter)
         done = self._rendered
         assert done is not None
         head = tuple(t for t in head if t)

@@ -271,7 +271,7 @@ class Promote:
     def __call__(self, turn: TurnGraph) -> TurnGraph:
         ctx = turn.ctx
         library = turn.library
-        library.layer(ctx.counter)  # rendered once here, so appends extend it
+        ctx.prefix.layer(library, ctx.counter)  # rendered once here; appends extend it
         # A new item the budget could only refer to was not sent; it is not promoted (its
         # not-sent reference says so). One the budget fitted to a preview enters L2 in the
         # form it was sent. Tool results and retrieval chunks never enter L2.
@@ -290,7 +290,7 @@ class Promote:
         ]
         counts = ctx.counter.count_many([text for _, text in forms])
         for (view, text), tokens in zip(forms, counts, strict=True):
-            library = library.append(LibraryEntry(view, text, tokens, ctx.turn), ctx.counter)
+            library = library.append(LibraryEntry(view, text, tokens, ctx.turn))
         return attrs.evolve(turn, promoted=library).with_views()
 
 

@@ -199,7 +199,7 @@ def draft(turn: TurnGraph, previous: Draft | None = None) -> Draft:
     if previous is not None and previous.library is turn.library:
         l2 = previous.l2
     else:
-        l2 = DraftLayer(LayerName.L2, *turn.library.measure(counter))
+        l2 = DraftLayer(LayerName.L2, *turn.ctx.prefix.measure(turn.library, counter))
     items = _item_blocks(turn, previous)
     refs = [b.segment for b in items if b.segment.form is Form.REFERENCE]
     full = [b.segment for b in items if b.segment.form is not Form.REFERENCE]
@@ -295,7 +295,7 @@ def complete(measured: Draft, turn: TurnGraph) -> Envelope:
     l1, _, l3, l4, l5 = measured.layers
     layers = (
         Layer(l1.name, l1.segments, l1.tokens),
-        turn.library.layer(turn.ctx.counter),  # made once here, hash included
+        turn.ctx.prefix.layer(turn.library, turn.ctx.counter),  # hash included
         Layer(l3.name, l3.segments, l3.tokens),
         Layer(l4.name, l4.segments, l4.tokens),
         Layer(l5.name, l5.segments, l5.tokens),
@@ -305,6 +305,6 @@ def complete(measured: Draft, turn: TurnGraph) -> Envelope:
 
 def _messages(turn: TurnGraph, layers: tuple[Layer, Layer, Layer, Layer, Layer]) -> Envelope:
     head = tuple(s.text for s in layers[0].segments)
-    system_text, prefix_hash = turn.library.system_text(turn.ctx.counter, head)
+    system_text, prefix_hash = turn.ctx.prefix.system_text(turn.library, turn.ctx.counter, head)
     user_text = join_blocks(user_parts(layers[2], layers[4]))
     return Envelope(turn.ctx.turn, layers, _report(turn), system_text, user_text, prefix_hash)

@@ -12,7 +12,7 @@ from pipeline._errors import ArgumentError
 from pipeline._model.artifacts import Artifact, Processed, TurnWarning
 from pipeline._model.envelope import BudgetReport, Decision, Form
 from pipeline._model.history import HistoryEntry
-from pipeline._model.library import Library
+from pipeline._model.library import Library, LibraryPrefix
 from pipeline._tokens.counter import TokenCounter
 from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
 from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
@@ -66,6 +66,8 @@ class TurnContext:
     summaries: SummaryCache = attrs.field(factory=SummaryCache, eq=False)
     summarizer: Summarizer = attrs.field(factory=TextRankSummarizer, eq=False)
     views: ViewMemo = attrs.field(factory=ViewMemo, eq=False)
+    # The conversation's rendered library, extended turn to turn (mutable on purpose).
+    prefix: LibraryPrefix = attrs.field(factory=LibraryPrefix, eq=False)
 
 
 @attrs.frozen

@@ -15,6 +15,7 @@ from pipeline import (
     AttachmentSpec,
     Budget,
     Form,
+    Library,
     Policy,
     Processed,
     TokenCounter,
@@ -140,3 +141,32 @@ def test_a_resolver_without_for_turn_is_used_as_it_is(tmp_path: Path) -> None:
     env = conv.turn("read", attach=[note("n000.md"), {"note": "n001.md"}])
     assert resolver.processed == ["note", "note"]
     assert [s.key for s in env.l3.segments] == ["note:n000.md", "note:n001.md"]
+
+
+def test_a_prefix_answers_for_the_library_asked_about(tmp_path: Path) -> None:
+    """The conversation's rendered library is kept in a mutable ``LibraryPrefix``, never in
+    the frozen ``Library``; asked about any library (grown, shrunk, with a block replaced),
+    it gives that library's exact layer, as rendering it afresh does."""
+    from pipeline._model.library import LibraryPrefix
+
+    conv = Conversation("You are terse.", vault=_vault(tmp_path, 6))
+    for i in range(6):
+        _warm_turn(conv, i)
+    conv.turn("settle")
+    full = conv.library
+    first = full.entries[0]
+    shorter = attrs.evolve(first, text=first.text[:40], tokens=conv.counter.count(first.text[:40]))
+    libraries = [
+        Library(full.entries[:3]),
+        full,
+        full.replace(shorter),
+        Library(full.entries[1:]),
+        full,
+    ]
+    prefix, counter = LibraryPrefix(), conv.counter
+    for library in libraries:
+        fresh = Library(library.entries).layer(TokenCounter(counter.name))
+        assert prefix.measure(library, counter) == (fresh.segments, fresh.tokens)
+        layer = prefix.layer(library, counter)
+        assert (layer.tokens, layer.hash, layer.text) == (fresh.tokens, fresh.hash, fresh.text)
+    assert [f.name for f in attrs.fields(Library)] == ["entries", "_index"]
