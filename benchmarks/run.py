@@ -32,6 +32,7 @@ from benchmarks.comparators import (
     naive_turn,
     peer_available,
 )
+from benchmarks.stateless import RequestPoint, measure_requests, request_points
 from benchmarks.workload import (
     SCALES,
     Scale,
@@ -269,7 +270,10 @@ def _renderer(conv: Any, library: Sequence[Any], contents: list[str]) -> Callabl
 
 
 def _measure_peers(
-    points: Sequence[Point], scale: Scale, advance: Callable[[], None], console: Console
+    points: Sequence[Point | RequestPoint],
+    scale: Scale,
+    advance: Callable[[], None],
+    console: Console,
 ) -> None:
     for name, (_, cannot) in PEERS.items():
         if not peer_available(name):
@@ -291,7 +295,7 @@ def _measure_peers(
 
 
 def _peer_point(
-    worker: PeerWorker, point: Point, scale: Scale, advance: Callable[[], None]
+    worker: PeerWorker, point: Point | RequestPoint, scale: Scale, advance: Callable[[], None]
 ) -> dict[str, Any]:
     seconds: list[float] = []
     statuses: list[str] = []
@@ -369,10 +373,21 @@ def run_benchmarks(scale_name: str, console: Console | None = None) -> dict[str,
                     _measure_cold(point, vault, scale, advance)
                 else:
                     _measure_turns(point, vault, scale, advance)
-        peer_units = sum(len(p.tasks) for p in points) * len(PEERS)
+        requests = request_points(SEED, scale.request_library)
+        total += _request_units(requests, scale)
+        progress.update(bar, total=total)
+        for request in requests:
+            progress.update(bar, description=f"{request.name}: lamina")
+            measure_requests(request, scale.requests, _budget("library"), advance)
+        every: list[Point | RequestPoint] = [*points, *requests]
+        peer_units = sum(len(p.tasks) for p in every) * len(PEERS)
         progress.update(bar, total=total + peer_units, description="peers")
-        _measure_peers(points, scale, advance, console)
-    return _document(points, scale, time.time() - started)
+        _measure_peers(every, scale, advance, console)
+    return _document(points, scale, time.time() - started, requests)
+
+
+def _request_units(requests: Sequence[RequestPoint], scale: Scale) -> int:
+    return sum(scale.requests * (2 if r.kind == "peers-task" else 1) for r in requests)
 
 
 def _machine() -> dict[str, Any]:
@@ -402,7 +417,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
-def _targets(points: Sequence[Point]) -> list[dict[str, Any]]:
+def _targets(
+    points: Sequence[Point], requests: Sequence[RequestPoint] = ()
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     libs = [p for p in points if p.kind == "library"]
     if libs:
@@ -435,7 +452,23 @@ def _targets(points: Sequence[Point]) -> list[dict[str, Any]]:
             theirs = peer.get("p50_s")
             speedup = _ratio(theirs, mine)
             out.append(_target(f"faster than {name}", p.name, speedup, ">", 1.0, True))
+    for r in requests:
+        for name, peer in r.peers.items():
+            for what, mine in _request_times(r):
+                speedup = _ratio(peer.get("p50_s"), mine)
+                where = f"{r.name} ({what})"
+                out.append(_target(f"faster than {name} per call", where, speedup, ">", 1.0, True))
     return out
+
+
+def _request_times(r: RequestPoint) -> list[tuple[str, float]]:
+    """Lamina's per-call times of a request point, each compared with the peers."""
+    if r.kind == "peers-task":
+        return [
+            ("restored", r.lamina["restored_p50_s"]),
+            ("warm next turn", r.lamina["warm_p50_s"]),
+        ]
+    return [("load + turn + save", r.lamina["p50_s"])]
 
 
 def _target(
@@ -461,7 +494,12 @@ def _target(
     }
 
 
-def _document(points: Sequence[Point], scale: Scale, seconds: float) -> dict[str, Any]:
+def _document(
+    points: Sequence[Point],
+    scale: Scale,
+    seconds: float,
+    requests: Sequence[RequestPoint] = (),
+) -> dict[str, Any]:
     return {
         "version": RESULT_VERSION,
         "scale": scale.name,
@@ -484,7 +522,18 @@ def _document(points: Sequence[Point], scale: Scale, seconds: float) -> dict[str
             }
             for p in points
         ],
-        "targets": _targets(points),
+        "requests": [
+            {
+                "name": r.name,
+                "kind": r.kind,
+                "notes": len(r.workload.notes),
+                "note_bytes": r.workload.note_bytes,
+                "lamina": r.lamina,
+                "peers": r.peers,
+            }
+            for r in requests
+        ],
+        "targets": _targets(points, requests),
     }
 
 
@@ -549,6 +598,8 @@ def format_tables(doc: dict[str, Any], console: Console) -> None:
         kind = "cold" if p["kind"] == "cold" else "warm p50"
         comp.add_row(p["name"], f"{_ms(mine)} {kind}", floor, naive, *peers)
     console.print(comp)
+    if doc.get("requests"):
+        _request_table(doc["requests"], console)
     targets = Table(title="targets")
     for col in ("target", "where", "measured", "bound", "met"):
         targets.add_column(col)
@@ -558,6 +609,26 @@ def format_tables(doc: dict[str, Any], console: Console) -> None:
             met += " (below target scale)"
         targets.add_row(t["target"], t["where"], _x(t["measured"]), t["bound"], met)
     console.print(targets)
+
+
+def _request_table(requests: Sequence[dict[str, Any]], console: Console) -> None:
+    """Stateless requests and the single-call task beside the peers (x: their time / ours)."""
+    table = Table(
+        title="requests: stateless (load + turn + save, SQLite) and the peers' single-call task"
+    )
+    for col in ("point", "lamina", "tokens", *PEERS):
+        table.add_column(col, justify="left" if col == "point" else "right")
+    for r in requests:
+        lam = r["lamina"]
+        if r["kind"] == "peers-task":
+            mine = lam["restored_p50_s"]
+            cell = f"{_ms(mine)} restored, {_ms(lam['warm_p50_s'])} warm"
+        else:
+            mine = lam["p50_s"]
+            cell = f"{_ms(mine)} per request"
+        peers = [_peer_cell(r["peers"].get(name, {}), mine) for name in PEERS]
+        table.add_row(r["name"], cell, f"{lam['request_tokens']:,}", *peers)
+    console.print(table)
 
 
 def main(scale: str = "small", out: str | None = None) -> int:

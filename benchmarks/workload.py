@@ -228,12 +228,14 @@ class Scale:
     warm_turns: int
     peer_samples: int
     peer_seconds: float
+    requests: int = 5
+    request_library: int = 10
 
 
 SCALES: dict[str, Scale] = {
-    "small": Scale("small", (10,), (10,), 200_000, 8, 3, 20.0),
-    "medium": Scale("medium", (10, 100), (10, 50), 1_000_000, 15, 4, 60.0),
-    "large": Scale("large", (10, 100, 1000), (10, 50, 200), 5_000_000, 20, 4, 120.0),
+    "small": Scale("small", (10,), (10,), 200_000, 8, 3, 20.0, 3, 10),
+    "medium": Scale("medium", (10, 100), (10, 50), 1_000_000, 15, 4, 60.0, 15, 100),
+    "large": Scale("large", (10, 100, 1000), (10, 50, 200), 5_000_000, 20, 4, 120.0, 20, 100),
 }
 
 

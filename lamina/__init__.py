@@ -28,6 +28,7 @@ from lamina._host import (
     rebuild_envelope,
     render_transcript,
     renderer_for,
+    stateless_turn,
 )
 from lamina._replay import (
     InvariantFailure,
@@ -132,6 +133,7 @@ __all__ = [
     "save_turn",
     "selection",
     "serve",
+    "stateless_turn",
     "summarize",
     "tag",
     "tool",

@@ -7,6 +7,7 @@ registered processor's renderers, so ``Conversation("...", vault="notes")`` just
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ __all__ = [
     "rebuild_envelope",
     "render_transcript",
     "renderer_for",
+    "stateless_turn",
 ]
 
 
@@ -115,6 +117,24 @@ def load_conversation(
     """``pipeline.load_conversation`` with ``vault=`` and default edges."""
     return pipeline.load_conversation(
         store, conversation_id, **_edges(vault, sources, renderer), **options
+    )
+
+
+def stateless_turn(
+    store: pipeline.Store,
+    conversation_id: str,
+    text: str,
+    attach: Sequence[Any] = (),
+    *,
+    vault: str | Path | Vault | None = None,
+    sources: SourceResolver | None = None,
+    renderer: SegmentRenderer | None = None,
+    **options: Any,
+) -> tuple[pipeline.Conversation, Envelope]:
+    """``pipeline.stateless_turn`` (load, build the turn, save) with ``vault=`` and default
+    edges; ``start=`` (a ``lamina.Conversation``) begins a conversation with nothing saved."""
+    return pipeline.stateless_turn(
+        store, conversation_id, text, attach, **_edges(vault, sources, renderer), **options
     )
 
 

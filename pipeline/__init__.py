@@ -154,6 +154,7 @@ from pipeline._store.records import (
     now_stamp,
     rebuild_envelope,
     save_turn,
+    stateless_turn,
     turn_record,
 )
 from pipeline._store.sqlite import SqliteStore
@@ -414,6 +415,7 @@ __all__ = [
     "shorten_replies",
     "shorten_reply",
     "split_sections",
+    "stateless_turn",
     "strip_reply",
     "summary_view",
     "system_parts",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable
 from typing import Protocol
@@ -333,10 +334,9 @@ class Pipeline:
 
     @classmethod
     def default(cls) -> Pipeline:
-        from pipeline._budget.fit import Enforce
-        from pipeline._stages.pages import MergePages
-
-        return cls([Expand(), Dedup(), MergePages(), Reference(), Enforce(), Promote()])
+        """The built-in stages, ordered once per process: a pipeline and its frozen stages
+        never change (``with_stage``/``without`` make new ones), so conversations share it."""
+        return _default_pipeline() if cls is Pipeline else cls(_default_pipeline().stages)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -364,3 +364,11 @@ class Pipeline:
                 raise StageError(stage.name, f"{type(exc).__name__}: {exc}") from exc
             timings.append((stage.name, time.perf_counter() - start))
         return attrs.evolve(turn, timings=tuple(timings))
+
+
+@functools.cache
+def _default_pipeline() -> Pipeline:
+    from pipeline._budget.fit import Enforce
+    from pipeline._stages.pages import MergePages
+
+    return Pipeline([Expand(), Dedup(), MergePages(), Reference(), Enforce(), Promote()])

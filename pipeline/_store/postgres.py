@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline._errors import StoreCorrupt, StoreError, StoreLocked, StoreUnreachable
-from pipeline._store.sql import HEAD_COLUMN, Db, SqlStore
+from pipeline._store.sql import HEAD_COLUMN, Db, EntryCache, SqlStore
 
 if TYPE_CHECKING:
     import psycopg
@@ -146,6 +146,7 @@ class PostgresStore(SqlStore):
     def __init__(self, url: str, *, timeout: float = 10.0, max_connections: int = 4) -> None:
         self._label = _PASSWORD.sub(r"\1***@", url)
         self._timeout = timeout
+        self.entry_cache = EntryCache()
         try:
             import psycopg
             import psycopg_pool

@@ -50,6 +50,7 @@ __all__ = [
     "now_stamp",
     "rebuild_envelope",
     "save_turn",
+    "stateless_turn",
     "turn_record",
 ]
 
@@ -396,6 +397,41 @@ def load_conversation(
     conversation = back_summaries(Conversation.restore(state, **restore), store)
     conversation.saved_head = head
     return conversation
+
+
+def stateless_turn(
+    store: Store,
+    conversation_id: str,
+    text: str,
+    attach: Sequence[Attachment] = (),
+    *,
+    start: Conversation | None = None,
+    vault_changes: Mapping[str, str] | None = None,
+    tools: Sequence[AttachmentSpec] = (),
+    **restore: Any,
+) -> tuple[Conversation, Envelope]:
+    """One request of a server that keeps nothing between requests: load the stored state,
+    build the turn and save it (state, manifest, attachments) in one call.
+
+    ``restore`` takes ``load_conversation``'s options (sources=, renderer=, budget=, ...);
+    ``start`` is the conversation a request begins from when nothing is saved yet (its
+    settings: system prompt, budget, tokenizer). The returned conversation continues from
+    the saved turn: ``reply()`` then ``save_turn`` adds the answer. A concurrent writer
+    makes the save raise ``ConflictError`` and nothing is saved.
+    """
+    if store.head(conversation_id).turn == 0:
+        if start is None:
+            raise ConversationError(
+                f"conversation {conversation_id!r} has no saved turn: pass start= "
+                "(a new Conversation with its settings) for its first request"
+            )
+        conversation = back_summaries(start, store)
+        conversation.saved_head = Head()
+    else:
+        conversation = load_conversation(store, conversation_id, **restore)
+    envelope = conversation.turn(text, attach, vault_changes=vault_changes, tools=tools)
+    save_turn(store, conversation_id, conversation, envelope, attach)
+    return conversation, envelope
 
 
 def rebuild_envelope(

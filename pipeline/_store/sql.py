@@ -12,13 +12,17 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import threading
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, Self
 
+import attrs
 import cattrs
 
 from pipeline._conversation.conversation import ConversationState
+from pipeline._conversation.usage import TurnUsage
 from pipeline._errors import (
     ConflictError,
     ConversationError,
@@ -28,6 +32,8 @@ from pipeline._errors import (
     UnknownConversation,
 )
 from pipeline._model.artifacts import TurnWarning
+from pipeline._model.history import HistoryEntry
+from pipeline._model.library import LibraryEntry
 from pipeline._store.records import (
     SCHEMA_VERSION,
     AttachmentRecord,
@@ -42,7 +48,7 @@ from pipeline._store.records import (
 )
 from pipeline._views.summarize import SummaryKey, SummaryResult
 
-__all__ = ["HEAD_COLUMN", "Cursor", "Db", "SqlStore", "check_version"]
+__all__ = ["HEAD_COLUMN", "Cursor", "Db", "EntryCache", "SqlStore", "check_version"]
 
 # Schema version 2, the same in every backend: each turn row keeps the head hash it
 # made, so ``head()`` is one indexed row read. Rows saved before it hold "" (computed).
@@ -52,6 +58,12 @@ HEAD_COLUMN = "ALTER TABLE turns ADD COLUMN head_hash TEXT NOT NULL DEFAULT ''"
 _BATCH = 500
 # State fields kept as one row per entry (versioned by turn) instead of inside the state blob.
 _SPLIT_PARTS = ("library", "history", "usage")
+# The type of one entry of each split part.
+_PART_TYPES: dict[str, type] = {
+    "library": LibraryEntry,
+    "history": HistoryEntry,
+    "usage": TurnUsage,
+}
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 _converter = cattrs.Converter()
 # Stores written before warnings had codes hold bare sentences.
@@ -103,6 +115,47 @@ class _Snapshots:
         return digest_
 
 
+class EntryCache:
+    """Decoded state entries by content address, bounded by their stored size (LRU).
+
+    A snapshot's hash names its bytes forever, so an entry decoded once (unzipped, checked,
+    parsed, structured) is the same frozen value on every later load: a stateless server
+    that restores a conversation per request reads and decodes only entries it has not
+    seen (``decoded`` counts those), not the whole library and history each time.
+    """
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
+        self.hits = 0
+        self.decoded = 0
+        self._items: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, digest_: str) -> Any | None:
+        with self._lock:
+            found = self._items.get(digest_)
+            if found is None:
+                return None
+            self._items.move_to_end(digest_)
+            self.hits += 1
+            return found[0]
+
+    def put(self, digest_: str, value: Any, size: int) -> None:
+        with self._lock:
+            self.decoded += 1
+            if size > self.max_bytes or digest_ in self._items:
+                return
+            self._items[digest_] = (value, size)
+            self.size += size
+            while self.size > self.max_bytes:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self.size -= dropped
+
+
 class SqlStore:
     """The ``Store`` protocol over any SQL database that a backend subclass connects."""
 
@@ -113,6 +166,8 @@ class SqlStore:
     # The DDL that takes schema version v to v + 1 (index v; 0 is an empty database).
     _migrations: tuple[str, ...] = ()
     _label = ""
+    # Decoded entries shared by this store's loads (each backend's constructor makes one).
+    entry_cache: EntryCache
 
     @property
     def path(self) -> str:
@@ -182,6 +237,33 @@ class SqlStore:
             ):
                 bodies[h] = body
         return {h: self._decode(h, bodies.get(h)) for h in unique}
+
+    def _entries(self, db: Db, wanted: Mapping[str, str]) -> dict[str, Any]:
+        """Each wanted entry (hash -> its part) structured, from the store's ``EntryCache``
+        where decoded before; only the others' bodies are read and decoded."""
+        cache = self.entry_cache
+        out: dict[str, Any] = {}
+        missing: list[str] = []
+        for h in wanted:
+            found = cache.get(h)
+            if found is None:
+                missing.append(h)
+            else:
+                out[h] = found
+        unique = sorted(set(missing))
+        for start in range(0, len(unique), _BATCH):
+            chunk = unique[start : start + _BATCH]
+            marks = ", ".join("?" * len(chunk))
+            bodies = dict(
+                db.execute(f"SELECT hash, body FROM snapshots WHERE hash IN ({marks})", chunk)
+            )
+            for h in chunk:
+                stored = bodies.get(h)
+                plain = self._decode(h, stored)
+                value: Any = _converter.structure(plain, _PART_TYPES[wanted[h]])
+                cache.put(h, value, len(plain) if stored is None else len(bytes(stored)))
+                out[h] = value
+        return out
 
     def _decode(self, wanted: str, stored: Any) -> Any:
         if stored is None:
@@ -476,19 +558,25 @@ class SqlStore:
                     self._label, f"{conversation_id!r} turn {k}: entries are missing"
                 ) from None
             lengths = json.loads(parts)
-            found = self._get_snapshots(
-                db,
-                [state_hash, *(current[p][i] for p, n in lengths.items() for i in range(n))],
-            )
-            plain = found[state_hash]
-            for part, length in lengths.items():
-                plain[part] = [found[current[part][i]] for i in range(length)]
-        try:
-            return _converter.structure(plain, ConversationState), head
-        except Exception as exc:  # cattrs raises many kinds; all mean the record is unusable
-            raise StoreCorrupt(
-                self._label, f"{conversation_id!r} turn {k}: state does not load: {exc}"
-            ) from None
+            try:
+                plain = self._get_snapshot(db, state_hash)
+                found = self._entries(
+                    db, {current[p][i]: p for p, n in lengths.items() for i in range(n)}
+                )
+                split: dict[str, Any] = {
+                    part: tuple(found[current[part][i]] for i in range(length))
+                    for part, length in lengths.items()
+                }
+                for part in split:
+                    plain[part] = []
+                state = attrs.evolve(_converter.structure(plain, ConversationState), **split)
+            except StoreCorrupt:
+                raise
+            except Exception as exc:  # cattrs raises many kinds; all mean it is unusable
+                raise StoreCorrupt(
+                    self._label, f"{conversation_id!r} turn {k}: state does not load: {exc}"
+                ) from None
+        return state, head
 
     def manifest(self, conversation_id: str, turn: int) -> Manifest | None:
         with self._tx(write=False) as db:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline._errors import StoreCorrupt, StoreError, StoreLocked
-from pipeline._store.sql import HEAD_COLUMN, Db, SqlStore
+from pipeline._store.sql import HEAD_COLUMN, Db, EntryCache, SqlStore
 
 __all__ = ["MIGRATIONS", "SqliteStore"]
 
@@ -95,6 +95,7 @@ class SqliteStore(SqlStore):
         self._path = self._label = str(path)
         self._timeout = timeout
         self._closed = False
+        self.entry_cache = EntryCache()
         if Path(self._path).is_dir():
             raise StoreError(self._path, "is a folder, not a store file")
         # One connection shared by the threads that use this store, one at a time.

@@ -46,8 +46,14 @@ def test_small_scale_runs_end_to_end_and_writes_the_result_shape(tmp_path: Path)
         for name, peer in point["peers"].items():
             assert peer["cannot_express"], name
             assert peer.get("p50_s", 0) > 0 or peer["status"] == NOT_INSTALLED, (name, peer)
+    assert {r["kind"] for r in doc["requests"]} == {"stateless", "peers-task"}
+    for request in doc["requests"]:
+        lamina = request["lamina"]
+        assert lamina.get("p50_s", lamina.get("restored_p50_s", 0)) > 0
+        assert lamina["request_tokens"] > 0
+        assert set(request["peers"]) == set(PEERS)
     assert doc["targets"] and all("met" in t for t in doc["targets"])
-    assert "targets" in proc.stdout
+    assert "targets" in proc.stdout and "requests: stateless" in proc.stdout
 
 
 def test_workloads_are_the_same_bytes_for_the_same_seed() -> None:
