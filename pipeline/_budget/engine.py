@@ -45,12 +45,15 @@ def fit(
     plans: Sequence[Plan[S]],
     budget: Budget,
     too_big: Callable[[S, int], str],
+    before: tuple[tuple[str, int], ...] | None = None,
 ) -> tuple[S, BudgetReport]:
     """Cut ``state`` until it fits ``budget``: each round, the first plan (in order) that
     still cuts. A round of one decision records what it saved as measured; a plan that
     makes several records each decision's own estimate. When no plan cuts, raises
-    ``BudgetExceeded`` with ``too_big(state, cuts so far)`` and the report."""
-    before = state.layer_tokens()
+    ``BudgetExceeded`` with ``too_big(state, cuts so far)`` and the report (``before``:
+    the layers before any cut, the state's own by default)."""
+    if before is None:
+        before = state.layer_tokens()
     decisions: list[Decision] = []
     while (over := budget.effective(state.used) - budget.limit) > 0:
         for plan in plans:

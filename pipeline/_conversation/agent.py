@@ -14,11 +14,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from pipeline._errors import BudgetExceeded, ConversationError
+from pipeline._budget import engine
+from pipeline._errors import ConversationError
 from pipeline._model.envelope import BudgetReport, Decision, Envelope
 from pipeline._model.tools import Hit, ToolUse, canonical_args, tool_artifact, tool_key, tool_turn
 from pipeline._tokens.counter import TokenCounter
 from pipeline._tokens.profiles import OPENAI_FRAMING, Framing
+from pipeline._turn.measure import request_tokens
 from pipeline._views.preview import EXCERPT_MIN_TOKENS, cut_to_tokens
 
 if TYPE_CHECKING:
@@ -37,8 +39,9 @@ __all__ = [
     "agent_call",
 ]
 
-# Framing of one native tool call (id, type, function wrapper) beyond its name and args.
-CALL_OVERHEAD = 8
+CALL_OVERHEAD = OPENAI_FRAMING.tool_call
+"""The default framing of one native tool call (``Framing.tool_call``; a budget's own
+``tool_call_tokens`` is what the loop counts)."""
 QUESTION_AGAIN = "---\n[User query, repeated after the tool result]:\n"
 
 CallForm = Literal["full", "excerpt", "stub"]
@@ -186,74 +189,88 @@ class AgentTurn:
     def _framing(self) -> Framing:
         return OPENAI_FRAMING if self.budget is None else self.budget.framing
 
+    def _call_tokens(self, call: LoopCall) -> int:
+        """Tokens one call adds: its framing, name and arguments, and its result message."""
+        framing = self._framing()
+        return (
+            framing.tool_call
+            + self.counter.count(call.name + call.args)
+            + framing.per_message
+            + self.counter.count(call.content)
+        )
+
     def loop_tokens(self, steps: Iterable[LoopStep]) -> int:
         """Tokens the loop adds: per message framing, texts, call names and arguments."""
         per_message = self._framing().per_message
         total = 0
         for step in steps:
             total += per_message + self.counter.count(step.text)
-            for call in step.calls:
-                total += CALL_OVERHEAD + self.counter.count(call.name + call.args)
-                total += per_message + self.counter.count(call.content)
+            total += sum(self._call_tokens(call) for call in step.calls)
         return total
 
     def base_tokens(self) -> int:
-        from pipeline._turn.measure import request_tokens
-
         return request_tokens(self.envelope, self.counter, self._framing())
 
     def fit(self) -> Loop:
-        """The loop as sent: old results stubbed, then the newest cut, until it fits.
+        """The loop as sent, fitted by the fitting engine: old results stubbed, then the
+        largest cut, until it fits (each cut moves the count by that one call's change).
 
         Raises ``BudgetExceeded`` (with a report) when even stubs do not fit; a
         non-recoverable result is cut to a marked excerpt, never stubbed.
         """
-        steps: list[list[LoopCall]] = []
+        rows = []
         for step in self.steps:
             row = []
             for call in step.calls:
                 content, repeated = self._full(call)
                 row.append(LoopCall(call.id, call.name, call.args, content, "full", repeated))
-            steps.append(row)
+            rows.append(tuple(row))
         base = self.base_tokens()
-
-        def shown() -> tuple[LoopStep, ...]:
-            return tuple(
-                LoopStep(s.text, tuple(row)) for s, row in zip(self.steps, steps, strict=True)
-            )
-
-        used = base + self.loop_tokens(shown())
+        costs = tuple(tuple(self._call_tokens(c) for c in row) for row in rows)
+        per_message = self._framing().per_message
+        texts = sum(per_message + self.counter.count(s.text) for s in self.steps)
+        layers = tuple((str(layer.name), layer.tokens) for layer in self.envelope.layers)
+        used = base + texts + sum(map(sum, costs))
+        start = _LoopState(tuple(rows), costs, base, used, layers)
         if self.budget is None:
-            return Loop(self.envelope, shown(), (), used)
+            return Loop(self.envelope, self._shown(start), (), start.used)
         budget = self.budget
-        decisions: list[Decision] = []
-        while budget.effective(used) > budget.limit:
-            cut = self._next_cut(steps)
-            if cut is None:
-                report = self._report(budget, used, decisions)
-                raise BudgetExceeded(
-                    f"turn {self.envelope.turn}: agent loop of {len(self.steps)} steps needs "
-                    f"{budget.effective(used)} tokens, over the limit of {budget.limit}, even "
-                    f"with every old tool result stubbed",
-                    report,
-                )
-            i, j, new, reason = cut
-            old = steps[i][j]
-            steps[i][j] = new
-            now = base + self.loop_tokens(shown())
-            key = self.steps[i].calls[j].key
-            decisions.append(
-                Decision("agent", key, old.form, new.form, reason, used - now, layer="loop")
+
+        def too_big(state: _LoopState, cuts: int) -> str:
+            return (
+                f"turn {self.envelope.turn}: agent loop of {len(self.steps)} steps needs "
+                f"{budget.effective(state.used)} tokens, over the limit of {budget.limit}, "
+                f"even with every old tool result stubbed"
             )
-            used = now
-        return Loop(
-            self.envelope, shown(), tuple(decisions), used, self._report(budget, used, decisions)
+
+        plans = (self._stub_old, self._cut_largest)
+        done, report = engine.fit(start, plans, budget, too_big, before=layers)
+        return Loop(self.envelope, self._shown(done), report.decisions, done.used, report)
+
+    def _shown(self, state: _LoopState) -> tuple[LoopStep, ...]:
+        return tuple(
+            LoopStep(s.text, row) for s, row in zip(self.steps, state.rows, strict=True)
         )
 
-    def _next_cut(self, steps: list[list[LoopCall]]) -> tuple[int, int, LoopCall, str] | None:
-        last = len(steps) - 1
-        # Oldest first: a result the model has already acted on is the cheapest loss.
-        for i, row in enumerate(steps[:last]):
+    def _cut(
+        self, state: _LoopState, i: int, j: int, new: LoopCall, reason: str
+    ) -> tuple[_LoopState, list[Decision]]:
+        """``state`` with call (i, j) sent as ``new``: the count moves by that call's change."""
+        old = state.rows[i][j]
+        cost = self._call_tokens(new)
+        rows = list(state.rows)
+        rows[i] = (*rows[i][:j], new, *rows[i][j + 1 :])
+        costs = list(state.costs)
+        costs[i] = (*costs[i][:j], cost, *costs[i][j + 1 :])
+        used = state.used - state.costs[i][j] + cost
+        key = self.steps[i].calls[j].key
+        decision = Decision("agent", key, old.form, new.form, reason, layer="loop")
+        return attrs.evolve(state, rows=tuple(rows), costs=tuple(costs), used=used), [decision]
+
+    def _stub_old(self, state: _LoopState, over: int) -> tuple[_LoopState, list[Decision]] | None:
+        """The oldest result of an earlier step goes to a stub: a result the model has
+        already acted on is the cheapest loss."""
+        for i, row in enumerate(state.rows[:-1]):
             for j, shown in enumerate(row):
                 call = self.steps[i].calls[j]
                 smaller = self.counter.count(_stub(call)) < self.counter.count(shown.content)
@@ -261,15 +278,23 @@ class AgentTurn:
                     stub = attrs.evolve(
                         shown, content=_stub(call), form="stub", question_repeated=False
                     )
-                    return i, j, stub, "old tool result stubbed (name and arguments kept)"
+                    return self._cut(
+                        state, i, j, stub, "old tool result stubbed (name and arguments kept)"
+                    )
+        return None
+
+    def _cut_largest(
+        self, state: _LoopState, over: int
+    ) -> tuple[_LoopState, list[Decision]] | None:
+        """The largest result is halved to an excerpt, or stubbed when that does not help."""
         sized = [
             (self.counter.count(shown.content), i, j)
-            for i, row in enumerate(steps)
+            for i, row in enumerate(state.rows)
             for j, shown in enumerate(row)
             if shown.form != "stub"
         ]
         for size, i, j in sorted(sized, key=lambda t: (-t[0], t[1], t[2])):
-            call, shown = self.steps[i].calls[j], steps[i][j]
+            call, shown = self.steps[i].calls[j], state.rows[i][j]
             limit = size // 2
             if limit >= EXCERPT_MIN_TOKENS:
                 body = _excerpt(call.result, self.counter, limit)
@@ -277,16 +302,28 @@ class AgentTurn:
                     body = f"{body}\n\n{QUESTION_AGAIN}{self.question}"
                 new = attrs.evolve(shown, content=body, form="excerpt")
                 if self.counter.count(new.content) < size:
-                    return i, j, new, f"tool result cut to a {limit}-token excerpt"
+                    return self._cut(
+                        state, i, j, new, f"tool result cut to a {limit}-token excerpt"
+                    )
             if call.recoverable and self.counter.count(_stub(call)) < size:
                 stub = attrs.evolve(
                     shown, content=_stub(call), form="stub", question_repeated=False
                 )
-                return i, j, stub, "tool result stubbed (name and arguments kept)"
+                return self._cut(state, i, j, stub, "tool result stubbed (name and arguments kept)")
         return None
 
-    def _report(self, budget: Budget, used: int, decisions: list[Decision]) -> BudgetReport:
-        layers = tuple((str(layer.name), layer.tokens) for layer in self.envelope.layers)
-        return budget.report(
-            used, layers, (*layers, ("loop", used - self.base_tokens())), decisions
-        )
+
+
+@attrs.frozen
+class _LoopState:
+    """The engine's state for an agent loop: each call as sent, what each adds, the
+    envelope's tokens and the request's."""
+
+    rows: tuple[tuple[LoopCall, ...], ...]
+    costs: tuple[tuple[int, ...], ...]
+    base: int
+    used: int
+    layers: tuple[tuple[str, int], ...] = ()
+
+    def layer_tokens(self) -> tuple[tuple[str, int], ...]:
+        return (*self.layers, ("loop", self.used - self.base))

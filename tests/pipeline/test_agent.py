@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
 from lamina import Conversation
@@ -127,3 +128,20 @@ def test_script_turns_carry_tools_and_recorded_agent_steps(vault: Path) -> None:
     assert envs[2].user_text == "A"
     with pytest.raises(ScriptError, match=r"turns\[0\]\.tools\[0\]"):
         parse_script({"turns": [{"user": "x", "tools": [{"name": 3}]}]})
+
+
+def test_the_loops_running_count_equals_a_recount_and_framing_comes_from_the_budget(
+    vault: Path,
+) -> None:
+    """Each cut moves the loop's count by one call's change; the result equals a whole
+    recount, and a budget's own tool-call framing is what the loop counts."""
+    conv = Conversation("", vault=vault, budget=Budget(context_window=9000, reserve_output=1000))
+    agent = _recorded(AgentTurn.start(conv, QUESTION))
+    loop = agent.fit()
+    assert loop.decisions, "the window is tight enough to cut"
+    assert loop.tokens == agent.base_tokens() + agent.loop_tokens(loop.steps)
+    calls = sum(len(s.calls) for s in agent.steps)
+    roomy = Budget(context_window=90000, reserve_output=1000)
+    wide = Budget(context_window=90000, reserve_output=1000, tool_call_tokens=20)
+    plain = attrs.evolve(agent, budget=roomy).fit().tokens
+    assert attrs.evolve(agent, budget=wide).fit().tokens == plain + 12 * calls
