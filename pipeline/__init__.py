@@ -94,6 +94,9 @@ from pipeline._model.envelope import (
     BudgetReport,
     BuildReport,
     Decision,
+    DecisionAction,
+    DecisionForm,
+    DecisionLayer,
     Envelope,
     Form,
     Layer,
@@ -176,7 +179,13 @@ from pipeline._text.markup import (
     escape_body,
     markup_blocks,
 )
-from pipeline._tokens.counter import TOKENIZERS, TokenCounter, get_encoding
+from pipeline._tokens.counter import (
+    TOKENIZERS,
+    TokenCounter,
+    get_encoding,
+    next_piece_start,
+    starts_piece,
+)
 from pipeline._tokens.profiles import PROFILES, ModelProfile, Provider, get_profile
 from pipeline._turn.assemble import assemble, shorten_reply, visible_history
 from pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnContext, TurnGraph
@@ -260,6 +269,9 @@ __all__ = [
     "ConversationState",
     "Cut",
     "Decision",
+    "DecisionAction",
+    "DecisionForm",
+    "DecisionLayer",
     "Dedup",
     "Enforce",
     "Envelope",
@@ -398,6 +410,7 @@ __all__ = [
     "make_preview",
     "markup_blocks",
     "new_conversation_id",
+    "next_piece_start",
     "now_stamp",
     "open_store",
     "parse_pages",
@@ -415,6 +428,7 @@ __all__ = [
     "shorten_replies",
     "shorten_reply",
     "split_sections",
+    "starts_piece",
     "stateless_turn",
     "strip_reply",
     "summary_view",

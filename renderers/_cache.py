@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import Envelope, TokenCounter
+from pipeline import DecisionAction, Envelope, TokenCounter
 from renderers._openai import (
     chatml,
     chatml_prefix_tokens,
@@ -22,7 +22,9 @@ from renderers._openai import (
 
 __all__ = ["PrefixReport", "classify_break", "prefix_report", "prefix_reports"]
 
-_EVICTED = frozenset({"evicted", "dropped", "removed", "none", ""})
+# Readers match a decision's action, never its reason's words (those are for people).
+_CHANGED = frozenset({DecisionAction.REFRESHED, DecisionAction.PINNED})
+_EVICTED = frozenset({DecisionAction.EVICTED, DecisionAction.DROPPED})
 
 
 @attrs.frozen
@@ -55,9 +57,9 @@ def _l2_reasons(previous: Envelope, current: Envelope) -> list[str]:
     for d in current.report.decisions:
         if d.layer != "L2":
             continue
-        if "content changed" in d.reason:
+        if d.action in _CHANGED:
             reasons.append(f"artifact-changed:{d.target}")
-        elif d.to_form in _EVICTED:
+        elif d.action in _EVICTED:
             reasons.append(f"l2-evicted:{d.target}")
         else:
             reasons.append(f"l2-compacted:{d.target}")

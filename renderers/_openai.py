@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-from pipeline import Envelope, TokenCounter
+from pipeline import Envelope, TokenCounter, next_piece_start
 
 __all__ = [
     "ChatMessage",
@@ -44,15 +44,13 @@ def chatml(messages: list[ChatMessage]) -> str:
 # a newline the pre-tokenizer always starts a new piece there, so a request's tokens up to
 # such a point are the sum of its blocks' tokens, each counted once and remembered.
 _BLOCK_START = re.compile(r"\n\n(?=<)")
-_LINE_START = re.compile(r"\n(?=[^\s/])")
 _MARGIN = 512
 
 
 def _piece_boundary(text: str, at: int) -> int:
     """The first position from ``at`` where a line starts a new pre-tokenizer piece (the
     tokens of ``text[:p]`` are then the first tokens of ``text``), else the end."""
-    m = _LINE_START.search(text, at)
-    return m.end() if m else len(text)
+    return next_piece_start(text, at)
 
 
 def common_prefix_tokens(

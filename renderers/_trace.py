@@ -91,6 +91,7 @@ def trace_turn(
                     "to": d.to_form,
                     "tokens_saved": d.tokens_saved,
                     "reason": d.reason,
+                    "action": str(d.action),
                 }
                 for d in budget.decisions
             ],

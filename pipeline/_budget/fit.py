@@ -25,7 +25,14 @@ from pipeline._budget import engine
 from pipeline._errors import ConfigError
 from pipeline._input import validate as _validate
 from pipeline._model.artifacts import Artifact, TurnWarning, make_artifact
-from pipeline._model.envelope import NOT_SENT, BudgetReport, Decision, Envelope, Form
+from pipeline._model.envelope import (
+    NOT_SENT,
+    BudgetReport,
+    Decision,
+    DecisionAction,
+    Envelope,
+    Form,
+)
 from pipeline._model.library import LibraryEntry
 from pipeline._model.tools import chunk_source
 from pipeline._tokens.counter import TokenCounter
@@ -75,9 +82,16 @@ It gets the turn's ``Draft``: each layer's segments (text, tokens) and exact cou
 
 
 def _decision(
-    target: str, before: str, after: str, reason: str, layer: str, saved: int = 0
+    target: str,
+    before: str,
+    after: str,
+    reason: str,
+    layer: str,
+    saved: int = 0,
+    *,
+    action: DecisionAction,
 ) -> Decision:
-    return Decision("budget", target, before, after, reason, saved, layer=layer)
+    return Decision("budget", target, before, after, reason, saved, layer=layer, action=action)
 
 
 def drop_history(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
@@ -91,7 +105,9 @@ def drop_history(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | No
     view = attrs.evolve(turn.history_view, start=start)
     target = f"history:{first}" if start - 1 == first else f"history:{first}-{start - 1}"
     reason = f"oldest history turns dropped (cut point moves {turn.ctx.budget.history_step} turns)"
-    return attrs.evolve(turn, history_view=view), _decision(target, "text", "dropped", reason, "L4")
+    return attrs.evolve(turn, history_view=view), _decision(
+        target, "text", "dropped", reason, "L4", action=DecisionAction.HISTORY_CUT
+    )
 
 
 def shorten_replies(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
@@ -112,6 +128,7 @@ def shorten_replies(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] |
                 "excerpt",
                 "long old reply shortened",
                 "L4",
+                action=DecisionAction.SHORTENED,
             )
             return attrs.evolve(turn, history_view=view), decision
     return None
@@ -152,7 +169,8 @@ def compact_l3(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None
         reason = "L3 item not sent for lack of room (a not-sent reference says how to get it)"
     items = list(turn.items)
     items[index] = attrs.evolve(item, form=to, marks=marks)
-    decision = _decision(item.key, str(item.form), str(to), reason, "L3")
+    action = DecisionAction.NOT_SENT if to is Form.REFERENCE else DecisionAction.COMPACTED
+    decision = _decision(item.key, str(item.form), str(to), reason, "L3", action=action)
     turn = attrs.evolve(turn, items=tuple(items))
     if to is Form.SUMMARY:
         artifact = turn.artifact(item.key)
@@ -217,7 +235,8 @@ def compact_l2(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None
             if to == "evicted"
             else f"library entry compacted to a {to}"
         )
-        decision = _decision(entry.key, str(entry.form), to, reason, "L2")
+        action = DecisionAction.EVICTED if to == "evicted" else DecisionAction.COMPACTED
+        decision = _decision(entry.key, str(entry.form), to, reason, "L2", action=action)
         out = attrs.evolve(turn, library=turn.library.replace(new))
         if new.form is Form.SUMMARY:
             out = _summary_warnings(out, entry.key, f"{entry.content_hash}:l2", entry.view.body)
@@ -238,7 +257,9 @@ def compact_l1_mutable(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision
     else:
         new, to = cut_to_tokens(text, counter, tokens // 2) + " " + ELLIPSIS, "excerpt"
     system = SystemPrompt(turn.system.stable, new)
-    decision = _decision("system:mutable", "text", to, "L1 mutable part compacted", "L1")
+    compacted = DecisionAction.COMPACTED
+    reason = "L1 mutable part compacted"
+    decision = _decision("system:mutable", "text", to, reason, "L1", action=compacted)
     return attrs.evolve(turn, system=system), decision
 
 
@@ -259,7 +280,7 @@ def excerpt_non_recoverable(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Dec
         items[i] = attrs.evolve(item, form=Form.EXCERPT, limit=limit)
         reason = f"non-recoverable item cut to a {limit}-token excerpt (head and tail kept)"
         return attrs.evolve(turn, items=tuple(items)), _decision(
-            item.key, str(item.form), "excerpt", reason, "L3"
+            item.key, str(item.form), "excerpt", reason, "L3", action=DecisionAction.EXCERPTED
         )
     for entry in turn.library.entries:
         view = entry.view
@@ -273,7 +294,12 @@ def excerpt_non_recoverable(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Dec
         text = turn.ctx.renderer.render(new_view)
         new = LibraryEntry(new_view, text, turn.ctx.counter.count(text), entry.turn)
         decision = _decision(
-            entry.key, "full", "excerpt", "non-recoverable library entry cut to an excerpt", "L2"
+            entry.key,
+            "full",
+            "excerpt",
+            "non-recoverable library entry cut to an excerpt",
+            "L2",
+            action=DecisionAction.EXCERPTED,
         )
         return attrs.evolve(turn, library=turn.library.replace(new)), decision
     return None
@@ -551,7 +577,10 @@ def _plan_library(
                 else f"library entry compacted to a {to}"
             )
             gain = entry.tokens - new.tokens
-            decisions.append(_decision(entry.key, str(entry.form), to, reason, "L2", gain))
+            action = DecisionAction.EVICTED if to == "evicted" else DecisionAction.COMPACTED
+            decisions.append(
+                _decision(entry.key, str(entry.form), to, reason, "L2", gain, action=action)
+            )
             library = library.replace(new)
             if new.form is Form.SUMMARY:
                 out = _summary_warnings(out, entry.key, f"{entry.content_hash}:l2", entry.view.body)
@@ -634,7 +663,17 @@ def _plan_current(
                 items[i] = attrs.evolve(item, form=Form.PREVIEW, limit=limit)
                 reason = f"L3 item cut to a {limit}-token preview (this turn's items share room)"
                 gain = size - limit
-                decisions.append(_decision(item.key, str(item.form), "preview", reason, "L3", gain))
+                decisions.append(
+                    _decision(
+                        item.key,
+                        str(item.form),
+                        "preview",
+                        reason,
+                        "L3",
+                        gain,
+                        action=DecisionAction.COMPACTED,
+                    )
+                )
         return attrs.evolve(turn, items=tuple(items)), decisions
     least = MIN_PREVIEW_TOKENS
     at_min = [
@@ -645,7 +684,17 @@ def _plan_current(
     for i, item, size in at_min:
         items[i] = attrs.evolve(item, form=Form.PREVIEW, limit=least)
         reason = f"L3 item cut to a {least}-token preview"
-        decisions.append(_decision(item.key, str(item.form), "preview", reason, "L3", size - least))
+        decisions.append(
+            _decision(
+                item.key,
+                str(item.form),
+                "preview",
+                reason,
+                "L3",
+                size - least,
+                action=DecisionAction.COMPACTED,
+            )
+        )
     if not at_min and unsent:
         saved = 0
         ctx = turn.ctx
@@ -657,7 +706,17 @@ def _plan_current(
             gain = size - ctx.counter.count(ctx.renderer.render(ref_view))
             items[i] = attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0)
             reason = "L3 item not sent for lack of room (a not-sent reference says how to get it)"
-            decisions.append(_decision(item.key, str(item.form), "reference", reason, "L3", gain))
+            decisions.append(
+                _decision(
+                    item.key,
+                    str(item.form),
+                    "reference",
+                    reason,
+                    "L3",
+                    gain,
+                    action=DecisionAction.NOT_SENT,
+                )
+            )
             saved += gain
     if not decisions:
         return None
@@ -734,7 +793,7 @@ def _plan_groups(
             continue
         items.append(item)
     reason = f"{len(members)} items of {root} collapsed into one index (no form of each fits)"
-    decision = _decision(root, "items", "index", reason, "L3")
+    decision = _decision(root, "items", "index", reason, "L3", action=DecisionAction.INDEXED)
     return attrs.evolve(turn, graph=graph, items=tuple(items)), [decision]
 
 

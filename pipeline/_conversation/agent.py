@@ -16,7 +16,7 @@ import attrs
 
 from pipeline._budget import engine
 from pipeline._errors import ConversationError
-from pipeline._model.envelope import BudgetReport, Decision, Envelope
+from pipeline._model.envelope import BudgetReport, Decision, DecisionAction, Envelope
 from pipeline._model.tools import Hit, ToolUse, canonical_args, tool_artifact, tool_key, tool_turn
 from pipeline._tokens.counter import TokenCounter
 from pipeline._tokens.profiles import OPENAI_FRAMING, Framing
@@ -264,7 +264,8 @@ class AgentTurn:
         costs[i] = (*costs[i][:j], cost, *costs[i][j + 1 :])
         used = state.used - state.costs[i][j] + cost
         key = self.steps[i].calls[j].key
-        decision = Decision("agent", key, old.form, new.form, reason, layer="loop")
+        action = DecisionAction.STUBBED if new.form == "stub" else DecisionAction.EXCERPTED
+        decision = Decision("agent", key, old.form, new.form, reason, layer="loop", action=action)
         return attrs.evolve(state, rows=tuple(rows), costs=tuple(costs), used=used), [decision]
 
     def _stub_old(self, state: _LoopState, over: int) -> tuple[_LoopState, list[Decision]] | None:

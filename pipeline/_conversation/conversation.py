@@ -14,6 +14,7 @@ from pipeline._input import validate as _validate
 from pipeline._model.artifacts import AttachmentSpec, Processed, SourceResolver, resolver_for_turn
 from pipeline._model.envelope import (
     Decision,
+    DecisionAction,
     Envelope,
     Form,
     View,
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from pipeline._store.records import Head
 
 __all__ = [
-    "BudgetSettings",
     "Conversation",
     "ConversationState",
     "NoRenderer",
@@ -299,7 +299,13 @@ class Conversation:
             part = "stable" if self._last_system.stable != self._system.stable else "mutable"
             start = start.decide(
                 Decision(
-                    "system", f"system:{part}", "text", "text", "system prompt changed", layer="L1"
+                    "system",
+                    f"system:{part}",
+                    "text",
+                    "text",
+                    "system prompt changed",
+                    layer="L1",
+                    action=DecisionAction.SYSTEM_CHANGED,
                 )
             )
         if self._l1_compacted:
@@ -312,6 +318,7 @@ class Conversation:
                     "text",
                     "L1 mutable part sent whole again (last turn's budget had shortened it)",
                     layer="L1",
+                    action=DecisionAction.RESTORED,
                 )
             )
         graph = self.pipeline.run(start)
@@ -422,7 +429,7 @@ def _layer_stats(envelope: Envelope) -> list[tuple[str, int]]:
     cut_to_reference = {
         d.target
         for d in envelope.report.decisions
-        if d.stage == "budget" and d.to_form == "reference"
+        if d.action is DecisionAction.NOT_SENT
     }
     compacted = sum(1 for s in envelope.l2.segments if s.form is not Form.FULL) + sum(
         1 for s in envelope.l3.segments if s.form in shortened or s.key in cut_to_reference

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from pipeline._errors import InvariantViolation
 from pipeline._hashing import text_hash
-from pipeline._model.envelope import Envelope, Form, Layer, join_blocks, system_parts, user_parts
+from pipeline._model.envelope import (
+    DecisionLayer,
+    Envelope,
+    Form,
+    Layer,
+    join_blocks,
+    system_parts,
+    user_parts,
+)
 from pipeline._model.history import has_context_markup
 from pipeline._model.tools import TOOL_SOURCE, chunk_source
 from pipeline._views.views import Policy
@@ -106,7 +114,11 @@ def _tool_output_turn_scoped(env: Envelope) -> None:
 
 
 def _library_is_append_only(env: Envelope, prev: Envelope) -> None:
-    explained = {d.target for d in env.report.decisions if d.layer in ("L1", "L2")}
+    explained = {
+        d.target
+        for d in env.report.decisions
+        if d.layer in (DecisionLayer.L1, DecisionLayer.L2)
+    }
     before, now = prev.l2.keys(), env.l2.keys()
     missing = [k for k in before if k not in now and k not in explained]
     if missing:

@@ -21,6 +21,9 @@ __all__ = [
     "BudgetReport",
     "BuildReport",
     "Decision",
+    "DecisionAction",
+    "DecisionForm",
+    "DecisionLayer",
     "Envelope",
     "Form",
     "Layer",
@@ -163,17 +166,88 @@ class Layer:
         return next((s for s in self.segments if s.key == key), None)
 
 
+class DecisionAction(enum.StrEnum):
+    """What a decision did, from a closed set: code matches on it; the reason is for people."""
+
+    PINNED = "pinned"
+    """Changed content sent in full beside its L2 entry, which stays as it was."""
+    REFRESHED = "refreshed"
+    """Changed content replaced its L2 entry in place."""
+    REFERENCED = "referenced"
+    """Sent as a reference to what L2 already holds."""
+    RESENT = "resent"
+    """Sent in full again: L2 holds only a shortened form."""
+    OVERLAPPING = "overlapping"
+    """A retrieval chunk sent although its source is in L2 (shortened or with other text)."""
+    DROPPED = "dropped"
+    """Not sent: a duplicate, or already in this turn."""
+    PAGES_CUT = "pages-cut"
+    """Only the pages not sent before are sent."""
+    SYSTEM_CHANGED = "system-changed"
+    """The host changed the system prompt."""
+    RESTORED = "restored"
+    """L1's mutable part sent whole again after a turn's budget had shortened it."""
+    HISTORY_CUT = "history-cut"
+    """The oldest history turns dropped (the cut point moved)."""
+    SHORTENED = "shortened"
+    """An old long reply shortened."""
+    COMPACTED = "compacted"
+    """A shorter recoverable form (preview, summary, or a smaller preview)."""
+    EVICTED = "evicted"
+    """A library entry reduced to a stub that keeps key, title and locator."""
+    NOT_SENT = "not-sent"
+    """This turn's item sent as a reference saying it was not sent for lack of room."""
+    EXCERPTED = "excerpted"
+    """A non-recoverable text cut to a marked head-and-tail excerpt."""
+    INDEXED = "indexed"
+    """A folder or tag group collapsed into one index."""
+    STUBBED = "stubbed"
+    """A tool result in an agent loop stubbed (name and arguments kept)."""
+
+
+class DecisionForm(enum.StrEnum):
+    """A decision's before and after: the view forms (``Form``) and what only a cut makes."""
+
+    FULL = "full"
+    PREVIEW = "preview"
+    SUMMARY = "summary"
+    EXCERPT = "excerpt"
+    REFERENCE = "reference"
+    TEXT = "text"
+    DROPPED = "dropped"
+    CUT = "cut"
+    EVICTED = "evicted"
+    ITEMS = "items"
+    INDEX = "index"
+    STUB = "stub"
+
+
+class DecisionLayer(enum.StrEnum):
+    """Where a decision acts: a layer of the envelope, or an agent loop's steps."""
+
+    L1 = "L1"
+    L2 = "L2"
+    L3 = "L3"
+    L4 = "L4"
+    L5 = "L5"
+    LOOP = "loop"
+
+
 @attrs.frozen
 class Decision:
-    """One recorded choice about an artifact or history turn (form before -> after)."""
+    """One recorded choice about an artifact or history turn (form before -> after).
+
+    ``action`` says what was done, for code; ``reason`` says why, for people: no reader
+    parses it. Forms and layers are converted to their closed enums when built."""
 
     stage: str
     target: str
-    from_form: str
-    to_form: str
+    from_form: DecisionForm = attrs.field(converter=DecisionForm)
+    to_form: DecisionForm = attrs.field(converter=DecisionForm)
     reason: str
     tokens_saved: int = 0
-    layer: str = "L3"
+    layer: DecisionLayer = attrs.field(default=DecisionLayer.L3, converter=DecisionLayer)
+    action: DecisionAction = attrs.field(kw_only=True, converter=DecisionAction)
 
 
 @attrs.frozen

@@ -12,7 +12,7 @@ import networkx as nx
 
 from pipeline._errors import LaminaError, PipelineError, StageError
 from pipeline._model.artifacts import Artifact
-from pipeline._model.envelope import Decision, Form, View
+from pipeline._model.envelope import Decision, DecisionAction, Form, View
 from pipeline._model.library import Library, LibraryEntry
 from pipeline._model.tools import chunk_source, is_turn_scoped
 from pipeline._turn.assemble import fitted_preview
@@ -95,7 +95,13 @@ class Dedup:
                 saved = turn.ctx.counter.count(text)
                 decisions.append(
                     Decision(
-                        self.name, item.key, "full", "dropped", "duplicate hit sent once", saved
+                        self.name,
+                        item.key,
+                        "full",
+                        "dropped",
+                        "duplicate hit sent once",
+                        saved,
+                        action=DecisionAction.DROPPED,
                     )
                 )
         removed = len(turn.items) - len(kept)
@@ -144,6 +150,7 @@ class Reference:
                             "reference",
                             "full",
                             "content changed; L2 entry pinned",
+                            action=DecisionAction.PINNED,
                         )
                     )
                     continue
@@ -157,6 +164,7 @@ class Reference:
                         str(fresh.form),
                         "content changed; L2 entry refreshed in place",
                         layer="L2",
+                        action=DecisionAction.REFRESHED,
                     )
                 )
                 entry = fresh
@@ -164,7 +172,12 @@ class Reference:
                 items.append(attrs.evolve(item, form=Form.REFERENCE))
                 decisions.append(
                     Decision(
-                        self.name, item.key, "full", "reference", f"in library as {entry.form}"
+                        self.name,
+                        item.key,
+                        "full",
+                        "reference",
+                        f"in library as {entry.form}",
+                        action=DecisionAction.REFERENCED,
                     )
                 )
             else:
@@ -178,6 +191,7 @@ class Reference:
                         "reference",
                         "full",
                         f"library holds only a {entry.form}",
+                        action=DecisionAction.RESENT,
                     )
                 )
         decisions.extend(self._chunks(turn, library, items, chunks))
@@ -217,6 +231,7 @@ class Reference:
                         "dropped",
                         f"chunk of {source}, sent in full in this turn",
                         saved,
+                        action=DecisionAction.DROPPED,
                     )
                 )
             elif source in library:
@@ -247,12 +262,18 @@ class Reference:
                 "reference",
                 f"chunk of {source}, in library in full",
                 max(0, full - ref),
+                action=DecisionAction.REFERENCED,
             )
             return attrs.evolve(item, form=Form.REFERENCE, marks=ref_marks), decision
         marks = (*item.marks, ("overlaps", source), ("library", str(entry.form)))
         why = "its text differs" if entry.form is Form.FULL else f"it holds a {entry.form}"
         decision = Decision(
-            self.name, item.key, "full", "full", f"chunk of {source} sent: the library entry {why}"
+            self.name,
+            item.key,
+            "full",
+            "full",
+            f"chunk of {source} sent: the library entry {why}",
+            action=DecisionAction.OVERLAPPING,
         )
         return attrs.evolve(item, marks=marks), decision
 

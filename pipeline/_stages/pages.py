@@ -7,7 +7,7 @@ from typing import Protocol, Self, runtime_checkable
 import attrs
 
 from pipeline._model.artifacts import make_artifact
-from pipeline._model.envelope import Decision
+from pipeline._model.envelope import Decision, DecisionAction
 from pipeline._model.library import Library
 from pipeline._turn.graph import Placement, TurnGraph
 
@@ -107,7 +107,10 @@ class MergePages:
             reason = f"pages {format_pages(covered)} already sent ({', '.join(where)})"
             new = tuple(sorted(pages - covered))
             if not new:
-                decisions.append(Decision(self.name, item.key, "full", "dropped", reason))
+                dropped = DecisionAction.DROPPED
+                decisions.append(
+                    Decision(self.name, item.key, "full", "dropped", reason, action=dropped)
+                )
                 continue
             cut = payload.only_pages(new)
             key = f"{artifact.source_type}:{cut.locator}"
@@ -115,5 +118,8 @@ class MergePages:
             out = out.with_node(fresh)
             marks = (*item.marks, ("pages-sent-before", format_pages(covered)))
             items.append(attrs.evolve(item, key=key, marks=marks))
-            decisions.append(Decision(self.name, item.key, "full", "cut", f"{reason}; sent {key}"))
+            why = f"{reason}; sent {key}"
+            decisions.append(
+                Decision(self.name, item.key, "full", "cut", why, action=DecisionAction.PAGES_CUT)
+            )
         return attrs.evolve(out, items=tuple(items)).decide(*decisions)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import string
 import threading
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ __all__ = [
     "count_joined_from",
     "count_with_sep_from",
     "get_encoding",
+    "next_piece_start",
     "starts_piece",
 ]
 
@@ -191,10 +193,26 @@ def count_joined_from(
     return total
 
 
+# The one piece rule: after a newline, a character other than whitespace (``str.isspace``,
+# which ``\s`` matches exactly) or a slash starts a new pre-tokenizer piece, in every
+# encoding the counter knows (tests/pipeline/test_piece_rule.py checks them all).
+_PIECE_HEAD = r"[^\s/]"
+_PIECE_START = re.compile(_PIECE_HEAD)
+_LINE_PIECE = re.compile(rf"\n(?={_PIECE_HEAD})")
+
+
 def starts_piece(text: str) -> bool:
-    """Whether, after a newline, ``text`` starts a new pre-tokenizer piece (o200k and cl100k
-    alike): it does unless it starts with whitespace or a slash."""
-    return bool(text) and not text[0].isspace() and text[0] != "/"
+    """Whether, after a newline, ``text`` starts a new pre-tokenizer piece (every encoding
+    alike): it does unless it is empty or starts with whitespace or a slash."""
+    return _PIECE_START.match(text) is not None
+
+
+def next_piece_start(text: str, at: int = 0) -> int:
+    """The first position from ``at`` that follows a newline and starts a new piece
+    (``starts_piece``): the tokens of ``text[:p]`` are the first tokens of ``text``; else
+    the end of ``text``."""
+    m = _LINE_PIECE.search(text, at)
+    return m.end() if m else len(text)
 
 
 _SPLIT_FROM = 4096

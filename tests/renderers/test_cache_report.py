@@ -10,14 +10,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from pipeline import Decision, Envelope, Form, Library, Pipeline, Policy, SystemPrompt, TurnGraph
+from pipeline import (
+    Budget,
+    Decision,
+    DecisionAction,
+    Envelope,
+    Form,
+    Library,
+    Pipeline,
+    Policy,
+    SystemPrompt,
+    TurnGraph,
+)
 from renderers import (
+    annotate_trace,
     chatml,
     common_prefix_length,
     common_prefix_tokens,
     openai_messages,
     prefix_report,
     prefix_reports,
+    render_report,
+    trace_document,
 )
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
@@ -127,14 +141,26 @@ class _Cut:
         if self.evict:
             library = Library(tuple(e for e in turn.library if e.key != self.key))
             decision = Decision(
-                self.name, self.key, str(entry.form), "evicted", "budget", layer="L2"
+                self.name,
+                self.key,
+                str(entry.form),
+                "evicted",
+                "budget",
+                layer="L2",
+                action=DecisionAction.EVICTED,
             )
         else:
             view = attrs.evolve(entry.view, form=Form.PREVIEW, body="(shortened)")
             text = turn.ctx.renderer.render(view)
             library = turn.library.replace(attrs.evolve(entry, view=view, text=text))
             decision = Decision(
-                self.name, self.key, str(entry.form), "preview", "budget", layer="L2"
+                self.name,
+                self.key,
+                str(entry.form),
+                "preview",
+                "budget",
+                layer="L2",
+                action=DecisionAction.COMPACTED,
             )
         return attrs.evolve(turn, library=library).decide(decision)
 
@@ -191,3 +217,47 @@ def test_common_prefix_bytes_equals_comparing_the_encodings(shared: str, a: str,
     left, right = shared + a, shared + b
     expected = common_prefix_length(left.encode(), right.encode())
     assert _common_prefix_bytes(left, right) == expected
+
+
+def _reworded(env: Envelope) -> Envelope:
+    """``env`` with every decision's reason reworded (what a person reads, nothing else)."""
+
+    def reword(decisions: tuple[Decision, ...]) -> tuple[Decision, ...]:
+        return tuple(attrs.evolve(d, reason=f"Reworded: {d.reason.upper()}") for d in decisions)
+
+    report = env.report
+    budget = report.budget
+    if budget is not None:
+        budget = attrs.evolve(budget, decisions=reword(budget.decisions))
+    return attrs.evolve(
+        env, report=attrs.evolve(report, decisions=reword(report.decisions), budget=budget)
+    )
+
+
+def test_rewording_a_reason_changes_no_break_reason_and_no_report_reading() -> None:
+    """Readers match a decision's action: reworded reasons keep every break reason, and the
+    HTML report differs only in the reworded text itself."""
+    conv = _conv(policy=Policy(freshness="refresh"), budget=Budget(1100, 200))
+    envs = list(_glossary_edited(conv))
+    conv.reply("Yes.")
+    envs.append(conv.turn("More?", [{"note": "docs/api-docs.md"}]))
+    actions = {d.action for e in envs for d in e.report.decisions}
+    assert {DecisionAction.REFRESHED, DecisionAction.COMPACTED} <= actions
+    reworded = [_reworded(e) for e in envs]
+    assert [d.reason for d in reworded[-1].report.decisions] != [
+        d.reason for d in envs[-1].report.decisions
+    ]
+    reasons = [r.reasons for r in prefix_reports(envs, conv.counter)]
+    assert "artifact-changed:note:glossary.md" in reasons[1]
+    assert [r.reasons for r in prefix_reports(reworded, conv.counter)] == reasons
+    trace = annotate_trace(trace_document(envs, conv.counter), envs, conv.counter)
+    again = annotate_trace(trace_document(reworded, conv.counter), reworded, conv.counter)
+    assert [t["cache"] for t in again["turns"]] == [t["cache"] for t in trace["turns"]]
+    html, html_again = render_report(trace), render_report(again)
+    for d in (d for e in envs if e.report.budget for d in e.report.budget.decisions):
+        html_again = html_again.replace(_html(f"Reworded: {d.reason.upper()}"), _html(d.reason))
+    assert html_again == html
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
