@@ -14,6 +14,7 @@ from pipeline._budget.fit import (
     excerpt_non_recoverable,
     shorten_replies,
 )
+from pipeline._budget.settings import BudgetSettings
 from pipeline._conversation.agent import (
     CALL_OVERHEAD,
     QUESTION_AGAIN,
@@ -26,7 +27,6 @@ from pipeline._conversation.agent import (
     agent_call,
 )
 from pipeline._conversation.conversation import (
-    BudgetSettings,
     Conversation,
     ConversationState,
     NoRenderer,

@@ -22,8 +22,8 @@ from typing import Literal, cast
 import attrs
 
 from pipeline._budget import engine
+from pipeline._budget.settings import BudgetSettings
 from pipeline._errors import ConfigError
-from pipeline._input import validate as _validate
 from pipeline._model.artifacts import Artifact, TurnWarning, make_artifact
 from pipeline._model.envelope import (
     NOT_SENT,
@@ -38,7 +38,6 @@ from pipeline._model.tools import chunk_source
 from pipeline._tokens.counter import TokenCounter
 from pipeline._tokens.profiles import (
     CHAT_TEMPLATES,
-    OPENAI_FRAMING,
     ChatTemplate,
     Framing,
     get_profile,
@@ -332,47 +331,14 @@ CUT_POLICIES: dict[str, tuple[Cut, ...]] = {
 }
 
 
-def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], object], None]:
-    """An attrs validator: an int (not a bool or a string) of at least ``minimum``."""
-
-    def check(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-        _validate.integer(f"budget.{attribute.name}", value, minimum=minimum)
-
-    return check
-
-
-def _real(_: object, attribute: attrs.Attribute[float], value: object) -> None:
-    _validate.number(f"budget.{attribute.name}", value)
-
-
 @attrs.frozen
-class Budget:
+class Budget(BudgetSettings):
     """The whole-payload budget of one model: window, reserved output, framing, cut order.
 
     Counts are exact (tiktoken). Where a profile says the provider's tokenizer is not
     available locally, counts are scaled by ``1 + safety_margin`` before comparing.
     """
 
-    context_window: int = attrs.field(validator=_at_least(1))
-    reserve_output: int = attrs.field(default=4096, validator=_at_least(0))
-    per_message_tokens: int = attrs.field(
-        default=OPENAI_FRAMING.per_message, validator=_at_least(0)
-    )
-    priming_tokens: int = attrs.field(default=OPENAI_FRAMING.priming, validator=_at_least(0))
-    safety_margin: float = attrs.field(default=0.0, validator=_real)
-    history_step: int = attrs.field(default=4, validator=_at_least(1))
-    reply_tokens: int = attrs.field(default=400, validator=_at_least(1))
-    summary_tokens: int = attrs.field(default=256, validator=_at_least(1))
-    policy: str = "current-first"
-    tokenizer: str | None = None
-    """The profile's tokenizer (``for_model``); a ``Conversation`` without ``tokenizer=``
-    counts with it, so an open model's budget is counted with its own encoding."""
-    content_lead: str = OPENAI_FRAMING.lead
-    trim_content: bool = OPENAI_FRAMING.trim
-    chat_template: str = OPENAI_FRAMING.template
-    """Where the chat template puts the system text (``CHAT_TEMPLATES``): "mistral" for
-    Mistral's instruct format, which sends it inside the last user message."""
-    tool_call_tokens: int = attrs.field(default=OPENAI_FRAMING.tool_call, validator=_at_least(0))
     order: tuple[Cut, ...] = attrs.field(
         default=attrs.Factory(lambda self: CUT_POLICIES.get(self.policy, ()), takes_self=True),
         eq=False,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from pipeline._budget.settings import BudgetSettings
 from pipeline._conversation.usage import Calibration, TurnUsage
 from pipeline._errors import ArgumentError, ConfigError, ConversationError
 from pipeline._input import validate as _validate
@@ -24,7 +25,6 @@ from pipeline._model.kinds import AttachmentKinds, NoKinds
 from pipeline._model.library import Library, LibraryEntry, LibraryPrefix
 from pipeline._stages.builtin import Pipeline
 from pipeline._tokens.counter import TokenCounter
-from pipeline._tokens.profiles import OPENAI_FRAMING
 from pipeline._turn.assemble import assemble
 from pipeline._turn.graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
 from pipeline._turn.measure import request_tokens
@@ -46,52 +46,6 @@ __all__ = [
 
 
 Attachment = AttachmentSpec | Mapping[str, Any]
-
-
-@attrs.frozen
-class BudgetSettings:
-    """A ``Budget``'s plain numbers and policy name (every field but an explicit cut order),
-    so a store can keep it."""
-
-    context_window: int
-    reserve_output: int = 4096
-    per_message_tokens: int = OPENAI_FRAMING.per_message
-    priming_tokens: int = OPENAI_FRAMING.priming
-    safety_margin: float = 0.0
-    history_step: int = 4
-    reply_tokens: int = 400
-    summary_tokens: int = 256
-    policy: str = "current-first"
-    tokenizer: str | None = None
-    content_lead: str = OPENAI_FRAMING.lead
-    trim_content: bool = OPENAI_FRAMING.trim
-    chat_template: str = OPENAI_FRAMING.template
-    tool_call_tokens: int = OPENAI_FRAMING.tool_call
-
-    @classmethod
-    def of(cls, budget: Budget) -> BudgetSettings:
-        return cls(
-            budget.context_window,
-            budget.reserve_output,
-            budget.per_message_tokens,
-            budget.priming_tokens,
-            budget.safety_margin,
-            budget.history_step,
-            budget.reply_tokens,
-            budget.summary_tokens,
-            budget.policy,
-            budget.tokenizer,
-            budget.content_lead,
-            budget.trim_content,
-            budget.chat_template,
-            budget.tool_call_tokens,
-        )
-
-    def budget(self) -> Budget:
-        """The ``Budget`` with these numbers and its policy's cut order (validated)."""
-        from pipeline._budget.fit import Budget
-
-        return Budget(**attrs.asdict(self))
 
 
 @attrs.frozen

@@ -19,6 +19,7 @@ from lamina import Conversation, load_conversation, parse_script, run_saved
 from pipeline import (
     DEFAULT_ORDER,
     Budget,
+    BudgetSettings,
     ConversationInfo,
     LLMSummarizer,
     SqliteStore,
@@ -26,7 +27,6 @@ from pipeline import (
     TokenCounter,
     save_turn,
 )
-from pipeline._conversation.conversation import BudgetSettings
 from renderers import openai_messages
 from tests.cli import lamina
 from tests.stores import Backend

@@ -1,0 +1,71 @@
+"""A budget's plain settings: the one record of its numbers, kept by stores.
+
+``Budget`` extends it with the cut order (callables, which a store cannot keep), so every
+field is declared and validated once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import attrs
+
+from pipeline._input import validate as _validate
+from pipeline._tokens.profiles import OPENAI_FRAMING
+
+if TYPE_CHECKING:
+    from pipeline._budget.fit import Budget
+
+__all__ = ["BudgetSettings"]
+
+
+def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], object], None]:
+    """An attrs validator: an int (not a bool or a string) of at least ``minimum``."""
+
+    def check(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+        _validate.integer(f"budget.{attribute.name}", value, minimum=minimum)
+
+    return check
+
+
+def _real(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    _validate.number(f"budget.{attribute.name}", value)
+
+
+@attrs.frozen
+class BudgetSettings:
+    """A budget's window, reserve, framing, margins and policy name: every field of a
+    ``Budget`` but its cut order, so a store can keep it."""
+
+    context_window: int = attrs.field(validator=_at_least(1))
+    reserve_output: int = attrs.field(default=4096, validator=_at_least(0))
+    per_message_tokens: int = attrs.field(
+        default=OPENAI_FRAMING.per_message, validator=_at_least(0)
+    )
+    priming_tokens: int = attrs.field(default=OPENAI_FRAMING.priming, validator=_at_least(0))
+    safety_margin: float = attrs.field(default=0.0, validator=_real)
+    history_step: int = attrs.field(default=4, validator=_at_least(1))
+    reply_tokens: int = attrs.field(default=400, validator=_at_least(1))
+    summary_tokens: int = attrs.field(default=256, validator=_at_least(1))
+    policy: str = "current-first"
+    tokenizer: str | None = None
+    """The profile's tokenizer (``for_model``); a ``Conversation`` without ``tokenizer=``
+    counts with it, so an open model's budget is counted with its own encoding."""
+    content_lead: str = OPENAI_FRAMING.lead
+    trim_content: bool = OPENAI_FRAMING.trim
+    chat_template: str = OPENAI_FRAMING.template
+    """Where the chat template puts the system text (``CHAT_TEMPLATES``): "mistral" for
+    Mistral's instruct format, which sends it inside the last user message."""
+    tool_call_tokens: int = attrs.field(default=OPENAI_FRAMING.tool_call, validator=_at_least(0))
+
+    @classmethod
+    def of(cls, budget: BudgetSettings) -> BudgetSettings:
+        """The settings of ``budget`` (a ``Budget``) without its cut order."""
+        return cls(**{f.name: getattr(budget, f.name) for f in attrs.fields(BudgetSettings)})
+
+    def budget(self) -> Budget:
+        """The ``Budget`` with these numbers and its policy's cut order (validated)."""
+        from pipeline._budget.fit import Budget
+
+        return Budget(**{f.name: getattr(self, f.name) for f in attrs.fields(BudgetSettings)})
