@@ -103,6 +103,7 @@ from pipeline._model.envelope import (
     LayerName,
     Segment,
     View,
+    arrange_user,
     join_blocks,
     system_parts,
 )
@@ -366,6 +367,7 @@ __all__ = [
     "View",
     "ViewMemo",
     "agent_call",
+    "arrange_user",
     "assemble",
     "attachment_record",
     "back_summaries",

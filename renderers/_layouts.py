@@ -12,13 +12,13 @@ from typing import Literal
 import attrs
 
 from pipeline import (
-    QUERY_LABEL,
     TOOL_SOURCE,
     ConfigError,
     Envelope,
     Form,
     Segment,
     View,
+    arrange_user,
     chunk_source,
     join_blocks,
     system_parts,
@@ -152,37 +152,46 @@ def _turn_scoped(envelope: Envelope) -> tuple[list[Segment], list[Segment]]:
 
 
 def _append_user_text(envelope: Envelope, sent: dict[str, str]) -> str:
-    """This turn's user message when context stays where it was first sent.
+    """This turn's user message when context stays where it was first sent, in the one
+    order of a user message (``pipeline.arrange_user``).
 
-    Tool results and retrieval chunks come first and are never recorded as sent: they
-    belong to this turn, so a later turn sends them again instead of referring back. A
-    chunk the pipeline made a reference points at its source entry, sent in full earlier.
+    Tool results and retrieval chunks are never recorded as sent: they belong to this
+    turn, so a later turn sends them again instead of referring back (a chunk the pipeline
+    made a reference points at its source entry, sent in full earlier). What the budget
+    did not send is listed as such and not recorded either.
     """
-    scoped, rest = _turn_scoped(envelope)
-    first = [s.text for s in scoped if s.form is not Form.REFERENCE]
-    refs = [s.text for s in scoped if s.form is Form.REFERENCE]
-    full: list[str] = []
-    for seg in rest:
-        if seg.form is Form.REFERENCE:
+    segments = envelope.l3.segments
+    tools = [(s.text, None) for s in segments if s.source_type == TOOL_SOURCE]
+    refs: list[str] = []
+    unsent: list[str] = []
+    full: list[tuple[str, None]] = []
+    for seg in segments:
+        if seg.source_type == TOOL_SOURCE:
+            continue
+        if seg.form is Form.REFERENCE and seg.unsent:
+            unsent.append(seg.text)
+        elif chunk_source(seg.key) and seg.form is Form.REFERENCE:
+            refs.append(seg.text)
+        elif chunk_source(seg.key):
+            full.append((seg.text, None))
+        elif seg.form is Form.REFERENCE:
             if sent.get(seg.key) == seg.content_hash:
                 refs.append(seg.text)
                 continue
             # Refreshed in L2 since it was sent: the earlier message holds old bytes.
             entry = envelope.l2.get(seg.key)
-            full.append(entry.text if entry is not None else seg.text)
+            full.append((entry.text if entry is not None else seg.text, None))
             sent[seg.key] = seg.content_hash
         elif sent.get(seg.key) == seg.content_hash and seg.form is Form.FULL:
             refs.append(_reference_text(seg))
         else:
-            full.append(seg.text)
+            full.append((seg.text, None))
             if seg.form is Form.FULL:
                 sent[seg.key] = seg.content_hash
-    parts = [*first]
-    if refs:
-        parts.append(APPEND_REFERENCES_INTRO + "\n" + "\n".join(refs))
-    parts.extend(full)
-    parts.append(QUERY_LABEL + envelope.query if parts else envelope.query)
-    return join_blocks(parts)
+    parts = arrange_user(
+        tools, refs, unsent, full, (envelope.query, None), refs_intro=APPEND_REFERENCES_INTRO
+    )
+    return join_blocks(text for text, _ in parts)
 
 
 def _replies(envelope: Envelope) -> dict[int, str]:
@@ -233,8 +242,8 @@ def naive_prompt(envelopes: Sequence[Envelope]) -> Prompt:
                 entry = env.l2.get(seg.key)
                 latest[seg.key] = entry.text if entry is not None else seg.text
     context = [*(s.text for s in _turn_scoped(current)[0]), *latest.values()]
-    parts = [*context, QUERY_LABEL + current.query] if context else [current.query]
-    user = Message("user", (Block(join_blocks(parts)),))
+    parts = arrange_user([], [], [], [(text, None) for text in context], (current.query, None))
+    user = Message("user", (Block(join_blocks(text for text, _ in parts)),))
     return Prompt(
         "naive",
         current.turn,

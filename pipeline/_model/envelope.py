@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import attrs
@@ -30,6 +30,7 @@ __all__ = [
     "LayerName",
     "Segment",
     "View",
+    "arrange_user",
     "join_blocks",
 ]
 
@@ -376,16 +377,31 @@ def user_blocks(l3: Blocks, l5: Blocks) -> list[tuple[str, Segment | None]]:
     refs = [s.text for s in rest if s.form is Form.REFERENCE and not s.unsent]
     unsent = [s.text for s in rest if s.form is Form.REFERENCE and s.unsent]
     full = [(s.text, s) for s in rest if s.form is not Form.REFERENCE]
-    parts: list[tuple[str, Segment | None]] = [*tools]
+    texts = [s for s in l5.segments if s.text]
+    query = (join_blocks(s.text for s in l5.segments), texts[0] if len(texts) == 1 else None)
+    return arrange_user(tools, refs, unsent, full, query)
+
+
+UserBlock = tuple[str, "Segment | None"]
+
+
+def arrange_user(
+    tools: Sequence[UserBlock],
+    refs: Sequence[str],
+    unsent: Sequence[str],
+    full: Sequence[UserBlock],
+    query: UserBlock,
+    *,
+    refs_intro: str = REFERENCES_INTRO,
+) -> list[UserBlock]:
+    """The one order of a user message, whatever the layout: tool results, the references
+    (under ``refs_intro``), what the budget did not send, the other context blocks in L3
+    order (retrieval chunks among them), then the query, labelled when anything precedes it."""
+    parts: list[UserBlock] = [*tools]
     if refs:
-        parts.append((REFERENCES_INTRO + "\n" + "\n".join(refs), None))
+        parts.append((refs_intro + "\n" + "\n".join(refs), None))
     if unsent:
         parts.append((NOT_SENT_INTRO + "\n" + "\n".join(unsent), None))
     parts.extend(full)
-    query = join_blocks(s.text for s in l5.segments)
-    if parts:
-        parts.append((QUERY_LABEL + query, None))
-    else:
-        texts = [s for s in l5.segments if s.text]
-        parts.append((query, texts[0] if len(texts) == 1 else None))
+    parts.append((QUERY_LABEL + query[0], None) if parts else query)
     return [(text, segment) for text, segment in parts if text]

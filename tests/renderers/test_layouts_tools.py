@@ -68,13 +68,19 @@ def test_append_only_sends_a_repeated_tool_result_and_chunk_again(tmp_path: Path
     assert '<reference key="note:a.md"' in last  # an ordinary note still refers back
 
 
-def test_append_only_puts_tool_results_and_chunks_first(tmp_path: Path) -> None:
+def test_append_only_orders_the_user_message_like_the_default(tmp_path: Path) -> None:
+    """One order of a user message in every layout: tool results, the references, the
+    other blocks in L3 order (retrieval chunks among them), the query."""
     envs = _two_turns(tmp_path, second_tools=True)
-    for message in build_prompt(envs, "append-only").messages[::2]:
-        text = message.text
-        assert text.startswith("<tool ")
-        assert text.index(RESULT) < text.index(PASSAGE) < text.index('key="note:a.md"')
-        assert text.index('key="note:a.md"') < text.rindex("Q")
+    first, second = build_prompt(envs, "append-only").messages[::2]
+    assert first.text.startswith("<tool ") and second.text.startswith("<tool ")
+    assert first.text == envs[0].user_text  # turn 1: everything is new, nothing referred
+    text = second.text  # turn 2: a.md refers back, ahead of this turn's chunk
+    assert text.index(RESULT) < text.index('<reference key="note:a.md"') < text.index(PASSAGE)
+    assert text.index(PASSAGE) < text.rindex("Q2")
+    default = envs[1].user_text
+    assert default.index(RESULT) < default.index('<reference key="note:a.md"')
+    assert default.index('<reference key="note:a.md"') < default.index(PASSAGE)
 
 
 def test_append_only_with_tools_extends_the_previous_request(tmp_path: Path) -> None:
