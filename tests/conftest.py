@@ -4,12 +4,20 @@ a store on each backend (SQLite file, PostgreSQL database on a throwaway cluster
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.stores import BACKENDS, Backend, PgServer, make_backend, pg_cluster
+
+# In CI the property tests draw the same examples every run, so a run's time and outcome
+# repeat (a new failure is found locally, where draws stay random).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI") == "true":
+    settings.load_profile("ci")
 
 SPEC = """---
 title: Project Spec
