@@ -17,7 +17,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Literal, cast
+from typing import Literal
 
 import attrs
 
@@ -38,8 +38,8 @@ from pipeline._model.tools import chunk_source
 from pipeline._tokens.counter import TokenCounter
 from pipeline._tokens.profiles import (
     CHAT_TEMPLATES,
-    ChatTemplate,
     Framing,
+    framing_of,
     get_profile,
 )
 from pipeline._turn.assemble import draft, item_view, summary_target, visible_history
@@ -424,14 +424,7 @@ class Budget(BudgetSettings):
     @property
     def framing(self) -> Framing:
         """The chat framing this budget counts around contents (from the model profile)."""
-        return Framing(
-            self.per_message_tokens,
-            self.priming_tokens,
-            self.content_lead,
-            self.trim_content,
-            cast(ChatTemplate, self.chat_template),
-            self.tool_call_tokens,
-        )
+        return framing_of(self)
 
     def used(self, env: Envelope | Draft, counter: TokenCounter) -> int:
         """Exact request tokens of ``env`` with this budget's message framing."""

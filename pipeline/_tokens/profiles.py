@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, cast
 
 import attrs
 
@@ -27,8 +27,10 @@ __all__ = [
     "PROFILES",
     "ChatTemplate",
     "Framing",
+    "FramingFields",
     "ModelProfile",
     "Provider",
+    "framing_of",
     "get_profile",
 ]
 
@@ -65,6 +67,35 @@ class Framing:
     trim: bool = False
     template: ChatTemplate = "messages"
     tool_call: int = 8
+
+
+class FramingFields(Protocol):
+    """A record that spells a framing out field by field (a profile, a budget)."""
+
+    @property
+    def per_message_tokens(self) -> int: ...
+    @property
+    def priming_tokens(self) -> int: ...
+    @property
+    def content_lead(self) -> str: ...
+    @property
+    def trim_content(self) -> bool: ...
+    @property
+    def chat_template(self) -> str: ...
+    @property
+    def tool_call_tokens(self) -> int: ...
+
+
+def framing_of(fields: FramingFields) -> Framing:
+    """The ``Framing`` that a profile's or a budget's framing fields describe."""
+    return Framing(
+        fields.per_message_tokens,
+        fields.priming_tokens,
+        fields.content_lead,
+        fields.trim_content,
+        cast(ChatTemplate, fields.chat_template),
+        fields.tool_call_tokens,
+    )
 
 
 OPENAI_FRAMING = Framing(3, 3)
@@ -146,14 +177,7 @@ class ModelProfile:
     @property
     def framing(self) -> Framing:
         """This model's chat framing (what ``request_tokens`` counts around contents)."""
-        return Framing(
-            self.per_message_tokens,
-            self.priming_tokens,
-            self.content_lead,
-            self.trim_content,
-            self.chat_template,
-            self.tool_call_tokens,
-        )
+        return framing_of(self)
 
     def framing_tokens(self, messages: int) -> int:
         """Chat framing overhead for ``messages`` messages (before margin)."""
