@@ -61,6 +61,7 @@ class _Scan:
 
 _scan: _Scan | None = None
 _scans = 0
+_template: Registry | None = None
 
 
 def plugin_scans() -> int:
@@ -71,8 +72,9 @@ def plugin_scans() -> int:
 def reload_plugins() -> None:
     """Forget the plugin scan: the next ``Registry.default()`` scans the installed
     distributions again (call it after installing or removing a plugin)."""
-    global _scan
+    global _scan, _template
     _scan = None
+    _template = None
 
 
 def _scan_plugins(group: str) -> _Scan:
@@ -244,10 +246,23 @@ class Registry:
         The installed plugins are scanned once per process; ``refresh=True`` scans again
         (after installing a plugin), as does ``reload_plugins()``.
         """
+        global _template
         if refresh:
             reload_plugins()
-        registry = cls.builtin()
-        registry._add_plugins(_default_scan())
+        if _template is None:
+            template = Registry.builtin()
+            template._add_plugins(_default_scan())
+            _template = template
+        return cls._copy_of(_template)
+
+    @classmethod
+    def _copy_of(cls, other: Registry) -> Registry:
+        """A registry with ``other``'s (already checked) processors, renderers and errors;
+        registering into it leaves ``other`` as it was."""
+        registry = cls()
+        registry._processors = dict(other._processors)
+        registry._renderers = dict(other._renderers)
+        registry.plugin_errors = list(other.plugin_errors)
         return registry
 
 

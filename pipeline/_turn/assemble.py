@@ -24,10 +24,11 @@ from pipeline._tokens.counter import TokenCounter, count_with_sep_from
 from pipeline._turn.draft import Draft, DraftLayer, ItemBlock
 from pipeline._turn.graph import Placement, TurnGraph
 from pipeline._turn.measure import joined_tokens
-from pipeline._views.preview import cut_to_tokens, fit_preview, focus_words
+from pipeline._views.preview import Preview, cut_to_tokens, fitted_preview_of, focus_words
 from pipeline._views.views import (
     excerpt_view,
     full_view,
+    learn_rendering,
     preview_view,
     reference_view,
     summary_view,
@@ -81,7 +82,9 @@ def summary_target(turn: TurnGraph, body: str) -> int:
 
 def fitted_preview(turn: TurnGraph, item: Placement) -> View:
     """``item`` as a preview whose rendered block has at most ``item.limit`` tokens, keeping
-    first what changed since the library's copy and what the query names (``fit_preview``)."""
+    first what changed since the library's copy and what the query names (``fit_preview``).
+    The block's count is made from the preview's sections' counts and handed to the counter.
+    """
     artifact = turn.artifact(item.key)
     ctx = turn.ctx
     empty = attrs.evolve(reference_view(artifact, item.marks), form=Form.PREVIEW)
@@ -94,11 +97,16 @@ def fitted_preview(turn: TurnGraph, item: Placement) -> View:
     body = artifact.payload.body()
     limit = max(item.limit - overhead, 1)
 
-    def make() -> str:
-        return fit_preview(body, ctx.counter, limit, words=words, old=old)
+    def make() -> Preview:
+        preview = fitted_preview_of(body, ctx.counter, limit, words=words, old=old)
+        learn_rendering(ctx.counter, ctx.renderer.render(view_of(preview)), preview)
+        return preview
+
+    def view_of(preview: Preview) -> View:
+        return attrs.evolve(empty, body=preview.text)
 
     key = ("fit", artifact.content_hash, ctx.counter.name, limit, words, old)
-    return attrs.evolve(empty, body=ctx.views.get(key, make))
+    return view_of(ctx.views.get(key, make))
 
 
 def item_view(turn: TurnGraph, item: Placement) -> View:

@@ -27,6 +27,7 @@ __all__ = [
     "Preview",
     "cut_to_tokens",
     "fit_preview",
+    "fitted_preview_of",
     "focus_words",
     "make_excerpt",
     "make_preview",
@@ -427,9 +428,20 @@ def _priority(heading: str | None, body: str, words: frozenset[str], changed: bo
         return 0
     if not words:
         return 3
-    if heading is not None and words & focus_words(heading):
+    if heading is not None and _names_any(heading, words):
         return 1
-    return 2 if words & focus_words(body) else 3
+    return 2 if _names_any(body, words) else 3
+
+
+def _names_any(text: str, words: frozenset[str]) -> bool:
+    """Whether one of ``text``'s ``focus_words`` is in ``words``. A word can only be one if
+    it is a substring of the lower-cased text, which rules most texts out without a scan
+    (but a capital sigma, whose lower case depends on what follows it)."""
+    if "\u03a3" not in text:
+        low = text.lower()
+        if not any(w in low for w in words):
+            return False
+    return not words.isdisjoint(map(str.lower, _WORD.findall(text)))
 
 
 def fit_preview(
@@ -448,6 +460,19 @@ def fit_preview(
     one is cut at a sentence end to fill the rest; the others are counted in a last line.
     Deterministic; any ``max_tokens`` gives a preview, so sizes step finely.
     """
+    return fitted_preview_of(body, counter, max_tokens, words=words, old=old).text
+
+
+def fitted_preview_of(
+    body: str,
+    counter: TokenCounter,
+    max_tokens: int,
+    *,
+    words: frozenset[str] = frozenset(),
+    old: str | None = None,
+) -> Preview:
+    """``fit_preview`` with its exact token count and blocks, made from the sections' counts
+    (the whole preview is encoded only when the pieces may not add up)."""
     sections = [(h, b) for h, b in split_sections(body) if h is not None or b.strip()]
     seen = {_section_text(h, b) for h, b in split_sections(old)} if old is not None else None
     texts = [_section_text(h, b) for h, b in sections]
@@ -458,24 +483,32 @@ def fit_preview(
             i,
         ),
     )
+    small = _small(counter)
     budget = max_tokens
     while True:
-        chosen: list[str] = []
-        left = budget - _count(counter, _omitted_line(len(sections)))
+        chosen: list[tuple[str, int]] = []
+        left = budget - small(_omitted_line(len(sections)))
+        cut = False
         for i in order:
-            n = counter.count(texts[i]) + 2
-            if n <= left:
-                chosen.append(texts[i])
-                left -= n
+            n = counter.count(texts[i])
+            if n + 2 <= left:
+                chosen.append((texts[i], n))
+                left -= n + 2
                 continue
             if left >= 16:
-                cut, _, _ = _cut_with_marker(texts[i], counter, left - 2, "sentence")
-                chosen.append(cut)
+                text, cut, k = _cut_with_marker(texts[i], counter, left - 2, "sentence")
+                chosen.append((text, k))
             break
-        if len(chosen) < len(sections):
-            chosen.append(_omitted_line(len(sections) - len(chosen)))
-        out = "\n\n".join(chosen)
-        excess = counter.count(out) - max_tokens
+        kept = len(chosen)
+        if kept < len(sections):
+            line = _omitted_line(len(sections) - kept)
+            chosen.append((line, small(line)))
+        out = "\n\n".join(t for t, _ in chosen)
+        total = count_joined_from(chosen, "\n\n", small)
+        blocks = tuple((len(t), n) for t, n in chosen)
+        if total is None:
+            total, blocks = counter.count(out), ()
+        excess = total - max_tokens
         if excess <= 0 or budget <= 1:
-            return out
+            return Preview(out, len(sections), kept, cut or kept < len(sections), total, blocks)
         budget -= excess

@@ -31,6 +31,7 @@ __all__ = [
     "carry_forward",
     "excerpt_view",
     "full_view",
+    "learn_rendering",
     "preview_view",
     "reference_view",
     "summary_view",
@@ -231,11 +232,17 @@ def carry_forward(
     preview = _preview(artifact, counter, policy, memo)
     view = _view(artifact, Form.PREVIEW, preview.text, ())
     text = renderer.render(view)
+    learn_rendering(counter, text, preview)
+    return view, text
+
+
+def learn_rendering(counter: TokenCounter, text: str, preview: Preview) -> None:
+    """Give ``counter`` the exact count of ``text``, a rendering of ``preview``'s text, made
+    from the preview's blocks (nothing is learnt when it cannot be made exactly)."""
     if preview.blocks:
         tokens = _rendered_tokens(text, preview.text, preview.blocks, counter)
         if tokens is not None:
             counter.learn(text, tokens)
-    return view, text
 
 
 def _rendered_tokens(

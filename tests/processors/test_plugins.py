@@ -465,6 +465,17 @@ def test_plugins_are_scanned_once_per_process_and_again_on_request(
     assert plugin_scans() == scans + 2
 
 
+def test_a_default_registry_is_a_copy_a_host_may_extend_alone() -> None:
+    first = Registry.default()
+    first.register(_Fake("extra", {("extra", "full"): str}))
+    second = Registry.default()
+    assert "extra" in first and "extra" not in second
+    assert second.kinds() == tuple(k for k in first.kinds() if k != "extra")
+    assert ("extra", Form.FULL) not in second.view_renderers()
+    # The built-ins are checked once per process and shared, not rebuilt per registry.
+    assert second.get("note") is first.get("note")
+
+
 def test_a_plugin_record_saved_before_kinds_owned_their_form_still_loads(
     site: Path, csv_vault: Path, tmp_path: Path
 ) -> None:
