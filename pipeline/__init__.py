@@ -208,8 +208,10 @@ from pipeline._views.summarize import (
     SummaryBacking,
     SummaryCache,
     SummaryKey,
+    SummaryPool,
     SummaryResult,
     TextRankSummarizer,
+    summary_pool,
 )
 from pipeline._views.views import (
     Policy,
@@ -346,6 +348,7 @@ __all__ = [
     "SummaryBacking",
     "SummaryCache",
     "SummaryKey",
+    "SummaryPool",
     "SummaryResult",
     "SystemPrompt",
     "TextRankSummarizer",
@@ -433,6 +436,7 @@ __all__ = [
     "starts_piece",
     "stateless_turn",
     "strip_reply",
+    "summary_pool",
     "summary_view",
     "system_parts",
     "text_hash",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from pipeline import summary_pool
 from tests.stores import BACKENDS, Backend, PgServer, make_backend, pg_cluster
 
 # In CI the property tests draw the same examples every run, so a run's time and outcome
@@ -55,6 +56,13 @@ def write_vault(root: Path, notes: dict[str, str]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     return root
+
+
+@pytest.fixture(autouse=True)
+def _fresh_summary_pool() -> None:
+    """Each test starts with an empty process summary pool, so counted summarizer calls
+    and restored renderings do not depend on which tests ran before."""
+    summary_pool().clear()
 
 
 @pytest.fixture

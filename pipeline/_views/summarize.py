@@ -11,13 +11,16 @@ import asyncio
 import inspect
 import math
 import re
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import attrs
 
 from pipeline._errors import ConfigError
+from pipeline._hashing import text_hash
 from pipeline._text.markdown import split_sections, trim_blank_lines
 from pipeline._tokens.counter import TokenCounter
 from pipeline._views.preview import cut_to_tokens
@@ -29,8 +32,10 @@ __all__ = [
     "SummaryBacking",
     "SummaryCache",
     "SummaryKey",
+    "SummaryPool",
     "SummaryResult",
     "TextRankSummarizer",
+    "summary_pool",
 ]
 
 Complete = Callable[[str], str | Awaitable[str]]
@@ -136,6 +141,9 @@ def _sentences(text: str) -> tuple[list[str], list[_Sentence]]:
 
 
 _Edges: TypeAlias = "list[tuple[array.array[int], array.array[float]]]"
+_Ranking: TypeAlias = (
+    "tuple[tuple[str, ...], tuple[_Sentence, ...], tuple[float, ...], tuple[int, ...]]"
+)
 
 
 def _pagerank(edges: _Edges, *, damping: float, max_iter: int, tol: float) -> list[float]:
@@ -226,7 +234,23 @@ class TextRankSummarizer:
 
     @property
     def id(self) -> str:
-        return f"textrank-v1:{self.counter.name}"
+        """Names the algorithm, the tokenizer and, when not the defaults, every setting."""
+        base = f"textrank-v1:{self.counter.name}"
+        settings = (self.window, self.damping, self.max_iter, self.tol)
+        if settings == _TEXTRANK_DEFAULTS:
+            return base  # the id stores have always held for the defaults
+        return (
+            f"{base}:window={self.window},damping={self.damping!r},"
+            f"max_iter={self.max_iter},tol={self.tol!r}"
+        )
+
+    def _rank(self, text: str) -> _Ranking:
+        """Headings, sentences, scores and the best-first order: the target-free part, made
+        once per text (the pool keeps it, so another target only cuts again)."""
+        headings, sentences = _sentences(text)
+        scores = self._scores(sentences)
+        order = sorted(range(len(sentences)), key=lambda i: (-round(scores[i], 12), i))
+        return tuple(headings), tuple(sentences), tuple(scores), tuple(order)
 
     def _scores(self, sentences: list[_Sentence]) -> list[float]:
         scores: list[float] = []
@@ -246,11 +270,11 @@ class TextRankSummarizer:
             return SummaryResult("")
         if cut_to_tokens(text, self.counter, target_tokens) == text:
             return SummaryResult(text)
-        headings, sentences = _sentences(text)
+        headings, sentences, scores, order = summary_pool().ranking(
+            ("textrank", text_hash(text), self.id), len(text), lambda: self._rank(text)
+        )
         if not sentences:
             return SummaryResult(cut_to_tokens(text, self.counter, target_tokens, boundary="word"))
-        scores = self._scores(sentences)
-        order = sorted(range(len(sentences)), key=lambda i: (-round(scores[i], 12), i))
         chosen: set[int] = set()
         used_headings: set[int] = set()
         spent = 0
@@ -275,7 +299,10 @@ class TextRankSummarizer:
         return SummaryResult(cut_to_tokens(text, self.counter, target_tokens, boundary="word"))
 
 
-def _render(headings: list[str], chosen: list[_Sentence]) -> str:
+_TEXTRANK_DEFAULTS = tuple(f.default for f in attrs.fields(TextRankSummarizer)[1:])
+
+
+def _render(headings: Sequence[str], chosen: list[_Sentence]) -> str:
     """Chosen sentences in order: one line per paragraph, headings before their first sentence."""
     blocks: list[str] = []
     line: list[str] = []
@@ -472,19 +499,127 @@ class SummaryBacking(Protocol):
     ) -> None: ...
 
 
+DEFAULT_POOL_CHARS = 16_000_000
+
+
+class SummaryPool:
+    """Summaries and TextRank rankings shared by every conversation of the process.
+
+    Summaries are keyed like ``SummaryCache`` (content hash, target, summarizer id: the id
+    names the summarizer and its settings); rankings by text hash and summarizer id. Least
+    recently used entries go once the texts held pass ``max_chars`` characters; 0 turns
+    pooling off. Summaries with failures are not pooled (another conversation retries).
+    Safe to share between threads.
+    """
+
+    __slots__ = ("_chars", "_entries", "_lock", "_max_chars", "hits", "misses")
+
+    def __init__(self, max_chars: int = DEFAULT_POOL_CHARS) -> None:
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
+        self._chars = 0
+        self._max_chars = _pool_size(max_chars)
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def max_chars(self) -> int:
+        return self._max_chars
+
+    @property
+    def chars(self) -> int:
+        """Characters of text held now (summaries, failures, and ranked texts)."""
+        return self._chars
+
+    def resize(self, max_chars: int) -> None:
+        """Hold at most ``max_chars`` characters from now on (0: keep nothing, pool off)."""
+        with self._lock:
+            self._max_chars = _pool_size(max_chars)
+            self._evict()
+
+    def clear(self) -> None:
+        """Forget every pooled summary and ranking, and the hit counts (e.g. between tests)."""
+        with self._lock:
+            self._entries.clear()
+            self._chars = 0
+            self.hits = self.misses = 0
+
+    def get_summary(self, key: SummaryKey) -> SummaryResult | None:
+        """The pooled summary under ``key``, or None."""
+        found = self._get(("summary", *key))
+        return found if isinstance(found, SummaryResult) else None
+
+    def put_summary(self, key: SummaryKey, result: SummaryResult) -> None:
+        """Pool ``result`` under ``key`` (first write wins; one with failures is not kept)."""
+        if not result.failures:
+            self._put(("summary", *key), result, len(result.text))
+
+    def ranking(self, key: Hashable, size: int, make: Callable[[], _Ranking]) -> _Ranking:
+        """The ranking pooled under ``key``, made (outside the lock) and pooled on a miss."""
+        found = self._get(("ranking", key))
+        if found is not None:
+            return found  # type: ignore[return-value]
+        made = make()
+        self._put(("ranking", key), made, size)
+        return made
+
+    def _get(self, key: Hashable) -> object | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry[0]
+
+    def _put(self, key: Hashable, value: object, size: int) -> None:
+        with self._lock:
+            if key in self._entries or size > self._max_chars:
+                return
+            self._entries[key] = (value, size)
+            self._chars += size
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._chars > self._max_chars:
+            _, (_, size) = self._entries.popitem(last=False)
+            self._chars -= size
+
+
+def _pool_size(max_chars: int) -> int:
+    if max_chars < 0:
+        raise ConfigError("max_chars", f"must be >= 0 characters, got {max_chars}")
+    return max_chars
+
+
+_POOL = SummaryPool()
+
+
+def summary_pool() -> SummaryPool:
+    """The process's summary pool, which every ``SummaryCache`` reads and writes by default."""
+    return _POOL
+
+
 @attrs.define
 class SummaryCache:
     """Summaries memoized by (content hash, target, summarizer id), so a compacted artifact
     renders to the same bytes every turn and the cached prefix survives.
 
-    With a ``backing``, a miss reads it before summarizing; summaries made here stay
-    ``unsaved()`` until a store writes them with a turn (``mark_saved``) or ``flush()``.
+    A miss reads the ``backing`` (the conversation's store), then the ``pool`` shared by the
+    process's conversations, before summarizing. Summaries made here or found in the pool
+    stay ``unsaved()`` until a store writes them with a turn (``mark_saved``) or ``flush()``,
+    so a restored conversation renders the same bytes without the pool.
     """
 
     _entries: dict[SummaryKey, SummaryResult] = attrs.field(factory=dict, repr=False)
     hits: int = 0
     misses: int = 0
     backing: SummaryBacking | None = attrs.field(default=None, kw_only=True, repr=False)
+    pool: SummaryPool | None = attrs.field(factory=summary_pool, kw_only=True, repr=False)
     _unsaved: dict[SummaryKey, None] = attrs.field(factory=dict, repr=False, kw_only=True)
 
     def __len__(self) -> int:
@@ -493,13 +628,23 @@ class SummaryCache:
     def get(
         self, content_hash: str, target_tokens: int, summarizer_id: str
     ) -> SummaryResult | None:
-        """The stored summary (here, else in the backing), or None."""
+        """The stored summary (here, else in the backing, else in the pool), or None."""
         key = (content_hash, target_tokens, summarizer_id)
         found = self._entries.get(key)
-        if found is None and self.backing is not None:
+        if found is not None:
+            return found
+        if self.backing is not None:
             found = self.backing.get_summary(*key)
             if found is not None:
                 self._entries[key] = found
+                if self.pool is not None:
+                    self.pool.put_summary(key, found)
+                return found
+        if self.pool is not None:
+            found = self.pool.get_summary(key)
+            if found is not None:
+                self._entries[key] = found
+                self._unsaved[key] = None  # the backing lacks it: save it with the turn
         return found
 
     def put(
@@ -510,18 +655,21 @@ class SummaryCache:
         if key not in self._entries:
             self._entries[key] = result
             self._unsaved[key] = None
+            if self.pool is not None:
+                self.pool.put_summary(key, result)
 
     def summarize(
         self, summarizer: Summarizer, content_hash: str, text: str, target_tokens: int
     ) -> SummaryResult:
         """The memoized summary of ``text``, made by ``summarizer`` on a miss."""
-        found = self.get(content_hash, target_tokens, summarizer.id)
+        summarizer_id = _memo_id(summarizer)
+        found = self.get(content_hash, target_tokens, summarizer_id)
         if found is not None:
             self.hits += 1
             return found
         self.misses += 1
         result = summarizer.summarize(text, target_tokens)
-        self.put(content_hash, target_tokens, summarizer.id, result)
+        self.put(content_hash, target_tokens, summarizer_id, result)
         return result
 
     def unsaved(self) -> tuple[tuple[SummaryKey, SummaryResult], ...]:
@@ -540,3 +688,22 @@ class SummaryCache:
         for key, result in self.unsaved():
             self.backing.put_summary(*key, result)
             self._unsaved.pop(key, None)
+
+
+def _memo_id(summarizer: Summarizer) -> str:
+    """The id ``summarizer``'s summaries are memoized under: its ``id``, and for an
+    ``LLMSummarizer`` also the settings that change its output when not the defaults."""
+    if not isinstance(summarizer, LLMSummarizer):
+        return summarizer.id
+    settings = (summarizer.counter.name, summarizer.chunk_tokens, summarizer.max_rounds)
+    if settings == _LLM_DEFAULTS:
+        return summarizer.id  # the id stores have always held for the defaults
+    name, chunk, rounds = settings
+    return f"{summarizer.id}:{name}:chunk_tokens={chunk},max_rounds={rounds}"
+
+
+_LLM_DEFAULTS = (
+    TokenCounter().name,
+    attrs.fields(LLMSummarizer).chunk_tokens.default,
+    attrs.fields(LLMSummarizer).max_rounds.default,
+)

@@ -1,0 +1,219 @@
+"""The process summary pool: conversations share a summary made for the same bytes by the
+same summarizer with the same settings, within a bound, from any thread."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+
+import attrs
+import pytest
+
+from lamina import Conversation, load_conversation, parse_script, run_saved
+from pipeline import (
+    Budget,
+    ConfigError,
+    ConversationInfo,
+    LLMSummarizer,
+    SqliteStore,
+    SummaryCache,
+    SummaryPool,
+    SummaryResult,
+    TextRankSummarizer,
+    TokenCounter,
+    summary_pool,
+)
+from renderers import openai_messages
+
+COUNTER = TokenCounter()
+
+
+def _note(i: int, size: int) -> str:
+    body = "\n\n".join(
+        f"## Section {s}\n\n"
+        + " ".join(f"Fact {i}.{s}.{k} about store {i} and sync {k % 7}." for k in range(size))
+        for s in range(4)
+    )
+    return f"# Note {i}\n\n{body}\n"
+
+
+BIG = _note(1, 40)
+# Turn 3 attaches big.md again while the library holds its preview: the prefix-first
+# budget cuts the L3 copy to a summary.
+TURNS = [
+    {"user": "q1", "attach": [{"note": "big.md"}], "reply": "answer 1"},
+    {"user": "q2", "attach": [{"note": "other.md"}], "reply": "answer 2"},
+    {"user": "q3", "attach": [{"note": "big.md"}], "reply": "answer 3"},
+]
+SUMMARIZING = Budget(1500, 200, policy="prefix-first")
+
+
+@pytest.fixture
+def big_vault(tmp_path: Path) -> Path:
+    root = tmp_path / "vault"
+    root.mkdir()
+    (root / "big.md").write_text(BIG, encoding="utf-8")
+    (root / "other.md").write_text(_note(2, 10), encoding="utf-8")
+    return root
+
+
+@attrs.define
+class _Counting:
+    """A real summarizer that counts its calls (it keeps the inner summarizer's id)."""
+
+    inner: TextRankSummarizer | LLMSummarizer
+    calls: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.inner.id
+
+    def summarize(self, text: str, target_tokens: int) -> SummaryResult:
+        self.calls += 1
+        return self.inner.summarize(text, target_tokens)
+
+
+def _numbered() -> tuple[LLMSummarizer, list[int]]:
+    """An LLM summarizer whose every call answers differently (so reuse is visible)."""
+    numbers, calls = itertools.count(1), []
+
+    def complete(prompt: str) -> str:
+        calls.append(next(numbers))
+        return f"Summary number {calls[-1]} of the text."
+
+    return LLMSummarizer(complete, COUNTER), calls
+
+
+def _chat(vault: Path, summarizer: object) -> Conversation:
+    return Conversation("Be terse.", vault=vault, budget=SUMMARIZING, summarizer=summarizer)
+
+
+def test_a_second_conversation_reuses_the_summary_without_running_the_summarizer(
+    big_vault: Path,
+) -> None:
+    first, second = _Counting(TextRankSummarizer(COUNTER)), _Counting(TextRankSummarizer(COUNTER))
+    sent = []
+    for summarizer in (first, second):
+        conv = _chat(big_vault, summarizer)
+        for t in TURNS:
+            env = conv.turn(t["user"], t["attach"])
+            conv.reply(t["reply"])
+        sent.append(openai_messages(env))
+    assert first.calls >= 1
+    assert second.calls == 0
+    assert sent[0] == sent[1]
+
+
+def test_summarizers_with_other_settings_do_not_share() -> None:
+    pool = SummaryPool()
+    plain = _Counting(TextRankSummarizer(COUNTER))
+    narrow = _Counting(TextRankSummarizer(COUNTER, window=5))
+    assert plain.id != narrow.id
+    for summarizer in (plain, narrow):
+        SummaryCache(pool=pool).summarize(summarizer, "h", BIG, 100)
+    assert (plain.calls, narrow.calls) == (1, 1)
+    llm, calls = _numbered()
+    SummaryCache(pool=pool).summarize(llm, "h", BIG, 100)
+    made = len(calls)
+    SummaryCache(pool=pool).summarize(attrs.evolve(llm, chunk_tokens=100), "h", BIG, 100)
+    assert len(calls) > made
+
+
+def test_textrank_ids_name_every_setting_that_is_not_the_default() -> None:
+    assert TextRankSummarizer(COUNTER).id == "textrank-v1:o200k_base"
+    assert TextRankSummarizer(COUNTER, damping=0.9).id == (
+        "textrank-v1:o200k_base:window=100,damping=0.9,max_iter=100,tol=1e-06"
+    )
+
+
+def test_the_pool_evicts_the_least_recently_used_past_its_bound() -> None:
+    pool = SummaryPool(max_chars=100)
+    for name in ("a", "b", "c"):
+        pool.put_summary((name, 10, "s"), SummaryResult(name * 40))
+    assert pool.get_summary(("a", 10, "s")) is None
+    assert pool.get_summary(("b", 10, "s")) == SummaryResult("b" * 40)  # now the newest
+    pool.put_summary(("d", 10, "s"), SummaryResult("d" * 40))
+    assert pool.get_summary(("c", 10, "s")) is None
+    assert pool.get_summary(("b", 10, "s")) is not None
+    assert (len(pool), pool.chars) == (2, 80)
+
+
+def test_resizing_to_zero_turns_the_pool_off_and_a_negative_bound_is_refused() -> None:
+    pool = SummaryPool()
+    pool.put_summary(("a", 10, "s"), SummaryResult("text"))
+    pool.resize(0)
+    pool.put_summary(("b", 10, "s"), SummaryResult("text"))
+    assert len(pool) == 0
+    with pytest.raises(ConfigError, match="max_chars"):
+        SummaryPool(max_chars=-1)
+
+
+def test_summaries_with_failures_are_not_pooled() -> None:
+    pool = SummaryPool()
+    pool.put_summary(("a", 10, "s"), SummaryResult("cut text", ("round 1: timed out",)))
+    assert pool.get_summary(("a", 10, "s")) is None
+
+
+def test_textrank_ranks_a_text_once_for_every_target() -> None:
+    summarizer = TextRankSummarizer(COUNTER)
+    fresh = [summarizer.summarize(BIG, target).text for target in (60, 120, 240)]
+    pool = summary_pool()
+    assert len(pool) == 1  # one ranking, three cuts
+    assert pool.hits == 2
+    pool.resize(0)
+    try:
+        assert [summarizer.summarize(BIG, t).text for t in (60, 120, 240)] == fresh
+    finally:
+        pool.resize(SummaryPool().max_chars)
+
+
+def test_a_summary_from_the_pool_is_saved_with_the_turn_and_renders_after_a_restore(
+    big_vault: Path, tmp_path: Path
+) -> None:
+    summarizer, calls = _numbered()
+    elsewhere = _chat(big_vault, summarizer)  # another conversation of the process
+    for t in TURNS:
+        elsewhere.turn(t["user"], t["attach"])
+        elsewhere.reply(t["reply"])
+    assert calls == [1]
+    conv = _chat(big_vault, summarizer)
+    with SqliteStore(tmp_path / "chat.db") as store:
+        store.create(ConversationInfo("c"))
+        run_saved(parse_script({"turns": TURNS}), conv, store, "c")
+        assert calls == [1]  # the pool's summary, saved with turn 3
+        expected = openai_messages(conv.turn("q4", [{"note": "big.md"}]))
+        summary_pool().clear()
+        restored = load_conversation(store, "c", vault=big_vault, summarizer=summarizer)
+        again = openai_messages(restored.turn("q4", [{"note": "big.md"}]))
+    assert calls == [1]
+    assert "Summary number 1 of the text." in expected[-1]["content"]
+    assert again == expected
+
+
+def test_threads_sharing_the_pool_get_the_summaries_one_thread_makes() -> None:
+    texts = [_note(i, 12) for i in range(6)]
+    summarizer = TextRankSummarizer(COUNTER)
+    expected = [SummaryCache(pool=None).summarize(summarizer, str(i), t, 80) for i, t in
+                enumerate(texts)]  # fmt: skip
+    pool = SummaryPool(max_chars=3000)  # small enough to evict while threads work
+    results: list[list[SummaryResult]] = []
+    errors: list[BaseException] = []
+
+    def work(offset: int) -> None:
+        try:
+            mine = SummaryCache(pool=pool)
+            order = [(offset + k) % len(texts) for k in range(len(texts))]
+            got = {i: mine.summarize(summarizer, str(i), texts[i], 80) for i in order}
+            results.append([got[i] for i in range(len(texts))])
+        except BaseException as exc:  # pragma: no cover - reported by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert results == [expected] * 8
+    assert 0 < pool.chars <= 3000
