@@ -54,7 +54,8 @@ class SummaryResult:
 
 @runtime_checkable
 class Summarizer(Protocol):
-    """Turns text into at most ``target_tokens`` tokens; ``id`` keys the summary memo."""
+    """Turns text into at most ``target_tokens`` tokens. ``id`` keys the summary memo, which
+    conversations share (store, process pool): it names the summarizer and its settings."""
 
     @property
     def id(self) -> str: ...
@@ -356,6 +357,7 @@ class LLMSummarizer:
     the target) and is reported. Partial summaries are combined by a reduce call; whatever
     still exceeds the target is cut at a sentence end, and that is reported too. A sync
     ``complete`` that times out keeps running in its worker thread until it returns.
+    Summaries are shared by ``id`` across conversations: name the model and prompt in it.
     """
 
     complete: Complete
