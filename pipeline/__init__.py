@@ -183,6 +183,7 @@ from pipeline._text.markup import (
 from pipeline._tokens.counter import (
     TOKENIZERS,
     TokenCounter,
+    encoded_length,
     get_encoding,
     next_piece_start,
     starts_piece,
@@ -388,6 +389,7 @@ __all__ = [
     "cut_to_tokens",
     "defuse_markup",
     "drop_history",
+    "encoded_length",
     "escape_attribute",
     "escape_body",
     "excerpt_non_recoverable",

@@ -10,7 +10,13 @@ import attrs
 
 from pipeline._budget.settings import BudgetSettings
 from pipeline._conversation.usage import Calibration, TurnUsage
-from pipeline._errors import ArgumentError, ConfigError, ConversationError
+from pipeline._errors import (
+    ArgumentError,
+    ConfigError,
+    ConversationError,
+    LaminaError,
+    StageError,
+)
 from pipeline._input import validate as _validate
 from pipeline._model.artifacts import AttachmentSpec, Processed, SourceResolver, resolver_for_turn
 from pipeline._model.envelope import (
@@ -28,6 +34,7 @@ from pipeline._tokens.counter import TokenCounter
 from pipeline._turn.assemble import assemble
 from pipeline._turn.graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
 from pipeline._turn.measure import request_tokens
+from pipeline._turn.promotion import Promotion
 from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
 from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 
@@ -94,22 +101,25 @@ class Conversation:
         self._system = system if isinstance(system, SystemPrompt) else SystemPrompt(system)
         self._sources = sources if sources is not None else NoSources()
         # Without tokenizer= (""), the budget's model (Budget.for_model) decides; else o200k.
-        self.counter = TokenCounter(
+        self._counter = TokenCounter(
             tokenizer or (budget.tokenizer if budget is not None else None) or "o200k_base"
         )
         self.policy = policy or Policy()
         self.pipeline = pipeline or Pipeline.default()
         self.renderer = renderer if renderer is not None else NoRenderer()
         self._library = Library()
+        # This turn's new items on their way into L2, made by a background thread while the
+        # model answers; everything that reads the library or the mutable memos waits.
+        self._promotion: Promotion | None = None
         self._history: list[HistoryEntry] = []
         self._last_system: SystemPrompt | None = None
         self._vault_changes: dict[str, str] = {}
         self.budget = budget
         self.summarizer = summarizer or TextRankSummarizer()
         self.summaries = SummaryCache()
-        self.views = ViewMemo()
+        self._views = ViewMemo()
         # The rendered library and system message, extended turn to turn.
-        self.prefix = LibraryPrefix()
+        self._prefix = LibraryPrefix()
         self._history_view = HistoryView()
         self._l1_compacted = False
         # The stored head this state continues (set by load_conversation and save_turn).
@@ -117,8 +127,40 @@ class Conversation:
         self._usage: dict[int, TurnUsage] = {}
         self._calibration: dict[str, Calibration] = {}
 
+    def _settle(self) -> None:
+        """Take the promoted library once it is made (waiting for the background thread).
+        If making it failed, the library stays as the turn found it and a StageError says
+        why (once: the conversation goes on)."""
+        promotion = self._promotion
+        if promotion is None:
+            return
+        self._promotion = None
+        try:
+            self._library = promotion.result()
+        except LaminaError:
+            raise
+        except Exception as exc:
+            raise StageError("promote", f"{type(exc).__name__}: {exc}") from exc
+
+    @property
+    def counter(self) -> TokenCounter:
+        """The conversation's token counter (after this turn's promotion has used it)."""
+        self._settle()
+        return self._counter
+
+    @property
+    def views(self) -> ViewMemo:
+        self._settle()
+        return self._views
+
+    @property
+    def prefix(self) -> LibraryPrefix:
+        self._settle()
+        return self._prefix
+
     @property
     def state(self) -> ConversationState:
+        self._settle()
         return ConversationState(
             system=self._system,
             library=self._library.entries,
@@ -174,6 +216,7 @@ class Conversation:
 
     @property
     def library(self) -> Library:
+        self._settle()
         return self._library
 
     @property
@@ -211,6 +254,7 @@ class Conversation:
         ``pipeline.hits``): they go to the user message first and never enter L1, L2 or L4.
         A turn that raises leaves the conversation exactly as it was (vault changes too).
         """
+        self._settle()
         _validate.text("text", text)
         attach = _validate.attachments("attach", attach)
         tools = _validate.tool_specs("tools", tools)
@@ -298,7 +342,10 @@ class Conversation:
         )
         envelope = attrs.evolve(envelope, report=report)
         self._sources, self._vault_changes = own_sources, all_changes
-        self._library = graph.promoted if graph.promoted is not None else graph.library
+        self._library = graph.library
+        self._promotion = graph.promoted
+        if graph.promoted is not None:
+            graph.promoted.start()
         self._history_view = graph.history_view
         self._l1_compacted = graph.system.mutable != self._system.mutable
         self._history.append(HistoryEntry(number, text))

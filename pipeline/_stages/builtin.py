@@ -17,6 +17,7 @@ from pipeline._model.library import Library, LibraryEntry
 from pipeline._model.tools import chunk_source, is_turn_scoped
 from pipeline._turn.assemble import fitted_preview
 from pipeline._turn.graph import Placement, TurnContext, TurnGraph
+from pipeline._turn.promotion import Promotion
 from pipeline._views.views import carry_forward, full_view, reference_view
 
 __all__ = ["Dedup", "Expand", "Pipeline", "Promote", "Reference", "Stage", "library_entry"]
@@ -285,35 +286,42 @@ def _as_sent(turn: TurnGraph, item: Placement) -> tuple[View, str]:
 
 @attrs.frozen
 class Promote:
-    """After the turn, L3 items new to the library enter L2 in carry-forward form."""
+    """After the turn, L3 items new to the library enter L2 in carry-forward form: a
+    ``Promotion`` the conversation makes off the request's critical path."""
 
     name: str = "promote"
     after: tuple[str, ...] = ("reference",)
 
     def __call__(self, turn: TurnGraph) -> TurnGraph:
-        ctx = turn.ctx
-        library = turn.library
-        ctx.prefix.layer(library, ctx.counter)  # rendered once here; appends extend it
         # A new item the budget could only refer to was not sent; it is not promoted (its
         # not-sent reference says so). One the budget fitted to a preview enters L2 in the
         # form it was sent. Tool results and retrieval chunks never enter L2.
-        new = {
-            item.key: item
+        new = tuple(
+            item
             for item in turn.items
             if item.form is not Form.REFERENCE
-            and item.key not in library
+            and item.key not in turn.library
             and not is_turn_scoped(turn.artifact(item.key))
-        }
-        forms = [
-            _as_sent(turn, item)
-            if item.form is Form.PREVIEW and item.limit
-            else carry_forward(turn.artifact(key), ctx.counter, ctx.policy, ctx.renderer, ctx.views)
-            for key, item in new.items()
-        ]
-        counts = ctx.counter.count_many([text for _, text in forms])
-        for (view, text), tokens in zip(forms, counts, strict=True):
-            library = library.append(LibraryEntry(view, text, tokens, ctx.turn))
-        return attrs.evolve(turn, promoted=library).with_views()
+        )
+        return attrs.evolve(turn, promoted=Promotion(lambda: _promote(turn, new))).with_views()
+
+
+def _promote(turn: TurnGraph, new: tuple[Placement, ...]) -> Library:
+    """``turn``'s library with the ``new`` items appended in carry-forward form."""
+    ctx = turn.ctx
+    library = turn.library
+    ctx.prefix.layer(library, ctx.counter)  # rendered once here; appends extend it
+    unique = {item.key: item for item in new}
+    forms = [
+        _as_sent(turn, item)
+        if item.form is Form.PREVIEW and item.limit
+        else carry_forward(turn.artifact(key), ctx.counter, ctx.policy, ctx.renderer, ctx.views)
+        for key, item in unique.items()
+    ]
+    counts = ctx.counter.count_many([text for _, text in forms])
+    for (view, text), tokens in zip(forms, counts, strict=True):
+        library = library.append(LibraryEntry(view, text, tokens, ctx.turn))
+    return library
 
 
 class Pipeline:

@@ -25,6 +25,7 @@ __all__ = [
     "TokenCounter",
     "count_joined_from",
     "count_with_sep_from",
+    "encoded_length",
     "get_encoding",
     "next_piece_start",
     "starts_piece",
@@ -121,7 +122,7 @@ def get_encoding(name: str) -> tiktoken.Encoding:
 MAX_REMEMBERED = 1 << 16
 """Counts a ``TokenCounter`` keeps (by text hash) before it forgets the oldest quarter."""
 
-PARALLEL_CHARS = 1 << 20
+PARALLEL_CHARS = 1 << 16
 """New text (characters) in one ``count_many`` call from which it encodes on threads."""
 
 _pool_lock = threading.Lock()
@@ -215,6 +216,26 @@ def next_piece_start(text: str, at: int = 0) -> int:
     return m.end() if m else len(text)
 
 
+ENCODE_CHUNK = 1 << 13
+"""Characters encoded at once when counting: the encoder returns a list of token ids (about
+nine bytes of Python objects per character of text), so a long text is counted in chunks
+that end where a new piece starts (the one piece rule), never as one list."""
+
+
+def encoded_length(enc: tiktoken.Encoding, text: str, start: int, stop: int) -> int:
+    """The number of tokens of ``text[start:stop]``, encoded ``ENCODE_CHUNK`` at a time."""
+    n = 0
+    while start < stop:
+        end = stop
+        if stop - start > 2 * ENCODE_CHUNK:
+            m = _LINE_PIECE.search(text, start + ENCODE_CHUNK, stop)
+            end = m.end() if m else stop
+        whole = start == 0 and end == len(text)
+        n += len(enc.encode_ordinary(text if whole else text[start:end]))
+        start = end
+    return n
+
+
 _SPLIT_FROM = 4096
 _HEAD_LINE_MAX = 2048
 
@@ -249,6 +270,8 @@ class TokenCounter:
     _cache: dict[str, int] = attrs.field(factory=dict, repr=False)
     encoded_chars: int = 0
     hits: int = 0
+    # Guards forgetting: a background promotion may count while the host counts too.
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.name not in TOKENIZERS:
@@ -291,18 +314,23 @@ class TokenCounter:
         split = [_parts(t) for t in texts]
         slices = [(t, a, b) for t, parts in zip(texts, split, strict=True) for a, b in parts]
         digests = [slice_hash(t, a, b) if a < b else "" for t, a, b in slices]
-        missing = {
-            d: (t, a, b)
-            for d, (t, a, b) in zip(digests, slices, strict=True)
-            if d and d not in self._cache
-        }
+        # Read the known counts first (one read each): remembering the new ones, here or
+        # on another thread, may forget old ones.
+        counts: dict[str, int] = {"": 0}
+        missing: dict[str, tuple[str, int, int]] = {}
+        for d, part in zip(digests, slices, strict=True):
+            if d and d not in counts and d not in missing:
+                known = self._cache.get(d)
+                if known is None:
+                    missing[d] = part
+                else:
+                    counts[d] = known
         size = sum(b - a for _, a, b in missing.values())
         workers = _workers()
         enc = self.encoding
 
         def encode(part: tuple[str, int, int]) -> int:
-            t, a, b = part
-            return len(enc.encode_ordinary(t[a:b] if a or b < len(t) else t))
+            return encoded_length(enc, *part)
 
         parallel = size >= PARALLEL_CHARS and len(missing) >= 2 and workers >= 2
         made = (
@@ -310,9 +338,6 @@ class TokenCounter:
             if parallel
             else map(encode, missing.values())
         )
-        # Read the known counts first: remembering the new ones may forget old ones.
-        counts = {d: self._cache[d] for d in digests if d and d not in missing}
-        counts[""] = 0
         for digest, n in zip(missing, made, strict=True):
             counts[digest] = n
             self._remember(digest, n)
@@ -335,18 +360,19 @@ class TokenCounter:
             self._remember(digest, tokens)
 
     def _remember(self, digest: str, n: int) -> None:
-        if len(self._cache) >= MAX_REMEMBERED:
-            # Forget the oldest quarter: a long conversation must not grow this forever.
-            for old in list(itertools.islice(self._cache, MAX_REMEMBERED // 4)):
-                del self._cache[old]
-        self._cache[digest] = n
+        with self._lock:
+            if len(self._cache) >= MAX_REMEMBERED:
+                # Forget the oldest quarter: a long conversation must not grow this forever.
+                for old in list(itertools.islice(self._cache, MAX_REMEMBERED // 4)):
+                    self._cache.pop(old, None)
+            self._cache[digest] = n
 
     def count_once(self, text: str) -> int:
         """Exact count of a text not worth remembering (a sentence being ranked, say)."""
         if not text:
             return 0
         self.encoded_chars += len(text)
-        return len(self.encoding.encode_ordinary(text))
+        return encoded_length(self.encoding, text, 0, len(text))
 
     def count_joined(self, parts: Sequence[str], sep: str = "\n\n") -> int:
         """Exact count of ``sep.join(parts)``, reusing each part's cached count.

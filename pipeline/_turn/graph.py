@@ -20,6 +20,7 @@ from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 if TYPE_CHECKING:
     from pipeline._budget.fit import Budget
     from pipeline._turn.draft import Draft
+    from pipeline._turn.promotion import Promotion
 
 __all__ = ["HistoryView", "Placement", "SystemPrompt", "TurnContext", "TurnGraph"]
 
@@ -85,7 +86,7 @@ class TurnGraph:
     roots: tuple[str, ...] = ()
     items: tuple[Placement, ...] = ()
     library: Library = attrs.field(factory=Library)
-    promoted: Library | None = None
+    promoted: Promotion | None = None
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[TurnWarning, ...] = ()
     stats: tuple[tuple[str, int], ...] = ()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
@@ -129,21 +130,26 @@ class ViewMemo:
     size: int = 256
     hits: int = 0
     _items: OrderedDict[Hashable, Any] = attrs.field(factory=OrderedDict, repr=False)
+    # A renderer's memo may be shared by conversations, one promoting on its own thread.
+    _lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False, eq=False)
 
     def get(self, key: Hashable, make: Callable[[], T]) -> T:
-        found = self._items.get(key)
-        if found is not None:
-            self._items.move_to_end(key)
-            self.hits += 1
-            return cast(T, found)
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return cast(T, found)
         made = make()
-        self._items[key] = made
-        if len(self._items) > self.size:
-            self._items.popitem(last=False)
+        with self._lock:
+            self._items[key] = made
+            if len(self._items) > self.size:
+                self._items.popitem(last=False)
         return made
 
     def clear(self) -> None:
-        self._items.clear()
+        with self._lock:
+            self._items.clear()
 
 
 def _preview(

@@ -169,3 +169,79 @@ def test_count_many_keeps_its_answers_when_remembering_forgets(
     texts = old + [f"new text number {i}" for i in range(12)]
     enc = get_encoding("o200k_base")
     assert counter.count_many(texts) == [len(enc.encode_ordinary(t)) for t in texts]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lines=st.lists(_xmlish, min_size=1, max_size=40),
+    chunk=st.integers(min_value=1, max_value=64),
+    name=st.sampled_from(["o200k_base", "cl100k_base"]),
+)
+def test_a_long_text_counted_in_chunks_is_counted_exactly(
+    lines: list[str], chunk: int, name: str
+) -> None:
+    """Counting encodes at most about ``ENCODE_CHUNK`` characters at once (the token list is
+    nine bytes a character), cutting where a new piece starts: the sum is the true count."""
+    import pipeline._tokens.counter as tokens_module
+    from pipeline import encoded_length
+
+    text = "\n".join(lines)
+    enc = get_encoding(name)
+    original = tokens_module.ENCODE_CHUNK
+    tokens_module.ENCODE_CHUNK = chunk
+    try:
+        assert encoded_length(enc, text, 0, len(text)) == len(enc.encode_ordinary(text))
+        middle = len(text) // 3
+        assert encoded_length(enc, text, middle, len(text)) == len(
+            enc.encode_ordinary(text[middle:])
+        )
+        assert TokenCounter(name).count_once(text) == len(enc.encode_ordinary(text))
+    finally:
+        tokens_module.ENCODE_CHUNK = original
+
+
+def test_counting_a_megabyte_holds_no_megabyte_token_list() -> None:
+    """The peak while counting a 1 MB note stays near the text itself, not the ~9 MB list
+    of token ids one encode of it would build."""
+    import tracemalloc
+
+    text = "\n".join(f"Line {i} of a long note, with words." for i in range(28_000))
+    counter = TokenCounter()
+    counter.count("warm up")
+    tracemalloc.start()
+    n = counter.count_many([text])[0]
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert n == len(get_encoding("o200k_base").encode_ordinary(text))
+    assert peak < len(text) // 2
+
+
+def test_one_counter_used_from_two_threads_stays_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A background promotion and the host may count on one counter at once; with a small
+    memo forgetting all the time, every answer is still the true count."""
+    import threading
+
+    import pipeline._tokens.counter as tokens_module
+
+    monkeypatch.setattr(tokens_module, "MAX_REMEMBERED", 16)
+    counter = TokenCounter()
+    enc = get_encoding("o200k_base")
+    texts = [f"text {i} " * (i % 7 + 1) for i in range(300)]
+    expected = [len(enc.encode_ordinary(t)) for t in texts]
+    wrong: list[int] = []
+
+    def work(offset: int) -> None:
+        for i in range(len(texts)):
+            j = (i + offset) % len(texts)
+            if counter.count(texts[j]) != expected[j]:
+                wrong.append(j)
+            if counter.count_many(texts[j : j + 3]) != expected[j : j + 3]:
+                wrong.append(j)
+
+    threads = [threading.Thread(target=work, args=(k * 37,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert wrong == []
+    assert len(counter._cache) <= 16

@@ -1,0 +1,88 @@
+"""Promotion off the critical path: a turn returns before its new items are in L2, and the
+library the next turn starts from is the same whether the background thread made it or not."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from lamina import Conversation
+from pipeline import Budget, Library, StageError
+from pipeline._turn.promotion import Promotion
+
+_PARTS = (f"## Part {i}\n\n" + "Sentence of the plan. " * 80 for i in range(12))
+_NOTE = "# Plan\n\n" + "\n\n".join(_PARTS)
+
+
+def _vault(tmp_path: Path) -> Path:
+    root = tmp_path / "v"
+    (root / "docs").mkdir(parents=True)
+    for i in range(4):
+        (root / "docs" / f"plan-{i}.md").write_text(_NOTE.replace("plan", f"plan {i}"), "utf-8")
+    return root
+
+
+def _turns(conv: Conversation, *, settle_now: bool) -> list[str]:
+    texts = []
+    for i in range(3):
+        env = conv.turn(f"question {i}", attach=[{"note": f"docs/plan-{i}.md"}])
+        if settle_now:
+            _ = conv.library  # waits for the promotion
+        conv.reply(f"answer {i}")
+        texts.append(env.system_text + "\n" + env.user_text)
+    return texts
+
+
+def test_the_library_is_the_same_made_in_the_background_or_at_once(tmp_path: Path) -> None:
+    vault = _vault(tmp_path)
+    late = Conversation("s", vault=vault, budget=Budget(context_window=60_000))
+    early = Conversation("s", vault=vault, budget=Budget(context_window=60_000))
+    assert _turns(late, settle_now=False) == _turns(early, settle_now=True)
+    assert late.state == early.state
+    assert [e.view.form for e in late.library.entries] == [e.view.form for e in early.library]
+    assert any(str(e.view.form) == "preview" for e in late.library.entries)
+
+
+def test_a_turn_returns_before_its_promotion_is_made() -> None:
+    release = threading.Event()
+    made: list[int] = []
+
+    def make() -> Library:
+        release.wait(10)
+        made.append(1)
+        return Library()
+
+    blocker = Promotion(make)
+    blocker.start()  # occupies the one worker until released
+    queued = Promotion(lambda: made.append(2) or Library())  # type: ignore[func-returns-value]
+    queued.start()
+    assert made == []
+    # Not begun by the worker: made here, once, and the worker's turn does nothing.
+    assert queued.result() == Library()
+    assert made == [2]
+    release.set()
+    assert blocker.result() == Library()
+    assert made == [2, 1]
+    assert blocker.result() == Library() and made == [2, 1]
+
+
+def test_a_failed_promotion_raises_where_the_library_is_asked_for(tmp_path: Path) -> None:
+    vault = _vault(tmp_path)
+    conv = Conversation("s", vault=vault)
+    conv.turn("q", attach=[{"note": "docs/plan-0.md"}])
+
+    def boom() -> Library:
+        raise RuntimeError("disk on fire")
+
+    before = conv._library
+    conv._promotion = Promotion(boom)
+    with pytest.raises(StageError, match="disk on fire") as info:
+        _ = conv.library
+    assert info.value.stage == "promote"
+    # Once: the library stays as the turn found it and the conversation goes on.
+    assert conv.library is before
+    conv.reply("a")
+    conv.turn("again", attach=[{"note": "docs/plan-0.md"}])
+    assert "note:docs/plan-0.md" in conv.library
