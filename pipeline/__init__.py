@@ -182,10 +182,12 @@ from pipeline._text.markup import (
 )
 from pipeline._tokens.counter import (
     TOKENIZERS,
+    CountMemo,
     TokenCounter,
     encoded_length,
     get_encoding,
     next_piece_start,
+    shared_counts,
     starts_piece,
 )
 from pipeline._tokens.profiles import PROFILES, ModelProfile, Provider, get_profile
@@ -271,6 +273,7 @@ __all__ = [
     "ConversationError",
     "ConversationInfo",
     "ConversationState",
+    "CountMemo",
     "Cut",
     "Decision",
     "DecisionAction",
@@ -432,6 +435,7 @@ __all__ = [
     "request_tokens",
     "resolver_for_turn",
     "save_turn",
+    "shared_counts",
     "shorten_replies",
     "shorten_reply",
     "split_sections",

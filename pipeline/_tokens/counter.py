@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -22,12 +23,14 @@ from pipeline._tokens.open_encodings import OPEN_TOKENIZERS, load_open_encoding
 
 __all__ = [
     "TOKENIZERS",
+    "CountMemo",
     "TokenCounter",
     "count_joined_from",
     "count_with_sep_from",
     "encoded_length",
     "get_encoding",
     "next_piece_start",
+    "shared_counts",
     "starts_piece",
 ]
 
@@ -120,7 +123,7 @@ def get_encoding(name: str) -> tiktoken.Encoding:
 
 
 MAX_REMEMBERED = 1 << 16
-"""Counts a ``TokenCounter`` keeps (by text hash) before it forgets the oldest quarter."""
+"""Counts a ``CountMemo`` keeps (by text hash) before it forgets the oldest quarter."""
 
 PARALLEL_CHARS = 1 << 16
 """New text (characters) in one ``count_many`` call from which it encodes on threads."""
@@ -129,6 +132,7 @@ _pool_lock = threading.Lock()
 _pools: dict[int, ThreadPoolExecutor] = {}
 
 
+@functools.cache
 def _workers() -> int:
     return min(4, os.cpu_count() or 1)
 
@@ -258,6 +262,48 @@ def _parts(text: str) -> list[tuple[int, int]]:
     return [(0, end), (end, len(text))] if end else [(0, len(text))]
 
 
+class CountMemo:
+    """Exact token counts by text hash for one encoding, bounded: past ``MAX_REMEMBERED``
+    entries it forgets its oldest quarter. Thread-safe where it forgets."""
+
+    __slots__ = ("_counts", "_lock")
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def get(self, digest: str) -> int | None:
+        return self._counts.get(digest)
+
+    def put(self, digest: str, n: int) -> None:
+        with self._lock:
+            if len(self._counts) >= MAX_REMEMBERED:
+                for old in list(itertools.islice(self._counts, MAX_REMEMBERED // 4)):
+                    self._counts.pop(old, None)
+            self._counts[digest] = n
+
+    def clear(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+
+_shared_lock = threading.Lock()
+_shared: dict[str, CountMemo] = {}
+
+
+def shared_counts(name: str) -> CountMemo:
+    """The process's count memo for encoding ``name``: a stateless server restoring a
+    conversation per request counts its history and library once, not per request."""
+    with _shared_lock:
+        memo = _shared.get(name)
+        if memo is None:
+            memo = _shared[name] = CountMemo()
+        return memo
+
+
 @attrs.define
 class TokenCounter:
     """Counts tokens exactly; remembers counts by the text's hash so nothing is counted twice.
@@ -267,15 +313,18 @@ class TokenCounter:
     """
 
     name: str = "o200k_base"
-    _cache: dict[str, int] = attrs.field(factory=dict, repr=False)
+    memo: CountMemo | None = attrs.field(default=None, repr=False, eq=False)
+    """Where counts are remembered: by default the process's memo for this encoding, shared
+    by every counter (a count is a fact about the text); a ``CountMemo()`` of its own keeps
+    a counter's meters independent of others."""
     encoded_chars: int = 0
     hits: int = 0
-    # Guards forgetting: a background promotion may count while the host counts too.
-    _lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         if self.name not in TOKENIZERS:
             raise _unknown(self.name)
+        if self.memo is None:
+            self.memo = shared_counts(self.name)
         if self.name in OPEN_TOKENIZERS:
             get_encoding(self.name)  # a missing extra fails here, not mid-turn
 
@@ -295,12 +344,12 @@ class TokenCounter:
         if start == stop:
             return 0
         digest = slice_hash(text, start, stop)
-        cached = self._cache.get(digest)
+        cached = self._memo.get(digest)
         if cached is not None:
             self.hits += 1
             return cached
         n = self.count_once(text[start:stop] if start or stop < len(text) else text)
-        self._remember(digest, n)
+        self._memo.put(digest, n)
         return n
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
@@ -320,7 +369,7 @@ class TokenCounter:
         missing: dict[str, tuple[str, int, int]] = {}
         for d, part in zip(digests, slices, strict=True):
             if d and d not in counts and d not in missing:
-                known = self._cache.get(d)
+                known = self._memo.get(d)
                 if known is None:
                     missing[d] = part
                 else:
@@ -340,7 +389,7 @@ class TokenCounter:
         )
         for digest, n in zip(missing, made, strict=True):
             counts[digest] = n
-            self._remember(digest, n)
+            self._memo.put(digest, n)
         self.encoded_chars += size
         self.hits += sum(1 for d in digests if d) - len(missing)
         found = iter(counts[d] for d in digests)
@@ -356,16 +405,14 @@ class TokenCounter:
         if end:
             tokens -= self._count_slice(text, 0, end)
         digest = slice_hash(text, end, len(text))
-        if end < len(text) and digest not in self._cache:
-            self._remember(digest, tokens)
+        if end < len(text) and self._memo.get(digest) is None:
+            self._memo.put(digest, tokens)
 
-    def _remember(self, digest: str, n: int) -> None:
-        with self._lock:
-            if len(self._cache) >= MAX_REMEMBERED:
-                # Forget the oldest quarter: a long conversation must not grow this forever.
-                for old in list(itertools.islice(self._cache, MAX_REMEMBERED // 4)):
-                    self._cache.pop(old, None)
-            self._cache[digest] = n
+    @property
+    def _memo(self) -> CountMemo:
+        memo = self.memo
+        assert memo is not None  # set in __attrs_post_init__
+        return memo
 
     def count_once(self, text: str) -> int:
         """Exact count of a text not worth remembering (a sentence being ranked, say)."""

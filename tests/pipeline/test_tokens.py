@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import ConfigError, TokenCounter, get_encoding
+from pipeline import ConfigError, CountMemo, TokenCounter, get_encoding
 
 
 def test_encodings_load_from_package_data_without_network() -> None:
@@ -104,7 +104,7 @@ def test_count_many_on_threads_gives_the_serial_counts(monkeypatch: pytest.Monke
     expected = [serial.count(t) for t in texts]
     monkeypatch.setattr(tokens_module, "PARALLEL_CHARS", 1)
     monkeypatch.setattr(tokens_module, "_workers", lambda: 2)
-    threaded = TokenCounter()
+    threaded = TokenCounter(memo=CountMemo())  # its own memo: meters comparable
     assert threaded.count_many(texts) == expected
     assert threaded.encoded_chars == serial.encoded_chars
     assert threaded.count_many(texts) == expected  # now every count is a hit
@@ -120,7 +120,7 @@ def test_the_count_memo_forgets_its_oldest_quarter(monkeypatch: pytest.MonkeyPat
     counter = TokenCounter()
     for i in range(20):
         counter.count(f"text number {i}")
-    assert len(counter._cache) <= 8
+    assert len(counter.memo or ()) <= 8
     before = counter.encoded_chars
     counter.count("text number 19")  # the newest is remembered
     assert counter.encoded_chars == before
@@ -244,4 +244,16 @@ def test_one_counter_used_from_two_threads_stays_exact(monkeypatch: pytest.Monke
     for t in threads:
         t.join()
     assert wrong == []
-    assert len(counter._cache) <= 16
+    assert len(counter.memo or ()) <= 16
+
+
+def test_counters_share_the_process_memo_unless_given_their_own() -> None:
+    """A count is a fact about the text: a second conversation's counter (a stateless
+    server's next request) finds it; a counter with its own memo encodes again."""
+    text = "A paragraph every request of a conversation sends again. " * 40
+    first, second = TokenCounter(), TokenCounter()
+    n = first.count(text)
+    assert second.count(text) == n and second.encoded_chars == 0 and second.hits == 1
+    own = TokenCounter(memo=CountMemo())
+    assert own.count(text) == n and own.encoded_chars == len(text)
+    assert TokenCounter("cl100k_base").memo is not first.memo  # one memo per encoding
