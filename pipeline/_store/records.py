@@ -27,7 +27,7 @@ from pipeline._errors import (
 )
 from pipeline._model.artifacts import AttachmentSpec
 from pipeline._model.envelope import BuildReport, Envelope, Form
-from pipeline._model.kinds import NoKinds
+from pipeline._model.kinds import AttachmentKinds, NoKinds
 from pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
 
 __all__ = [
@@ -298,7 +298,10 @@ def attachment_record(
     script form and names it: a path, URL, tag or video, a selection's artifact key. A
     spec of a kind nobody registered keeps its description and no script form.
     """
-    kinds = conversation.sources.kinds if conversation is not None else NoKinds()
+    return _record(spec, conversation.sources.kinds if conversation is not None else NoKinds())
+
+
+def _record(spec: Attachment, kinds: AttachmentKinds) -> AttachmentRecord:
     if isinstance(spec, Mapping):
         form: dict[str, Any] | None = dict(spec)
         kind = kinds.kind_of(spec)
@@ -359,13 +362,13 @@ def turn_record(
     """What a transcript keeps of the conversation's last turn (texts, attachments, times)."""
     last = conversation.history[-1]
     stamp = now_stamp()
+    kinds = conversation.sources.kinds if attach else NoKinds()  # the vault listed once
     return TurnRecord(
         turn=last.turn,
         user=last.user,
         reply=last.assistant,
         attachments=tuple(
-            a if isinstance(a, AttachmentRecord) else attachment_record(a, conversation)
-            for a in attach
+            a if isinstance(a, AttachmentRecord) else _record(a, kinds) for a in attach
         ),
         created=stamp if created is None else created,
         reply_created=("" if last.assistant is None else stamp)

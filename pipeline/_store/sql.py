@@ -13,9 +13,10 @@ import contextlib
 import json
 import re
 import threading
+import weakref
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, Self
 
 import attrs
@@ -58,8 +59,10 @@ HEAD_COLUMN = "ALTER TABLE turns ADD COLUMN head_hash TEXT NOT NULL DEFAULT ''"
 _BATCH = 500
 # State fields kept as one row per entry (versioned by turn) instead of inside the state blob.
 _SPLIT_PARTS = ("library", "history", "usage")
-# The type of one entry of each split part.
+# The type of one entry of each split part, and of a state snapshot.
 _PART_TYPES: dict[str, type] = {
+    # The state without its split parts (they are kept as entries).
+    "state": ConversationState,
     "library": LibraryEntry,
     "history": HistoryEntry,
     "usage": TurnUsage,
@@ -95,33 +98,40 @@ def check_version(label: str, version: object) -> int:
     return version
 
 
-def encode_snapshot(value: Any) -> tuple[str, bytes]:
-    """A value's content address and its stored body (zlib of its canonical JSON)."""
-    body = canonical(value)
-    return digest(body), zlib.compress(body, 6)
-
-
 class _Snapshots:
-    """The snapshots a save writes, encoded before anything is written (hash -> row)."""
+    """The snapshots a save writes, encoded before anything is written (hash -> kind and
+    canonical JSON); each is compressed only if the store may lack it (``rows``)."""
 
-    __slots__ = ("rows",)
+    __slots__ = ("plain",)
 
     def __init__(self) -> None:
-        self.rows: dict[str, tuple[str, bytes]] = {}
+        self.plain: dict[str, tuple[str, bytes]] = {}
 
     def add(self, kind: str, value: Any) -> str:
-        digest_, body = encode_snapshot(value)
-        self.rows.setdefault(digest_, (kind, body))
+        body = canonical(value)
+        digest_ = digest(body)
+        self.plain.setdefault(digest_, (kind, body))
         return digest_
+
+    def rows(self, held: Container[str]) -> dict[str, tuple[str, bytes]]:
+        """The stored rows (hash -> kind, zlib body) of those not in ``held``."""
+        return {
+            h: (kind, zlib.compress(body, 6))
+            for h, (kind, body) in self.plain.items()
+            if h not in held
+        }
 
 
 class EntryCache:
-    """Decoded state entries by content address, bounded by their stored size (LRU).
+    """Decoded state entries by content address, bounded by their stored size (LRU), and
+    the content address of each entry value a save encoded (by identity, held weakly).
 
     A snapshot's hash names its bytes forever, so an entry decoded once (unzipped, checked,
     parsed, structured) is the same frozen value on every later load: a stateless server
     that restores a conversation per request reads and decodes only entries it has not
-    seen (``decoded`` counts those), not the whole library and history each time.
+    seen (``decoded`` counts those), not the whole library and history each time. A save
+    encodes (unstructures, canonical-JSON, hashes) only values it has not encoded before
+    (``encoded`` counts those): an unchanged entry is the same object turn after turn.
     """
 
     def __init__(self, max_bytes: int = 64 << 20) -> None:
@@ -129,7 +139,9 @@ class EntryCache:
         self.size = 0
         self.hits = 0
         self.decoded = 0
+        self.encoded = 0
         self._items: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._addresses: dict[int, tuple[weakref.ref[Any], str]] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -154,6 +166,35 @@ class EntryCache:
             while self.size > self.max_bytes:
                 _, (_, dropped) = self._items.popitem(last=False)
                 self.size -= dropped
+
+    def address(self, value: Any) -> str | None:
+        """The content address a save computed for this very object, or None.
+
+        Keyed by identity, never by equality (``1 == 1.0 == True`` encode differently);
+        frozen values never change, so the address stays exact while the object lives."""
+        found = self._addresses.get(id(value))
+        if found is None or found[0]() is not value:
+            return None
+        return found[1]
+
+    def count_encoded(self, count: int) -> None:
+        with self._lock:
+            self.encoded += count
+
+    def remember(self, value: Any, digest_: str) -> None:
+        """Keep ``value``'s content address (a save encoded it, or a load checked that it
+        encodes to the bytes it was decoded from) while the value lives."""
+        key = id(value)
+        items = self._addresses
+
+        # Runs when the value is collected, maybe inside another call: it takes no lock.
+        # Losing a memo only costs an encode; a kept one is always checked by identity.
+        def forget(ref: weakref.ref[Any]) -> None:
+            if items.get(key, (None,))[0] is ref:
+                items.pop(key, None)
+
+        with contextlib.suppress(TypeError):  # a value without weak references: never kept
+            items[key] = (weakref.ref(value, forget), digest_)
 
 
 class SqlStore:
@@ -258,14 +299,23 @@ class SqlStore:
                 db.execute(f"SELECT hash, body FROM snapshots WHERE hash IN ({marks})", chunk)
             )
             for h in chunk:
-                stored = bodies.get(h)
-                plain = self._decode(h, stored)
-                value: Any = _converter.structure(plain, _PART_TYPES[wanted[h]])
-                cache.put(h, value, len(plain) if stored is None else len(bytes(stored)))
+                body = self._unzip(h, bodies.get(h))
+                part = wanted[h]
+                type_ = _PART_TYPES[part]
+                value: Any = _converter.structure(json.loads(body), type_)
+                cache.put(h, value, len(bytes(bodies[h])))
+                # A save then reuses the address, if the value encodes to these very bytes
+                # (an entry written by an older Lamina may not: it is encoded anew).
+                if part != "state" and canonical(_converter.unstructure(value, type_)) == body:
+                    cache.remember(value, h)
                 out[h] = value
         return out
 
     def _decode(self, wanted: str, stored: Any) -> Any:
+        return json.loads(self._unzip(wanted, stored))
+
+    def _unzip(self, wanted: str, stored: Any) -> bytes:
+        """A stored body's canonical JSON, checked against its hash."""
         if stored is None:
             raise StoreCorrupt(self._label, f"snapshot {wanted} is missing")
         try:
@@ -274,7 +324,7 @@ class SqlStore:
             raise StoreCorrupt(self._label, f"snapshot {wanted} is damaged: {exc}") from None
         if digest(body) != wanted:
             raise StoreCorrupt(self._label, f"snapshot {wanted} does not match its hash")
-        return json.loads(body)
+        return body
 
     def _require(self, db: Db, conversation_id: str, lock: bool = False) -> None:
         query = "SELECT 1 FROM conversations WHERE id = ?" + (self._lock_row if lock else "")
@@ -348,10 +398,14 @@ class SqlStore:
         *,
         parent: Head,
     ) -> Head:
-        plain = _converter.unstructure(state)
-        split = {p: plain.pop(p) for p in _SPLIT_PARTS if isinstance(plain.get(p), list)}
-        k = record.turn
+        # The state blob without the parts kept as entries (each encoded on its own below).
+        plain = _converter.unstructure(attrs.evolve(state, library=(), history=(), usage=()))
+        for part in _SPLIT_PARTS:
+            del plain[part]
+        split = {p: getattr(state, p) for p in _SPLIT_PARTS}
         snapshots = _Snapshots()
+        digests, known = self._entry_hashes(split, snapshots)
+        k = record.turn
         with self._tx(write=True) as db:
             # The row lock (where the backend has one) makes the head read below final.
             self._require(db, conversation_id, lock=True)
@@ -383,13 +437,14 @@ class SqlStore:
                         f"DELETE FROM {table} WHERE conversation_id = ? AND {column} = ?",
                         (conversation_id, k),
                     )
-                current = {p: self._current(db, conversation_id, p, k - 1) for p in split}
+                current = self._current(db, conversation_id, split, k - 1)
+            # Every entry of the head is stored: those need no row (nor compressing).
+            held = {h for positions in current.values() for h in positions.values()}
+            self._add_missing(db, known, held, snapshots)
             lengths: dict[str, int] = {}
-            digests: dict[str, list[str]] = {}
             changed: list[tuple[str, str, int, int, str]] = []
             for part, items in split.items():
                 before = current.get(part, {})
-                digests[part] = [snapshots.add(part, item) for item in items]
                 changed.extend(
                     (conversation_id, part, position, k, h)
                     for position, h in enumerate(digests[part])
@@ -402,7 +457,7 @@ class SqlStore:
                 if manifest is None
                 else snapshots.add("manifest", _converter.unstructure(manifest))
             )
-            self._put_snapshots(db, snapshots.rows)
+            self._put_snapshots(db, snapshots.rows(held))
             db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?)", changed)
             new_head = Head(k, head_hash(state_hash, digests))
             db.execute(
@@ -445,6 +500,54 @@ class SqlStore:
             )
         return new_head
 
+    def _entry_hashes(
+        self, split: Mapping[str, Sequence[Any]], snapshots: _Snapshots
+    ) -> tuple[dict[str, list[str]], dict[str, tuple[str, Any]]]:
+        """Each entry's content address, encoding only values no save encoded before.
+
+        The newly encoded go into ``snapshots``; the rest come back as ``known`` (hash ->
+        part, value): their rows exist unless this store never held them (see below)."""
+        cache = self.entry_cache
+        digests: dict[str, list[str]] = {}
+        known: dict[str, tuple[str, Any]] = {}
+        encoded = 0
+        for part, items in split.items():
+            hashes = digests[part] = []
+            for item in items:
+                h = cache.address(item)
+                if h is None:
+                    h = snapshots.add(part, _converter.unstructure(item, _PART_TYPES[part]))
+                    cache.remember(item, h)
+                    encoded += 1
+                else:
+                    known.setdefault(h, (part, item))
+                hashes.append(h)
+        cache.count_encoded(encoded)
+        return digests, known
+
+    def _add_missing(
+        self,
+        db: Db,
+        known: Mapping[str, tuple[str, Any]],
+        held: Container[str],
+        snapshots: _Snapshots,
+    ) -> None:
+        """Encode the known entries whose snapshot this store lacks (a save that was rolled
+        back): the rows a save writes never depend on what this process did before."""
+        unsure = sorted(h for h in known if h not in held and h not in snapshots.plain)
+        for start in range(0, len(unsure), _BATCH):
+            chunk = unsure[start : start + _BATCH]
+            marks = ", ".join("?" * len(chunk))
+            found = {
+                str(row[0])
+                for row in db.execute(f"SELECT hash FROM snapshots WHERE hash IN ({marks})", chunk)
+            }
+            for h in chunk:
+                if h not in found:
+                    part, item = known[h]
+                    if snapshots.add(part, _converter.unstructure(item, _PART_TYPES[part])) != h:
+                        raise StoreError(self._label, f"entry {h} no longer encodes to its hash")
+
     def _head(self, db: Db, conversation_id: str) -> tuple[Head, dict[str, dict[int, str]]]:
         """The stored head and, per part, each position's entry hash as of the head."""
         row = db.execute(
@@ -455,7 +558,7 @@ class SqlStore:
         if row is None:
             return Head(), {}
         k, state_hash, parts = row
-        current = {p: self._current(db, conversation_id, p, k) for p in json.loads(parts)}
+        current = self._current(db, conversation_id, json.loads(parts), k)
         return Head(k, self._state_hash(k, state_hash, parts, current)), current
 
     def _state_hash(
@@ -483,16 +586,23 @@ class SqlStore:
                 return Head(int(row[0]), str(row[1]))
             return self._head(db, conversation_id)[0]  # saved before schema version 2
 
-    def _current(self, db: Db, conversation_id: str, part: str, turn: int) -> dict[int, str]:
-        """Each position's entry hash as of ``turn`` (the latest row at or before it)."""
+    def _current(
+        self, db: Db, conversation_id: str, parts: Iterable[str], turn: int
+    ) -> dict[str, dict[int, str]]:
+        """Per part, each position's entry hash as of ``turn`` (the latest row at or before
+        it), read in one query."""
+        current: dict[str, dict[int, str]] = {p: {} for p in parts}
         rows = db.execute(
-            "SELECT position, hash FROM (SELECT position, hash, ROW_NUMBER() OVER "
-            "(PARTITION BY position ORDER BY since_turn DESC) AS rn FROM entries "
-            "WHERE conversation_id = ? AND part = ? AND since_turn <= ?) AS latest "
-            "WHERE rn = 1",
-            (conversation_id, part, turn),
+            "SELECT part, position, hash FROM (SELECT part, position, hash, ROW_NUMBER() "
+            "OVER (PARTITION BY part, position ORDER BY since_turn DESC) AS rn FROM entries "
+            "WHERE conversation_id = ? AND since_turn <= ?) AS latest WHERE rn = 1",
+            (conversation_id, turn),
         ).fetchall()
-        return {int(p): str(h) for p, h in rows}
+        for part, position, h in rows:
+            found = current.get(str(part))
+            if found is not None:
+                found[int(position)] = str(h)
+        return current
 
     def turns(self, conversation_id: str) -> tuple[TurnRecord, ...]:
         text = self._untext
@@ -531,7 +641,7 @@ class SqlStore:
         self, conversation_id: str, turn: int | None = None
     ) -> tuple[ConversationState, Head]:
         with self._tx(write=False) as db:
-            self._require(db, conversation_id)
+            # A turn row names an existing conversation (the schema's reference).
             if turn is None:
                 row = db.execute(
                     "SELECT turn, state_hash, parts FROM turns WHERE conversation_id = ? "
@@ -545,12 +655,13 @@ class SqlStore:
                     (conversation_id, turn),
                 ).fetchone()
             if row is None:
+                self._require(db, conversation_id)
                 which = "any turn" if turn is None else f"turn {turn}"
                 raise StoreError(
                     self._label, f"conversation {conversation_id!r} has no saved {which}"
                 )
             k, state_hash, parts = row
-            current = {p: self._current(db, conversation_id, p, k) for p in json.loads(parts)}
+            current = self._current(db, conversation_id, json.loads(parts), k)
             try:
                 head = Head(k, self._state_hash(k, state_hash, parts, current))
             except StoreCorrupt:
@@ -559,17 +670,13 @@ class SqlStore:
                 ) from None
             lengths = json.loads(parts)
             try:
-                plain = self._get_snapshot(db, state_hash)
-                found = self._entries(
-                    db, {current[p][i]: p for p, n in lengths.items() for i in range(n)}
-                )
+                wanted = {current[p][i]: p for p, n in lengths.items() for i in range(n)}
+                found = self._entries(db, {state_hash: "state", **wanted})
                 split: dict[str, Any] = {
                     part: tuple(found[current[part][i]] for i in range(length))
                     for part, length in lengths.items()
                 }
-                for part in split:
-                    plain[part] = []
-                state = attrs.evolve(_converter.structure(plain, ConversationState), **split)
+                state = attrs.evolve(found[state_hash], **split)
             except StoreCorrupt:
                 raise
             except Exception as exc:  # cattrs raises many kinds; all mean it is unusable
