@@ -405,6 +405,10 @@ class SqlStore:
         split = {p: getattr(state, p) for p in _SPLIT_PARTS}
         snapshots = _Snapshots()
         digests, known = self._entry_hashes(split, snapshots)
+        state_hash = snapshots.add("state", plain)
+        manifest_hash = None
+        if manifest is not None:
+            manifest_hash = snapshots.add("manifest", _converter.unstructure(manifest))
         k = record.turn
         with self._tx(write=True) as db:
             # The row lock (where the backend has one) makes the head read below final.
@@ -438,9 +442,9 @@ class SqlStore:
                         (conversation_id, k),
                     )
                 current = self._current(db, conversation_id, split, k - 1)
-            # Every entry of the head is stored: those need no row (nor compressing).
+            # Every entry of the head is stored; rows the store has are not compressed.
             held = {h for positions in current.values() for h in positions.values()}
-            self._add_missing(db, known, held, snapshots)
+            stored = self._stored(db, known, held, snapshots)
             lengths: dict[str, int] = {}
             changed: list[tuple[str, str, int, int, str]] = []
             for part, items in split.items():
@@ -451,13 +455,7 @@ class SqlStore:
                     if before.get(position) != h
                 )
                 lengths[part] = len(items)
-            state_hash = snapshots.add("state", plain)
-            manifest_hash = (
-                None
-                if manifest is None
-                else snapshots.add("manifest", _converter.unstructure(manifest))
-            )
-            self._put_snapshots(db, snapshots.rows(held))
+            self._put_snapshots(db, snapshots.rows(stored))
             db.executemany("INSERT INTO entries VALUES (?, ?, ?, ?, ?)", changed)
             new_head = Head(k, head_hash(state_hash, digests))
             db.execute(
@@ -525,28 +523,32 @@ class SqlStore:
         cache.count_encoded(encoded)
         return digests, known
 
-    def _add_missing(
+    def _stored(
         self,
         db: Db,
         known: Mapping[str, tuple[str, Any]],
-        held: Container[str],
+        held: set[str],
         snapshots: _Snapshots,
-    ) -> None:
-        """Encode the known entries whose snapshot this store lacks (a save that was rolled
-        back): the rows a save writes never depend on what this process did before."""
-        unsure = sorted(h for h in known if h not in held and h not in snapshots.plain)
+    ) -> set[str]:
+        """The snapshots this save needs that the store already has (``held``: the head's
+        entries, plus those found by hash). A remembered entry the store lacks (its save
+        was rolled back) is encoded again: the rows a save writes never depend on what
+        this process did before."""
+        unsure = sorted(h for h in (*known, *snapshots.plain) if h not in held)
+        stored = set(held)
         for start in range(0, len(unsure), _BATCH):
             chunk = unsure[start : start + _BATCH]
             marks = ", ".join("?" * len(chunk))
-            found = {
+            stored.update(
                 str(row[0])
                 for row in db.execute(f"SELECT hash FROM snapshots WHERE hash IN ({marks})", chunk)
-            }
-            for h in chunk:
-                if h not in found:
-                    part, item = known[h]
-                    if snapshots.add(part, _converter.unstructure(item, _PART_TYPES[part])) != h:
-                        raise StoreError(self._label, f"entry {h} no longer encodes to its hash")
+            )
+        for h in unsure:
+            if h not in stored and h not in snapshots.plain:
+                part, item = known[h]
+                if snapshots.add(part, _converter.unstructure(item, _PART_TYPES[part])) != h:
+                    raise StoreError(self._label, f"entry {h} no longer encodes to its hash")
+        return stored
 
     def _head(self, db: Db, conversation_id: str) -> tuple[Head, dict[str, dict[int, str]]]:
         """The stored head and, per part, each position's entry hash as of the head."""
@@ -590,15 +592,14 @@ class SqlStore:
         self, db: Db, conversation_id: str, parts: Iterable[str], turn: int
     ) -> dict[str, dict[int, str]]:
         """Per part, each position's entry hash as of ``turn`` (the latest row at or before
-        it), read in one query."""
+        it), read in one scan of the conversation's entry rows in key order."""
         current: dict[str, dict[int, str]] = {p: {} for p in parts}
         rows = db.execute(
-            "SELECT part, position, hash FROM (SELECT part, position, hash, ROW_NUMBER() "
-            "OVER (PARTITION BY part, position ORDER BY since_turn DESC) AS rn FROM entries "
-            "WHERE conversation_id = ? AND since_turn <= ?) AS latest WHERE rn = 1",
+            "SELECT part, position, hash FROM entries WHERE conversation_id = ? "
+            "AND since_turn <= ? ORDER BY part, position, since_turn",
             (conversation_id, turn),
         ).fetchall()
-        for part, position, h in rows:
+        for part, position, h in rows:  # a later row of a position overwrites an earlier one
             found = current.get(str(part))
             if found is not None:
                 found[int(position)] = str(h)
