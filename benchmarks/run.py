@@ -32,7 +32,12 @@ from benchmarks.comparators import (
     naive_turn,
     peer_available,
 )
-from benchmarks.stateless import RequestPoint, measure_requests, request_points
+from benchmarks.stateless import (
+    RequestPoint,
+    forget_process_memos,
+    measure_requests,
+    request_points,
+)
 from benchmarks.workload import (
     SCALES,
     Scale,
@@ -164,6 +169,7 @@ def _measure_cold(point: Point, vault: Path, scale: Scale, advance: Callable[[],
     conv = None
     env = None
     for _ in range(2 if scale.name == "large" else 3):
+        forget_process_memos()  # cold: nothing counted or summarized in this process yet
         conv = _conversation(vault, point.kind)
         point.tasks = [_peer_task(conv, point.workload, turn.attach, turn.query)]
         start = time.perf_counter()
@@ -179,6 +185,7 @@ def _measure_cold(point: Point, vault: Path, scale: Scale, advance: Callable[[],
     contents = _contents(env)
     point.payload_bytes = sum(len(c.encode("utf-8")) for c in contents)
     point.budget_limit = conv.budget.limit
+    forget_process_memos()
     fresh = _conversation(vault, point.kind)
     tracemalloc.start()
     fresh.turn(turn.query, attach=_specs(turn.attach))
@@ -211,6 +218,7 @@ def _measure_turns(point: Point, vault: Path, scale: Scale, advance: Callable[[]
 
     enc = get_encoding("o200k_base")
     workload = point.workload
+    forget_process_memos()  # what earlier points counted does not help this one
     conv = _conversation(vault, point.kind)
     setup = _setup_library(conv, workload, advance) if workload.library else 0.0
     sampled = _sampled(len(workload.turns) - 1, scale.peer_samples)
@@ -485,7 +493,10 @@ def _request_times(r: RequestPoint) -> list[tuple[str, float]]:
             ("restored", r.lamina["restored_p50_s"]),
             ("warm next turn", r.lamina["warm_p50_s"]),
         ]
-    return [("load + turn + save", r.lamina["p50_s"])]
+    times = [("load + turn + save", r.lamina["p50_s"])]
+    if r.lamina.get("first_p50_s") is not None:
+        times.append(("first request in the process", r.lamina["first_p50_s"]))
+    return times
 
 
 def _target(
@@ -645,6 +656,8 @@ def _request_table(requests: Sequence[dict[str, Any]], console: Console) -> None
         else:
             mine = lam["p50_s"]
             cell = f"{_ms(mine)} per request"
+            if lam.get("first_p50_s") is not None:
+                cell += f" ({_ms(lam['first_p50_s'])} first)"
         peers = [_peer_cell(r["peers"].get(name, {}), mine) for name in PEERS]
         table.add_row(r["name"], cell, f"{lam['request_tokens']:,}", *peers)
     console.print(table)

@@ -125,7 +125,7 @@ def get_encoding(name: str) -> tiktoken.Encoding:
 MAX_REMEMBERED = 1 << 16
 """Counts a ``CountMemo`` keeps (by text hash) before it forgets the oldest quarter."""
 
-PARALLEL_CHARS = 1 << 16
+PARALLEL_CHARS = 1 << 20
 """New text (characters) in one ``count_many`` call from which it encodes on threads."""
 
 _pool_lock = threading.Lock()

@@ -39,7 +39,9 @@ def test_small_scale_runs_end_to_end_and_writes_the_result_shape(tmp_path: Path)
         assert point["naive"]["p50_s"] > 0
         if point["kind"] == "cold":
             assert point["floor"]["tiktoken_s"] > 0
+            assert lamina["promotion_s"] >= 0  # timed apart from the turn
         else:
+            assert lamina["promotion_p50_s"] >= 0
             assert lamina["warm_p50_s"] > 0 and lamina["warm_p95_s"] >= lamina["warm_p50_s"]
             assert point["floor"]["p50_s"] > 0
         assert set(point["peers"]) == set(PEERS)
@@ -50,6 +52,8 @@ def test_small_scale_runs_end_to_end_and_writes_the_result_shape(tmp_path: Path)
     for request in doc["requests"]:
         lamina = request["lamina"]
         assert lamina.get("p50_s", lamina.get("restored_p50_s", 0)) > 0
+        if request["kind"] == "stateless":
+            assert lamina["first_p50_s"] > 0  # with the process memos emptied first
         assert lamina["request_tokens"] > 0
         assert set(request["peers"]) == set(PEERS)
     assert doc["targets"] and all("met" in t for t in doc["targets"])
