@@ -172,10 +172,12 @@ def _stateless(
 
 
 def forget_process_memos() -> None:
-    """Empty the process's count memos and summary pool (what earlier requests left)."""
-    from pipeline import TOKENIZERS, shared_counts, summary_pool
+    """Empty the process's count memos, view memo and summary pool (what earlier requests
+    left)."""
+    from pipeline import TOKENIZERS, shared_counts, shared_views, summary_pool
 
     summary_pool().clear()
+    shared_views().clear()
     for name in TOKENIZERS:
         shared_counts(name).clear()
 

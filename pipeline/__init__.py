@@ -225,6 +225,7 @@ from pipeline._views.views import (
     full_view,
     preview_view,
     reference_view,
+    shared_views,
     summary_view,
 )
 
@@ -436,6 +437,7 @@ __all__ = [
     "resolver_for_turn",
     "save_turn",
     "shared_counts",
+    "shared_views",
     "shorten_replies",
     "shorten_reply",
     "split_sections",

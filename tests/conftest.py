@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from pipeline import TOKENIZERS, shared_counts, summary_pool
+from pipeline import TOKENIZERS, shared_counts, shared_views, summary_pool
 from tests.stores import BACKENDS, Backend, PgServer, make_backend, pg_cluster
 
 # In CI the property tests draw the same examples every run, so a run's time and outcome
@@ -60,10 +60,11 @@ def write_vault(root: Path, notes: dict[str, str]) -> Path:
 
 @pytest.fixture(autouse=True)
 def _fresh_process_memos() -> None:
-    """Each test starts with an empty process summary pool and count memos, so counted
+    """Each test starts with an empty process summary pool, view memo and count memos, so counted
     summarizer calls, encoded characters and restored renderings do not depend on which
     tests ran before."""
     summary_pool().clear()
+    shared_views().clear()
     for name in TOKENIZERS:
         shared_counts(name).clear()
 

@@ -36,7 +36,7 @@ from pipeline._turn.graph import HistoryView, SystemPrompt, TurnContext, TurnGra
 from pipeline._turn.measure import request_tokens
 from pipeline._turn.promotion import Promotion
 from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
-from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
+from pipeline._views.views import Policy, SegmentRenderer, ViewMemo, shared_views
 
 if TYPE_CHECKING:
     from pipeline._budget.fit import Budget
@@ -117,7 +117,7 @@ class Conversation:
         self.budget = budget
         self.summarizer = summarizer or TextRankSummarizer()
         self.summaries = SummaryCache()
-        self._views = ViewMemo()
+        self._views = shared_views()
         # The rendered library and system message, extended turn to turn.
         self._prefix = LibraryPrefix()
         self._history_view = HistoryView()

@@ -35,6 +35,7 @@ __all__ = [
     "learn_rendering",
     "preview_view",
     "reference_view",
+    "shared_views",
     "summary_view",
 ]
 
@@ -150,6 +151,16 @@ class ViewMemo:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+
+
+_shared_views = ViewMemo(size=1024)
+
+
+def shared_views() -> ViewMemo:
+    """The process's memo of previews and excerpts, shared by every conversation: each is
+    a pure function of the content hash, the tokenizer and the limits (its key), so a
+    stateless server's next request for a conversation finds the previews it fitted."""
+    return _shared_views
 
 
 def _preview(
