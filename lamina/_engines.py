@@ -142,8 +142,10 @@ class DaskEngine:
             raise ConfigError("engine", f"cannot reach {where}: {exc}") from None
         try:
             futures = client.map(fn, list(items), pure=False, retries=self.retries)
-            for future in distributed.as_completed(futures):
-                result: R = future.result()
+            # Results are gathered by as_completed on the client's own event loop: a
+            # future.result() from this thread, racing a lost worker's rescheduled key,
+            # can meet an asyncio.Event bound to the other loop (distributed raises).
+            for future, result in distributed.as_completed(futures, with_results=True):
                 future.release()
                 yield result
         finally:
