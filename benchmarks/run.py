@@ -36,6 +36,7 @@ from benchmarks.stateless import (
     RequestPoint,
     forget_process_memos,
     measure_requests,
+    peer_task,
     request_points,
 )
 from benchmarks.workload import (
@@ -118,20 +119,6 @@ def _contents(env: Any) -> list[str]:
     return [m["content"] for m in openai_messages(env)]
 
 
-def _peer_task(conv: Any, workload: Workload, attach: Sequence[str], query: str) -> PeerTask:
-    """The turn as peers see it: L2 texts, history and attachments, oldest first."""
-    system = conv.system
-    parts: list[tuple[str, str]] = [("user", e.text) for e in conv.library]
-    for h in conv.history:
-        parts.append(("user", h.user))
-        if h.assistant is not None:
-            parts.append(("assistant", h.assistant))
-    parts.extend(("user", workload.notes[p]) for p in attach)
-    text = "\n\n".join(t for t in (system.stable, system.mutable) if t)
-    limit = conv.budget.limit if conv.budget is not None else 10**9
-    return PeerTask(text, tuple(parts), query, limit)
-
-
 def _sampled(count: int, samples: int) -> set[int]:
     if count <= samples:
         return set(range(count))
@@ -171,7 +158,7 @@ def _measure_cold(point: Point, vault: Path, scale: Scale, advance: Callable[[],
     for _ in range(2 if scale.name == "large" else 3):
         forget_process_memos()  # cold: nothing counted or summarized in this process yet
         conv = _conversation(vault, point.kind)
-        point.tasks = [_peer_task(conv, point.workload, turn.attach, turn.query)]
+        point.tasks = [peer_task(conv, point.workload.notes, turn.attach, turn.query)]
         start = time.perf_counter()
         env = conv.turn(turn.query, attach=_specs(turn.attach))
         times.append(time.perf_counter() - start)
@@ -235,7 +222,7 @@ def _measure_turns(point: Point, vault: Path, scale: Scale, advance: Callable[[]
     for i, turn in enumerate(workload.turns):
         last = i == len(workload.turns) - 1
         if i in sampled:
-            point.tasks.append(_peer_task(conv, workload, turn.attach, turn.query))
+            point.tasks.append(peer_task(conv, workload.notes, turn.attach, turn.query))
         before = tuple(conv.library)
         chars = conv.counter.encoded_chars
         if last:  # the last turn runs under tracemalloc and is left out of the timings

@@ -599,6 +599,17 @@ def _plan_unsent(
     return _plan_current(turn, env, over, budget, unsent=True)
 
 
+def _cut_to_preview(
+    item: Placement, size: int, limit: int, reason: str
+) -> tuple[Placement, Decision]:
+    """``item`` (now ``size`` tokens) as a preview of at most ``limit``, and its decision."""
+    decision = _decision(
+        item.key, str(item.form), "preview", reason, "L3", size - limit,
+        action=DecisionAction.COMPACTED,
+    )  # fmt: skip
+    return attrs.evolve(item, form=Form.PREVIEW, limit=limit), decision
+
+
 def _plan_current(
     turn: TurnGraph, env: Draft, over: int, budget: Budget, *, unsent: bool
 ) -> tuple[TurnGraph, list[Decision]] | None:
@@ -619,20 +630,9 @@ def _plan_current(
             if size > cap:
                 # A preview that came out over its limit gets a smaller one: progress.
                 limit = min(cap, item.limit - 1) if item.limit else cap
-                items[i] = attrs.evolve(item, form=Form.PREVIEW, limit=limit)
-                reason = f"L3 item cut to a {limit}-token preview (this turn's items share room)"
-                gain = size - limit
-                decisions.append(
-                    _decision(
-                        item.key,
-                        str(item.form),
-                        "preview",
-                        reason,
-                        "L3",
-                        gain,
-                        action=DecisionAction.COMPACTED,
-                    )
-                )
+                why = f"L3 item cut to a {limit}-token preview (this turn's items share room)"
+                items[i], decision = _cut_to_preview(item, size, limit, why)
+                decisions.append(decision)
         return attrs.evolve(turn, items=tuple(items)), decisions
     least = MIN_PREVIEW_TOKENS
     at_min = [
@@ -641,19 +641,10 @@ def _plan_current(
         if size > least and not (item.form is Form.PREVIEW and 0 < item.limit <= least)
     ]
     for i, item, size in at_min:
-        items[i] = attrs.evolve(item, form=Form.PREVIEW, limit=least)
-        reason = f"L3 item cut to a {least}-token preview"
-        decisions.append(
-            _decision(
-                item.key,
-                str(item.form),
-                "preview",
-                reason,
-                "L3",
-                size - least,
-                action=DecisionAction.COMPACTED,
-            )
+        items[i], decision = _cut_to_preview(
+            item, size, least, f"L3 item cut to a {least}-token preview"
         )
+        decisions.append(decision)
     if not at_min and unsent:
         saved = 0
         ctx = turn.ctx
