@@ -33,6 +33,7 @@ from pipeline._stages.builtin import Pipeline
 from pipeline._tokens.counter import TokenCounter
 from pipeline._turn.assemble import assemble
 from pipeline._turn.graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
+from pipeline._turn.history import HistorySegments
 from pipeline._turn.measure import request_tokens
 from pipeline._turn.promotion import Promotion
 from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
@@ -120,6 +121,8 @@ class Conversation:
         self._views = shared_views()
         # The rendered library and system message, extended turn to turn.
         self._prefix = LibraryPrefix()
+        # The history's rendered segments and L4's hash, extended turn to turn.
+        self._l4 = HistorySegments()
         self._history_view = HistoryView()
         self._l1_compacted = False
         # The stored head this state continues (set by load_conversation and save_turn).
@@ -283,6 +286,7 @@ class Conversation:
             summarizer=self.summarizer,
             views=self.views,
             prefix=self.prefix,
+            l4=self._l4,
         )
         start = TurnGraph.build(
             processed,

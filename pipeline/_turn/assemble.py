@@ -220,7 +220,7 @@ def draft(turn: TurnGraph, previous: Draft | None = None) -> Draft:
     ):
         l4 = previous.l4
     else:
-        l4 = layer(LayerName.L4, _history_segments(turn, previous))
+        l4 = _history_layer(turn)
     if previous is not None and previous.query == turn.query:
         l5 = previous.l5
     else:
@@ -263,38 +263,23 @@ def _item_blocks(turn: TurnGraph, previous: Draft | None) -> tuple[ItemBlock, ..
     return tuple(b for b in blocks if b is not None)
 
 
-def _history_segments(turn: TurnGraph, previous: Draft | None) -> list[Segment]:
-    """L4's segments; with ``previous``, an entry's segments are kept when its reply is
-    shown as before (shortened or not)."""
+def _history_layer(turn: TurnGraph) -> DraftLayer:
+    """L4 measured: its segments and their joined count, made only for the messages the
+    conversation's kept L4 (``TurnContext.l4``) does not hold as they are shown now."""
     counter = turn.ctx.counter
+    kept = turn.ctx.l4
     view = turn.history_view
     limit = turn.ctx.budget.reply_tokens if turn.ctx.budget else DEFAULT_REPLY_TOKENS
-    known: dict[str, Segment] = {}
-    was_short: tuple[int, ...] = ()
-    if previous is not None and previous.history is turn.history:
-        known = {s.key: s for s in previous.l4.segments}
-        was_short = previous.history_view.shortened
-    out: list[Segment] = []
-    for entry in turn.history:
-        if entry.turn < view.start:
-            continue
-        key = f"history:{entry.turn}:user"
-        old = known.get(key)
-        if old is not None and old.text == entry.user:
-            out.append(old)
-        else:
-            out.append(_text_segment(counter, key, "history", entry.user, "user"))
-        if entry.assistant is None:
-            continue
-        key = f"history:{entry.turn}:assistant"
-        short = entry.turn in view.shortened
-        old = known.get(key)
-        if old is not None and short == (entry.turn in was_short):
-            out.append(old)
-            continue
-        reply = shorten_reply(entry.assistant, counter, limit) if short else entry.assistant
-        out.append(_text_segment(counter, key, "history", reply, "assistant"))
-    return out
+
+    def make(number: int, role: str, text: str, shorten_to: int | None) -> Segment:
+        shown = text if shorten_to is None else shorten_reply(text, counter, shorten_to)
+        return _text_segment(counter, f"history:{number}:{role}", "history", shown, role)
+
+    segments = kept.segments(counter, turn.history, view.start, view.shortened, limit, make)
+    tokens = kept.tokens(counter, segments)
+    return DraftLayer(
+        LayerName.L4, segments, _joined_tokens(counter, segments) if tokens is None else tokens
+    )
 
 
 def complete(measured: Draft, turn: TurnGraph) -> Envelope:
@@ -305,7 +290,7 @@ def complete(measured: Draft, turn: TurnGraph) -> Envelope:
         Layer(l1.name, l1.segments, l1.tokens),
         turn.ctx.prefix.layer(turn.library, turn.ctx.counter),  # hash included
         Layer(l3.name, l3.segments, l3.tokens),
-        Layer(l4.name, l4.segments, l4.tokens),
+        Layer(l4.name, l4.segments, l4.tokens, hash=turn.ctx.l4.layer_hash(l4.segments)),
         Layer(l5.name, l5.segments, l5.tokens),
     )
     return _messages(turn, layers)

@@ -14,6 +14,7 @@ from pipeline._model.envelope import BudgetReport, Decision, Form
 from pipeline._model.history import HistoryEntry
 from pipeline._model.library import Library, LibraryPrefix
 from pipeline._tokens.counter import TokenCounter
+from pipeline._turn.history import HistorySegments
 from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
 from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 
@@ -69,6 +70,8 @@ class TurnContext:
     views: ViewMemo = attrs.field(factory=ViewMemo, eq=False)
     # The conversation's rendered library, extended turn to turn (mutable on purpose).
     prefix: LibraryPrefix = attrs.field(factory=LibraryPrefix, eq=False)
+    # The conversation's L4 segments and hash, extended turn to turn (mutable on purpose).
+    l4: HistorySegments = attrs.field(factory=HistorySegments, eq=False)
 
 
 @attrs.frozen

@@ -106,12 +106,13 @@ def request_tokens(
         return tokens
 
     total = priming
-    system = system_parts(envelope.l1, envelope.l2)
+    # Only a template that leads or trims reads the system text's edges (L2 may be long).
+    system = system_parts(envelope.l1, envelope.l2) if lead or trim else []
     edges = system[0][:1] + system[-1][-1:] if system else ""
-    if (lead or trim) and any(c.isspace() for c in edges):
+    if any(c.isspace() for c in edges):
         text = BLOCK_SEP.join(system)  # rare: the template changes this message's edges
         total += content(text, counter.count(text)) + per_message
-    elif system:
+    elif envelope.l2.segments or any(s.text for s in envelope.l1.segments):
         total += _system_tokens(envelope, counter) + per_message
     for segment in envelope.l4.segments:
         total += content(segment.text, segment.tokens) + per_message
