@@ -207,6 +207,7 @@ from pipeline._views.preview import (
 from pipeline._views.summarize import (
     Complete,
     LLMSummarizer,
+    PreparesSummaries,
     Summarizer,
     SummaryBacking,
     SummaryCache,
@@ -329,6 +330,7 @@ __all__ = [
     "PluginError",
     "Policy",
     "PostgresStore",
+    "PreparesSummaries",
     "Preview",
     "Processed",
     "Promote",

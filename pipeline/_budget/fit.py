@@ -53,7 +53,7 @@ from pipeline._views.preview import (
     make_excerpt,
     make_preview,
 )
-from pipeline._views.views import reference_view
+from pipeline._views.views import body_preview, reference_view
 
 __all__ = [
     "CUT_POLICIES",
@@ -196,13 +196,7 @@ def _l2_step(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry | None:
     if not view.recoverable:
         return None
     if view.form is Form.FULL:
-        preview = make_preview(
-            view.body,
-            ctx.counter,
-            max_sections=ctx.policy.max_sections,
-            section_tokens=ctx.policy.section_tokens,
-            headless_tokens=ctx.policy.headless_tokens,
-        )
+        preview = body_preview(view.body, ctx.counter, ctx.policy, ctx.views)
         new = attrs.evolve(view, form=Form.PREVIEW, body=preview.text)
     elif view.form is Form.PREVIEW:
         summary = ctx.summaries.summarize(
@@ -705,9 +699,7 @@ class GroupIndex:
 
 def group_index(group: str, members: Sequence[tuple[Artifact, int]]) -> Artifact:
     """The index artifact of ``group`` listing ``members`` (artifact, tokens in full)."""
-    lines = tuple(
-        f"- {a.key} | {a.title} | {a.locator} | {n} tokens" for a, n in members
-    )
+    lines = tuple(f"- {a.key} | {a.title} | {a.locator} | {n} tokens" for a, n in members)
     return make_artifact("index", f"index:{group}", GroupIndex(group, lines), recoverable=True)
 
 

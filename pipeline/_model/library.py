@@ -111,7 +111,12 @@ class Library:
     def replace(self, entry: LibraryEntry) -> Library:
         """Replace the entry with the same key in place (its position is kept)."""
         i = self._index[entry.key]
-        return Library((*self.entries[:i], entry, *self.entries[i + 1 :]))
+        out = Library.__new__(Library)
+        # Same keys at the same positions: the index is shared, not rebuilt (a budget cut
+        # replaces entries one by one in libraries of thousands).
+        object.__setattr__(out, "entries", (*self.entries[:i], entry, *self.entries[i + 1 :]))
+        object.__setattr__(out, "_index", self._index)
+        return out
 
     def layer(self, counter: TokenCounter) -> Layer:
         """The L2 layer (segments, text, hash, exact tokens), made afresh; a conversation

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import attrs
@@ -18,7 +18,8 @@ from pipeline._model.tools import chunk_source, is_turn_scoped
 from pipeline._turn.assemble import fitted_preview
 from pipeline._turn.graph import Placement, TurnContext, TurnGraph
 from pipeline._turn.promotion import Promotion
-from pipeline._views.views import carry_forward, full_view, reference_view
+from pipeline._views.summarize import PreparesSummaries
+from pipeline._views.views import body_preview, carry_forward, full_view, reference_view
 
 __all__ = ["Dedup", "Expand", "Pipeline", "Promote", "Reference", "Stage", "library_entry"]
 
@@ -321,7 +322,28 @@ def _promote(turn: TurnGraph, new: tuple[Placement, ...]) -> Library:
     counts = ctx.counter.count_many([text for _, text in forms])
     for (view, text), tokens in zip(forms, counts, strict=True):
         library = library.append(LibraryEntry(view, text, tokens, ctx.turn))
+    _prepare_summaries(turn, library, [view for view, _ in forms])
     return library
+
+
+def _prepare_summaries(turn: TurnGraph, library: Library, views: Sequence[View]) -> None:
+    """Once the library fills half the budget, its next cuts preview entries kept whole and
+    summarize previews: make the new ones' previews, rank them and count them (the
+    summary's size) here, off the request's path, so the turn that cuts only selects."""
+    ctx = turn.ctx
+    summarizer = ctx.summarizer
+    if ctx.budget is None or not isinstance(summarizer, PreparesSummaries):
+        return
+    if 2 * sum(entry.tokens for entry in library) < ctx.budget.limit:
+        return
+    for view in views:
+        if not view.recoverable or view.form not in (Form.FULL, Form.PREVIEW):
+            continue
+        body = view.body
+        if view.form is Form.FULL:  # the cut makes its preview first
+            body = body_preview(body, ctx.counter, ctx.policy, ctx.views).text
+        ctx.counter.count(body)
+        summarizer.prepare(body)
 
 
 class Pipeline:

@@ -28,6 +28,7 @@ from pipeline._views.preview import cut_to_tokens
 __all__ = [
     "Complete",
     "LLMSummarizer",
+    "PreparesSummaries",
     "Summarizer",
     "SummaryBacking",
     "SummaryCache",
@@ -61,6 +62,14 @@ class Summarizer(Protocol):
     def id(self) -> str: ...
 
     def summarize(self, text: str, target_tokens: int) -> SummaryResult: ...
+
+
+@runtime_checkable
+class PreparesSummaries(Protocol):
+    """A summarizer that can do the target-free part of a summary ahead of time (TextRank's
+    ranking), so that a later budget cut only selects sentences."""
+
+    def prepare(self, text: str) -> None: ...
 
 
 # --- TextRank -------------------------------------------------------------------------
@@ -245,6 +254,17 @@ class TextRankSummarizer:
             f"max_iter={self.max_iter},tol={self.tol!r}"
         )
 
+    def prepare(self, text: str) -> None:
+        """Rank ``text``'s sentences into the process's summary pool (when it has room), so
+        that summarizing it later costs only the selection."""
+        if len(text) <= summary_pool().max_chars:
+            self._ranking(text)
+
+    def _ranking(self, text: str) -> _Ranking:
+        return summary_pool().ranking(
+            ("textrank", text_hash(text), self.id), len(text), lambda: self._rank(text)
+        )
+
     def _rank(self, text: str) -> _Ranking:
         """Headings, sentences, scores and the best-first order: the target-free part, made
         once per text (the pool keeps it, so another target only cuts again)."""
@@ -271,9 +291,7 @@ class TextRankSummarizer:
             return SummaryResult("")
         if cut_to_tokens(text, self.counter, target_tokens) == text:
             return SummaryResult(text)
-        headings, sentences, scores, order = summary_pool().ranking(
-            ("textrank", text_hash(text), self.id), len(text), lambda: self._rank(text)
-        )
+        headings, sentences, scores, order = self._ranking(text)
         if not sentences:
             return SummaryResult(cut_to_tokens(text, self.counter, target_tokens, boundary="word"))
         chosen: set[int] = set()

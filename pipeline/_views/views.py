@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 import attrs
 
 from pipeline._errors import ArgumentError, ConfigError
+from pipeline._hashing import text_hash
 from pipeline._model.artifacts import Artifact
 from pipeline._model.envelope import Form, View
 from pipeline._tokens.counter import (
@@ -181,6 +182,24 @@ def _preview(
         return make()
     limits = (policy.max_sections, policy.section_tokens, policy.headless_tokens)
     return memo.get(("preview", artifact.content_hash, counter.name, *limits), make)
+
+
+def body_preview(body: str, counter: TokenCounter, policy: Policy, memo: ViewMemo) -> Preview:
+    """The preview of ``body`` (``make_preview`` with ``policy``'s limits), remembered by
+    the body's hash: a library entry's next form, made ahead of a budget cut or by it."""
+    from pipeline._views.preview import make_preview
+
+    limits = (policy.max_sections, policy.section_tokens, policy.headless_tokens)
+    return memo.get(
+        ("body-preview", text_hash(body), counter.name, *limits),
+        lambda: make_preview(
+            body,
+            counter,
+            max_sections=policy.max_sections,
+            section_tokens=policy.section_tokens,
+            headless_tokens=policy.headless_tokens,
+        ),
+    )
 
 
 def preview_view(

@@ -217,3 +217,51 @@ def test_threads_sharing_the_pool_get_the_summaries_one_thread_makes() -> None:
     assert errors == []
     assert results == [expected] * 8
     assert 0 < pool.chars <= 3000
+
+
+@attrs.frozen
+class _RankLog(TextRankSummarizer):
+    """TextRank that logs where each text is ranked: "promotion" (on the promotion's
+    thread, or while the test waits for it) or "turn" (by the turn's budget cuts)."""
+
+    phase: list[str] = attrs.field(factory=lambda: ["turn"], eq=False)
+    log: list[str] = attrs.field(factory=list, eq=False)
+
+    def _rank(self, text: str):  # type: ignore[no-untyped-def]
+        background = threading.current_thread().name.startswith("lamina-promote")
+        self.log.append("promotion" if background else self.phase[0])
+        return super()._rank(text)
+
+
+def _long_chat(vault: Path, summarizer: object, phase: list[str]) -> list[object]:
+    """Twelve turns, each adding a new note, under a window the library outgrows; the
+    promotion is waited for apart from the turn (``phase`` says which is running)."""
+    conv = Conversation("Be terse.", vault=vault, budget=Budget(3000, 200), summarizer=summarizer)
+    sent = []
+    for i in range(12):
+        phase[0] = "turn"
+        env = conv.turn(f"q{i}", [{"note": f"n{i}.md"}])
+        cuts = any(d.layer == "L2" for d in env.report.decisions if d.stage == "budget")
+        phase[0] = "promotion"
+        _ = conv.library
+        sent.append((cuts, openai_messages(env)))
+        conv.reply(f"answer {i}")
+    return sent
+
+
+def test_a_library_over_half_the_window_ranks_new_entries_during_promotion(
+    tmp_path: Path,
+) -> None:
+    for i in range(12):
+        (tmp_path / f"n{i}.md").write_text(_note(i, 6 + i % 5), encoding="utf-8")
+    ahead = _RankLog(COUNTER)
+    sent = _long_chat(tmp_path, ahead, ahead.phase)
+    assert sum(cuts for cuts, _ in sent) >= 5  # the budget summarized library entries
+    # Entries promoted once the library filled half the window are ranked while promoting;
+    # the cuts rank only those promoted before (the first few notes).
+    assert ahead.log.count("promotion") >= 6
+    assert ahead.log.count("turn") <= 3
+    summary_pool().clear()
+    late = _Counting(TextRankSummarizer(COUNTER))  # no prepare(): every ranking in a cut
+    assert _long_chat(tmp_path, late, ["turn"]) == sent  # the same requests either way
+    assert late.calls >= 5
