@@ -10,6 +10,7 @@ import functools
 import json
 import posixpath
 import re
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Self
 
@@ -33,7 +34,7 @@ from pipeline import (
 )
 from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext
 from processors._processor import BaseProcessor
-from processors._vault import Vault
+from processors._vault import FileStamp, Vault
 
 __all__ = [
     "FolderProcessor",
@@ -461,36 +462,79 @@ def _need_vault(ctx: ProcessContext, what: str) -> Vault:
     return ctx.vault
 
 
+@attrs.frozen
+class _Parsed:
+    """A note's text parsed once: the payload with every property, its warnings, and the
+    payload as each properties setting shows it (so a setting yields one object per text)."""
+
+    payload: NotePayload
+    warnings: tuple[TurnWarning, ...]
+    shown: dict[NoteOptions, NotePayload] = attrs.field(factory=dict, eq=False)
+
+
+@attrs.frozen
+class _Loaded:
+    """What the last read of a note file gave, with its stamp (see ``FileStamp``)."""
+
+    stamp: FileStamp
+    options: NoteOptions
+    payload: NotePayload
+    warnings: tuple[TurnWarning, ...]
+
+
+def _shown(payload: NotePayload, options: NoteOptions) -> NotePayload:
+    """The payload with the properties ``options`` show."""
+    wanted = options.properties
+    if wanted == "all":
+        return payload
+    if wanted == "none":
+        return attrs.evolve(payload, properties=())
+    if wanted == "auto":
+        shown = tuple((k, v) for k, v in payload.properties if k not in DISPLAY_PROPERTIES)
+        return payload if shown == payload.properties else attrs.evolve(payload, properties=shown)
+    have = dict(payload.properties)
+    return attrs.evolve(payload, properties=tuple((k, have[k]) for k in wanted if k in have))
+
+
 def _load(
     vault: Vault,
     rel: str,
     cache: dict[str, Any] | None = None,
     options: NoteOptions | None = None,
+    *,
+    refresh: bool = False,
 ) -> tuple[NotePayload, list[TurnWarning]]:
-    """Read and parse a note; with a conversation cache, an unchanged note is parsed once."""
+    """Read and parse a note. With a conversation cache, an unchanged text is parsed once
+    (one payload object per text and setting), and a file whose stamp is that of an
+    earlier settled read is not read again (unless ``refresh``)."""
+    options = options or NoteOptions()
+    key = f"note-read:{rel}"
+    stamp = None if cache is None or refresh else vault.stamp(rel)
+    last = None if cache is None else cache.get(key)
+    if isinstance(last, _Loaded) and last.stamp == stamp and last.options == options:
+        return last.payload, list(last.warnings)
+    read_ns = time.time_ns()
+    if cache is not None and stamp is None:
+        stamp = vault.stamp(rel)
     text, decode_warning = vault.read_text(rel)
     memo = f"note-parse:{rel}:{text_hash(text)}"
-    found = None if cache is None else cache.get(memo)
-    if found is None:
-        found = parse_note(rel, text)
+    parsed = None if cache is None else cache.get(memo)
+    if not isinstance(parsed, _Parsed):
+        parsed = _Parsed(*parse_note(rel, text))
         if cache is not None:
-            cache[memo] = found
-    payload, warnings = found
-    wanted = (options or NoteOptions()).properties
-    if wanted == "none":
-        payload = attrs.evolve(payload, properties=())
-    elif wanted == "auto":
-        shown = tuple((k, v) for k, v in payload.properties if k not in DISPLAY_PROPERTIES)
-        payload = attrs.evolve(payload, properties=shown)
-    elif wanted != "all":
-        have = dict(payload.properties)
-        payload = attrs.evolve(payload, properties=tuple((k, have[k]) for k in wanted if k in have))
+            cache[memo] = parsed
+    payload = parsed.shown.get(options)
+    if payload is None:
+        payload = parsed.shown[options] = _shown(parsed.payload, options)
     decoded = (
-        [TurnWarning("note-not-utf8", f"note:{rel}", decode_warning.removeprefix(f"{rel}: "))]
+        (TurnWarning("note-not-utf8", f"note:{rel}", decode_warning.removeprefix(f"{rel}: ")),)
         if decode_warning
-        else []
+        else ()
     )
-    return payload, decoded + list(warnings)
+    warnings = decoded + parsed.warnings
+    if cache is not None and stamp is not None and stamp.settled(read_ns):
+        cache[key] = _Loaded(stamp, options, payload, warnings)
+    return payload, list(warnings)
 
 
 # Embeds of these are files, not notes: they stay as written, without a warning.
@@ -546,7 +590,7 @@ def _embed(
         if key in seen:  # a cycle or a repeat: the edge is enough
             out.links.append(Link(source, key, "embeds", inline=True))
             continue
-        target, found = _load(vault, resolved, ctx.cache, options)
+        target, found = _load(vault, resolved, ctx.cache, options, refresh=ctx.refresh)
         out.warnings.extend(found)
         if link.subpath:
             text = note_section(target.body_text, link.subpath)
@@ -621,6 +665,21 @@ def _notes_processed(
     )
 
 
+@attrs.frozen
+class _Made:
+    """A note spec's result and what it was made from (a note without embeds)."""
+
+    payload: NotePayload
+    warnings: tuple[TurnWarning, ...]
+    notes: tuple[str, ...]
+    processed: Processed
+
+    def matches(
+        self, payload: NotePayload, warnings: list[TurnWarning], notes: tuple[str, ...]
+    ) -> bool:
+        return self.payload is payload and self.warnings == tuple(warnings) and self.notes == notes
+
+
 def _vault_for_label(ctx: ProcessContext, kind: str, label: str) -> Vault:
     if ctx.vault is None:
         raise NotRebuilt(kind, label, "no vault given to read notes from")
@@ -672,10 +731,20 @@ class NoteProcessor(BaseProcessor):
     def process(self, spec: NoteSpec, ctx: ProcessContext) -> Processed:
         vault = _need_vault(ctx, spec.describe())
         rel = vault.note_path(spec.path)
-        payload, warnings = _load(vault, rel, ctx.cache, ctx.notes)
+        payload, warnings = _load(vault, rel, ctx.cache, ctx.notes, refresh=ctx.refresh)
         # Listing the vault costs a walk of every folder: only link resolution needs it.
         notes = vault.notes() if payload.links else ()
-        return _notes_processed([payload], notes, None, warnings, vault, ctx)
+        if any(link.embed for link in payload.links):  # embeds read other notes: made anew
+            return _notes_processed([payload], notes, None, warnings, vault, ctx)
+        # The same payload object is the same text under the same setting (see ``_load``):
+        # with the same warnings and listing, the result is the one made before.
+        key = f"note-processed:{rel}"
+        last = ctx.cache.get(key)
+        if isinstance(last, _Made) and last.matches(payload, warnings, notes):
+            return last.processed
+        processed = _notes_processed([payload], notes, None, warnings, vault, ctx)
+        ctx.cache[key] = _Made(payload, tuple(warnings), notes, processed)
+        return processed
 
 
 @attrs.frozen
@@ -716,7 +785,7 @@ class FolderProcessor(BaseProcessor):
         payloads: list[NotePayload] = []
         warnings: list[TurnWarning] = []
         for member in members:
-            payload, found = _load(vault, member, ctx.cache, ctx.notes)
+            payload, found = _load(vault, member, ctx.cache, ctx.notes, refresh=ctx.refresh)
             payloads.append(payload)
             warnings.extend(found)
         return _notes_processed(payloads, notes, f"folder:{rel}", warnings, vault, ctx)
@@ -750,7 +819,7 @@ class TagProcessor(BaseProcessor):
         payloads: list[NotePayload] = []
         warnings: list[TurnWarning] = []
         for rel in notes:
-            payload, found = _load(vault, rel, ctx.cache, ctx.notes)
+            payload, found = _load(vault, rel, ctx.cache, ctx.notes, refresh=ctx.refresh)
             if payload.has_tag(spec.tag):
                 payloads.append(payload)
                 warnings.extend(found)

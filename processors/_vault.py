@@ -27,7 +27,7 @@ from pipeline import (
     read_confined,
 )
 
-__all__ = ["MAX_NOTE_BYTES", "Vault"]
+__all__ = ["MAX_NOTE_BYTES", "FileStamp", "Vault"]
 
 MAX_NOTE_BYTES = 16 * 1024 * 1024
 """Notes larger than this are refused rather than read into memory."""
@@ -76,6 +76,26 @@ def _hidden(rel: str) -> bool:
 # A folder changed this close before a walk may change again within the same timestamp
 # tick unseen: such a walk is not trusted (git's "racy" rule).
 _RACY_NS = 2_000_000_000
+
+
+@attrs.frozen
+class FileStamp:
+    """A note file's identity as one ``stat`` saw it (symlinks followed). The same stamp
+    later means the same bytes once the file was ``settled`` when it was read: a write
+    moves the modification time (and an ``utime`` back moves the change time)."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    def settled(self, read_ns: int) -> bool:
+        """Whether the file was last modified well before ``read_ns`` (a clock reading taken
+        before this stamp and the read): a write within the same timestamp tick as the read
+        could otherwise leave the stamp unchanged (git's "racy" rule, as for the vault
+        walk; like git, the change time is compared but not required to be old)."""
+        return self.mtime_ns < read_ns - _RACY_NS
 
 
 @attrs.frozen
@@ -182,6 +202,19 @@ class Vault:
                 "undecodable bytes were replaced with U+FFFD"
             )
             return _clean(text), warning
+
+    def stamp(self, rel: str) -> FileStamp | None:
+        """The stamp of a note on disk (see ``FileStamp``); None for an overlay note or a path
+        that cannot be stat'ed. Reading stays ``read_text``'s: a stamp only says whether a
+        read made before is still good."""
+        norm = self.resolve(rel)
+        if norm in self.overlay:
+            return None
+        try:
+            st = os.stat(os.path.join(self.root, norm))
+        except (OSError, ValueError):
+            return None
+        return FileStamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
     def snapshot(self, shared: dict[str, Any] | None = None) -> Vault:
         """This vault, listed at most once: one turn resolves every link against one listing,
