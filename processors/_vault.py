@@ -144,11 +144,20 @@ class Vault:
         memo = self._listing
         if memo is not None and (done := memo.get(f"resolve:{rel}")) is not None:
             return done[0]
-        norm = _normalize(rel)
-        root = str(self.root)
-        real = _realpath(os.path.join(root, norm))
-        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
-            raise PathOutsideVault(rel, "path leads outside the vault through a symlink")
+        # Across turns too: this check is for early, clear errors; a read opens the file from
+        # the vault's descriptor and refuses a symlink out (PathOutsideVault all the same).
+        shared = self._shared
+        key = f"vault-resolve:{self.root}\x00{rel}"
+        if shared is not None and isinstance(known := shared.get(key), str):
+            norm = known
+        else:
+            norm = _normalize(rel)
+            root = str(self.root)
+            real = _realpath(os.path.join(root, norm))
+            if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+                raise PathOutsideVault(rel, "path leads outside the vault through a symlink")
+            if shared is not None:
+                shared[key] = norm
         if memo is not None:
             memo[f"resolve:{rel}"] = (norm,)
         return norm
@@ -223,7 +232,14 @@ class Vault:
         With ``shared`` (a conversation's cache) the disk walk itself is kept across turns
         and re-used while the modification times of the folders it walked are unchanged.
         """
-        return Vault(self.root, self.overlay, listing={}, shared=shared)
+        # A copy, not a new vault: the root was resolved and checked when this one was made
+        # (a realpath and a stat on every turn otherwise).
+        snap = object.__new__(Vault)
+        for field in attrs.fields(Vault):
+            object.__setattr__(snap, field.name, getattr(self, field.name))
+        object.__setattr__(snap, "_listing", {})
+        object.__setattr__(snap, "_shared", shared)
+        return snap
 
     def notes(self) -> tuple[str, ...]:
         """Every ``.md`` note (disk and overlay), sorted by path; hidden folders skipped."""

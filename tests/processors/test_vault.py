@@ -195,3 +195,34 @@ def test_one_turn_lists_the_vault_once(tmp_path: Path, monkeypatch: pytest.Monke
     assert snapshot.notes() == ("a.md",)  # the turn's one consistent listing
     assert len(walks) == 1
     assert Vault(tmp_path).notes() == ("a.md", "b.md")
+
+
+def test_a_path_is_resolved_once_per_conversation_and_read_confined_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The realpath check is for early errors; a note swapped for a symlink out of the
+    vault after its first turn is still refused when read."""
+    outside = tmp_path / "outside.md"
+    outside.write_text("top secret", encoding="utf-8")
+    vault, shared = make_vault(tmp_path / "v", {"a.md": "a"}), {}
+    checks: list[str] = []
+    real = os.path.realpath
+    monkeypatch.setattr(os.path, "realpath", lambda p: checks.append(p) or real(p))
+    assert vault.snapshot(shared).read_text("a.md") == ("a", None)
+    assert vault.snapshot(shared).read_text("a.md") == ("a", None)  # the next turn
+    assert len(checks) == 1
+    os.remove(tmp_path / "v" / "a.md")
+    os.symlink(outside, tmp_path / "v" / "a.md")
+    with pytest.raises(PathOutsideVault):
+        vault.snapshot(shared).read_text("a.md")
+
+
+def test_a_snapshot_is_the_same_vault_with_its_own_listing(tmp_path: Path) -> None:
+    vault = Vault(tmp_path, {"o.md": "overlay"})
+    (tmp_path / "a.md").write_text("a", encoding="utf-8")
+    one, two = vault.snapshot(), vault.snapshot()
+    assert one == vault and one.root == vault.root and one.overlay == vault.overlay
+    assert one.notes() == ("a.md", "o.md")
+    (tmp_path / "b.md").write_text("b", encoding="utf-8")
+    assert one.notes() == ("a.md", "o.md")
+    assert two.notes() == ("a.md", "b.md", "o.md")
