@@ -176,14 +176,17 @@ def _strings(value: Any, *, split_spaces: bool) -> list[str]:
 
 
 # Literal-first patterns: the regex engine then skips to candidates instead of trying
-# every position of the body.
-_FENCE_RUNS = (re.compile(r"```+"), re.compile(r"~~~+"))
+# every position of the body; a body without the literal is not scanned at all (a str
+# search is about ten times faster than the engine's).
+_FENCE_RUNS = (("```", re.compile(r"```+")), ("~~~", re.compile(r"~~~+")))
 
 
 def _fence_lines(body: str) -> list[tuple[int, int, str]]:
     """(line start, line end, fence run) of each line starting with a fence, in order."""
     found: list[tuple[int, int, str]] = []
-    for pattern in _FENCE_RUNS:
+    for literal, pattern in _FENCE_RUNS:
+        if literal not in body:
+            continue
         for m in pattern.finditer(body):
             start = body.rfind("\n", 0, m.start()) + 1
             if m.start() - start > 3 or body[start : m.start()].strip(" "):

@@ -92,7 +92,8 @@ class MergePages:
         for item in turn.items:
             artifact = turn.artifact(item.key)
             payload = artifact.payload
-            if not isinstance(payload, PagedPayload) or item.key in turn.library:
+            # The key test first: a runtime protocol check inspects the payload's members.
+            if item.key in turn.library or not isinstance(payload, PagedPayload):
                 items.append(item)
                 continue
             pages = set(payload.page_numbers())
