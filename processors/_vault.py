@@ -100,7 +100,7 @@ class FileStamp:
 
 @attrs.frozen
 class _DiskListing:
-    """One walk of the vault: its notes, and each folder walked with its mtime then."""
+    """One walk of the vault: its notes (sorted), and each folder walked with its mtime then."""
 
     notes: tuple[str, ...]
     folders: tuple[tuple[str, int], ...]
@@ -245,9 +245,10 @@ class Vault:
         """Every ``.md`` note (disk and overlay), sorted by path; hidden folders skipped."""
         if self._listing is not None and "notes" in self._listing:
             return self._listing["notes"]
-        found = set(self._disk_listing())
-        found.update(p for p in self.overlay if _is_note(p) and not _hidden(p))
-        listed = tuple(sorted(found))
+        listed = self._disk_listing()  # sorted: kept across turns as one tuple
+        added = [p for p in self.overlay if _is_note(p) and not _hidden(p)]
+        if added:
+            listed = tuple(sorted({*listed, *added}))
         if self._listing is not None:
             self._listing["notes"] = listed
         return listed
@@ -293,7 +294,7 @@ class Vault:
         taken = time.time_ns()
         folders: list[tuple[str, int]] = []
         symlinks: list[bool] = []
-        notes = tuple(self._disk_notes(folders, symlinks))
+        notes = tuple(sorted(self._disk_notes(folders, symlinks)))
         if shared is not None and not symlinks:
             shared[key] = _DiskListing(notes, tuple(folders), taken)
         return notes

@@ -167,8 +167,10 @@ def test_a_listing_is_reused_across_turns_until_a_folder_changes(
     walks = _walks(monkeypatch)
     assert vault.snapshot(shared).notes() == ("a.md", "sub/b.md")
     assert len(walks) == 2
-    assert vault.snapshot(shared).notes() == ("a.md", "sub/b.md")  # the next turn
+    listed = vault.snapshot(shared).notes()  # the next turn
+    assert listed == ("a.md", "sub/b.md")
     assert len(walks) == 2
+    assert vault.snapshot(shared).notes() is listed  # one tuple, not sorted again
     (tmp_path / "sub" / "c.md").write_text("c", encoding="utf-8")  # sub's mtime moves
     assert vault.snapshot(shared).notes() == ("a.md", "sub/b.md", "sub/c.md")
     assert len(walks) == 4
