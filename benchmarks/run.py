@@ -213,7 +213,8 @@ def _measure_turns(point: Point, vault: Path, scale: Scale, advance: Callable[[]
     floor: list[float] = []
     naive: list[float] = []
     promotions: list[float] = []
-    encoded: list[int] = []
+    encoded: list[int] = []  # the counter's delta: the turn, its promotion and the reply
+    in_turn: list[int] = []  # the turn's own meter (its report), promotion not included
     new_chars: list[int] = []
     cold = 0.0
     peak = 0
@@ -244,6 +245,7 @@ def _measure_turns(point: Point, vault: Path, scale: Scale, advance: Callable[[]
             warm.append(seconds)
             promotions.append(promotion)
             encoded.append(conv.counter.encoded_chars - chars)
+            in_turn.append(dict(env.report.meters)["encoded_chars"])
             new_chars.append(len(new_text))
             floor.append(floor_turn(enc.encode_ordinary, new_text, contents))
             naive.append(naive_turn(enc.encode_ordinary, _renderer(conv, before, contents))[0])
@@ -260,6 +262,7 @@ def _measure_turns(point: Point, vault: Path, scale: Scale, advance: Callable[[]
         "warm_turns": len(warm),
         "promotion_p50_s": _quantile(promotions, 0.5),
         "encoded_chars_p50": int(_quantile(encoded, 0.5)),
+        "turn_encoded_chars_p50": int(_quantile(in_turn, 0.5)),
         "new_chars_p50": int(_quantile(new_chars, 0.5)),
         "request_tokens": conv.count_request(env),
         "library_entries": len(conv.library),
@@ -593,6 +596,9 @@ def format_tables(doc: dict[str, Any], console: Console) -> None:
         lam = p["lamina"]
         encoded = lam.get("encoded_chars_p50")
         chars = "-" if encoded is None else f"{encoded:,} (new {lam['new_chars_p50']:,})"
+        in_turn = lam.get("turn_encoded_chars_p50")
+        if encoded is not None and in_turn is not None:
+            chars = f"{encoded:,} ({in_turn:,} in the turn, new {lam['new_chars_p50']:,})"
         peak = lam["peak_bytes"]
         mem = f"{peak / 1e6:,.1f} MB ({_x(_ratio(peak, p['payload_bytes']))} payload)"
         table.add_row(

@@ -44,6 +44,8 @@ def test_small_scale_runs_end_to_end_and_writes_the_result_shape(tmp_path: Path)
             assert lamina["promotion_p50_s"] >= 0
             assert lamina["warm_p50_s"] > 0 and lamina["warm_p95_s"] >= lamina["warm_p50_s"]
             assert point["floor"]["p50_s"] > 0
+            # The turn's own encoding is part of the counter's delta, the promotion's too.
+            assert 0 < lamina["turn_encoded_chars_p50"] <= lamina["encoded_chars_p50"]
         assert set(point["peers"]) == set(PEERS)
         for name, peer in point["peers"].items():
             assert peer["cannot_express"], name
