@@ -91,10 +91,11 @@ class FileStamp:
     ctime_ns: int
 
     def settled(self, read_ns: int) -> bool:
-        """Whether the file was last modified well before ``read_ns`` (a clock reading taken
-        before this stamp and the read): a write within the same timestamp tick as the read
-        could otherwise leave the stamp unchanged (git's "racy" rule, as for the vault
-        walk; like git, the change time is compared but not required to be old)."""
+        """Whether the file was last modified well before ``read_ns`` (the clock when it was
+        stamped, before its read): a write within the same timestamp tick as the read could
+        otherwise leave the stamp unchanged (git's "racy" rule, as for the vault walk;
+        like git, the change time is compared but not required to be old). A write between
+        the stamp and the read moves the stamp, so the next turn reads again."""
         return self.mtime_ns < read_ns - _RACY_NS
 
 
