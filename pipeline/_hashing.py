@@ -36,11 +36,11 @@ def content_hash(value: Any) -> str:
     return xxhash.xxh3_128_hexdigest(canonical_bytes(value))
 
 
-_CHUNK = 1 << 16
+_CHUNK = 1 << 13
 
 
 def feed(hasher: xxhash.xxh3_128, text: str, start: int = 0, stop: int | None = None) -> None:
-    """Feed ``text[start:stop]`` as UTF-8 to ``hasher`` 64 K characters at a time, so hashing a
+    """Feed ``text[start:stop]`` as UTF-8 to ``hasher`` 8 K characters at a time, so hashing a
     whole request never holds a second copy of it as bytes."""
     stop = len(text) if stop is None else stop
     for at in range(start, stop, _CHUNK):

@@ -324,6 +324,7 @@ class Conversation:
                 )
             )
         graph = self.pipeline.run(start)
+        del start  # its graph was copied by the stages: not kept while the request is joined
         rendering = time.perf_counter()
         envelope = assemble(graph)
         timings = (

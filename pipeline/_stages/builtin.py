@@ -304,7 +304,9 @@ class Promote:
             and item.key not in turn.library
             and not is_turn_scoped(turn.artifact(item.key))
         )
-        return attrs.evolve(turn, promoted=Promotion(lambda: _promote(turn, new))).with_views()
+        # The promotion, made after the turn, keeps of the graph only the new artifacts.
+        kept = turn.keeping(dict.fromkeys(item.key for item in new))
+        return attrs.evolve(turn, promoted=Promotion(lambda: _promote(kept, new))).with_views()
 
 
 def _promote(turn: TurnGraph, new: tuple[Placement, ...]) -> Library:

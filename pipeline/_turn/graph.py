@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -159,17 +159,18 @@ class TurnGraph:
             if data.get("artifact") is not None:
                 yield data["artifact"]
 
+    # Edges are read through ``succ``: networkx's ``edges`` view refers back to its graph,
+    # a cycle that keeps a graph and its copy alive together until the collector runs.
     def successors(self, key: str, kind: str) -> list[str]:
-        return [t for t in self.graph.successors(key) if self.graph.edges[key, t]["kind"] == kind]
+        return [t for t, edge in self.graph.succ[key].items() if edge["kind"] == kind]
 
     def inlined(self, key: str) -> list[str]:
         """The artifacts ``key`` embeds inline, in the order its text embeds them."""
-        edges = self.graph.edges
         return [
             t
-            for t in self.graph.successors(key)
-            if edges[key, t]["kind"] == "embeds"
-            and edges[key, t].get("inline")
+            for t, edge in self.graph.succ[key].items()
+            if edge["kind"] == "embeds"
+            and edge.get("inline")
             and self.graph.nodes[t].get("artifact") is not None
         ]
 
@@ -197,6 +198,13 @@ class TurnGraph:
             graph.add_node(view, kind="view", artifact=None)
             graph.add_edge(item.key, view, kind="view")
         return attrs.evolve(self, graph=graph)
+
+    def keeping(self, keys: Iterable[str]) -> TurnGraph:
+        """A copy whose graph holds only the nodes ``keys``, without the measured draft: what
+        a step after the turn reads, without keeping the rest of the turn until it runs."""
+        graph = nx.DiGraph()
+        graph.add_nodes_from((key, self.graph.nodes[key]) for key in keys)
+        return attrs.evolve(self, graph=graph, measured=None)
 
     def decide(self, *decisions: Decision) -> TurnGraph:
         return attrs.evolve(self, decisions=(*self.decisions, *decisions))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import array
 import asyncio
 import inspect
+import itertools
 import math
 import re
 import threading
@@ -151,9 +152,41 @@ def _sentences(text: str) -> tuple[list[str], list[_Sentence]]:
 
 
 _Edges: TypeAlias = "list[tuple[array.array[int], array.array[float]]]"
-_Ranking: TypeAlias = (
-    "tuple[tuple[str, ...], tuple[_Sentence, ...], tuple[float, ...], tuple[int, ...]]"
-)
+
+
+@attrs.frozen(eq=False)
+class _Ranking:
+    """A text's headings, sentences, scores and best-first order, packed: the pool keeps one
+    per text, so the sentences share one string and their numbers sit in arrays (an object
+    per sentence held about three times the sentence's own characters)."""
+
+    headings: tuple[str, ...]
+    text: str  # the sentences' texts one after another
+    ends: array.array[int]  # where each sentence ends in ``text``
+    heading: array.array[int]
+    paragraph: array.array[int]
+    scores: array.array[float]
+    order: array.array[int]
+
+    @classmethod
+    def pack(cls, headings: list[str], sentences: list[_Sentence], scores: list[float]) -> _Ranking:
+        order = sorted(range(len(sentences)), key=lambda i: (-round(scores[i], 12), i))
+        return cls(
+            tuple(headings),
+            "".join(s.text for s in sentences),
+            array.array("I", itertools.accumulate(len(s.text) for s in sentences)),
+            array.array("i", (s.heading for s in sentences)),
+            array.array("I", (s.paragraph for s in sentences)),
+            array.array("d", scores),
+            array.array("I", order),
+        )
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def sentence(self, i: int) -> _Sentence:
+        start = self.ends[i - 1] if i else 0
+        return _Sentence(i, self.heading[i], self.paragraph[i], self.text[start : self.ends[i]])
 
 
 def _pagerank(edges: _Edges, *, damping: float, max_iter: int, tol: float) -> list[float]:
@@ -205,7 +238,7 @@ def _similarities(block: list[_Sentence]) -> _Edges:
     for i, ws in enumerate(words):
         for w in ws:
             holders.setdefault(w, []).append(i)
-    shared = array.array("I", bytes(4 * n * n))
+    shared = array.array("I", [0]) * (n * n)  # no n*n bytes object made on the way
     for members in holders.values():
         for x, i in enumerate(members):
             for j in members[x + 1 :]:
@@ -269,9 +302,7 @@ class TextRankSummarizer:
         """Headings, sentences, scores and the best-first order: the target-free part, made
         once per text (the pool keeps it, so another target only cuts again)."""
         headings, sentences = _sentences(text)
-        scores = self._scores(sentences)
-        order = sorted(range(len(sentences)), key=lambda i: (-round(scores[i], 12), i))
-        return tuple(headings), tuple(sentences), tuple(scores), tuple(order)
+        return _Ranking.pack(headings, sentences, self._scores(sentences))
 
     def _scores(self, sentences: list[_Sentence]) -> list[float]:
         scores: list[float] = []
@@ -291,14 +322,15 @@ class TextRankSummarizer:
             return SummaryResult("")
         if cut_to_tokens(text, self.counter, target_tokens) == text:
             return SummaryResult(text)
-        headings, sentences, scores, order = self._ranking(text)
-        if not sentences:
+        ranking = self._ranking(text)
+        headings, scores = ranking.headings, ranking.scores
+        if not len(ranking):
             return SummaryResult(cut_to_tokens(text, self.counter, target_tokens, boundary="word"))
         chosen: set[int] = set()
         used_headings: set[int] = set()
         spent = 0
-        for i in order:
-            s = sentences[i]
+        for i in ranking.order:
+            s = ranking.sentence(i)
             if target_tokens - spent < 2:
                 break
             cost = self.counter.count_once(s.text) + 1
@@ -311,7 +343,7 @@ class TextRankSummarizer:
             if s.heading >= 0:
                 used_headings.add(s.heading)
         while chosen:
-            out = _render(headings, [sentences[i] for i in sorted(chosen)])
+            out = _render(headings, [ranking.sentence(i) for i in sorted(chosen)])
             if self.counter.count(out) <= target_tokens:
                 return SummaryResult(out)
             chosen.discard(max(chosen, key=lambda i: (round(scores[i], 12) * -1, i)))

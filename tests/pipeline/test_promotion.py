@@ -86,3 +86,51 @@ def test_a_failed_promotion_raises_where_the_library_is_asked_for(tmp_path: Path
     conv.reply("a")
     conv.turn("again", attach=[{"note": "docs/plan-0.md"}])
     assert "note:docs/plan-0.md" in conv.library
+
+
+def test_the_graph_a_turn_began_with_is_freed_before_its_request_is_joined(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pending promotion keeps of the graph only the new artifacts, not the graph
+    promote copied to add view nodes, and edges are read without networkx's self-referring
+    view: the first graph goes by reference counting alone, before assemble joins the
+    request."""
+    import gc
+    import weakref
+
+    import attrs
+
+    import pipeline._conversation.conversation as conversation_module
+    from pipeline import Pipeline, TurnGraph
+
+    first: list[weakref.ref[object]] = []
+    alive_at_join: list[bool] = []
+
+    @attrs.frozen
+    class Record:
+        name: str = "record"
+        after: tuple[str, ...] = ()
+        before: tuple[str, ...] = ("expand",)
+
+        def __call__(self, turn: TurnGraph) -> TurnGraph:
+            first.append(weakref.ref(turn.graph))
+            return turn
+
+    real = conversation_module.assemble
+
+    def assemble(turn: TurnGraph) -> object:
+        alive_at_join.append(first[0]() is not None)
+        return real(turn)
+
+    monkeypatch.setattr(conversation_module, "assemble", assemble)
+    monkeypatch.setattr(Promotion, "start", lambda self: None)  # still pending at the join
+    vault = _vault(tmp_path)
+    (vault / "docs" / "links.md").write_text("See [[plan-0]] and ![[plan-1]].\n", "utf-8")
+    conv = Conversation("s", vault=vault, pipeline=Pipeline.default().with_stage(Record()))
+    gc.disable()
+    try:
+        conv.turn("q", attach=[{"note": "docs/links.md"}, {"note": "docs/plan-2.md"}])
+    finally:
+        gc.enable()
+    assert alive_at_join == [False]
+    assert conv.library.get("note:docs/plan-2.md") is not None

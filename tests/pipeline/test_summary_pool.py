@@ -168,6 +168,23 @@ def test_textrank_ranks_a_text_once_for_every_target() -> None:
         pool.resize(SummaryPool().max_chars)
 
 
+def test_a_pooled_ranking_holds_little_more_than_its_text() -> None:
+    """The pool keeps a ranking per text for the life of the process: its sentences share
+    one string and their numbers sit in arrays (an object per sentence held about six
+    times the text's characters)."""
+    import tracemalloc
+
+    summarizer = TextRankSummarizer(COUNTER)
+    summarizer.summarize(BIG, 60)  # imports, regexes and counts made outside the window
+    summary_pool().clear()
+    tracemalloc.start()
+    summarizer.summarize(BIG, 60)
+    held, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert len(summary_pool()) == 1
+    assert held < 3 * len(BIG)
+
+
 def test_a_summary_from_the_pool_is_saved_with_the_turn_and_renders_after_a_restore(
     big_vault: Path, tmp_path: Path
 ) -> None:
