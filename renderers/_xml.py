@@ -25,11 +25,16 @@ ViewRenderer = Callable[[View], str]
 
 
 _UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+_C0_BYTES = bytes(_C0)
 
 
 def xml_safe(text: str) -> str:
     """``text`` with the code points XML 1.0 cannot hold replaced (see module comment)."""
-    if _UNSAFE.search(text) is None:  # the usual case: one scan, no copy
+    if text.isascii():  # only C0 controls can be unsafe: a byte scan, several times a regex's
+        raw = text.encode("ascii")
+        if len(raw.translate(None, _C0_BYTES)) == len(raw):
+            return text
+    elif _UNSAFE.search(text) is None:  # the usual case: one scan, no copy
         return text
     return _ILLEGAL.sub("\ufffd", text.translate(_C0))
 

@@ -250,15 +250,21 @@ class Conversation:
         *,
         vault_changes: Mapping[str, str] | None = None,
         tools: Iterable[AttachmentSpec] = (),
+        background: bool = True,
     ) -> Envelope:
         """Build this turn's envelope from the query, its attachments and tool results.
 
         ``tools`` are turn-scoped specs that carry their own content (``pipeline.tool``,
         ``pipeline.hits``): they go to the user message first and never enter L1, L2 or L4.
         A turn that raises leaves the conversation exactly as it was (vault changes too).
+        The next turn's library is made on the background worker while the request is
+        sent; ``background=False`` leaves it to the first use, without the preparing of
+        library summaries for later turns (a caller that saves the turn at once, as
+        ``stateless_turn`` does, would wait for both).
         """
         self._settle()
         _validate.text("text", text)
+        _validate.flag("background", background)
         attach = _validate.attachments("attach", attach)
         tools = _validate.tool_specs("tools", tools)
         changes = {} if vault_changes is None else _validate.text_mapping(
@@ -349,8 +355,10 @@ class Conversation:
         self._sources, self._vault_changes = own_sources, all_changes
         self._library = graph.library
         self._promotion = graph.promoted
-        if graph.promoted is not None:
+        if graph.promoted is not None and background:
             graph.promoted.start()
+        elif graph.promoted is not None:
+            graph.promoted.without_preparing()
         self._history_view = graph.history_view
         self._l1_compacted = graph.system.mutable != self._system.mutable
         self._history.append(HistoryEntry(number, text))

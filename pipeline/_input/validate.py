@@ -14,6 +14,7 @@ from pipeline._errors import ArgumentError, ConfigError
 
 __all__ = [
     "attachments",
+    "flag",
     "integer",
     "number",
     "optional_text",
@@ -33,6 +34,13 @@ def text(argument: str, value: object) -> str:
         return value
     hint = " (decode bytes to str first)" if isinstance(value, bytes | bytearray) else ""
     raise ArgumentError(argument, f"must be a str, got {_kind(value)}{hint}")
+
+
+def flag(argument: str, value: object) -> bool:
+    """``value`` if it is a bool (not 0 or 1, which read as a count)."""
+    if isinstance(value, bool):
+        return value
+    raise ArgumentError(argument, f"must be True or False, got {_kind(value)}")
 
 
 def optional_text(argument: str, value: object) -> str | None:

@@ -306,7 +306,11 @@ class Promote:
         )
         # The promotion, made after the turn, keeps of the graph only the new artifacts.
         kept = turn.keeping(dict.fromkeys(item.key for item in new))
-        return attrs.evolve(turn, promoted=Promotion(lambda: _promote(kept, new))).with_views()
+        promotion = Promotion(
+            lambda: _promote(kept, new),
+            lambda library: _prepare_summaries(kept, library, library.entries[len(kept.library) :]),
+        )
+        return attrs.evolve(turn, promoted=promotion).with_views()
 
 
 def _promote(turn: TurnGraph, new: tuple[Placement, ...]) -> Library:
@@ -324,11 +328,10 @@ def _promote(turn: TurnGraph, new: tuple[Placement, ...]) -> Library:
     counts = ctx.counter.count_many([text for _, text in forms])
     for (view, text), tokens in zip(forms, counts, strict=True):
         library = library.append(LibraryEntry(view, text, tokens, ctx.turn))
-    _prepare_summaries(turn, library, [view for view, _ in forms])
     return library
 
 
-def _prepare_summaries(turn: TurnGraph, library: Library, views: Sequence[View]) -> None:
+def _prepare_summaries(turn: TurnGraph, library: Library, new: Sequence[LibraryEntry]) -> None:
     """Once the library fills half the budget, its next cuts preview entries kept whole and
     summarize previews: make the new ones' previews, rank them and count them (the
     summary's size) here, off the request's path, so the turn that cuts only selects."""
@@ -338,7 +341,7 @@ def _prepare_summaries(turn: TurnGraph, library: Library, views: Sequence[View])
         return
     if 2 * sum(entry.tokens for entry in library) < ctx.budget.limit:
         return
-    for view in views:
+    for view in (entry.view for entry in new):
         if not view.recoverable or view.form not in (Form.FULL, Form.PREVIEW):
             continue
         body = view.body

@@ -432,7 +432,10 @@ def stateless_turn(
         conversation.saved_head = Head()
     else:
         conversation = load_conversation(store, conversation_id, **restore)
-    envelope = conversation.turn(text, attach, vault_changes=vault_changes, tools=tools)
+    # The save reads the promoted library at once: made here, not handed to a thread.
+    envelope = conversation.turn(
+        text, attach, vault_changes=vault_changes, tools=tools, background=False
+    )
     save_turn(store, conversation_id, conversation, envelope, attach)
     return conversation, envelope
 

@@ -6,6 +6,7 @@ where a code fence opens and closes and where a section starts.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ __all__ = [
     "HEADING_OR_FENCE",
     "fence_after",
     "heading_or_fence_lines",
+    "section_spans",
     "split_sections",
     "trim_blank_lines",
 ]
@@ -44,7 +46,8 @@ def fence_after(fence: str | None, mark: str, rest: str) -> str | None:
 
 def trim_blank_lines(text: str) -> str:
     """``text`` without leading blank lines and trailing whitespace (indentation kept)."""
-    return re.sub(r"\A(?:[ \t]*\n)+", "", text).rstrip()
+    blank = len(text) - len(text.lstrip(" \t\n"))  # where the first visible line's text starts
+    return text[text.rfind("\n", 0, blank) + 1 :].rstrip()
 
 
 def heading_or_fence_lines(body: str) -> Iterator[re.Match[str]]:
@@ -58,6 +61,29 @@ def heading_or_fence_lines(body: str) -> Iterator[re.Match[str]]:
 
 def split_sections(body: str) -> list[tuple[str | None, str]]:
     """(heading line or None, section body) pairs split at ATX headings outside code fences."""
+    return [(heading, text) for heading, text, _ in section_spans(body)]
+
+
+def section_spans(body: str) -> tuple[tuple[str | None, str, tuple[int, int]], ...]:
+    """``split_sections`` with where each section lies in ``body`` (heading line included):
+    the spans follow each other, the first starting where the first kept section does.
+
+    A turn that fits a note to a preview asks twice (its count, its preview): the last few
+    bodies up to ``_SPANS_KEPT_CHARS`` are remembered."""
+    if len(body) > _SPANS_KEPT_CHARS:
+        return _section_spans(body)
+    return _kept_spans(body)
+
+
+_SPANS_KEPT_CHARS = 1 << 16
+
+
+@functools.lru_cache(maxsize=8)
+def _kept_spans(body: str) -> tuple[tuple[str | None, str, tuple[int, int]], ...]:
+    return _section_spans(body)
+
+
+def _section_spans(body: str) -> tuple[tuple[str | None, str, tuple[int, int]], ...]:
     starts: list[tuple[int, int]] = []  # (line start, line end) of each heading
     fence: str | None = None
     for m in heading_or_fence_lines(body):
@@ -66,11 +92,11 @@ def split_sections(body: str) -> list[tuple[str | None, str]]:
         elif fence is None:
             starts.append((m.start(), m.end()))
     if not starts:
-        return [(None, body)]
-    sections: list[tuple[str | None, str]] = []
+        return ((None, body, (0, len(body))),)
+    sections: list[tuple[str | None, str, tuple[int, int]]] = []
     if body[: starts[0][0]].strip():
-        sections.append((None, body[: starts[0][0]]))
+        sections.append((None, body[: starts[0][0]], (0, starts[0][0])))
     for i, (start, end) in enumerate(starts):
         nxt = starts[i + 1][0] if i + 1 < len(starts) else len(body)
-        sections.append((body[start:end].strip(), body[end + 1 : nxt]))
-    return sections
+        sections.append((body[start:end].strip(), body[end + 1 : nxt], (start, nxt)))
+    return tuple(sections)

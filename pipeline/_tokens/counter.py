@@ -101,6 +101,9 @@ def _unknown(name: str) -> ConfigError:
 def get_encoding(name: str) -> tiktoken.Encoding:
     """The named encoding, built once per process from package data (no network); an open
     model's comes from its extra's package, or ``TokenizerUnavailable`` names the extra."""
+    enc = _encodings.get(name)  # built already: no lock (entries are never replaced)
+    if enc is not None:
+        return enc
     if name not in TOKENIZERS:
         raise _unknown(name)
     with _lock:
@@ -338,6 +341,8 @@ class TokenCounter:
         A long text is counted as its first line and the rest (see ``_split_head``), so a
         block rendered again with other attributes re-encodes only its tag line.
         """
+        if len(text) < _SPLIT_FROM:  # the usual case: one slice
+            return self._count_slice(text, 0, len(text))
         return sum(self._count_slice(text, start, stop) for start, stop in _parts(text))
 
     def _count_slice(self, text: str, start: int, stop: int) -> int:
@@ -394,6 +399,26 @@ class TokenCounter:
         self.hits += sum(1 for d in digests if d) - len(missing)
         found = iter(counts[d] for d in digests)
         return [sum(itertools.islice(found, len(parts))) for parts in split]
+
+    def known(self, text: str) -> int | None:
+        """The count of ``text`` if the memo holds it (nothing is encoded), else None."""
+        total = 0
+        for start, stop in _parts(text):
+            n = self._memo.get(slice_hash(text, start, stop)) if start < stop else 0
+            if n is None:
+                return None
+            total += n
+        return total
+
+    def count_cut(self, text: str, cuts: Sequence[int]) -> int:
+        """Exact count of ``text`` as the sum of its parts' counts between ``cuts``, each
+        part remembered, so another text holding the same parts (a preview's sections)
+        finds their counts. Only a cut that follows a newline and starts a new piece counts
+        (the one piece rule); the others are ignored."""
+        at = sorted({c for c in cuts if 0 < c < len(text) and text[c - 1] == "\n"})
+        at = [c for c in at if starts_piece(text[c : c + 1])]
+        bounds = zip([0, *at], [*at, len(text)], strict=True)
+        return sum(self.count_many([text[a:b] for a, b in bounds]))
 
     def learn(self, text: str, tokens: int) -> None:
         """Take ``tokens`` as the count of ``text`` without encoding it (but its first line).

@@ -24,7 +24,13 @@ from pipeline._tokens.counter import TokenCounter, count_with_sep_from
 from pipeline._turn.draft import Draft, DraftLayer, ItemBlock
 from pipeline._turn.graph import Placement, TurnGraph
 from pipeline._turn.measure import joined_tokens
-from pipeline._views.preview import Preview, cut_to_tokens, fitted_preview_of, focus_words
+from pipeline._views.preview import (
+    Preview,
+    count_by_sections,
+    cut_to_tokens,
+    fitted_preview_of,
+    focus_words,
+)
 from pipeline._views.views import (
     excerpt_view,
     full_view,
@@ -254,6 +260,7 @@ def _item_blocks(turn: TurnGraph, previous: Draft | None) -> tuple[ItemBlock, ..
             blocks.append(None)
             fresh.append((i, item, item_view(turn, item)))
     texts = [turn.ctx.renderer.render(view) for _, _, view in fresh]
+    _count_by_sections(turn, [view for _, _, view in fresh], texts)
     for (i, item, view), text, tokens in zip(
         fresh, texts, turn.ctx.counter.count_many(texts), strict=True
     ):
@@ -261,6 +268,20 @@ def _item_blocks(turn: TurnGraph, previous: Draft | None) -> tuple[ItemBlock, ..
         segment = Segment.of_view(view, text, tokens)
         blocks[i] = ItemBlock(item, turn.artifact(item.key), segment, with_sep)
     return tuple(b for b in blocks if b is not None)
+
+
+def _count_by_sections(turn: TurnGraph, views: Sequence[View], texts: Sequence[str]) -> None:
+    """When these blocks may not fit (more bytes than the budget's limit; a token is at
+    least a byte), count the full recoverable ones not counted yet by their sections
+    (``count_by_sections``), so fitting previews of them encodes no section again; a
+    roomy budget leaves them to one batched count."""
+    budget = turn.ctx.budget
+    if budget is None or sum(len(t) * (1 if t.isascii() else 4) for t in texts) <= budget.limit:
+        return
+    counter = turn.ctx.counter
+    for view, text in zip(views, texts, strict=True):
+        if view.form is Form.FULL and view.recoverable and counter.known(text) is None:
+            counter.learn(text, count_by_sections(text, view.body, counter))
 
 
 def _history_layer(turn: TurnGraph) -> DraftLayer:

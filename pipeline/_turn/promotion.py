@@ -32,13 +32,21 @@ class Promotion:
     it is made once either way, with the same bytes. An error is raised by ``result``.
     """
 
-    __slots__ = ("_done", "_future", "_lock", "_make")
+    __slots__ = ("_done", "_future", "_lock", "_make", "_prepare")
 
-    def __init__(self, make: Callable[[], Library]) -> None:
+    def __init__(
+        self, make: Callable[[], Library], prepare: Callable[[Library], None] | None = None
+    ) -> None:
         self._make = make
+        self._prepare = prepare  # work for later turns (warming memos), after the library
         self._done: Library | None = None
         self._future: Future[Library] | None = None
         self._lock = threading.Lock()
+
+    def without_preparing(self) -> None:
+        """Make only the library: for a caller that waits for it at once, the preparing
+        would not be off the request's path (it changes no request, only later costs)."""
+        self._prepare = None
 
     def start(self) -> None:
         """Make the library on the background worker (idempotent)."""
@@ -55,5 +63,8 @@ class Promotion:
     def _run(self) -> Library:
         with self._lock:
             if self._done is None:
-                self._done = self._make()
+                done = self._make()
+                if self._prepare is not None:
+                    self._prepare(done)
+                self._done = done
             return self._done

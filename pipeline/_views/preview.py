@@ -9,6 +9,7 @@ part costs.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Literal
@@ -16,8 +17,19 @@ from typing import Literal
 import attrs
 
 from pipeline._errors import ArgumentError, ConfigError
-from pipeline._text.markdown import FENCE_LINE, fence_after, split_sections, trim_blank_lines
-from pipeline._tokens.counter import TokenCounter, count_joined_from
+from pipeline._text.markdown import (
+    FENCE_LINE,
+    fence_after,
+    section_spans,
+    split_sections,
+    trim_blank_lines,
+)
+from pipeline._tokens.counter import (
+    TokenCounter,
+    count_joined_from,
+    count_with_sep_from,
+    starts_piece,
+)
 
 __all__ = [
     "ELLIPSIS",
@@ -25,6 +37,7 @@ __all__ = [
     "Boundary",
     "Excerpt",
     "Preview",
+    "count_by_sections",
     "cut_to_tokens",
     "fit_preview",
     "fitted_preview_of",
@@ -96,8 +109,19 @@ def _count(counter: TokenCounter, text: str) -> int:
 
 
 def _small(counter: TokenCounter) -> Callable[[str], int]:
-    """Counts of separators and punctuation tails, asked for again and again: remembered."""
-    return lambda t: counter.count(t) if len(t) <= 16 else counter.count_once(t)
+    """Counts of separators and punctuation tails, asked for again and again: remembered
+    (in the counter's memo, and by the text itself while this function lives)."""
+    seen: dict[str, int] = {}
+
+    def count(text: str) -> int:
+        n = seen.get(text)
+        if n is None:
+            if len(text) > 16:
+                return counter.count_once(text)
+            n = seen[text] = counter.count(text)
+        return n
+
+    return count
 
 
 def _surely_fits(text: str, max_tokens: int) -> bool:
@@ -411,6 +435,7 @@ _STOP = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=64)
 def focus_words(text: str) -> frozenset[str]:
     """The words of a query a preview should favour: lower-cased, 3+ letters, no stop words."""
     return frozenset(w for w in (m.lower() for m in _WORD.findall(text)) if w not in _STOP)
@@ -463,6 +488,73 @@ def fit_preview(
     return fitted_preview_of(body, counter, max_tokens, words=words, old=old).text
 
 
+def section_cuts(body: str) -> list[int]:
+    """Where ``body``'s sections start: the points ``count_by_sections`` cuts a note at."""
+    return [start for _, _, (start, _) in section_spans(body)]
+
+
+def count_by_sections(text: str, body: str, counter: TokenCounter) -> int:
+    """Exact count of ``text``, a rendering ``head line, body, last line`` of ``body``, cut
+    where its sections start (``TokenCounter.count_cut``): a preview of ``body`` fitted
+    later counts its sections from those parts (``_section_tokens``), not again."""
+    start = text.find("\n") + 1
+    end = start + len(body)
+    if start == 0 or text[start:end] != body:  # the renderer changed it: counted whole
+        return counter.count(text)
+    return counter.count_cut(text, [start, *(start + c for c in section_cuts(body)), end + 1])
+
+
+def _section_tokens(
+    body: str,
+    heading: str | None,
+    span: tuple[int, int],
+    text: str,
+    counter: TokenCounter,
+    small: Callable[[str], int],
+) -> int:
+    """Exact count of a section's ``text`` (heading, one newline, trimmed body) from the
+    count of its span of ``body``, which ``count_by_sections`` remembered: the two differ
+    only in newlines after the heading and at the end, where a new piece starts or the
+    tail decides (the one piece rule, ``count_with_sep_from``), so only short tails are
+    counted again."""
+    # The last section is followed by the newline before the rendering's last line.
+    raw = body[span[0] : span[1]] + ("\n" if span[1] == len(body) else "")
+    core = raw.rstrip("\n")
+    trail = raw[len(core) :]
+    if core == text:
+        n = counter.count(raw) if trail else None
+        tail = count_with_sep_from(text, 0, trail, small) if trail else 0
+        return counter.count(text) if n is None or tail is None else n - tail
+    if heading is None or not text.startswith(heading + "\n"):
+        return counter.count(text)
+    rest = text[len(heading) + 1 :]  # the trimmed section body, after one newline
+    newlines = len(core) - len(heading) - len(rest)
+    if not (
+        newlines > 1
+        and core[len(heading) : len(heading) + newlines] == "\n" * newlines
+        and core.startswith(heading)
+        and core.endswith(rest)
+        and starts_piece(rest)
+    ):
+        return counter.count(text)
+    tail = count_with_sep_from(rest, 0, trail, small) if trail else 0
+    if tail is None:
+        return counter.count(text)
+    return counter.count(raw) - tail - _newlines_gap(heading, newlines, counter, small)
+
+
+def _newlines_gap(
+    heading: str, newlines: int, counter: TokenCounter, small: Callable[[str], int]
+) -> int:
+    """How many more tokens ``heading`` followed by ``newlines`` newlines has than followed
+    by one: from its tail when that decides it (``count_with_sep_from``), else counted."""
+    more = count_with_sep_from(heading, 0, "\n" * newlines, small)
+    one = count_with_sep_from(heading, 0, "\n", small)
+    if more is None or one is None:
+        return counter.count(heading + "\n" * newlines) - counter.count(heading + "\n")
+    return more - one
+
+
 def fitted_preview_of(
     body: str,
     counter: TokenCounter,
@@ -473,7 +565,8 @@ def fitted_preview_of(
 ) -> Preview:
     """``fit_preview`` with its exact token count and blocks, made from the sections' counts
     (the whole preview is encoded only when the pieces may not add up)."""
-    sections = [(h, b) for h, b in split_sections(body) if h is not None or b.strip()]
+    spans = [(h, b, at) for h, b, at in section_spans(body) if h is not None or b.strip()]
+    sections = [(h, b) for h, b, _ in spans]
     seen = {_section_text(h, b) for h, b in split_sections(old)} if old is not None else None
     texts = [_section_text(h, b) for h, b in sections]
     order = sorted(
@@ -490,7 +583,7 @@ def fitted_preview_of(
         left = budget - small(_omitted_line(len(sections)))
         cut = False
         for i in order:
-            n = counter.count(texts[i])
+            n = _section_tokens(body, spans[i][0], spans[i][2], texts[i], counter, small)
             if n + 2 <= left:
                 chosen.append((texts[i], n))
                 left -= n + 2

@@ -276,17 +276,22 @@ def learn_rendering(counter: TokenCounter, text: str, preview: Preview) -> None:
     """Give ``counter`` the exact count of ``text``, a rendering of ``preview``'s text, made
     from the preview's blocks (nothing is learnt when it cannot be made exactly)."""
     if preview.blocks:
-        tokens = _rendered_tokens(text, preview.text, preview.blocks, counter)
+        tokens = _rendered_tokens(text, preview.text, preview.blocks, counter, preview.tokens)
         if tokens is not None:
             counter.learn(text, tokens)
 
 
 def _rendered_tokens(
-    text: str, source: str, blocks: tuple[tuple[int, int], ...], counter: TokenCounter
+    text: str,
+    source: str,
+    blocks: tuple[tuple[int, int], ...],
+    counter: TokenCounter,
+    tokens: int = -1,
 ) -> int | None:
     """Exact count of a rendering ``head line, body, last line`` whose body is ``source``
     (as the renderer wrote it), from the counts of the blank-line separated ``blocks``
-    (characters, tokens) that ``source`` is made of.
+    (characters, tokens) that ``source`` is made of, or from ``source``'s own count
+    (``tokens``, -1 if unknown) when the renderer wrote it unchanged.
 
     A renderer may escape characters but not newlines, so the body splits back into the
     blocks by their newlines; a block that reads as it was is not counted again, one the
@@ -299,6 +304,22 @@ def _rendered_tokens(
     body, tail = text[start:end], text[end + 1 :]
     if not starts_piece(body) or not starts_piece(tail):
         return None
+    joined = (
+        tokens if tokens >= 0 and body == source else _blocks_tokens(body, source, blocks, counter)
+    )
+    with_newline = (
+        None if joined is None else count_with_sep_from(body, joined, "\n", counter.count)
+    )
+    if with_newline is None:
+        return None
+    return counter.count(text[:start]) + with_newline + counter.count(tail)
+
+
+def _blocks_tokens(
+    body: str, source: str, blocks: tuple[tuple[int, int], ...], counter: TokenCounter
+) -> int | None:
+    """Exact count of ``body``, ``source`` as a renderer wrote it, from ``source``'s
+    ``blocks``: a block the renderer changed is counted again (None: not so laid out)."""
     parts: list[tuple[str, int]] = []
     pos = at = 0
     for i, (size, n) in enumerate(blocks):
@@ -318,10 +339,4 @@ def _rendered_tokens(
         pos = stop + 2
     if pos < len(body):
         return None
-    joined = count_joined_from(parts, "\n\n", counter.count)
-    with_newline = (
-        None if joined is None else count_with_sep_from(body, joined, "\n", counter.count)
-    )
-    if with_newline is None:
-        return None
-    return counter.count(text[:start]) + with_newline + counter.count(tail)
+    return count_joined_from(parts, "\n\n", counter.count)

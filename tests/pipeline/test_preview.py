@@ -404,3 +404,58 @@ def test_cutting_encodes_through_the_counters_meter() -> None:
     cut = cut_to_tokens(text, counter, 50)
     assert len(cut) < len(text)
     assert len(cut) <= counter.encoded_chars < len(text)
+
+
+# Blank lines, trailing blanks and indented headings around sections, where a section's
+# text (heading, one newline, trimmed body) and its span of the note differ.
+_NOTE_LINE = st.one_of(MARKDOWN_LINE, st.sampled_from(["", "  ", "Ends here.  ", " ## Indented"]))
+_NOTE = st.lists(_NOTE_LINE, min_size=1, max_size=40).map("\n".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    body=_NOTE,
+    end=st.sampled_from(["", "\n", "\n\n"]),
+    limit=st.integers(min_value=8, max_value=120),
+    name=st.sampled_from(["o200k_base", "cl100k_base"]),
+)
+def test_a_preview_counted_from_a_count_by_sections_is_exact(
+    body: str, end: str, limit: int, name: str
+) -> None:
+    """The note's count made at its sections and the preview's made from those parts are
+    both what encoding gives."""
+    from pipeline import CountMemo
+    from pipeline._views.preview import count_by_sections, fitted_preview_of
+
+    counter = TokenCounter(name, memo=CountMemo())
+    enc = counter.encoding
+    body += end
+    text = f'<note key="k" title="T">\n{body}\n</note>'
+    assert count_by_sections(text, body, counter) == len(enc.encode_ordinary(text))
+    preview = fitted_preview_of(body, counter, limit)
+    assert preview.tokens == len(enc.encode_ordinary(preview.text))
+
+
+def test_a_preview_after_a_count_by_sections_encodes_no_whole_section() -> None:
+    """Its sections' counts come from the parts the note's count remembered: what is
+    encoded again is the cut section's window and short tails, not the kept sections."""
+    from pipeline import CountMemo
+    from pipeline._views.preview import count_by_sections, fitted_preview_of
+
+    body = "\n\n".join(
+        f"## Part {s}\n\n" + " ".join(f"Sample {s}.{k} was logged." for k in range(40))
+        for s in range(8)
+    )
+    text = f'<note key="k" title="T">\n{body}\n</note>'
+
+    def encoded(first: bool) -> int:
+        counter = TokenCounter(memo=CountMemo())
+        if first:
+            count_by_sections(text, body, counter)
+        before = counter.encoded_chars
+        preview = fitted_preview_of(body, counter, 1000)
+        assert preview.sections_kept == 3 and preview.tokens == COUNTER.count(preview.text)
+        return counter.encoded_chars - before
+
+    alone, after = encoded(False), encoded(True)
+    assert after < alone // 20

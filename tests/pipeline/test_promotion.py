@@ -134,3 +134,28 @@ def test_the_graph_a_turn_began_with_is_freed_before_its_request_is_joined(
         gc.enable()
     assert alive_at_join == [False]
     assert conv.library.get("note:docs/plan-2.md") is not None
+
+
+def test_a_turn_without_background_promotion_leaves_it_to_the_first_use(
+    tmp_path: Path,
+) -> None:
+    """``background=False`` hands nothing to the worker; the library is made when asked
+    for, the same as the worker's."""
+    vault = _vault(tmp_path)
+    now = Conversation("s", vault=vault, budget=Budget(context_window=60_000))
+    later = Conversation("s", vault=vault, budget=Budget(context_window=60_000))
+    env = now.turn("q", attach=[{"note": "docs/plan-0.md"}], background=False)
+    later.turn("q", attach=[{"note": "docs/plan-0.md"}])
+    promotion = now._promotion
+    assert promotion is not None and promotion._future is None  # not handed to the worker
+    assert now.library == later.library and "note:docs/plan-0.md" in now.library
+    assert env.report.turn == 1
+
+
+def test_background_must_be_a_bool(tmp_path: Path) -> None:
+    from pipeline import ArgumentError
+
+    conv = Conversation("s", vault=_vault(tmp_path))
+    with pytest.raises(ArgumentError, match="background"):
+        conv.turn("q", background=1)  # type: ignore[arg-type]
+    assert conv.state.history == ()

@@ -282,3 +282,21 @@ def test_a_library_over_half_the_window_ranks_new_entries_during_promotion(
     late = _Counting(TextRankSummarizer(COUNTER))  # no prepare(): every ranking in a cut
     assert _long_chat(tmp_path, late, ["turn"]) == sent  # the same requests either way
     assert late.calls >= 5
+
+
+def test_a_turn_waited_for_at_once_promotes_without_ranking(tmp_path: Path) -> None:
+    """``turn(background=False)`` (``stateless_turn``'s): the promotion is made at its first
+    use and prepares no summaries, which would only move ranking onto this request's path;
+    the library is the same."""
+    for i in range(6):
+        (tmp_path / f"n{i}.md").write_text(_note(i, 10), encoding="utf-8")
+    logs = []
+    for background in (True, False):
+        summary_pool().clear()
+        ranks = _RankLog(COUNTER)
+        conv = Conversation("Be terse.", vault=tmp_path, budget=Budget(3000, 200), summarizer=ranks)
+        conv.turn("q", [{"note": f"n{i}.md"} for i in range(6)], background=background)
+        logs.append((ranks.log, conv.library))
+    (ranked, library), (not_ranked, same) = logs
+    assert ranked and not_ranked == []
+    assert same == library

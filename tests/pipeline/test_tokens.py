@@ -257,3 +257,45 @@ def test_counters_share_the_process_memo_unless_given_their_own() -> None:
     own = TokenCounter(memo=CountMemo())
     assert own.count(text) == n and own.encoded_chars == len(text)
     assert TokenCounter("cl100k_base").memo is not first.memo  # one memo per encoding
+
+
+_CUT_TEXT = st.lists(
+    st.sampled_from(["word", " ", "\n", "\n\n", ".", "#", "## H 1", "x/y", "\t", "é", "1.", "  "]),
+    max_size=40,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    text=_CUT_TEXT,
+    cuts=st.lists(st.integers(min_value=-2, max_value=200), max_size=8),
+    name=st.sampled_from(["o200k_base", "cl100k_base"]),
+)
+def test_a_text_counted_in_parts_between_cuts_counts_as_encoded_whole(
+    text: str, cuts: list[int], name: str
+) -> None:
+    """Cuts that do not follow a newline or start a piece are ignored, so any cuts give
+    the exact count."""
+    counter = TokenCounter(name, memo=CountMemo())
+    assert counter.count_cut(text, cuts) == len(get_encoding(name).encode_ordinary(text))
+
+
+def test_the_parts_between_cuts_are_remembered() -> None:
+    counter = TokenCounter(memo=CountMemo())
+    text = "<note>\n# Title\n\nIntro text.\n\n## Part 2\n\nBody text.\n</note>"
+    cuts = [text.index("# Title"), text.index("## Part"), text.index("</note>")]
+    counter.count_cut(text, cuts)
+    before = counter.encoded_chars
+    part = "## Part 2\n\nBody text.\n"
+    assert counter.count(part) == len(counter.encoding.encode_ordinary(part))
+    assert counter.encoded_chars == before
+
+
+def test_known_reads_a_count_without_encoding() -> None:
+    counter = TokenCounter(memo=CountMemo())
+    long = "line one\n" + "word " * 1000
+    assert counter.known("hello world") is None and counter.known(long) is None
+    assert counter.encoded_chars == 0
+    n, m = counter.count("hello world"), counter.count(long)
+    assert (counter.known("hello world"), counter.known(long)) == (n, m)
+    assert counter.encoded_chars == len("hello world") + len(long)

@@ -140,3 +140,16 @@ def test_renderings_are_memoized_and_a_new_renderer_clears_them() -> None:
     assert renderer.render(_view("same body " * 50)) is not first
     renderer.register("note", Form.FULL, lambda v: f"[{v.key}]")
     assert renderer.render(_view("b")) == "[note:docs/a.md]"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(max_codepoint=0x7F)))
+def test_ascii_text_is_made_safe_as_the_general_rule_does(text: str) -> None:
+    """ASCII text takes a byte scan: only C0 controls but tab, LF and CR are replaced, and
+    a safe text is returned as it is."""
+    from renderers._xml import _C0, _ILLEGAL
+
+    out = xml_safe(text)
+    assert out == _ILLEGAL.sub("\ufffd", text.translate(_C0))
+    if out == text:
+        assert out is text
