@@ -70,13 +70,14 @@ def render_xml(view: View) -> str:
 class XmlRenderer:
     """Dispatches by (source type, form) to registered renderers, else ``render_xml``.
 
-    Renderings are memoized by view (a bounded LRU): the same view is rendered once per
-    turn and across turns, and L2 and L3 share one string instead of holding two copies.
+    Renderings are memoized by view (a bounded LRU, by count and by characters): the same
+    view is rendered once per turn and across turns, and L2 and L3 share one string
+    instead of holding two copies.
     """
 
-    def __init__(self, memo_size: int = 4096) -> None:
+    def __init__(self, memo_size: int = 4096, memo_chars: int = 16 << 20) -> None:
         self._custom: dict[tuple[str, Form], ViewRenderer] = {}
-        self._memo = ViewMemo(memo_size)
+        self._memo = ViewMemo(memo_size, max_chars=memo_chars)
 
     def register(self, source_type: str, form: Form | str, renderer: ViewRenderer) -> None:
         key = (source_type, Form(form))

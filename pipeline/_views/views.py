@@ -127,11 +127,15 @@ class ViewMemo:
     One per conversation keeps previews and excerpts by content hash, tokenizer and limits:
     a turn's budget loop measures the same compacted items again after every cut, and
     promotion previews what L3 just previewed. ``XmlRenderer`` keeps its renderings in one.
+    ``max_chars`` (0: no bound) also bounds the characters of the texts it holds, so a
+    long-lived conversation does not keep every full block it ever rendered.
     """
 
     size: int = 256
     hits: int = 0
+    max_chars: int = 0
     _items: OrderedDict[Hashable, Any] = attrs.field(factory=OrderedDict, repr=False)
+    _chars: int = attrs.field(default=0, repr=False)
     # A renderer's memo may be shared by conversations, one promoting on its own thread.
     _lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False, eq=False)
 
@@ -144,14 +148,29 @@ class ViewMemo:
                 return cast(T, found)
         made = make()
         with self._lock:
-            self._items[key] = made
-            if len(self._items) > self.size:
-                self._items.popitem(last=False)
+            if key not in self._items:
+                self._items[key] = made
+                self._chars += _chars_of(made)
+            while len(self._items) > self.size or (
+                self.max_chars and self._chars > self.max_chars and self._items
+            ):
+                _, old = self._items.popitem(last=False)
+                self._chars -= _chars_of(old)
         return made
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+            self._chars = 0
+
+    @property
+    def chars(self) -> int:
+        """Characters of the texts held now."""
+        return self._chars
+
+
+def _chars_of(value: object) -> int:
+    return len(value) if isinstance(value, str) else 0
 
 
 _shared_views = ViewMemo(size=1024)

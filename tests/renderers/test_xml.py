@@ -153,3 +153,12 @@ def test_ascii_text_is_made_safe_as_the_general_rule_does(text: str) -> None:
     assert out == _ILLEGAL.sub("\ufffd", text.translate(_C0))
     if out == text:
         assert out is text
+
+
+def test_the_rendering_memo_holds_at_most_its_characters() -> None:
+    renderer = XmlRenderer(memo_chars=2_000)
+    big = [renderer.render(_view(f"body {i} " * 100)) for i in range(5)]  # ~800 chars each
+    assert renderer.render(_view("body 4 " * 100)) is big[4]  # the newest are kept
+    assert renderer.render(_view("body 0 " * 100)) is not big[0]  # the oldest went
+    assert renderer.render(_view("body 0 " * 100)) == big[0]  # and renders the same again
+    assert renderer._memo.chars <= 2_000
