@@ -621,13 +621,21 @@ def _plan_current(
     pairs = list(zip(candidates, current, strict=True))
     if cap >= MIN_PREVIEW_TOKENS:
         for (i, item), size in pairs:
-            if size > cap:
-                # A preview that came out over its limit gets a smaller one: progress.
-                limit = min(cap, item.limit - 1) if item.limit else cap
-                why = f"L3 item cut to a {limit}-token preview (this turn's items share room)"
-                items[i], decision = _cut_to_preview(item, size, limit, why)
-                decisions.append(decision)
-        return attrs.evolve(turn, items=tuple(items)), decisions
+            if size <= cap:
+                continue
+            limit = cap
+            if item.limit:
+                # A preview that came out over its limit gets a smaller one, by at least as
+                # much as it was over: a preview at its smallest (its tag and title) then
+                # reaches the floor in a few rounds, not one round per token.
+                limit = min(cap, item.limit - max(1, size - item.limit))
+            if limit < MIN_PREVIEW_TOKENS:
+                continue  # as small as previews go here: the unsent plan decides
+            why = f"L3 item cut to a {limit}-token preview (this turn's items share room)"
+            items[i], decision = _cut_to_preview(item, size, limit, why)
+            decisions.append(decision)
+        if decisions or not unsent:
+            return (attrs.evolve(turn, items=tuple(items)), decisions) if decisions else None
     least = MIN_PREVIEW_TOKENS
     at_min = [
         (i, item, size)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -239,3 +240,33 @@ def test_the_prefix_breaks_rarely_when_nothing_new_is_attached(tmp_path: Path) -
     breaks = [i for i, (a, b) in pairs if not b.system_text.startswith(a.system_text)]
     assert all(b - a >= 3 for a, b in itertools.pairwise(breaks)), breaks
     assert all(exact_request_tokens(e) <= 4400 for e in envs)
+
+
+def test_a_preview_at_its_smallest_goes_unsent_instead_of_cycling(
+    prop_vault: tuple[Path, str],
+) -> None:
+    """A transcript's preview can be no smaller than its tag and an "omitted" line. Shrinking
+    its limit a token a round once looped for ever (the limit ran down to 0, then back to the
+    cap), at window 133 among others; each turn now ends in a few cuts."""
+    root, _ = prop_vault
+    video = {"youtube": "https://youtu.be/dQw4w9WgXcQ", "transcript": "media/talk.vtt"}
+    for window in range(100, 400, 3):
+        sources = Sources(context=ProcessContext(vault=Vault(root), allow_private_network=True))
+        budget = Budget(window, window // 5, history_step=3)
+        conv = Conversation("sys", sources=sources, budget=budget)
+        done: list[Envelope | None] = []
+
+        def turn(conv: Conversation = conv, done: list[Envelope | None] = done) -> None:
+            try:
+                done.append(conv.turn("q", [video, {"selection": "a small selection"}]))
+            except BudgetExceeded:
+                done.append(None)
+
+        worker = threading.Thread(target=turn, daemon=True)
+        worker.start()
+        worker.join(10)
+        assert done, f"window {window}: the budget did not finish in 10 s"
+        env = done[0]
+        if env is not None:
+            assert exact_request_tokens(env) <= budget.limit
+            assert len(env.report.decisions) < 20
