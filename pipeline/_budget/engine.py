@@ -14,13 +14,17 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import attrs
 
-from pipeline._errors import BudgetExceeded
+from pipeline._errors import BudgetExceeded, StageError
 from pipeline._model.envelope import BudgetReport, Decision
 
 if TYPE_CHECKING:
     from pipeline._budget.fit import Budget
 
-__all__ = ["Measured", "Plan", "fit"]
+__all__ = ["MAX_IDLE_ROUNDS", "Measured", "Plan", "fit"]
+
+MAX_IDLE_ROUNDS = 1000
+"""Rounds in a row that save no token before the engine stops: a plan that keeps cutting
+without saving (a custom cut, or a bug) raises instead of looping for ever."""
 
 S = TypeVar("S", bound="Measured")
 
@@ -55,6 +59,7 @@ def fit(
     if before is None:
         before = state.layer_tokens()
     decisions: list[Decision] = []
+    idle = 0
     while (over := budget.effective(state.used) - budget.limit) > 0:
         for plan in plans:
             step = plan(state, over)
@@ -64,6 +69,14 @@ def fit(
             report = budget.report(state.used, before, state.layer_tokens(), decisions)
             raise BudgetExceeded(too_big(state, len(decisions)), report)
         new, made = step
+        idle = idle + 1 if new.used >= state.used else 0
+        if idle > MAX_IDLE_ROUNDS:
+            name = getattr(plan, "__qualname__", repr(plan))
+            raise StageError(
+                "budget",
+                f"{MAX_IDLE_ROUNDS} cuts in a row saved no token (the last by {name}: "
+                f"{', '.join(d.reason for d in made) or 'no decision'}); {over} tokens over",
+            )
         if len(made) == 1:
             made = [attrs.evolve(made[0], tokens_saved=state.used - new.used)]
         decisions.extend(made)

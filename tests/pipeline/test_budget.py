@@ -256,3 +256,26 @@ def test_the_engines_running_count_equals_a_full_recount(
         if env is None or env.report.budget is None:
             continue
         assert env.report.budget.used == _recount(env, 5, 4, lead, template)
+
+
+def test_a_cut_that_never_saves_raises_instead_of_looping() -> None:
+    from pipeline import Decision, DecisionAction, StageError
+    from pipeline._budget.engine import MAX_IDLE_ROUNDS
+
+    calls = []
+
+    def idle_cut(turn: Any, env: Any) -> Any:
+        calls.append(1)
+        made = Decision(
+            "budget", "x", "text", "text", "a cut that saves nothing",
+            action=DecisionAction.COMPACTED,
+        )  # fmt: skip
+        return turn, made
+
+    budget = Budget(context_window=40, reserve_output=0, policy="prefix-first", order=(idle_cut,))
+    conv = Conversation("You are terse.", budget=budget)
+    with pytest.raises(StageError, match="saved no token") as raised:
+        conv.turn("a question long enough to be over a forty-token window " * 3)
+    assert raised.value.stage == "budget"
+    assert len(calls) == MAX_IDLE_ROUNDS + 1
+    assert conv.history == ()  # the failed turn left the conversation as it was
