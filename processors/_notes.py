@@ -76,6 +76,16 @@ class WikiLink:
     subpath: str | None = None
 
 
+@functools.lru_cache(maxsize=64)
+def _with_properties(properties: tuple[tuple[str, str], ...], body_text: str) -> str:
+    """The ``---`` properties header above the body: made once per note version, not on
+    every ``body()`` call (hashing, rendering and previews ask many times a turn, and each
+    call would copy the whole note). Keyed by the strings themselves, whose hashes Python
+    keeps."""
+    lines = "\n".join(f"{k}: {v}" if v else f"{k}:" for k, v in properties)
+    return f"---\n{lines}\n---\n{body_text}"
+
+
 @attrs.frozen
 class NotePayload:
     """One note (or, with ``section``, one heading's section or ``^block`` of it): identity
@@ -101,8 +111,7 @@ class NotePayload:
     def body(self) -> str:
         if not self.properties:
             return self.body_text
-        lines = "\n".join(f"{k}: {v}" if v else f"{k}:" for k, v in self.properties)
-        return f"---\n{lines}\n---\n{self.body_text}"
+        return _with_properties(self.properties, self.body_text)
 
     def attributes(self) -> tuple[tuple[str, str], ...]:
         if self.section:

@@ -58,6 +58,10 @@ def test_frontmatter_title_tags_list_and_aliases() -> None:
     assert payload.body_text == "Body\n"
     # The frontmatter (title aside: it is the block's title) heads the body as properties.
     assert payload.body() == '---\ntags: [B, "#a/x"]\naliases: [S1, S2]\n---\nBody\n'
+    # Made once per version: every later call hands out the same string, not a new copy.
+    assert payload.body() is payload.body()
+    edited = parsed("---\ntags: [B]\n---\n\nBody, edited\n")
+    assert edited.body() == "---\ntags: [B]\n---\nBody, edited\n"
 
 
 @pytest.mark.parametrize("tags", ["alpha, beta", "alpha beta", "'#alpha #beta'"])
