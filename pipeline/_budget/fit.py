@@ -634,8 +634,11 @@ def _plan_current(
             why = f"L3 item cut to a {limit}-token preview (this turn's items share room)"
             items[i], decision = _cut_to_preview(item, size, limit, why)
             decisions.append(decision)
-        if decisions or not unsent:
-            return (attrs.evolve(turn, items=tuple(items)), decisions) if decisions else None
+        if decisions:
+            return attrs.evolve(turn, items=tuple(items)), decisions
+        if not unsent:
+            return None
+        # Every item over the cap is as small as previews go: on to the unsent cut below.
     least = MIN_PREVIEW_TOKENS
     at_min = [
         (i, item, size)

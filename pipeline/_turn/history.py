@@ -10,7 +10,7 @@ import xxhash
 from pipeline._hashing import feed
 from pipeline._model.envelope import BLOCK_SEP, Segment
 from pipeline._model.history import HistoryEntry
-from pipeline._tokens.counter import TokenCounter, count_with_sep_from, starts_piece
+from pipeline._tokens.counter import TokenCounter, starts_piece
 
 __all__ = ["HistorySegments", "MakeSegment"]
 
@@ -126,9 +126,7 @@ class HistorySegments:
         made = self._made.get((int(turn), role))
         if made is not None and made.segment is segment and made.with_sep is not None:
             return made.with_sep
-        with_sep = count_with_sep_from(segment.text, segment.tokens, BLOCK_SEP, counter.count)
-        if with_sep is None:  # e.g. a reply ending in a space: counted once with the blank line
-            with_sep = counter.count(segment.text + BLOCK_SEP)
+        with_sep = counter.count_with_sep(segment.text, BLOCK_SEP)
         if made is not None and made.segment is segment:
             made.with_sep = with_sep
         return with_sep

@@ -183,41 +183,40 @@ def shared_views() -> ViewMemo:
     return _shared_views
 
 
+def _policy_preview(body: str, counter: TokenCounter, policy: Policy) -> Preview:
+    """``make_preview`` of ``body`` with ``policy``'s section limits."""
+    from pipeline._views.preview import make_preview
+
+    return make_preview(
+        body,
+        counter,
+        max_sections=policy.max_sections,
+        section_tokens=policy.section_tokens,
+        headless_tokens=policy.headless_tokens,
+    )
+
+
+def _limits(policy: Policy) -> tuple[int, int, int]:
+    return (policy.max_sections, policy.section_tokens, policy.headless_tokens)
+
+
 def _preview(
     artifact: Artifact, counter: TokenCounter, policy: Policy, memo: ViewMemo | None
 ) -> Preview:
-    from pipeline._views.preview import make_preview
-
     def make() -> Preview:
-        return make_preview(
-            artifact.payload.body(),
-            counter,
-            max_sections=policy.max_sections,
-            section_tokens=policy.section_tokens,
-            headless_tokens=policy.headless_tokens,
-        )
+        return _policy_preview(artifact.payload.body(), counter, policy)
 
     if memo is None:
         return make()
-    limits = (policy.max_sections, policy.section_tokens, policy.headless_tokens)
-    return memo.get(("preview", artifact.content_hash, counter.name, *limits), make)
+    return memo.get(("preview", artifact.content_hash, counter.name, *_limits(policy)), make)
 
 
 def body_preview(body: str, counter: TokenCounter, policy: Policy, memo: ViewMemo) -> Preview:
     """The preview of ``body`` (``make_preview`` with ``policy``'s limits), remembered by
     the body's hash: a library entry's next form, made ahead of a budget cut or by it."""
-    from pipeline._views.preview import make_preview
-
-    limits = (policy.max_sections, policy.section_tokens, policy.headless_tokens)
     return memo.get(
-        ("body-preview", text_hash(body), counter.name, *limits),
-        lambda: make_preview(
-            body,
-            counter,
-            max_sections=policy.max_sections,
-            section_tokens=policy.section_tokens,
-            headless_tokens=policy.headless_tokens,
-        ),
+        ("body-preview", text_hash(body), counter.name, *_limits(policy)),
+        lambda: _policy_preview(body, counter, policy),
     )
 
 
