@@ -479,11 +479,12 @@ def fit_preview(
 ) -> str:
     """A preview of ``body`` of at most ``max_tokens`` tokens that keeps what the turn is about.
 
-    Sections (split at headings outside fences) are taken whole in priority order (those
+    Sections (split at headings outside fences) are chosen whole in priority order (those
     that differ from ``old``, the version the model saw before; then those whose heading,
     then whose text, holds one of ``words``; then document order) while they fit; the next
     one is cut at a sentence end to fill the rest; the others are counted in a last line.
-    Deterministic; any ``max_tokens`` gives a preview, so sizes step finely.
+    The chosen sections are shown in document order. Deterministic; any ``max_tokens``
+    gives a preview, so sizes step finely.
     """
     return fitted_preview_of(body, counter, max_tokens, words=words, old=old).text
 
@@ -579,19 +580,21 @@ def fitted_preview_of(
     small = _small(counter)
     budget = max_tokens
     while True:
-        chosen: list[tuple[str, int]] = []
+        picked: list[tuple[int, str, int]] = []
         left = budget - small(_omitted_line(len(sections)))
         cut = False
         for i in order:
             n = _section_tokens(body, spans[i][0], spans[i][2], texts[i], counter, small)
             if n + 2 <= left:
-                chosen.append((texts[i], n))
+                picked.append((i, texts[i], n))
                 left -= n + 2
                 continue
             if left >= 16:
                 text, cut, k = _cut_with_marker(texts[i], counter, left - 2, "sentence")
-                chosen.append((text, k))
+                picked.append((i, text, k))
             break
+        # Chosen by priority, shown in document order (properties first, headings in turn).
+        chosen = [(text, n) for _, text, n in sorted(picked)]
         kept = len(chosen)
         if kept < len(sections):
             line = _omitted_line(len(sections) - kept)

@@ -129,7 +129,8 @@ def _sectioned(changed: str = "") -> str:
 
 def test_an_edited_note_under_a_budget_sends_the_changed_section(tmp_path: Path) -> None:
     """The library holds the note as the model saw it; the new version, too big for a
-    tighter window, is previewed with the changed section first."""
+    tighter window, is previewed with the changed section chosen first and shown in
+    document order."""
     (tmp_path / "design.md").write_text(_sectioned(), encoding="utf-8")
     conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(4000, 400))
     conv.turn("Read this.", [note("design.md")])
@@ -143,7 +144,7 @@ def test_an_edited_note_under_a_budget_sends_the_changed_section(tmp_path: Path)
     seg = env.l3.get("note:design.md")
     assert seg is not None and seg.form is Form.PREVIEW  # too big to resend in full
     assert edit in seg.text
-    assert seg.text.index("## Part 6") < seg.text.index("# Design")  # the change first
+    assert seg.text.index("# Design") < seg.text.index("## Part 6")  # document order
 
 
 def test_a_preview_keeps_the_sections_the_query_names() -> None:

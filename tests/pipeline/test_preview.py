@@ -459,3 +459,54 @@ def test_a_preview_after_a_count_by_sections_encodes_no_whole_section() -> None:
 
     alone, after = encoded(False), encoded(True)
     assert after < alone // 20
+
+
+_WORDS = ("sync", "token", "cache", "vault", "retry", "index")
+
+
+@st.composite
+def _sectioned_note(draw: st.DrawFn) -> tuple[str, list[str]]:
+    """A note with an optional ``---`` properties header, numbered headings (each one
+    unique, so its place in a preview is its place in the note) and embed lines."""
+    parts: list[str] = []
+    markers: list[str] = []
+    if draw(st.booleans()):
+        props = draw(st.lists(st.sampled_from(_WORDS), min_size=1, max_size=3, unique=True))
+        parts.append("---\n" + "\n".join(f"{p}: {p} value" for p in props) + "\n---")
+        markers.append("---")
+    if draw(st.booleans()):
+        parts.append(draw(st.sampled_from(_WORDS)) + " lead text before any heading.")
+    for i in range(draw(st.integers(min_value=1, max_value=9))):
+        level = draw(st.integers(min_value=1, max_value=3))
+        heading = f"{'#' * level} H{i} {draw(st.sampled_from(_WORDS))}"
+        markers.append(heading)
+        lines = [
+            draw(st.sampled_from([*(f"About {w} and more {w}." for w in _WORDS), "![[x#Part]]"]))
+            for _ in range(draw(st.integers(min_value=0, max_value=6)))
+        ]
+        parts.append("\n".join([heading, "", *lines]))
+    return "\n\n".join(parts) + "\n", markers
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    note=_sectioned_note(),
+    limit=st.integers(min_value=8, max_value=160),
+    words=st.frozensets(st.sampled_from(_WORDS), max_size=2),
+    changed=st.integers(min_value=0, max_value=9),
+)
+def test_a_fitted_preview_keeps_document_order(
+    note: tuple[str, list[str]], limit: int, words: frozenset[str], changed: int
+) -> None:
+    """Sections chosen by priority (changed, then named by the query) are shown in the
+    note's order: the properties header first, headings in turn."""
+    from pipeline._views.preview import fitted_preview_of
+
+    body, markers = note
+    old = body.replace(f"H{changed} ", f"H{changed} old ", 1)
+    text = fitted_preview_of(body, COUNTER, limit, words=words, old=old).text
+    lines = text.split("\n")
+    shown = [m for m in markers if m in lines]
+    assert shown == sorted(shown, key=lines.index)
+    if "---" in shown:
+        assert lines[0] == "---"
