@@ -62,6 +62,11 @@ class LoopState:
         self._finished = False
         return self.agent
 
+    @property
+    def in_progress(self) -> bool:
+        """Whether a turn was started and has no answer yet."""
+        return self.agent is not None and not self._finished
+
     def is_current(self, text: str) -> bool:
         """Whether ``text`` is this turn's query or the user message Lamina rendered for it."""
         env = self.envelope

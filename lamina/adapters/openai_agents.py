@@ -4,7 +4,12 @@ The filter replaces each model call's instructions with L1 + L2 and its input wi
 history, this turn's user message (L3 + L5) and the turn's tool calls and outputs,
 fitted to the budget as call + output units (the Responses API shape Lamina renders).
 The session serves the conversation's history and, when the run ends, records the
-final answer as the turn's reply and saves the turn to the store::
+final answer as the turn's reply and saves the turn to the store. The SDK saves a run's
+items after every model response; text the model sends together with a tool call ("Let
+me search...") is interim, part of the loop's step (sent, counted and cut with its call),
+and only a response without a call ends the turn. A run whose final output is not an
+assistant message (``tool_use_behavior`` that stops at a tool) ends with
+``session.finish(result.final_output)``::
 
     from agents import RunConfig, Runner
     from lamina.adapters.openai_agents import LaminaSession
@@ -35,7 +40,7 @@ from pipeline import (
 )
 from renderers import agent_request
 
-__all__ = ["LaminaSession"]
+__all__ = ["LaminaSession", "final_answer"]
 
 
 def _plain(item: Any) -> Mapping[str, Any]:
@@ -85,6 +90,20 @@ def _steps(items: Sequence[Mapping[str, Any]]) -> list[tuple[str, list[Call]]]:
     return steps
 
 
+_INTERIM = (None, "message", "reasoning")
+"""Item types that do not continue the loop (``None``: an easy input message)."""
+
+
+def final_answer(items: Sequence[Mapping[str, Any]]) -> str | None:
+    """The run's final output among items the SDK saves: the last assistant message when
+    no call or call output follows it, else None (a message followed by a call is the
+    model's interim text, part of that step)."""
+    last = max((i for i, it in enumerate(items) if it.get("role") == "assistant"), default=None)
+    if last is None or any(it.get("type") not in _INTERIM for it in items[last + 1 :]):
+        return None
+    return _text(items[last])
+
+
 class LaminaSession(LoopAdapter, SessionABC):
     """Conversation history for the Agents SDK, backed by a Lamina conversation and store."""
 
@@ -109,26 +128,33 @@ class LaminaSession(LoopAdapter, SessionABC):
         return ModelInputData(input=body["input"], instructions=body.get("instructions"))
 
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+        """The conversation's history as input items (a turn in progress is not history)."""
+        history = self.conversation.history
+        if self.state.in_progress:
+            history = history[:-1]
         items: list[TResponseInputItem] = []
-        for entry in self.conversation.history:
+        for entry in history:
             items.append({"role": "user", "content": entry.user})
             if entry.assistant is not None:
                 items.append({"role": "assistant", "content": entry.assistant})
         return items if limit is None else items[-limit:] if limit else []
 
     async def add_items(self, items: list[TResponseInputItem]) -> None:
-        """The run's new items: its final assistant text becomes the turn's reply."""
-        answers = [_text(p) for p in map(_plain, items) if p.get("role") == "assistant"]
-        if not answers or self.state.envelope is None or not self.state.is_current(
-            self.state.query or ""
-        ):
-            return
-        self.state.finish(answers[-1])
+        """The run's new items: its final assistant text (``final_answer``) becomes the
+        turn's reply; interim text with a call, inputs and call outputs change nothing."""
+        answer = final_answer([_plain(i) for i in items])
+        if answer is not None and self.state.in_progress:
+            self.finish(answer)
+
+    def finish(self, answer: str) -> None:
+        """End the turn with ``answer`` and save it to the store (when one was given)."""
+        self.state.finish(answer)
         if self.store is not None and self.session_id:
             try:
                 self.store.conversation(self.session_id)
             except UnknownConversation:
                 self.store.create(ConversationInfo(self.session_id))
+            assert self.state.envelope is not None
             save_turn(self.store, self.session_id, self.conversation, self.state.envelope)
 
     async def pop_item(self) -> TResponseInputItem | None:

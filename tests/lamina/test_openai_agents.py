@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from agents import Agent, ModelResponse, RunConfig, Runner, Usage, function_tool
 from agents.models.interface import Model
 from openai.types.responses import (
@@ -17,7 +18,7 @@ from openai.types.responses import (
 )
 
 from lamina import Conversation, load_conversation
-from lamina.adapters.openai_agents import LaminaSession
+from lamina.adapters.openai_agents import LaminaSession, final_answer
 from pipeline import Budget, ConversationInfo, SqliteStore
 from renderers import agent_request
 
@@ -111,3 +112,184 @@ def test_ten_turns_through_filter_and_session(tmp_path: Path) -> None:
         {"role": "assistant", "content": "Answer 30."},
     ]
     store.close()
+
+
+def _message(n: int, text: str) -> ResponseOutputMessage:
+    return ResponseOutputMessage(
+        id=f"msg-{n}",
+        type="message",
+        role="assistant",
+        status="completed",
+        content=[ResponseOutputText(type="output_text", text=text, annotations=[])],
+    )
+
+
+def _call(call_id: str, name: str = "search", q: str = "sync") -> ResponseFunctionToolCall:
+    return ResponseFunctionToolCall(
+        type="function_call", call_id=call_id, name=name, arguments=json.dumps({"q": q})
+    )
+
+
+class Styled(Model):
+    """Two tool steps per run, then an answer; each step in one model style: interim text
+    with a call, a call alone, or several calls in one response."""
+
+    def __init__(self, style: str) -> None:
+        self.style = style
+        self.received: list[list[dict[str, Any]]] = []
+
+    async def get_response(
+        self, system_instructions: str | None, input: Any, *args: Any, **kwargs: Any
+    ) -> ModelResponse:
+        items = [dict(i) for i in input]
+        self.received.append(items)
+        n = len(self.received)
+        steps = sum(1 for i in items if i.get("type") == "function_call_output") // (
+            2 if self.style == "several" else 1
+        )
+        output: list[Any]
+        if steps >= 2:
+            output = [_message(n, f"Answer {n}.")]
+        elif self.style == "text+call":
+            output = [_message(n, f"Let me search ({n})..."), _call(f"call-{n}", q=f"r{n}")]
+        elif self.style == "call":
+            output = [_call(f"call-{n}", q=f"r{n}")]
+        else:
+            output = [_call(f"call-{n}a", q=f"a{n}"), _call(f"call-{n}b", q=f"b{n}")]
+        return ModelResponse(output=output, usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise NotImplementedError
+
+
+def _user_texts(items: list[dict[str, Any]]) -> list[str]:
+    return [str(i["content"]) for i in items if i.get("role") == "user"]
+
+
+def _assistant_texts(items: list[dict[str, Any]]) -> list[str]:
+    return [str(i["content"]) for i in items if i.get("role") == "assistant"]
+
+
+@pytest.mark.parametrize("style", ["text+call", "call", "several"])
+def test_a_turn_ends_only_with_the_runs_final_output(style: str, tmp_path: Path) -> None:
+    """Interim text with a call stays in the loop: stored turns == runs, each run's query
+    is sent once per request, each interim text once, right before its calls."""
+    conv = Conversation("You answer from search results.", vault=VAULT)
+    store = SqliteStore(tmp_path / "s.db")
+    session = LaminaSession(conv, store, "conv-1")
+    model = Styled(style)
+    agent = Agent(name="notes", model=model, tools=[search])
+    config = RunConfig(
+        call_model_input_filter=session.call_model_input_filter, tracing_disabled=True
+    )
+
+    async def run() -> list[str]:
+        outputs = []
+        for i in range(3):
+            result = await Runner.run(agent, f"Question {i}?", session=session, run_config=config)
+            outputs.append(str(result.final_output))
+        return outputs
+
+    outputs = asyncio.run(run())
+    assert outputs == ["Answer 3.", "Answer 6.", "Answer 9."]
+    assert [h.assistant for h in conv.history] == outputs
+    assert [h.user for h in conv.history] == ["Question 0?", "Question 1?", "Question 2?"]
+    assert load_conversation(store, "conv-1", vault=VAULT).history == conv.history
+    assert len(model.received) == 9
+    for n, items in enumerate(model.received, start=1):
+        run_index = (n - 1) // 3
+        query = f"Question {run_index}?"
+        assert _user_texts(items)[-1].endswith(query)
+        assert sum(query in text for text in _user_texts(items)) == 1
+        earlier = [f"Answer {3 * r + 3}." for r in range(run_index)]
+        interim = [f"Let me search ({m})..." for m in range(3 * run_index + 1, n)]
+        interim = interim if style == "text+call" else []
+        assert _assistant_texts(items) == earlier + interim
+        for text in interim:  # the interim text right before its call
+            at = next(i for i, it in enumerate(items) if it.get("content") == text)
+            assert items[at + 1]["type"] == "function_call"
+        calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
+        outputs_ = [i["call_id"] for i in items if i.get("type") == "function_call_output"]
+        assert sorted(calls) == sorted(outputs_)
+        assert len(calls) == (n - 1) % 3 * (2 if style == "several" else 1)
+    loop = session.loops[1]
+    assert [s.text for s in loop.steps] == [
+        "Let me search (1)..." if style == "text+call" else ""
+    ]
+    assert asyncio.run(session.get_items()) == [
+        item
+        for i in range(3)
+        for item in (
+            {"role": "user", "content": f"Question {i}?"},
+            {"role": "assistant", "content": f"Answer {3 * i + 3}."},
+        )
+    ]
+    store.close()
+
+
+class Triage(Model):
+    """Hands off to the researcher (with interim text), who searches once and answers."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str | None, list[dict[str, Any]]]] = []
+
+    async def get_response(
+        self, system_instructions: str | None, input: Any, *args: Any, **kwargs: Any
+    ) -> ModelResponse:
+        items = [dict(i) for i in input]
+        self.received.append((system_instructions, items))
+        n = len(self.received)
+        names = [i.get("name") for i in items if i.get("type") == "function_call"]
+        output: list[Any]
+        if not names:
+            output = [_message(n, "Passing you on."), _call(f"h-{n}", "transfer_to_researcher")]
+        elif "search" not in names:
+            output = [_message(n, "Searching."), _call(f"s-{n}", q=f"q{n}")]
+        else:
+            output = [_message(n, f"Found it ({n}).")]
+        return ModelResponse(output=output, usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        raise NotImplementedError
+
+
+def test_a_handoff_stays_inside_the_turn(tmp_path: Path) -> None:
+    conv = Conversation("You answer from search results.", vault=VAULT)
+    session = LaminaSession(conv)
+    model = Triage()
+    researcher = Agent(name="researcher", model=model, tools=[search])
+    triage = Agent(name="triage", model=model, handoffs=[researcher])
+    config = RunConfig(
+        call_model_input_filter=session.call_model_input_filter, tracing_disabled=True
+    )
+
+    async def run() -> None:
+        for i in range(2):
+            await Runner.run(triage, f"Question {i}?", session=session, run_config=config)
+
+    asyncio.run(run())
+    assert [(h.user, h.assistant) for h in conv.history] == [
+        ("Question 0?", "Found it (3)."),
+        ("Question 1?", "Found it (6)."),
+    ]
+    assert len(model.received) == 6
+    last = model.received[-1][1]
+    assert sum("Question 1?" in t for t in _user_texts(last)) == 1
+    assert _assistant_texts(last) == ["Found it (3).", "Passing you on.", "Searching."]
+    assert [s.text for s in session.loops[-1].steps] == ["Passing you on.", "Searching."]
+    assert [c.name for s in session.loops[-1].steps for c in s.calls] == [
+        "transfer_to_researcher",
+        "search",
+    ]
+
+
+def test_final_answer_is_the_last_message_no_call_follows() -> None:
+    msg = {"type": "message", "role": "assistant", "content": "Let me look."}
+    call = {"type": "function_call", "call_id": "c1", "name": "search", "arguments": "{}"}
+    out = {"type": "function_call_output", "call_id": "c1", "output": "x"}
+    done = {"type": "message", "role": "assistant", "content": "Done."}
+    assert final_answer([msg, call, out]) is None
+    assert final_answer([call, out]) is None
+    assert final_answer([{"role": "user", "content": "Hi"}]) is None
+    assert final_answer([done]) == "Done."
+    assert final_answer([msg, call, out, done]) == "Done."
