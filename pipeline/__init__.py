@@ -190,7 +190,14 @@ from pipeline._tokens.counter import (
     shared_counts,
     starts_piece,
 )
-from pipeline._tokens.profiles import PROFILES, ModelProfile, Provider, get_profile
+from pipeline._tokens.profiles import (
+    PROFILES,
+    ModelProfile,
+    Provider,
+    generic_profile,
+    get_profile,
+    provider_of,
+)
 from pipeline._turn.assemble import assemble, shorten_reply, visible_history
 from pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnContext, TurnGraph
 from pipeline._turn.measure import MESSAGE_OVERHEAD, REPLY_PRIMING, request_tokens
@@ -405,6 +412,7 @@ __all__ = [
     "fit_preview",
     "format_pages",
     "full_view",
+    "generic_profile",
     "get_encoding",
     "get_profile",
     "has_context_markup",
@@ -429,6 +437,7 @@ __all__ = [
     "parse_pages",
     "parse_transcript",
     "preview_view",
+    "provider_of",
     "read_confined",
     "read_regular",
     "read_usage",

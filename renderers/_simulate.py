@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import ArgumentError, Envelope, TokenCounter, text_hash
+from pipeline import ArgumentError, Envelope, ModelProfile, TokenCounter, text_hash
 from renderers._layouts import LAYOUTS, Layout, Prompt, build_prompt
 from renderers._openai import chatml
 from renderers._providers import (
@@ -213,8 +213,10 @@ def simulate(
     models: Mapping[str, str] | None = None,
     layouts: Sequence[Layout] = LAYOUTS,
     ttl: Ttl | None = None,
+    profiles: Mapping[str, ModelProfile] | None = None,
 ) -> Simulation:
-    """Cost every layout of a conversation (its envelopes in order) under each provider."""
+    """Cost every layout of a conversation (its envelopes in order) under each provider
+    (``profiles``: a provider's profile when its model has no built-in one)."""
     count = counter or TokenCounter()
     prompts = {
         layout: [build_prompt(envelopes[: i + 1], layout) for i in range(len(envelopes))]
@@ -225,7 +227,11 @@ def simulate(
     for layout in layouts:
         for provider in providers:
             options = request_options(
-                provider, (models or {}).get(provider), counter=count, ttl=ttl
+                provider,
+                (models or {}).get(provider),
+                profile=(profiles or {}).get(provider),
+                counter=count,
+                ttl=ttl,
             )
             rules = options.rules
             if provider == "anthropic":

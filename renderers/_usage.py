@@ -10,19 +10,26 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from pipeline import (
+    ConfigError,
     Envelope,
+    ModelProfile,
     TokenCounter,
     TurnUsage,
     TurnWarning,
     Usage,
+    generic_profile,
     get_profile,
+    provider_of,
     read_usage,
     request_tokens,
 )
 from renderers._cache import classify_break
-from renderers._layouts import Layout
-from renderers._requests import render_request
+from renderers._layouts import Layout, build_prompt
+from renderers._providers import DEFAULT_MODELS, Ttl
+from renderers._requests import RequestRegistry, render_request
 from renderers._simulate import simulate
 
 __all__ = ["CACHE_MISS", "trace_usage", "usage_record"]
@@ -59,7 +66,40 @@ def _has_cache_control(body: Any) -> bool:
     return False
 
 
-def _reason(
+# What each cause of a miss is called in ``TurnUsage.cause``.
+HOST_ALTERED = "host-altered"
+PREFIX_CHANGED = "prefix-changed"
+EXPIRED = "expired"
+NOT_EXPIRED = "not-expired"
+UNKNOWN = "unknown"
+
+_LAYERS = {"system-changed": "L1", "memory-changed": "L1", "history-cut-moved": "L4"}
+
+
+def _lifetime(provider: str, ttl: Ttl | None) -> tuple[int | None, str]:
+    """The shortest time the provider keeps a cached prefix (None: not published), and
+    how its documentation puts it."""
+    if provider == "anthropic":
+        if ttl == "1h":
+            return 3600, "Anthropic's 1-hour cache TTL"
+        return 300, "Anthropic's 5-minute cache TTL"
+    if provider == "openai":
+        return 300, "OpenAI's 5-10 idle minutes"
+    return None, "Gemini's implicit cache lifetime (not published)"
+
+
+def _where(reason: str, previous: Envelope, current: Envelope) -> str:
+    """A ``classify_break`` reason with the layer (and, in the history, the message) it
+    changed at."""
+    if reason == "history-cut-moved":
+        old, new = previous.history(), current.history()
+        at = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), None)
+        at = min(len(old), len(new)) if at is None else at
+        return f"L4 from history message {at + 1} ({reason})"
+    return f"{_LAYERS.get(reason, 'L2')} ({reason})"
+
+
+def _cause(
     previous: Envelope | None,
     current: Envelope,
     observed: Usage,
@@ -67,8 +107,13 @@ def _reason(
     exact: bool,
     expected: Mapping[str, Any],
     sent: Mapping[str, Any] | None,
-) -> str:
-    """The likeliest reason a predicted cache hit did not happen."""
+    elapsed: float | None,
+    ttl: Ttl | None,
+    provider: str,
+) -> tuple[str, str]:
+    """The likeliest cause of a predicted cache hit that did not happen, from evidence:
+    the request sent, the prefix Lamina changed, the input count, the time since the last
+    request. (cause, sentence)."""
     if sent is not None:
         mine, theirs = "\n\n".join(_sent_texts(expected)), "\n\n".join(_sent_texts(sent))
         if mine != theirs:
@@ -76,74 +121,158 @@ def _reason(
                 (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
                 min(len(mine), len(theirs)),
             )
-            return (
-                f"the prefix changed: the request sent differs from Lamina's rendering at "
-                f"character {at} (the host or framework changed it), so the cached prefix "
-                f"no longer matches"
+            return HOST_ALTERED, (
+                f"the request was altered by the host: the request sent differs from "
+                f"Lamina's rendering at character {at} (the host or framework changed it), "
+                f"so the cached prefix no longer matches"
             )
         if "system" in expected and not _has_cache_control(sent):
-            return "the request sent carries no cache_control breakpoint"
-    breaks = classify_break(previous, current)
-    if breaks:
-        return f"the prefix changed since the last request ({', '.join(breaks)})"
-    if exact and observed.input_tokens != predicted_input:
-        return (
-            f"the prefix may have changed: the provider counted {observed.input_tokens} "
-            f"input tokens where Lamina's rendering has {predicted_input}, so the request "
-            f"sent is not Lamina's alone (the host or framework changed or added to it)"
+            return HOST_ALTERED, "the request sent carries no cache_control breakpoint"
+    breaks = [] if previous is None else classify_break(previous, current)
+    if previous is not None and breaks:
+        where = ", ".join(_where(r, previous, current) for r in breaks)
+        return PREFIX_CHANGED, f"the prefix changed at {where} since the last request"
+    if sent is None and exact and observed.input_tokens != predicted_input:
+        more = observed.input_tokens - predicted_input
+        return HOST_ALTERED, (
+            f"the request was altered by the host: the provider counted "
+            f"{observed.input_tokens} input tokens where Lamina's request has exactly "
+            f"{predicted_input} ({more:+d}), so the request sent is not Lamina's alone "
+            f"(the host or framework changed or added to it)"
         )
-    return (
-        "the provider did not keep the previous request's prefix: it expired (Anthropic: "
-        "5 minutes, OpenAI: 5-10 idle minutes) or the request reached another machine "
-        "(OpenAI: send a prompt_cache_key)"
+    seconds, lifetime = _lifetime(provider, ttl)
+    if sent is not None:
+        lead = "the request sent is Lamina's, so the provider dropped the cached prefix"
+    elif exact:
+        lead = "the provider counted exactly Lamina's request, so it dropped the cached prefix"
+    else:
+        lead = "the provider dropped the cached prefix"
+    if elapsed is None or seconds is None:
+        since = (
+            "the time since the previous request is unknown (pass elapsed=)"
+            if elapsed is None
+            else f"{elapsed:.0f} s passed since the previous request"
+        )
+        return UNKNOWN, (
+            f"{lead}: {since}, so it may have expired ({lifetime}) or the request reached "
+            f"another machine (OpenAI: send a prompt_cache_key)"
+        )
+    if elapsed >= seconds:
+        return EXPIRED, (
+            f"the cached prefix expired: {elapsed:.0f} s passed since the previous request, "
+            f"past {lifetime}"
+        )
+    return NOT_EXPIRED, (
+        f"{lead} early: {elapsed:.0f} s passed since the previous request, within "
+        f"{lifetime}, so it did not expire; the request likely reached another machine "
+        f"(OpenAI: send a prompt_cache_key)"
     )
+
+
+def _resolve(
+    renderer: str | None, model: str | None, shape: str
+) -> tuple[str, ModelProfile, str]:
+    """The renderer, the model's profile and, for a model without one, the generic rules
+    used: the provider comes from the renderer, else the model's name, else the usage
+    object's shape."""
+    registry = RequestRegistry.builtin()
+    if renderer is not None:
+        provider = registry.provider(renderer)
+        how = f"the {renderer} renderer"
+    elif model is not None and provider_of(model) is not None:
+        provider = provider_of(model) or ""
+        how = "the model's name"
+    else:
+        provider = shape
+        how = "the usage's shape"
+    name = model or DEFAULT_MODELS[provider]
+    if _known(name):
+        return renderer or provider, get_profile(name), ""
+    rules = f"generic {provider} rules: no profile for {name!r} (provider from {how})"
+    return renderer or provider, generic_profile(name, provider), rules
+
+
+def _known(name: str) -> bool:
+    try:
+        get_profile(name)
+    except ConfigError:
+        return False
+    return True
+
+
+def _counted(
+    envelopes: Sequence[Envelope], layout: Layout, counter: TokenCounter, profile: ModelProfile
+) -> int:
+    """Exact local tokens of the request in ``layout`` with the model's framing: the
+    envelope's request (what ``Conversation.count_request`` gives) for the default layout,
+    else the layout's messages, each framed."""
+    framing = profile.framing
+    if layout == "default":
+        return request_tokens(envelopes[-1], counter, framing)
+    chat = build_prompt(envelopes, layout).chat()
+    contents = sum(counter.count(text.strip() if framing.trim else text) for _, text in chat)
+    return contents + framing.per_message * len(chat) + framing.priming
 
 
 def usage_record(
     envelopes: Sequence[Envelope],
     response: Any,
-    renderer: str = "openai",
+    renderer: str | None = None,
     model: str | None = None,
     *,
     counter: TokenCounter | None = None,
     counted: int | None = None,
     layout: Layout = "default",
     sent: Mapping[str, Any] | None = None,
+    elapsed: float | None = None,
+    ttl: Ttl | None = None,
 ) -> TurnUsage:
     """The usage read-back of the last envelope's request.
 
     ``envelopes`` are the conversation's envelopes so far (the previous one gives the
     cache prediction); ``response`` is the provider's response or usage object, or its
-    dict form; ``sent`` the body actually sent, when the host has it (a framework may
-    rewrite Lamina's request); ``counted`` Lamina's count of the request as the budget
-    sees it (default: the envelope's request tokens), the figure calibration uses.
+    dict form; ``renderer`` the request renderer (default: the model's provider, else the
+    usage's shape); a ``model`` without a profile is read with its provider's generic
+    rules (``TurnUsage.rules`` says so). ``sent`` is the body actually sent, when the host
+    has it (a framework may rewrite Lamina's request); ``elapsed`` the seconds since the
+    previous request (tells expiry from routing); ``ttl`` Anthropic's cache TTL sent;
+    ``counted`` Lamina's count of the request as the budget sees it (default: the
+    predicted input before any margin), the figure calibration uses.
+
+    The predicted input is the exact local count of the request (for the default layout
+    ``Conversation.count_request``'s figure, with the model's framing), scaled by the
+    profile's margin where the provider's tokenizer is not local.
     """
     current = envelopes[-1]
     previous = envelopes[-2] if len(envelopes) > 1 else None
-    expected = render_request(list(envelopes), renderer, model, layout=layout, counter=counter)
+    observed = read_usage(response)
+    renderer, profile, rules = _resolve(renderer, model, observed.provider)
+    expected = render_request(
+        list(envelopes), renderer, profile.name, layout=layout, counter=counter,
+        profile=profile, ttl=ttl,
+    )
     provider = expected.provider
-    name = str(expected.body.get("model") or model or "")
-    if not name and provider == "gemini":
-        name = expected.path.split("/models/")[1].split(":")[0]
-    profile = get_profile(name)
+    observed = attrs.evolve(observed, provider=provider)
     count = counter or TokenCounter(profile.tokenizer)
     sim = simulate(
         list(envelopes[-2:]),
         counter=count,
         providers=(provider,),
-        models={provider: name},
+        models={provider: profile.name},
         layouts=(layout,),
+        ttl=ttl,
+        profiles={provider: profile},
     )
     cost = sim.series[0].turns[-1]
-    predicted_input = profile.effective_tokens(cost.input_tokens)
-    observed = read_usage(response, provider)
-    local = counted if counted is not None else request_tokens(current, count)
-    warning = None
+    exact_input = _counted(list(envelopes), layout, count, profile)
+    predicted_input = profile.effective_tokens(exact_input)
+    local = counted if counted is not None else exact_input
+    warning, cause = None, ""
     # Local counts of a non-local tokenizer run low, so only a shortfall of half is a miss.
     if cost.cached_tokens > 0 and observed.cached_tokens < cost.cached_tokens // 2:
-        reason = _reason(
-            previous, current, observed, cost.input_tokens, profile.exact_tokens,
-            expected.body, sent,
+        cause, reason = _cause(
+            previous, current, observed, exact_input, profile.exact_tokens,
+            expected.body, sent, elapsed, ttl, provider,
         )
         warning = TurnWarning(
             CACHE_MISS,
@@ -154,13 +283,15 @@ def usage_record(
     return TurnUsage(
         current.turn,
         provider,
-        name,
+        profile.name,
         predicted_input,
-        profile.effective_tokens(cost.cached_tokens),
+        min(profile.effective_tokens(cost.cached_tokens), predicted_input),
         observed,
         local,
         profile.exact_tokens,
         warning,
+        rules,
+        cause,
     )
 
 
@@ -179,6 +310,8 @@ def trace_usage(usage: TurnUsage) -> dict[str, Any]:
             "cached_tokens": usage.predicted_cached,
         },
         "counted": usage.counted,
+        "rules": usage.rules,
+        "cause": usage.cause,
         "warning": None
         if usage.warning is None
         else {"code": usage.warning.code, "message": usage.warning.message},

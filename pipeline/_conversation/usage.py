@@ -53,7 +53,11 @@ class TurnUsage:
     """One turn's usage read-back: what Lamina predicted, what was observed, any warning.
 
     ``counted`` is Lamina's local count of the request (before any margin), the figure
-    calibration compares ``observed.input_tokens`` with.
+    calibration compares ``observed.input_tokens`` with. ``rules`` is empty when the
+    model's own profile was used, else says which generic rules stood in (a model Lamina
+    has no profile for). ``cause`` names a cache miss's likely cause for programs
+    (``warning`` says it for people): ``host-altered``, ``prefix-changed``, ``expired``,
+    ``not-expired`` or ``unknown``; empty without a miss.
     """
 
     turn: int
@@ -65,6 +69,8 @@ class TurnUsage:
     counted: int = 0
     exact: bool = True
     warning: TurnWarning | None = None
+    rules: str = ""
+    cause: str = ""
 
 
 def _plain(value: Any) -> Any:

@@ -31,7 +31,9 @@ __all__ = [
     "ModelProfile",
     "Provider",
     "framing_of",
+    "generic_profile",
     "get_profile",
+    "provider_of",
 ]
 
 Provider = Literal["openai", "anthropic", "gemini"]
@@ -367,3 +369,62 @@ def get_profile(name: str, **overrides: Any) -> ModelProfile:
     if overrides.get("exact_tokens") is True and "safety_margin" not in overrides:
         overrides["safety_margin"] = 0.0
     return attrs.evolve(profile, **overrides)
+
+
+# Model-name prefixes of each provider's API models (after any "provider/" route prefix).
+_NAME_PREFIXES: tuple[tuple[str, Provider], ...] = (
+    ("claude", "anthropic"),
+    ("gemini", "gemini"),
+    ("gpt-", "openai"),
+    ("chatgpt-", "openai"),
+    ("ft:gpt-", "openai"),
+    ("o1", "openai"),
+    ("o3", "openai"),
+    ("o4", "openai"),
+)
+_ROUTES: Mapping[str, Provider] = MappingProxyType(
+    {"openai": "openai", "anthropic": "anthropic", "gemini": "gemini", "google": "gemini"}
+)
+
+
+def provider_of(name: str) -> Provider | None:
+    """The provider whose API serves ``name``, from the name alone (``claude-*``,
+    ``gemini-*``, ``gpt-*``/``o1``/``o3``/``o4``, or a ``provider/`` route prefix such as
+    LiteLLM's); None when the name says nothing."""
+    profile = PROFILES.get(name) or PROFILES.get(_DATE_SUFFIX.sub("", name))
+    if profile is not None:
+        return profile.provider
+    route, _, rest = name.rpartition("/")
+    if route.split("/")[0] in _ROUTES:
+        return _ROUTES[route.split("/")[0]]
+    base = (rest or name).lower()
+    return next((p for prefix, p in _NAME_PREFIXES if base.startswith(prefix)), None)
+
+
+def _openai_tokenizer(name: str) -> str:
+    from tiktoken.model import encoding_name_for_model
+
+    try:
+        found = encoding_name_for_model(name.rpartition("/")[2])
+    except KeyError:
+        return "o200k_base"
+    return found if found in TOKENIZERS else "o200k_base"
+
+
+def generic_profile(name: str, provider: str) -> ModelProfile:
+    """A profile for a model Lamina has none for, from its provider's generic rules.
+
+    OpenAI: tiktoken's encoding for the name (exact counts), a 128k window, 1,024-token
+    cache minimum. Anthropic: o200k + ``ANTHROPIC_MARGIN``, a 200k window, 1,024 (2,048
+    for Haiku models, the guide's larger minimum). Gemini: o200k + ``GEMINI_MARGIN``, the
+    1M window, 2,048. Good enough to read usage back and predict caching; a budget for the
+    model should still set its window (``Budget(context_window=...)``).
+    """
+    if provider == "openai":
+        return ModelProfile(name, "openai", 128_000, 16_384, _openai_tokenizer(name))
+    if provider == "anthropic":
+        minimum = 2048 if "haiku" in name else 1024
+        return _anthropic(name, 200_000, 8_192, 8_192, minimum)
+    if provider == "gemini":
+        return _gemini(name, 1_048_576, 65_536, 65_536, 2048)
+    raise ConfigError("provider", f"unknown provider {provider!r} (known: {', '.join(_PROVIDERS)})")

@@ -19,17 +19,29 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 from lamina import Conversation, load_conversation
 from pipeline import (
     ArgumentError,
+    Budget,
     ConversationError,
     ConversationInfo,
     Envelope,
     SqliteStore,
+    SystemPrompt,
     TokenCounter,
     TurnUsage,
     Usage,
+    generic_profile,
+    get_profile,
     read_usage,
+    request_tokens,
     save_turn,
 )
-from renderers import CACHE_MISS, render_request, simulate, trace_document, usage_record
+from renderers import (
+    CACHE_MISS,
+    render_request,
+    simulate,
+    trace_document,
+    trace_usage,
+    usage_record,
+)
 
 RULES = "\n".join(
     f"Rule {i}: answer about the sync engine's module {i} in two sentences, citing files."
@@ -46,8 +58,9 @@ def _two_turns() -> tuple[Conversation, list[Envelope]]:
 
 
 def _predicted(envelopes: list[Envelope], provider: str) -> tuple[int, int]:
+    """The exact request tokens (what ``count_request`` gives) and the simulator's hit."""
     turn = simulate(envelopes, providers=(provider,), layouts=("default",)).series[0].turns[-1]
-    return turn.input_tokens, turn.cached_tokens
+    return request_tokens(envelopes[-1], TokenCounter()), turn.cached_tokens
 
 
 def _chat_completion(prompt: int, cached: int) -> ChatCompletion:
@@ -167,7 +180,8 @@ def test_a_prefix_changed_by_the_host_is_named() -> None:
         envelopes, _chat_completion(total + 9, 0), "openai", "gpt-4.1", sent=sent
     )
     assert usage.warning is not None and usage.warning.code == CACHE_MISS
-    assert "the prefix changed" in usage.warning.message
+    assert usage.cause == "host-altered"
+    assert "the request was altered by the host" in usage.warning.message
     assert "at character 0" in usage.warning.message
 
 
@@ -179,17 +193,77 @@ def test_without_the_sent_body_an_exact_count_mismatch_is_named() -> None:
     assert f"predicted {cached} cached input tokens, the provider reported 0" in (
         usage.warning.message
     )
-    assert f"counted {total + 9} input tokens where Lamina's rendering has {total}" in (
+    assert usage.cause == "host-altered"
+    assert f"counted {total + 9} input tokens where Lamina's request has exactly {total} (+9)" in (
         usage.warning.message
     )
 
 
-def test_an_expired_cache_is_the_fallback_reason() -> None:
+def test_a_true_miss_is_not_blamed_on_the_host() -> None:
+    """The provider counted exactly Lamina's request and served nothing: without the time
+    since the last request the cause is unknown, and the host is not blamed."""
     _, envelopes = _two_turns()
     total, _ = _predicted(envelopes, "openai")
     usage = usage_record(envelopes, _chat_completion(total, 0), "openai", "gpt-4.1")
-    assert usage.warning is not None
-    assert "expired" in usage.warning.message
+    assert usage.warning is not None and usage.cause == "unknown"
+    assert "host" not in usage.warning.message
+    assert "the provider counted exactly Lamina's request" in usage.warning.message
+    assert "the time since the previous request is unknown (pass elapsed=)" in (
+        usage.warning.message
+    )
+
+
+@pytest.mark.parametrize(
+    ("provider", "elapsed", "ttl", "cause", "words"),
+    [
+        ("openai", 900.0, None, "expired", "900 s passed since the previous request, past "
+         "OpenAI's 5-10 idle minutes"),
+        ("openai", 40.0, None, "not-expired", "40 s passed since the previous request, "
+         "within OpenAI's 5-10 idle minutes"),
+        ("anthropic", 400.0, None, "expired", "past Anthropic's 5-minute cache TTL"),
+        ("anthropic", 400.0, "1h", "not-expired", "within Anthropic's 1-hour cache TTL"),
+        ("gemini", 4000.0, None, "unknown", "4000 s passed since the previous request, so it "
+         "may have expired (Gemini's implicit cache lifetime (not published))"),
+    ],
+)
+def test_the_time_between_turns_tells_expiry_from_routing(
+    provider: str, elapsed: float, ttl: str | None, cause: str, words: str
+) -> None:
+    _, envelopes = _two_turns()
+    total, _ = _predicted(envelopes, provider)
+    response: object = _chat_completion(total, 0)
+    if provider == "anthropic":
+        response = {"input_tokens": total, "cache_read_input_tokens": 0}
+    usage = usage_record(
+        envelopes, response, provider, elapsed=elapsed, ttl=ttl  # type: ignore[arg-type]
+    )
+    assert usage.warning is not None and usage.cause == cause
+    assert words in usage.warning.message
+
+
+def test_a_request_sent_as_rendered_is_not_blamed_on_the_host() -> None:
+    _, envelopes = _two_turns()
+    total, _ = _predicted(envelopes, "openai")
+    body = render_request(envelopes[-1], "openai", "gpt-4.1").body
+    usage = usage_record(
+        envelopes, _chat_completion(total, 0), "openai", "gpt-4.1", sent=body, elapsed=720
+    )
+    assert usage.cause == "expired"
+
+
+def test_a_prefix_change_names_the_layer() -> None:
+    """The memory (L1's mutable part) changed: the stable rules are still predicted to hit,
+    and a miss names the layer that changed."""
+    conv = Conversation(SystemPrompt(RULES, "The user prefers short answers."))
+    first = conv.turn("What does module 3 do?")
+    conv.reply("It syncs notes.")
+    conv.set_system(mutable="The user prefers long answers.")
+    second = conv.turn("And module 4?")
+    total, cached = _predicted([first, second], "openai")
+    assert cached > 1024
+    usage = usage_record([first, second], _chat_completion(total, 0), "openai", "gpt-4.1")
+    assert usage.warning is not None and usage.cause == "prefix-changed"
+    assert "the prefix changed at L1 (memory-changed)" in usage.warning.message
 
 
 def test_a_system_change_predicts_no_hit_and_warns_nothing() -> None:
@@ -232,6 +306,8 @@ def test_usage_is_traced_and_persisted_with_the_turn(tmp_path: Path) -> None:
         "output_tokens": 5,
         "predicted": {"input_tokens": total, "cached_tokens": cached},
         "counted": conv.usage[0].counted,
+        "rules": "",
+        "cause": "",
         "warning": None,
     }
     store.close()
@@ -244,3 +320,93 @@ def test_record_usage_refuses_other_values_and_unbuilt_turns() -> None:
     with pytest.raises(ConversationError, match="turn 3, which was not built"):
         conv.record_usage(TurnUsage(3, "openai", "gpt-4.1", 0, 0, Usage(10)))
     assert conv.usage == ()
+
+
+def _long_conversation(budget: Budget | None = None) -> tuple[Conversation, list[Envelope]]:
+    conv = Conversation(RULES, budget=budget)
+    envelopes = []
+    for i in range(6):
+        envelopes.append(conv.turn(f"What does module {i} do, and what calls it?"))
+        conv.reply(f"Module {i} syncs notes; module {i + 1} calls it on every save.")
+    return conv, envelopes
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["gpt-4.1", "gpt-4o", "claude-sonnet-4-6", "gemini-2.5-flash", "llama-3.1-8b-instruct"],
+)
+def test_the_predicted_input_is_count_request(model: str) -> None:
+    """The prediction is the exact count of what is sent (scaled by the margin where the
+    tokenizer is not local), never the simulator's ChatML-text figure (+9 a message)."""
+    profile = get_profile(model)
+    budget = Budget.for_model(model)
+    conv, envelopes = _long_conversation(budget)
+    exact = conv.count_request(envelopes[-1])
+    response = {"usage": {"prompt_tokens": exact}}
+    if profile.provider == "anthropic":
+        response = {"input_tokens": exact, "cache_read_input_tokens": 0}
+    renderer = {"openai": "openai", "anthropic": "anthropic", "gemini": "gemini"}
+    usage = usage_record(
+        envelopes, response, renderer[profile.provider], model, counter=conv.counter
+    )
+    assert usage.predicted_input == profile.effective_tokens(exact)
+    assert usage.counted == exact
+    assert usage.predicted_cached <= usage.predicted_input
+
+
+@pytest.mark.parametrize(
+    ("model", "response", "provider", "exact"),
+    [
+        ("claude-3-7-sonnet-20250219", "anthropic", "anthropic", False),
+        ("gpt-4.5-preview", "openai", "openai", True),
+        ("gemini-1.5-pro-002", "gemini", "gemini", False),
+        ("anthropic/claude-3-opus", "anthropic", "anthropic", False),
+    ],
+)
+def test_a_model_without_a_profile_uses_its_providers_generic_rules(
+    model: str, response: str, provider: str, exact: bool
+) -> None:
+    _, envelopes = _two_turns()
+    total = request_tokens(envelopes[-1], TokenCounter())
+    bodies: dict[str, object] = {
+        "openai": _chat_completion(total, 0),
+        "anthropic": Message(
+            id="msg_1",
+            type="message",
+            role="assistant",
+            model=model,
+            content=[TextBlock(type="text", text="It syncs.")],
+            stop_reason="end_turn",
+            stop_sequence=None,
+            usage=AnthropicUsage(input_tokens=total, output_tokens=7),
+        ),
+        "gemini": gtypes.GenerateContentResponse(
+            usage_metadata=gtypes.GenerateContentResponseUsageMetadata(
+                prompt_token_count=total, candidates_token_count=9
+            )
+        ),
+    }
+    usage = usage_record(envelopes, bodies[response], model=model)
+    assert (usage.provider, usage.model, usage.exact) == (provider, model, exact)
+    assert usage.rules == (
+        f"generic {provider} rules: no profile for {model!r} (provider from the model's name)"
+    )
+    assert usage.predicted_input == generic_profile(model, provider).effective_tokens(total)
+    assert trace_usage(usage)["rules"] == usage.rules
+
+
+def test_an_unnamed_model_takes_its_provider_from_the_usage_shape() -> None:
+    _, envelopes = _two_turns()
+    response = {"input_tokens": 40, "cache_read_input_tokens": 3000, "output_tokens": 3}
+    usage = usage_record(envelopes, response, model="my-proxy-sonnet")
+    assert usage.provider == "anthropic" and not usage.exact
+    assert "provider from the usage's shape" in usage.rules
+    assert usage_record(envelopes, response).model == "claude-sonnet-4-6"
+    assert usage_record(envelopes, response).rules == ""
+
+
+def test_a_profiled_model_records_no_generic_rules() -> None:
+    _, envelopes = _two_turns()
+    total, cached = _predicted(envelopes, "openai")
+    usage = usage_record(envelopes, _chat_completion(total, cached), model="gpt-4.1-2025-04-14")
+    assert usage.rules == "" and usage.model == "gpt-4.1"
