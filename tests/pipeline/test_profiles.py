@@ -10,7 +10,13 @@ import pytest
 from pipeline import Budget, BudgetSettings, TokenCounter
 from pipeline._errors import ConfigError
 from pipeline._tokens.counter import TOKENIZERS
-from pipeline._tokens.profiles import PROFILES, ModelProfile, get_profile
+from pipeline._tokens.profiles import (
+    PROFILES,
+    ModelProfile,
+    generic_profile,
+    get_profile,
+    provider_of,
+)
 
 
 def test_gpt_4o_profile() -> None:
@@ -119,3 +125,33 @@ def test_llama_3_2_date_line_counts_the_same_every_day() -> None:
         day += datetime.timedelta(days=1)
     assert counts == {20}
     assert get_profile("llama-3.2-3b-instruct").priming_tokens == 5 + 20
+
+
+@pytest.mark.parametrize(
+    ("name", "provider"),
+    [
+        ("claude-3-7-sonnet-20250219", "anthropic"),
+        ("gpt-4.5-preview", "openai"),
+        ("o1-mini", "openai"),
+        ("gemini-1.5-pro-002", "gemini"),
+        ("anthropic/some-proxy-name", "anthropic"),
+        ("qwen2.5-7b-instruct", "openai"),
+        ("my-local-model", None),
+    ],
+)
+def test_provider_of_reads_the_name(name: str, provider: str | None) -> None:
+    assert provider_of(name) == provider
+
+
+def test_generic_profiles_follow_the_providers_rules() -> None:
+    assert generic_profile("gpt-4.5-preview", "openai").tokenizer == "o200k_base"
+    assert generic_profile("gpt-4-turbo", "openai").tokenizer == "cl100k_base"
+    claude = generic_profile("claude-3-7-sonnet-20250219", "anthropic")
+    assert (claude.exact_tokens, claude.safety_margin, claude.min_cacheable_tokens) == (
+        False,
+        0.30,
+        1024,
+    )
+    assert generic_profile("claude-3-haiku-20240307", "anthropic").min_cacheable_tokens == 2048
+    with pytest.raises(ConfigError, match="unknown provider 'mistral'"):
+        generic_profile("x", "mistral")
