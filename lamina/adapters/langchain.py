@@ -2,8 +2,8 @@
 model call with Lamina.
 
 ``to_messages`` gives ``[SystemMessage(L1 + L2), history, HumanMessage(L3 + L5)]`` and
-the turn's tool calls and results; for Anthropic the system and user messages are
-content blocks carrying Lamina's ``cache_control`` breakpoints. ``LaminaMiddleware``
+the turn's tool calls and results; for Anthropic every message is the content blocks of
+Lamina's own Anthropic body, with each ``cache_control`` breakpoint it sets. ``LaminaMiddleware``
 replaces the system message and messages of every model call of a ``create_agent`` run
 with Lamina's, the turn's tool calls fitted to the budget as call + result units::
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.messages import (
@@ -40,11 +39,24 @@ from renderers import render_request
 __all__ = ["LaminaMiddleware", "to_messages"]
 
 
-def _system_and_user(envelope: Envelope, provider: str, model: str | None) -> tuple[Any, Any]:
-    if provider != "anthropic":
-        return envelope.system_text, envelope.user_text
-    body = render_request(envelope, "anthropic", model).body
-    return body.get("system", ""), body["messages"][-1]["content"]
+def _envelope_messages(envelope: Envelope, provider: str, model: str | None) -> list[AnyMessage]:
+    """The envelope's messages; for Anthropic, Lamina's own body's content blocks, so
+    every ``cache_control`` breakpoint it sets (system, history, turn) is carried."""
+    out: list[AnyMessage] = []
+    if provider == "anthropic":
+        body = render_request(envelope, "anthropic", model).body
+        if body.get("system"):
+            out.append(SystemMessage(content=body["system"]))
+        for m in body["messages"]:
+            make = AIMessage if m["role"] == "assistant" else HumanMessage
+            out.append(make(content=m["content"]))
+        return out
+    if envelope.system_text:
+        out.append(SystemMessage(content=envelope.system_text))
+    for role, text in envelope.history():
+        out.append(AIMessage(content=text) if role == "assistant" else HumanMessage(content=text))
+    out.append(HumanMessage(content=envelope.user_text))
+    return out
 
 
 def to_messages(
@@ -53,11 +65,7 @@ def to_messages(
     """Lamina's request as LangChain messages (``provider`` decides the content shape)."""
     loop = source if isinstance(source, Loop) else None
     envelope = source.envelope if isinstance(source, Loop) else source
-    system, user = _system_and_user(envelope, provider, model)
-    out: list[AnyMessage] = [SystemMessage(content=system)] if system else []
-    for role, text in envelope.history():
-        out.append(AIMessage(content=text) if role == "assistant" else HumanMessage(content=text))
-    out.append(HumanMessage(content=user))
+    out = _envelope_messages(envelope, provider, model)
     for step in loop.steps if loop is not None else ():
         calls = [{"name": c.name, "args": json.loads(c.args), "id": c.id} for c in step.calls]
         out.append(AIMessage(content=step.text, tool_calls=calls))

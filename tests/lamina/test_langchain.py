@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from langchain.agents import create_agent
+from langchain_anthropic import ChatAnthropic
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
     AIMessage,
@@ -17,6 +18,7 @@ from langchain_core.messages import (
 )
 from langchain_core.outputs import ChatResult
 from langchain_core.tools import tool
+from pydantic import SecretStr
 
 from lamina import Conversation
 from lamina.adapters.langchain import LaminaMiddleware, to_messages
@@ -83,6 +85,27 @@ def test_anthropic_messages_carry_cache_control_blocks() -> None:
     assert messages[-1].content == body["messages"][-1]["content"]
     plain = to_messages(env)
     assert convert_to_openai_messages(plain) == render_request(env, "openai").body["messages"]
+
+
+def test_anthropic_messages_carry_every_breakpoint_lamina_sets() -> None:
+    """ChatAnthropic's own request payload of ``to_messages`` is Lamina's Anthropic body:
+    the system blocks, the history (with its breakpoint) and the turn, byte for byte."""
+    conv = Conversation(RULES, vault=VAULT)
+    for i in range(3):
+        conv.turn(f"Question {i}: " + "why? " * 300, [{"note": "project-spec.md"}])
+        conv.reply(f"Answer {i}: " + "because " * 300)
+    env = conv.turn("Summarize", [{"note": "project-spec.md"}])
+    body = render_request(env, "anthropic", "claude-sonnet-4-6").body
+    offline = SecretStr("offline")
+    chat = ChatAnthropic(model_name="claude-sonnet-4-6", api_key=offline)  # type: ignore[call-arg]
+    payload = chat._get_request_payload(to_messages(env, "anthropic", "claude-sonnet-4-6"))
+    assert payload["system"] == body["system"]
+    assert payload["messages"] == body["messages"]
+    marked = [
+        m["role"] for m in body["messages"] if any("cache_control" in b for b in m["content"])
+    ]
+    assert marked == ["assistant"], "the history's breakpoint is one of those carried"
+    assert json.dumps(payload).count("cache_control") == json.dumps(body).count("cache_control")
 
 
 def test_ten_turn_agent_under_a_small_budget() -> None:
