@@ -113,6 +113,8 @@ def main(conversations: int = 200, workers: int | None = None, out: str | None =
     doc = run_replay_benchmark(conversations, workers, console)
     format_table(doc, console)
     if out is not None:
-        Path(out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        from lamina._files import write_atomic  # whole or not at all
+
+        write_atomic(out, json.dumps(doc, indent=2) + "\n")
         console.print(f"results written to {out}")
     return 0 if doc["identical_results"] else 1

@@ -677,7 +677,9 @@ def main(scale: str = "small", out: str | None = None) -> int:
     doc = run_benchmarks(scale, console)
     format_tables(doc, console)
     if out is not None:
-        Path(out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        from lamina._files import write_atomic  # whole or not at all
+
+        write_atomic(out, json.dumps(doc, indent=2) + "\n")
         console.print(f"results written to {out}")
     return 0
 

@@ -221,7 +221,9 @@ def main(out: str | None = None, conversations: int = 16, turns: int = 20) -> in
     doc = run_server_bench(conversations, turns)
     format_table(doc, console)
     if out is not None:
-        Path(out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        from lamina._files import write_atomic  # whole or not at all
+
+        write_atomic(out, json.dumps(doc, indent=2) + "\n")
         console.print(f"results written to {out}")
     return 0
 

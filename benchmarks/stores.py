@@ -191,4 +191,6 @@ def main(scale: str = "small", out: str | None = None, postgres_url: str | None 
     doc = run(scale, postgres_url)
     print(format_table(doc))
     if out is not None:
-        Path(out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        from lamina._files import write_atomic  # whole or not at all
+
+        write_atomic(out, json.dumps(doc, indent=2) + "\n")

@@ -10,7 +10,6 @@ import copy
 import functools
 import importlib.resources
 import json
-import os
 import sys
 import tempfile
 import threading
@@ -25,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 import pipeline
+from lamina._files import write_atomic
 from lamina._host import Conversation, import_transcript, load_conversation, rebuild_envelope
 from lamina._replay_cli import replay_command
 from lamina._script import Script, load_script, parse_script, run_saved, run_script
@@ -241,16 +241,11 @@ def _write_report(
 
     html = render_report(trace, report_blocks(envelopes), title=title)
     path = path.resolve()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(html, encoding="utf-8")
-        os.replace(tmp, path)
     except OSError as exc:
-        with contextlib.suppress(OSError):  # the folder may not be one
-            tmp.unlink(missing_ok=True)
         raise ConfigError("--out", f"cannot write {path}: {exc.strerror or exc}") from None
-    return path
+    return write_atomic(path, html)
 
 
 def _warn(env: Envelope) -> None:
@@ -595,10 +590,7 @@ def export_cmd(store_path: str, conversation_id: str, out: str | None) -> None:
     if out is None:
         click.echo(text, nl=False)
         return
-    try:
-        Path(out).write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
+    write_atomic(out, text)
 
 
 @cli.command("import")

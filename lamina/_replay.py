@@ -21,6 +21,7 @@ import attrs
 from lamina._config import ReplayConfig, load_config
 from lamina._corpus import Corpus, Recording, find_corpus, store_recordings
 from lamina._engines import Engine, make_engine
+from lamina._files import write_atomic
 from lamina._host import Conversation, import_transcript
 from lamina._script import Script, parse_script, run_script
 from pipeline import (
@@ -380,7 +381,7 @@ class ReplayRun:
 
     def write(self, path: str | Path) -> None:
         """The results file: one JSON line per conversation and config."""
-        Path(path).write_text("".join(line + "\n" for line in self.lines()), encoding="utf-8")
+        write_atomic(path, "".join(line + "\n" for line in self.lines()))
 
     def summary(self) -> RunSummary:
         """Per config totals, percentiles and winners (``lamina._summary``)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from pathlib import Path
 from typing import IO
@@ -75,7 +74,8 @@ def replay_command(
     and/or a --store) under each --config; per conversation and config: tokens, cache and
     cost per provider, decisions, invariant checks, errors; then a summary per config.
 
-    Results stream to --out as conversations finish and are sorted when the run ends, so
+    Results stream to OUT.partial as conversations finish; when the run ends they are
+    sorted into --out (replaced whole: a failed run leaves an earlier file as it was), so
     the file is byte-identical for every engine and worker count. --report writes one
     self-contained HTML page: per config a chart over the corpus (tokens sent, cached
     share, cost per conversation) and links to its worst conversations' own reports.
@@ -90,10 +90,16 @@ def replay_command(
     with contextlib.ExitStack() as stack:
         stream: IO[str] | None = None
         if out is not None:
+            # Results stream to OUT.partial; OUT itself is replaced whole when the run ends,
+            # so a failed or interrupted run never clobbers an earlier results file.
             try:
-                stream = stack.enter_context(Path(out).open("w", encoding="utf-8"))
+                stream = stack.enter_context(
+                    Path(f"{out}.partial").open(
+                        "w", encoding="utf-8", errors="backslashreplace"
+                    )
+                )
             except OSError as exc:
-                raise ConfigError("--out", f"cannot write {out}: {exc}") from None
+                raise ConfigError("--out", f"cannot write {out}: {exc.strerror or exc}") from None
         with Progress(
             TextColumn(f"replay ({runner.name})"),
             BarColumn(),
@@ -113,9 +119,8 @@ def replay_command(
             run = replay(found, configs, engine=runner, on_result=finished)
     seconds = time.perf_counter() - started
     if out is not None:
-        partial = f"{out}.sorting"
-        run.write(partial)
-        os.replace(partial, out)
+        run.write(out)
+        Path(f"{out}.partial").unlink(missing_ok=True)
     summary = run.summary()
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=2, sort_keys=True))

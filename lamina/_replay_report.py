@@ -8,7 +8,6 @@ page, which links to them by relative paths: the folder opens offline, from any 
 
 from __future__ import annotations
 
-import os
 import re
 import urllib.parse
 from pathlib import Path
@@ -18,6 +17,7 @@ import attrs
 
 from lamina._config import ReplayConfig
 from lamina._corpus import Corpus, Recording
+from lamina._files import write_atomic
 from lamina._replay import ReplayError, ReplayResult, ReplayRun, _conversation, _run_turns, _script
 from pipeline import ConfigError, Envelope
 from renderers import (
@@ -72,13 +72,7 @@ def _slug(text: str, limit: int = 40) -> str:
 
 def _write(path: Path, text: str) -> None:
     """Write atomically (a reader never sees half a page)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise ConfigError("--report", f"cannot write {path}: {exc}") from None
+    write_atomic(path, text, option="--report")
 
 
 def conversation_page(recording: Recording, config: ReplayConfig) -> tuple[str, int] | None:

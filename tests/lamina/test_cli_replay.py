@@ -23,7 +23,7 @@ def test_replay_writes_sorted_results_and_prints_the_summary(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     expected = replay(chats, configs, engine="serial").lines()
     assert out.read_text(encoding="utf-8") == "".join(line + "\n" for line in expected)
-    assert not (tmp_path / "results.jsonl.sorting").exists()
+    assert not (tmp_path / "results.jsonl.partial").exists()
     summary = json.loads(proc.stdout)
     assert summary["conversations"] == 6 and summary["compared"] == 5
     assert summary["configs"]["pin"]["errors"] == 1
