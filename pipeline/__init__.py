@@ -179,6 +179,7 @@ from pipeline._text.markup import (
     escape_attribute,
     escape_body,
     markup_blocks,
+    xml_safe,
 )
 from pipeline._tokens.counter import (
     TOKENIZERS,
@@ -465,4 +466,5 @@ __all__ = [
     "tool_turn",
     "turn_record",
     "visible_history",
+    "xml_safe",
 ]

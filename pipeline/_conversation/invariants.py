@@ -16,6 +16,7 @@ from pipeline._model.envelope import (
 )
 from pipeline._model.history import has_context_markup
 from pipeline._model.tools import TOOL_SOURCE, chunk_source
+from pipeline._text.markup import escape_attribute, xml_safe
 from pipeline._views.views import Policy
 
 __all__ = ["check_envelope"]
@@ -142,10 +143,16 @@ def _non_recoverable_kept(env: Envelope) -> None:
                 raise InvariantViolation(6, f"non-recoverable {seg.key} was summarized", seg.key)
 
 
+def _names(text: str, key: str) -> bool:
+    """``text`` holds ``key`` as written or as a block's attribute writes it (``"``, ``<``,
+    ``>``, tab and line breaks escaped, what XML cannot hold replaced)."""
+    return key in text or escape_attribute(xml_safe(key)) in text
+
+
 def _compacted_keep_identity(env: Envelope) -> None:
     for layer in (env.l2, env.l3):
         for seg in layer.segments:
-            if seg.form in _COMPACTED and not (seg.key and seg.title and seg.key in seg.text):
+            if seg.form in _COMPACTED and not (seg.key and seg.title and _names(seg.text, seg.key)):
                 raise InvariantViolation(
                     8, f"{seg.key} lost its key or title when compacted", seg.key
                 )

@@ -25,6 +25,7 @@ __all__ = [
     "escape_attribute",
     "escape_body",
     "markup_blocks",
+    "xml_safe",
 ]
 
 # Tool payload wrappers that agent frameworks emit; a model may echo them in a reply.
@@ -45,6 +46,26 @@ _CDATA = "<![CDATA["
 _ATTRIBUTE = str.maketrans(
     {'"': "&quot;", "<": "&lt;", ">": "&gt;", "\n": "&#10;", "\r": "&#13;", "\t": "&#9;"}
 )
+
+
+# XML 1.0 cannot carry C0 controls (other than tab, LF, CR) at all, not even escaped:
+# they become their visible Unicode "control picture" (NUL -> U+2400), so the model
+# still sees that something was there; other illegal code points become U+FFFD.
+_C0 = {c: 0x2400 + c for c in range(0x20) if c not in (0x09, 0x0A, 0x0D)}
+_ILLEGAL = re.compile("[\ud800-\udfff\ufffe\uffff]")
+_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+_C0_BYTES = bytes(_C0)
+
+
+def xml_safe(text: str) -> str:
+    """``text`` with the code points XML 1.0 cannot hold replaced (see module comment)."""
+    if text.isascii():  # only C0 controls can be unsafe: a byte scan, several times a regex's
+        raw = text.encode("ascii")
+        if len(raw.translate(None, _C0_BYTES)) == len(raw):
+            return text
+    elif _UNSAFE.search(text) is None:  # the usual case: one scan, no copy
+        return text
+    return _ILLEGAL.sub("\ufffd", text.translate(_C0))
 
 
 def escape_attribute(value: str) -> str:

@@ -147,7 +147,7 @@ def test_renderings_are_memoized_and_a_new_renderer_clears_them() -> None:
 def test_ascii_text_is_made_safe_as_the_general_rule_does(text: str) -> None:
     """ASCII text takes a byte scan: only C0 controls but tab, LF and CR are replaced, and
     a safe text is returned as it is."""
-    from renderers._xml import _C0, _ILLEGAL
+    from pipeline._text.markup import _C0, _ILLEGAL
 
     out = xml_safe(text)
     assert out == _ILLEGAL.sub("\ufffd", text.translate(_C0))
