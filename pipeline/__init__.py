@@ -110,6 +110,7 @@ from pipeline._model.envelope import (
 from pipeline._model.history import HistoryEntry, has_context_markup, strip_reply
 from pipeline._model.kinds import AttachmentKinds, LabelLookup, NoKinds
 from pipeline._model.library import Library, LibraryEntry
+from pipeline._model.recall import RECALL_SOURCE, Recalled, RecallItem, Retriever
 from pipeline._model.tools import (
     TOOL_SOURCE,
     Chunk,
@@ -130,6 +131,8 @@ from pipeline._model.tools import (
     tool_key,
     tool_turn,
 )
+from pipeline._recall.retrievers import Fts5Retriever
+from pipeline._recall.stage import Recall, RecallMemo
 from pipeline._stages.builtin import (
     Dedup,
     Expand,
@@ -252,6 +255,7 @@ __all__ = [
     "PROFILES",
     "QUERY_LABEL",
     "QUESTION_AGAIN",
+    "RECALL_SOURCE",
     "REFERENCES_INTRO",
     "REPLY_PRIMING",
     "TOKENIZERS",
@@ -297,6 +301,7 @@ __all__ = [
     "FetchError",
     "FileProblem",
     "Form",
+    "Fts5Retriever",
     "Head",
     "HistoryEntry",
     "HistoryView",
@@ -343,8 +348,13 @@ __all__ = [
     "Processed",
     "Promote",
     "Provider",
+    "Recall",
+    "RecallItem",
+    "RecallMemo",
+    "Recalled",
     "Reference",
     "RegistryError",
+    "Retriever",
     "ScriptError",
     "Segment",
     "SegmentManifest",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from pipeline._errors import ConfigError
 from pipeline._input import validate as _validate
 from pipeline._tokens.profiles import OPENAI_FRAMING
 
@@ -31,6 +32,13 @@ def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], object], 
 
 def _real(_: object, attribute: attrs.Attribute[float], value: object) -> None:
     _validate.number(f"budget.{attribute.name}", value)
+
+
+def _fraction(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    """An attrs validator: a number in [0, 1)."""
+    share = _validate.number(f"budget.{attribute.name}", value)
+    if not 0.0 <= share < 1.0:
+        raise ConfigError(f"budget.{attribute.name}", f"must be in [0, 1), got {value!r}")
 
 
 @attrs.frozen
@@ -58,6 +66,9 @@ class BudgetSettings:
     """Where the chat template puts the system text (``CHAT_TEMPLATES``): "mistral" for
     Mistral's instruct format, which sends it inside the last user message."""
     tool_call_tokens: int = attrs.field(default=OPENAI_FRAMING.tool_call, validator=_at_least(0))
+    recall_share: float = attrs.field(default=0.0, validator=_fraction)
+    """The share of the limit that recall may fill with dropped history and cut library
+    entries the query matches (the ``recall`` stage); 0 turns recall off (no index)."""
 
     @classmethod
     def of(cls, budget: BudgetSettings) -> BudgetSettings:

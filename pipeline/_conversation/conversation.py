@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -29,6 +29,8 @@ from pipeline._model.envelope import (
 from pipeline._model.history import HistoryEntry, strip_reply
 from pipeline._model.kinds import AttachmentKinds, NoKinds
 from pipeline._model.library import Library, LibraryEntry, LibraryPrefix
+from pipeline._model.recall import Retriever
+from pipeline._recall.stage import RecallMemo
 from pipeline._stages.builtin import Pipeline
 from pipeline._tokens.counter import TokenCounter
 from pipeline._turn.assemble import assemble
@@ -97,8 +99,12 @@ class Conversation:
         renderer: SegmentRenderer | None = None,
         budget: Budget | None = None,
         summarizer: Summarizer | None = None,
+        retriever: Callable[[], Retriever] | None = None,
     ) -> None:
         _check_settings(system, tokenizer, policy, budget)
+        if retriever is not None and not callable(retriever):
+            got = type(retriever).__name__
+            raise ArgumentError("retriever", f"must make a pipeline.Retriever, got {got}")
         self._system = system if isinstance(system, SystemPrompt) else SystemPrompt(system)
         self._sources = sources if sources is not None else NoSources()
         # Without tokenizer= (""), the budget's model (Budget.for_model) decides; else o200k.
@@ -124,6 +130,8 @@ class Conversation:
         # The history's rendered segments and L4's hash, extended turn to turn.
         self._l4 = HistorySegments()
         self._history_view = HistoryView()
+        # What the budget dropped, indexed once a turn recalls (budget.recall_share > 0).
+        self._recall = RecallMemo(retriever)
         self._l1_compacted = False
         # The stored head this state continues (set by load_conversation and save_turn).
         self.saved_head: Head | None = None
@@ -188,6 +196,7 @@ class Conversation:
         renderer: SegmentRenderer | None = None,
         budget: Budget | None = None,
         summarizer: Summarizer | None = None,
+        retriever: Callable[[], Retriever] | None = None,
     ) -> Conversation:
         """A conversation that continues exactly where ``state`` was taken.
 
@@ -205,6 +214,7 @@ class Conversation:
             renderer=renderer,
             budget=budget,
             summarizer=summarizer,
+            retriever=retriever,
         )
         if state.vault_changes:
             conv._vault_changes = dict(state.vault_changes)
@@ -293,6 +303,7 @@ class Conversation:
             views=self.views,
             prefix=self.prefix,
             l4=self._l4,
+            recall=self._recall,
         )
         start = TurnGraph.build(
             processed,

@@ -15,6 +15,7 @@ from pipeline._model.envelope import (
     user_parts,
 )
 from pipeline._model.history import has_context_markup
+from pipeline._model.recall import RECALL_SOURCE
 from pipeline._model.tools import TOOL_SOURCE, chunk_source
 from pipeline._text.markup import escape_attribute, xml_safe
 from pipeline._views.views import Policy
@@ -107,7 +108,7 @@ def _tool_output_turn_scoped(env: Envelope) -> None:
     tool_texts = [s.text for s in env.l3.segments if s.source_type == TOOL_SOURCE and s.text]
     for layer in (env.l1, env.l2):
         for seg in layer.segments:
-            if seg.source_type == TOOL_SOURCE or chunk_source(seg.key) is not None:
+            if seg.source_type in (TOOL_SOURCE, RECALL_SOURCE) or chunk_source(seg.key):
                 raise InvariantViolation(4, f"tool output {seg.key} is in {layer.name}", seg.key)
     for text in tool_texts:
         if text in env.system_text or any(text in s.text for s in env.l4.segments):

@@ -204,6 +204,9 @@ class DecisionAction(enum.StrEnum):
     """A folder or tag group collapsed into one index."""
     STUBBED = "stubbed"
     """A tool result in an agent loop stubbed (name and arguments kept)."""
+    RECALLED = "recalled"
+    """Dropped history or a cut library entry sent again in this turn's user message, as
+    a turn-scoped block, because the query matches it."""
 
 
 class DecisionForm(enum.StrEnum):

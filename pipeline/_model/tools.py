@@ -28,6 +28,7 @@ from pipeline._model.artifacts import (
 )
 from pipeline._model.envelope import TOOL_SOURCE
 from pipeline._model.kinds import AttachmentKinds
+from pipeline._model.recall import RECALL_SOURCE
 
 if TYPE_CHECKING:
     from pipeline._conversation.conversation import Conversation
@@ -94,8 +95,12 @@ def chunk_source(key: str) -> str | None:
 
 
 def is_turn_scoped(artifact: Artifact) -> bool:
-    """Tool results and retrieval chunks live for one turn: never promoted into L2."""
-    return artifact.source_type == TOOL_SOURCE or chunk_source(artifact.key) is not None
+    """Tool results, retrieval chunks and recalled blocks live for one turn: never promoted
+    into L2."""
+    return (
+        artifact.source_type in (TOOL_SOURCE, RECALL_SOURCE)
+        or chunk_source(artifact.key) is not None
+    )
 
 
 @attrs.frozen

@@ -425,6 +425,10 @@ class Pipeline:
 @functools.cache
 def _default_pipeline() -> Pipeline:
     from pipeline._budget.fit import Enforce
+    from pipeline._recall.stage import Recall
     from pipeline._stages.pages import MergePages
 
-    return Pipeline([Expand(), Dedup(), MergePages(), Reference(), Enforce(), Promote()])
+    stages: list[Stage] = [
+        Expand(), Dedup(), MergePages(), Reference(), Enforce(), Recall(), Promote()
+    ]
+    return Pipeline(stages)

@@ -20,6 +20,7 @@ from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:
     from pipeline._budget.fit import Budget
+    from pipeline._recall.stage import RecallMemo
     from pipeline._turn.draft import Draft
     from pipeline._turn.promotion import Promotion
 
@@ -72,6 +73,8 @@ class TurnContext:
     prefix: LibraryPrefix = attrs.field(factory=LibraryPrefix, eq=False)
     # The conversation's L4 segments and hash, extended turn to turn (mutable on purpose).
     l4: HistorySegments = attrs.field(factory=HistorySegments, eq=False)
+    # The conversation's recall index, extended turn to turn (mutable on purpose).
+    recall: RecallMemo | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen

@@ -39,6 +39,7 @@ def test_default_order() -> None:
         "pages",
         "reference",
         "budget",
+        "recall",
         "promote",
     )
 
@@ -77,6 +78,7 @@ def test_before_places_a_host_stage_ahead_of_a_builtin() -> None:
         "redact",
         "reference",
         "budget",
+        "recall",
         "promote",
     )
 

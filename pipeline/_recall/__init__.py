@@ -1,0 +1,1 @@
+"""Recall: what the budget dropped stays findable and comes back when the query asks."""

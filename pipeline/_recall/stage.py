@@ -1,0 +1,334 @@
+"""The recall stage: bring back, into this turn's user message, what the budget dropped
+and the query asks about.
+
+Runs after the budget. What it may recall is derived from the turn alone: history
+messages before L4's cut point and cut library entries whose whole form the library
+keeps. A ``RecallMemo`` (per conversation) keeps them indexed; a restored conversation
+builds the same index from its stored history and library, so the request is the same.
+The recalled blocks are turn-scoped (``recalled:<key>``), placed after this turn's own
+items, in conversation order; they never enter L1, L2 or L4, so the cached prefix is the
+one the budget left. Their room is the budget's ``recall_share`` of the limit: when less
+than ``floor`` of it is free, the history cut point moves on until all of it is
+(hysteresis: the prefix breaks once per that many turns, not every turn).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
+
+from pipeline._budget.fit import Budget
+from pipeline._model.envelope import BLOCK_SEP, Decision, DecisionAction, Form, Segment, View
+from pipeline._model.history import HistoryEntry
+from pipeline._model.library import LibraryEntry
+from pipeline._model.recall import RecallItem, Retriever, recalled_artifact
+from pipeline._recall.retrievers import Fts5Retriever
+from pipeline._tokens.counter import count_with_sep_from
+from pipeline._turn.assemble import draft, visible_history
+from pipeline._turn.draft import Draft, ItemBlock
+from pipeline._turn.graph import Placement, TurnGraph
+from pipeline._views.views import full_view
+
+__all__ = ["RECALL_FLOOR", "Recall", "RecallMemo", "recall_items"]
+
+RECALL_FLOOR = 0.25
+"""Below this share of its room free, recall moves the history cut point on."""
+SEARCH_K = 64
+"""How many ranked items a turn considers (more than a share of a window holds)."""
+
+
+class RecallMemo:
+    """A conversation's recall index, kept between turns (mutable on purpose, like
+    ``LibraryPrefix``). No index exists until a turn recalls; it is extended with what
+    the budget drops next, and made afresh when an indexed item is no longer dropped or
+    has changed, so it always holds exactly the turn's recallable set (what a restored
+    conversation indexes from scratch). It also remembers each item's block and count."""
+
+    def __init__(self, retriever: Callable[[], Retriever] | None = None) -> None:
+        self._make: Callable[[], Retriever] = retriever or Fts5Retriever
+        self._retriever: Retriever | None = None
+        self._indexed: dict[str, str] = {}
+        self._checked: Mapping[str, RecallItem] | None = None
+        self._history: tuple[int, object, dict[str, RecallItem]] | None = None
+        self._blocks: dict[str, tuple[str, ItemBlock]] = {}
+        self._lock = threading.Lock()
+        self.builds = 0
+        """How many indexes were made (a meter: off, or nothing dropped, makes none)."""
+
+    def search(
+        self, items: Mapping[str, RecallItem], query: str, k: int
+    ) -> list[tuple[str, float]]:
+        """The best ``k`` of ``items`` for ``query`` as (key, score), best first, ties by key."""
+        with self._lock:
+            retriever = self._retriever
+            if items is not self._checked:
+                stale = any(
+                    (item := items.get(key)) is None or item.text != text
+                    for key, text in self._indexed.items()
+                )
+                if retriever is None or stale:
+                    retriever = self._make()
+                    self._retriever, self._indexed = retriever, {}
+                    self.builds += 1
+                new = [items[key] for key in sorted(items) if key not in self._indexed]
+                if new:
+                    retriever.index(new)
+                    self._indexed.update((item.key, item.text) for item in new)
+                self._checked = items
+            assert retriever is not None
+            found = retriever.search(query, k)
+        return sorted(
+            ((key, score) for key, score in found if key in items), key=lambda h: (-h[1], h[0])
+        )
+
+    def items(self, turn: TurnGraph) -> dict[str, RecallItem]:
+        """``recall_items(turn)``; the history part is remembered while the cut point and
+        the entries before it are the same."""
+        start = turn.history_view.start
+        before = [e for e in turn.history[: max(0, start - 1)] if e.turn < start]
+        last = before[-1] if before else None
+        with self._lock:
+            kept = self._history
+            if kept is not None and kept[0] == start and kept[1] is last:
+                dropped = kept[2]
+            else:
+                dropped = _history_items(before)
+                self._history = (start, last, dropped)
+        library = _library_items(turn)
+        if not library:
+            return dropped
+        return {**dropped, **library}
+
+    def block(self, item: RecallItem, turn: TurnGraph) -> ItemBlock:
+        """``item``'s recalled block as a draft measures it (made once per item text), so
+        adding it to a turn renders and counts nothing again."""
+        with self._lock:
+            kept = self._blocks.get(item.key)
+        if kept is not None and kept[0] == item.text:
+            return kept[1]
+        artifact = recalled_artifact(item)
+        view = full_view(artifact)
+        counter = turn.ctx.counter
+        text = turn.ctx.renderer.render(view)
+        tokens = counter.count(text)
+        with_sep = count_with_sep_from(text, tokens, BLOCK_SEP, counter.count)
+        block = ItemBlock(
+            Placement(artifact.key), artifact, Segment.of_view(view, text, tokens), with_sep
+        )
+        with self._lock:
+            self._blocks[item.key] = (item.text, block)
+        return block
+
+
+def _cost(block: ItemBlock) -> int:
+    """A block's tokens with the blank line after it (an upper bound when not known)."""
+    return block.with_sep if block.with_sep is not None else block.segment.tokens + 2
+
+
+def recall_share(budget: Budget) -> float:
+    return budget.recall_share
+
+
+def recall_items(turn: TurnGraph) -> dict[str, RecallItem]:
+    """What ``turn`` may recall: history messages before L4's cut point and cut library
+    entries whose whole form is kept (not attached again this turn), by key in
+    conversation order."""
+    start = turn.history_view.start
+    return {
+        **_history_items([e for e in turn.history if e.turn < start]),
+        **_library_items(turn),
+    }
+
+
+def _history_items(entries: Sequence[HistoryEntry]) -> dict[str, RecallItem]:
+    out: dict[str, RecallItem] = {}
+    for entry in entries:
+        if entry.user.strip():
+            key = f"history:{entry.turn}:user"
+            out[key] = RecallItem(key, entry.turn, entry.user, "user")
+        if entry.assistant and entry.assistant.strip():
+            key = f"history:{entry.turn}:assistant"
+            out[key] = RecallItem(key, entry.turn, entry.assistant, "assistant")
+    return out
+
+
+def _library_items(turn: TurnGraph) -> dict[str, RecallItem]:
+    out: dict[str, RecallItem] = {}
+    present: set[str] | None = None
+    for lib in turn.library.entries:
+        whole = _whole(lib)
+        if whole is None or not whole.body.strip():
+            continue
+        if present is None:
+            present = {item.key for item in turn.items}
+        if lib.key not in present:
+            out[lib.key] = RecallItem(lib.key, lib.turn, whole.body, whole.title)
+    return out
+
+
+def _whole(entry: LibraryEntry) -> View | None:
+    """The fuller view a cut library entry keeps (None while it is in that form)."""
+    whole = getattr(entry, "whole", None)
+    if not isinstance(whole, View) or whole.form is Form.REFERENCE or entry.form is Form.FULL:
+        return None
+    return whole
+
+
+@attrs.frozen
+class Recall:
+    """The recall stage (``recall_share`` of the budget > 0; otherwise it does nothing)."""
+
+    name: str = "recall"
+    after: tuple[str, ...] = ("budget",)
+    before: tuple[str, ...] = ("promote",)
+    floor: float = RECALL_FLOOR
+
+    def __call__(self, turn: TurnGraph) -> TurnGraph:
+        budget = turn.ctx.budget
+        memo = turn.ctx.recall
+        if budget is None or memo is None or recall_share(budget) <= 0:
+            return turn
+        items = memo.items(turn)
+        if not items:
+            return turn
+        hits = memo.search(items, turn.query, SEARCH_K)
+        if not hits:
+            return turn
+        counter = turn.ctx.counter
+        share = math.floor(budget.limit * recall_share(budget))
+        measured = turn.measured if turn.measured is not None else draft(turn)
+        report = turn.budget_report
+        used = report.used if report is not None else budget.used(measured, counter)
+        decisions: list[Decision] = []
+        free = budget.limit - budget.effective(used)
+        if free < share * self.floor:
+            moved = _make_room(turn, measured, share - free, budget)
+            if moved is not None:
+                turn, decision = moved
+                decisions.append(decision)
+                measured = draft(turn, measured)
+                used = budget.used(measured, counter)
+                free = budget.limit - budget.effective(used)
+                items = memo.items(turn)
+                hits = memo.search(items, turn.query, SEARCH_K)
+        room = min(share, free)
+        chosen = _choose(turn, memo, items, hits, room)
+        while chosen:
+            out, after = _with_recalled(turn, measured, memo, chosen, items)
+            now = budget.used(after, counter)
+            if now - used <= room and budget.effective(now) <= budget.limit:
+                made = [
+                    Decision(
+                        self.name,
+                        f"recalled:{key}",
+                        "dropped",
+                        "full",
+                        "dropped earlier; the query matches it, so it is sent in this turn",
+                        layer="L3",
+                        action=DecisionAction.RECALLED,
+                    )
+                    for key in chosen
+                ]
+                return _reported(out, after, now, budget, [*decisions, *made])
+            chosen = chosen[:-1]  # the exact count says no: leave out the lowest ranked
+        if decisions:
+            return _reported(turn, measured, used, budget, decisions)
+        return turn
+
+
+def _choose(
+    turn: TurnGraph,
+    memo: RecallMemo,
+    items: Mapping[str, RecallItem],
+    hits: Sequence[tuple[str, float]],
+    room: int,
+) -> list[str]:
+    """The best-ranked items whose blocks (and a blank line each) fit ``room``."""
+    chosen: list[str] = []
+    spent = 0
+    for key, _ in hits:
+        cost = _cost(memo.block(items[key], turn))
+        if spent + cost <= room:
+            chosen.append(key)
+            spent += cost
+    return chosen
+
+
+def _with_recalled(
+    turn: TurnGraph,
+    measured: Draft,
+    memo: RecallMemo,
+    chosen: Sequence[str],
+    items: Mapping[str, RecallItem],
+) -> tuple[TurnGraph, Draft]:
+    """``turn`` with the ``chosen`` items as recalled blocks after its own, in conversation
+    order (history by turn and role, then library entries), and its draft (the blocks
+    come measured from the memo)."""
+    order = {key: i for i, key in enumerate(items)}
+    graph = turn.graph.copy()
+    blocks: list[ItemBlock] = []
+    for key in sorted(chosen, key=lambda k: (items[k].turn, order[k])):
+        block = memo.block(items[key], turn)
+        graph.add_node(block.artifact.key, kind="artifact", artifact=block.artifact)
+        blocks.append(block)
+    placements = tuple(block.placement for block in blocks)
+    out = attrs.evolve(turn, graph=graph, items=(*turn.items, *placements))
+    known = attrs.evolve(measured, items=(*measured.items, *blocks))
+    return out, draft(out, known)
+
+
+def _make_room(
+    turn: TurnGraph, measured: Draft, need: int, budget: Budget
+) -> tuple[TurnGraph, Decision] | None:
+    """Move the history cut point past the oldest shown turns until about ``need`` tokens
+    are freed (never past the last turn); None if nothing can go."""
+    shown = visible_history(turn)
+    if len(shown) <= 1:
+        return None
+    sizes: dict[int, int] = {}
+    for seg in measured.l4.segments:
+        number = int(seg.key.split(":")[1])
+        sizes[number] = sizes.get(number, 0) + seg.tokens + budget.per_message_tokens + 2
+    first = shown[0][0].turn
+    freed = 0
+    start = first
+    for entry, _ in shown[:-1]:
+        if freed >= need:
+            break
+        freed += sizes.get(entry.turn, 0)
+        start = entry.turn + 1
+    if start == first:
+        return None
+    view = attrs.evolve(turn.history_view, start=start)
+    target = f"history:{first}" if start - 1 == first else f"history:{first}-{start - 1}"
+    decision = Decision(
+        "recall",
+        target,
+        "text",
+        "dropped",
+        "oldest history turns dropped to make the recall share's room (they stay findable)",
+        freed,
+        layer="L4",
+        action=DecisionAction.HISTORY_CUT,
+    )
+    return attrs.evolve(turn, history_view=view), decision
+
+
+def _reported(
+    turn: TurnGraph, measured: Draft, used: int, budget: Budget, decisions: list[Decision]
+) -> TurnGraph:
+    """``turn`` with its draft, the budget report's use and the recall decisions."""
+    report = turn.budget_report
+    if report is not None:
+        report = attrs.evolve(
+            report,
+            used=used,
+            effective=budget.effective(used),
+            after=measured.layer_tokens(),
+            decisions=(*report.decisions, *decisions),
+        )
+    out = attrs.evolve(turn, measured=measured, budget_report=report)
+    return out.decide(*decisions)
