@@ -4,9 +4,9 @@ The ``budget`` stage measures the exact rendered request and, while it does not 
 cuts, recording each cut as a decision. The default policy, ``current-first``, keeps what
 the user attached this turn: it compacts the oldest library entries first (past the need,
 so the prefix breaks rarely), then history, then this turn's items to the largest
-preview size that fits, then sends them as honest not-sent references, then collapses
-folder and tag groups into one index each; cuts are chosen from known counts and the
-request is measured once per round. ``prefix-first`` (and any explicit ``order``) takes
+preview size that fits, then lists folder and tag groups' items in one index each
+(``index.plan_index``), then sends them as honest not-sent references; cuts are chosen
+from known counts and the request is measured once per round. ``prefix-first`` (and any explicit ``order``) takes
 one cut at a time from an order. If nothing is left to cut it raises ``BudgetExceeded``
 carrying the report. Never cut: the query, the last history turn, L1's stable part.
 """
@@ -22,9 +22,10 @@ from typing import Literal
 import attrs
 
 from pipeline._budget import engine
+from pipeline._budget.index import is_index, plan_index, settle_empty
 from pipeline._budget.settings import BudgetSettings
 from pipeline._errors import ConfigError
-from pipeline._model.artifacts import Artifact, TurnWarning, make_artifact
+from pipeline._model.artifacts import TurnWarning
 from pipeline._model.envelope import (
     NOT_SENT,
     BudgetReport,
@@ -65,7 +66,6 @@ __all__ = [
     "Cut",
     "CutPolicy",
     "Enforce",
-    "GroupIndex",
     "compact_l1_mutable",
     "compact_l2",
     "compact_l3",
@@ -492,8 +492,26 @@ class Enforce:
         start = _Fitting(turn, drafted, budget.used(drafted, turn.ctx.counter))
         steps = [_step(plan, budget) for plan in plans]
         done, report = engine.fit(start, steps, budget, _too_big(budget))
+        done, report = _settle(done, report, steps, budget)
         decided = attrs.evolve(done.turn, budget_report=report, measured=done.draft)
         return decided.decide(*report.decisions)
+
+
+def _settle(
+    done: _Fitting, report: BudgetReport, steps: Sequence[engine.Plan[_Fitting]], budget: Budget
+) -> tuple[_Fitting, BudgetReport]:
+    """The fitted turn with no block that holds only an omitted-sections line
+    (``index.settle_empty``); that saves tokens, so a fit again is a rare safety net."""
+    for _ in range(3):
+        settled = settle_empty(done.turn, done.draft)
+        if settled is None:
+            break
+        turn, made = settled
+        drafted = draft(turn, done.draft)
+        state = _Fitting(turn, drafted, budget.used(drafted, turn.ctx.counter))
+        done, more = engine.fit(state, steps, budget, _too_big(budget), before=report.before)
+        report = attrs.evolve(more, decisions=(*report.decisions, *made, *more.decisions))
+    return done, report
 
 
 # -- the current-first policy: cuts planned from known counts, one measurement per round --
@@ -559,7 +577,8 @@ def _single(cut: Cut) -> Plan:
 def _shrinkable(turn: TurnGraph, item: Placement) -> bool:
     if item.form not in (Form.FULL, Form.PREVIEW) or chunk_source(item.key) is not None:
         return False
-    return turn.artifact(item.key).recoverable
+    artifact = turn.artifact(item.key)
+    return artifact.recoverable and not is_index(artifact)  # an index only drops lines
 
 
 def _cap(sizes: list[int], room: int) -> int:
@@ -678,78 +697,6 @@ def _plan_current(
     return attrs.evolve(turn, items=tuple(items)), decisions
 
 
-@attrs.frozen
-class GroupIndex:
-    """The index that stands for a folder or tag group no form of whose items fits:
-    one line per item (title, path, tokens) and how to ask for one."""
-
-    group: str
-    lines: tuple[str, ...]
-
-    @property
-    def title(self) -> str:
-        return f"index of {self.group}"
-
-    @property
-    def locator(self) -> str:
-        return self.group
-
-    def body(self) -> str:
-        head = (
-            f"{len(self.lines)} items of {self.group} were attached but not sent for lack of "
-            "room. Ask for one by its key or path to have it sent."
-        )
-        return "\n".join((head, *self.lines))
-
-    def attributes(self) -> tuple[tuple[str, str], ...]:
-        return (("items", str(len(self.lines))),)
-
-    def replace_text(self, fn: Callable[[str], str]) -> GroupIndex:
-        return attrs.evolve(self, lines=tuple(fn(line) for line in self.lines))
-
-
-def group_index(group: str, members: Sequence[tuple[Artifact, int]]) -> Artifact:
-    """The index artifact of ``group`` listing ``members`` (artifact, tokens in full)."""
-    lines = tuple(f"- {a.key} | {a.title} | {a.locator} | {n} tokens" for a, n in members)
-    return make_artifact("index", f"index:{group}", GroupIndex(group, lines), recoverable=True)
-
-
-def _plan_groups(
-    turn: TurnGraph, env: Draft, over: int, budget: Budget
-) -> tuple[TurnGraph, list[Decision]] | None:
-    """Collapse the largest folder or tag group of this turn's items into one index."""
-    sizes = {s.key: s.tokens for s in env.l3.segments}
-    present = {item.key for item in turn.items}
-    best: tuple[int, str, list[str]] | None = None
-    for root in turn.roots:
-        if turn.kind(root) != "group" or f"index:{root}" in present:
-            continue
-        members = [k for k in turn.successors(root, "contains") if k in present]
-        if len(members) < 2:
-            continue
-        size = sum(sizes.get(k, 0) for k in members)
-        if best is None or size > best[0]:
-            best = (size, root, members)
-    if best is None:
-        return None
-    size, root, members = best
-    artifact = group_index(root, [(turn.artifact(k), sizes.get(k, 0)) for k in members])
-    graph = turn.graph.copy()
-    graph.add_node(artifact.key, kind="artifact", artifact=artifact)
-    graph.add_edge(root, artifact.key, kind="contains")
-    gone = set(members)
-    items: list[Placement] = []
-    for item in turn.items:
-        if item.key in gone:
-            if not any(i.key == artifact.key for i in items):
-                items.append(Placement(artifact.key))
-            continue
-        items.append(item)
-    reason = f"{len(members)} items of {root} collapsed into one index (no form of each fits)"
-    decision = _decision(root, "items", "index", reason, "L3", action=DecisionAction.INDEXED)
-    return attrs.evolve(turn, graph=graph, items=tuple(items)), [decision]
-
-
 _PLANS: tuple[Plan, ...] = (
     _plan_library,
     _single(drop_history),
@@ -758,6 +705,6 @@ _PLANS: tuple[Plan, ...] = (
     _single(compact_l1_mutable),
     _single(excerpt_non_recoverable),
     # An index line is smaller than a not-sent reference and tells more: groups go first.
-    _plan_groups,
+    plan_index,
     _plan_unsent,
 )

@@ -296,13 +296,14 @@ class Promote:
     def __call__(self, turn: TurnGraph) -> TurnGraph:
         # A new item the budget could only refer to was not sent; it is not promoted (its
         # not-sent reference says so). One the budget fitted to a preview enters L2 in the
-        # form it was sent. Tool results and retrieval chunks never enter L2.
+        # form it was sent. Tool results, retrieval chunks and indexes never enter L2.
         new = tuple(
             item
             for item in turn.items
             if item.form is not Form.REFERENCE
             and item.key not in turn.library
             and not is_turn_scoped(turn.artifact(item.key))
+            and turn.artifact(item.key).source_type != "index"  # lists what was not sent
         )
         # The promotion, made after the turn, keeps of the graph only the new artifacts.
         kept = turn.keeping(dict.fromkeys(item.key for item in new))
