@@ -17,7 +17,14 @@ from lamina._config import (
     parse_config,
 )
 from lamina._corpus import Corpus, Recording, find_corpus
-from lamina._engines import DaskEngine, Engine, LocalEngine, SerialEngine, make_engine
+from lamina._engines import (
+    DaskEngine,
+    Engine,
+    EngineError,
+    LocalEngine,
+    SerialEngine,
+    make_engine,
+)
 from lamina._host import (
     Conversation,
     default_sources,
@@ -75,6 +82,7 @@ __all__ = [
     "Corpus",
     "DaskEngine",
     "Engine",
+    "EngineError",
     "Envelope",
     "InvariantFailure",
     "LaminaError",

@@ -11,6 +11,7 @@ import importlib
 import logging
 import multiprocessing
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -18,13 +19,23 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
-from pipeline import ConfigError
+from pipeline import ConfigError, LaminaError
 
-__all__ = ["ENGINES", "DaskEngine", "Engine", "LocalEngine", "SerialEngine", "make_engine"]
+__all__ = [
+    "ENGINES",
+    "DaskEngine",
+    "Engine",
+    "EngineError",
+    "LocalEngine",
+    "SerialEngine",
+    "make_engine",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
 ENGINES = ("serial", "local", "dask")
+_POLL = 0.05  # seconds between looks at the finished results while none is ready
+log = logging.getLogger("lamina.replay")
 
 # For a LocalCluster: the workers' statistical profiler (a stack sample every 10 ms) and
 # the scheduler holding back tasks until a worker is free (worker-saturation 1.1) each
@@ -100,16 +111,42 @@ class LocalEngine:
                 pool.shutdown(wait=True, cancel_futures=True)
 
 
+class EngineError(LaminaError):
+    """The engine gave up on a run: results stopped arriving, or a conversation's task was
+    lost more often than the engine retries (``.engine``, ``.conversations``: the
+    positions of the unfinished items)."""
+
+    def __init__(self, engine: str, problem: str, conversations: Sequence[int] = ()) -> None:
+        self.engine = engine
+        self.conversations = tuple(conversations)
+        super().__init__(f"engine {engine}: {problem}")
+
+
+# The scheduler's states in which a key the client still waits for will reach it without
+# help: being computed or waiting for a worker (or for its turn, with worker saturation).
+_ON_ITS_WAY = frozenset({"released", "waiting", "queued", "no-worker", "processing"})
+
+
 @attrs.frozen
 class DaskEngine:
     """``distributed.Client`` on a new ``LocalCluster`` of ``workers`` single-threaded
     processes, or on the scheduler at ``address`` (workers there need Lamina installed and
     the corpus's vaults at the same paths). A lost worker's tasks are rescheduled by the
-    cluster; ``retries`` re-runs a task whose worker raised."""
+    cluster; ``retries`` re-runs a task whose worker raised.
+
+    The client is watched, not trusted: after ``stall_check`` seconds without a result
+    the scheduler is asked about every key the client still waits for, and a key it holds
+    in memory (or has forgotten) at two checks in a row is submitted again as a new task
+    (a worker killed while its result is gathered can leave the client waiting for a
+    notification that never comes). A conversation resubmitted more than ``retries``
+    times, or ``stall_timeout`` seconds with no result at all (None: no limit), is an
+    EngineError."""
 
     workers: int = attrs.field(factory=_default_workers)
     address: str | None = None
     retries: int = 2
+    stall_check: float = 5.0
+    stall_timeout: float | None = 600.0
     name: str = "dask"
 
     def run(self, fn: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
@@ -141,17 +178,131 @@ class DaskEngine:
             where = self.address or "a LocalCluster"
             raise ConfigError("engine", f"cannot reach {where}: {exc}") from None
         try:
-            futures = client.map(fn, list(items), pure=False, retries=self.retries)
-            # Results are gathered by as_completed on the client's own event loop: a
-            # future.result() from this thread, racing a lost worker's rescheduled key,
-            # can meet an asyncio.Event bound to the other loop (distributed raises).
-            for future, result in distributed.as_completed(futures, with_results=True):
-                future.release()
-                yield result
+            yield from _Collect(self, distributed, client, fn, list(items)).results()
         finally:
             client.close()
             if cluster is not None:
                 cluster.close()
+
+
+class _Collect:
+    """One Dask run's bookkeeping on the client thread: which item each key computes,
+    which items are done, and the keys the scheduler says are stuck."""
+
+    def __init__(
+        self,
+        engine: DaskEngine,
+        distributed: Any,
+        client: Any,
+        fn: Callable[[Any], Any],
+        items: list[Any],
+    ) -> None:
+        self.engine, self.distributed, self.client = engine, distributed, client
+        self.fn, self.items = fn, items
+        self.index: dict[Any, int] = {}  # key -> item position
+        self.waiting: dict[int, Any] = {}  # item position -> its newest future
+        self.resubmitted = [0] * len(items)
+        self.suspects: set[Any] = set()  # keys found stuck at the last check
+
+    def _track(self, futures: Sequence[Any], positions: Sequence[int]) -> None:
+        for future, i in zip(futures, positions, strict=True):
+            self.index[future.key] = i
+            self.waiting[i] = future
+
+    def results(self) -> Iterator[Any]:
+        engine = self.engine
+        futures = self.client.map(self.fn, self.items, pure=False, retries=engine.retries)
+        self._track(futures, range(len(self.items)))
+        # Results are gathered by as_completed on the client's own event loop: a
+        # future.result() from this thread, racing a lost worker's rescheduled key,
+        # can meet an asyncio.Event bound to the other loop (distributed raises).
+        done = self.distributed.as_completed(futures, with_results=True, raise_errors=False)
+        last = checked = time.monotonic()
+        while self.waiting:
+            batch = done.next_batch(block=False)
+            if not batch:
+                time.sleep(_POLL)
+                now = time.monotonic()
+                if engine.stall_timeout is not None and now - last > engine.stall_timeout:
+                    raise EngineError(
+                        engine.name,
+                        f"no result for {engine.stall_timeout:g} s; "
+                        f"{len(self.waiting)} conversations unfinished",
+                        sorted(self.waiting),
+                    )
+                if now - max(last, checked) >= engine.stall_check:
+                    checked = now
+                    done.update(self._resubmit_stuck())
+                continue
+            last = time.monotonic()
+            self.suspects.clear()
+            for future, result in batch:
+                i = self.index.get(future.key)
+                current = i is not None and self.waiting.get(i) is future
+                future.release()
+                if not current:
+                    continue  # a superseded task finished after all: its twin counts
+                if future.status == "error":
+                    _typ, exc, tb = result
+                    raise exc.with_traceback(tb)
+                assert i is not None
+                if future.status == "cancelled":  # e.g. a key the scheduler had forgotten
+                    done.update(self._again([i], f"cancelled ({result})"))
+                    continue
+                del self.waiting[i]
+                yield result
+
+    def _resubmit_stuck(self) -> list[Any]:
+        """Ask the scheduler about the keys still awaited; resubmit those it holds in memory
+        or has forgotten at two checks in a row. Returns the new futures."""
+        pending = {f.key: i for i, f in self.waiting.items()}
+
+        # Defined here so cloudpickle ships it by value: a remote scheduler need not have
+        # Lamina installed. It reads each key's task state ("forgotten": no task).
+        def states_of(dask_scheduler: Any, keys: list[Any]) -> dict[Any, str]:
+            tasks = dask_scheduler.tasks
+            return {k: tasks[k].state if k in tasks else "forgotten" for k in keys}
+
+        try:
+            states = self.client.run_on_scheduler(states_of, keys=list(pending))
+        except Exception as exc:  # the scheduler is gone, or runs no client code
+            log.warning("dask: cannot ask the scheduler about unfinished tasks: %s", exc)
+            return []
+        stuck = {k for k, state in states.items() if state not in _ON_ITS_WAY}
+        again = sorted(pending[k] for k in stuck & self.suspects)
+        self.suspects = stuck
+        reasons = {pending[k]: states[k] for k in stuck}
+        return self._again(again, "{} on the scheduler", reasons)
+
+    def _again(
+        self, positions: Sequence[int], why: str, states: dict[int, str] | None = None
+    ) -> list[Any]:
+        """Submit these items again as new tasks (their old futures released); more than
+        ``retries`` times for one item is an EngineError."""
+        engine = self.engine
+        for i in positions:
+            self.resubmitted[i] += 1
+            state = why.format((states or {}).get(i, ""))
+            if self.resubmitted[i] > engine.retries:
+                raise EngineError(
+                    engine.name,
+                    f"conversation {i}'s result never reached this client after "
+                    f"{engine.retries + 1} tasks (last: {state})",
+                    [i],
+                )
+            log.warning(
+                "dask: conversation %d's result never reached this client (%s); running it again",
+                i,
+                state,
+            )
+            self.waiting[i].release()
+        if not positions:
+            return []
+        futures = self.client.map(
+            self.fn, [self.items[i] for i in positions], pure=False, retries=engine.retries
+        )
+        self._track(futures, positions)
+        return list(futures)
 
 
 def make_engine(name: str, workers: int | None = None, address: str | None = None) -> Engine:
@@ -168,4 +319,3 @@ def make_engine(name: str, workers: int | None = None, address: str | None = Non
     if name == "dask":
         return DaskEngine(count, address)
     raise ConfigError("engine", f"unknown engine {name!r} (known: {', '.join(ENGINES)})")
-

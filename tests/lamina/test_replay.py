@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
+import time
 from pathlib import Path
 
 import dask
@@ -15,6 +17,7 @@ from benchmarks.replay_corpus import write_configs, write_replay_corpus
 from lamina import Conversation as Conv
 from lamina import (
     DaskEngine,
+    EngineError,
     LocalEngine,
     ReplayConfig,
     ReplayResult,
@@ -112,6 +115,46 @@ def test_a_dask_worker_killed_mid_run_still_gives_the_identical_file(
     assert pids[0] not in alive  # the worker really died (its nanny started a new one)
     run.write(tmp_path / "killed.jsonl")
     assert (tmp_path / "killed.jsonl").read_bytes() == serial_bytes
+
+
+@pytest.mark.timeout(120)
+def test_a_result_the_client_never_hears_of_is_computed_again(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The hang a killed worker can cause, made certain: the scheduler holds a result in
+    memory but its notice never reaches the client (dropped here). The engine asks the
+    scheduler after two quiet checks and runs that item again; before, it waited for ever."""
+    dropped: list[object] = []
+    deliver = distributed.Client._handle_key_in_memory
+
+    def lossy(self: distributed.Client, key: object = None, **kwargs: object) -> None:
+        if not dropped:
+            dropped.append(key)
+            return
+        deliver(self, key=key, **kwargs)
+
+    monkeypatch.setattr(distributed.Client, "_handle_key_in_memory", lossy)
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, dashboard_address=None
+    ) as cluster:
+        engine = DaskEngine(address=cluster.scheduler_address, stall_check=0.5)
+        results = sorted(engine.run(math.factorial, list(range(8))))
+    assert results == sorted(math.factorial(n) for n in range(8))
+    assert len(dropped) == 1
+    assert "never reached this client (memory on the scheduler); running it again" in caplog.text
+
+
+def test_a_run_with_no_result_for_the_stall_timeout_is_an_engine_error() -> None:
+    """A task that never ends (a worker wedged, a conversation that never finishes) ends
+    the run with a typed error after ``stall_timeout`` seconds, not never."""
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, dashboard_address=None
+    ) as cluster:
+        engine = DaskEngine(address=cluster.scheduler_address, stall_check=0.5, stall_timeout=2)
+        results = engine.run(time.sleep, [0, 3600])
+        assert next(results) is None
+        with pytest.raises(EngineError, match="engine dask: no result for 2 s; 1 conversations"):
+            next(results)
 
 
 def _small_corpus(root: Path, n: int = 6) -> tuple[Path, list[ReplayConfig]]:
