@@ -995,6 +995,32 @@ def _tolerant_streams() -> None:
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True)
 @click.option("--max-body", type=click.IntRange(1), default=8 << 20, help="Request bytes.")
 @click.option("--max-text", type=click.IntRange(1), default=1 << 20, help="Bytes per note.")
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    help="Without a token, a Host/Origin name to answer besides localhost (repeatable).",
+)
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds a request head may take to arrive.",
+)
+@click.option(
+    "--body-timeout",
+    type=click.FloatRange(0.1),
+    default=60.0,
+    show_default=True,
+    help="Seconds a request body may take to arrive.",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(0),
+    default=0,
+    help="Open connections at most (default: half the descriptor limit).",
+)
 @network_option
 def serve(
     host: str,
@@ -1005,11 +1031,24 @@ def serve(
     workers: int,
     max_body: int,
     max_text: int,
+    allow_hosts: tuple[str, ...],
+    header_timeout: float,
+    body_timeout: float,
+    max_connections: int,
     allow_private_network: bool,
 ) -> None:
-    """The HTTP API for hosts in any language (OpenAPI at /openapi.json; docs/SERVER.md)."""
-    from lamina import ServerConfig, read_token
-    from lamina import serve as run_server
+    """The HTTP API for hosts in any language (OpenAPI at /openapi.json; docs/SERVER.md).
+
+    Needs the server extra: pip install 'lamina[server]'."""
+    try:
+        from lamina._hub import ServerConfig
+        from lamina._server import read_token
+        from lamina._server import serve as run_server
+    except ImportError as exc:
+        missing = f" ({exc.name} is missing)" if exc.name else ""
+        raise ConfigError(
+            "serve", f"needs the server extra{missing}: pip install 'lamina[server]'"
+        ) from None
 
     token = None if token_file is None else read_token(token_file)
     root = None if vault is None else Path(vault).resolve()
@@ -1020,6 +1059,10 @@ def serve(
         allow_private_network=allow_private_network,
         max_body_bytes=max_body,
         max_text_bytes=max_text,
+        allowed_hosts=allow_hosts,
+        header_timeout=header_timeout,
+        body_timeout=body_timeout,
+        max_connections=max_connections,
     )
     run_server(config, host, port, workers)
 

@@ -12,11 +12,12 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
+from pydantic import BaseModel
 
 import pipeline
 from lamina._api_models import ConversationCreate, ReplyIn, TurnIn
@@ -50,6 +51,10 @@ __all__ = ["ConversationHub", "FieldError", "ServerConfig", "StaleHead"]
 _SETTINGS_TAG = "lamina-serve:"
 
 
+def _names(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
 @attrs.frozen
 class ServerConfig:
     """What ``lamina serve`` was started with; every cap is in bytes of UTF-8 text."""
@@ -64,6 +69,17 @@ class ServerConfig:
     url_max_bytes: int = 5_000_000
     warm: int = 64
     threads: int = 16
+    # Turns that fetch URLs run in their own pool of this many threads, so slow pages
+    # never hold the threads other conversations' turns need.
+    fetch_threads: int = 8
+    # Without a token, the Host names (and Origins) a request may use besides the bound
+    # address, localhost, 127.0.0.1 and ::1 (a DNS-rebound page uses its own name).
+    allowed_hosts: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    # A connection must send its request head within header_timeout seconds and its body
+    # within body_timeout; at most max_connections are open (0: half the descriptor limit).
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    max_connections: int = 0
 
 
 class FieldError(LaminaError):
@@ -119,6 +135,7 @@ class ConversationHub:
     # -- conversations ----------------------------------------------------------------
 
     def create(self, body: ConversationCreate) -> tuple[str, Head]:
+        _check_text(body)
         budget = _budget(body.window, body.reserve, body.model)
         conversation_id = secrets.token_hex(16)
         settings = body.model_dump_json(exclude_defaults=True)
@@ -162,12 +179,13 @@ class ConversationHub:
 
     def turn(self, conversation_id: str, body: TurnIn) -> tuple[dict[str, Any], Head]:
         """Build the next turn on ``body.parent``, save it, and return its trace turn."""
-        warm = self._current(conversation_id, body.parent.turn, body.parent.hash)
+        _check_text(body)
+        parent = Head(body.parent.turn, body.parent.hash)
+        warm = self._current(conversation_id, parent)
         changes = self._changes(body)
         specs = self._specs(warm, body.attach)
         tools = [tool(c.name, c.args, c.result) for c in body.tools]
         conv = warm.conv
-        parent = warm.head
         previous = self._previous(conversation_id, warm, parent.turn)
         envelope = tool_turn(conv, body.user, specs, tools=tools, vault_changes=changes)
         records = tuple(attachment_record(a, conv) for a in body.attach)
@@ -182,8 +200,10 @@ class ConversationHub:
 
     def reply(self, conversation_id: str, body: ReplyIn) -> Head:
         """Record the answer to the last turn and save that turn again with it."""
-        warm = self._current(conversation_id, body.parent.turn, body.parent.hash)
-        k = warm.head.turn
+        _check_text(body)
+        parent = Head(body.parent.turn, body.parent.hash)
+        warm = self._current(conversation_id, parent)
+        k = parent.turn
         if k == 0:
             raise FieldError("text", "the conversation has no turn to reply to", 409)
         envelope = self._envelope(conversation_id, warm, k)
@@ -195,7 +215,7 @@ class ConversationHub:
         except ConversationError as exc:
             raise FieldError("text", str(exc), 409) from None
         try:
-            save_turn(self.store, conversation_id, warm.conv, envelope, records, parent=warm.head)
+            save_turn(self.store, conversation_id, warm.conv, envelope, records, parent=parent)
         except BaseException:
             self._drop(conversation_id)
             raise
@@ -294,23 +314,31 @@ class ConversationHub:
         except FieldError:
             return None
 
-    def _current(
-        self, conversation_id: str, turn: int | None = None, hash_: str | None = None
-    ) -> _Warm:
-        """The warm conversation at the store's head (reloaded if another worker moved it);
-        with ``turn``/``hash_`` (the request's parent), StaleHead unless they are the head."""
-        head = self.store.head(conversation_id)
+    def _current(self, conversation_id: str, parent: Head | None = None) -> _Warm:
+        """The warm conversation: at the store's head, or with ``parent`` (the head a
+        request names) at exactly that head, else StaleHead with the store's head.
+
+        A request is never built on a head it did not name: a warm copy at another head is
+        reloaded at ``parent`` itself (not at whatever head the store holds by then), and the
+        save checks ``parent`` again, so a newer head can only mean 409."""
         with self._mutex:
             warm = self._warm.get(conversation_id)
             if warm is not None:
                 self._warm.move_to_end(conversation_id)
+        if parent is not None and warm is not None and warm.head == parent:
+            return warm  # the save's own check refuses it if the store moved on meanwhile
+        head = self.store.head(conversation_id)
+        if parent is not None and head != parent:
+            raise StaleHead(head)
         if warm is None or warm.head != head:
             warm = self._load(conversation_id, head)
-        if turn is not None and (turn, hash_) != (head.turn, head.hash):
-            raise StaleHead(head)
+            if warm.head != head:  # another writer moved on between the two reads
+                self._drop(conversation_id)
+                raise StaleHead(warm.head)
         return warm
 
     def _load(self, conversation_id: str, head: Head) -> _Warm:
+        """The conversation at ``head`` exactly (its turn; the hash is checked by callers)."""
         info = self.store.conversation(conversation_id)
         settings = _settings(info)
         sources = self._sources(settings)
@@ -327,7 +355,9 @@ class ConversationHub:
             )
             conv.saved_head = Head()
         else:
-            conv = load_conversation(self.store, conversation_id, sources=sources)
+            conv = load_conversation(
+                self.store, conversation_id, turn=head.turn, sources=sources
+            )
         warm = _Warm(conv, settings, sources)
         self._keep(conversation_id, warm)
         return warm
@@ -382,6 +412,30 @@ class ConversationHub:
             except LaminaError as exc:
                 raise FieldError(f"attach[{i}]", str(exc)) from None
         return specs
+
+
+def _check_text(value: Any, field: str = "") -> None:
+    """FieldError (422) for the first string in a request that is not Unicode text: JSON
+    may spell a lone surrogate (``"\\ud800"``), which no store or response can encode."""
+    if isinstance(value, str):
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise FieldError(field or "body", _SURROGATE) from None
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            _check_text(getattr(value, name), f"{field}.{name}" if field else name)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_text(key, field)
+            _check_text(item, f"{field}.{key}" if field else str(key))
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_text(item, f"{field}[{i}]")
+
+
+_SURROGATE = "holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
 
 
 def _no_turn(k: int, head: Head) -> FieldError:

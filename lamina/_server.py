@@ -11,18 +11,23 @@ import contextlib
 import hmac
 import ipaddress
 import json
+import logging
 import os
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.to_thread
+import attrs
+import h11
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lamina._api_models import (
     ConversationCreate,
@@ -62,6 +67,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+_log = logging.getLogger("lamina.serve")
+
 # `lamina serve --workers N` hands its settings to each worker process through this.
 CONFIG_ENV = "LAMINA_SERVE_CONFIG"
 
@@ -70,12 +77,20 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+class _JSON(JSONResponse):
+    """JSON that any str encodes to: a lone surrogate (a non-UTF-8 file name, or text
+    saved before requests were checked) is its ``\\udcXX`` escape, never a 500."""
+
+    def render(self, content: Any) -> bytes:
+        return _dumps(content)
+
+
 def _error(status: int, message: str, field: str = "", head: Head | None = None) -> JSONResponse:
     body: dict[str, Any] = {"error": message, "field": field, "status": status}
     if head is not None:
         body["head"] = {"turn": head.turn, "hash": head.hash}
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status_code=status, headers=headers)
+    return _JSON(body, status_code=status, headers=headers)
 
 
 def _lamina_error(exc: LaminaError) -> JSONResponse:
@@ -117,7 +132,8 @@ def _field(loc: tuple[Any, ...]) -> str:
 
 
 class BodyLimit:
-    """Refuse request bodies over ``cap`` bytes with 413 (declared or streamed)."""
+    """Read the whole request body before the app sees it; over ``cap`` bytes (declared,
+    or counted as it streams, chunked included) is 413, never a parse error."""
 
     def __init__(self, app: ASGIApp, cap: int) -> None:
         self.app = app
@@ -128,36 +144,95 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         cap = self.cap
-        too_big = _error(413, f"the request body is larger than {cap} bytes", "body")
-        declared = dict(scope["headers"]).get(b"content-length", b"")
+        declared = _header(scope, b"content-length")
         if declared.isdigit() and int(declared) > cap:
-            await too_big(scope, receive, send)
+            await _too_big(cap)(scope, receive, send)
             return
+        chunks: list[bytes] = []
         seen = 0
-        started = False
-
-        async def counted() -> Message:
-            nonlocal seen
+        while True:
             message = await receive()
-            seen += len(message.get("body", b""))
+            if message["type"] != "http.request":
+                return  # the client left (or the connection was closed for being slow)
+            chunk = message.get("body", b"")
+            seen += len(chunk)
             if seen > cap:
-                raise _TooLarge
-            return message
+                await _too_big(cap)(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
 
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = True
-            await send(message)
+        async def replay() -> Message:
+            nonlocal delivered
+            if delivered:
+                return await receive()
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
 
-        try:
-            await self.app(scope, counted, tracked)
-        except _TooLarge:
-            if not started:
-                await too_big(scope, receive, send)
+        await self.app(scope, replay, send)
 
 
-class _TooLarge(Exception):
-    pass
+def _too_big(cap: int) -> JSONResponse:
+    # The rest of the body is read and dropped (the connection stays usable), within the
+    # connection's body deadline.
+    return _error(413, f"the request body is larger than {cap} bytes", "body")
+
+
+def _header(scope: Scope, name: bytes) -> bytes:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return b""
+
+
+class HostGuard:
+    """Without a token, only requests that name this machine: a ``Host`` outside
+    ``allowed`` (a page whose DNS name was rebound to 127.0.0.1) or an ``Origin`` outside
+    it (another site's page) is refused with 403 before any route runs."""
+
+    def __init__(self, app: ASGIApp, allowed: frozenset[str]) -> None:
+        self.app = app
+        self.allowed = allowed
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            host = _header(scope, b"host")
+            origin = _header(scope, b"origin")
+            refused = ""
+            if host and _host_name(b"//" + host) not in self.allowed:
+                refused = "host"
+            elif origin and _host_name(origin) not in self.allowed:
+                refused = "origin"
+            if refused:
+                message = (
+                    f"this server has no token, so it answers only requests addressed to "
+                    f"{', '.join(sorted(self.allowed))} (see --allow-host); the {refused} "
+                    "header names another"
+                )
+                await _error(403, message, refused)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _host_name(value: bytes) -> str:
+    """The host name of a URL or ``//host:port`` (lower case, no trailing dot); "" if none."""
+    try:
+        name = urlsplit(value.decode("latin-1")).hostname or ""
+    except ValueError:
+        return ""
+    return name.rstrip(".")
+
+
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def allowed_hosts(config: ServerConfig) -> frozenset[str]:
+    """The Host names a server without a token answers: this machine's, and the extras."""
+    names = {*LOCAL_NAMES, *config.allowed_hosts}
+    return frozenset(n.strip().strip("[]").lower().rstrip(".") for n in names if n.strip())
 
 
 class BearerAuth:
@@ -181,18 +256,21 @@ def create_app(config: ServerConfig) -> FastAPI:
     """The API over one store; ``config.token`` (when set) guards every route."""
     hub = ConversationHub(config)
     limiter = anyio.CapacityLimiter(config.threads)
+    fetching = anyio.CapacityLimiter(config.fetch_threads)
     locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
-    async def call(conversation_id: str | None, fn: Callable[[], T]) -> T:
-        """``fn`` in a worker thread, one at a time per conversation."""
+    async def call(
+        conversation_id: str | None, fn: Callable[[], T], pool: anyio.CapacityLimiter = limiter
+    ) -> T:
+        """``fn`` in a worker thread of ``pool``, one at a time per conversation."""
         if conversation_id is None:
-            return await anyio.to_thread.run_sync(fn, limiter=limiter)
+            return await anyio.to_thread.run_sync(fn, limiter=pool)
         lock = locks.get(conversation_id)
         if lock is None:
             lock = asyncio.Lock()
             locks[conversation_id] = lock
         async with lock:
-            return await anyio.to_thread.run_sync(fn, limiter=limiter)
+            return await anyio.to_thread.run_sync(fn, limiter=pool)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -205,6 +283,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         summary="Builds each turn's LLM prompt from typed context artifacts.",
         responses=ERRORS,
         lifespan=lifespan,
+        default_response_class=_JSON,
     )
     app.state.hub = hub
 
@@ -227,7 +306,8 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return _error(500, f"internal error ({type(exc).__name__}); the turn was not saved")
+        _log.error("unexpected error", exc_info=exc)
+        return _error(500, f"internal error ({type(exc).__name__}); see the server's log")
 
     def conversation_out(
         info: ConversationInfo, settings: ConversationCreate, head: Head
@@ -267,7 +347,8 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.post("/v1/conversations/{conversation_id}/turns", response_model=TurnOut)
     async def build_turn(conversation_id: str, body: TurnIn) -> Response:
         """Build the next turn on ``parent`` (the head it continues), save it, answer it."""
-        built = await call(conversation_id, lambda: hub.turn(conversation_id, body))
+        pool = fetching if any("url" in form for form in body.attach) else limiter
+        built = await call(conversation_id, lambda: hub.turn(conversation_id, body), pool)
         return _raw(_turn(conversation_id, *built))
 
     @app.post("/v1/conversations/{conversation_id}/reply")
@@ -316,6 +397,8 @@ def create_app(config: ServerConfig) -> FastAPI:
     app.add_middleware(BodyLimit, cap=config.max_body_bytes)
     if config.token is not None:
         app.add_middleware(BearerAuth, token=config.token)
+    else:
+        app.add_middleware(HostGuard, allowed=allowed_hosts(config))
     return app
 
 
@@ -361,44 +444,183 @@ def read_token(path: str | Path) -> str:
     return token
 
 
-def app_from_env() -> FastAPI:
-    """The app for a uvicorn worker process (``--workers N``), configured by the parent."""
+def _config_from_env() -> ServerConfig:
     raw = json.loads(os.environ[CONFIG_ENV])
     vault = raw.pop("vault")
-    return create_app(ServerConfig(vault=None if vault is None else Path(vault), **raw))
+    return ServerConfig(vault=None if vault is None else Path(vault), **raw)
+
+
+def app_from_env() -> FastAPI:
+    """The app for a uvicorn worker process (``--workers N``), configured by the parent."""
+    return create_app(_config_from_env())
+
+
+@attrs.frozen
+class ConnectionLimits:
+    """What a connection may hold: seconds for the request head and for the body, and
+    how many connections may be open at once."""
+
+    header_timeout: float
+    body_timeout: float
+    max_connections: int
+
+    @classmethod
+    def of(cls, config: ServerConfig) -> ConnectionLimits:
+        cap = config.max_connections or _descriptor_share()
+        return cls(config.header_timeout, config.body_timeout, cap)
+
+
+def _descriptor_share() -> int:
+    """Half this process's descriptor limit (raised to its hard limit first), at most 4,096:
+    the rest stays for the store, the vault and the URL fetches."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    except (ImportError, OSError, ValueError):
+        return 512
+    return max(8, min(4096, (soft if soft != resource.RLIM_INFINITY else 8192) // 2))
+
+
+class GuardedH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with deadlines and a connection cap (uvicorn has
+    neither: a client sending one byte a second held a connection for minutes).
+
+    A request's head must arrive within ``header_timeout`` seconds of its first byte (or
+    of the connection), its body within ``body_timeout`` of the head; a late one is closed
+    (408 when nothing was answered yet). When ``max_connections`` are open, a new one
+    closes the oldest connection that is still waiting for a request to arrive, so
+    half-sent requests cannot lock out the rest; if none is waiting the new one gets 503.
+    Idle keep-alive connections close after uvicorn's ``timeout_keep_alive``."""
+
+    limits: ClassVar[ConnectionLimits | None] = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        limits = type(self).limits
+        if limits is None:  # a --workers child: the parent's settings
+            limits = type(self).limits = ConnectionLimits.of(_config_from_env())
+        self._limits = limits
+        self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_since = 0.0  # loop time the current request began; 0: not waiting
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._wait(self._limits.header_timeout)
+        if len(self.connections) > self._limits.max_connections:
+            waiting = [
+                c for c in self.connections if isinstance(c, GuardedH11) and c._waiting_since
+            ]
+            oldest = min(waiting, key=lambda c: c._waiting_since, default=None)
+            if oldest is not None and oldest is not self:
+                oldest._expire()
+            elif oldest is None:
+                self._refuse(b"503 Service Unavailable")
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None and not self.transport.is_closing():
+            self._wait(self._limits.header_timeout)  # a new request on a kept-alive connection
+        before = self.conn.their_state
+        super().data_received(data)
+        after = self.conn.their_state
+        if after is h11.SEND_BODY and before is not h11.SEND_BODY:
+            self._wait(self._limits.body_timeout)
+        elif after is not h11.IDLE and after is not h11.SEND_BODY:
+            self._stop()  # the whole request is here (or the connection is done)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.conn.their_state is h11.IDLE:
+            self._stop()  # idle: uvicorn's keep-alive timeout applies
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop()
+        super().connection_lost(exc)
+
+    def _wait(self, seconds: float) -> None:
+        self._stop()
+        self._waiting_since = self.loop.time()
+        self._deadline = self.loop.call_later(seconds, self._expire)
+
+    def _stop(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = None
+        self._waiting_since = 0.0
+
+    def _expire(self) -> None:
+        self._stop()
+        if self.conn.our_state is h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
+            self._refuse(b"408 Request Timeout")
+        elif not self.transport.is_closing():
+            self.transport.close()
+
+    def _refuse(self, status: bytes) -> None:
+        if not self.transport.is_closing():
+            self.transport.write(
+                b"HTTP/1.1 " + status + b"\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+            )
+            self.transport.close()
+
+
+HTTP_PROTOCOL = "lamina._server:GuardedH11"
 
 
 def serve(
     config: ServerConfig, host: str = "127.0.0.1", port: int = 8765, workers: int = 1
 ) -> None:
-    """Run the API until interrupted; a non-loopback address needs a token."""
+    """Run the API until interrupted; a non-loopback address needs a token. Prints the
+    address it listens on (the real port for ``port=0``) once the socket is bound."""
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
     if not is_loopback(host) and config.token is None:
         raise ConfigError(
             "--host", f"binding {host} exposes the API beyond this machine: give --token-file"
         )
+    config = attrs.evolve(config, allowed_hosts=(*config.allowed_hosts, host))
+    limits = ConnectionLimits.of(config)
+    config = attrs.evolve(config, max_connections=limits.max_connections)
+    GuardedH11.limits = limits
+    common: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "http": HTTP_PROTOCOL,
+        "log_level": "warning",
+        "timeout_keep_alive": 5,
+        "workers": workers,
+    }
     if workers > 1:
-        raw = {
-            "store": config.store,
-            "vault": None if config.vault is None else str(config.vault),
-            "token": config.token,
-            "allow_private_network": config.allow_private_network,
-            "max_body_bytes": config.max_body_bytes,
-            "max_text_bytes": config.max_text_bytes,
-            "url_timeout": config.url_timeout,
-            "url_max_bytes": config.url_max_bytes,
-            "warm": config.warm,
-            "threads": config.threads,
-        }
+        raw = attrs.asdict(config, recurse=False)
+        raw["vault"] = None if config.vault is None else str(config.vault)
+        raw["allowed_hosts"] = list(config.allowed_hosts)
         os.environ[CONFIG_ENV] = json.dumps(raw)
-        uvicorn.run(
-            "lamina._server:app_from_env",
-            factory=True,
-            host=host,
-            port=port,
-            workers=workers,
-            log_level="warning",
-        )
-        return
-    uvicorn.run(create_app(config), host=host, port=port, log_level="warning")
+        settings = uvicorn.Config("lamina._server:app_from_env", factory=True, **common)
+    else:
+        settings = uvicorn.Config(create_app(config), **common)
+    sock = settings.bind_socket()
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    auth = "bearer token required" if config.token else "no token: loopback names only"
+    where = "" if config.vault is None else f", vault {config.vault}"
+    print(
+        f"lamina serve: listening on http://{shown}:{bound} (store {_shown_store(config.store)}"
+        f"{where}; {auth}; {workers} worker{'s' if workers > 1 else ''}); Ctrl+C stops",
+        flush=True,
+    )
+    if workers > 1:
+        Multiprocess(settings, sockets=[sock]).run()
+    else:
+        uvicorn.Server(settings).run(sockets=[sock])
+
+
+def _shown_store(store: str) -> str:
+    """The store as it may be printed: a URL without its user, password and query."""
+    if "://" not in store:
+        return store
+    parts = urlsplit(store)
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=host, query="", fragment="").geturl()

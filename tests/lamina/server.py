@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
+import resource
+import select
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,42 +38,66 @@ def serve_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "lamina._cli", "serve", *args]
 
 
+LISTENING = re.compile(r"^lamina serve: listening on (http://\S+) ")
+
+
 @contextlib.contextmanager
-def running(store: Path | str, *args: str, token: str | None = None) -> Iterator[str]:
-    """``lamina serve --store STORE ARGS`` until the block ends; yields its base URL
-    (STORE: a SQLite file or a postgresql:// URL)."""
-    port = free_port()
-    proc = subprocess.Popen(
-        serve_command("--port", str(port), "--store", str(store), *args),
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
-    try:
-        for _ in range(600):
-            if proc.poll() is not None:
-                err = proc.stderr.read() if proc.stderr else ""
-                raise RuntimeError(f"lamina serve exited: {err}")
-            try:
-                if httpx.get(f"{base}/v1/health", headers=headers, timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("lamina serve did not start")
-        yield base
-    finally:
-        proc.terminate()
+def running(
+    store: Path | str, *args: str, token: str | None = None, files: int | None = None
+) -> Iterator[str]:
+    """``lamina serve --store STORE ARGS`` on a port the system picks until the block
+    ends; yields the base URL it prints (STORE: a SQLite file or a postgresql:// URL).
+    ``files`` caps the server's open descriptors (soft and hard limit)."""
+
+    def limit() -> None:
+        if files is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+
+    # The log goes to a file: a pipe nobody reads could fill and block the server.
+    with tempfile.TemporaryFile(mode="w+", encoding="utf-8") as log:
+        proc = subprocess.Popen(
+            serve_command("--port", "0", "--store", str(store), *args),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            preexec_fn=limit,
+        )
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            first = proc.stdout.readline() if ready else ""
+            found = LISTENING.match(first)
+            if found is None:
+                proc.kill()
+                proc.wait()
+                log.seek(0)
+                err = log.read()
+                raise RuntimeError(f"lamina serve did not start: {first!r} {err}")
+            base = found.group(1)
+            for _ in range(600):
+                if proc.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"lamina serve exited: {log.read()}")
+                try:
+                    health = httpx.get(f"{base}/v1/health", headers=headers, timeout=1)
+                    if health.status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            else:
+                raise RuntimeError("lamina serve did not answer")
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout:
+                proc.stdout.close()
 
 
 def create(client: httpx.Client, **settings: Any) -> dict[str, Any]:
