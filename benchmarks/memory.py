@@ -31,6 +31,7 @@ __all__ = [
     "MemoryTurn",
     "measure_memory",
     "memory_chat",
+    "memory_targets",
 ]
 
 WINDOWS = (4_096, 8_192, 16_384)
@@ -98,6 +99,8 @@ _SMALL_TALK = (
     "I spent the evening sorting my bills and feel weirdly accomplished.",
 )
 _MENTIONS = (
+    "My {rel} called about the weekend plans, nothing decided yet.",
+    "My {rel} wants to borrow the car on Sunday, which is fine by me.",
     "{name} sent me a funny video of a cat trying to open a fridge.",
     "I had lunch with {name} today and we mostly complained about our phones.",
     "{name} recommended a podcast about old shipwrecks, I'm two episodes in.",
@@ -119,6 +122,13 @@ _ACKS = (
     "Got it. It sounds like things are moving along, even if not always smoothly. I'm here "
     "whenever you want to think something through or simply chat.",
 )
+_ECHOES = (
+    "I keep thinking about {cue} lately, funny how some things stick in your head.",
+    "Somebody at work brought up {cue} today and I couldn't stop talking about it.",
+    "Quick one: I saw a post about {cue} this morning and thought of our chats.",
+    "I was telling my neighbour about {cue} while we waited for the bus.",
+    "No big news about {cue}, just that it came up over dinner again.",
+)
 _GREETINGS = (
     "Hi again! It's been a few days.",
     "Hello, back for another chat.",
@@ -132,6 +142,9 @@ class _Fact:
     statement: str
     question: str
     answer: str
+    cue: str = ""
+    """The name or thing the question shares with the statement; other messages of the
+    chat mention it too (``_ECHOES``), as real chats keep coming back to people."""
 
 
 def _facts(rng: random.Random) -> list[_Fact]:
@@ -149,8 +162,10 @@ def _facts(rng: random.Random) -> list[_Fact]:
             rng.choice((
                 f"Remind me, which city is {name} living in these days?",
                 f"Where did {name} relocate to again?",
+                f"Where did my {rel} end up living?",
             )),
             f"{name} moved to {city}.",
+            name,
         ))  # fmt: skip
     for i in range(4, 8):
         name = names[i]
@@ -163,6 +178,7 @@ def _facts(rng: random.Random) -> list[_Fact]:
                 f"Which job did {name} take recently?",
             )),
             f"{name} works as a {job}.",
+            name,
         ))  # fmt: skip
     for i in range(8, 11):
         name, day = names[i], rng.choice(_DAYS)
@@ -176,6 +192,7 @@ def _facts(rng: random.Random) -> list[_Fact]:
                 f"What present was I planning to give {name}?",
             )),
             f"{month} / {gift}",
+            name,
         ))  # fmt: skip
         del day
     breed, pet = rng.choice(_BREEDS), rng.choice(_PETS)
@@ -184,6 +201,7 @@ def _facts(rng: random.Random) -> list[_Fact]:
         "has already chewed through one of my slippers.",
         rng.choice((f"What name did we give the {breed}?", "What's our puppy called again?")),
         pet,
+        breed,
     ))  # fmt: skip
     for hobby, kind in rng.sample(_HOBBIES, 3):
         day = rng.choice(_DAYS)
@@ -195,6 +213,7 @@ def _facts(rng: random.Random) -> list[_Fact]:
                 f"On what day do I go to {hobby}?",
             )),
             day,
+            hobby,
         ))  # fmt: skip
     for i in range(11, 13):
         month, sight, city = rng.choice(_MONTHS), rng.choice(_SIGHTS), cities[i]
@@ -206,6 +225,7 @@ def _facts(rng: random.Random) -> list[_Fact]:
                 f"What did I want to visit in {city}?",
             )),
             f"{month} / {sight}",
+            city,
         ))  # fmt: skip
     car = rng.choice(_CARS)
     miles = rng.randint(20, 90) * 1000
@@ -214,12 +234,14 @@ def _facts(rng: random.Random) -> list[_Fact]:
         "miles on the clock.",
         rng.choice(("Which car did I end up getting?", "How many miles did my new car have?")),
         car,
+        "car",
     ))  # fmt: skip
     title, author = rng.choice(_BOOKS)
     out.append(_Fact(
         f"I'm halfway through '{title}' by {author} and I keep staying up way too late "
         "reading it.",
         rng.choice((f"Who wrote '{title}'?", f"What was the book by {author} I was reading?")),
+        author,
         author,
     ))  # fmt: skip
     food = rng.choice(_FOODS)
@@ -228,12 +250,14 @@ def _facts(rng: random.Random) -> list[_Fact]:
         "for me, which is sad.",
         rng.choice(("Which allergy did the doctor find?", f"Can I still eat {food}?")),
         food,
+        food,
     ))  # fmt: skip
     race = rng.choice(_RACES)
     out.append(_Fact(
         f"I ran the {race} half marathon this morning in 1 hour {rng.randint(35, 59)} "
         "minutes, a new personal best!",
         rng.choice((f"What was my time at the {race} run?", "How fast was my last half?")),
+        race,
         race,
     ))  # fmt: skip
     for i in range(13, 16):
@@ -246,8 +270,10 @@ def _facts(rng: random.Random) -> list[_Fact]:
             rng.choice((
                 f"Where did {name}'s engagement happen?",
                 f"Who proposed in {city}? I forgot the details.",
+                f"Where did my {rel} get engaged?",
             )),
             city,
+            name,
         ))  # fmt: skip
     rng.shuffle(out)
     return out
@@ -283,9 +309,14 @@ def memory_chat(seed: int, sessions: int = 10, turns_per_session: int = 16) -> M
     fact_of_slot = dict(zip(told_slots, range(len(facts)), strict=True))
     later = list(range(half * turns_per_session, sessions * turns_per_session))
     ask_slots = sorted(rng.sample(later, len(facts)))
-    order = list(range(len(facts)))
-    rng.shuffle(order)
-    ask_of_slot = dict(zip(ask_slots, order, strict=True))
+    # Each question asks a fact told at least two sessions before it, chosen at random.
+    ask_of_slot: dict[int, int] = {}
+    waiting = set(range(len(facts)))
+    for slot in ask_slots:
+        due = sorted(f for f in waiting if told_slots[f] <= slot - 2 * turns_per_session)
+        if due:
+            ask_of_slot[slot] = rng.choice(due)
+            waiting.discard(ask_of_slot[slot])
     people = [n for n in _NAMES]
     turns: list[MemoryTurn] = []
     for slot in range(sessions * turns_per_session):
@@ -295,8 +326,7 @@ def memory_chat(seed: int, sessions: int = 10, turns_per_session: int = 16) -> M
             fact = facts[fact_of_slot[slot]]
             told_at[fact_of_slot[slot]] = number
             text = lead + fact.statement
-            reply = rng.choice(_ACKS)
-            turns.append(MemoryTurn(text, reply))
+            turns.append(MemoryTurn(text, _reply(rng)))
         elif slot in ask_of_slot and ask_of_slot[slot] in told_at:
             fact = facts[ask_of_slot[slot]]
             turns.append(
@@ -306,14 +336,26 @@ def memory_chat(seed: int, sessions: int = 10, turns_per_session: int = 16) -> M
                     (told_at[ask_of_slot[slot]],),
                 )
             )
+        elif told_at and rng.random() < 0.3:
+            cue = facts[rng.choice(sorted(told_at))].cue
+            parts = [rng.choice(_ECHOES).format(cue=cue), rng.choice(_SMALL_TALK)]
+            turns.append(MemoryTurn(lead + " ".join(parts), _reply(rng)))
         else:
             parts = [rng.choice(_SMALL_TALK)]
             if rng.random() < 0.7:
-                parts.append(rng.choice(_MENTIONS).format(name=rng.choice(people)))
-            if rng.random() < 0.5:
+                mention = rng.choice(_MENTIONS)
+                parts.append(mention.format(name=rng.choice(people), rel=rng.choice(_RELATIONS)))
+            parts.append(rng.choice(_SMALL_TALK))
+            if rng.random() < 0.4:
                 parts.append(rng.choice(_SMALL_TALK))
-            turns.append(MemoryTurn(lead + " ".join(parts), rng.choice(_ACKS)))
+            turns.append(MemoryTurn(lead + " ".join(parts), _reply(rng)))
     return MemoryChat(tuple(turns), tuple(people))
+
+
+def _reply(rng: random.Random) -> str:
+    """An assistant reply: two of the acknowledgements (about 80 tokens)."""
+    first, second = rng.sample(_ACKS, 2)
+    return f"{first} {second}"
 
 
 def _reserve(window: int) -> int:
@@ -332,33 +374,42 @@ class _Run:
     found: int = 0
     asked: int = 0
     times: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
     envelopes: list[Any] = field(default_factory=list)
     recalled_tokens: list[int] = field(default_factory=list)
 
 
-def _replay(chat: MemoryChat, window: int, share: float, keep: bool) -> _Run:
+def _replay(chat: MemoryChat, window: int, shares: Sequence[float], keep: bool) -> list[_Run]:
+    """The chat through one conversation per share, in lockstep (each turn on every
+    conversation before the next), so a busy machine slows them alike. Each turn is timed
+    alone (wall and this thread's CPU); its promotion is made after the timing."""
     from pipeline import Conversation, Form
     from renderers import XmlRenderer
 
-    conv = Conversation(SYSTEM, renderer=XmlRenderer(), budget=_budget(window, share))
-    run = _Run()
-    for number, turn in enumerate(chat.turns, 1):
-        start = time.perf_counter()
-        env = conv.turn(turn.user)
-        run.times.append(time.perf_counter() - start)
-        if keep:
-            run.envelopes.append(env)
-        recalled = [s for s in env.l3.segments if s.source_type == "recalled"]
-        run.recalled_tokens.append(sum(s.tokens for s in recalled))
-        if turn.answers:
-            sent = {s.key for s in env.l4.segments} | {
-                s.key.removeprefix("recalled:") for s in recalled if s.form is Form.FULL
-            }
-            run.asked += len(turn.answers)
-            run.found += sum(f"history:{a}:user" in sent for a in turn.answers)
-        conv.reply(turn.reply)
-        del number
-    return run
+    convs = [
+        Conversation(SYSTEM, renderer=XmlRenderer(), budget=_budget(window, share))
+        for share in shares
+    ]
+    runs = [_Run() for _ in shares]
+    for turn in chat.turns:
+        for conv, run in zip(convs, runs, strict=True):
+            start, cpu = time.perf_counter(), time.thread_time()
+            env = conv.turn(turn.user, background=False)
+            run.cpu.append(time.thread_time() - cpu)
+            run.times.append(time.perf_counter() - start)
+            conv.library  # noqa: B018 - the promotion, made outside the timing
+            if keep:
+                run.envelopes.append(env)
+            recalled = [s for s in env.l3.segments if s.source_type == "recalled"]
+            run.recalled_tokens.append(sum(s.tokens for s in recalled))
+            if turn.answers:
+                sent = {s.key for s in env.l4.segments} | {
+                    s.key.removeprefix("recalled:") for s in recalled if s.form is Form.FULL
+                }
+                run.asked += len(turn.answers)
+                run.found += sum(f"history:{a}:user" in sent for a in turn.answers)
+            conv.reply(turn.reply)
+    return runs
 
 
 def _trim_share(chat: MemoryChat, window: int) -> float | None:
@@ -435,9 +486,7 @@ def measure_memory(
         "windows": [],
     }
     for window in windows:
-        off = _replay(chat, window, 0.0, cache)
-        advance()
-        on = _replay(chat, window, share, cache)
+        off, on = _replay(chat, window, (0.0, share), cache)
         advance()
         row: dict[str, Any] = {
             "window": window,
@@ -448,6 +497,8 @@ def measure_memory(
             "recalled_tokens_mean": round(statistics.fmean(on.recalled_tokens), 1),
             "warm_p50_off_s": _p50(off.times[first_session:]),
             "warm_p50_on_s": _p50(on.times[first_session:]),
+            "warm_cpu_p50_off_s": _p50(off.cpu[first_session:]),
+            "warm_cpu_p50_on_s": _p50(on.cpu[first_session:]),
         }
         if cache:
             row["cached_share_off"] = round(_cached_share(off.envelopes), 4)
@@ -455,6 +506,41 @@ def measure_memory(
             advance()
         out["windows"].append(row)
     return out
+
+
+def memory_targets(memory: dict[str, Any]) -> list[dict[str, Any]]:
+    """The memory point's targets in ``lamina bench``'s shape: the share reached at 8k and
+    16k, the cached-prefix share not lower with recall, a warm turn within 2x."""
+    out: list[dict[str, Any]] = []
+    for w in memory["windows"]:
+        where = f"memory, {w['window']:,} window"
+        bound = {8_192: MEMORY_TARGETS["recall_8k"], 16_384: MEMORY_TARGETS["recall_16k"]}
+        if w["window"] in bound:
+            out.append(_target("answer-bearing messages reached", where, w["reached_on"],
+                               ">=", bound[w["window"]], "share"))  # fmt: skip
+        if w.get("cached_share_on") is not None:
+            gain = w["cached_share_on"] - w["cached_share_off"]
+            out.append(_target("cached-prefix share not lower with recall", where, gain,
+                               ">=", 0.0, "share"))  # fmt: skip
+        ratio = w["warm_p50_on_s"] / w["warm_p50_off_s"] if w["warm_p50_off_s"] else None
+        out.append(_target("warm turn with recall within 2x of without", where, ratio, "<=",
+                           MEMORY_TARGETS["warm_on_vs_off"], ""))  # fmt: skip
+    return out
+
+
+def _target(
+    name: str, where: str, value: float | None, op: str, bound: float, unit: str
+) -> dict[str, Any]:
+    met = None if value is None else (value >= bound if op == ">=" else value <= bound)
+    return {
+        "target": name,
+        "where": where,
+        "measured": value,
+        "bound": f"{op} {bound:g}",
+        "met": met,
+        "at_target_scale": True,
+        "unit": unit,
+    }
 
 
 def _r(value: float | None) -> float | None:

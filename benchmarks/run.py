@@ -32,6 +32,7 @@ from benchmarks.comparators import (
     naive_turn,
     peer_available,
 )
+from benchmarks.memory import measure_memory, memory_targets
 from benchmarks.stateless import (
     RequestPoint,
     forget_process_memos,
@@ -62,6 +63,8 @@ ROOMY_WINDOW = 8_000_000
 # Conversation points: a 128k model, where the budget cuts as the chat grows.
 CHAT_MODEL = "gpt-4o"
 LIBRARY_BATCH = 100
+# The memory point's windows per scale (the small scale keeps the smoke run short).
+MEMORY_WINDOWS = {"small": (8_192,), "medium": (4_096, 8_192, 16_384)}
 
 TARGETS = {
     "warm_vs_floor": 3.0,
@@ -398,7 +401,13 @@ def run_benchmarks(scale_name: str, console: Console | None = None) -> dict[str,
         peer_units = sum(len(p.tasks) for p in every) * len(PEERS)
         progress.update(bar, total=total + peer_units, description="peers")
         _measure_peers(every, scale, advance, console)
-    return _document(points, scale, time.time() - started, requests)
+        windows = MEMORY_WINDOWS.get(scale.name, (4_096, 8_192, 16_384))
+        progress.update(bar, total=total + peer_units + 2 * len(windows), description="memory")
+        memory = measure_memory(SEED, windows, advance=advance)
+    doc = _document(points, scale, time.time() - started, requests)
+    doc["memory"] = memory
+    doc["targets"] += memory_targets(memory)
+    return doc
 
 
 def _request_units(requests: Sequence[RequestPoint], scale: Scale) -> int:
@@ -632,6 +641,8 @@ def format_tables(doc: dict[str, Any], console: Console) -> None:
     console.print(comp)
     if doc.get("requests"):
         _request_table(doc["requests"], console)
+    if doc.get("memory"):
+        _memory_table(doc["memory"], console)
     targets = Table(title="targets")
     for col in ("target", "where", "measured", "bound", "met"):
         targets.add_column(col)
@@ -639,8 +650,40 @@ def format_tables(doc: dict[str, Any], console: Console) -> None:
         met = "n/a" if t["met"] is None else ("yes" if t["met"] else "NO")
         if not t["at_target_scale"]:
             met += " (below target scale)"
-        targets.add_row(t["target"], t["where"], _x(t["measured"]), t["bound"], met)
+        measured = _x(t["measured"]) if t.get("unit") != "share" else _pct(t["measured"])
+        targets.add_row(t["target"], t["where"], measured, t["bound"], met)
     console.print(targets)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _memory_table(memory: dict[str, Any], console: Console) -> None:
+    """The memory point: answer-bearing messages reached, cached shares and warm times."""
+    title = (
+        f"memory: {memory['messages']} messages, {memory['tokens']:,} tokens, "
+        f"{memory['questions']} questions; recall share {memory['share']:.0%} of the limit"
+    )
+    table = Table(title=title)
+    columns = ("window", "reached: recall", "off", "trim_messages", "cached: on", "off",
+               "warm p50: on", "off", "cpu p50: on", "off")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="right")
+    for w in memory["windows"]:
+        table.add_row(
+            f"{w['window']:,}",
+            _pct(w["reached_on"]),
+            _pct(w["reached_off"]),
+            _pct(w["trim_messages"]),
+            _pct(w.get("cached_share_on")),
+            _pct(w.get("cached_share_off")),
+            _ms(w["warm_p50_on_s"]),
+            _ms(w["warm_p50_off_s"]),
+            _ms(w["warm_cpu_p50_on_s"]),
+            _ms(w["warm_cpu_p50_off_s"]),
+        )
+    console.print(table)
 
 
 def _request_table(requests: Sequence[dict[str, Any]], console: Console) -> None:

@@ -131,7 +131,7 @@ from pipeline._model.tools import (
     tool_key,
     tool_turn,
 )
-from pipeline._recall.retrievers import Fts5Retriever
+from pipeline._recall.retrievers import Bm25Retriever, Fts5Retriever
 from pipeline._recall.stage import Recall, RecallMemo
 from pipeline._stages.builtin import (
     Dedup,
@@ -269,6 +269,7 @@ __all__ = [
     "AttachmentKinds",
     "AttachmentRecord",
     "AttachmentSpec",
+    "Bm25Retriever",
     "Boundary",
     "Budget",
     "BudgetExceeded",

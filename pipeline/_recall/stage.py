@@ -9,7 +9,8 @@ The recalled blocks are turn-scoped (``recalled:<key>``), placed after this turn
 items, in conversation order; they never enter L1, L2 or L4, so the cached prefix is the
 one the budget left. Their room is the budget's ``recall_share`` of the limit: when less
 than ``floor`` of it is free, the history cut point moves on until all of it is
-(hysteresis: the prefix breaks once per that many turns, not every turn).
+(hysteresis: the prefix breaks once per that many turns, not every few). Only hits
+scoring at least ``RELEVANCE`` of the best are recalled, best first while they fit.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pipeline._model.envelope import BLOCK_SEP, Decision, DecisionAction, Form, 
 from pipeline._model.history import HistoryEntry
 from pipeline._model.library import LibraryEntry
 from pipeline._model.recall import RecallItem, Retriever, recalled_artifact
-from pipeline._recall.retrievers import Fts5Retriever
+from pipeline._recall.retrievers import Bm25Retriever
 from pipeline._tokens.counter import count_with_sep_from
 from pipeline._turn.assemble import draft, visible_history
 from pipeline._turn.draft import Draft, ItemBlock
@@ -34,10 +35,16 @@ from pipeline._views.views import full_view
 
 __all__ = ["RECALL_FLOOR", "Recall", "RecallMemo", "recall_items"]
 
-RECALL_FLOOR = 0.25
+RECALL_FLOOR = 0.1
 """Below this share of its room free, recall moves the history cut point on."""
 SEARCH_K = 64
-"""How many ranked items a turn considers (more than a share of a window holds)."""
+"""The most ranked items a turn considers."""
+MIN_BLOCK = 40
+RELEVANCE = 0.25
+"""Items scoring under this share of the best hit are not recalled: they match the query
+by a common word only, and would take room from the cached history for nothing."""
+"""About the fewest tokens a recalled block takes (its tags and a few words): a share of
+``s`` tokens considers at most ``s // MIN_BLOCK`` items."""
 
 
 class RecallMemo:
@@ -48,7 +55,7 @@ class RecallMemo:
     conversation indexes from scratch). It also remembers each item's block and count."""
 
     def __init__(self, retriever: Callable[[], Retriever] | None = None) -> None:
-        self._make: Callable[[], Retriever] = retriever or Fts5Retriever
+        self._make: Callable[[], Retriever] = retriever or Bm25Retriever
         self._retriever: Retriever | None = None
         self._indexed: dict[str, str] = {}
         self._checked: Mapping[str, RecallItem] | None = None
@@ -88,14 +95,17 @@ class RecallMemo:
         """``recall_items(turn)``; the history part is remembered while the cut point and
         the entries before it are the same."""
         start = turn.history_view.start
-        before = [e for e in turn.history[: max(0, start - 1)] if e.turn < start]
-        last = before[-1] if before else None
+        history = turn.history
+        # Entries are numbered from 1 in order, so the last one dropped is found directly.
+        last = history[start - 2] if 2 <= start <= len(history) + 1 else None
+        if last is not None and last.turn != start - 1:
+            last = None
         with self._lock:
             kept = self._history
             if kept is not None and kept[0] == start and kept[1] is last:
                 dropped = kept[2]
             else:
-                dropped = _history_items(before)
+                dropped = _history_items([e for e in history if e.turn < start])
                 self._history = (start, last, dropped)
         library = _library_items(turn)
         if not library:
@@ -105,9 +115,8 @@ class RecallMemo:
     def block(self, item: RecallItem, turn: TurnGraph) -> ItemBlock:
         """``item``'s recalled block as a draft measures it (made once per item text), so
         adding it to a turn renders and counts nothing again."""
-        with self._lock:
-            kept = self._blocks.get(item.key)
-        if kept is not None and kept[0] == item.text:
+        kept = self._blocks.get(item.key)  # a dict read is atomic; writes take the lock
+        if kept is not None and kept[0] is item.text:
             return kept[1]
         artifact = recalled_artifact(item)
         view = full_view(artifact)
@@ -194,11 +203,12 @@ class Recall:
         items = memo.items(turn)
         if not items:
             return turn
-        hits = memo.search(items, turn.query, SEARCH_K)
+        share = math.floor(budget.limit * recall_share(budget))
+        k = min(SEARCH_K, max(1, share // MIN_BLOCK))
+        hits = _relevant(memo.search(items, turn.query, k))
         if not hits:
             return turn
         counter = turn.ctx.counter
-        share = math.floor(budget.limit * recall_share(budget))
         measured = turn.measured if turn.measured is not None else draft(turn)
         report = turn.budget_report
         used = report.used if report is not None else budget.used(measured, counter)
@@ -213,7 +223,7 @@ class Recall:
                 used = budget.used(measured, counter)
                 free = budget.limit - budget.effective(used)
                 items = memo.items(turn)
-                hits = memo.search(items, turn.query, SEARCH_K)
+                hits = _relevant(memo.search(items, turn.query, k))
         room = min(share, free)
         chosen = _choose(turn, memo, items, hits, room)
         while chosen:
@@ -239,6 +249,14 @@ class Recall:
         return turn
 
 
+def _relevant(hits: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """The hits scoring at least ``RELEVANCE`` of the best one (ranked the same)."""
+    if not hits:
+        return hits
+    least = hits[0][1] * RELEVANCE
+    return [hit for hit in hits if hit[1] >= least]
+
+
 def _choose(
     turn: TurnGraph,
     memo: RecallMemo,
@@ -254,7 +272,12 @@ def _choose(
         if spent + cost <= room:
             chosen.append(key)
             spent += cost
+            if room - spent < MIN_BLOCK:
+                break
     return chosen
+
+
+_ROLE_ORDER = {":user": 0, "stant": 1}  # a turn's user message, then its reply
 
 
 def _with_recalled(
@@ -267,10 +290,9 @@ def _with_recalled(
     """``turn`` with the ``chosen`` items as recalled blocks after its own, in conversation
     order (history by turn and role, then library entries), and its draft (the blocks
     come measured from the memo)."""
-    order = {key: i for i, key in enumerate(items)}
     graph = turn.graph.copy()
     blocks: list[ItemBlock] = []
-    for key in sorted(chosen, key=lambda k: (items[k].turn, order[k])):
+    for key in sorted(chosen, key=lambda k: (items[k].turn, _ROLE_ORDER.get(k[-5:], 2), k)):
         block = memo.block(items[key], turn)
         graph.add_node(block.artifact.key, kind="artifact", artifact=block.artifact)
         blocks.append(block)
