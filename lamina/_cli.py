@@ -14,7 +14,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -80,6 +80,19 @@ DEMO_SCRIPT: dict[str, Any] = {
                     "source": "project-spec.md",
                 },
             ],
+            "reply": "Offline edits sync when a device reconnects; conflicts keep two versions.",
+        },
+        {
+            # Nothing new attached: turn 4's context moves into the library (the prefix
+            # grows once) ...
+            "user": "Which of these should I read first?",
+            "reply": "Start with the spec, then the design review.",
+        },
+        {
+            # ... and from then on the steady state: the request repeats the last one's
+            # prefix and a provider's prompt cache serves most of it.
+            "user": "And who owns the open questions?",
+            "reply": "Priya Raman owns the spec's open questions.",
         },
     ],
 }
@@ -141,14 +154,23 @@ def _conversation(
     allow_private_network: bool = False,
 ) -> Conversation:
     root = Path(vault) if vault else script.vault
-    if root is not None and not root.is_dir():
-        raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
+    _check_vault(root, vault, script.path)
     sources = _sources(root, allow_private_network)
     conv = Conversation(script.system, sources=sources, tokenizer=tokenizer or "", budget=budget)
     # A broken plugin is skipped by the registry; say so, one line each, and carry on.
     for error in getattr(getattr(conv.sources, "registry", None), "plugin_errors", ()):
         click.echo(f"lamina: warning: {' '.join(str(error).split())}", err=True)
     return conv
+
+
+def _check_vault(root: Path | None, flag: str | None, origin: str) -> None:
+    """A vault folder that does not exist is named where it came from: the --vault flag,
+    or the script's (or saved chat's) ``vault:``."""
+    if root is None or root.is_dir():
+        return
+    if flag:
+        raise ConfigError("--vault", f"folder {root} does not exist")
+    raise ScriptError(origin, "vault", f"vault folder {root} does not exist")
 
 
 def _sources(root: Path | None, allow_private_network: bool) -> SourceResolver:
@@ -195,6 +217,17 @@ def tokenizer_option(fn: F) -> F:
         "--tokenizer",
         type=click.Choice(TOKENIZERS),
         help="Token encoding [default: the --model's, else o200k_base].",
+    )(fn)
+
+
+def messages_option(fn: F) -> F:
+    """--messages: whose request messages the human output prints."""
+    return click.option(
+        "--messages",
+        type=click.Choice(["last", "all", "none"]),
+        default="last",
+        show_default=True,
+        help="Print the request's messages for the last turn, every turn, or none.",
     )(fn)
 
 
@@ -254,22 +287,75 @@ def _warn(env: Envelope) -> None:
         click.echo(f"lamina: warning: turn {env.turn}: {w}", err=True)
 
 
-def _show(
-    console: Console, envelopes: Sequence[Envelope], conv: pipeline.Conversation, full: bool
-) -> None:
-    from renderers import chatml, common_prefix_tokens, openai_messages
+def _intro(console: Console, budget: Budget) -> None:
+    """What the demo is about to show, before its first turn."""
+    console.print(
+        "[bold]Lamina demo[/bold]: six turns of a chat over a small notes vault. Each turn "
+        "shows the five layers of the request Lamina builds (L1 system, L2 the library of "
+        "context attached earlier, L3 this turn's context, L4 history, L5 the question), "
+        "their tokens, what the budget decided and how much of the request repeats the "
+        "previous one (what a provider's prompt cache serves at a discount). "
+        f"The window is {budget.context_window:,} tokens with {budget.reserve_output:,} kept "
+        "for the reply, small on purpose, so turn 4 shows the budget at work.\n",
+        soft_wrap=True,
+    )
 
-    previous = None
-    before: Envelope | None = None
-    for env in envelopes:
+
+def _next_steps(console: Console) -> None:
+    """What to try after the demo."""
+    console.rule("[bold]Next[/bold]")
+    console.print(
+        "  lamina demo --full                   every message in full\n"
+        "  lamina inspect examples/chat30.yaml  per turn: each artifact's layer, form, tokens\n"
+        "  lamina run examples/chat30.yaml --window 6000   a 30-turn chat under a budget\n"
+        "  lamina simulate examples/chat30.yaml cache cost per provider and layout\n"
+        "  In Python: see the README's quickstart (lamina.Conversation).",
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _heading(env: Envelope) -> str:
+    """'Turn N: query', without saying 'Turn N:' twice when the query starts with it."""
+    query = " ".join(env.query.split())
+    if query.lower().startswith(f"turn {env.turn}:"):
+        return f"[bold]Turn {env.turn}[/bold]:{query[len(f'turn {env.turn}:'):]}"
+    return f"[bold]Turn {env.turn}[/bold]: {query}"
+
+
+def _plural(n: int, word: str) -> str:
+    """'1 decision', '2 decisions'."""
+    return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
+
+
+def _show(
+    console: Console,
+    envelopes: Sequence[Envelope],
+    conv: pipeline.Conversation,
+    full: bool,
+    trace: Mapping[str, Any],
+    messages_shown: str = "all",
+) -> None:
+    """Each turn's layers, budget, decisions, request and cached prefix with the reason it
+    is not more; then a summary of the chat. ``messages_shown``: the request's messages for
+    "all" turns, the "last" one only, or "none"."""
+    from renderers import explain_cache, openai_messages
+
+    turns: Sequence[Mapping[str, Any]] = trace["turns"]
+    previous_turn: Mapping[str, Any] | None = None
+    for index, (env, turn) in enumerate(zip(envelopes, turns, strict=True)):
         messages = openai_messages(env)
         total = conv.count_request(env)
-        cached = common_prefix_tokens(previous, messages, conv.counter)
-        console.rule(f"[bold]Turn {env.turn}[/bold]: {env.query}")
+        console.rule(_heading(env))
         table = Table(show_lines=False)
         for col in ("layer", "key", "form", "tokens"):
             table.add_column(col, justify="right" if col == "tokens" else "left")
         for layer in env.layers:
+            if str(layer.name) == "L4" and len(layer.segments) > 4:
+                # History is one row: `lamina inspect` lists every message.
+                count = len(layer.segments)
+                table.add_row("L4", f"({count} history messages)", "text", str(layer.tokens))
+                continue
             for seg in layer.segments:
                 table.add_row(str(layer.name), seg.key, str(seg.form), str(seg.tokens))
             if not layer.segments:
@@ -295,44 +381,63 @@ def _show(
                 soft_wrap=True,
             )
         _warn(env)
-        console.print("[bold]request[/bold]")
-        for m in messages:
-            content = m["content"]
-            lines = content.splitlines()
-            if not full and len(lines) > 24:
-                content = (
-                    "\n".join(lines[:24]) + f"\n… ({len(lines) - 24} more lines; --full shows all)"
-                )
-            console.print(f"[cyan]{m['role']}[/cyan]:")
-            console.print(content, markup=False, highlight=False, soft_wrap=True)
-        # Both counts over the same chat markup, so the share is of like with like.
-        as_read = len(conv.counter.encode(chatml(messages)))
-        share = f"{cached / as_read:.0%}" if as_read else "0%"
+        last = index == len(envelopes) - 1
+        if messages_shown == "all" or (messages_shown == "last" and last):
+            console.print("[bold]request[/bold]")
+            for m in messages:
+                content = m["content"]
+                lines = content.splitlines()
+                if not full and len(lines) > 24:
+                    content = (
+                        "\n".join(lines[:24])
+                        + f"\n… ({len(lines) - 24} more lines; --full shows all)"
+                    )
+                console.print(f"[cyan]{m['role']}[/cyan]:")
+                console.print(content, markup=False, highlight=False, soft_wrap=True)
+        cached = min(int((turn.get("cache") or {}).get("common_prefix_tokens", 0)), total)
+        share = f"{cached / total:.0%}" if total else "0%"
         console.print(
-            f"[bold green]cacheable prefix[/bold green]: {cached} of {as_read} tokens identical "
-            f"to the previous turn's request ({share})",
+            f"[bold green]cached prefix[/bold green]: {cached} of {total} tokens repeat the "
+            f"previous turn's request ({share}, predicted)",
             soft_wrap=True,
         )
-        if before is None:
-            console.print(
-                f"  ({as_read} counts the whole chat as the model reads it, role markup "
-                f"included, so it differs a little from request={total}; nothing is shared "
-                "yet: this is the first request shown)",
-                soft_wrap=True,
-            )
-        else:
-            known = set(before.l2.keys())
-            moved = [k for k in env.l2.keys() if k not in known and before.l3.get(k)]  # noqa: SIM118
-            if moved:
-                console.print(
-                    f"  (why: turn {before.turn} sent {', '.join(moved)} in its user message; "
-                    "now it sits in the library (L2, in the system message), so this request "
-                    f"repeats turn {before.turn}'s only up to the library's new entries. Turns "
-                    "that add nothing new to the library keep the whole earlier prefix.)",
-                    markup=False,
-                    soft_wrap=True,
-                )
-        previous, before = messages, env
+        for sentence in explain_cache(turn, previous_turn):
+            console.print(f"  why: {sentence}", markup=False, soft_wrap=True)
+        previous_turn = turn
+    _summary(console, envelopes, turns)
+
+
+def _summary(
+    console: Console, envelopes: Sequence[Envelope], turns: Sequence[Mapping[str, Any]]
+) -> None:
+    """One paragraph over the whole chat: tokens sent, the cached share, breaks and cuts."""
+    if len(envelopes) < 2:
+        return
+    sent = sum(int(t["tokens_total"]) for t in turns)
+    cached = sum(
+        min(int((t.get("cache") or {}).get("common_prefix_tokens", 0)), int(t["tokens_total"]))
+        for t in turns
+    )
+    breaks = [
+        int(t["turn"])
+        for t in turns
+        if (t.get("cache") or {}).get("break_reason") not in (None, "first-turn")
+    ]
+    cut = [env.turn for env in envelopes if env.report.budget and env.report.budget.decisions]
+    decisions = sum(len(env.report.decisions) for env in envelopes)
+    console.rule("[bold]Summary[/bold]")
+    share = f"{cached / sent:.0%}" if sent else "0%"
+    console.print(
+        f"{_plural(len(envelopes), 'turn')}: {sent:,} input tokens sent, {cached:,} of them a "
+        f"prefix repeated from the turn before ({share}: what a provider's prompt cache can "
+        f"serve); {_plural(len(breaks), 'prefix break')}"
+        + (f" ({'turn' if len(breaks) == 1 else 'turns'} {', '.join(map(str, breaks))})"
+           if breaks else "")
+        + f"; {_plural(decisions, 'decision')}; the budget cut in "
+        + (_plural(len(cut), "turn") if cut else "no turn")
+        + ".",
+        soft_wrap=True,
+    )
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -366,14 +471,16 @@ def demo(
     reserve: int | None,
     model: str | None,
 ) -> None:
-    """Four turns over the example vault: the layer walkthrough, then a turn over budget.
+    """Six turns over the example vault: the layer walkthrough, a turn over budget, then
+    the steady state.
 
     Turn 1 attaches project-spec.md; turn 2 keeps it and adds docs/api-docs.md; turn 3
     keeps only the spec; turn 4 attaches a folder, a tag (its notes overlap the folder
     and the library: dedup and references), a PDF, a video transcript, a selection and a
     web page (served from the shipped demo site on 127.0.0.1), more than the demo's 4,800-token
-    window holds, so the budget cuts. Ends by writing the conversation's HTML report
-    (`lamina report`) and printing its path.
+    window holds, so the budget cuts; turns 5 and 6 attach nothing: turn 4's context joins
+    the library once, then most of the request is the cached prefix. Ends by writing the
+    conversation's HTML report (`lamina report`), printing its path and what to try next.
     """
     with demo_data() as shipped:
         _demo(shipped, vault, as_json, full, tokenizer, report_path, window, reserve, model)
@@ -403,9 +510,12 @@ def _demo(
     if as_json:
         click.echo(_json(trace))
     else:
-        _show(Console(), envelopes, conv, full)
+        _intro(Console(), budget)
+        _show(Console(), envelopes, conv, full, trace)
     out = Path(report_path) if report_path else Path(tempfile.gettempdir()) / DEMO_REPORT
     written = _write_report(out, trace, envelopes, "Lamina demo")
+    if not as_json:
+        _next_steps(Console())
     # With --json, stdout holds only the trace.
     click.echo(f"report: {written} (the whole conversation on one HTML page)", err=as_json)
 
@@ -417,6 +527,7 @@ def _demo(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace (the public format).")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
+@messages_option
 @tokenizer_option
 @click.option(
     "--store", "store_path", help="Save every turn here: a SQLite file, or a postgresql:// URL."
@@ -437,6 +548,7 @@ def run(
     vault: str | None,
     as_json: bool,
     full: bool,
+    messages: str,
     tokenizer: str | None,
     store_path: str | None,
     conversation_id: str | None,
@@ -510,7 +622,7 @@ def run(
     if as_json:
         click.echo(_json(trace))
     else:
-        _show(Console(), envelopes, conv, full)
+        _show(Console(), envelopes, conv, full, trace, messages)
 
 
 @cli.command()
@@ -522,6 +634,7 @@ def run(
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON trace of the new turns.")
 @click.option("--full", is_flag=True, help="Show whole messages, not the first lines.")
+@messages_option
 @click.option(
     "--provider",
     type=click.Choice(["openai", "openai-responses", "anthropic", "gemini"]),
@@ -536,6 +649,7 @@ def resume(
     vault: str | None,
     as_json: bool,
     full: bool,
+    messages: str,
     provider: str | None,
     window: int | None,
     reserve: int | None,
@@ -551,8 +665,7 @@ def resume(
     with _existing_store(store_path) as store:
         saved = store.conversation(conversation_id).vault
         root = Path(vault) if vault else script.vault or (Path(saved) if saved else None)
-        if root is not None and not root.is_dir():
-            raise ScriptError(script.path, "vault", f"vault folder {root} does not exist")
+        _check_vault(root, vault, script.path if script.vault else store_path)
         budget = _budget(window, reserve, model)
         saved_budget = store.load(conversation_id).budget
         sources = _sources(root, allow_private_network)
@@ -564,17 +677,15 @@ def resume(
         if script.system.stable or script.system.mutable:
             conv.set_system(script.system.stable, script.system.mutable)
         envelopes = run_saved(script, conv, store, conversation_id, previous=previous)
+    shown = [previous, *envelopes] if previous is not None else envelopes
+    document = _trace(shown, conv, provider=provider, model=model, conversation_id=conversation_id)
+    if previous is not None:
+        document["turns"] = document["turns"][1:]
+    trace = {"conversation_id": conversation_id, **document}
     if as_json:
-        shown = [previous, *envelopes] if previous is not None else envelopes
-        document = _trace(
-            shown, conv, provider=provider, model=model, conversation_id=conversation_id
-        )
-        if previous is not None:
-            document["turns"] = document["turns"][1:]
-        trace = {"conversation_id": conversation_id, **document}
         click.echo(_json(trace))
     else:
-        _show(Console(), envelopes, conv, full)
+        _show(Console(), envelopes, conv, full, trace, messages)
 
 
 @cli.command("export")
@@ -640,12 +751,16 @@ def import_cmd(
 )
 @click.option("--json", "as_json", is_flag=True, help="Per layout and provider, per turn, as JSON.")
 @tokenizer_option
+@budget_options
 @network_option
 def simulate(
     script_path: str,
     vault: str | None,
     as_json: bool,
     tokenizer: str | None,
+    window: int | None,
+    reserve: int | None,
+    model: str | None,
     allow_private_network: bool,
 ) -> None:
     """Cache cost of a script per provider: default vs append-only vs naive layout.
@@ -667,7 +782,13 @@ def simulate(
     from renderers import simulate as run_simulation
 
     script = load_script(script_path)
-    conv = _conversation(script, vault, tokenizer, allow_private_network=allow_private_network)
+    conv = _conversation(
+        script,
+        vault,
+        tokenizer,
+        _budget(window, reserve, model),
+        allow_private_network=allow_private_network,
+    )
     sim = run_simulation(run_script(script, conv), counter=conv.counter)
     if as_json:
         click.echo(json.dumps(sim.to_json(), indent=2))
@@ -832,8 +953,7 @@ def _saved_envelopes(
     with _existing_store(store_path) as store:
         saved = store.conversation(conversation_id).vault
         root = Path(vault) if vault else (Path(saved) if saved else None)
-        if root is not None and not root.is_dir():
-            raise ScriptError(store_path, "vault", f"vault folder {root} does not exist")
+        _check_vault(root, vault, store_path)
         sources = _sources(root, allow_private_network)
         conv = load_conversation(store, conversation_id, sources=sources)
         envelopes: list[Envelope] = []
@@ -925,8 +1045,15 @@ def inspect(
         script, vault, tokenizer, budget, allow_private_network=allow_private_network
     )
     console = Console()
-    for env in run_script(script, conv):
+    envelopes = run_script(script, conv)
+    from renderers import explain_cache
+
+    turns = _trace(envelopes, conv)["turns"]
+    for index, (env, turn) in enumerate(zip(envelopes, turns, strict=True)):
         _inspect_turn(console, env, conv)
+        for sentence in explain_cache(turn, turns[index - 1] if index else None):
+            console.print(f"cache: {sentence}", markup=False,
+                          soft_wrap=True)
 
 
 # The replay engine lives in the application package (issue #20); only its command is here.
@@ -954,7 +1081,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args=list(argv) if argv is not None else None, prog_name="lamina", standalone_mode=False
         )
     except LaminaError as exc:
-        _error(str(exc))
+        _error("; ".join([str(exc), *getattr(exc, "__notes__", ())]))
         return 2
     except OSError as exc:
         # What the system refused (a full disk, a permission, a folder that is not one) on

@@ -62,9 +62,20 @@ class Script:
     vault: Path | None = None
 
 
+# Files a user may hand `lamina run` by mistake: attachments, not scripts.
+NOT_SCRIPTS = frozenset({".md", ".markdown", ".pdf", ".vtt", ".html", ".htm", ".txt"})
+
+
 def load_script(path: str | Path) -> Script:
     """Read and validate a JSON or YAML script file."""
     p = Path(path)
+    if p.suffix.lower() in NOT_SCRIPTS:
+        raise ScriptError(
+            str(p),
+            "",
+            f"a {p.suffix} file is not a script: a script is a YAML or JSON file with a "
+            "'turns' list that attaches notes and files (`lamina run --help` shows the format)",
+        )
     try:
         raw = read_regular(p, MAX_SCRIPT_BYTES).decode("utf-8")
     except FileProblem as exc:
@@ -75,7 +86,10 @@ def load_script(path: str | Path) -> Script:
     try:
         data = load_json(raw) if p.suffix == ".json" else load_yaml(raw)
     except LoadError as exc:
-        raise ScriptError(str(p), f"line {exc.line}" if exc.line else "", exc.problem) from None
+        where = f"line {exc.line}" if exc.line else ""
+        raise ScriptError(
+            str(p), where, f"{exc.problem} (a script is YAML or JSON with a 'turns' list)"
+        ) from None
     return parse_script(data, str(p), base=p.parent)
 
 
@@ -183,8 +197,14 @@ def run_script(
     """
     specs = _parse_attachments(script, conversation.sources)
     envelopes: list[Envelope] = []
-    for turn, turn_specs in zip(script.turns, specs, strict=True):
-        envelope = _run_turn(conversation, turn, turn_specs)
+    first = previous.turn + 1 if previous is not None else 1
+    for number, (turn, turn_specs) in enumerate(zip(script.turns, specs, strict=True), first):
+        try:
+            envelope = _run_turn(conversation, turn, turn_specs)
+        except LaminaError as exc:
+            # Which turn of which script: the CLI prints an error's notes after it.
+            exc.add_note(f"in turn {number} of {script.path}")
+            raise
         if check:
             check_envelope(envelope, previous, conversation.policy)
         if turn.reply is not None:

@@ -111,9 +111,22 @@ class RunSummary:
     def table(self) -> Table:
         from rich.table import Table
 
-        table = Table(title=f"replay: {self.conversations} conversations, {self.compared} compared")
-        for col in ("config", "ok", "errors", "invariants", "turns", "tokens sent", "p50", "p90"):
-            table.add_column(col, justify="left" if col == "config" else "right")
+        table = Table(
+            title=f"replay: {self.conversations} conversations, {self.compared} compared "
+            "(replayed by every config)"
+        )
+        # Config names are never cut: they wrap.
+        table.add_column("config", justify="left", overflow="fold", min_width=8)
+        for col in (
+            "conversations ok",
+            "failed",
+            "invariant failures",
+            "turns",
+            "tokens sent",
+            "tokens/conv p50",
+            "tokens/conv p90",
+        ):
+            table.add_column(col, justify="right")
         providers = sorted({p.provider for c in self.configs for p in c.providers})
         for provider in providers:
             table.add_column(f"{provider} cost (cached)", justify="right")
@@ -140,7 +153,11 @@ class RunSummary:
                 row.append(f"{star}{money} ({p.cached_share:.0%})")
             table.add_row(*row)
         table.caption = (
-            "* cheapest config per provider; cost in input-token equivalents unless priced"
+            "failed: conversations a turn of which raised; invariant failures: conversations "
+            "whose envelopes broke one of Lamina's checks (check_envelope); tokens/conv p50, "
+            "p90: input tokens sent per conversation, median and 90th percentile; cost "
+            "(cached): the input bill and its cached share; * cheapest config per provider; "
+            "cost in input-token equivalents unless priced"
         )
         return table
 

@@ -180,11 +180,13 @@ class PathOutsideVault(AttachmentError):
 class NoteNotFound(AttachmentError):
     """A note does not exist; carries close matches to suggest."""
 
-    def __init__(self, path: str, suggestions: Sequence[str] = ()) -> None:
+    def __init__(self, path: str, suggestions: Sequence[str] = (), vault: str = "") -> None:
         self.path = path
         self.suggestions = tuple(suggestions)
+        self.vault = vault
         hint = f" (did you mean: {', '.join(self.suggestions)}?)" if self.suggestions else ""
-        super().__init__(path, f"no such note in the vault{hint}")
+        where = f" {vault}" if vault else ""
+        super().__init__(path, f"no such note in the vault{where}{hint}")
 
 
 class FetchError(AttachmentError):

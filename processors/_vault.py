@@ -182,7 +182,7 @@ class Vault:
         for found in self.notes():
             if found[:-3] == stem and found != norm:
                 return found
-        raise NoteNotFound(rel, self.suggest(rel))
+        raise NoteNotFound(rel, self.suggest(rel), str(self.root))
 
     def read_text(self, rel: str) -> tuple[str, str | None]:
         """Text of a note (BOM stripped, newlines as ``\\n``) and a warning if bytes were bad."""
@@ -190,14 +190,14 @@ class Vault:
         if norm in self.overlay:
             return _clean(self.overlay[norm]), None
         if _hidden(norm):
-            raise NoteNotFound(rel, self.suggest(rel))
+            raise NoteNotFound(rel, self.suggest(rel), str(self.root))
         try:
             # Opened from the vault's folder one component at a time, then checked: a note
             # swapped for a symlink out of the vault after ``resolve`` is still refused.
             data = read_confined(self.root, norm, MAX_NOTE_BYTES)
         except FileProblem as exc:
             if exc.reason in ("missing", "directory"):
-                raise NoteNotFound(rel, self.suggest(rel)) from None
+                raise NoteNotFound(rel, self.suggest(rel), str(self.root)) from None
             if exc.reason == "outside":
                 raise PathOutsideVault(rel, exc.detail) from None
             if exc.reason == "too-large":

@@ -6,6 +6,7 @@ from renderers._agent import (
     loop_messages,
 )
 from renderers._cache import PrefixReport, classify_break, prefix_report, prefix_reports
+from renderers._explain import LOW_CACHE_SHARE, explain_cache
 from renderers._layouts import LAYOUTS, Block, Layout, Message, Prompt, build_prompt
 from renderers._openai import (
     ChatMessage,
@@ -40,6 +41,7 @@ __all__ = [
     "CACHE_MISS",
     "DEFAULT_MODELS",
     "LAYOUTS",
+    "LOW_CACHE_SHARE",
     "PROVIDER_COLOURS",
     "REPORT_LAYERS",
     "TRACE_VERSION",
@@ -67,6 +69,7 @@ __all__ = [
     "classify_break",
     "common_prefix_length",
     "common_prefix_tokens",
+    "explain_cache",
     "format_simulation",
     "gemini_cache_plan",
     "loop_messages",

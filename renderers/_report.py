@@ -17,6 +17,7 @@ from lxml import etree
 from lxml.builder import ElementMaker  # type: ignore[import-not-found]
 
 from pipeline import Envelope
+from renderers._explain import explain_cache
 from renderers._xml import xml_safe
 
 __all__ = ["REPORT_LAYERS", "render_report", "report_blocks"]
@@ -70,8 +71,13 @@ h2 { font-size:16px; margin:28px 0 6px; }
 .card b { display:block; font-size:20px; font-variant-numeric:tabular-nums; }
 .card span { color:var(--muted); font-size:12px; }
 .note { color:var(--muted); margin:2px 0 8px; max-width:820px; }
-svg.chart { width:100%; height:auto; max-width:960px; display:block; }
+.chartbox { overflow-x:auto; }
+svg.chart { width:100%; height:auto; max-width:960px; min-width:760px; display:block; }
 svg text { font:11px system-ui,sans-serif; fill:var(--muted); }
+@media (max-width: 1000px) {
+  main, header { padding-left:12px; padding-right:12px; }
+  svg text { font-size:14px; }
+}
 svg .grid { stroke:#eceff2; }
 svg .axis { stroke:#9aa5b1; }
 svg .limit { stroke:#c92a2a; stroke-width:1.5; stroke-dasharray:5 3; }
@@ -104,6 +110,7 @@ section.turn h3 { font-size:15px; margin:12px 0 2px; }
 .muted { color:var(--muted); }
 .warn { color:#a61e4d; margin:2px 0; }
 .broke { color:#c92a2a; }
+.low { color:#8f5b00; }
 nav.turns a { margin-right:6px; color:var(--accent); text-decoration:none; }
 """
 
@@ -278,6 +285,7 @@ def _cache_chart(turns: Sequence[Mapping[str, Any]]) -> etree._Element:
     for i, turn in enumerate(turns):
         total = int(turn["tokens_total"])
         cached = int((turn.get("cache") or {}).get("common_prefix_tokens", 0))
+        previous = turns[i - 1] if i else None
         x = frame.x(i) + (frame.slot - bar) / 2
         shown = min(cached, total)
         group = E.g(
@@ -304,8 +312,9 @@ def _cache_chart(turns: Sequence[Mapping[str, Any]]) -> etree._Element:
             cx = frame.x(i) + frame.slot / 2
             size = min(max(frame.slot / 2.5, 3.0), 7.0)
             svg.append(E.g(
-                {"class": "break", "data-turn": str(turn["turn"])},
-                E.title(f"turn {turn['turn']}: the cached prefix broke: {_t(reason)}"),
+                {"class": "break", "data-turn": str(turn["turn"]), "data-reason": _t(reason)},
+                E.title(f"turn {turn['turn']}: the cached prefix broke. "
+                        f"{_t(' '.join(explain_cache(turn, previous)))}"),
                 E.line({"x1": _f(cx), "x2": _f(cx), "y1": str(_TOP),
                         "y2": _f(max(frame.y(total) - 2, _TOP))}),
                 E.path({"d": f"M{_f(cx - size)} {_TOP} L{_f(cx + size)} {_TOP} "
@@ -448,9 +457,11 @@ def _turn_section(
         E.h3(f"Turn {number} ", E.span({"class": "query"}, _t(_query(turn, blocks)))),
         E.p({"class": "muted"}, " · ".join(facts)),
     )
-    reason = _breaks(turn)
-    if reason is not None:
-        section.append(E.p({"class": "broke"}, "The cached prefix broke: ", _t(reason)))
+    why = explain_cache(turn, previous)
+    if why:
+        label = "The cached prefix broke: " if _breaks(turn) is not None else "Little cached: "
+        section.append(E.p({"class": "broke" if _breaks(turn) else "low"}, label,
+                           _t(" ".join(why))))
     for warning in turn.get("warnings") or ():
         section.append(E.p({"class": "warn"}, "warning: ", _t(_warning_text(warning))))
     section.append(_artifacts(turn, previous, blocks, shown))
@@ -459,6 +470,24 @@ def _turn_section(
         section.append(E.details(E.summary("request body"),
                                  E.pre(_t(json.dumps(request, indent=1, ensure_ascii=False)))))
     return section
+
+
+def _window_heading(turns: Sequence[Mapping[str, Any]]) -> list[etree._Element]:
+    """The layer chart's heading: a chat run under a budget is drawn against its window, one
+    without a budget has no window to fill."""
+    if any(t.get("budget") is not None for t in turns):
+        return [
+            E.h2("How the window filled"),
+            E.p({"class": "note"}, "Tokens of each request per layer, stacked; framing is the "
+                "per-message overhead the provider adds. The red band is the output reserved "
+                "for the reply: a request must stay under the dashed limit."),
+        ]
+    return [
+        E.h2("Tokens per layer"),
+        E.p({"class": "note"}, "Tokens of each request per layer, stacked; framing is the "
+            "per-message overhead the provider adds. This chat ran without a budget, so no "
+            "window or limit is drawn (the --window or --model option sets one)."),
+    ]
 
 
 def _card(value: str, label: str) -> etree._Element:
@@ -497,12 +526,9 @@ def render_report(
         E.header(E.h1(_t(title)), E.p(_t(" · ".join(subtitle)))),
         E.main(
             cards,
-            E.h2("How the window filled"),
-            E.p({"class": "note"}, "Tokens of each request per layer, stacked; framing is the "
-                "per-message overhead the provider adds. The red band is the output reserved "
-                "for the reply: a request must stay under the dashed limit."),
+            *_window_heading(turns),
             _legend((label, colour) for _, label, colour in REPORT_LAYERS),
-            _window_chart(turns),
+            E.div({"class": "chartbox"}, _window_chart(turns)),
             E.h2("Cached prefix"),
             E.p({"class": "note"}, "The part of each request that repeats the previous "
                 "request byte for byte (what a provider's prompt cache can serve). A red marker "
@@ -511,7 +537,7 @@ def render_report(
                      ("break", "#c92a2a")]
                     + ([("cached (observed)", "#e8590c")]
                        if any(_observed(t) is not None for t in turns) else [])),
-            _cache_chart(turns),
+            E.div({"class": "chartbox"}, _cache_chart(turns)),
             E.h2("Budget decisions"),
             _decisions(turns),
             E.h2("Turns"),

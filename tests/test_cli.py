@@ -51,7 +51,7 @@ def test_run_json_is_byte_identical_across_processes(script: Path) -> None:
 def test_demo_runs_and_json_is_stable() -> None:
     out = lamina("demo")
     assert out.returncode == 0, out.stderr
-    assert "cacheable prefix" in out.stdout and "Turn 3" in out.stdout
+    assert "cached prefix" in out.stdout and "Turn 3" in out.stdout
     a, b = lamina("demo", "--json"), lamina("demo", "--json")
     assert a.stdout == b.stdout
     turns = json.loads(a.stdout)["turns"]

@@ -55,18 +55,48 @@ def test_demo_ends_with_the_report_path(tmp_path: Path) -> None:
     assert out.stdout.rstrip().splitlines()[-1] == (
         f"report: {(tmp_path / 'r.html').resolve()} (the whole conversation on one HTML page)"
     )
-    assert _turn_groups(tmp_path / "r.html") == ["1", "2", "3", "4"]
+    assert _turn_groups(tmp_path / "r.html") == ["1", "2", "3", "4", "5", "6"]
 
 
-def test_demo_explains_the_second_turns_small_prefix_and_its_totals(tmp_path: Path) -> None:
+def test_demo_introduces_itself_explains_each_small_prefix_and_says_what_next(
+    tmp_path: Path,
+) -> None:
     out = lamina("demo", "--report", str(tmp_path / "r.html")).stdout
     text = " ".join(out.split())
+    assert text.startswith("Lamina demo: six turns of a chat over a small notes vault.")
     assert "(the layers plus per-message framing, as the budget counts them)" in text
-    assert "counts the whole chat as the model reads it, role markup included" in text
+    assert "why: First request of the chat: nothing is cached yet." in text
     assert (
-        "(why: turn 1 sent note:project-spec.md in its user message; now it sits in the "
-        "library (L2, in the system message)" in text
+        "why: The library grew by 1 entry (note:project-spec.md) that turn 1 attached; it "
+        "is added at the end of the system message, so the history after it is sent again "
+        "uncached." in text
     )
+    # The budget's cut is explained from its typed decisions, not shown as a code.
+    assert "why: The budget cut library entry note:project-spec.md from " in text
+    assert "l2-compacted:" not in text and "l2-evicted:" not in text
+    summary = text.split("─ Summary ─", 1)[1]
+    assert summary.lstrip("─ ").startswith("6 turns: ")
+    assert "1 prefix break (turn 4)" in summary
+    assert "lamina demo --full" in text.split("─ Next ─", 1)[1]
+
+
+def test_run_prints_the_last_request_and_a_summary_not_every_request(tmp_path: Path) -> None:
+    """A 30-turn run is a page per turn of tables and one request, ending in a summary;
+    'Turn N:' is not said twice when the script's queries start with it."""
+    from tests.cli import ROOT
+
+    out = lamina("run", str(ROOT / "examples" / "chat30.yaml"), "--window", "6000")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) < 1500, len(lines)
+    assert sum(line == "request" for line in lines) == 1
+    assert not any("Turn 1: Turn 1:" in line for line in lines)
+    assert any("─ Summary ─" in line for line in lines)
+    assert "decisions;" in out.stdout or "decision;" in out.stdout
+    everything = lamina(
+        "run", str(ROOT / "examples" / "chat30.yaml"), "--window", "6000", "--messages", "all"
+    )
+    assert sum(line == "request" for line in everything.stdout.splitlines()) == 30
 
 
 def test_run_help_describes_the_script_format() -> None:

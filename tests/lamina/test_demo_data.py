@@ -34,5 +34,5 @@ def test_the_demo_runs_from_any_folder(tmp_path: Path) -> None:
     ran = lamina_here("demo", "--json", "--report", str(tmp_path / "r.html"), cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     trace = json.loads(ran.stdout)
-    assert len(trace["turns"]) == 4
+    assert len(trace["turns"]) == 6
     assert (tmp_path / "r.html").is_file()

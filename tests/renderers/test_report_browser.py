@@ -119,7 +119,7 @@ def test_demo_report_in_chromium(browser: Any, tmp_path: Path) -> None:
     assert cached == [t["cache"]["common_prefix_tokens"] for t in turns]
     breaks = page.evaluate(
         """[...document.querySelectorAll('svg.cache-chart g.break')].map(g =>
-            [+g.dataset.turn, g.querySelector('title').textContent])"""
+            [+g.dataset.turn, g.dataset.reason, g.querySelector('title').textContent])"""
     )
     reported = [
         (t["turn"], t["cache"]["break_reason"])
@@ -128,7 +128,10 @@ def test_demo_report_in_chromium(browser: Any, tmp_path: Path) -> None:
     ]
     assert reported, "the demo's last turn moves the history cut: a break"
     assert [b[0] for b in breaks] == [turn for turn, _ in reported]
-    assert all(b[1].endswith(reason) for b, (_, reason) in zip(breaks, reported, strict=True))
+    assert [b[1] for b in breaks] == [reason for _, reason in reported]
+    # People read a sentence, not the code (the code stays in data-reason).
+    assert all(":" not in b[2].split(". ", 1)[1][:12] for b in breaks)
+    assert all("cached prefix broke. " in b[2] for b in breaks)
     decisions = page.evaluate("document.querySelectorAll('table.decisions tbody tr').length")
     assert decisions == sum(len(t["budget"]["decisions"]) for t in turns)
     ARTIFACTS.mkdir(exist_ok=True)
@@ -176,7 +179,10 @@ def test_hostile_note_renders_as_text_in_chromium(browser: Any, tmp_path: Path) 
     assert any(f"It says {shown}" in p for p in dom["pres"])  # the reply, raw
     assert page.evaluate(
         "[...document.querySelectorAll('svg.cache-chart g.break title')].map(t => t.textContent)"
-    ) == ["turn 3: the cached prefix broke: artifact-changed:note:evil.md"]
+    ) == [
+        "turn 3: the cached prefix broke. note:evil.md changed since the library took it (its "
+        "freshness policy sent the new text), so the request is sent uncached from there on."
+    ]
     assert page.console == [] and page.errors == []
     assert page.requests == [page.url]
 
@@ -252,3 +258,41 @@ def test_replay_report_in_chromium(browser: Any, tmp_path: Path) -> None:
     assert linked.evaluate("document.scripts.length") == 0
     assert linked.console == [] and linked.errors == []
     assert linked.requests == [linked.url]
+
+
+@pytest.mark.parametrize("width", [700, 1400])
+def test_report_text_stays_readable_at_narrow_and_wide_widths(
+    browser: Any, tmp_path: Path, width: int
+) -> None:
+    """At 700 px and 1,400 px every chart label renders at 9 px or more (the charts scroll
+    sideways rather than shrink), nothing overflows the page but the chart boxes, and a
+    chat without a budget is drawn without a window."""
+    out = tmp_path / "plain.html"
+    run = lamina("report", str(ROOT / "examples" / "chat30.yaml"), "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    page = browser.new_page()
+    try:
+        page.set_viewport_size({"width": width, "height": 900})
+        page.goto(out.resolve().as_uri())
+        page.wait_for_load_state("load")
+        sizes = page.evaluate(
+            """[...document.querySelectorAll('svg.chart text')].map(t =>
+                t.getBoundingClientRect().height)"""
+        )
+        assert sizes and min(sizes) >= 9, sizes
+        fonts = page.evaluate(
+            """[...document.querySelectorAll('td, th, p, h2, h3, .card span')].map(e =>
+                parseFloat(getComputedStyle(e).fontSize))"""
+        )
+        assert min(fonts) >= 12
+        overflow = page.evaluate(
+            "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0
+        headings = page.evaluate("[...document.querySelectorAll('h2')].map(h => h.textContent)")
+        assert "How the window filled" not in headings and "Tokens per layer" in headings
+        assert page.evaluate("document.querySelectorAll('svg .limit, svg .window').length") == 0
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"report-{width}.png"), full_page=False)
+    finally:
+        page.close()
