@@ -454,10 +454,10 @@ def _targets(
         full = big.size >= 1000
         out.append(_target("warm turn within 3x of floor", where, vs_floor, "<=", 3.0, full))
         out.append(_target("warm turn >= 50x faster than naive", where, vs_naive, ">=", 50.0, full))
-        if full:  # issue 19: still within 2x where the request is largest
+        if full:  # still within 2x where the request is largest
             out.append(_target("warm turn within 2x of floor", where, vs_floor, "<=", 2.0, True))
     for p in points:
-        if p.kind in ("library", "conversation"):  # issue 19: every warm point
+        if p.kind in ("library", "conversation"):  # every warm point
             ratio = _ratio(p.lamina["warm_p50_s"], p.floor["p50_s"])
             out.append(_target("warm turn within 5x of floor", p.name, ratio, "<=", 5.0, True))
     for p in points:
@@ -473,7 +473,7 @@ def _targets(
                     p.lamina["request_tokens"] >= 900_000,
                 )
             )
-            out.append(  # issue 19
+            out.append(
                 _target("cold build within 1.5x of tiktoken", p.name, ratio, "<=", 1.5, True)
             )
     for p in points:

@@ -719,7 +719,8 @@ def import_cmd(
     allow_fetch: bool,
     conversation_id: str | None,
 ) -> None:
-    """Import a markdown transcript (Lamina's or the original plugin's) into a store."""
+    """Import a markdown transcript (Lamina's, or the Obsidian plugin's Lamina began as) into
+    a store."""
     from pipeline import ChatTranscriptError, FileProblem, open_store, read_regular
 
     try:
@@ -1056,7 +1057,7 @@ def inspect(
                           soft_wrap=True)
 
 
-# The replay engine lives in the application package (issue #20); only its command is here.
+# The replay engine lives in its own modules; only its command is here.
 cli.add_command(replay_command)
 
 

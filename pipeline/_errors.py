@@ -17,7 +17,7 @@ LaminaError
 │   └── PdfError              (.path, .reason)
 ├── ConversationError      a conversation method was called out of order
 ├── ScriptError            a conversation script is malformed (.path, .where)
-├── InvariantViolation     an envelope broke a DESIGN.md invariant (.invariant, .key)
+├── InvariantViolation     an envelope broke an invariant (.invariant, .key)
 ├── StoreError             a conversation store file cannot be used (.path)
 │   ├── StoreLocked           another process holds the write lock too long
 │   ├── StoreCorrupt          not a Lamina store, or its bytes are damaged
@@ -230,7 +230,7 @@ class ScriptError(LaminaError):
 
 
 class InvariantViolation(LaminaError):
-    """An envelope broke one of DESIGN.md's invariants."""
+    """An envelope broke one of the invariants (docs/ARCHITECTURE.md, "Invariants")."""
 
     def __init__(self, invariant: int, problem: str, key: str | None = None) -> None:
         self.invariant = invariant

@@ -1,4 +1,4 @@
-"""Warnings reach the user (issue 15): in the JSON trace, in ``inspect``, and on stderr."""
+"""Warnings reach the user: in the JSON trace, in ``inspect``, and on stderr."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""DESIGN.md's invariants (1-8; 7 when a budget was set), checked by code that hosts and
-tests both call. Tool output is also checked to stay turn-scoped."""
+"""The invariants (1-8; 7 when a budget was set; docs/ARCHITECTURE.md), checked by code
+that hosts and tests both call. Tool output is also checked to stay turn-scoped."""
 
 from __future__ import annotations
 

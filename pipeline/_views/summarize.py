@@ -1,6 +1,6 @@
 """Summaries of recoverable content: an offline extractive default, an LLM adapter, a memo.
 
-Only recoverable items may be summarized (DESIGN.md invariant 6); callers enforce that.
+Only recoverable items may be summarized (invariant 6); callers enforce that.
 Every summarizer returns text within its token target, and reports what went wrong.
 """
 

@@ -272,7 +272,7 @@ def carry_forward(
     renderer: SegmentRenderer,
     memo: ViewMemo | None = None,
 ) -> tuple[View, str]:
-    """The form an artifact takes when promoted into L2 (DESIGN.md compaction classes), and
+    """The form an artifact takes when promoted into L2 (its compaction class), and
     its text. The full rendering is usually counted already (it is what L3 sent), so
     deciding costs no encoding; a preview's rendering is counted from its sections' counts
     when the renderer keeps the preview verbatim (see ``_rendered_tokens``)."""

@@ -23,7 +23,7 @@ from lamina._cli import DEMO_SCRIPT
 ROOT = Path(__file__).resolve().parents[2]
 VAULT = ROOT / "examples" / "vault"
 
-# The demo's own conversation (notes, a folder, a tag, a PDF, a video, a selection, then the steady state).
+# The demo's conversation: notes, a folder, a tag, a PDF, a video, a selection, steady state.
 WALKTHROUGH: dict[str, Any] = copy.deepcopy(DEMO_SCRIPT)
 
 

@@ -1,4 +1,4 @@
-"""Notes as written (issue 15): properties headers, embeds inlined or linked, .MD files."""
+"""Notes as written: properties headers, embeds inlined or linked, .MD files."""
 
 from __future__ import annotations
 

@@ -181,7 +181,7 @@ def test_note_links_resolve_obsidian_style(tmp_path: Path) -> None:
     assert out.links == (
         Link("note:src.md", "note:b.md", "links"),
         Link("note:src.md", "note:x/c.md", "links"),
-        # A small note's embed is inlined, and its edge says so (issue 15).
+        # A small note's embed is inlined, and its edge says so.
         Link("note:src.md", "note:z/deep.md", "embeds", inline=True),
         Link("note:src.md", "unresolved:ghost", "links"),
         Link("note:src.md", "note:k/target.md", "links"),

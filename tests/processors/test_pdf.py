@@ -324,7 +324,7 @@ def test_replace_text_maps_title_and_pages(ctx: ProcessContext) -> None:
     assert payload.page_texts == ((1, PAGES[0].upper()),)
 
 
-# --- PDFs that real people have (issue 15) ---------------------------------------------
+# --- PDFs that real people have ------------------------------------------------------
 
 
 def process(name: str, ctx: ProcessContext) -> tuple[PdfPayload, tuple[TurnWarning, ...]]:
