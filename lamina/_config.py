@@ -4,6 +4,7 @@ tokenizer, provider pricing), read from YAML/JSON files with every key checked."
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -66,15 +67,38 @@ class SummarizerConfig:
     options: tuple[tuple[str, Any], ...] = ()
 
     def make(self, counter: TokenCounter) -> Summarizer:
+        """The summarizer; a factory that cannot be loaded or called with the counter and
+        the options, or that returns no summarizer, is a ConfigError naming it."""
         if self.name == "textrank":
             return TextRankSummarizer(counter, **dict(self.options))
-        module, _, attr = self.name.partition(":")
+        module, colon, attr = self.name.partition(":")
+        if not (module and colon and attr):
+            raise ConfigError(
+                "summarizer", f"{self.name!r} is neither 'textrank' nor 'module:callable'"
+            )
         try:
             factory = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as exc:
+        except (ImportError, AttributeError, ValueError) as exc:
             raise ConfigError("summarizer", f"cannot load {self.name!r}: {exc}") from None
-        made: Summarizer = factory(counter, **dict(self.options))
-        return made
+        try:
+            made = factory(counter, **dict(self.options))
+        except Exception as exc:  # the host's code: any failure is this setting's fault
+            raise ConfigError(
+                "summarizer",
+                f"calling {self.name} with a TokenCounter"
+                f"{' and the options' if self.options else ''} failed: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())}",
+            ) from None
+        if not (callable(getattr(made, "summarize", None)) and isinstance(
+            getattr(made, "id", None), str
+        )):
+            raise ConfigError(
+                "summarizer",
+                f"{self.name} returned {type(made).__name__}, not a summarizer "
+                "(an object with an ``id`` string and a ``summarize(text, target_tokens)``)",
+            )
+        summarizer: Summarizer = made
+        return summarizer
 
 
 @attrs.frozen
@@ -159,16 +183,50 @@ def _int(value: Any, where: str) -> int | None:
 def _float(value: Any, where: str) -> float | None:
     if value is None:
         return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+    if (
+        not isinstance(value, (int, float))
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < 0
+    ):
         raise ConfigError(where, f"must be a number >= 0, got {value!r}")
     return float(value)
+
+
+# TextRank's settings: (kind, lowest, highest, inclusive low), checked before any replay.
+_TEXTRANK = {
+    "window": (int, 1, None),
+    "max_iter": (int, 1, None),
+    "damping": (float, 0.0, 1.0),
+    "tol": (float, 0.0, None),
+}
+
+
+def _textrank(options: Mapping[str, Any], where: str) -> None:
+    for key, value in options.items():
+        kind, low, high = _TEXTRANK[key]
+        at = f"{where}.{key}"
+        if kind is int:
+            if _int(value, at) is None or value < low:
+                raise ConfigError(at, f"must be a whole number >= {low}, got {value!r}")
+        elif (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or not low < value
+            or (high is not None and not value < high)
+        ):
+            bound = f"between {low:g} and {high:g}" if high is not None else f"above {low:g}"
+            raise ConfigError(at, f"must be a number {bound}, got {value!r}")
 
 
 def parse_config(data: Any, name: str = "config", *, where: str = "config") -> ReplayConfig:
     """Validate a config mapping; every value is checked now, not when a replay runs."""
     data = _mapping(data, where)
     _known(data, _TOP, where)
-    name = str(data.get("name", name))
+    name = data.get("name", name)
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{where}.name", f"must be a non-empty string, got {name!r}")
     layout = data.get("layout", "default")
     if layout not in LAYOUTS:
         raise ConfigError(
@@ -203,7 +261,10 @@ def parse_config(data: Any, name: str = "config", *, where: str = "config") -> R
             config.budget.budget()
         except ConfigError as exc:
             raise ConfigError(f"{where}.budget", str(exc)) from None
-    config.summarizer.make(TokenCounter(tokenizer))
+    try:
+        config.summarizer.make(TokenCounter(tokenizer))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}.summarizer", str(exc).removeprefix("summarizer: ")) from None
     return config
 
 
@@ -228,7 +289,8 @@ def _summarizer(value: Any, where: str) -> SummarizerConfig:
     ((name, options),) = data.items()
     opts = _mapping(options or {}, f"{where}.{name}")
     if name == "textrank":
-        _known(opts, {"window", "damping", "max_iter", "tol"}, f"{where}.{name}")
+        _known(opts, set(_TEXTRANK), f"{where}.{name}")
+        _textrank(opts, f"{where}.{name}")
     return SummarizerConfig(str(name), tuple(sorted(opts.items())))
 
 

@@ -37,6 +37,7 @@ def here(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "notdb.sqlite").write_text("not sqlite\n", encoding="utf-8")
     (root / "badconfig.yaml").write_text("x: [", encoding="utf-8")
     (root / "config.json").write_text("{}", encoding="utf-8")
+    (root / "badfactory.yaml").write_text("summarizer: os:getcwd\n", encoding="utf-8")
     (root / "adir").mkdir()
     saved = lamina_here(
         "run", "good.yaml", "--store", "st.sqlite", "--conversation", "c1", cwd=root
@@ -112,6 +113,9 @@ BAD = {
     "replay without corpus": ["replay", "--config", "config.json"],
     "replay a missing config": ["replay", "--config", "missing.yaml", "good.yaml"],
     "replay a bad config": ["replay", "--config", "badconfig.yaml", "good.yaml"],
+    "replay a summarizer factory of the wrong signature": [
+        "replay", "--config", "badfactory.yaml", "good.yaml"
+    ],
     "replay a missing corpus": ["replay", "--config", "config.json", "nosuch"],
     "replay to a missing folder": ["replay", *CONFIG, "good.yaml", "--out", NO_DIR],
     "replay a missing store": ["replay", "--config", "config.json", "--store", "missing.sqlite"],
