@@ -237,17 +237,18 @@ class _Collect:
             last = time.monotonic()
             self.suspects.clear()
             for future, result in batch:
-                i = self.index.get(future.key)
-                current = i is not None and self.waiting.get(i) is future
+                # The status first: release() cancels the future's state (on the loop's
+                # thread, soon), after which every future reads "cancelled".
+                status = future.status
                 future.release()
-                if not current:
+                i = self.index.get(future.key)
+                if i is None or self.waiting.get(i) is not future:
                     continue  # a superseded task finished after all: its twin counts
-                if future.status == "error":
+                if status == "error":
                     _typ, exc, tb = result
                     raise exc.with_traceback(tb)
-                assert i is not None
-                if future.status == "cancelled":  # e.g. a key the scheduler had forgotten
-                    done.update(self._again([i], f"cancelled ({result})"))
+                if status == "cancelled":  # e.g. a key the scheduler had forgotten
+                    done.update(self._again([i], f"cancelled: {type(result).__name__}"))
                     continue
                 del self.waiting[i]
                 yield result

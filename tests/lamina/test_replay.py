@@ -77,11 +77,15 @@ def test_serial_results_cover_every_conversation_and_what_the_corpus_mixes(
 
 @pytest.mark.slow
 def test_local_pool_and_dask_cluster_write_the_serial_file_byte_for_byte(
-    corpus: tuple[Path, list[ReplayConfig]], serial_bytes: bytes, tmp_path: Path
+    corpus: tuple[Path, list[ReplayConfig]],
+    serial_bytes: bytes,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     chats, configs = corpus
     assert _bytes(chats, configs, LocalEngine(2), tmp_path / "local.jsonl") == serial_bytes
     assert _bytes(chats, configs, DaskEngine(2), tmp_path / "dask.jsonl") == serial_bytes
+    assert "running it again" not in caplog.text  # no task of a healthy cluster is redone
 
 
 @pytest.mark.slow
