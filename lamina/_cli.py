@@ -263,6 +263,7 @@ def _trace(
         provider=provider,
         model=model,
         conversation_id=conversation_id,
+        budget=conv.budget,  # counted as the budget counts the request, framing included
     )
 
 

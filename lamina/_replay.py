@@ -242,6 +242,7 @@ def _costs(
         models={p.provider: p.model for p in config.providers},
         layouts=(config.layout,),  # type: ignore[arg-type]
         ttl=ttl,  # type: ignore[arg-type]
+        budget=conv.budget,
     )
     out: list[ProviderResult] = []
     sent: list[int] | None = None
@@ -267,7 +268,7 @@ def _costs(
             )
         )
         if pricing.provider != "anthropic" and sent is None:
-            # OpenAI and Gemini are costed on the layout's chat request as the model reads it.
+            # OpenAI's and Gemini's input is the layout's request in its own count.
             sent = [t.input_tokens for t in series.turns]
     if sent is None:
         sent = [conv.count_request(e) for e in envelopes]

@@ -61,7 +61,7 @@ def _why(result: ReplayResult) -> str:
         p = result.providers[0]
         money = f"${p.usd:,.4f}" if p.usd is not None else f"{p.cost:,.0f} input-token equivalents"
         share = p.cached_tokens / p.input_tokens if p.input_tokens else 0.0
-        facts.append(f"{p.provider} cost {money}, {share:.0%} cached")
+        facts.append(f"{p.provider} cost {money}, {share:.0%} cached (simulated by its rules)")
     return "; ".join(facts)
 
 
@@ -87,11 +87,14 @@ def conversation_page(recording: Recording, config: ReplayConfig) -> tuple[str, 
     envelopes: list[Envelope] = list(_run_turns(script, conv, errors))
     if not envelopes:
         return None
+    # Under the config's layout and framing, so the page's figures are its row's.
     trace = annotate_trace(
         trace_document(envelopes, conv.counter),
         envelopes,
         conv.counter,
         conversation_id=recording.id,
+        layout=config.layout,  # type: ignore[arg-type]
+        budget=conv.budget,
     )
     trace = {"conversation_id": recording.id, **trace}
     title = f"Lamina report: {recording.id} under config {config.name}"

@@ -5,7 +5,14 @@ from renderers._agent import (
     agent_request,
     loop_messages,
 )
-from renderers._cache import PrefixReport, classify_break, prefix_report, prefix_reports
+from renderers._cache import (
+    PrefixReport,
+    classify_break,
+    prefix_report,
+    prefix_reports,
+    prompt_prefix_tokens,
+    prompt_tokens,
+)
 from renderers._explain import LOW_CACHE_SHARE, explain_cache
 from renderers._layouts import LAYOUTS, Block, Layout, Message, Prompt, build_prompt
 from renderers._openai import (
@@ -77,6 +84,8 @@ __all__ = [
     "prefix_report",
     "prefix_reports",
     "prompt_cache_key",
+    "prompt_prefix_tokens",
+    "prompt_tokens",
     "render_replay_report",
     "render_report",
     "render_request",

@@ -3,16 +3,25 @@
 A break is any change to bytes the previous request had made cacheable: its system
 message (L1 + L2) must be a byte prefix of this one's, and its history a prefix of this
 history. Growth (a longer library, more history) is not a break.
+
+Every figure is in the request's own count (``pipeline.request_tokens``: contents plus the
+chat framing per message and to prime the reply, or Mistral's instruct format), for any
+layout's ``Prompt``: the cached prefix is the tokens of the leading messages the previous
+request sent byte for byte plus the shared start of the first message that differs, so it
+is never above the request it is part of. Provider-specific figures (minimum cacheable
+prefixes, 128-token steps, Anthropic's breakpoints) are the simulator's, labelled as such.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
-from pipeline import DecisionAction, Envelope, TokenCounter
+from pipeline import Budget, DecisionAction, Envelope, TokenCounter
+from renderers._layouts import Prompt, default_prompt
 from renderers._openai import (
     chatml,
     chatml_prefix_tokens,
@@ -20,7 +29,14 @@ from renderers._openai import (
     openai_messages,
 )
 
-__all__ = ["PrefixReport", "classify_break", "prefix_report", "prefix_reports"]
+__all__ = [
+    "PrefixReport",
+    "classify_break",
+    "prefix_report",
+    "prefix_reports",
+    "prompt_prefix_tokens",
+    "prompt_tokens",
+]
 
 # Readers match a decision's action, never its reason's words (those are for people).
 _CHANGED = frozenset({DecisionAction.REFRESHED, DecisionAction.PINNED})
@@ -119,14 +135,141 @@ def _common_prefix_bytes(a: str, b: str) -> int:
     return size
 
 
+# --- counting a prompt as the request counts it -------------------------------------
+
+_BLOCK_SPLIT = re.compile(r"\n\n(?=<)")
+_MISTRAL_REPLY_END = 1  # the ``</s>`` after each reply (pipeline's MISTRAL_REPLY_END)
+
+
+@attrs.frozen
+class _Framing:
+    """The framing fields the counts need (a budget's, else OpenAI's 3 + 3)."""
+
+    per_message: int = 3
+    priming: int = 3
+    lead: str = ""
+    trim: bool = False
+    template: str = "messages"
+
+
+def _framing(budget: Budget | None) -> _Framing:
+    if budget is None:
+        return _Framing()
+    f = budget.framing
+    return _Framing(f.per_message, f.priming, f.lead, f.trim, f.template)
+
+
+def _text_tokens(text: str, counter: TokenCounter) -> int:
+    """Exact tokens of ``text`` from the remembered counts of its blocks: after a blank
+    line a block's ``<`` always starts a new piece, so the count adds up over them."""
+    parts = _BLOCK_SPLIT.split(text)
+    if len(parts) == 1 or not all(parts):
+        return counter.count(text)
+    return counter.count_joined(parts)
+
+
+def _content(text: str, counter: TokenCounter, fr: _Framing) -> int:
+    """A message content's tokens as ``request_tokens`` counts them (lead, trim)."""
+    if fr.trim and text != text.strip():
+        text = text.strip()
+    if fr.lead and text[:1].isspace():  # lead and content may share a piece
+        return counter.count(fr.lead + text) - counter.count(fr.lead)
+    return _text_tokens(text, counter)
+
+
+@attrs.frozen
+class _Unit:
+    """One run of a request that is cached whole or not at all: a message with its
+    framing (or, for Mistral, one ``[INST]`` turn with its reply); ``text`` is what must
+    repeat for it to be shared, ``role`` whether a partial match may count."""
+
+    role: str
+    text: str
+    tokens: int
+    partial: bool = True
+
+
+def _units(prompt: Prompt, counter: TokenCounter, fr: _Framing) -> tuple[list[_Unit], int]:
+    """The request's units in order and the tokens outside them (reply priming)."""
+    if fr.template == "mistral":
+        return _mistral_units(prompt, counter, fr), 0
+    units = [
+        _Unit(role, text, _content(text, counter, fr) + fr.per_message)
+        for role, text in prompt.chat()
+    ]
+    return units, fr.priming
+
+
+def _mistral_units(prompt: Prompt, counter: TokenCounter, fr: _Framing) -> list[_Unit]:
+    """Mistral's instruct format: ``<s>``, each user turn with its reply, then the last
+    turn, which the system text opens (so it never repeats: ``partial=False``)."""
+    units = [_Unit("start", "", fr.priming, partial=False)]
+    pending: list[str] = []
+    for message in prompt.messages:
+        if message.role == "user":
+            pending.append(message.text)
+            continue
+        reply = message.text.rstrip(" ")
+        joined = counter.count_joined(pending) if pending else 0
+        tokens = fr.per_message + joined + counter.count(reply) + _MISTRAL_REPLY_END
+        units.append(_Unit("turn", "\x00".join([*pending, reply]), tokens, partial=False))
+        pending = []
+    last = [t for t in (prompt.system_text, *pending) if t]
+    units.append(_Unit("last", "\x00".join(last), fr.per_message + counter.count_joined(last)))
+    return units
+
+
+def prompt_tokens(prompt: Prompt, counter: TokenCounter, budget: Budget | None = None) -> int:
+    """Exact tokens of the request ``prompt`` renders, counted as ``request_tokens`` counts
+    an envelope (``budget``'s framing, else OpenAI's): for the default layout the two are
+    equal, and every layout is counted in that one unit."""
+    fr = _framing(budget)
+    units, rest = _units(prompt, counter, fr)
+    return rest + sum(u.tokens for u in units)
+
+
+def prompt_prefix_tokens(
+    previous: Prompt | None, current: Prompt, counter: TokenCounter, budget: Budget | None = None
+) -> int:
+    """The tokens at the start of ``current`` that repeat ``previous`` byte for byte, in
+    ``prompt_tokens``' unit, so never above it: the messages sent the same way whole (with
+    their framing), then the shared tokens of the first message that differs (its framing
+    not counted). Provider rules (minimums, steps) are not applied here."""
+    if previous is None:
+        return 0
+    fr = _framing(budget)
+    before, _ = _units(previous, counter, fr)
+    after, _ = _units(current, counter, fr)
+    shared = 0
+    for old, new in zip(before, after, strict=False):
+        if old.role == new.role and old.text == new.text:
+            shared += new.tokens
+            continue
+        if old.role == new.role and new.partial and old.partial:
+            a, b = (old.text.strip(), new.text.strip()) if fr.trim else (old.text, new.text)
+            if common_prefix_length(a, b):
+                part = chatml_prefix_tokens(a, b, counter)
+                shared += min(part, new.tokens - fr.per_message)
+        break
+    return shared
+
+
 def prefix_report(
-    previous: Envelope | None, current: Envelope, counter: TokenCounter
+    previous: Envelope | None,
+    current: Envelope,
+    counter: TokenCounter,
+    *,
+    budget: Budget | None = None,
 ) -> PrefixReport:
-    """The report for ``current`` given the request before it (None on the first turn)."""
+    """The report for ``current`` given the request before it (None on the first turn);
+    ``common_prefix_tokens`` is in the request's own count (``prompt_prefix_tokens`` of the
+    default layout, with ``budget``'s framing when given)."""
     tokens = same = 0
     if previous is not None:
         a, b = chatml(openai_messages(previous)), chatml(openai_messages(current))
-        tokens = chatml_prefix_tokens(a, b, counter)
+        tokens = prompt_prefix_tokens(
+            default_prompt(previous), default_prompt(current), counter, budget
+        )
         same = _common_prefix_bytes(a, b)
     return PrefixReport(
         turn=current.turn,
@@ -138,11 +281,13 @@ def prefix_report(
     )
 
 
-def prefix_reports(envelopes: Sequence[Envelope], counter: TokenCounter) -> list[PrefixReport]:
+def prefix_reports(
+    envelopes: Sequence[Envelope], counter: TokenCounter, *, budget: Budget | None = None
+) -> list[PrefixReport]:
     """One report per envelope of a conversation, in order."""
     out: list[PrefixReport] = []
     previous: Envelope | None = None
     for env in envelopes:
-        out.append(prefix_report(previous, env, counter))
+        out.append(prefix_report(previous, env, counter, budget=budget))
         previous = env
     return out

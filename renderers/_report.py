@@ -514,6 +514,8 @@ def render_report(
     subtitle = [f"{len(turns)} turns", f"tokenizer {trace.get('tokenizer', '?')}"]
     if trace.get("conversation_id"):
         subtitle.append(f"conversation {trace['conversation_id']}")
+    if trace.get("layout"):
+        subtitle.append(f"requests in the {trace['layout']} layout")
     cards = E.div(
         {"class": "cards"},
         _card(_n(sent), "tokens sent (all turns)"),

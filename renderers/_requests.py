@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import Envelope, ModelProfile, RegistryError, TokenCounter
+from pipeline import Budget, Envelope, ModelProfile, RegistryError, TokenCounter
 from renderers._layouts import Layout, Prompt, build_prompt
 from renderers._providers import (
     RenderedRequest,
@@ -117,14 +117,33 @@ def annotate_trace(
     provider: str | None = None,
     model: str | None = None,
     conversation_id: str | None = None,
+    layout: Layout = "default",
+    budget: Budget | None = None,
 ) -> dict[str, Any]:
     """Add ``"cache"`` (and, with ``provider``, ``"request"``: the body as it would be
-    sent) to each turn of a ``trace_document``; returns the same document."""
-    from renderers._cache import prefix_reports
+    sent) to each turn of a ``trace_document``; returns the same document.
 
-    reports = prefix_reports(envelopes, counter)
+    The cached prefix is in the request's own count (``budget``'s framing, else OpenAI's).
+    Another ``layout`` than the default counts each turn's request as that layout sends it:
+    ``"tokens_total"`` and the cached prefix become that layout's, and the document says
+    ``"layout"``, so a report built from it agrees with a replay under that layout."""
+    from renderers._cache import prefix_reports, prompt_prefix_tokens, prompt_tokens
+
+    reports = prefix_reports(envelopes, counter, budget=budget)
+    previous: Prompt | None = None
     for i, (turn, report) in enumerate(zip(document["turns"], reports, strict=True)):
         turn["cache"] = report.trace()
+        if layout != "default" or budget is not None:
+            prompt = build_prompt(envelopes[: i + 1], layout)
+            turn["tokens_total"] = prompt_tokens(prompt, counter, budget)
+        if layout != "default":
+            shared = prompt_prefix_tokens(previous, prompt, counter, budget)
+            kept = previous is not None and _extends(previous, prompt)
+            turn["cache"] = {
+                "common_prefix_tokens": shared,
+                "break_reason": None if kept or previous is None else report.break_reason,
+            }
+            previous = prompt
         if provider is not None:
             turn["request"] = render_request(
                 envelopes[: i + 1],
@@ -132,5 +151,16 @@ def annotate_trace(
                 model,
                 counter=counter,
                 conversation_id=conversation_id,
+                layout=layout,
             ).body
+    if layout != "default":
+        document["layout"] = layout
     return document
+
+
+def _extends(previous: Prompt, current: Prompt) -> bool:
+    """Whether ``current`` repeats every message of ``previous`` (growth, not a break)."""
+    before, after = previous.chat(), current.chat()
+    return after[: len(before) - 1] == before[:-1] and (
+        len(after) >= len(before) and after[len(before) - 1][1].startswith(before[-1][1])
+    )

@@ -4,7 +4,11 @@ Every layout's requests come from ``renderers._layouts`` and every rule from
 ``renderers._providers.cache_rules`` (the table the request renderers use), so the
 numbers describe the requests Lamina actually sends. The cache is assumed warm for the
 whole conversation (every earlier request is still cached: no TTL expiry, same routing).
-Token counts use the conversation's local tokenizer for all three providers.
+Token counts use the conversation's local tokenizer for all three providers. OpenAI's and
+Gemini's input is the request's own count (``renderers.prompt_tokens``: contents and
+chat framing, as the budget counts it) and their shared prefix is counted in that unit
+(``prompt_prefix_tokens``); Anthropic's is its content blocks. The cached figures apply
+each provider's rules (minimum prefix, 128-token steps, breakpoints): provider-specific.
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from typing import Any
 
 import attrs
 
-from pipeline import ArgumentError, Envelope, ModelProfile, TokenCounter, text_hash
+from pipeline import ArgumentError, Budget, Envelope, ModelProfile, TokenCounter, text_hash
+from renderers._cache import prompt_prefix_tokens, prompt_tokens
 from renderers._layouts import LAYOUTS, Layout, Prompt, build_prompt
-from renderers._openai import chatml
+from renderers._openai import common_prefix_length
 from renderers._providers import (
     CacheRules,
     Ttl,
@@ -33,6 +38,7 @@ __all__ = [
     "breakpoint_cache_costs",
     "format_simulation",
     "prefix_cache_costs",
+    "shared_prefix_costs",
     "simulate",
 ]
 
@@ -144,20 +150,49 @@ def prefix_cache_costs(requests: Sequence[Sequence[int]], rules: CacheRules) -> 
     """Automatic prefix caching (OpenAI, Gemini implicit): a request reads the longest
     token prefix it shares with any earlier request, if at least ``rules.min_tokens``
     long, rounded down to ``rules.step``; everything else is billed at the input price."""
+    shared = [
+        max((common_prefix_length(earlier, tokens) for earlier in requests[:n]), default=0)
+        for n, tokens in enumerate(requests)
+    ]
+    return shared_prefix_costs([len(t) for t in requests], shared, rules)
+
+
+def shared_prefix_costs(
+    totals: Sequence[int], shared: Sequence[int], rules: CacheRules
+) -> list[TurnCost]:
+    """``prefix_cache_costs`` from each request's tokens and the longest prefix it shares
+    with an earlier request (both in one unit)."""
     costs: list[TurnCost] = []
-    for n, tokens in enumerate(requests):
-        best = 0
-        for earlier in requests[:n]:
-            same = 0
-            for x, y in zip(earlier, tokens, strict=False):
-                if x != y:
-                    break
-                same += 1
-            best = max(best, same)
+    for n, (total, best) in enumerate(zip(totals, shared, strict=True)):
         cached = best - best % rules.step if best >= rules.min_tokens else 0
-        cost = (len(tokens) - cached) + rules.read * cached
-        costs.append(TurnCost(n + 1, len(tokens), cached, 0, cost))
+        cost = (total - cached) + rules.read * cached
+        costs.append(TurnCost(n + 1, total, cached, 0, cost))
     return costs
+
+
+def _chat_key(prompt: Prompt) -> str:
+    """The prompt's messages as one string, to find which earlier request shares most."""
+    return "".join(f"\x00{role}\x01{text}" for role, text in prompt.chat())
+
+
+def _prefix_requests(
+    prompts: Sequence[Prompt], counter: TokenCounter, budget: Budget | None
+) -> tuple[list[int], list[int]]:
+    """Each request's tokens and the longest prefix it shares with an earlier one, in the
+    request's own count; the earlier one is the one sharing the most characters (the
+    latest on a tie), so each request is compared in tokens once."""
+    keys = [_chat_key(p) for p in prompts]
+    totals = [prompt_tokens(p, counter, budget) for p in prompts]
+    shared: list[int] = []
+    for n, prompt in enumerate(prompts):
+        best, chars = -1, -1
+        for m in range(n):
+            same = common_prefix_length(keys[m], keys[n])
+            if same >= chars:
+                best, chars = m, same
+        earlier = prompts[best] if best >= 0 else None
+        shared.append(prompt_prefix_tokens(earlier, prompt, counter, budget))
+    return totals, shared
 
 
 def breakpoint_cache_costs(
@@ -201,10 +236,6 @@ def _anthropic_request(
     return blocks, anthropic_breakpoints(prompt, counter, rules.min_tokens, rules.breakpoints)
 
 
-def _chat_tokens(prompt: Prompt, counter: TokenCounter) -> list[int]:
-    return counter.encode(chatml([{"role": r, "content": t} for r, t in prompt.chat()]))
-
-
 def simulate(
     envelopes: Sequence[Envelope],
     *,
@@ -214,16 +245,18 @@ def simulate(
     layouts: Sequence[Layout] = LAYOUTS,
     ttl: Ttl | None = None,
     profiles: Mapping[str, ModelProfile] | None = None,
+    budget: Budget | None = None,
 ) -> Simulation:
     """Cost every layout of a conversation (its envelopes in order) under each provider
-    (``profiles``: a provider's profile when its model has no built-in one)."""
+    (``profiles``: a provider's profile when its model has no built-in one); ``budget``
+    gives the chat framing requests are counted with (else OpenAI's)."""
     count = counter or TokenCounter()
     prompts = {
         layout: [build_prompt(envelopes[: i + 1], layout) for i in range(len(envelopes))]
         for layout in layouts
     }
     series: list[Series] = []
-    chat: dict[Layout, list[list[int]]] = {}
+    chat: dict[Layout, tuple[list[int], list[int]]] = {}
     for layout in layouts:
         for provider in providers:
             options = request_options(
@@ -239,8 +272,8 @@ def simulate(
                 costs = breakpoint_cache_costs(reqs, rules)
             else:
                 if layout not in chat:
-                    chat[layout] = [_chat_tokens(p, count) for p in prompts[layout]]
-                costs = prefix_cache_costs(chat[layout], rules)
+                    chat[layout] = _prefix_requests(prompts[layout], count, budget)
+                costs = shared_prefix_costs(*chat[layout], rules)
             turns = tuple(
                 attrs.evolve(c, turn=e.turn) for c, e in zip(costs, envelopes, strict=True)
             )
@@ -252,7 +285,12 @@ def format_simulation(sim: Simulation) -> str:
     """A plain-text table: per layout and provider, cached share and relative costs."""
     head = f"{'layout':<12} {'provider':<10} {'model':<18} {'input':>9} {'cached':>9} "
     head += f"{'cached%':>8} {'cost/uncached':>14} {'cost/naive':>11}"
-    lines = [head, "-" * len(head)]
+    lines = [
+        "cached: what each provider's rules would serve from its cache (simulated: minimum "
+        "prefix, 128-token steps, Anthropic's breakpoints)",
+        head,
+        "-" * len(head),
+    ]
     for s in sim.series:
         naive = sim.vs_naive(s.layout, s.provider)
         lines.append(

@@ -30,9 +30,11 @@ from renderers import (
     openai_messages,
     prefix_report,
     prefix_reports,
+    prompt_prefix_tokens,
     render_report,
     trace_document,
 )
+from renderers._layouts import default_prompt
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 SYSTEM = SystemPrompt("You answer from the attached context.", "Memory: short answers.")
@@ -70,7 +72,16 @@ def test_common_prefix_counts_tokens_and_bytes() -> None:
     b = conv.turn("Thanks")
     report = prefix_report(a, b, conv.counter)
     prev, cur = openai_messages(a), openai_messages(b)
-    assert report.common_prefix_tokens == common_prefix_tokens(prev, cur, conv.counter)
+    # The request's own count: the shared start of the system text (L1, before the new
+    # library), never the ChatML markup's tokens read as text.
+    assert report.common_prefix_tokens == prompt_prefix_tokens(
+        default_prompt(a), default_prompt(b), conv.counter
+    )
+    l1 = conv.counter.encode(a.system_text)
+    assert report.common_prefix_tokens == common_prefix_length(
+        l1, conv.counter.encode(b.system_text)
+    )
+    assert common_prefix_tokens(prev, cur, conv.counter) > report.common_prefix_tokens
     shared = chatml(cur).encode()[: report.common_prefix_bytes]
     assert chatml(prev).encode().startswith(shared)
     assert report.common_prefix_bytes >= len(a.system_text.encode())
