@@ -12,7 +12,8 @@ Lamina with recall off and on. Reported per window: the share of answer-bearing 
 that reach the model (in L4, or recalled into the user message) beside keeping the newest
 messages (langchain-core's ``trim_messages``, the peers' way), the cached-prefix share of
 the whole chat (``renderers.simulate``, OpenAI's prefix rule, default layout) with recall
-on and off, and the warm-turn time (p50 of the turns after the first session) on and off.
+on and off, and the warm-turn time (p50 of the turns after the first session, wall and
+the thread's CPU time) on and off; both conversations run in lockstep.
 """
 
 from __future__ import annotations
@@ -522,9 +523,12 @@ def memory_targets(memory: dict[str, Any]) -> list[dict[str, Any]]:
             gain = w["cached_share_on"] - w["cached_share_off"]
             out.append(_target("cached-prefix share not lower with recall", where, gain,
                                ">=", 0.0, "share"))  # fmt: skip
-        ratio = w["warm_p50_on_s"] / w["warm_p50_off_s"] if w["warm_p50_off_s"] else None
-        out.append(_target("warm turn with recall within 2x of without", where, ratio, "<=",
-                           MEMORY_TARGETS["warm_on_vs_off"], ""))  # fmt: skip
+        # The turn's own CPU time: on a shared machine the wall clock mostly measures the
+        # scheduler (a turn is ~0.2 ms; a preempted one waits a time slice of 4-16 ms).
+        off, on = w["warm_cpu_p50_off_s"], w["warm_cpu_p50_on_s"]
+        ratio = on / off if off else None
+        out.append(_target("warm turn (CPU) with recall within 2x of without", where, ratio,
+                           "<=", MEMORY_TARGETS["warm_on_vs_off"], ""))  # fmt: skip
     return out
 
 

@@ -8,8 +8,9 @@ builds the same index from its stored history and library, so the request is the
 The recalled blocks are turn-scoped (``recalled:<key>``), placed after this turn's own
 items, in conversation order; they never enter L1, L2 or L4, so the cached prefix is the
 one the budget left. Their room is the budget's ``recall_share`` of the limit: when less
-than ``floor`` of it is free, the history cut point moves on until all of it is
-(hysteresis: the prefix breaks once per that many turns, not every few). Only hits
+than ``floor`` of it is free, or when the budget cut history this turn anyway, the
+history cut point moves on until all of it is (hysteresis: the prefix breaks once per
+that many turns, not every few). Only hits
 scoring at least ``RELEVANCE`` of the best are recalled, best first while they fit.
 """
 
@@ -214,7 +215,9 @@ class Recall:
         used = report.used if report is not None else budget.used(measured, counter)
         decisions: list[Decision] = []
         free = budget.limit - budget.effective(used)
-        if free < share * self.floor:
+        # The history cut moves for the whole share when the room runs low, or when the
+        # budget moved it this turn (the cached prefix breaks there anyway).
+        if free < share and (free < share * self.floor or _history_cut(turn)):
             moved = _make_room(turn, measured, share - free, budget)
             if moved is not None:
                 turn, decision = moved
@@ -300,6 +303,11 @@ def _with_recalled(
     out = attrs.evolve(turn, graph=graph, items=(*turn.items, *placements))
     known = attrs.evolve(measured, items=(*measured.items, *blocks))
     return out, draft(out, known)
+
+
+def _history_cut(turn: TurnGraph) -> bool:
+    """Whether the budget dropped history turns in this turn."""
+    return any(d.action is DecisionAction.HISTORY_CUT for d in turn.decisions)
 
 
 def _make_room(

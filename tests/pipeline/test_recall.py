@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline import (
     Budget,
@@ -29,6 +32,8 @@ FACTS = (
     "We adopted a beagle puppy and named him Toby.",
     "I signed up for pottery lessons every Thursday evening.",
 )
+WORDS = ("lisbon", "maria", "bakery", "beagle", "toby", "pottery", "thursday", "river", "the",
+         "and", "meetings", "roadmap", "traffic", "kyoto", "april", "</recalled>", "é")  # fmt: skip
 FILLER = "Today was busy with meetings about the quarterly roadmap and some traffic on the way."
 
 
@@ -160,3 +165,52 @@ def test_a_reloaded_conversation_recalls_the_same(backend: Backend) -> None:
         assert [s.text for s in a.l4.segments] == [s.text for s in b.l4.segments]
         live.reply("ok")
         restored.reply("ok")
+
+
+def test_when_the_room_runs_low_the_history_cut_moves_for_the_whole_share() -> None:
+    conv = _conv(0.3)
+    budget = conv.budget
+    assert budget is not None
+    share = int(budget.limit * budget.recall_share)
+    moved = []
+    for i in range(60):
+        env = conv.turn(FACTS[i % 3] + f" ({i})")
+        conv.reply("Noted. " + "Sounds good. " * 8)
+        cuts = [d for d in env.report.decisions if d.stage == "recall" and d.action
+                is DecisionAction.HISTORY_CUT]  # fmt: skip
+        if cuts:
+            assert env.report.budget is not None
+            assert budget.limit - env.report.budget.used + _recalled_tokens(env) >= share
+            moved.append(i)
+    assert len(moved) >= 2
+    # Hysteresis: the cut point moves once per several turns, not every turn.
+    assert all(b - a >= 3 for a, b in itertools.pairwise(moved))
+
+
+def _recalled_tokens(env: Envelope) -> int:
+    """The recalled blocks' own tokens (the stage checks the exact request, blank lines
+    and the query's label included, against its room)."""
+    return sum(s.tokens for s in env.l3.segments if s.source_type == "recalled")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    words=st.lists(st.sampled_from(WORDS), min_size=3, max_size=12),
+    turns=st.integers(5, 40),
+    share=st.sampled_from((0.1, 0.3, 0.6)),
+)
+def test_recall_fits_its_share_and_never_repeats_l4(
+    words: list[str], turns: int, share: float
+) -> None:
+    conv = _conv(share)
+    for i in range(turns):
+        conv.turn(" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(i % 9 + 3)))
+        conv.reply(" ".join(WORDS[(i * 3 + j) % len(WORDS)] for j in range(i % 13 + 1)))
+    env = conv.turn(" ".join(words))
+    budget = conv.budget
+    assert budget is not None and env.report.budget is not None
+    assert _recalled_tokens(env) <= int(budget.limit * share)
+    assert env.report.budget.used == conv.count_request(env) <= budget.limit
+    shown = {s.key for s in env.l4.segments}
+    assert not {k.removeprefix("recalled:") for k in _recalled(env)} & shown
+    check_envelope(env)
