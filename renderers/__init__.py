@@ -14,6 +14,7 @@ from renderers._cache import (
     prompt_tokens,
 )
 from renderers._explain import LOW_CACHE_SHARE, explain_cache
+from renderers._judge import ChatFinding, ChatJudgement, ChatTargets, judge_chat
 from renderers._layouts import LAYOUTS, Block, Layout, Message, Prompt, build_prompt
 from renderers._openai import (
     ChatMessage,
@@ -54,6 +55,9 @@ __all__ = [
     "TRACE_VERSION",
     "Block",
     "CacheRules",
+    "ChatFinding",
+    "ChatJudgement",
+    "ChatTargets",
     "ChatMessage",
     "GeminiCachePlan",
     "Layout",
@@ -79,6 +83,7 @@ __all__ = [
     "explain_cache",
     "format_simulation",
     "gemini_cache_plan",
+    "judge_chat",
     "loop_messages",
     "openai_messages",
     "prefix_report",
