@@ -66,12 +66,15 @@ __all__ = [
     "Cut",
     "CutPolicy",
     "Enforce",
+    "TurnFitting",
     "compact_l1_mutable",
     "compact_l2",
     "compact_l3",
     "drop_history",
     "excerpt_non_recoverable",
     "shorten_replies",
+    "turn_fitting",
+    "turn_plans",
 ]
 
 Cut = Callable[[TurnGraph, Draft], "tuple[TurnGraph, Decision] | None"]
@@ -437,6 +440,10 @@ class _Fitting:
         return self.draft.layer_tokens()
 
 
+TurnFitting = _Fitting
+"""The engine's state of a turn (its graph, draft and count), as an agent loop keeps it."""
+
+
 Plan = Callable[[TurnGraph, Draft, int, Budget], "tuple[TurnGraph, list[Decision]] | None"]
 
 
@@ -481,16 +488,13 @@ class Enforce:
         budget = turn.ctx.budget
         if budget is None:
             return turn
-        if budget.policy == "current-first" and budget.order is DEFAULT_ORDER:
+        if _planned(budget):
             # The library as the model last saw it: an edited note's preview leads with
             # what changed since.
             turn = attrs.evolve(turn, seen=turn.library)
-            plans = _PLANS
-        else:
-            plans = tuple(_single(cut) for cut in budget.order)
         drafted = draft(turn)
         start = _Fitting(turn, drafted, budget.used(drafted, turn.ctx.counter))
-        steps = [_step(plan, budget) for plan in plans]
+        steps = turn_plans(budget)
         done, report = engine.fit(start, steps, budget, _too_big(budget))
         done, report = _settle(done, report, steps, budget)
         decided = attrs.evolve(done.turn, budget_report=report, measured=done.draft)
@@ -512,6 +516,23 @@ def _settle(
         done, more = engine.fit(state, steps, budget, _too_big(budget), before=report.before)
         report = attrs.evolve(more, decisions=(*report.decisions, *made, *more.decisions))
     return done, report
+
+
+def _planned(budget: Budget) -> bool:
+    return budget.policy == "current-first" and budget.order is DEFAULT_ORDER
+
+
+def turn_plans(budget: Budget) -> tuple[engine.Plan[_Fitting], ...]:
+    """The turn's cut order as engine plans (the default policy's rounds, or one cut at a
+    time from ``budget.order``): the budget stage's, and an agent loop's once its own
+    cuts of tool results are spent, so both cut library and history in one order."""
+    plans = _PLANS if _planned(budget) else tuple(_single(cut) for cut in budget.order)
+    return tuple(_step(plan, budget) for plan in plans)
+
+
+def turn_fitting(turn: TurnGraph, measured: Draft, budget: Budget) -> _Fitting:
+    """The engine's state of a turn already measured (``measured``), for ``turn_plans``."""
+    return _Fitting(turn, measured, budget.used(measured, turn.ctx.counter))
 
 
 # -- the current-first policy: cuts planned from known counts, one measurement per round --

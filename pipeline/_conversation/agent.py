@@ -5,30 +5,42 @@ appends the assistant's tool-call message and one result per call. A call and it
 are one unit: the budget may shorten or stub a result (the stub keeps the tool name and
 arguments, so the model can call it again) but never separates or drops either half.
 When the turn ends, L4 keeps the bare query and the final answer only.
+
+Every request of the loop also carries the tool definitions (``tools_tokens``: counted in
+the budget like the envelope), and the turn is fitted leaving ``tool_headroom`` tokens
+free, so the first calls fit without a cut. Once the loop's own cuts (stub old results,
+excerpt the largest) are spent, it goes on with the turn's cut order (``turn_plans``:
+library, history, this turn's items...) over the turn as fitted, before it stubs a
+result the model has not seen yet.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
 from pipeline._budget import engine
-from pipeline._errors import ConversationError
+from pipeline._errors import ConfigError, ConversationError
 from pipeline._model.envelope import BudgetReport, Decision, DecisionAction, Envelope
-from pipeline._model.tools import Hit, ToolUse, canonical_args, tool_artifact, tool_key, tool_turn
+from pipeline._model.tools import Hit, Hits, ToolUse, canonical_args, tool_artifact, tool_key
 from pipeline._tokens.counter import TokenCounter
 from pipeline._tokens.profiles import OPENAI_FRAMING, Framing
+from pipeline._turn.assemble import complete, draft
 from pipeline._turn.measure import request_tokens
 from pipeline._views.preview import EXCERPT_MIN_TOKENS, cut_to_tokens
 
 if TYPE_CHECKING:
-    from pipeline._budget.fit import Budget
+    from pipeline._budget.fit import Budget, TurnFitting
     from pipeline._conversation.conversation import Conversation
+    from pipeline._model.artifacts import AttachmentSpec
 
 __all__ = [
     "CALL_OVERHEAD",
+    "DEFAULT_TOOL_HEADROOM",
     "QUESTION_AGAIN",
     "AgentCall",
     "AgentStep",
@@ -43,6 +55,9 @@ CALL_OVERHEAD = OPENAI_FRAMING.tool_call
 """The default framing of one native tool call (``Framing.tool_call``; a budget's own
 ``tool_call_tokens`` is what the loop counts)."""
 QUESTION_AGAIN = "---\n[User query, repeated after the tool result]:\n"
+DEFAULT_TOOL_HEADROOM = 1024
+"""Tokens an agent turn leaves free when it is fitted, for the loop's first calls and
+results (at most a quarter of the budget's limit)."""
 
 CallForm = Literal["full", "excerpt", "stub"]
 
@@ -140,6 +155,12 @@ class AgentTurn:
     budget: Budget | None = None
     steps: tuple[AgentStep, ...] = ()
     repeat_after_tokens: int = 1000
+    tools_tokens: int = 0
+    """What the request's tool definitions add (``renderers.tool_tokens``): counted in
+    every request of the loop."""
+    fitting: TurnFitting | None = attrs.field(default=None, eq=False, repr=False)
+    """The turn as its budget fitted it (graph, draft, count): the loop's overflow goes on
+    with the turn's own cut order over it. None: only tool results are cut."""
 
     @classmethod
     def start(
@@ -153,15 +174,38 @@ class AgentTurn:
         budget: Budget | None = None,
         repeat_after_tokens: int = 1000,
         vault_changes: Mapping[str, str] | None = None,
+        tool_headroom: int | None = None,
+        tools_tokens: int = 0,
     ) -> AgentTurn:
-        """Build the turn's envelope; ``budget`` (default: the conversation's) fits the loop."""
-        env = tool_turn(conv, text, attach, tools=tools, hits=hits, vault_changes=vault_changes)
+        """Build the turn's envelope; ``budget`` (default: the conversation's) fits the loop.
+
+        The turn itself is fitted to that budget less ``tools_tokens`` (the tool
+        definitions every request carries) and ``tool_headroom`` (default
+        ``DEFAULT_TOOL_HEADROOM``, at most a quarter of the limit), so the first calls
+        fit as they come."""
+        budget = budget if budget is not None else conv.budget
+        specs: list[AttachmentSpec] = [*tools]
+        found = tuple(hits)
+        if found:
+            specs.append(Hits(found))
+        turn_budget = None if budget is None else loop_budget(budget, tools_tokens, tool_headroom)
+        env, graph = conv._build(
+            text, attach, vault_changes=vault_changes, tools=specs, budget=turn_budget
+        )
+        fitting = None
+        if budget is not None:
+            from pipeline._budget.fit import turn_fitting
+
+            measured = graph.measured if graph.measured is not None else draft(graph)
+            fitting = turn_fitting(graph, measured, budget)
         return cls(
             env,
             text,
             conv.counter,
-            budget if budget is not None else conv.budget,
+            budget,
             repeat_after_tokens=repeat_after_tokens,
+            tools_tokens=tools_tokens,
+            fitting=fitting,
         )
 
     def step(self, *calls: AgentCall, text: str = "") -> AgentTurn:
@@ -209,13 +253,16 @@ class AgentTurn:
         return total
 
     def base_tokens(self) -> int:
+        """The envelope's request tokens (without the loop and the tool definitions)."""
         return request_tokens(self.envelope, self.counter, self._framing())
 
     def fit(self) -> Loop:
         """The loop as sent, fitted by the fitting engine: old results stubbed, then the
-        largest cut, until it fits (each cut moves the count by that one call's change).
+        largest cut (a result of the newest step is only excerpted), then the turn's own
+        cut order over the turn as fitted, then any result stubbed, until it fits (each
+        cut moves the count by what it changed).
 
-        Raises ``BudgetExceeded`` (with a report) when even stubs do not fit; a
+        Raises ``BudgetExceeded`` (with a report) when nothing is left to cut; a
         non-recoverable result is cut to a marked excerpt, never stubbed.
         """
         rows = []
@@ -230,8 +277,8 @@ class AgentTurn:
         per_message = self._framing().per_message
         texts = sum(per_message + self.counter.count(s.text) for s in self.steps)
         layers = tuple((str(layer.name), layer.tokens) for layer in self.envelope.layers)
-        used = base + texts + sum(map(sum, costs))
-        start = _LoopState(tuple(rows), costs, base, used, layers)
+        used = base + self.tools_tokens + texts + sum(map(sum, costs))
+        start = _LoopState(tuple(rows), costs, base, used, layers, self.tools_tokens)
         if self.budget is None:
             return Loop(self.envelope, self._shown(start), (), start.used)
         budget = self.budget
@@ -240,12 +287,24 @@ class AgentTurn:
             return (
                 f"turn {self.envelope.turn}: agent loop of {len(self.steps)} steps needs "
                 f"{budget.effective(state.used)} tokens, over the limit of {budget.limit}, "
-                f"even with every old tool result stubbed"
+                f"even with every tool result stubbed and the turn cut as far as it goes"
             )
 
-        plans = (self._stub_old, self._cut_largest)
-        done, report = engine.fit(start, plans, budget, too_big, before=layers)
-        return Loop(self.envelope, self._shown(done), report.decisions, done.used, report)
+        plans: list[engine.Plan[_LoopState]] = [
+            self._stub_old,
+            functools.partial(self._cut_largest, stub_newest=False),
+        ]
+        if self.fitting is not None and self.steps:
+            from pipeline._budget.fit import turn_plans
+
+            plans.extend(_lift(plan, self.fitting) for plan in turn_plans(budget))
+        plans.append(functools.partial(self._cut_largest, stub_newest=True))
+        done, report = engine.fit(start, plans, budget, too_big, before=start.layer_tokens())
+        envelope = self.envelope
+        if done.fitting is not None and done.fitting is not self.fitting:
+            cut = complete(done.fitting.draft, done.fitting.turn)
+            envelope = attrs.evolve(cut, report=self.envelope.report)
+        return Loop(envelope, self._shown(done), report.decisions, done.used, report)
 
     def _shown(self, state: _LoopState) -> tuple[LoopStep, ...]:
         return tuple(
@@ -285,9 +344,12 @@ class AgentTurn:
         return None
 
     def _cut_largest(
-        self, state: _LoopState, over: int
+        self, state: _LoopState, over: int, *, stub_newest: bool = True
     ) -> tuple[_LoopState, list[Decision]] | None:
-        """The largest result is halved to an excerpt, or stubbed when that does not help."""
+        """The largest result is halved to an excerpt, or stubbed when that does not help
+        (without ``stub_newest``, not one of the newest step's: the model has not seen it,
+        and a stub would only have it call again)."""
+        newest = len(state.rows) - 1
         sized = [
             (self.counter.count(shown.content), i, j)
             for i, row in enumerate(state.rows)
@@ -306,6 +368,8 @@ class AgentTurn:
                     return self._cut(
                         state, i, j, new, f"tool result cut to a {limit}-token excerpt"
                     )
+            if i == newest and not stub_newest:
+                continue
             if call.recoverable and self.counter.count(_stub(call)) < size:
                 stub = attrs.evolve(
                     shown, content=_stub(call), form="stub", question_repeated=False
@@ -318,13 +382,53 @@ class AgentTurn:
 @attrs.frozen
 class _LoopState:
     """The engine's state for an agent loop: each call as sent, what each adds, the
-    envelope's tokens and the request's."""
+    envelope's tokens and the request's, and the turn as cut so far (if it is kept)."""
 
     rows: tuple[tuple[LoopCall, ...], ...]
     costs: tuple[tuple[int, ...], ...]
     base: int
     used: int
     layers: tuple[tuple[str, int], ...] = ()
+    tools: int = 0
+    fitting: TurnFitting | None = None
 
     def layer_tokens(self) -> tuple[tuple[str, int], ...]:
-        return (*self.layers, ("loop", self.used - self.base))
+        layers = self.layers if self.fitting is None else self.fitting.layer_tokens()
+        tools = (("tools", self.tools),) if self.tools else ()
+        return (*layers, *tools, ("loop", self.used - self.base - self.tools))
+
+
+def _lift(plan: engine.Plan[TurnFitting], fitting: TurnFitting) -> engine.Plan[_LoopState]:
+    """One of the turn's plans over the loop's state: it cuts the turn (from ``fitting``,
+    the turn as fitted, the first time) and the loop's count moves by what it saved."""
+
+    def run(state: _LoopState, over: int) -> tuple[_LoopState, list[Decision]] | None:
+        turn = state.fitting if state.fitting is not None else fitting
+        if turn.turn.promoted is not None:
+            turn.turn.promoted.result()  # the library's memos are shared: wait for it
+        step = plan(turn, over)
+        if step is None:
+            return None
+        new, made = step
+        used = state.used - state.base + new.used
+        return attrs.evolve(state, fitting=new, base=new.used, used=used), list(made)
+
+    return run
+
+
+def loop_budget(budget: Budget, tools_tokens: int, headroom: int | None) -> Budget:
+    """The budget an agent turn is fitted to: ``budget`` with the tool definitions and the
+    loop's headroom (default ``DEFAULT_TOOL_HEADROOM``, at most a quarter of the limit)
+    reserved besides the output."""
+    if tools_tokens < 0 or (headroom is not None and headroom < 0):
+        raise ConfigError("tool_headroom", "tool definitions and headroom must be >= 0 tokens")
+    room = budget.limit
+    if tools_tokens >= room:
+        raise ConfigError(
+            "tools",
+            f"the tool definitions take {tools_tokens} tokens, the whole limit of {room}",
+        )
+    wanted = DEFAULT_TOOL_HEADROOM if headroom is None else headroom
+    extra = tools_tokens + min(wanted, (room - tools_tokens) // 4)
+    reserve = budget.reserve_output + math.ceil(extra * (1.0 + budget.safety_margin))
+    return attrs.evolve(budget, reserve_output=min(reserve, budget.context_window - 1))

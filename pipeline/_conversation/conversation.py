@@ -272,6 +272,23 @@ class Conversation:
         library summaries for later turns (a caller that saves the turn at once, as
         ``stateless_turn`` does, would wait for both).
         """
+        return self._build(
+            text, attach, vault_changes=vault_changes, tools=tools, background=background
+        )[0]
+
+    def _build(
+        self,
+        text: str,
+        attach: Iterable[Attachment] = (),
+        *,
+        vault_changes: Mapping[str, str] | None = None,
+        tools: Iterable[AttachmentSpec] = (),
+        background: bool = True,
+        budget: Budget | None = None,
+    ) -> tuple[Envelope, TurnGraph]:
+        """``turn``, and the turn graph it was assembled from; ``budget`` (default: the
+        conversation's) fits it: an agent loop fits its turn leaving room for its calls
+        and keeps the graph, so its cuts go on in the turn's order (``AgentTurn.fit``)."""
         self._settle()
         _validate.text("text", text)
         _validate.flag("background", background)
@@ -297,7 +314,7 @@ class Conversation:
             self.counter,
             self.renderer,
             self.policy,
-            budget=self.budget,
+            budget=self.budget if budget is None else budget,
             summaries=self.summaries,
             summarizer=self.summarizer,
             views=self.views,
@@ -374,7 +391,7 @@ class Conversation:
         self._l1_compacted = graph.system.mutable != self._system.mutable
         self._history.append(HistoryEntry(number, text))
         self._last_system = self._system
-        return envelope
+        return envelope, graph
 
     def reply(self, text: str) -> None:
         """Record the assistant's answer to the last turn (context blocks stripped)."""

@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from lamina import Conversation
-from pipeline import Budget, BudgetExceeded, check_envelope
+from pipeline import Budget, BudgetExceeded, ConfigError, check_envelope
 from pipeline._conversation.agent import QUESTION_AGAIN, AgentTurn, agent_call
 
 QUESTION = "Which devices lost edits last week?"
@@ -145,3 +145,90 @@ def test_the_loops_running_count_equals_a_recount_and_framing_comes_from_the_bud
     wide = Budget(context_window=90000, reserve_output=1000, tool_call_tokens=20)
     plain = attrs.evolve(agent, budget=roomy).fit().tokens
     assert attrs.evolve(agent, budget=wide).fit().tokens == plain + 12 * calls
+
+
+def _big_vault(root: Path) -> Path:
+    for k in range(3):
+        parts = (
+            f"## Part {j}\n\n" + " ".join(f"word{k}{j}{i}" for i in range(120)) for j in range(12)
+        )
+        (root / f"n{k}.md").write_text(f"# Note {k}\n\n" + "\n\n".join(parts), encoding="utf-8")
+    return root
+
+
+RESULT = "Results: " + " ".join(f"finding-{i} on sync" for i in range(60))
+
+
+def _full_turn(vault: Path, window: int) -> AgentTurn:
+    """A turn whose attachments alone overflow the window, after one turn of history."""
+    conv = Conversation(
+        "You answer from search results.",
+        vault=vault,
+        budget=Budget(context_window=window, reserve_output=300),
+    )
+    conv.turn("Question 0?", [{"note": "n0.md"}])
+    conv.reply("Answer 0. " * 30)
+    return AgentTurn.start(conv, "What changed?", [{"note": "n1.md"}, {"note": "n2.md"}])
+
+
+def test_the_first_tool_calls_fit_in_every_window(tmp_path: Path) -> None:
+    """131 windows (1,500-14,500) whose turn fills them: with the default headroom three
+    calls fit without cutting the turn again (before: 80 of 131 raised BudgetExceeded)."""
+    vault = _big_vault(tmp_path)
+    for window in range(1500, 14600, 100):
+        agent = _full_turn(vault, window)
+        budget = agent.budget
+        assert budget is not None
+        for n in range(3):
+            agent = agent.step(agent_call("search", {"q": f"s{n}"}, RESULT))
+            loop = agent.fit()
+            assert budget.effective(loop.tokens) <= budget.limit, window
+            assert all(d.stage == "agent" for d in loop.decisions), window
+            assert loop.envelope is agent.envelope
+
+
+def test_an_overflowing_loop_cuts_the_turn_in_the_turns_order(tmp_path: Path) -> None:
+    """A turn that fits with 40 tokens to spare and no headroom: the loop excerpts the new
+    result as far as it goes, then cuts the turn with the turn's own order (the oldest
+    library entry first, as the turn's budget does), never stubs the result the model has
+    not seen, and sends the cut turn's envelope."""
+    vault = _big_vault(tmp_path)
+
+    def agent_in(window: int) -> AgentTurn:
+        roomy = Budget(context_window=100_000, reserve_output=300)
+        conv = Conversation("You answer from search results.", vault=vault, budget=roomy)
+        conv.turn("Question 0?", [{"note": "n0.md"}, {"note": "n1.md"}])
+        conv.reply("Answer 0.")
+        conv.budget = Budget(context_window=window, reserve_output=300)
+        return AgentTurn.start(conv, "What changed?", tool_headroom=0)
+
+    roomy = agent_in(100_000)
+    agent = agent_in(roomy.base_tokens() + 300 + 40)
+    assert agent.envelope.report.decisions == ()
+    agent = agent.step(agent_call("search", {"q": "s0"}, RESULT))
+    loop = agent.fit()
+    assert agent.budget is not None
+    assert agent.budget.effective(loop.tokens) <= agent.budget.limit
+    stages = [d.stage for d in loop.decisions]
+    assert stages == sorted(stages, key=["agent", "budget"].index), "the loop's cuts first"
+    turn_cuts = [d for d in loop.decisions if d.stage == "budget"]
+    assert (turn_cuts[0].layer, turn_cuts[0].target) == ("L2", "note:n0.md")
+    assert loop.steps[-1].calls[-1].form == "excerpt"
+    assert loop.envelope is not agent.envelope
+    assert loop.envelope.l2.tokens < agent.envelope.l2.tokens
+    assert loop.tokens == agent.budget.used(loop.envelope, agent.counter) + agent.loop_tokens(
+        loop.steps
+    )
+
+
+def test_tool_definitions_are_counted_and_left_room_for(vault: Path) -> None:
+    """``tools_tokens`` is in every request of the loop and the turn leaves room for it."""
+    budget = Budget(context_window=6000, reserve_output=500)
+    conv = Conversation("You are an agent.", vault=vault, budget=budget)
+    plain = AgentTurn.start(conv, QUESTION, tool_headroom=0)
+    conv.reply("done")
+    tooled = AgentTurn.start(conv, QUESTION, tool_headroom=0, tools_tokens=700)
+    assert tooled.fit().tokens == tooled.base_tokens() + 700
+    assert plain.fit().tokens == plain.base_tokens()
+    with pytest.raises(ConfigError, match="tool definitions"):
+        AgentTurn.start(conv, QUESTION, tools_tokens=budget.limit)
