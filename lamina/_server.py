@@ -23,6 +23,7 @@ import anyio
 import anyio.to_thread
 import attrs
 import h11
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -348,8 +349,10 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def build_turn(conversation_id: str, body: TurnIn) -> Response:
         """Build the next turn on ``parent`` (the head it continues), save it, answer it."""
         pool = fetching if any("url" in form for form in body.attach) else limiter
-        built = await call(conversation_id, lambda: hub.turn(conversation_id, body), pool)
-        return _raw(_turn(conversation_id, *built))
+        built = await call(
+            conversation_id, lambda: _turn(conversation_id, *hub.turn(conversation_id, body)), pool
+        )
+        return _raw(built)
 
     @app.post("/v1/conversations/{conversation_id}/reply")
     async def reply(conversation_id: str, body: ReplyIn) -> ReplyOut:
@@ -360,8 +363,10 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.get("/v1/conversations/{conversation_id}/turns/{turn}/trace", response_model=TurnOut)
     async def turn_trace(conversation_id: str, turn: int) -> Response:
         """Turn ``turn`` in the trace format of ``lamina run --json``."""
-        traced = await call(conversation_id, lambda: hub.trace(conversation_id, turn))
-        return _raw(_turn(conversation_id, *traced))
+        traced = await call(
+            conversation_id, lambda: _turn(conversation_id, *hub.trace(conversation_id, turn))
+        )
+        return _raw(traced)
 
     @app.get("/v1/conversations/{conversation_id}/trace", response_model=dict[str, Any])
     async def trace_document(conversation_id: str) -> Response:
@@ -408,9 +413,15 @@ def _head(head: Head) -> HeadOut:
 
 def _dumps(document: Any) -> bytes:
     """Compact UTF-8 JSON; a lone surrogate (a non-UTF-8 file name) stays a ``\\udcXX``
-    escape, so the body is valid UTF-8 that loads back to the same str."""
-    text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
-    return text.encode("utf-8", "backslashreplace")
+    escape, so the body is valid UTF-8 that loads back to the same str.
+
+    orjson first (a 240 kB trace turn: about 0.1 ms against 0.5-0.7 ms for ``json``); it
+    refuses surrogates and integers beyond 64 bits, which take the ``json`` path."""
+    try:
+        return orjson.dumps(document)
+    except (orjson.JSONEncodeError, TypeError):
+        text = json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+        return text.encode("utf-8", "backslashreplace")
 
 
 def _turn(conversation_id: str, trace: dict[str, Any], head: Head) -> bytes:
@@ -590,6 +601,8 @@ def serve(
         "port": port,
         "http": HTTP_PROTOCOL,
         "log_level": "warning",
+        "access_log": False,
+        "proxy_headers": False,  # no proxy is trusted: X-Forwarded-* are not read
         "timeout_keep_alive": 5,
         "workers": workers,
     }

@@ -18,5 +18,7 @@ def test_the_server_benchmark_reports_throughput_latency_and_overhead() -> None:
         "overhead_p50_ms",
         "overhead_p99_ms",
         "http_over_build_and_save_p50_ms",
+        "server_cpu_over_build_and_save_p50_ms",
     }
     assert sequential["build_p50_ms"] > 0
+    assert isinstance(sequential["server_cpu_over_build_and_save_p50_ms"], float)
