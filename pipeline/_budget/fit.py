@@ -2,11 +2,12 @@
 
 The ``budget`` stage measures the exact rendered request and, while it does not fit,
 cuts, recording each cut as a decision. The default policy, ``current-first``, keeps what
-the user attached this turn: it compacts the oldest library entries first (past the need,
-so the prefix breaks rarely), then history, then this turn's items to the largest
-preview size that fits, then lists folder and tag groups' items in one index each
-(``index.plan_index``), then sends them as honest not-sent references; cuts are chosen
-from known counts and the request is measured once per round. ``prefix-first`` (and any explicit ``order``) takes
+the user attached this turn: library stubs over their share collapse into indexes
+(``stubs``); it compacts the oldest library entries first (past the need, so the prefix
+breaks rarely), then history, then this turn's items to the largest preview size that
+fits, then lists folder and tag groups' items in one index each (``index.plan_index``),
+then sends them as honest not-sent references; cuts are chosen from known counts and the
+request is measured once per round. ``prefix-first`` (and any explicit ``order``) takes
 one cut at a time from an order. If nothing is left to cut it raises ``BudgetExceeded``
 carrying the report. Never cut: the query, the last history turn, L1's stable part.
 """
@@ -22,8 +23,9 @@ from typing import Literal
 import attrs
 
 from pipeline._budget import engine
-from pipeline._budget.index import is_index, plan_index, settle_empty
+from pipeline._budget.index import INDEX_SOURCE, is_index, plan_index, settle_empty
 from pipeline._budget.settings import BudgetSettings
+from pipeline._budget.stubs import plan_stubs, settle_stubs
 from pipeline._errors import ConfigError
 from pipeline._model.artifacts import TurnWarning
 from pipeline._model.envelope import (
@@ -196,7 +198,7 @@ def _l2_step(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry | None:
     ctx = turn.ctx
     assert ctx.budget is not None
     view = entry.view
-    if not view.recoverable:
+    if not view.recoverable or view.source_type == INDEX_SOURCE:  # an index is its own cut
         return None
     if view.form is Form.FULL:
         preview = body_preview(view.body, ctx.counter, ctx.policy, ctx.views)
@@ -211,7 +213,7 @@ def _l2_step(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry | None:
     else:
         return None
     text = ctx.renderer.render(new)
-    return LibraryEntry(new, text, ctx.counter.count(text), entry.turn)
+    return LibraryEntry(new, text, ctx.counter.count(text), entry.turn, entry.full_tokens)
 
 
 def compact_l2(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
@@ -288,7 +290,9 @@ def excerpt_non_recoverable(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Dec
         body = make_excerpt(view.body, turn.ctx.counter, limit).text
         new_view = attrs.evolve(view, form=Form.EXCERPT, body=body)
         text = turn.ctx.renderer.render(new_view)
-        new = LibraryEntry(new_view, text, turn.ctx.counter.count(text), entry.turn)
+        new = LibraryEntry(
+            new_view, text, turn.ctx.counter.count(text), entry.turn, entry.full_tokens
+        )
         decision = _decision(
             entry.key,
             "full",
@@ -504,17 +508,23 @@ class Enforce:
 def _settle(
     done: _Fitting, report: BudgetReport, steps: Sequence[engine.Plan[_Fitting]], budget: Budget
 ) -> tuple[_Fitting, BudgetReport]:
-    """The fitted turn with no block that holds only an omitted-sections line
-    (``index.settle_empty``); that saves tokens, so a fit again is a rare safety net."""
+    """The fitted turn with its library's stubs under their share (``stubs.settle_stubs``)
+    and no block that holds only an omitted-sections line (``index.settle_empty``); both
+    only save tokens, so a fit again is a rare safety net."""
     for _ in range(3):
-        settled = settle_empty(done.turn, done.draft)
-        if settled is None:
+        made: list[Decision] = []
+        turn = done.turn
+        for settle in (settle_stubs, settle_empty):
+            settled = settle(turn, done.draft)
+            if settled is not None:
+                turn, more = settled
+                made.extend(more)
+        if not made:
             break
-        turn, made = settled
         drafted = draft(turn, done.draft)
         state = _Fitting(turn, drafted, budget.used(drafted, turn.ctx.counter))
-        done, more = engine.fit(state, steps, budget, _too_big(budget), before=report.before)
-        report = attrs.evolve(more, decisions=(*report.decisions, *made, *more.decisions))
+        done, refit = engine.fit(state, steps, budget, _too_big(budget), before=report.before)
+        report = attrs.evolve(refit, decisions=(*report.decisions, *made, *refit.decisions))
     return done, report
 
 
@@ -719,6 +729,7 @@ def _plan_current(
 
 
 _PLANS: tuple[Plan, ...] = (
+    plan_stubs,  # only while stubs are over their share
     _plan_library,
     _single(drop_history),
     _single(shorten_replies),

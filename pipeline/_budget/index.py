@@ -89,6 +89,10 @@ class ItemIndex:
     lines: tuple[IndexLine, ...]
     unlisted: int = 0
     where: Where = "attached"
+    kept: tuple[str, ...] = ()
+    """Lines of an earlier index of the group, as they were written, before ``lines``."""
+    kept_items: int = 0
+    """How many items ``kept`` lists."""
 
     @property
     def title(self) -> str:
@@ -100,29 +104,42 @@ class ItemIndex:
 
     @property
     def items(self) -> int:
-        return len(self.lines) + sum(len(line.embeds) for line in self.lines) + self.unlisted
+        listed = len(self.lines) + sum(len(line.embeds) for line in self.lines)
+        return self.kept_items + listed + self.unlisted
 
     def body(self) -> str:
+        if not (self.lines or self.kept):
+            return (
+                f"{self.items} items of {self.group} {_HEADS[self.where]}; they are not listed "
+                "here. Ask for one by its key, or for the folder again, to have it sent."
+            )
         head = (
             f"{self.items} items of {self.group} {_HEADS[self.where]}; each line gives key, "
             "title and size in full. Ask for one by its key to have it sent."
         )
         tail = (f"[... {self.unlisted} more items of {self.group} not listed ...]",)
-        return "\n".join((head, *(line.render() for line in self.lines), *tail[: self.unlisted]))
+        lines = (line.render() for line in self.lines)
+        return "\n".join((head, *self.kept, *lines, *tail[: self.unlisted]))
 
     def attributes(self) -> tuple[tuple[str, str], ...]:
         return (("items", str(self.items)),)
 
     def replace_text(self, fn: Callable[[str], str]) -> ItemIndex:
         lines = tuple(attrs.evolve(line, title=fn(line.title)) for line in self.lines)
-        return attrs.evolve(self, lines=lines)
+        return attrs.evolve(self, lines=lines, kept=tuple(fn(line) for line in self.kept))
 
 
 def index_artifact(
-    group: str, lines: Sequence[IndexLine], unlisted: int = 0, where: Where = "attached"
+    group: str,
+    lines: Sequence[IndexLine],
+    unlisted: int = 0,
+    where: Where = "attached",
+    kept: Sequence[str] = (),
+    kept_items: int = 0,
 ) -> Artifact:
-    """The index artifact of ``group`` (key ``index:<group>``) listing ``lines``."""
-    payload = ItemIndex(group, tuple(lines), unlisted, where)
+    """The index artifact of ``group`` (key ``index:<group>``) listing ``lines`` (after
+    ``kept``, an earlier index's lines that list ``kept_items`` items)."""
+    payload = ItemIndex(group, tuple(lines), unlisted, where, tuple(kept), kept_items)
     return make_artifact(INDEX_SOURCE, f"{INDEX_SOURCE}:{group}", payload, recoverable=True)
 
 

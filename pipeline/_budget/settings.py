@@ -69,6 +69,9 @@ class BudgetSettings:
     recall_share: float = attrs.field(default=0.0, validator=_fraction)
     """The share of the limit that recall may fill with dropped history and cut library
     entries the query matches (the ``recall`` stage); 0 turns recall off (no index)."""
+    stub_share: float = attrs.field(default=0.1, validator=_fraction)
+    """The share of the window that library stubs and their indexes may take; past it the
+    oldest folder's or source's stubs collapse into one index block (``stubs``)."""
 
     @classmethod
     def of(cls, budget: BudgetSettings) -> BudgetSettings:

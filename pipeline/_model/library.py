@@ -31,6 +31,9 @@ class LibraryEntry:
     text: str
     tokens: int
     turn: int
+    full_tokens: int = 0
+    """Tokens of the artifact's full block when it entered the library (0: not known), so
+    an index line can give the size in full of an entry cut to a stub."""
 
     @property
     def key(self) -> str:

@@ -39,7 +39,8 @@ class Stage(Protocol):
 def library_entry(artifact: Artifact, ctx: TurnContext) -> LibraryEntry:
     """The L2 entry for ``artifact``: its carry-forward view, rendered and counted."""
     view, text = carry_forward(artifact, ctx.counter, ctx.policy, ctx.renderer, ctx.views)
-    return LibraryEntry(view, text, ctx.counter.count(text), ctx.turn)
+    full = ctx.counter.count(ctx.renderer.render(full_view(artifact)))
+    return LibraryEntry(view, text, ctx.counter.count(text), ctx.turn, full)
 
 
 @attrs.frozen
@@ -328,7 +329,9 @@ def _promote(turn: TurnGraph, new: tuple[Placement, ...]) -> Library:
     ]
     counts = ctx.counter.count_many([text for _, text in forms])
     for (view, text), tokens in zip(forms, counts, strict=True):
-        library = library.append(LibraryEntry(view, text, tokens, ctx.turn))
+        # The full block was counted when L3 was first measured: a memo hit.
+        full = ctx.counter.count(ctx.renderer.render(full_view(turn.artifact(view.key))))
+        library = library.append(LibraryEntry(view, text, tokens, ctx.turn, full))
     return library
 
 

@@ -81,6 +81,16 @@ def test_a_library_index_says_its_items_were_set_aside() -> None:
     )
 
 
+def test_a_library_index_over_its_share_keeps_only_its_count() -> None:
+    text = _render([], unlisted=173, where="library")
+    assert text == (
+        '<index key="index:folder:docs" title="index of folder:docs" items="173">\n'
+        "173 items of folder:docs were in the library and were set aside for room; they are "
+        "not listed here. Ask for one by its key, or for the folder again, to have it sent.\n"
+        "</index>"
+    )
+
+
 def test_omitted_only_bodies_are_recognized() -> None:
     assert is_omitted_only("[... 1 more section omitted ...]")
     assert is_omitted_only("[... 12 more sections omitted ...]\n")
@@ -152,4 +162,60 @@ def test_index_lines_give_the_full_size(tmp_path: Path) -> None:
     size = int(re.search(r" \| (\d+) tokens", line).group(1))  # type: ignore[union-attr]
     whole = Conversation("You are terse.", vault=tmp_path)
     full = whole.turn("Read it.", [{"note": "docs/doc-299.md"}]).l3.get("note:docs/doc-299.md")
+    assert full is not None and full.form is Form.FULL and size == full.tokens
+
+
+def _folders_vault(root: Path, folders: int, notes: int, seed: int = 11) -> None:
+    """``folders`` folders ``f00``.. of ``notes`` generated notes each (0.5-3 KB)."""
+    from benchmarks.workload import make_note
+
+    rng = random.Random(seed)
+    for f in range(folders):
+        (root / f"f{f:02d}").mkdir()
+        for i in range(notes):
+            text = make_note(rng, rng.randint(500, 3000), f"Note {f}.{i}")
+            (root / f"f{f:02d}" / f"note-{i:03d}.md").write_text(text, encoding="utf-8")
+
+
+def _stub_tokens(env: Envelope) -> int:
+    return sum(
+        s.tokens for s in env.l2.segments if s.form is Form.REFERENCE or s.source_type == "index"
+    )
+
+
+def test_a_folder_a_turn_for_16_turns_keeps_stubs_under_a_tenth_of_the_window(
+    tmp_path: Path,
+) -> None:
+    """One 173-note folder attached a turn at 32k: every turn completes (it failed at turn 6
+    when 456 stubs took 24,745 of 28,000 tokens) and stubs stay within 10% of the window."""
+    _folders_vault(tmp_path, 16, 173)
+    conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(32_000, 4_000))
+    previous = None
+    for f in range(16):
+        env = conv.turn(f"What is in folder {f}?", [folder(f"f{f:02d}")])
+        check_envelope(env, previous)
+        assert _stub_tokens(env) <= 3_200, (f, _stub_tokens(env))
+        sent = {s.key for s in env.l3.segments if s.form in (Form.FULL, Form.PREVIEW)}
+        assert {f"note:f{f:02d}/note-{i:03d}.md" for i in range(173)} <= sent | _findable(env)
+        conv.reply("Noted.")
+        previous = env
+    indexes = [s for s in env.l2.segments if s.source_type == "index"]
+    assert indexes and all(s.key.startswith("index:folder:f") for s in indexes)
+    assert conv.budget is not None and conv.budget.stub_share == 0.1
+
+
+def test_library_index_lines_give_the_full_size(tmp_path: Path) -> None:
+    """A stub collapsed into the library's index keeps its entry's size in full."""
+    _folders_vault(tmp_path, 3, 60)
+    budget = Budget(12_000, 1_500)
+    conv = Conversation("You are terse.", vault=tmp_path, budget=budget)
+    for f in range(3):
+        env = conv.turn(f"Folder {f}?", [folder(f"f{f:02d}")])
+        conv.reply("Noted.")
+    assert [s.key for s in env.l2.segments] == ["index:folder:f00", "index:folder:f01"]
+    index = env.l2.segments[1]
+    line = next(x for x in index.text.split("\n") if x.startswith("- note:f01/note-007.md"))
+    size = int(re.search(r" \| (\d+) tokens", line).group(1))  # type: ignore[union-attr]
+    whole = Conversation("You are terse.", vault=tmp_path)
+    full = whole.turn("Read it.", [{"note": "f01/note-007.md"}]).l3.get("note:f01/note-007.md")
     assert full is not None and full.form is Form.FULL and size == full.tokens
