@@ -16,6 +16,7 @@ scoring at least ``RELEVANCE`` of the best are recalled, best first while they f
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -233,23 +234,26 @@ class Recall:
             out, after = _with_recalled(turn, measured, memo, chosen, items)
             now = budget.used(after, counter)
             if now - used <= room and budget.effective(now) <= budget.limit:
-                made = [
-                    Decision(
-                        self.name,
-                        f"recalled:{key}",
-                        "dropped",
-                        "full",
-                        "dropped earlier; the query matches it, so it is sent in this turn",
-                        layer="L3",
-                        action=DecisionAction.RECALLED,
-                    )
-                    for key in chosen
-                ]
+                made = [_recalled_decision(self.name, key) for key in chosen]
                 return _reported(out, after, now, budget, [*decisions, *made])
             chosen = chosen[:-1]  # the exact count says no: leave out the lowest ranked
         if decisions:
             return _reported(turn, measured, used, budget, decisions)
         return turn
+
+
+@functools.lru_cache(maxsize=4096)
+def _recalled_decision(stage: str, key: str) -> Decision:
+    """The decision that recalls ``key`` (a value: made once per key)."""
+    return Decision(
+        stage,
+        f"recalled:{key}",
+        "dropped",
+        "full",
+        "dropped earlier; the query matches it, so it is sent in this turn",
+        layer="L3",
+        action=DecisionAction.RECALLED,
+    )
 
 
 def _relevant(hits: list[tuple[str, float]]) -> list[tuple[str, float]]:
