@@ -528,13 +528,13 @@ class GuardedH11(H11Protocol):
             oldest = min(waiting, key=lambda c: c._waiting_since, default=None)
             if oldest is not None and oldest is not self:
                 oldest._expire()
-            elif oldest is None:
+            else:  # every other connection is busy with a request: this one waits its turn
                 self._refuse(b"503 Service Unavailable")
 
     def data_received(self, data: bytes) -> None:
-        if self._deadline is None and not self.transport.is_closing():
-            self._wait(self._limits.header_timeout)  # a new request on a kept-alive connection
         before = self.conn.their_state
+        if self._deadline is None and before is h11.IDLE and not self.transport.is_closing():
+            self._wait(self._limits.header_timeout)  # a new request on a kept-alive connection
         super().data_received(data)
         after = self.conn.their_state
         if after is h11.SEND_BODY and before is not h11.SEND_BODY:
