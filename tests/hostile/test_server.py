@@ -275,7 +275,9 @@ def test_never_answering_urls_do_not_starve_other_conversations(tmp_path: Path) 
         httpx.Client(base_url=url, timeout=60) as c,
         _silent_server() as never,
     ):
-        ids = [c.post("/v1/conversations", json={}).json()["id"] for _ in range(17)]
+        ids = [c.post("/v1/conversations", json={}).json()["id"] for _ in range(18)]
+        warm = c.post(f"/v1/conversations/{ids[17]}/turns", json={"parent": EMPTY, "user": "hi"})
+        assert warm.status_code == 200  # the first turn's imports are not what is measured
         waiting: list[Any] = []
 
         def fetch(cid: str) -> None:
