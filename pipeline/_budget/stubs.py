@@ -98,8 +98,10 @@ def bound_stubs(
     turn: TurnGraph, library: Library, cap: int
 ) -> tuple[Library, list[Decision]] | None:
     """``library`` with its stubs and indexes under ``cap`` tokens where collapsing can get
-    them there: oldest group first, stubs into its index (lines); then, oldest first,
-    indexes down to their count. None when they are under the cap or nothing saves."""
+    them there: oldest group first, stubs into its index (lines), down to three quarters
+    of the cap (so the next turns' stubs do not rewrite the library again at once); then,
+    oldest first, indexes down to their count until under the cap. None when they are
+    under the cap or nothing saves."""
     total = stub_tokens(library)
     if total <= cap:
         return None
@@ -113,9 +115,9 @@ def bound_stubs(
     order = sorted(members, key=lambda g: (min(library.entries[i].turn for i in members[g]),
                                            members[g][0]))  # fmt: skip
     decisions: list[Decision] = []
-    for level in (1, 2):
+    for level, goal in ((1, cap * 3 // 4), (2, cap)):
         for group in order:
-            if total <= cap:
+            if total <= goal:
                 break
             at = [i for i in members[group] if slots[i] is not None]
             entries = [slots[i] for i in at]
