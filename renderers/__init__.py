@@ -2,8 +2,10 @@
 
 from renderers._agent import (
     AGENT_RENDERERS,
+    ANTHROPIC_TOOL_PROMPT,
     agent_request,
     loop_messages,
+    tool_tokens,
 )
 from renderers._cache import (
     PrefixReport,
@@ -46,6 +48,7 @@ from renderers._xml import XmlRenderer, render_xml, xml_safe
 
 __all__ = [
     "AGENT_RENDERERS",
+    "ANTHROPIC_TOOL_PROMPT",
     "CACHE_MISS",
     "DEFAULT_MODELS",
     "LAYOUTS",
@@ -98,6 +101,7 @@ __all__ = [
     "report_blocks",
     "request_options",
     "simulate",
+    "tool_tokens",
     "trace_document",
     "trace_turn",
     "trace_usage",

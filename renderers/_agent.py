@@ -10,13 +10,20 @@ user content of ``functionResponse`` parts). Calls and results are never separat
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pipeline import AgentTurn, ConfigError, Loop, LoopStep, TokenCounter
 from renderers._providers import RenderedRequest
 from renderers._requests import render_request
 
-__all__ = ["AGENT_RENDERERS", "agent_request", "loop_messages"]
+__all__ = [
+    "AGENT_RENDERERS",
+    "ANTHROPIC_TOOL_PROMPT",
+    "agent_request",
+    "loop_messages",
+    "tool_tokens",
+]
 
 AGENT_RENDERERS = ("anthropic", "gemini", "openai", "openai-responses")
 
@@ -130,3 +137,61 @@ def agent_request(
     body = dict(base.body)
     body[field] = [*body[field], *extra]
     return RenderedRequest(base.provider, base.path, body)
+
+
+ANTHROPIC_TOOL_PROMPT = 346
+"""The system prompt Anthropic adds to a request with tools (``tool_choice`` auto or
+none; its pricing docs: 346 tokens for Claude 4 and 3.7 Sonnet, 313 for any/tool)."""
+
+# OpenAI's own counting of function definitions (the cookbook "How to count tokens with
+# tiktoken", gpt-4o / gpt-4o-mini constants): per function, per parameter, enums, end.
+_FUNC_INIT, _PROP_INIT, _PROP_KEY, _ENUM_INIT, _ENUM_ITEM, _FUNC_END = 7, 3, 3, -3, 3, 12
+
+
+def _openai_tool_tokens(tools: Sequence[Mapping[str, Any]], counter: TokenCounter) -> int:
+    total = 0
+    for tool in tools:
+        total += _FUNC_INIT
+        description = str(tool.get("description") or "").removesuffix(".")
+        total += counter.count(f"{tool['name']}:{description}")
+        properties = dict((tool.get("parameters") or {}).get("properties") or {})
+        if properties:
+            total += _PROP_INIT
+        for key, spec in properties.items():
+            total += _PROP_KEY
+            enum = spec.get("enum") or ()
+            if enum:
+                total += _ENUM_INIT + sum(_ENUM_ITEM + counter.count(str(e)) for e in enum)
+            kind = spec.get("type", "")
+            text = str(spec.get("description") or "").removesuffix(".")
+            total += counter.count(f"{key}:{kind}:{text}")
+    return total + _FUNC_END if tools else 0
+
+
+def tool_tokens(
+    tools: Sequence[Mapping[str, Any]], provider: str, counter: TokenCounter | None = None
+) -> int:
+    """Tokens the tool definitions add to every request of a loop (``name``,
+    ``description``, ``parameters`` as a JSON schema, as each framework holds them).
+
+    OpenAI (chat and Responses): OpenAI's published counting of function definitions.
+    Anthropic: the tool-use system prompt it adds (``ANTHROPIC_TOOL_PROMPT``) and the
+    definitions as sent (JSON). Gemini and others: the definitions as sent (JSON).
+    ``AgentTurn.start(tools_tokens=)`` counts them in the budget.
+    """
+    counter = counter or TokenCounter("o200k_base")
+    if not tools:
+        return 0
+    if provider in ("openai", "openai-responses"):
+        return _openai_tool_tokens(tools, counter)
+    sent = [
+        {
+            "name": t["name"],
+            "description": t.get("description") or "",
+            "input_schema": t.get("parameters") or {},
+        }
+        for t in tools
+    ]
+    text = json.dumps(sent, ensure_ascii=False, separators=(",", ":"))
+    prompt = ANTHROPIC_TOOL_PROMPT if provider == "anthropic" else 0
+    return prompt + counter.count(text)

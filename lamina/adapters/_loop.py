@@ -10,6 +10,7 @@ import attrs
 from pipeline import (
     AgentCall,
     AgentTurn,
+    ConfigError,
     Conversation,
     ConversationError,
     Envelope,
@@ -33,13 +34,18 @@ class Call:
 class LoopState:
     """The conversation's current turn as an agent loop: its query, envelope and steps.
 
-    ``start`` builds the turn once per query (with the attachments given beforehand);
-    ``fit`` rebuilds the loop from the framework's calls, keeping each call's first seen
-    result (a framework may hand back the stubbed text Lamina sent last time).
+    ``start`` builds the turn once per query (with the attachments given beforehand),
+    leaving ``tool_headroom`` and the framework's own additions (``tools_tokens``: tool
+    definitions, instructions it sends itself) free; ``fit`` rebuilds the loop from the
+    framework's calls, keeping each call's first seen result (a framework may hand back
+    the stubbed text Lamina sent last time). A framework's own system prompt goes into
+    L1's mutable part (``adopt_system``), never dropped.
     """
 
-    def __init__(self, conversation: Conversation) -> None:
+    def __init__(self, conversation: Conversation, tool_headroom: int | None = None) -> None:
         self.conversation = conversation
+        self.tool_headroom = tool_headroom
+        self._framework_system = ""
         self.pending: list[Any] = []
         self.agent: AgentTurn | None = None
         self.query: str | None = None
@@ -51,11 +57,34 @@ class LoopState:
     def envelope(self) -> Envelope | None:
         return None if self.agent is None else self.agent.envelope
 
-    def start(self, query: str) -> AgentTurn:
+    def adopt_system(self, text: str) -> None:
+        """The framework's system prompt (``Agent(system_prompt=...)`` and the like) as L1's
+        mutable part, before a turn starts; a conversation whose mutable part holds
+        something else raises ``ConfigError`` rather than lose either."""
+        if text == self._framework_system:
+            return
+        mutable = self.conversation.system.mutable
+        if mutable not in ("", self._framework_system):
+            raise ConfigError(
+                "system",
+                "the framework sends a system prompt of its own and the conversation's L1 "
+                "mutable part is set too: give the framework's prompt to the Conversation "
+                "(or clear the mutable part) so neither is lost",
+            )
+        self.conversation.set_system(mutable=text)
+        self._framework_system = text
+
+    def start(self, query: str, tools_tokens: int = 0) -> AgentTurn:
         """The turn for ``query``: the current one, or a new one built by the conversation."""
         if self.agent is not None and self.query == query and not self._finished:
             return self.agent
-        self.agent = AgentTurn.start(self.conversation, query, self.pending)
+        self.agent = AgentTurn.start(
+            self.conversation,
+            query,
+            self.pending,
+            tool_headroom=self.tool_headroom,
+            tools_tokens=tools_tokens,
+        )
         self.pending = []
         self.query = query
         self._results = {}
@@ -87,10 +116,29 @@ class LoopState:
         self.loops.append(loop)
         return loop
 
-    def fit_query(self, query: str, steps: Sequence[tuple[str, Iterable[Call]]]) -> Loop:
-        """The fitted loop of ``query``'s turn, started first when it is a new query."""
+    def fit_query(
+        self,
+        query: str,
+        steps: Sequence[tuple[str, Iterable[Call]]],
+        *,
+        tools_tokens: int = 0,
+        system: str | None = None,
+    ) -> Loop:
+        """The fitted loop of ``query``'s turn, started first when it is a new query (with
+        the framework's ``system`` prompt, if any, adopted into L1 first; None within a
+        turn: not seen again)."""
         if not self.is_current(query):
-            self.start(query)
+            self.adopt_system(system or "")
+            self.start(query, tools_tokens)
+        elif system is not None and system != self._framework_system:
+            raise ConfigError(
+                "system",
+                "the framework's system prompt changed within a turn (a handoff to an agent "
+                "with other instructions?): Lamina's L1 is fixed for the turn; give the "
+                "agents one prompt or put it in the Conversation",
+            )
+        if self.agent is not None and self.agent.tools_tokens != tools_tokens:
+            self.agent = attrs.evolve(self.agent, tools_tokens=tools_tokens)
         return self.fit(steps)
 
     def finish(self, answer: str) -> None:

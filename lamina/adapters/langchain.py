@@ -5,7 +5,9 @@ model call with Lamina.
 the turn's tool calls and results; for Anthropic every message is the content blocks of
 Lamina's own Anthropic body, with each ``cache_control`` breakpoint it sets. ``LaminaMiddleware``
 replaces the system message and messages of every model call of a ``create_agent`` run
-with Lamina's, the turn's tool calls fitted to the budget as call + result units::
+with Lamina's, the turn's tool calls fitted to the budget as call + result units; the
+request's tool definitions are counted and ``create_agent(system_prompt=...)`` goes into
+L1's mutable part::
 
     from langchain.agents import create_agent
     from lamina.adapters.langchain import LaminaMiddleware
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.messages import (
@@ -31,10 +34,11 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
 from pipeline import Conversation, ConversationError, Envelope, Loop
-from renderers import render_request
+from renderers import render_request, tool_tokens
 
 __all__ = ["LaminaMiddleware", "to_messages"]
 
@@ -96,21 +100,39 @@ class LaminaMiddleware(LoopAdapter, AgentMiddleware):
     """Builds every model call of a LangChain agent from a Lamina conversation."""
 
     def __init__(
-        self, conversation: Conversation, provider: str = "openai", model: str | None = None
+        self,
+        conversation: Conversation,
+        provider: str = "openai",
+        model: str | None = None,
+        tool_headroom: int | None = None,
     ) -> None:
         super().__init__()
-        self.state = LoopState(conversation)
+        self.state = LoopState(conversation, tool_headroom)
         self.provider = provider
         self.model = model
 
-    def build(self, messages: Sequence[AnyMessage]) -> list[AnyMessage]:
-        """The messages Lamina sends for an agent state's messages."""
+    def build(
+        self,
+        messages: Sequence[AnyMessage],
+        tools: Sequence[Any] = (),
+        system: str | None = None,
+    ) -> list[AnyMessage]:
+        """The messages Lamina sends for an agent state's messages; ``tools`` (the
+        request's tool definitions) are counted, ``system`` (``create_agent``'s
+        ``system_prompt``) goes into L1's mutable part."""
         start = max(
             (i for i, m in enumerate(messages) if isinstance(m, HumanMessage)), default=None
         )
         if start is None:
             raise ConversationError("the agent's messages hold no user message")
-        loop = self.state.fit_query(_text(messages[start]), _steps(messages[start + 1 :]))
+        defs = [convert_to_openai_tool(t)["function"] for t in tools]
+        added = tool_tokens(defs, self.provider, self.conversation.counter)
+        loop = self.state.fit_query(
+            _text(messages[start]),
+            _steps(messages[start + 1 :]),
+            tools_tokens=added,
+            system=system,
+        )
         return to_messages(loop, self.provider, self.model)
 
     def wrap_model_call(
@@ -118,7 +140,8 @@ class LaminaMiddleware(LoopAdapter, AgentMiddleware):
         request: ModelRequest,
         handler: Callable[[ModelRequest], ModelResponse],
     ) -> ModelResponse:
-        built = self.build(request.messages)
+        prompt = request.system_message
+        built = self.build(request.messages, request.tools, _text(prompt) if prompt else None)
         system = built[0] if built and isinstance(built[0], SystemMessage) else None
         rest = built[1:] if system is not None else built
         return handler(request.override(system_message=system, messages=rest))

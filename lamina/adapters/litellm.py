@@ -27,10 +27,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import litellm
 
 from pipeline import AgentTurn, Envelope, Loop
-from renderers import loop_messages, render_request
+from renderers import loop_messages, render_request, tool_tokens
 
 __all__ = ["completion", "split_model", "to_messages"]
 
@@ -66,5 +67,13 @@ def _envelope_messages(envs: list[Envelope], model: str) -> list[dict[str, Any]]
 
 
 def completion(request: Request, model: str, **kwargs: Any) -> Any:
-    """``litellm.completion`` with Lamina's messages (``kwargs`` pass through)."""
+    """``litellm.completion`` with Lamina's messages (``kwargs`` pass through). An
+    ``AgentTurn`` is fitted with the ``tools`` definitions counted (each provider's rule,
+    ``renderers.tool_tokens``); pass ``tools_tokens=`` to ``AgentTurn.start`` as well so
+    the turn leaves room for them."""
+    tools = kwargs.get("tools") or ()
+    if isinstance(request, AgentTurn) and tools:
+        defs = [t.get("function", t) for t in tools]
+        added = tool_tokens(defs, split_model(model)[0], request.counter)
+        request = attrs.evolve(request, tools_tokens=added)
     return litellm.completion(model=model, messages=to_messages(request, model), **kwargs)

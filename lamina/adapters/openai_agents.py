@@ -1,8 +1,11 @@
 """OpenAI Agents SDK: a ``call_model_input_filter`` and a ``Session`` on Lamina's store.
 
-The filter replaces each model call's instructions with L1 + L2 and its input with the
-history, this turn's user message (L3 + L5) and the turn's tool calls and outputs,
-fitted to the budget as call + output units (the Responses API shape Lamina renders).
+The filter replaces each model call's instructions with L1 + L2 (the agent's own
+instructions in L1's mutable part) and its input with the history, this turn's user
+message (L3 + L5) and the turn's tool calls and outputs, fitted to the budget as call +
+output units (the Responses API shape Lamina renders), the tool and handoff definitions
+counted. A handoff within a turn to an agent with other instructions raises
+``ConfigError`` (L1 is fixed for the turn).
 The session serves the conversation's history and, when the run ends, records the
 final answer as the turn's reply and saves the turn to the store. The SDK saves a run's
 items after every model response; text the model sends together with a tool call ("Let
@@ -25,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from agents import Agent, FunctionTool
+from agents.handoffs import Handoff, handoff
 from agents.items import TResponseInputItem
 from agents.memory import SessionABC
 from agents.run import CallModelData, ModelInputData
@@ -38,7 +43,7 @@ from pipeline import (
     UnknownConversation,
     save_turn,
 )
-from renderers import agent_request
+from renderers import agent_request, tool_tokens
 
 __all__ = ["LaminaSession", "final_answer"]
 
@@ -104,6 +109,25 @@ def final_answer(items: Sequence[Mapping[str, Any]]) -> str | None:
     return _text(items[last])
 
 
+def _tool_definitions(agent: Agent[Any]) -> list[dict[str, Any]]:
+    """The agent's function tools and handoffs as (name, description, parameters)."""
+    defs = [
+        {"name": t.name, "description": t.description, "parameters": t.params_json_schema}
+        for t in agent.tools
+        if isinstance(t, FunctionTool)
+    ]
+    for target in agent.handoffs:
+        made = target if isinstance(target, Handoff) else handoff(target)
+        defs.append(
+            {
+                "name": made.tool_name,
+                "description": made.tool_description,
+                "parameters": made.input_json_schema,
+            }
+        )
+    return defs
+
+
 class LaminaSession(LoopAdapter, SessionABC):
     """Conversation history for the Agents SDK, backed by a Lamina conversation and store."""
 
@@ -112,18 +136,29 @@ class LaminaSession(LoopAdapter, SessionABC):
         conversation: Conversation,
         store: Store | None = None,
         conversation_id: str = "",
+        tool_headroom: int | None = None,
     ) -> None:
-        self.state = LoopState(conversation)
+        self.state = LoopState(conversation, tool_headroom)
         self.store = store
         self.session_id = conversation_id
 
     def call_model_input_filter(self, data: CallModelData[Any]) -> ModelInputData:
-        """``RunConfig(call_model_input_filter=...)``: Lamina's instructions and input."""
+        """``RunConfig(call_model_input_filter=...)``: Lamina's instructions and input.
+        The agent's own instructions go into L1's mutable part; its tool and handoff
+        definitions are counted (OpenAI's counting)."""
         items = [_plain(i) for i in data.model_data.input]
         start = max((i for i, it in enumerate(items) if it.get("role") == "user"), default=None)
         if start is None:
             raise ConversationError("the model input holds no user message")
-        loop = self.state.fit_query(_text(items[start]), _steps(items[start + 1 :]))
+        added = tool_tokens(
+            _tool_definitions(data.agent), "openai-responses", self.conversation.counter
+        )
+        loop = self.state.fit_query(
+            _text(items[start]),
+            _steps(items[start + 1 :]),
+            tools_tokens=added,
+            system=data.model_data.instructions or None,
+        )
         body = agent_request(loop, "openai-responses").body
         return ModelInputData(input=body["input"], instructions=body.get("instructions"))
 

@@ -16,13 +16,19 @@ history, so do not pass ``message_history`` to the run::
     history.finish(result.output)
 
 (pydantic-ai 2 replaced ``Agent(history_processors=[...])`` with the ``ProcessHistory``
-capability; the processor itself is the same callable.)
+capability; the processor itself is the same callable.) What pydantic-ai adds to each
+request is counted in the budget: the tool definitions (``renderers.tool_tokens`` for
+``provider``) and ``Agent(instructions=...)``, which it sends as a system message of its
+own; ``Agent(system_prompt=...)`` goes into L1's mutable part. The turn leaves
+``tool_headroom`` tokens free for the first calls.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from pydantic_ai import RunContext
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -39,6 +45,7 @@ from pydantic_ai.messages import (
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
 from pipeline import Conversation, Envelope, Loop
+from renderers import tool_tokens
 
 __all__ = ["LaminaHistory", "envelope_messages"]
 
@@ -104,10 +111,32 @@ def _steps(messages: Sequence[ModelMessage]) -> list[tuple[str, list[Call]]]:
 class LaminaHistory(LoopAdapter):
     """A pydantic-ai history processor backed by a Lamina conversation."""
 
-    def __init__(self, conversation: Conversation) -> None:
-        self.state = LoopState(conversation)
+    def __init__(
+        self,
+        conversation: Conversation,
+        provider: str = "openai",
+        tool_headroom: int | None = None,
+    ) -> None:
+        self.state = LoopState(conversation, tool_headroom)
+        self.provider = provider
 
-    def __call__(self, messages: list[ModelMessage]) -> list[ModelMessage]:
+    def _added(self, ctx: RunContext[Any] | None, instructions: str | None) -> int:
+        """Tokens pydantic-ai adds to the request: tool definitions and its instructions."""
+        defs = ctx.tool_manager.tool_defs if ctx is not None and ctx.tool_manager else []
+        tools = [
+            {"name": d.name, "description": d.description, "parameters": d.parameters_json_schema}
+            for d in defs
+        ]
+        total = tool_tokens(tools, self.provider, self.conversation.counter)
+        if instructions:
+            budget = self.conversation.budget
+            per_message = budget.framing.per_message if budget is not None else 3
+            total += per_message + self.conversation.counter.count(instructions)
+        return total
+
+    def __call__(
+        self, ctx: RunContext[Any], messages: list[ModelMessage]
+    ) -> list[ModelMessage]:
         start = max(
             (
                 i
@@ -120,5 +149,20 @@ class LaminaHistory(LoopAdapter):
         if start is None:
             return messages
         prompt = next(p for p in messages[start].parts if isinstance(p, UserPromptPart))
-        loop = self.state.fit_query(_user_text(prompt), _steps(messages[start + 1 :]))
+        own = {loop.envelope.system_text for loop in self.state.loops[-1:]}
+        system = "\n\n".join(
+            p.content
+            for m in messages[: start + 1]
+            if isinstance(m, ModelRequest)
+            for p in m.parts
+            if isinstance(p, SystemPromptPart) and p.content not in own
+        )
+        requests = [m for m in messages if isinstance(m, ModelRequest)]
+        instructions = requests[-1].instructions if requests else None
+        loop = self.state.fit_query(
+            _user_text(prompt),
+            _steps(messages[start + 1 :]),
+            tools_tokens=self._added(ctx, instructions),
+            system=system or None,
+        )
         return [*envelope_messages(loop.envelope), *_loop_messages(loop)]

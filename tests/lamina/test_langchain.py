@@ -18,12 +18,13 @@ from langchain_core.messages import (
 )
 from langchain_core.outputs import ChatResult
 from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import SecretStr
 
 from lamina import Conversation
 from lamina.adapters.langchain import LaminaMiddleware, to_messages
 from pipeline import Budget
-from renderers import agent_request, render_request
+from renderers import agent_request, render_request, tool_tokens
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(400))
@@ -132,3 +133,28 @@ def test_ten_turn_agent_under_a_small_budget() -> None:
         stubbed += sum(1 for d in loop.decisions if d.to_form == "stub")
     assert stubbed > 0
     assert [h.assistant for h in conv.history] == [f"Answer {t}." for t in range(10)]
+
+
+def test_the_agents_system_prompt_and_tools_are_kept_and_counted() -> None:
+    """``create_agent(system_prompt=...)`` goes into L1's mutable part (it was replaced by
+    Lamina's system message and lost); the tool definitions are counted in every loop."""
+    budget = Budget(context_window=2400, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    lamina = LaminaMiddleware(conv)
+    model = Scripted(messages=_script(1))
+    model.received.clear()
+    agent = create_agent(
+        model, tools=[search], middleware=[lamina], system_prompt="Cite the note you used."
+    )
+    state = agent.invoke({"messages": [{"role": "user", "content": "Question?"}]})
+    lamina.finish(state["messages"][-1].text)
+    assert conv.system.mutable == "Cite the note you used."
+    defs = [convert_to_openai_tool(search)["function"]]
+    added = tool_tokens(defs, "openai", conv.counter)
+    assert added > 20
+    for received, loop in zip(model.received, lamina.loops, strict=True):
+        assert "results.\n\nCite the note you used." in received[0].text
+        assert lamina.state.agent is not None
+        steps = lamina.state.agent.loop_tokens(loop.steps)
+        assert loop.tokens == budget.used(loop.envelope, conv.counter) + added + steps
+        assert budget.effective(loop.tokens) <= budget.limit

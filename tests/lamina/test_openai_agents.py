@@ -19,8 +19,8 @@ from openai.types.responses import (
 
 from lamina import Conversation, load_conversation
 from lamina.adapters.openai_agents import LaminaSession, final_answer
-from pipeline import Budget, ConversationInfo, SqliteStore
-from renderers import agent_request
+from pipeline import Budget, ConfigError, ConversationInfo, SqliteStore
+from renderers import agent_request, tool_tokens
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 
@@ -293,3 +293,42 @@ def test_final_answer_is_the_last_message_no_call_follows() -> None:
     assert final_answer([{"role": "user", "content": "Hi"}]) is None
     assert final_answer([done]) == "Done."
     assert final_answer([msg, call, out, done]) == "Done."
+
+
+def test_the_agents_instructions_and_tools_are_kept_and_counted() -> None:
+    """The agent's instructions go into L1's mutable part (the filter used to replace
+    them), its tool definitions are counted in every request, and each request fits."""
+    budget = Budget(context_window=2400, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    session = LaminaSession(conv)
+    model = Styled("text+call")
+    agent = Agent(name="notes", model=model, tools=[search], instructions="Cite your notes.")
+    config = RunConfig(
+        call_model_input_filter=session.call_model_input_filter, tracing_disabled=True
+    )
+    asyncio.run(Runner.run(agent, "Question?", session=session, run_config=config))
+    assert conv.system.mutable == "Cite your notes."
+    defs = [{"name": search.name, "description": search.description,
+             "parameters": search.params_json_schema}]  # fmt: skip
+    added = tool_tokens(defs, "openai-responses", conv.counter)
+    assert added > 20
+    assert session.state.agent is not None
+    for loop in session.loops:
+        assert "results.\n\nCite your notes." in loop.envelope.system_text
+        steps = session.state.agent.loop_tokens(loop.steps)
+        assert loop.tokens == budget.used(loop.envelope, conv.counter) + added + steps
+        assert budget.effective(loop.tokens) <= budget.limit
+
+
+def test_a_handoff_to_other_instructions_within_a_turn_raises() -> None:
+    conv = Conversation("You answer from search results.", vault=VAULT)
+    session = LaminaSession(conv)
+    model = Triage()
+    researcher = Agent(name="researcher", model=model, tools=[search], instructions="Dig.")
+    triage = Agent(name="triage", model=model, handoffs=[researcher], instructions="Route.")
+    config = RunConfig(
+        call_model_input_filter=session.call_model_input_filter, tracing_disabled=True
+    )
+    with pytest.raises(ConfigError, match="changed within a turn"):
+        asyncio.run(Runner.run(triage, "Question?", session=session, run_config=config))
+    assert conv.system.mutable == "Route."

@@ -23,7 +23,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from lamina import Conversation
 from lamina.adapters.pydantic_ai import LaminaHistory
 from pipeline import Budget
-from renderers import agent_request, render_request
+from renderers import agent_request, render_request, tool_tokens
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 
@@ -145,3 +145,55 @@ def test_ten_turns_with_tools_under_a_small_budget() -> None:
         stubbed += sum(1 for d in loop.decisions if d.to_form == "stub")
     assert stubbed > 0  # the budget had to act: the test exercises the fitting
     assert [h.assistant for h in conv.history] == ["Answer after 2 searches."] * 10
+
+
+def test_instructions_system_prompt_and_tools_are_counted_and_kept() -> None:
+    """What pydantic-ai adds is in the budget: its instructions (a system message of its
+    own) and the tool definitions are counted, and ``system_prompt`` goes into L1's
+    mutable part; the whole request as the model gets it fits window - reserve."""
+    budget = Budget(context_window=3500, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    history = LaminaHistory(conv)
+    model = Scripted()
+    seen: list[tuple[str | None, list[dict[str, Any]]]] = []
+
+    def answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        tools = [
+            {"name": t.name, "description": t.description, "parameters": t.parameters_json_schema}
+            for t in info.function_tools
+        ]
+        seen.append((info.instructions, tools))
+        return model(messages, info)
+
+    instructions = " ".join(["Answer in one short paragraph."] * 20)
+    agent = Agent(
+        FunctionModel(answer),
+        capabilities=[ProcessHistory(history)],
+        instructions=instructions,
+        system_prompt="Cite the note you used.",
+    )
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        """Search the project notes."""
+        return _result(q)
+
+    for i in range(3):
+        history.attach({"note": "project-spec.md"})
+        history.finish(agent.run_sync(f"Question {i}: what does the sync engine do?").output)
+    assert len(model.received) == len(history.loops) == len(seen) == 9
+    for messages, loop, (sent_instructions, tools) in zip(
+        model.received, history.loops, seen, strict=True
+    ):
+        assert openai_form(messages) == agent_request(loop, "openai").body["messages"]
+        system = messages[0].parts[0]
+        assert isinstance(system, SystemPromptPart)
+        assert "results.\n\nCite the note you used." in system.content
+        assert sent_instructions == instructions
+        added = budget.framing.per_message + conv.counter.count(instructions)
+        added += tool_tokens(tools, "openai", conv.counter)
+        assert history.state.agent is not None
+        steps = history.state.agent.loop_tokens(loop.steps)
+        assert loop.tokens == budget.used(loop.envelope, conv.counter) + added + steps
+        assert budget.effective(loop.tokens) <= budget.limit
+    assert conv.system.mutable == "Cite the note you used."

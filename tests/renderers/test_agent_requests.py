@@ -158,3 +158,27 @@ def test_a_known_loop_renders_in_every_format(vault: Path) -> None:
         "arguments": '{"q":"alpha"}',
     }
     assert body["messages"][-1] == {"role": "tool", "tool_call_id": "call_1_2", "content": "A"}
+
+
+def test_tool_definitions_are_counted_per_provider() -> None:
+    """OpenAI's published counting of function definitions; Anthropic's tool-use system
+    prompt on top of the definitions as sent; no tools, no tokens."""
+    from pipeline import TokenCounter
+    from renderers import ANTHROPIC_TOOL_PROMPT, tool_tokens
+
+    counter = TokenCounter("o200k_base")
+    search = {
+        "name": "search",
+        "description": "Search the project notes.",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}},
+    }
+    line, prop = counter.count("search:Search the project notes"), counter.count("q:string:")
+    assert tool_tokens([search], "openai", counter) == 7 + line + 3 + 3 + prop + 12
+    assert tool_tokens([search], "openai-responses", counter) == 7 + line + 3 + 3 + prop + 12
+    mode = {**search, "parameters": {"properties": {"m": {"type": "string", "enum": ["a", "b"]}}}}
+    enum = 3 + 3 - 3 + 2 * 3 + counter.count("a") + counter.count("b")
+    key = counter.count("m:string:")
+    assert tool_tokens([mode], "openai", counter) == 7 + line + enum + key + 12
+    anthropic = tool_tokens([search], "anthropic", counter)
+    assert anthropic > ANTHROPIC_TOOL_PROMPT == 346
+    assert tool_tokens([], "anthropic", counter) == tool_tokens([], "openai", counter) == 0
