@@ -11,7 +11,6 @@ import contextlib
 import hmac
 import ipaddress
 import json
-import logging
 import os
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -67,8 +66,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-_log = logging.getLogger("lamina.serve")
 
 # `lamina serve --workers N` hands its settings to each worker process through this.
 CONFIG_ENV = "LAMINA_SERVE_CONFIG"
@@ -307,7 +304,7 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        _log.error("unexpected error", exc_info=exc)
+        # Starlette re-raises it after this answer, and uvicorn logs the traceback.
         return _error(500, f"internal error ({type(exc).__name__}); see the server's log")
 
     def conversation_out(
