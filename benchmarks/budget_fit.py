@@ -88,9 +88,28 @@ def folder_points(scale: str) -> list[dict[str, Any]]:
                             use=report.used / report.limit,
                             cuts=len(report.decisions),
                             index=any(s.source_type == "index" for s in fitted.l3.segments),
+                            **_findable(fitted, n),
                         )
                     points.append(point)
     return points
+
+
+def _findable(env: Any, notes: int) -> dict[str, Any]:
+    """What the model receives of the folder: notes sent as blocks, notes listed on an
+    index line, and the share of the request's tokens in index blocks."""
+    from pipeline import Form
+
+    l3 = env.l3.segments
+    sent = sum(1 for s in l3 if s.source_type == "note" and s.form in (Form.FULL, Form.PREVIEW))
+    index = [s for s in l3 if s.source_type == "index"]
+    listed = sum(1 for s in index for line in s.text.split("\n") if line.startswith("- note:"))
+    used = env.report.budget.used
+    return {
+        "sent": sent,
+        "listed": listed,
+        "findable": (sent + listed) / notes,
+        "index_share": sum(s.tokens for s in index) / used if used else 0.0,
+    }
 
 
 def _attachment_share(conv: Any, workload: Workload) -> dict[str, Any]:

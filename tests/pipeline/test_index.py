@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import random
 import re
+import tempfile
 from pathlib import Path
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from lamina import Conversation
-from pipeline import Budget, Envelope, Form, check_envelope
+from pipeline import Budget, Envelope, Form, Segment, check_envelope
 from pipeline._budget.index import IndexLine, index_artifact, is_omitted_only
 from pipeline._views.views import full_view
 from processors import folder
@@ -141,9 +145,7 @@ def test_a_folder_with_embeds_sends_no_empty_block_and_every_note_is_findable(
     env = conv.turn("What do the docs say?", [folder("docs")])
     check_envelope(env)
     assert exact_request_tokens(env) <= 7_000
-    for seg in env.l3.segments:
-        body = seg.text.split("\n")[1:-1]
-        assert not (seg.form is Form.PREVIEW and is_omitted_only("\n".join(body))), seg.text
+    assert not any(_empty_block(s) for s in env.l3.segments)
     indexes = {s.key for s in env.l3.segments if s.source_type == "index"}
     assert set(env.report.attached) - indexes <= _findable(env)
     docs = {f"note:docs/doc-{i:03d}.md" for i in range(300)}
@@ -236,3 +238,29 @@ def test_an_index_too_large_for_the_window_leaves_out_its_last_lines(tmp_path: P
     assert more is not None and len(listed) + int(more.group(1)) == 300
     conv.reply("Noted.")
     assert "index:folder:f00" not in conv.library
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    notes=st.integers(min_value=4, max_value=60),
+    window=st.integers(min_value=2_500, max_value=9_000),
+    seed=st.integers(min_value=0, max_value=3),
+)
+def test_every_note_of_a_folder_is_sent_or_listed(notes: int, window: int, seed: int) -> None:
+    """Whatever the folder's size and the window: the request fits, no block holds only
+    an omitted-sections line, and every note and embedded section is sent or listed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _embedding_vault(root, notes, seed)
+        conv = Conversation("You are terse.", vault=root, budget=Budget(window, window // 8))
+        env = conv.turn("What do the docs say?", [folder("docs")])
+    check_envelope(env)
+    assert not any(_empty_block(s) for s in env.l3.segments)
+    docs = {f"note:docs/doc-{i:03d}.md" for i in range(notes)}
+    indexes = {s.key for s in env.l3.segments if s.source_type == "index"}
+    assert docs | (set(env.report.attached) - indexes) <= _findable(env)
+
+
+def _empty_block(segment: Segment) -> bool:
+    lines = segment.text.split("\n")
+    return segment.form is Form.PREVIEW and is_omitted_only("\n".join(lines[1:-1]))
