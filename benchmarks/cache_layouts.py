@@ -1,4 +1,5 @@
-"""Cache cost of the three layouts on the demo and on a 30-turn scripted chat.
+"""Cache cost of the layouts on the demo and on a 30-turn scripted chat (also under a
+6,000-token budget, where append-only no longer fits the window and batched settles).
 
 Run: ``python benchmarks/cache_layouts.py [--write-script] [--json OUT]``. Deterministic:
 the chat is generated from fixed lists, and costs come from ``renderers.simulate``.
@@ -89,6 +90,8 @@ def chat_script(turns: int = 30) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     from lamina import Conversation, load_script, parse_script, run_script
     from lamina._cli import DEMO_SCRIPT
+    from pipeline import Budget
+    from renderers import build_prompt, prompt_tokens
     from renderers._simulate import format_simulation, simulate
 
     parser = argparse.ArgumentParser()
@@ -100,16 +103,46 @@ def main(argv: list[str] | None = None) -> int:
             yaml.safe_dump(chat_script(), sort_keys=False, width=100), encoding="utf-8"
         )
     results: dict[str, Any] = {}
-    for name, script in (
-        ("demo", parse_script(DEMO_SCRIPT, "demo", base=ROOT / "examples")),
-        ("chat30", load_script(CHAT30)),
+    for name, script, window in (
+        ("demo", parse_script(DEMO_SCRIPT, "demo", base=ROOT / "examples"), None),
+        ("chat30", load_script(CHAT30), None),
+        ("chat30-6000", load_script(CHAT30), 6000),
     ):
         vault = script.vault or ROOT / "examples" / "vault"
-        conv = Conversation(script.system, vault=vault)
-        sim = simulate(run_script(script, conv), counter=conv.counter)
-        print(f"== {name} ({len(script.turns)} turns)")
+        budget = None if window is None else Budget(context_window=window, reserve_output=1500)
+        conv = Conversation(script.system, vault=vault, budget=budget)
+        envs = run_script(script, conv)
+        sim = simulate(envs, counter=conv.counter, budget=budget)
+        print(
+            f"== {name} ({len(script.turns)} turns{'' if window is None else f', window {window}'})"
+        )
         print(format_simulation(sim))
-        results[name] = sim.to_json()
+        data = sim.to_json()
+        over = {}
+        if budget is not None:  # requests over the budget's limit, per layout
+            for layout in data["layouts"]:
+                over[layout] = sum(
+                    prompt_tokens(
+                        build_prompt(envs[: i + 1], layout, conv.counter), conv.counter, budget
+                    )
+                    > (env.report.budget.limit if env.report.budget else 0)
+                    for i, env in enumerate(envs)
+                )
+            print(
+                "turns over the budget's limit: " + ", ".join(f"{k} {v}" for k, v in over.items())
+            )
+        for provider in ("openai", "anthropic"):
+            ratio = {
+                layout: sim.get(layout, provider).cost / sim.get("append-only", provider).cost
+                for layout in ("default", "batched")
+            }
+            print(
+                f"cost vs append-only ({provider}): default {ratio['default']:.3f}, "
+                f"batched {ratio['batched']:.3f}"
+            )
+            data[f"vs_append_only_{provider}"] = {k: round(v, 4) for k, v in ratio.items()}
+        data["over_limit"] = over
+        results[name] = data
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2), encoding="utf-8")
     return 0

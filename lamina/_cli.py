@@ -765,13 +765,14 @@ def simulate(
     model: str | None,
     allow_private_network: bool,
 ) -> None:
-    """Cache cost of a script per provider: default vs append-only vs naive layout.
+    """Cache cost of a script per provider: default vs batched vs append-only vs naive.
 
     \b
     Columns, summed over the script's turns (the cache assumed warm all along):
-      layout         default (Lamina's five layers), append-only (context stays in the
-                     user message that attached it) or naive (every attachment so far
-                     re-sent in full in the user message, each turn)
+      layout         default (Lamina's five layers), batched (the five layers, the
+                     library's growth deferred to the next break), append-only (context
+                     stays in the user message that attached it; ignores a budget) or
+                     naive (every attachment so far re-sent in full, each turn)
       input          input tokens sent
       cached         of them, tokens the provider's prompt cache would serve
       cached%        cached / input

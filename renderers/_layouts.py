@@ -1,4 +1,5 @@
-"""Provider-neutral prompts in three layouts: default (library in system), append-only, naive.
+"""Provider-neutral prompts in four layouts: default (library in system), batched (the
+library's growth deferred to the next break), append-only, naive.
 
 Every provider request renderer and the cache simulator start from a ``Prompt``, so the
 bytes that are sent and the bytes that are costed are the same.
@@ -17,6 +18,7 @@ from pipeline import (
     Envelope,
     Form,
     Segment,
+    TokenCounter,
     View,
     arrange_user,
     chunk_source,
@@ -33,13 +35,14 @@ __all__ = [
     "Message",
     "Prompt",
     "append_only_prompt",
+    "batched_prompt",
     "build_prompt",
     "default_prompt",
     "naive_prompt",
 ]
 
-Layout = Literal["default", "append-only", "naive"]
-LAYOUTS: tuple[Layout, ...] = ("default", "append-only", "naive")
+Layout = Literal["default", "batched", "append-only", "naive"]
+LAYOUTS: tuple[Layout, ...] = ("default", "batched", "append-only", "naive")
 
 APPEND_REFERENCES_INTRO = (
     "Context attached to this message (sent in full earlier in this conversation):"
@@ -252,13 +255,113 @@ def naive_prompt(envelopes: Sequence[Envelope]) -> Prompt:
     )
 
 
-def build_prompt(envelopes: Sequence[Envelope], layout: Layout = "default") -> Prompt:
+# --- batched: the library's growth waits for the next break ----------------------------
+
+BATCH_MARGIN = 0.02
+"""Share of the budget's limit a batched request keeps free below it, for the counts it
+estimates from segments (joins between blocks, framing) before the exact count."""
+
+
+def _l2_extends(base: Envelope, env: Envelope) -> bool:
+    before, after = base.l2.segments, env.l2.segments
+    return len(after) >= len(before) and all(
+        a.key == b.key and a.text == b.text for a, b in zip(before, after, strict=False)
+    )
+
+
+def _history_extends(base: Envelope, turns: Sequence[Envelope], env: Envelope) -> bool:
+    """``env``'s history is ``base``'s plus each deferred turn's query and reply, whole."""
+    old, new = base.history(), env.history()
+    if new[: len(old)] != old:
+        return False
+    rest = new[len(old) :]
+    queries = [role_text for role_text in rest if role_text[0] == "user"]
+    return [text for _, text in queries] == [t.query for t in turns] and all(
+        role in ("user", "assistant") for role, _ in rest
+    )
+
+
+@attrs.frozen
+class _Batch:
+    """The batched request being extended: where it settled, its messages, what it sent
+    in full (key to content hash) and its exact tokens (contents + 3 a message)."""
+
+    start: int
+    system: tuple[Block, ...]
+    messages: tuple[Message, ...]
+    sent: tuple[tuple[str, str], ...]
+    tokens: int
+
+
+def _settle(index: int, env: Envelope, counter: TokenCounter) -> _Batch:
+    prompt = default_prompt(env)
+    sent = {s.key: s.content_hash for s in env.l2.segments if s.form is not Form.REFERENCE}
+    _append_user_text(env, sent)  # records what this request sent in full
+    tokens = sum(counter.count(text) + _PER_MESSAGE for _, text in prompt.chat())
+    messages = tuple(Message(m.role, (Block(m.text),)) for m in prompt.messages)
+    return _Batch(index, prompt.system, messages, tuple(sent.items()), tokens)
+
+
+_PER_MESSAGE = 3  # OpenAI's framing, the budget's default; the margin covers others
+
+
+def batched_prompt(envelopes: Sequence[Envelope], counter: TokenCounter) -> Prompt:
+    """The library layout with its growth deferred. A request is settled (the envelope as
+    built) on the first turn and on any turn whose system message or history breaks the
+    prefix anyway (L1 changed; an L2 entry compacted, evicted, refreshed or reordered;
+    history cut or shortened) or that would not fit; in between, each turn's context stays
+    in the user message that sent it (as in append-only: what was sent in full, or sits in
+    the settled library, is referred to), so every request extends the one before it.
+    "Would not fit": its exact count (``counter``, the conversation's) passes the budget's
+    limit less ``BATCH_MARGIN``. Needs the conversation's envelopes so far."""
+    if not envelopes:
+        raise ConfigError("layout", "batched needs at least one envelope")
+    batch = _settle(0, envelopes[0], counter)
+    for i in range(1, len(envelopes)):
+        env, base = envelopes[i], envelopes[batch.start]
+        if (
+            [s.text for s in env.l1.segments] != [s.text for s in base.l1.segments]
+            or not _l2_extends(base, env)
+            or not _history_extends(base, envelopes[batch.start : i], env)
+        ):
+            batch = _settle(i, env, counter)
+            continue
+        messages, tokens = list(batch.messages), batch.tokens
+        reply = _replies(env).get(envelopes[i - 1].turn)
+        if reply is not None:
+            messages.append(Message("assistant", (Block(reply),)))
+            tokens += counter.count(reply) + _PER_MESSAGE
+        sent = dict(batch.sent)
+        text = _append_user_text(env, sent)
+        tokens += counter.count(text) + _PER_MESSAGE
+        budget = env.report.budget
+        if budget is not None and tokens + _PER_MESSAGE > budget.limit * (1 - BATCH_MARGIN):
+            batch = _settle(i, env, counter)
+            continue
+        messages.append(Message("user", (Block(text),)))
+        batch = _Batch(batch.start, batch.system, tuple(messages), tuple(sent.items()), tokens)
+    out = list(batch.messages)
+    out[-1] = Message("user", (Block(out[-1].text, TURN_END),))
+    if len(out) > 1:
+        out[-2] = Message(out[-2].role, (Block(out[-2].text, HISTORY_END),))
+    return Prompt("batched", envelopes[-1].turn, batch.system, tuple(out))
+
+
+def build_prompt(
+    envelopes: Sequence[Envelope],
+    layout: Layout = "default",
+    counter: TokenCounter | None = None,
+) -> Prompt:
     """The prompt for the last envelope in ``layout`` (earlier envelopes feed append-only
     and naive; the default layout needs only the last)."""
     if not envelopes:
         raise ConfigError("layout", "no envelope to build a prompt from")
     if layout == "default":
         return default_prompt(envelopes[-1])
+    if layout == "batched":
+        if counter is None:
+            raise ConfigError("layout", "batched needs the conversation's token counter")
+        return batched_prompt(envelopes, counter)
     if layout == "append-only":
         return append_only_prompt(envelopes)
     if layout == "naive":

@@ -106,7 +106,9 @@ def render_request(
         conversation_id=conversation_id,
         ttl=ttl,
     )
-    return reg.get(renderer)(build_prompt(envs, layout), options)
+    if counter is None and layout == "batched":
+        counter = TokenCounter()
+    return reg.get(renderer)(build_prompt(envs, layout, counter), options)
 
 
 def annotate_trace(
@@ -134,7 +136,7 @@ def annotate_trace(
     for i, (turn, report) in enumerate(zip(document["turns"], reports, strict=True)):
         turn["cache"] = report.trace()
         if layout != "default" or budget is not None:
-            prompt = build_prompt(envelopes[: i + 1], layout)
+            prompt = build_prompt(envelopes[: i + 1], layout, counter)
             turn["tokens_total"] = prompt_tokens(prompt, counter, budget)
         if layout != "default":
             shared = prompt_prefix_tokens(previous, prompt, counter, budget)

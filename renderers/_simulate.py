@@ -252,7 +252,7 @@ def simulate(
     gives the chat framing requests are counted with (else OpenAI's)."""
     count = counter or TokenCounter()
     prompts = {
-        layout: [build_prompt(envelopes[: i + 1], layout) for i in range(len(envelopes))]
+        layout: [build_prompt(envelopes[: i + 1], layout, count) for i in range(len(envelopes))]
         for layout in layouts
     }
     series: list[Series] = []

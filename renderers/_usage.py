@@ -209,7 +209,7 @@ def _counted(
     framing = profile.framing
     if layout == "default":
         return request_tokens(envelopes[-1], counter, framing)
-    chat = build_prompt(envelopes, layout).chat()
+    chat = build_prompt(envelopes, layout, counter).chat()
     contents = sum(counter.count(text.strip() if framing.trim else text) for _, text in chat)
     return contents + framing.per_message * len(chat) + framing.priming
 

@@ -77,7 +77,7 @@ def test_every_layout_is_counted_in_the_same_unit(
     envs, conv = chat30
     previous = None
     for i in range(len(envs)):
-        prompt = build_prompt(envs[: i + 1], layout)  # type: ignore[arg-type]
+        prompt = build_prompt(envs[: i + 1], layout, conv.counter)  # type: ignore[arg-type]
         total = prompt_tokens(prompt, conv.counter)
         shared = prompt_prefix_tokens(previous, prompt, conv.counter)
         assert 0 <= shared <= total

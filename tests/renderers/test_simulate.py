@@ -122,6 +122,6 @@ def test_json_and_table(demo: tuple[Simulation, list[Envelope]]) -> None:
         data["layouts"]["naive"]["gemini"]["relative_cost"]
     )
     table = format_simulation(sim)
-    assert table.count("\n") == 3 + 9 - 1  # the label, the head, its rule, 9 rows
+    assert table.count("\n") == 3 + 12 - 1  # the label, the head, its rule, 12 rows
     assert table.startswith("cached: what each provider's rules would serve")
     assert "append-only" in table
