@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
+from openai import AsyncOpenAI
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.messages import (
@@ -19,6 +21,8 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
 
 from lamina import Conversation
 from lamina.adapters.pydantic_ai import LaminaHistory
@@ -197,3 +201,73 @@ def test_instructions_system_prompt_and_tools_are_counted_and_kept() -> None:
         assert loop.tokens == budget.used(loop.envelope, conv.counter) + added + steps
         assert budget.effective(loop.tokens) <= budget.limit
     assert conv.system.mutable == "Cite the note you used."
+
+
+def _wire_model(bodies: list[dict[str, Any]]) -> OpenAIChatModel:
+    """pydantic-ai's own OpenAI chat model on an in-process transport: each request body is
+    recorded as the framework would send it; the model searches twice, then answers."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        n = len(bodies)
+        if sum(1 for m in body["messages"] if m.get("tool_calls")) < 2:
+            call = {"name": "search", "arguments": json.dumps({"q": f"r{n}"})}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": f"Let me search ({n}).",
+                "tool_calls": [{"id": f"c{n}", "type": "function", "function": call}],
+            }
+        else:
+            message = {"role": "assistant", "content": f"Answer {n}."}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        reply = {"id": f"r{n}", "object": "chat.completion", "created": 0, "model": "gpt-4o"}
+        return httpx.Response(200, json={**reply, "choices": [choice], "usage": usage})
+
+    transport = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    client = AsyncOpenAI(api_key="offline", http_client=transport)  # type: ignore[arg-type]
+    return OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
+
+
+def test_the_request_pydantic_ai_sends_is_counted_exactly_and_fits() -> None:
+    """The body pydantic-ai's OpenAI model sends (its instructions as a system message of
+    their own, Lamina's messages, the tool definitions), counted message by message, is
+    Lamina's count of the loop exactly, and within window - reserve."""
+    bodies: list[dict[str, Any]] = []
+    budget = Budget(context_window=2400, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    history = LaminaHistory(conv)
+    agent = Agent(
+        _wire_model(bodies),
+        capabilities=[ProcessHistory(history)],
+        instructions=" ".join(["Answer in one short paragraph."] * 20),
+        system_prompt="Cite the note you used.",
+    )
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        """Search the project notes."""
+        return _result(q)
+
+    for i in range(3):
+        history.attach({"note": "project-spec.md"})
+        history.finish(agent.run_sync(f"Question {i}?").output)
+    counter, framing = conv.counter, budget.framing
+
+    def sent(body: dict[str, Any]) -> int:
+        total = framing.priming
+        for m in body["messages"]:
+            total += framing.per_message + counter.count(m.get("content") or "")
+            for call in m.get("tool_calls") or ():
+                fn = call["function"]
+                total += framing.tool_call + counter.count(fn["name"] + fn["arguments"])
+        tools = [t["function"] for t in body.get("tools", [])]
+        return total + tool_tokens(tools, "openai", counter)
+
+    assert len(bodies) == len(history.loops) == 9
+    for body, loop in zip(bodies, history.loops, strict=True):
+        assert [m["role"] for m in body["messages"][:2]] == ["system", "system"]
+        assert sent(body) == loop.tokens <= budget.limit
+    assert any(d.to_form == "stub" for loop in history.loops for d in loop.decisions)
+    assert [h.assistant for h in conv.history] == ["Answer 3.", "Answer 6.", "Answer 9."]
