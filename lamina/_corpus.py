@@ -12,19 +12,24 @@ from pathlib import Path
 
 import attrs
 
-from lamina._script import Script, ScriptTurn
+from lamina._script import MAX_SCRIPT_BYTES, Script, ScriptTurn
 from pipeline import (
     ConfigError,
+    FileProblem,
     LaminaError,
     Store,
     SystemPrompt,
     is_postgres_url,
     open_store,
+    read_regular,
 )
 
 __all__ = ["Corpus", "Recording", "find_corpus", "store_recordings"]
 
 SCRIPT_SUFFIXES = (".yaml", ".yml", ".json")
+# The most a transcript may hold (as `lamina import` reads; scripts: `lamina run`'s
+# MAX_SCRIPT_BYTES): a larger corpus file is that conversation's error, never read whole.
+MAX_TRANSCRIPT_BYTES = 64_000_000
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
@@ -77,14 +82,35 @@ def _is_transcript(text: str) -> bool:
     return text.startswith("**user**:") or "\n**user**:" in text
 
 
+def _mentions_user(path: Path) -> bool:
+    """Whether a file too large to read has a ``**user**:`` line: scanned a megabyte at a
+    time, so a huge note in a corpus folder is skipped without being held in memory."""
+    marker = b"\n**user**:"
+    tail = b"\n"
+    try:
+        with path.open("rb") as fh:
+            while chunk := fh.read(1 << 20):
+                if marker in tail + chunk:
+                    return True
+                tail = chunk[-len(marker) :]
+    except OSError:
+        return True  # unreadable: reported as this conversation's error
+    return False
+
+
 def _file(path: Path, rid: str, vault: str) -> Recording | None:
     if _is_store(path):
         return None
     suffix = path.suffix.lower()
+    source = "transcript" if suffix == ".md" else "script"
+    cap = MAX_TRANSCRIPT_BYTES if source == "transcript" else MAX_SCRIPT_BYTES
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        source = "transcript" if suffix == ".md" else "script"
+        text = read_regular(path, cap).decode("utf-8")
+    except FileProblem as exc:
+        if exc.reason == "too-large" and source == "transcript" and not _mentions_user(path):
+            return None
+        return Recording(rid, source, str(path), failure=f"cannot read: {exc.detail}")
+    except UnicodeDecodeError as exc:
         return Recording(rid, source, str(path), failure=f"cannot read: {exc}")
     if suffix == ".md":
         if not _is_transcript(text):
@@ -129,7 +155,7 @@ def store_recordings(
     if not is_postgres_url(p) and not Path(p).is_file():
         raise ConfigError("store", f"{p}: no such store file")
     out: list[Recording] = []
-    with open_store(p) as store:
+    with open_store(p, read_only=True) as store:
         wanted = list(ids) or [info.id for info in store.conversations()]
         for cid in wanted:
             rid = f"{prefix}{cid}"
@@ -217,6 +243,9 @@ def _one(path: Path, cid: str, rid: str, vault: str) -> list[Recording]:
     if not path.is_file():
         return [Recording(rid, "script", str(path), failure="no such file")]
     if _is_store(path):
-        return store_recordings(path, [cid] if cid else (), vault=vault, prefix=f"{rid}#")
+        try:
+            return store_recordings(path, [cid] if cid else (), vault=vault, prefix=f"{rid}#")
+        except LaminaError as exc:  # not a Lamina store, or one this Lamina cannot read
+            return [Recording(rid, "store", str(path), failure=" ".join(str(exc).split()))]
     recording = _file(path, rid, vault)
     return [] if recording is None else [recording]

@@ -21,6 +21,7 @@ LaminaError
 ├── StoreError             a conversation store file cannot be used (.path)
 │   ├── StoreLocked           another process holds the write lock too long
 │   ├── StoreCorrupt          not a Lamina store, or its bytes are damaged
+│   │   └── StoreForeignTable another application's table in Lamina's place (.table)
 │   ├── StoreSchemaTooNew     written by a newer Lamina (.found, .supported)
 │   ├── StoreUnreachable      the database server cannot be reached (.reason)
 │   ├── ConflictError         the conversation moved on since this save's parent
@@ -57,6 +58,7 @@ __all__ = [
     "StageError",
     "StoreCorrupt",
     "StoreError",
+    "StoreForeignTable",
     "StoreLocked",
     "StoreSchemaTooNew",
     "StoreUnreachable",
@@ -260,6 +262,15 @@ class StoreLocked(StoreError):
 
 class StoreCorrupt(StoreError):
     """The file is not a Lamina store, or a stored record fails its hash check."""
+
+
+class StoreForeignTable(StoreCorrupt):
+    """A table where Lamina keeps one holds another application's columns (``.table``):
+    the store is refused before any migration alters it."""
+
+    def __init__(self, path: str, table: str, problem: str) -> None:
+        self.table = table
+        super().__init__(path, problem)
 
 
 class StoreSchemaTooNew(StoreError):

@@ -10,11 +10,14 @@ from pipeline._store.sqlite import SqliteStore
 __all__ = ["open_store"]
 
 
-def open_store(value: str | Path, *, timeout: float = 10.0) -> SqliteStore | PostgresStore:
+def open_store(
+    value: str | Path, *, timeout: float = 10.0, read_only: bool = False
+) -> SqliteStore | PostgresStore:
     """``postgresql://...`` opens a ``PostgresStore``; anything else is a SQLite file path.
 
     The CLI's ``--store`` and the Python API choose the same way, so a host switches
-    databases by changing one setting."""
+    databases by changing one setting. ``read_only`` opens only an existing Lamina store
+    at this schema version and never writes (no tables made, no migration, no save)."""
     if isinstance(value, str) and is_postgres_url(value):
-        return PostgresStore(value, timeout=timeout)
-    return SqliteStore(value, timeout=timeout)
+        return PostgresStore(value, timeout=timeout, read_only=read_only)
+    return SqliteStore(value, timeout=timeout, read_only=read_only)

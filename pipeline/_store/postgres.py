@@ -16,17 +16,26 @@ import json
 import math
 import re
 import threading
+import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline._errors import StoreCorrupt, StoreError, StoreLocked, StoreUnreachable
-from pipeline._store.sql import HEAD_COLUMN, Db, EntryCache, SqlStore
+from pipeline._store.records import SCHEMA_VERSION
+from pipeline._store.sql import HEAD_COLUMN, Db, EntryCache, SqlStore, check_tables, check_version
 
 if TYPE_CHECKING:
     import psycopg
     import psycopg_pool
 
-__all__ = ["MIGRATIONS", "SCHEMA", "PostgresStore", "is_postgres_url"]
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA",
+    "PostgresStore",
+    "is_postgres_url",
+    "mask_secrets",
+    "mask_url",
+]
 
 SCHEMA = "lamina"
 
@@ -100,7 +109,72 @@ MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, HEAD_COLUMN)
 _MIGRATION_LOCK = 0x6C616D696E61
 # A text PostgreSQL cannot hold (NUL, lone surrogates) is kept as this mark + its JSON.
 _ESCAPED = "\ufdd0"
-_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+# A password in a URL's query: its value runs to the next ``&key=`` (a raw ``&`` inside a
+# password stays masked), case-insensitive like a person writes it.
+_QUERY_SECRET = re.compile(r"((?:^|[?&])(?:ssl)?password=)(.*?)(?=&[A-Za-z_]+=|$)", re.I | re.S)
+# ``password=...`` in a driver's message (a conninfo string): to a space, quote or ``&``.
+_SAID_SECRET = re.compile(r"(\b(?:ssl)?password\s*=\s*)('[^']*'|[^\s&\"]*)", re.I)
+# user:password@ in any URL a message quotes (up to the last @ of the word).
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@]*:)\S*@")
+
+
+def _secrets(url: str) -> tuple[str, ...]:
+    """Every secret ``url`` holds, as written and percent-decoded and -encoded: the
+    password between the user's ``:`` and the authority's last ``@``, and the values of
+    ``password=`` and ``sslpassword=`` parameters. Longest first."""
+    found: list[str] = []
+    rest = url.partition("://")[2]
+    userinfo, at, _ = rest.rpartition("@")
+    if at and ":" in userinfo:
+        found.append(userinfo.partition(":")[2])
+    found += [m.group(2) for m in _QUERY_SECRET.finditer(url.partition("?")[2])]
+    forms = {
+        form
+        for secret in found
+        for form in (
+            secret,
+            urllib.parse.unquote(secret),
+            urllib.parse.quote(secret, safe=""),
+            urllib.parse.quote(urllib.parse.unquote(secret), safe=""),
+        )
+        if form
+    }
+    return tuple(sorted(forms, key=lambda f: (-len(f), f)))
+
+
+def mask_url(url: str) -> str:
+    """``url`` as messages name it: ``user:***@`` for the password, ``password=***``."""
+    scheme, sep, rest = url.partition("://")
+    if sep:
+        userinfo, at, after = rest.rpartition("@")
+        if at and ":" in userinfo:
+            rest = f"{userinfo.partition(':')[0]}:***@{after}"
+        url = f"{scheme}{sep}{rest}"
+    base, q, query = url.partition("?")
+    return base + q + _QUERY_SECRET.sub(r"\1***", query) if q else url
+
+
+def mask_secrets(text: str, secrets: Sequence[str]) -> str:
+    """``text`` (a driver's message) with every run of 3 or more characters that occurs in
+    a secret, every URL password and every ``password=`` value replaced by ``***``: a
+    driver quotes pieces of a URL it cannot parse, not only whole passwords."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        run = 0
+        for secret in secrets:
+            n = run + 1
+            while i + n <= len(text) and text[i : i + n] in secret:
+                run = n
+                n += 1
+        if run >= 3:
+            out.append("***")
+            i += run
+        else:
+            out.append(text[i])
+            i += 1
+    masked = _USERINFO.sub(r"\1***@", "".join(out))
+    return _SAID_SECRET.sub(r"\1***", masked)
 
 
 def is_postgres_url(value: str) -> bool:
@@ -143,9 +217,18 @@ class PostgresStore(SqlStore):
     _binary = ' COLLATE "C"'
     _migrations = MIGRATIONS
 
-    def __init__(self, url: str, *, timeout: float = 10.0, max_connections: int = 4) -> None:
-        self._label = _PASSWORD.sub(r"\1***@", url)
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = 10.0,
+        max_connections: int = 4,
+        read_only: bool = False,
+    ) -> None:
+        self._label = mask_url(url)
+        self._secrets = _secrets(url)
         self._timeout = timeout
+        self.read_only = read_only
         self.entry_cache = EntryCache()
         try:
             import psycopg
@@ -159,16 +242,22 @@ class PostgresStore(SqlStore):
         settings: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": max(1, math.ceil(timeout)),
-            "options": f"-c search_path={SCHEMA} -c lock_timeout={max(1, int(timeout * 1000))}",
+            "options": f"-c search_path={SCHEMA} -c lock_timeout={max(1, int(timeout * 1000))}"
+            + (" -c default_transaction_read_only=on" if read_only else ""),
         }
         # The first connection is made directly, so its failure says the server's words.
         with self._errors():
             try:
                 first = psycopg.connect(url, **settings)
             except psycopg.ProgrammingError as exc:  # a malformed URL
-                raise StoreError(self._label, f"not a usable URL: {_first_line(exc)}") from None
+                raise StoreError(
+                    self._label, f"not a usable URL: {self._said(exc)}"
+                ) from None
             with first:
-                self._migrate(first)
+                if read_only:
+                    self._check_schema(first)
+                else:
+                    self._migrate(first)
             self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
                 url,
                 kwargs=settings,
@@ -198,12 +287,16 @@ class PostgresStore(SqlStore):
             ) from None
         except (errors.UndefinedTable, errors.UndefinedColumn) as exc:
             raise StoreCorrupt(
-                self._label, f"tables are missing or damaged: {_first_line(exc)}"
+                self._label, f"tables are missing or damaged: {self._said(exc)}"
             ) from None
         except self._psycopg.OperationalError as exc:
-            raise StoreUnreachable(self._label, _first_line(exc)) from None
+            raise StoreUnreachable(self._label, self._said(exc)) from None
         except self._psycopg.Error as exc:
-            raise StoreError(self._label, _first_line(exc)) from None
+            raise StoreError(self._label, self._said(exc)) from None
+
+    def _said(self, exc: BaseException) -> str:
+        """The driver's first line, its secrets masked (it may quote the URL)."""
+        return mask_secrets(_first_line(exc), self._secrets)
 
     @contextlib.contextmanager
     def _tx(self, write: bool) -> Iterator[Db]:
@@ -213,6 +306,8 @@ class PostgresStore(SqlStore):
         see one snapshot (REPEATABLE READ); writes lock what they change."""
         if self._closed:
             raise StoreError(self._label, "the store is closed")
+        if write and self.read_only:
+            raise StoreError(self._label, "opened read-only: nothing can be saved")
         held: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
         with self._errors():
             if held is not None:
@@ -237,6 +332,22 @@ class PostgresStore(SqlStore):
                 finally:
                     self._local.conn = None
                 conn.execute("COMMIT")
+
+    def _check_schema(self, conn: psycopg.Connection[Any]) -> None:
+        """A read-only open: the schema must hold Lamina's tables at this version."""
+        db = _PgDb(conn)
+        found = self._columns(db)
+        if "lamina_schema" not in found:
+            raise StoreCorrupt(self._label, f"schema {SCHEMA!r} holds no Lamina store")
+        row = db.execute("SELECT version FROM lamina_schema").fetchone()
+        version = check_version(self._label, None if row is None else row[0])
+        check_tables(self._label, found, self._migrations, version)
+        if version < SCHEMA_VERSION:
+            raise StoreError(
+                self._label,
+                f"schema version {version} needs migrating, which a read-only open cannot "
+                "do: open it once for writing",
+            )
 
     def _migrate(self, conn: psycopg.Connection[Any]) -> None:
         db = _PgDb(conn)
@@ -268,6 +379,17 @@ class PostgresStore(SqlStore):
                 conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    def _columns(self, db: Db) -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {}
+        rows = db.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = ?",
+            (SCHEMA,),
+        )
+        for table, column in rows:
+            found.setdefault(table, set()).add(column)
+        return found
 
     def _text(self, text: str) -> Any:
         """PostgreSQL's TEXT holds no NUL and only valid UTF-8: such a text is escaped."""

@@ -29,6 +29,7 @@ from pipeline._errors import (
     ConversationError,
     StoreCorrupt,
     StoreError,
+    StoreForeignTable,
     StoreSchemaTooNew,
     UnknownConversation,
 )
@@ -49,7 +50,16 @@ from pipeline._store.records import (
 )
 from pipeline._views.summarize import SummaryKey, SummaryResult
 
-__all__ = ["HEAD_COLUMN", "Cursor", "Db", "EntryCache", "SqlStore", "check_version"]
+__all__ = [
+    "HEAD_COLUMN",
+    "Cursor",
+    "Db",
+    "EntryCache",
+    "SqlStore",
+    "check_tables",
+    "check_version",
+    "lamina_tables",
+]
 
 # Schema version 2, the same in every backend: each turn row keeps the head hash it
 # made, so ``head()`` is one indexed row read. Rows saved before it hold "" (computed).
@@ -96,6 +106,71 @@ def check_version(label: str, version: object) -> int:
     if version > SCHEMA_VERSION:
         raise StoreSchemaTooNew(label, version, SCHEMA_VERSION)
     return version
+
+
+_CREATE = re.compile(r"^\s*CREATE TABLE (\w+) \((.*)\)[^)]*$", re.S)
+_ADD = re.compile(r"^\s*ALTER TABLE (\w+) ADD COLUMN (\w+)\b")
+_CONSTRAINTS = frozenset({"PRIMARY", "FOREIGN", "UNIQUE", "CHECK", "CONSTRAINT"})
+
+
+def _top_level(body: str) -> list[str]:
+    """``body``'s comma-separated items outside parentheses."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(body):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(body[start:i])
+            start = i + 1
+    items.append(body[start:])
+    return [item.strip() for item in items if item.strip()]
+
+
+def lamina_tables(migrations: Sequence[str], version: int) -> dict[str, frozenset[str]]:
+    """Lamina's tables and their columns at schema ``version``, read from the migrations'
+    own DDL (``CREATE TABLE`` and ``ALTER TABLE ... ADD COLUMN``), so the check below can
+    never drift from what the migrations make."""
+    tables: dict[str, set[str]] = {"lamina_schema": {"version"}}
+    for ddl in migrations[:version]:
+        for statement in ddl.split(";"):
+            if made := _CREATE.match(statement):
+                tables[made.group(1)] = {
+                    item.split()[0]
+                    for item in _top_level(made.group(2))
+                    if item.split()[0].upper() not in _CONSTRAINTS
+                }
+            elif added := _ADD.match(statement):
+                tables[added.group(1)].add(added.group(2))
+    return {name: frozenset(columns) for name, columns in tables.items()}
+
+
+def check_tables(
+    label: str, found: Mapping[str, Iterable[str]], migrations: Sequence[str], version: int
+) -> None:
+    """Refuse a store whose tables are not exactly Lamina's at ``version`` (``found``: each
+    table's columns), and one where a table the later migrations create already exists,
+    before a migration could alter or fill another application's table."""
+    expected = lamina_tables(migrations, version)
+    for table in sorted(expected):
+        columns = set(found.get(table, ()))
+        if table in found and columns != expected[table]:
+            raise StoreForeignTable(
+                label,
+                table,
+                f"table {table!r} is not Lamina's (columns {', '.join(sorted(columns))}; "
+                f"Lamina's: {', '.join(sorted(expected[table]))}): nothing was changed",
+            )
+    missing = sorted(set(expected) - set(found))
+    if missing:
+        raise StoreCorrupt(label, f"table {missing[0]!r} is missing: not a Lamina store")
+    later = lamina_tables(migrations, len(migrations))
+    for table in sorted(set(later) - set(expected)):
+        if table in found:
+            raise StoreForeignTable(
+                label,
+                table,
+                f"table {table!r} exists but schema version {version} has none: "
+                "another application's? nothing was changed",
+            )
 
 
 class _Snapshots:
@@ -247,9 +322,16 @@ class SqlStore:
         with self._tx(write=True):
             yield
 
+    def _columns(self, db: Db) -> dict[str, set[str]]:
+        """Every table in the store's namespace with its column names."""
+        raise NotImplementedError
+
     def _upgrade(self, db: Db, version: object) -> None:
-        """Check the stored ``version`` and migrate from it to ``SCHEMA_VERSION``."""
-        for step in range(check_version(self._label, version), SCHEMA_VERSION):
+        """Check the stored ``version`` and that every table is Lamina's as of it, then
+        migrate to ``SCHEMA_VERSION`` (a foreign table is refused before any change)."""
+        current = check_version(self._label, version)
+        check_tables(self._label, self._columns(db), self._migrations, current)
+        for step in range(current, SCHEMA_VERSION):
             for statement in self._migrations[step].split(";"):
                 if statement.strip():
                     db.execute(statement)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pipeline._errors import StoreCorrupt, StoreError, StoreLocked
-from pipeline._store.sql import HEAD_COLUMN, Db, EntryCache, SqlStore
+from pipeline._store.records import SCHEMA_VERSION
+from pipeline._store.sql import HEAD_COLUMN, Db, EntryCache, SqlStore, check_tables, check_version
 
 __all__ = ["MIGRATIONS", "SqliteStore"]
 
@@ -91,10 +94,13 @@ class SqliteStore(SqlStore):
 
     _migrations = MIGRATIONS
 
-    def __init__(self, path: str | Path, *, timeout: float = 10.0) -> None:
+    def __init__(
+        self, path: str | Path, *, timeout: float = 10.0, read_only: bool = False
+    ) -> None:
         self._path = self._label = str(path)
         self._timeout = timeout
         self._closed = False
+        self.read_only = read_only
         self.entry_cache = EntryCache()
         if Path(self._path).is_dir():
             raise StoreError(self._path, "is a folder, not a store file")
@@ -102,14 +108,35 @@ class SqliteStore(SqlStore):
         self._lock = threading.RLock()
         self._depth = 0
         try:
-            self._db = sqlite3.connect(
-                self._path, timeout=timeout, isolation_level=None, check_same_thread=False
-            )
+            if read_only:
+                # SQLite's own read-only mode: no table, journal or header byte can change.
+                uri = "file:" + urllib.parse.quote(os.fsencode(Path(self._path).absolute()))
+                self._db = sqlite3.connect(
+                    uri + "?mode=ro",
+                    uri=True,
+                    timeout=timeout,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+            else:
+                self._db = sqlite3.connect(
+                    self._path, timeout=timeout, isolation_level=None, check_same_thread=False
+                )
         except sqlite3.Error as exc:
             raise StoreError(self._path, f"cannot open: {exc}") from None
         try:
             with self._errors():
-                self._refuse_foreign()
+                version = self._refuse_foreign()
+                if read_only:
+                    if version is None:
+                        raise StoreCorrupt(self._path, "not a Lamina store (it has no tables)")
+                    if version < SCHEMA_VERSION:
+                        raise StoreError(
+                            self._path,
+                            f"schema version {version} needs migrating, which a read-only "
+                            "open cannot do: open it once for writing",
+                        )
+                    return
                 self._db.execute("PRAGMA journal_mode=WAL").fetchone()
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.execute("PRAGMA foreign_keys=ON")
@@ -123,14 +150,19 @@ class SqliteStore(SqlStore):
             self._closed = True
             self._db.close()
 
-    def _refuse_foreign(self) -> None:
+    def _refuse_foreign(self) -> int | None:
         """Refuse another application's SQLite file by reading it only: nothing (not even
-        the journal mode in its header) may change before it is known to be a store."""
-        tables = {
-            r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
-        }
-        if tables and "lamina_schema" not in tables:
+        the journal mode in its header) may change before it is known to be a store whose
+        every table is Lamina's. Returns its schema version (None: no tables yet)."""
+        found = self._columns(self._db)
+        if not found:
+            return None
+        if "lamina_schema" not in found:
             raise StoreCorrupt(self._path, "not a Lamina store (a SQLite file with other tables)")
+        row = self._db.execute("SELECT version FROM lamina_schema").fetchone()
+        version = check_version(self._path, None if row is None else row[0])
+        check_tables(self._path, found, self._migrations, version)
+        return version
 
     # -- plumbing ---------------------------------------------------------------------
 
@@ -160,6 +192,8 @@ class SqliteStore(SqlStore):
         with self._lock:
             if self._closed:
                 raise StoreError(self._path, "the store is closed")
+            if write and self.read_only:
+                raise StoreError(self._path, "opened read-only: nothing can be saved")
             nested = self._depth > 0
             with self._errors():
                 if nested:
@@ -196,6 +230,16 @@ class SqliteStore(SqlStore):
                 db.execute("INSERT INTO lamina_schema VALUES (0)")
                 version = 0
             self._upgrade(db, version)
+
+    def _columns(self, db: Db) -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {}
+        rows = db.execute(
+            "SELECT m.name, p.name FROM sqlite_master AS m, pragma_table_info(m.name) AS p "
+            "WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite%'"
+        )
+        for table, column in rows:
+            found.setdefault(table, set()).add(column)
+        return found
 
     def _text(self, text: str) -> Any:
         """A str for a TEXT column; one holding lone surrogates (a file name that is not

@@ -19,6 +19,7 @@ from pipeline import (
     Store,
     StoreCorrupt,
     StoreError,
+    StoreForeignTable,
     save_turn,
 )
 from tests.stores import Backend
@@ -222,3 +223,39 @@ def test_head_is_one_row_read_and_agrees_with_the_computed_head(
     backend.execute("UPDATE turns SET head_hash = ''")
     with backend.open() as store:
         assert store.head("c") == recorded
+
+
+def test_a_lamina_file_holding_a_foreign_table_is_refused_byte_identical(tmp_path: Path) -> None:
+    """``lamina_schema`` at version 1 beside another application's ``turns``: the store is
+    refused naming that table before the version 2 migration could alter it."""
+    path = tmp_path / "mixed.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE lamina_schema (version INTEGER NOT NULL)")
+    db.execute("INSERT INTO lamina_schema VALUES (1)")
+    db.execute("CREATE TABLE turns (id INTEGER PRIMARY KEY, body TEXT)")
+    db.commit()
+    db.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreForeignTable, match="table 'turns' is not Lamina's") as info:
+        SqliteStore(path)
+    assert info.value.table == "turns"
+    assert path.read_bytes() == before
+
+
+def test_a_read_only_store_reads_and_never_writes(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with SqliteStore(path) as store:
+        store.create(ConversationInfo("c"))
+    before = path.read_bytes()
+    with SqliteStore(path, read_only=True) as store:
+        assert [c.id for c in store.conversations()] == ["c"]
+        with pytest.raises(StoreError, match="opened read-only"):
+            store.create(ConversationInfo("d"))
+    assert path.read_bytes() == before
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    with pytest.raises(StoreCorrupt, match="it has no tables"):
+        SqliteStore(empty, read_only=True)
+    with pytest.raises(StoreError, match="cannot open"):
+        SqliteStore(tmp_path / "missing.db", read_only=True)
+    assert not (tmp_path / "missing.db").exists()

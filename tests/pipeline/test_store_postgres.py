@@ -131,3 +131,21 @@ def test_writers_of_different_conversations_do_not_wait(pg: Backend, vault: Path
             save_turn(b, "two", two)  # not blocked by the lock on "one"
         assert [r.turn for r in b.turns("one")] == [1, 2]
         assert [r.turn for r in b.turns("two")] == [1, 2]
+
+
+def test_a_migration_never_alters_another_applications_table(pg: Backend) -> None:
+    """Schema ``lamina`` holds ``lamina_schema`` at version 1 and another application's
+    ``turns``: opening names the foreign table and changes nothing (the v2 migration
+    would add a column to ``turns``)."""
+    pg.execute("CREATE SCHEMA lamina")
+    pg.execute("CREATE TABLE lamina_schema (version INTEGER NOT NULL)")
+    pg.execute("INSERT INTO lamina_schema VALUES (1)")
+    pg.execute("CREATE TABLE turns (id INTEGER PRIMARY KEY, body TEXT)")
+    with pytest.raises(StoreCorrupt, match="table 'turns' is not Lamina's") as info:
+        open_store(pg.value)
+    assert info.value.table == "turns"
+    assert pg.rows(
+        "SELECT column_name FROM information_schema.columns "
+        "WHERE table_schema = 'lamina' AND table_name = 'turns' ORDER BY column_name"
+    ) == [("body",), ("id",)]
+    assert pg.rows("SELECT version FROM lamina_schema") == [(1,)]
