@@ -142,7 +142,8 @@ def _config_chart(
                  "data-tokens-sent": str(total),
                  "aria-label": _t(f"config {config}: tokens sent, cached share and cost per "
                                   "conversation")})
-    titles = ("tokens sent per conversation", "cached share of the input, per provider",
+    titles = ("tokens sent per conversation",
+              "cached share of the input, per provider (simulated by its rules)",
               "cost per provider (input-token equivalents)")
     for panel, title, percent in zip(panels, titles, (False, True, False), strict=True):
         svg.extend(_axes(panel, title, percent, count))
@@ -311,7 +312,9 @@ def render_replay_report(
             E.p({"class": "note"}, "Totals and percentiles over the conversations every "
                 "config replayed without error; cost in dollars where priced, else in "
                 "input-token equivalents (cached reads and writes at the provider's shares of "
-                "the input price); * marks the cheapest config per provider."),
+                "the input price); * marks the cheapest config per provider. Tokens are the "
+                "requests' own count under each config's layout; cached shares are simulated "
+                "with each provider's rules (minimum prefix, 128-token steps, breakpoints)."),
             _summary_table(summary, providers),
             E.nav({"class": "turns"}, *[
                 E.a({"href": f"#config-{i}"}, _t(c)) for i, c in enumerate(configs, start=1)
