@@ -185,6 +185,7 @@ from pipeline._text.markup import (
     markup_blocks,
     xml_safe,
 )
+from pipeline._text.specials import defuse_special_tokens
 from pipeline._tokens.counter import (
     TOKENIZERS,
     CountMemo,
@@ -415,6 +416,7 @@ __all__ = [
     "content_hash",
     "cut_to_tokens",
     "defuse_markup",
+    "defuse_special_tokens",
     "drop_history",
     "encoded_length",
     "escape_attribute",

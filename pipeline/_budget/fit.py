@@ -391,6 +391,7 @@ class Budget(BudgetSettings):
             "trim_content": profile.trim_content,
             "chat_template": profile.chat_template,
             "tool_call_tokens": profile.tool_call_tokens,
+            "default_system": profile.default_system,
         }
         fields.update(overrides)
         return cls(**fields)  # type: ignore[arg-type]

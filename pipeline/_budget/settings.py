@@ -66,6 +66,9 @@ class BudgetSettings:
     """Where the chat template puts the system text (``CHAT_TEMPLATES``): "mistral" for
     Mistral's instruct format, which sends it inside the last user message."""
     tool_call_tokens: int = attrs.field(default=OPENAI_FRAMING.tool_call, validator=_at_least(0))
+    default_system: str | None = OPENAI_FRAMING.default_system
+    """What the chat template sends as the system message when the request has none
+    (Qwen2.5's default prompt; "" for Llama 3.1's date header); None: nothing."""
     recall_share: float = attrs.field(default=0.0, validator=_fraction)
     """The share of the limit that recall may fill with dropped history and cut library
     entries the query matches (the ``recall`` stage); 0 turns recall off (no index)."""

@@ -69,10 +69,21 @@ def _strip_once(text: str, blocks: list[MarkupBlock]) -> str:
 
 
 def strip_reply(text: str) -> str:
-    """Tool payloads become the titles and locators they held (``[<tag> omitted]`` if none);
-    Lamina's context blocks (see ``pipeline._text.markup``) become ``[context: key]``. Any other
-    markup (JSX, HTML, XML a person wrote) stays byte for byte. Linear in ``len(text)``."""
-    return stripped_with_steps(text)[0]
+    """A reply's leading reasoning block is dropped (``drop_reasoning``); tool payloads
+    become the titles and locators they held (``[<tag> omitted]`` if none); Lamina's context
+    blocks (see ``pipeline._text.markup``) become ``[context: key]``. Any other markup (JSX,
+    HTML, XML a person wrote) stays byte for byte. Linear in ``len(text)``."""
+    return stripped_with_steps(drop_reasoning(text))[0]
+
+
+def drop_reasoning(text: str) -> str:
+    """A reply that opens with a reasoning block (``<think>...</think>``, as Qwen3, QwQ and
+    DeepSeek-R1 write it) without that block: what follows the last ``</think>``, leading
+    newlines dropped. Their chat templates drop it from earlier turns the same way, so the
+    history holds what the model is sent (and a ``</think>`` elsewhere stays text)."""
+    if not text.lstrip().startswith("<think>") or "</think>" not in text:
+        return text
+    return text.rsplit("</think>", 1)[1].lstrip("\n")
 
 
 def stripped_with_steps(text: str) -> tuple[str, int]:

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 
 import attrs
 
+from pipeline._text.specials import defuse_special_tokens
+
 __all__ = [
     "TOOL_TAGS",
     "MarkupBlock",
@@ -70,13 +72,16 @@ def xml_safe(text: str) -> str:
 
 def escape_attribute(value: str) -> str:
     """An attribute value as written except ``"``, ``<``, ``>`` and line breaks, which would
-    end the value or the tag (``&`` stays: URLs keep their query strings)."""
-    return value.translate(_ATTRIBUTE)
+    end the value or the tag (``&`` stays: URLs keep their query strings), and special-token
+    spellings (``defuse_special_tokens``)."""
+    return defuse_special_tokens(value).translate(_ATTRIBUTE)
 
 
 def escape_body(text: str, tag: str) -> str:
     """``text`` as written, except a ``<`` that opens a Lamina block, closes ``</tag``, or
-    starts a comment or CDATA section with no end in ``text``: that one becomes ``&lt;``."""
+    starts a comment or CDATA section with no end in ``text``: that one becomes ``&lt;``;
+    and a special-token spelling is defused (``defuse_special_tokens``)."""
+    text = defuse_special_tokens(text)
     if "<" not in text:
         return text
     spots = {m.start() for m in _closer(tag).finditer(text)} | _openers(text)

@@ -61,7 +61,10 @@ class Framing:
     """What a chat request adds around its contents, in tokens: per message, once to prime
     the reply, the template's text right before each content (``lead``), whether it strips
     contents, where it puts the system text (``template``, one of ``CHAT_TEMPLATES``) and
-    per native tool call (id, type, function wrapper beyond the name and arguments)."""
+    per native tool call (id, type, function wrapper beyond the name and arguments).
+    ``default_system`` is the system message's content the template writes when the
+    request has none (framed like any message; None: it writes nothing): Qwen2.5's
+    default prompt, "" for Llama 3.1's header that always carries its date lines."""
 
     per_message: int
     priming: int
@@ -69,6 +72,7 @@ class Framing:
     trim: bool = False
     template: ChatTemplate = "messages"
     tool_call: int = 8
+    default_system: str | None = None
 
 
 class FramingFields(Protocol):
@@ -86,6 +90,8 @@ class FramingFields(Protocol):
     def chat_template(self) -> str: ...
     @property
     def tool_call_tokens(self) -> int: ...
+    @property
+    def default_system(self) -> str | None: ...
 
 
 def framing_of(fields: FramingFields) -> Framing:
@@ -97,6 +103,7 @@ def framing_of(fields: FramingFields) -> Framing:
         fields.trim_content,
         cast(ChatTemplate, fields.chat_template),
         fields.tool_call_tokens,
+        fields.default_system,
     )
 
 
@@ -119,7 +126,9 @@ class ModelProfile:
     ``content_lead`` is the template's text right before each content in the same run, and
     ``trim_content`` whether the template strips contents (see ``request_tokens``);
     ``chat_template`` says where the system text goes (one of ``CHAT_TEMPLATES``; for
-    "mistral", ``per_message_tokens`` frames each user turn and ``priming_tokens`` is ``<s>``).
+    "mistral", ``per_message_tokens`` frames each user turn and ``priming_tokens`` is ``<s>``);
+    ``default_system`` what the template sends as the system message when there is none
+    (see ``Framing``).
     """
 
     name: str
@@ -137,6 +146,7 @@ class ModelProfile:
     trim_content: bool = OPENAI_FRAMING.trim
     chat_template: ChatTemplate = OPENAI_FRAMING.template
     tool_call_tokens: int = OPENAI_FRAMING.tool_call
+    default_system: str | None = OPENAI_FRAMING.default_system
 
     def __attrs_post_init__(self) -> None:
         problems: list[str] = []
@@ -234,6 +244,7 @@ def _open(name: str, window: int, reserve: int, tokenizer: str, framing: Framing
         trim_content=framing.trim,
         chat_template=framing.template,
         tool_call_tokens=framing.tool_call,
+        default_system=framing.default_system,
     )
 
 
@@ -244,16 +255,24 @@ def _open(name: str, window: int, reserve: int, tokenizer: str, framing: Framing
 # Contents are trimmed and follow "\n\n" in one run.
 LLAMA3_FRAMING = Framing(5, 5, "\n\n", trim=True)
 # Llama 3.1 and 3.3 templates also open the system message with "Cutting Knowledge Date:
-# December 2023\nToday Date: 26 Jul 2024\n\n" (20 tokens). Llama 3.2's template
+# December 2023\nToday Date: 26 Jul 2024\n\n" (20 tokens), and write that system message
+# (header, date lines, <|eot_id|>) even when the request has none: default_system "".
+# Llama 3.2's template
 # (meta-llama/Llama-3.2-1B-Instruct and -3B-Instruct, tokenizer_config.json chat_template)
 # writes strftime_now("%d %b %Y") there instead of the fixed date: every "DD Mon YYYY" date
 # (English month names) from 2020 to 2099 is the same 20 tokens (a test checks each day).
-LLAMA31_FRAMING = Framing(5, 5 + 20, "\n\n", trim=True)
+LLAMA31_FRAMING = Framing(5, 5 + 20, "\n\n", trim=True, default_system="")
 # Llama 4, as llama-models' ChatFormat encodes it: <|header_start|>role<|header_end|>, then
 # "\n\n" and the content encoded apart, <|eot|>; BOS + the assistant header.
 LLAMA4_FRAMING = Framing(5, 5)
 # Qwen (ChatML): <|im_start|>role\n ... <|im_end|>\n = 5; <|im_start|>assistant\n = 3.
+# Qwen3's template adds no system message; a reply's reasoning (up to "</think>") is
+# dropped from history by Lamina itself (strip_reply), as the template would.
 CHATML_FRAMING = Framing(5, 3, "\n")
+# Qwen2.5 (and Qwen2.5-Coder) send their default system prompt when the request has none
+# (Qwen/Qwen2.5-7B-Instruct tokenizer_config.json chat_template): 16 tokens + 5 framing.
+QWEN2_5_DEFAULT_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+QWEN2_5_FRAMING = Framing(5, 3, "\n", default_system=QWEN2_5_DEFAULT_SYSTEM)
 # Qwen3.5 and Qwen3.6 (Qwen/Qwen3.5-27B chat_template.jinja, text path, no tools): ChatML
 # with every content trimmed; the reply is primed with <|im_start|>assistant\n<think>\n
 # (thinking on, the default) = 5. With enable_thinking=false the template adds
@@ -317,11 +336,11 @@ _ALL = (
     _open("llama-4-scout-17b-16e-instruct", 10_000_000, 16_384, "llama4", LLAMA4_FRAMING),
     _open("llama-4-maverick-17b-128e-instruct", 1_000_000, 16_384, "llama4", LLAMA4_FRAMING),
     # Qwen (the `qwen` extra): the native 32,768 window (YaRN extends it to 131,072; override).
-    _open("qwen2.5-7b-instruct", 32_768, 8_192, "qwen2", CHATML_FRAMING),
-    _open("qwen2.5-14b-instruct", 32_768, 8_192, "qwen2", CHATML_FRAMING),
-    _open("qwen2.5-32b-instruct", 32_768, 8_192, "qwen2", CHATML_FRAMING),
-    _open("qwen2.5-72b-instruct", 32_768, 8_192, "qwen2", CHATML_FRAMING),
-    _open("qwen2.5-coder-32b-instruct", 32_768, 8_192, "qwen2", CHATML_FRAMING),
+    _open("qwen2.5-7b-instruct", 32_768, 8_192, "qwen2", QWEN2_5_FRAMING),
+    _open("qwen2.5-14b-instruct", 32_768, 8_192, "qwen2", QWEN2_5_FRAMING),
+    _open("qwen2.5-32b-instruct", 32_768, 8_192, "qwen2", QWEN2_5_FRAMING),
+    _open("qwen2.5-72b-instruct", 32_768, 8_192, "qwen2", QWEN2_5_FRAMING),
+    _open("qwen2.5-coder-32b-instruct", 32_768, 8_192, "qwen2", QWEN2_5_FRAMING),
     _open("qwen3-8b", 32_768, 8_192, "qwen2", CHATML_FRAMING),
     _open("qwen3-14b", 32_768, 8_192, "qwen2", CHATML_FRAMING),
     _open("qwen3-32b", 32_768, 8_192, "qwen2", CHATML_FRAMING),

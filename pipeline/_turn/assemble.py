@@ -20,6 +20,7 @@ from pipeline._model.envelope import (
     user_parts,
 )
 from pipeline._model.history import HistoryEntry
+from pipeline._text.specials import defuse_special_tokens
 from pipeline._tokens.counter import TokenCounter, count_with_sep_from
 from pipeline._turn.draft import Draft, DraftLayer, ItemBlock
 from pipeline._turn.graph import Placement, TurnGraph
@@ -164,6 +165,9 @@ def _made_from(found: Draft, turn: TurnGraph) -> bool:
 
 
 def _text_segment(counter: TokenCounter, key: str, kind: str, text: str, role: str = "") -> Segment:
+    """A plain message segment (system, query, history): special-token spellings defused,
+    so what is counted is what any open model's template reads as text."""
+    text = defuse_special_tokens(text)
     return Segment(
         key=key,
         form=Form.TEXT,

@@ -82,8 +82,10 @@ def request_tokens(
     counted in the framing; ``framing.trim`` says the template strips each content (Llama
     3's ``| trim``). ``framing.template`` is one of ``CHAT_TEMPLATES``; for "mistral",
     ``per_message`` is what frames each user turn and ``priming`` what opens the request
-    (``<s>``). Blocks are counted from their segments' known counts (short tails only), so
-    measuring a draft after a cut encodes nothing but what the cut changed.
+    (``<s>``). A request with no system text gets the template's ``default_system``
+    message when it has one (Qwen2.5's default prompt, Llama 3.1's date header). Blocks
+    are counted from their segments' known counts (short tails only), so measuring a
+    draft after a cut encodes nothing but what the cut changed.
     """
     lead, trim, per_message, priming = (
         framing.lead,
@@ -114,6 +116,9 @@ def request_tokens(
         total += content(text, counter.count(text)) + per_message
     elif envelope.l2.segments or any(s.text for s in envelope.l1.segments):
         total += _system_tokens(envelope, counter) + per_message
+    elif framing.default_system is not None:  # the template writes its own system message
+        default = framing.default_system
+        total += content(default, counter.count(default)) + per_message
     for segment in envelope.l4.segments:
         total += content(segment.text, segment.tokens) + per_message
     blocks = _user_known(envelope, counter)
