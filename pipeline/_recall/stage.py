@@ -63,6 +63,8 @@ class RecallMemo:
         self._checked: Mapping[str, RecallItem] | None = None
         self._history: tuple[int, object, dict[str, RecallItem]] | None = None
         self._blocks: dict[str, tuple[str, ItemBlock]] = {}
+        self.costs: dict[str, tuple[str, int]] = {}
+        """Each measured item's block cost by key, with the text it was measured from."""
         self._lock = threading.Lock()
         self.builds = 0
         """How many indexes were made (a meter: off, or nothing dropped, makes none)."""
@@ -102,6 +104,7 @@ class RecallMemo:
         last = history[start - 2] if 2 <= start <= len(history) + 1 else None
         if last is not None and last.turn != start - 1:
             last = None
+        fresh: list[RecallItem] = []
         with self._lock:
             kept = self._history
             if kept is not None and kept[0] == start and kept[1] is last:
@@ -109,6 +112,13 @@ class RecallMemo:
             else:
                 dropped = _history_items([e for e in history if e.turn < start])
                 self._history = (start, last, dropped)
+                if kept is not None:
+                    fresh = [item for key, item in dropped.items() if key not in self.costs]
+        # Messages dropped by a moving cut point are measured in the turn that drops them
+        # (the prefix breaks there anyway), so a turn that recalls one finds its block
+        # ready; a first index (a restored conversation) measures only what it recalls.
+        for item in fresh:
+            self.block(item, turn)
         library = _library_items(turn)
         if not library:
             return dropped
@@ -131,6 +141,7 @@ class RecallMemo:
         )
         with self._lock:
             self._blocks[item.key] = (item.text, block)
+            self.costs[item.key] = (item.text, _cost(block))
         return block
 
 
@@ -274,8 +285,13 @@ def _choose(
     """The best-ranked items whose blocks (and a blank line each) fit ``room``."""
     chosen: list[str] = []
     spent = 0
+    known = memo.costs
     for key, _ in hits:
-        cost = _cost(memo.block(items[key], turn))
+        item = items[key]
+        kept = known.get(key)
+        cost = kept[1] if kept is not None and kept[0] is item.text else None
+        if cost is None:
+            cost = _cost(memo.block(item, turn))
         if spent + cost <= room:
             chosen.append(key)
             spent += cost
