@@ -437,6 +437,15 @@ def _chunks(resp: httpx.Response, start: str, current: str, deadline: _Deadline)
         if deadline.expired():
             raise FetchError(start, "timeout", f"{current} took too long to send its content")
         yield chunk
+    if deadline.fired:
+        # The deadline's shutdown ends a body without a length as quietly as the server's
+        # close would: what arrived is a truncated page, never the page.
+        raise FetchError(
+            start,
+            "timeout",
+            f"{current} was still sending when its {deadline.seconds:g} s deadline passed "
+            "(the page would be cut short)",
+        )
 
 
 class _TooLarge(Exception):

@@ -160,6 +160,31 @@ def test_a_body_dripped_a_byte_at_a_time_stops_at_the_deadline(
     assert server.sent < len(body) // 2
 
 
+@pytest.mark.parametrize("framing", ["close-delimited", "chunked"])
+def test_a_body_without_a_length_dripped_past_the_deadline_is_an_error_not_a_cut_page(
+    serve: Callable[[Handler], RawServer], framing: str
+) -> None:
+    """No Content-Length: the body ends when the connection does. The server sends 15
+    bytes and then holds the connection; the deadline's shutdown ends the read as quietly
+    as a close, and that end used to read as the page's: its first 15 bytes came back as
+    the whole page, exit 0, no warning."""
+    head, rest = b"<p>first bytes ", b"and the rest of the page.</p>" + PAGE
+    extra = "Transfer-Encoding: chunked\r\n" if framing == "chunked" else ""
+
+    def framed(data: bytes) -> bytes:
+        return f"{len(data):x}\r\n".encode() + data + b"\r\n" if extra else data
+
+    def handler(conn: socket.socket) -> None:
+        server.send(conn, _headers(None, extra) + framed(head))
+        time.sleep(3)
+        server.send(conn, framed(rest) + (b"0\r\n\r\n" if extra else b""))
+
+    server = serve(handler)
+    error = _error(server.url(), _ctx(url_timeout=5.0, url_deadline=1.0))
+    assert error.reason == "timeout"
+    assert "1 s deadline" in str(error)
+
+
 def gzip_zeros(megabytes: int) -> bytes:
     """A gzip stream of ``megabytes`` MiB of zeros, built from one repeated flushed block
     (its trailer is wrong: a client that honours its cap never gets there)."""
