@@ -276,8 +276,9 @@ QWEN2_5_FRAMING = Framing(5, 3, "\n", default_system=QWEN2_5_DEFAULT_SYSTEM)
 # Qwen3.5 and Qwen3.6 (Qwen/Qwen3.5-27B chat_template.jinja, text path, no tools): ChatML
 # with every content trimmed; the reply is primed with <|im_start|>assistant\n<think>\n
 # (thinking on, the default) = 5. With enable_thinking=false the template adds
-# <think>\n\n</think>\n\n instead of <think>\n: priming_tokens=7. A reply holding
-# "</think>" is cut there by the template (the part before it is dropped): not counted.
+# <think>\n\n</think>\n\n instead of <think>\n: priming_tokens=7. The template drops a
+# reply's reasoning up to "</think>": Lamina's history already has (strip_reply drops a
+# leading reasoning block; any other "</think>" is defused text), so nothing is cut there.
 QWEN3_5_FRAMING = Framing(5, 5, "\n", trim=True)
 # Mistral instruct v3 with tekken (mistral-common's InstructTokenizerV3, what vLLM's
 # --tokenizer-mode mistral runs, and the models' own chat templates): <s>, then
