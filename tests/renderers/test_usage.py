@@ -410,3 +410,59 @@ def test_a_profiled_model_records_no_generic_rules() -> None:
     total, cached = _predicted(envelopes, "openai")
     usage = usage_record(envelopes, _chat_completion(total, cached), model="gpt-4.1-2025-04-14")
     assert usage.rules == "" and usage.model == "gpt-4.1"
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        (
+            CompletionUsage.model_validate(
+                {
+                    "prompt_tokens": 4444,
+                    "completion_tokens": 12,
+                    "total_tokens": 4456,
+                    "prompt_tokens_details": {"cached_tokens": 4352, "audio_tokens": 0},
+                }
+            ),
+            Usage(4444, 4352, 0, 12, "openai"),
+        ),
+        (
+            ResponseUsage.model_validate(
+                {
+                    "input_tokens": 4444,
+                    "input_tokens_details": {"cached_tokens": 4352, "cache_write_tokens": 0},
+                    "output_tokens": 12,
+                    "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": 4456,
+                }
+            ),
+            Usage(4444, 4352, 0, 12, "openai"),
+        ),
+        (
+            AnthropicUsage.model_validate(
+                {
+                    "input_tokens": 44,
+                    "cache_read_input_tokens": 4000,
+                    "cache_creation_input_tokens": 400,
+                    "output_tokens": 12,
+                }
+            ),
+            Usage(4444, 4000, 400, 12, "anthropic"),
+        ),
+        (
+            AnthropicUsage.model_validate({"input_tokens": 4444, "output_tokens": 12}),
+            Usage(4444, 0, 0, 12, "anthropic"),
+        ),
+        (
+            gtypes.GenerateContentResponseUsageMetadata.model_validate(
+                {"promptTokenCount": 4444, "cachedContentTokenCount": 4096,
+                 "candidatesTokenCount": 12}
+            ),
+            Usage(4444, 4096, 0, 12, "gemini"),
+        ),
+    ],
+)
+def test_sdk_usage_models_built_from_dicts(usage: object, expected: Usage) -> None:
+    """The official SDK types, validated from the dicts each API returns: the provider is
+    read from the object's shape (an Anthropic usage without cache figures included)."""
+    assert read_usage(usage) == expected
