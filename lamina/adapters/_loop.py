@@ -64,7 +64,7 @@ class LoopState:
         if text == self._framework_system:
             return
         mutable = self.conversation.system.mutable
-        if mutable not in ("", self._framework_system):
+        if mutable not in ("", self._framework_system, text):
             raise ConfigError(
                 "system",
                 "the framework sends a system prompt of its own and the conversation's L1 "

@@ -332,3 +332,20 @@ def test_a_handoff_to_other_instructions_within_a_turn_raises() -> None:
     with pytest.raises(ConfigError, match="changed within a turn"):
         asyncio.run(Runner.run(triage, "Question?", session=session, run_config=config))
     assert conv.system.mutable == "Route."
+
+
+def test_instructions_never_replace_a_mutable_part_the_host_set() -> None:
+    conv = Conversation("You answer from search results.", vault=VAULT)
+    conv.set_system(mutable="Memory: the user prefers short answers.")
+    session = LaminaSession(conv)
+    agent = Agent(name="notes", model=Styled("call"), tools=[search], instructions="Be brief.")
+    config = RunConfig(
+        call_model_input_filter=session.call_model_input_filter, tracing_disabled=True
+    )
+    with pytest.raises(ConfigError, match="mutable part is set too"):
+        asyncio.run(Runner.run(agent, "Question?", session=session, run_config=config))
+    assert conv.system.mutable == "Memory: the user prefers short answers."
+    assert conv.history == ()
+    conv.set_system(mutable="Be brief.")  # the same text: adopted as it is
+    asyncio.run(Runner.run(agent, "Question?", session=session, run_config=config))
+    assert [h.assistant for h in conv.history] == ["Answer 3."]
