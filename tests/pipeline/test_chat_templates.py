@@ -203,7 +203,9 @@ REFERENCES: dict[str, Callable[[list[ChatMessage]], int]] = {
     "qwen2.5-coder-32b-instruct": _jinja(QWEN25, _qwen_tokens("qwen2.5-7b-instruct")),
     "qwen3-8b": _jinja(QWEN3, _qwen_tokens("qwen3-8b")),
     "qwen3.5-27b": _jinja(QWEN35, _qwen_tokens("qwen3.5-27b")),
+    "qwen3.6-27b": _jinja(QWEN35, _qwen_tokens("qwen3.6-27b")),
     "mistral-nemo-instruct-2407": _mistral_v3,
+    "pixtral-12b-2409": lambda m: _mistral_v3(m, mm=True),
 }
 
 # --- content: words, special-token spellings, reasoning blocks ------------------------------
