@@ -345,7 +345,7 @@ def test_instructions_never_replace_a_mutable_part_the_host_set() -> None:
     with pytest.raises(ConfigError, match="mutable part is set too"):
         asyncio.run(Runner.run(agent, "Question?", session=session, run_config=config))
     assert conv.system.mutable == "Memory: the user prefers short answers."
-    assert conv.history == ()
+    assert not conv.history
     conv.set_system(mutable="Be brief.")  # the same text: adopted as it is
     asyncio.run(Runner.run(agent, "Question?", session=session, run_config=config))
     assert [h.assistant for h in conv.history] == ["Answer 3."]
