@@ -644,6 +644,15 @@ class YoutubeProcessor(BaseProcessor):
         warnings: tuple[TurnWarning, ...] = ()
         if spec.transcript is not None:
             transcript = file_provider(spec.transcript, ctx).fetch(spec.video_id)
+            if transcript is None or not transcript.cues:
+                # A file the user named that gives no cue is an error, as an unparsable
+                # one is: sending "No transcript available." would hide it. Some cues
+                # skipped among readable ones: a warning (subtitle-bad-timing).
+                why = "; ".join(transcript.problems) if transcript else ""
+                raise TranscriptError(
+                    spec.transcript,
+                    f"the transcript file has no readable cue ({why or 'it holds none'})",
+                )
         else:
             transcript, warnings = self._from_provider(spec.video_id, ctx)
         meta = transcript or Transcript(())

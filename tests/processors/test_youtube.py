@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -461,3 +462,40 @@ def test_replace_text_maps_title_channel_and_cues() -> None:
     payload = YoutubePayload(VID, "Title", "Chan", None, "en", (Cue(0, 1, "secret"),), True)
     mapped = payload.replace_text(str.upper)
     assert (mapped.title, mapped.channel, mapped.cues) == ("TITLE", "CHAN", (Cue(0, 1, "SECRET"),))
+
+
+NO_CUE = {
+    "only-cue-broken.vtt": (
+        "WEBVTT\n\n00:00:01.000 -> 00:00:02.000\nHello\n",
+        "no readable cue (1 cue was skipped: unreadable timing line (line 3 of the file))",
+    ),
+    "header-only.vtt": ("WEBVTT\n", "no readable cue (it holds none)"),
+    "empty-text.vtt": ("WEBVTT\n\n00:00:01.000 --> 00:00:02.000\n\n", "no readable cue"),
+    "no-cues.json": ("[]", "no readable cue (it holds none)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NO_CUE))
+def test_a_transcript_file_with_no_readable_cue_is_an_error(
+    vault_dir: Path, ctx: ProcessContext, name: str
+) -> None:
+    """Decided: a file the user named that yields no cue is a TranscriptError, as an
+    unparsable one is; before, the video went out as "No transcript available." (with a
+    warning when its only cue was broken, silently when it had none)."""
+    text, problem = NO_CUE[name]
+    (vault_dir / name).write_text(text, encoding="utf-8")
+    expected = re.escape(f"{name}: the transcript file has {problem}")
+    with pytest.raises(TranscriptError, match=expected):
+        payload_of(VID, ctx, transcript=name)
+
+
+def test_a_transcript_with_some_cues_broken_is_sent_with_a_warning(
+    vault_dir: Path, ctx: ProcessContext
+) -> None:
+    (vault_dir / "some.vtt").write_text(
+        "WEBVTT\n\n00:00:01.000 -> 00:00:02.000\nLost\n\n00:00:03.000 --> 00:00:04.000\nKept\n",
+        encoding="utf-8",
+    )
+    processed = YoutubeProcessor().process(youtube(VID, "some.vtt"), ctx)
+    assert processed.artifacts[0].payload.cues == (Cue(3000, 4000, "Kept"),)  # type: ignore[attr-defined]
+    assert [w.code for w in processed.warnings] == ["subtitle-bad-timing"]
