@@ -13,6 +13,7 @@ from typing import Literal
 import attrs
 
 from pipeline import (
+    RECALL_SOURCE,
     TOOL_SOURCE,
     ConfigError,
     Envelope,
@@ -149,18 +150,24 @@ def _turn_scoped(envelope: Envelope) -> tuple[list[Segment], list[Segment]]:
     the other L3 segments, each in L3 order."""
     segments = envelope.l3.segments
     tools = [s for s in segments if s.source_type == TOOL_SOURCE]
-    chunks = [s for s in segments if s.source_type != TOOL_SOURCE and chunk_source(s.key)]
-    rest = [s for s in segments if s.source_type != TOOL_SOURCE and not chunk_source(s.key)]
+    chunks = [s for s in segments if s.source_type != TOOL_SOURCE and _scoped(s)]
+    rest = [s for s in segments if s.source_type != TOOL_SOURCE and not _scoped(s)]
     return tools + chunks, rest
+
+
+def _scoped(segment: Segment) -> bool:
+    """A retrieval chunk or a recalled block: this turn's only, never recorded as sent."""
+    return segment.source_type == RECALL_SOURCE or chunk_source(segment.key) is not None
 
 
 def _append_user_text(envelope: Envelope, sent: dict[str, str]) -> str:
     """This turn's user message when context stays where it was first sent, in the one
     order of a user message (``pipeline.arrange_user``).
 
-    Tool results and retrieval chunks are never recorded as sent: they belong to this
-    turn, so a later turn sends them again instead of referring back (a chunk the pipeline
-    made a reference points at its source entry, sent in full earlier). What the budget
+    Tool results, retrieval chunks and recalled blocks are never recorded as sent: they
+    belong to this turn, so a later turn sends them again instead of referring back (a
+    chunk the pipeline made a reference points at its source entry, sent in full
+    earlier). What the budget
     did not send is listed as such and not recorded either.
     """
     segments = envelope.l3.segments
@@ -175,7 +182,7 @@ def _append_user_text(envelope: Envelope, sent: dict[str, str]) -> str:
             unsent.append(seg.text)
         elif chunk_source(seg.key) and seg.form is Form.REFERENCE:
             refs.append(seg.text)
-        elif chunk_source(seg.key):
+        elif _scoped(seg):
             full.append((seg.text, None))
         elif seg.form is Form.REFERENCE:
             if sent.get(seg.key) == seg.content_hash:

@@ -9,6 +9,7 @@ for about 4 us each and answers in 100-150 us; the in-memory posting lists of
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import sqlite3
@@ -137,4 +138,5 @@ class Bm25Retriever:
                 for key, tf in postings[term].items():
                     norm = self.K1 * (1.0 - self.B + self.B * lengths[key] / average)
                     scores[key] = scores.get(key, 0.0) + idf * tf * (self.K1 + 1.0) / (tf + norm)
-        return sorted(scores.items(), key=lambda h: (-h[1], h[0]))[:k]
+        best = heapq.nsmallest(k, [(-score, key) for key, score in scores.items()])
+        return [(key, -score) for score, key in best]

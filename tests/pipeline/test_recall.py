@@ -24,7 +24,7 @@ from pipeline import (
     markup_blocks,
     save_turn,
 )
-from renderers import XmlRenderer
+from renderers import XmlRenderer, build_prompt
 from tests.stores import Backend
 
 FACTS = (
@@ -214,3 +214,16 @@ def test_recall_fits_its_share_and_never_repeats_l4(
     shown = {s.key for s in env.l4.segments}
     assert not {k.removeprefix("recalled:") for k in _recalled(env)} & shown
     check_envelope(env)
+
+
+def test_the_append_only_layout_sends_a_recalled_block_again_not_a_reference() -> None:
+    """Recalled blocks are this turn's, like retrieval chunks, in every layout."""
+    conv = _conv(0.3)
+    _chat(conv)
+    envs = [conv.turn("Which city did Maria relocate to?")]
+    conv.reply("Lisbon.")
+    envs.append(conv.turn("And Maria's bakery, where was it?"))
+    assert "recalled:history:1:user" in _recalled(envs[0]) and _recalled(envs[1])
+    last = build_prompt(envs, "append-only").messages[-1].text
+    assert f"{FACTS[0]}\n</recalled>" in last
+    assert "sent in full earlier" not in last
