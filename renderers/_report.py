@@ -500,7 +500,7 @@ def render_report(
     *,
     title: str = "Lamina report",
 ) -> str:
-    """One self-contained HTML page for a JSON trace (README: "Trace format").
+    """One self-contained HTML page for a JSON trace (`docs/TRACE.md`).
 
     ``blocks`` (``report_blocks(envelopes)``) adds each artifact's rendered block, behind
     a ``<details>``; without it the page lists keys, forms and tokens only.

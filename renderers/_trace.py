@@ -45,7 +45,7 @@ def trace_turn(
     timings: bool = False,
     usage: TurnUsage | None = None,
 ) -> dict[str, Any]:
-    """One turn of the trace (README: "Trace format"); ``usage`` adds the ``"usage"``
+    """One turn of the trace (`docs/TRACE.md`); ``usage`` adds the ``"usage"``
     block (the provider's figures beside Lamina's prediction)."""
     out: dict[str, Any] = {
         "turn": envelope.turn,
