@@ -375,6 +375,9 @@ def _show(
                 f"{budget.window} - reserve {budget.reserve_output}); headroom {budget.headroom}",
                 soft_wrap=True,
             )
+            if budget.plan:
+                plan = ", ".join(f"{name} {value}" for name, value in budget.plan)
+                console.print(f"budget plan: {plan}", markup=False, soft_wrap=True)
         for d in env.report.decisions:
             console.print(
                 f"  decision {d.stage}: {d.target} {d.from_form} -> {d.to_form} ({d.reason})",

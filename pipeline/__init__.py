@@ -14,7 +14,7 @@ from pipeline._budget.fit import (
     excerpt_non_recoverable,
     shorten_replies,
 )
-from pipeline._budget.settings import BudgetSettings
+from pipeline._budget.settings import BudgetPlan, BudgetSettings
 from pipeline._conversation.agent import (
     CALL_OVERHEAD,
     QUESTION_AGAIN,
@@ -275,6 +275,7 @@ __all__ = [
     "Boundary",
     "Budget",
     "BudgetExceeded",
+    "BudgetPlan",
     "BudgetReport",
     "BudgetSettings",
     "BuildReport",

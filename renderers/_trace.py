@@ -84,6 +84,7 @@ def trace_turn(
             "window": budget.window,
             "reserve_output": budget.reserve_output,
             "used": budget.used,
+            "plan": dict(budget.plan),
             "decisions": [
                 {
                     "target": d.target,

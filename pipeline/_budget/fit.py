@@ -33,8 +33,10 @@ from pipeline._model.envelope import (
     BudgetReport,
     Decision,
     DecisionAction,
+    DecisionLayer,
     Envelope,
     Form,
+    View,
 )
 from pipeline._model.library import LibraryEntry
 from pipeline._model.tools import chunk_source
@@ -74,6 +76,7 @@ __all__ = [
     "compact_l3",
     "drop_history",
     "excerpt_non_recoverable",
+    "restore",
     "shorten_replies",
     "turn_fitting",
     "turn_plans",
@@ -100,11 +103,17 @@ def _decision(
 
 def drop_history(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
     """Drop the oldest whole turns, ``history_step`` at a time, never the last one."""
+    return _drop_history(turn, 1)
+
+
+def _drop_history(turn: TurnGraph, keep: int) -> tuple[TurnGraph, Decision] | None:
+    """``drop_history`` that keeps the last ``keep`` turns (at least one)."""
     assert turn.ctx.budget is not None
     shown = [entry for entry, _ in visible_history(turn)]
-    if len(shown) <= 1:
+    keep = max(1, keep)
+    if len(shown) <= keep:
         return None
-    first, last = shown[0].turn, shown[-1].turn
+    first, last = shown[0].turn, shown[-keep].turn
     start = min(first + turn.ctx.budget.history_step, last)
     view = attrs.evolve(turn.history_view, start=start)
     target = f"history:{first}" if start - 1 == first else f"history:{first}-{start - 1}"
@@ -213,7 +222,14 @@ def _l2_step(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry | None:
     else:
         return None
     text = ctx.renderer.render(new)
-    return LibraryEntry(new, text, ctx.counter.count(text), entry.turn, entry.full_tokens)
+    return LibraryEntry(
+        new, text, ctx.counter.count(text), entry.turn, entry.full_tokens, whole=_whole(entry)
+    )
+
+
+def _whole(entry: LibraryEntry) -> View:
+    """The form ``entry`` was promoted with (kept on its cut forms, so it can be restored)."""
+    return entry.view if entry.whole is None else entry.whole
 
 
 def compact_l2(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
@@ -291,7 +307,12 @@ def excerpt_non_recoverable(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Dec
         new_view = attrs.evolve(view, form=Form.EXCERPT, body=body)
         text = turn.ctx.renderer.render(new_view)
         new = LibraryEntry(
-            new_view, text, turn.ctx.counter.count(text), entry.turn, entry.full_tokens
+            new_view,
+            text,
+            turn.ctx.counter.count(text),
+            entry.turn,
+            entry.full_tokens,
+            whole=_whole(entry),
         )
         decision = _decision(
             entry.key,
@@ -421,6 +442,11 @@ class Budget(BudgetSettings):
             before=before,
             after=after,
             decisions=tuple(decisions),
+            plan=(
+                *self.plan.fields(),
+                ("library_floor_tokens", str(math.floor(self.limit * self.plan.library_floor))),
+                ("slack_tokens", str(math.floor(self.limit * self.plan.slack))),
+            ),
         )
 
     @property
@@ -498,10 +524,21 @@ class Enforce:
             # what changed since.
             turn = attrs.evolve(turn, seen=turn.library)
         drafted = draft(turn)
-        start = _Fitting(turn, drafted, budget.used(drafted, turn.ctx.counter))
+        used = budget.used(drafted, turn.ctx.counter)
+        before = drafted.layer_tokens()
+        restored: list[Decision] = []
+        if budget.plan.restore:
+            back = restore(turn, used, budget)
+            if back is not None:
+                turn, restored = back
+                drafted = draft(turn, drafted)
+                used = budget.used(drafted, turn.ctx.counter)
+        start = _Fitting(turn, drafted, used)
         steps = turn_plans(budget)
-        done, report = engine.fit(start, steps, budget, _too_big(budget))
+        done, report = engine.fit(start, steps, budget, _too_big(budget), before)
         done, report = _settle(done, report, steps, budget)
+        if restored:
+            report = attrs.evolve(report, decisions=(*restored, *report.decisions))
         decided = attrs.evolve(done.turn, budget_report=report, measured=done.draft)
         return decided.decide(*report.decisions)
 
@@ -546,40 +583,148 @@ def turn_fitting(turn: TurnGraph, measured: Draft, budget: Budget) -> _Fitting:
     return _Fitting(turn, measured, budget.used(measured, turn.ctx.counter))
 
 
+# -- reversible cuts: cut library entries given back their fuller forms --
+
+
+def _breaks_at(turn: TurnGraph) -> int | None:
+    """Where this turn's cached prefix breaks before the budget acts: 0 when L1 changed,
+    an entry's position when the library changed it in place (a refresh), else None.
+    Read from the turn's decisions, so a restored conversation decides the same."""
+    at: int | None = None
+    positions = {key: i for i, key in enumerate(turn.library.keys())} if turn.decisions else {}
+    for d in turn.decisions:
+        if d.layer is DecisionLayer.L1:
+            return 0
+        if d.layer is DecisionLayer.L2 and d.target in positions:
+            i = positions[d.target]
+            at = i if at is None else min(at, i)
+    return at
+
+
+def _fuller(turn: TurnGraph, entry: LibraryEntry, room: int) -> LibraryEntry | None:
+    """The fullest form of cut ``entry`` (its whole form, then each cut of that) that is
+    larger than it is now and grows it by at most ``room`` tokens, or None."""
+    ctx = turn.ctx
+    whole = _whole(entry)
+    text = ctx.renderer.render(whole)
+    form: LibraryEntry | None = LibraryEntry(
+        whole, text, ctx.counter.count(text), entry.turn, entry.full_tokens
+    )
+    while form is not None and form.tokens > entry.tokens:
+        if form.tokens - entry.tokens <= room:
+            return form
+        form = _l2_step(turn, form)
+    return None
+
+
+def _restored(
+    turn: TurnGraph, room: int, start: int
+) -> tuple[TurnGraph, list[Decision], int, int | None]:
+    """Cut entries at positions ``start`` on given their fullest forms within ``room``,
+    oldest first: the turn, the decisions, the tokens given back and the first position."""
+    sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
+    library = turn.library
+    decisions: list[Decision] = []
+    gained = 0
+    first: int | None = None
+    for i, entry in enumerate(turn.library.entries):
+        if i < start or not entry.cut or entry.key in sent:
+            continue
+        new = _fuller(attrs.evolve(turn, library=library), entry, room - gained)
+        if new is None:
+            continue
+        gain = new.tokens - entry.tokens
+        gained += gain
+        first = i if first is None else first
+        reason = f"library entry restored to a {new.form} (room freed up)"
+        decisions.append(
+            _decision(
+                entry.key, str(entry.form), str(new.form), reason, "L2", -gain,
+                action=DecisionAction.RESTORED,
+            )
+        )  # fmt: skip
+        library = library.replace(new)
+    return attrs.evolve(turn, library=library), decisions, gained, first
+
+
+def restore(turn: TurnGraph, used: int, budget: Budget) -> tuple[TurnGraph, list[Decision]] | None:
+    """Give cut library entries back the fullest form that fits, oldest first, leaving
+    the plan's slack free (so the restore is not cut again at once); None if none is due.
+
+    A restore rewrites the system message from the first entry it restores, so the cached
+    prefix breaks there. Where the prefix breaks anyway (L1 changed, an entry refreshed)
+    every cut entry after that point that fits is restored; any other restore is made as
+    one batch, and only when it gives back at least ``BudgetPlan.restore_min`` of the
+    limit (one break for many entries, not one per entry). An entry this turn sends in L3
+    is left as it is (the library is not sent twice)."""
+    plan = budget.plan
+    room = budget.limit - budget.effective(used) - math.floor(budget.limit * plan.slack)
+    if room <= 0 or not any(e.cut for e in turn.library.entries):
+        return None
+    out, decisions, gained, _ = _restored(turn, room, 0)
+    if decisions and gained >= math.ceil(budget.limit * plan.restore_min):
+        return out, decisions
+    breaks = _breaks_at(turn)
+    if breaks is None:
+        return None
+    out, decisions, gained, _ = _restored(turn, room, breaks)
+    return (out, decisions) if decisions else None
+
+
 # -- the current-first policy: cuts planned from known counts, one measurement per round --
 
 
-def _plan_library(
-    turn: TurnGraph, env: Draft, over: int, budget: Budget
+def _library_cuts(
+    turn: TurnGraph,
+    over: int,
+    budget: Budget,
+    *,
+    floor: int,
+    referenced: bool,
 ) -> tuple[TurnGraph, list[Decision]] | None:
-    """Step library entries down, oldest first (those this turn refers to last), each as
-    far as it goes, until the excess and a tenth of the limit more are saved: the slack
-    lets the next turns grow without breaking the prefix again (hysteresis)."""
-    target = over + budget.limit // 10
+    """Step library entries down one form a pass, oldest first (those this turn attaches
+    last), until the excess is saved: every entry is previewed before any is summarized,
+    and summarized before any becomes a stub, so a cut goes only as deep as it must.
+    Within a pass the cut goes on for the plan's slack beyond the excess (the next turns
+    grow without breaking the prefix again); no entry goes a form deeper for the slack
+    alone. The library keeps ``floor`` tokens. ``referenced``: cut only the entries this
+    turn's references point at (the last resort: each such item is then listed as not
+    sent, never a reference to a cut entry); otherwise those entries are not cut."""
+    slack = math.floor(budget.limit * budget.plan.slack)
+    pointed = {i.key for i in turn.items if i.form is Form.REFERENCE}
     used_now = {i.key for i in turn.items}
+    entries = turn.library.entries
     ordered = sorted(
-        range(len(turn.library.entries)),
-        key=lambda i: (turn.library.entries[i].key in used_now, turn.library.entries[i].turn, i),
+        (i for i, e in enumerate(entries) if (e.key in pointed) == referenced),
+        key=lambda i: (entries[i].key in used_now, entries[i].turn, i),
     )
     library = turn.library
     out = turn
     decisions: list[Decision] = []
+    total = sum(e.tokens for e in entries)
     saved = 0
-    for i in ordered:
-        entry = library.entries[i]
-        while saved < target:
-            new = _l2_step(attrs.evolve(out, library=library), entry)
-            while new is not None and new.tokens >= entry.tokens:
-                new = _l2_step(attrs.evolve(out, library=library), new)
-            if new is None:
+    stepped = True
+    while saved < over and stepped:
+        stepped = False
+        for i in ordered:
+            if saved >= over + slack:
                 break
+            entry = library.entries[i]
+            ahead = attrs.evolve(out, library=library)
+            new = _l2_step(ahead, entry)
+            while new is not None and new.tokens >= entry.tokens:
+                new = _l2_step(ahead, new)
+            if new is None:
+                continue
+            gain = entry.tokens - new.tokens
+            if total - saved - gain < floor:
+                continue
             to = "evicted" if new.form is Form.REFERENCE else str(new.form)
             reason = (
                 "library entry evicted to a stub that keeps key, title and locator"
                 if to == "evicted"
                 else f"library entry compacted to a {to}"
             )
-            gain = entry.tokens - new.tokens
             action = DecisionAction.EVICTED if to == "evicted" else DecisionAction.COMPACTED
             decisions.append(
                 _decision(entry.key, str(entry.form), to, reason, "L2", gain, action=action)
@@ -588,12 +733,74 @@ def _plan_library(
             if new.form is Form.SUMMARY:
                 out = _summary_warnings(out, entry.key, f"{entry.content_hash}:l2", entry.view.body)
             saved += gain
-            entry = new
-        if saved >= target:
-            break
+            stepped = True
     if not decisions:
         return None
-    return attrs.evolve(out, library=library), decisions
+    out = attrs.evolve(out, library=library)
+    if referenced:
+        out, unsent = _unsend(out, {d.target for d in decisions})
+        decisions.extend(unsent)
+    return out, decisions
+
+
+def _unsend(turn: TurnGraph, keys: set[str]) -> tuple[TurnGraph, list[Decision]]:
+    """This turn's references to ``keys`` (library entries just cut) listed as not sent."""
+    items = list(turn.items)
+    decisions: list[Decision] = []
+    for i, item in enumerate(items):
+        if item.form is not Form.REFERENCE or item.key not in keys or _unsent(item):
+            continue
+        items[i] = attrs.evolve(item, marks=(*item.marks, (NOT_SENT, NOT_SENT_HINT)))
+        reason = "re-attached item not sent: its library entry was cut for lack of room"
+        action = DecisionAction.NOT_SENT
+        decisions.append(_decision(item.key, "reference", "reference", reason, "L3", action=action))
+    return attrs.evolve(turn, items=tuple(items)), decisions
+
+
+def _unsent(item: Placement) -> bool:
+    return any(name == NOT_SENT for name, _ in item.marks)
+
+
+def _plan_library(
+    turn: TurnGraph, env: Draft, over: int, budget: Budget
+) -> tuple[TurnGraph, list[Decision]] | None:
+    """Library entries cut while the library keeps its floor (``BudgetPlan.library_floor``
+    of the limit): this turn's new material does not take the whole window from it."""
+    floor = math.floor(budget.limit * budget.plan.library_floor)
+    return _library_cuts(turn, over, budget, floor=floor, referenced=False)
+
+
+def _plan_library_below_floor(
+    turn: TurnGraph, env: Draft, over: int, budget: Budget
+) -> tuple[TurnGraph, list[Decision]] | None:
+    """Library entries cut below the floor: only when this turn's items could otherwise
+    not be seen at all (they are already previews at their smallest)."""
+    return _library_cuts(turn, over, budget, floor=0, referenced=False)
+
+
+def _plan_referenced(
+    turn: TurnGraph, env: Draft, over: int, budget: Budget
+) -> tuple[TurnGraph, list[Decision]] | None:
+    """The last resort: entries this turn re-attaches are cut and the items listed as not
+    sent (a reference must find its entry whole in the library)."""
+    return _library_cuts(turn, over, budget, floor=0, referenced=True)
+
+
+def _plan_history(
+    turn: TurnGraph, env: Draft, over: int, budget: Budget
+) -> tuple[TurnGraph, list[Decision]] | None:
+    """The oldest history turns dropped while the last ``BudgetPlan.history_turns`` stay."""
+    step = _drop_history(turn, budget.plan.history_turns)
+    return None if step is None else (step[0], [step[1]])
+
+
+def _plan_history_below_floor(
+    turn: TurnGraph, env: Draft, over: int, budget: Budget
+) -> tuple[TurnGraph, list[Decision]] | None:
+    """History down to its last turn: only when this turn's items could otherwise not be
+    seen at all."""
+    step = drop_history(turn, env)
+    return None if step is None else (step[0], [step[1]])
 
 
 def _single(cut: Cut) -> Plan:
@@ -731,13 +938,20 @@ def _plan_current(
 
 _PLANS: tuple[Plan, ...] = (
     plan_stubs,  # only while stubs are over their share
+    # Above their floors, the library and history give way first ...
     _plan_library,
-    _single(drop_history),
+    _plan_history,
     _single(shorten_replies),
+    # ... then this turn's items share what is left, down to their smallest previews ...
     _plan_previews,
     _single(compact_l1_mutable),
     _single(excerpt_non_recoverable),
+    # ... and only then, so that they can be seen at all, the floors give way.
+    _plan_library_below_floor,
+    _plan_history_below_floor,
     # An index line is smaller than a not-sent reference and tells more: groups go first.
     plan_index,
     _plan_unsent,
+    _plan_referenced,
 )
+"""The current-first plan (``BudgetPlan`` sets its shares, floors and slack)."""

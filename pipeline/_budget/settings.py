@@ -18,7 +18,7 @@ from pipeline._tokens.profiles import OPENAI_FRAMING
 if TYPE_CHECKING:
     from pipeline._budget.fit import Budget
 
-__all__ = ["BudgetSettings"]
+__all__ = ["BudgetPlan", "BudgetSettings"]
 
 
 def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], object], None]:
@@ -39,6 +39,57 @@ def _fraction(_: object, attribute: attrs.Attribute[float], value: object) -> No
     share = _validate.number(f"budget.{attribute.name}", value)
     if not 0.0 <= share < 1.0:
         raise ConfigError(f"budget.{attribute.name}", f"must be in [0, 1), got {value!r}")
+
+
+def _share(_: object, attribute: attrs.Attribute[float], value: object) -> None:
+    """An attrs validator: a number in [0, 1) (a share of the budget's limit)."""
+    share = _validate.number(f"budget.plan.{attribute.name}", value)
+    if not 0.0 <= share < 1.0:
+        raise ConfigError(f"budget.plan.{attribute.name}", f"must be in [0, 1), got {value!r}")
+
+
+def _count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    _validate.integer(f"budget.plan.{attribute.name}", value, minimum=0)
+
+
+def _flag(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"budget.plan.{attribute.name}", f"must be True or False, got {value!r}")
+
+
+def _plan(_: object, attribute: attrs.Attribute[BudgetPlan], value: object) -> None:
+    if not isinstance(value, BudgetPlan):
+        raise ConfigError("budget.plan", f"must be a BudgetPlan, got {type(value).__name__}")
+
+
+@attrs.frozen
+class BudgetPlan:
+    """How the budget shares the window between the library, history and this turn's
+    items, and when it gives cut library entries back their fuller forms.
+
+    The library keeps ``library_floor`` of the limit (or all it holds, if less) and history
+    its last ``history_turns`` turns while this turn's items are cut to previews; only if
+    those items could otherwise not be seen at all (collapsed into an index or not sent)
+    do the floors give way. A cut frees ``slack`` of the limit beyond the excess when it
+    needs no deeper form for it (so the next turns grow without cutting again); a restore
+    leaves ``slack`` free after it (so it is not cut again at once) and is made only when
+    it gives back at least ``restore_min`` of the limit (or every cut entry whole), since it
+    breaks the cached prefix from the first entry it restores. ``restore=False`` keeps
+    every cut for good (the behaviour before cuts were reversible)."""
+
+    library_floor: float = attrs.field(default=0.25, validator=_share)
+    history_turns: int = attrs.field(default=2, validator=_count)
+    slack: float = attrs.field(default=0.1, validator=_share)
+    restore_min: float = attrs.field(default=0.05, validator=_share)
+    restore: bool = attrs.field(default=True, validator=_flag)
+
+    def fields(self) -> tuple[tuple[str, str], ...]:
+        """The plan as (name, value) pairs for reports and traces."""
+        return tuple((f.name, str(getattr(self, f.name))) for f in attrs.fields(BudgetPlan))
+
+
+def _default_plan() -> BudgetPlan:
+    return BudgetPlan()
 
 
 @attrs.frozen
@@ -75,6 +126,10 @@ class BudgetSettings:
     stub_share: float = attrs.field(default=0.1, validator=_fraction)
     """The share of the window that library stubs and their indexes may take; past it the
     oldest folder's or source's stubs collapse into one index block (``stubs``)."""
+
+
+    plan: BudgetPlan = attrs.field(factory=_default_plan, validator=_plan)
+    """The shares, floors and restore schedule of the current-first policy."""
 
     @classmethod
     def of(cls, budget: BudgetSettings) -> BudgetSettings:

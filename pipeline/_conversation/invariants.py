@@ -85,11 +85,15 @@ def _references_and_resends(env: Envelope, policy: Policy) -> None:
                 continue
             if entry is None and not seg.unsent:
                 raise InvariantViolation(3, f"{seg.key} is a reference but not in L2", seg.key)
+            if entry is not None and entry.form is Form.REFERENCE and not seg.unsent:
+                raise InvariantViolation(
+                    3, f"{seg.key} is a reference to a library stub (nothing to find)", seg.key
+                )
             continue
         if entry is None or entry.content_hash != seg.content_hash:
             continue
         shortened = entry.form in _COMPACTED
-        if not (shortened and policy.reattach == "full"):
+        if not (shortened and (policy.reattach == "full" or entry.form is Form.REFERENCE)):
             raise InvariantViolation(
                 3, f"{seg.key} is in L2 and sent again unchanged in L3", seg.key
             )

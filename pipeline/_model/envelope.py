@@ -266,6 +266,9 @@ class BudgetReport:
     before: tuple[tuple[str, int], ...]
     after: tuple[tuple[str, int], ...]
     decisions: tuple[Decision, ...] = ()
+    # The budget's plan (shares, floors, slack, restores) as (name, value) pairs, with the
+    # floors in tokens for this limit: how the window was to be shared.
+    plan: tuple[tuple[str, str], ...] = ()
 
     @property
     def headroom(self) -> int:

@@ -25,7 +25,11 @@ __all__ = ["Library", "LibraryEntry", "LibraryPrefix"]
 
 @attrs.frozen
 class LibraryEntry:
-    """An artifact as L2 carries it: its carry-forward view and that view's text."""
+    """An artifact as L2 carries it: its carry-forward view and that view's text.
+
+    ``whole`` is the view the entry was promoted with, kept once a budget cut it (None
+    while it is in that form), so a later turn with room can give it back (a cut is a
+    state, not a fate)."""
 
     view: View
     text: str
@@ -34,6 +38,7 @@ class LibraryEntry:
     full_tokens: int = 0
     """Tokens of the artifact's full block when it entered the library (0: not known), so
     an index line can give the size in full of an entry cut to a stub."""
+    whole: View | None = None
 
     @property
     def key(self) -> str:
@@ -46,6 +51,11 @@ class LibraryEntry:
     @property
     def form(self) -> Form:
         return self.view.form
+
+    @property
+    def cut(self) -> bool:
+        """Whether a budget cut this entry below the form it was promoted with."""
+        return self.whole is not None
 
     def segment(self) -> Segment:
         return Segment.of_view(self.view, self.text, self.tokens)

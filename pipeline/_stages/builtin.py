@@ -171,7 +171,10 @@ class Reference:
                     )
                 )
                 entry = fresh
-            if entry.form is Form.FULL or policy.reattach == "reference":
+            # A stub holds nothing to refer to: the item is sent again.
+            if entry.form is Form.FULL or (
+                policy.reattach == "reference" and entry.form is not Form.REFERENCE
+            ):
                 items.append(attrs.evolve(item, form=Form.REFERENCE))
                 decisions.append(
                     Decision(

@@ -56,8 +56,9 @@ def _this_turn_cut(env: Envelope) -> list[str]:
 def test_older_material_goes_first_and_no_reference_dangles(
     script: dict[str, Any], window: int, prop_vault: tuple[Path, str]
 ) -> None:
-    """When one of this turn's items is shortened, the library was compacted as far as it
-    goes and history is down to the last turn; every reference points at what is sent."""
+    """When one of this turn's items is shortened, the library was compacted down to its
+    floor (or as far as it goes) and history to its last turns (the plan's floors); every
+    reference points at what is sent, never at a stub."""
     root, base = prop_vault
     parsed = parse_script(localize(script, base), "generated")
     sources = Sources(context=ProcessContext(vault=Vault(root), allow_private_network=True))
@@ -75,12 +76,19 @@ def test_older_material_goes_first_and_no_reference_dangles(
         for seg in env.l3.segments:
             if seg.form is Form.REFERENCE and seg.key not in library:
                 assert seg.unsent or seg.key.startswith("chunk:")
+            if seg.form is Form.REFERENCE and seg.key in library and not seg.unsent:
+                assert next(s for s in env.l2.segments if s.key == seg.key).form is Form.FULL
         if _this_turn_cut(env):
             attached = set(env.report.attached)
-            for seg in env.l2.segments:
-                if seg.recoverable and seg.key not in attached:
-                    assert seg.form is Form.REFERENCE or seg.tokens <= 80, seg.key
-            assert len([s for s in env.l4.segments if s.role == "user"]) <= 1
+            floor = budget.limit * budget.plan.library_floor
+            cuttable = [
+                s for s in env.l2.segments
+                if s.recoverable and s.key not in attached and s.form is not Form.REFERENCE
+            ]  # fmt: skip
+            if env.l2.tokens > floor + max((s.tokens for s in cuttable), default=0):
+                assert all(s.tokens <= 80 for s in cuttable), [s.key for s in cuttable]
+            users = len([s for s in env.l4.segments if s.role == "user"])
+            assert users <= budget.plan.history_turns
         previous = env
         if turn.reply is not None:
             conv.reply(turn.reply)
