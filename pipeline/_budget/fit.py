@@ -674,6 +674,10 @@ def restore(turn: TurnGraph, used: int, budget: Budget) -> tuple[TurnGraph, list
 # -- the current-first policy: cuts planned from known counts, one measurement per round --
 
 
+_LEVELS = ((Form.FULL,), (Form.PREVIEW, Form.EXCERPT), (Form.SUMMARY,))
+"""The passes of a library cut: entries whole, then previews, then summaries."""
+
+
 def _library_cuts(
     turn: TurnGraph,
     over: int,
@@ -703,13 +707,15 @@ def _library_cuts(
     decisions: list[Decision] = []
     total = sum(e.tokens for e in entries)
     saved = 0
-    stepped = True
-    while saved < over and stepped:
-        stepped = False
+    for level in _LEVELS:
+        if saved >= over:
+            break
         for i in ordered:
             if saved >= over + slack:
                 break
             entry = library.entries[i]
+            if entry.form not in level:
+                continue
             ahead = attrs.evolve(out, library=library)
             new = _l2_step(ahead, entry)
             while new is not None and new.tokens >= entry.tokens:
@@ -733,7 +739,6 @@ def _library_cuts(
             if new.form is Form.SUMMARY:
                 out = _summary_warnings(out, entry.key, f"{entry.content_hash}:l2", entry.view.body)
             saved += gain
-            stepped = True
     if not decisions:
         return None
     out = attrs.evolve(out, library=library)

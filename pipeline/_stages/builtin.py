@@ -324,18 +324,30 @@ def _promote(turn: TurnGraph, new: tuple[Placement, ...]) -> Library:
     library = turn.library
     ctx.prefix.layer(library, ctx.counter)  # rendered once here; appends extend it
     unique = {item.key: item for item in new}
-    forms = [
-        _as_sent(turn, item)
-        if item.form is Form.PREVIEW and item.limit
-        else carry_forward(turn.artifact(key), ctx.counter, ctx.policy, ctx.renderer, ctx.views)
-        for key, item in unique.items()
-    ]
+    forms = [_promoted(turn, item) for item in unique.values()]
     counts = ctx.counter.count_many([text for _, text in forms])
     for (view, text), tokens in zip(forms, counts, strict=True):
         # The full block was counted when L3 was first measured: a memo hit.
         full = ctx.counter.count(ctx.renderer.render(full_view(turn.artifact(view.key))))
         library = library.append(LibraryEntry(view, text, tokens, ctx.turn, full))
     return library
+
+
+def _promoted(turn: TurnGraph, item: Placement) -> tuple[View, str]:
+    """The view ``item`` enters L2 with, and its text.
+
+    A budget-fitted preview enters as sent (the counts are made; nothing is previewed
+    again) unless it is larger than the carry-forward form can be (``verbatim_tokens``):
+    then it enters in carry-forward form, as an item sent whole would, so one turn's
+    material (a transcript given most of a turn's window) does not hold the library's
+    room in every later turn."""
+    ctx = turn.ctx
+    artifact = turn.artifact(item.key)
+    if item.form is Form.PREVIEW and item.limit:
+        view, text = _as_sent(turn, item)
+        if ctx.counter.count(text) <= ctx.policy.verbatim_tokens:
+            return view, text
+    return carry_forward(artifact, ctx.counter, ctx.policy, ctx.renderer, ctx.views)
 
 
 def _prepare_summaries(turn: TurnGraph, library: Library, new: Sequence[LibraryEntry]) -> None:

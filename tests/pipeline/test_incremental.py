@@ -108,7 +108,9 @@ def test_promoting_a_large_note_encodes_its_preview_sections_not_its_l2_block(
 
 def test_a_preview_made_for_the_budget_is_reused_by_promotion(tmp_path: Path) -> None:
     (tmp_path / "big.md").write_text(_note(0) * 40, encoding="utf-8")
-    conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(3_000, reserve_output=200))
+    # A fitted preview within the carry-forward size enters L2 as sent (a larger one
+    # enters in carry-forward form: test_restore.py).
+    conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(1_500, reserve_output=200))
     env = conv.turn("read", attach=[note("big.md")])
     assert [d.to_form for d in env.report.decisions if d.stage == "budget"] == ["preview"]
     entry = conv.library.get("note:big.md")

@@ -1,0 +1,237 @@
+"""Reversible cuts and the budget plan: a cut library entry comes back when room frees up,
+cuts go only as deep as they must, the library and history keep their floors, and a
+re-attached item is never a reference to a stub."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lamina import Conversation
+from pipeline import (
+    Budget,
+    BudgetPlan,
+    ConfigError,
+    DecisionAction,
+    Envelope,
+    Form,
+    check_envelope,
+)
+from processors import note
+from renderers import trace_document
+from tests.pipeline.test_budget import exact_request_tokens
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vault"
+SMALL = Budget(3000, reserve_output=400)
+CUTS = {
+    DecisionAction.COMPACTED,
+    DecisionAction.EVICTED,
+    DecisionAction.NOT_SENT,
+    DecisionAction.HISTORY_CUT,
+    DecisionAction.SHORTENED,
+    DecisionAction.EXCERPTED,
+    DecisionAction.INDEXED,
+}
+
+
+def _l2(env: Envelope) -> dict[str, Form]:
+    return {s.key: s.form for s in env.l2.segments}
+
+
+def _turn(conv: Conversation, text: str, *keys: str) -> Envelope:
+    env = conv.turn(text, [note(k) for k in keys])
+    assert exact_request_tokens(env) == env.report.budget.used <= SMALL.limit  # type: ignore[union-attr]
+    conv.reply("Noted.")
+    return env
+
+
+def test_a_cut_goes_no_deeper_than_needed_and_comes_back_when_room_frees() -> None:
+    """examples/vault at 3000/400: the API notes cut the spec to a preview (it fits), not
+    to a summary; a short question later gives the spec back whole."""
+    conv = Conversation("You answer.", vault=EXAMPLE, budget=SMALL)
+    first = _turn(conv, "The spec.", "project-spec.md")
+    assert [s.form for s in first.l3.segments] == [Form.FULL]
+    second = _turn(conv, "The API notes.", "docs/api-docs.md")
+    check_envelope(second, first)
+    assert _l2(second)["note:project-spec.md"] is Form.PREVIEW
+    third = _turn(conv, "The spec again.", "project-spec.md")
+    check_envelope(third, second)
+    fourth = _turn(conv, "Which milestone is next?")
+    check_envelope(fourth, third)
+    assert _l2(fourth)["note:project-spec.md"] is Form.FULL
+    restored = [d for d in fourth.report.decisions if d.action is DecisionAction.RESTORED]
+    assert [(d.target, d.to_form.value, d.layer.value) for d in restored] == [
+        ("note:project-spec.md", "full", "L2")
+    ]
+    assert conv.library.get("note:project-spec.md").whole is None  # type: ignore[union-attr]
+
+
+def test_a_reattached_item_is_never_a_reference_to_a_stub() -> None:
+    """Re-attaching the spec with two other items at 3000/400: the spec stays whole in the
+    library and is referred to, and the other items share what is left."""
+    conv = Conversation("You answer.", vault=EXAMPLE, budget=SMALL)
+    first = _turn(conv, "The spec.", "project-spec.md")
+    env = _turn(conv, "All three.", "project-spec.md", "docs/api-docs.md", "docs/auth.md")
+    check_envelope(env, first)
+    l3 = {s.key: s for s in env.l3.segments}
+    spec = l3["note:project-spec.md"]
+    assert spec.form is Form.REFERENCE and not spec.unsent
+    assert _l2(env)["note:project-spec.md"] is Form.FULL
+    assert l3["note:docs/api-docs.md"].form is Form.PREVIEW
+
+
+def test_the_last_resort_lists_a_reattached_item_as_not_sent() -> None:
+    """When even the re-attached entry must be cut, the item is listed as not sent."""
+    budget = Budget(1500, reserve_output=100, plan=BudgetPlan(library_floor=0.0))
+    conv = Conversation("You answer.", vault=EXAMPLE, budget=budget)
+    conv.turn("The spec.", [note("project-spec.md")])
+    conv.reply("Noted.")
+    env = conv.turn("Spec and API.", [note("project-spec.md"), note("docs/api-docs.md")])
+    check_envelope(env)
+    spec = next(s for s in env.l3.segments if s.key == "note:project-spec.md")
+    entry = next(s for s in env.l2.segments if s.key == "note:project-spec.md")
+    assert spec.form is not Form.REFERENCE or entry.form is Form.FULL or spec.unsent
+
+
+def _transcript(minutes: int) -> str:
+    lines = ["# All-hands recording", ""]
+    for m in range(minutes):
+        lines.append(f"## {m // 60:02d}:{m % 60:02d}")
+        lines.append("")
+        lines.append(
+            " ".join(
+                f"Speaker {s % 4} said item {m}.{s} about the rollout of the sync service "
+                f"and the migration plan for region {m % 7}."
+                for s in range(8)
+            )
+        )
+        lines.append("")
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def big_vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bigvault")
+    for i in range(22):
+        body = "\n\n".join(
+            f"## Part {p}\n\n"
+            + " ".join(f"Note {i} part {p} fact {k} on sample store {i}." for k in range(14))
+            for p in range(4)
+        )
+        (root / f"n{i:02d}.md").write_text(f"# Note {i}\n\n{body}\n", encoding="utf-8")
+    (root / "transcript.md").write_text(_transcript(120), encoding="utf-8")
+    return root
+
+
+def test_a_large_attachment_leaves_the_library_its_floor_and_it_comes_back(
+    big_vault: Path,
+) -> None:
+    """A 2-hour transcript arriving in a chat with a 22-entry library at 16k: the library
+    keeps its floor (not all stubs), and the next short turn restores entries."""
+    budget = Budget(16_000, reserve_output=2_000)
+    conv = Conversation("You answer.", vault=big_vault, budget=budget)
+    previous: Envelope | None = None
+    for start in range(0, 22, 4):
+        keys = [f"n{i:02d}.md" for i in range(start, min(start + 4, 22))]
+        previous = conv.turn(f"Notes from {start}.", [note(k) for k in keys])
+        conv.reply("Read.")
+    assert previous is not None and len(conv.library) == 22
+    big = conv.turn("The recording.", [note("transcript.md")])
+    check_envelope(big, previous)
+    conv.reply("Heard.")
+    library = [s for s in big.l2.segments if s.key != "note:transcript.md"]
+    assert any(s.form is not Form.REFERENCE for s in library)
+    assert sum(s.tokens for s in library) >= budget.limit * budget.plan.library_floor - 200
+    assert next(s for s in big.l3.segments if s.key == "note:transcript.md").form is Form.PREVIEW
+    # The transcript's preview enters L2 in carry-forward form, not as its 10k-token cut.
+    entry = conv.library.get("note:transcript.md")
+    assert entry is not None and entry.tokens < 3_000
+    cut_before = sum(1 for e in conv.library if e.cut)
+    after = conv.turn("What did we decide?")
+    check_envelope(after, big)
+    restored = [d for d in after.report.decisions if d.action is DecisionAction.RESTORED]
+    assert restored
+    assert sum(1 for e in conv.library if e.cut) < cut_before
+    assert exact_request_tokens(after) == after.report.budget.used <= budget.limit  # type: ignore[union-attr]
+
+
+def test_the_plan_is_validated_and_reported() -> None:
+    """One policy object on the Budget: validated fields, reported in the JSON trace."""
+    with pytest.raises(ConfigError, match=r"budget\.plan\.library_floor"):
+        BudgetPlan(library_floor=1.5)
+    with pytest.raises(ConfigError, match=r"budget\.plan\.restore"):
+        BudgetPlan(restore=1)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"budget\.plan"):
+        Budget(3000, plan={"slack": 0.1})  # type: ignore[arg-type]
+    conv = Conversation("You answer.", vault=EXAMPLE, budget=SMALL)
+    env = conv.turn("The spec.", [note("project-spec.md")])
+    plan = trace_document([env], conv.counter)["turns"][0]["budget"]["plan"]
+    assert plan == {
+        "library_floor": "0.25",
+        "history_turns": "2",
+        "slack": "0.1",
+        "restore_min": "0.05",
+        "restore": "True",
+        "library_floor_tokens": "650",
+        "slack_tokens": "260",
+    }
+
+
+def test_restore_off_keeps_every_cut() -> None:
+    """``BudgetPlan(restore=False)``: a cut entry stays cut (the old behaviour)."""
+    budget = Budget(3000, reserve_output=400, plan=BudgetPlan(restore=False))
+    conv = Conversation("You answer.", vault=EXAMPLE, budget=budget)
+    for text, keys in (("Spec.", ["project-spec.md"]), ("API.", ["docs/api-docs.md"])):
+        conv.turn(text, [note(k) for k in keys])
+        conv.reply("Noted.")
+    env = conv.turn("Which milestone is next?")
+    assert _l2(env)["note:project-spec.md"] is Form.PREVIEW
+
+
+NOTES = (
+    "project-spec.md",
+    "docs/api-docs.md",
+    "docs/auth.md",
+    "glossary.md",
+    "meetings/2026-10-19.md",
+    "meetings/2026-11-02.md",
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    turns=st.lists(st.lists(st.sampled_from(NOTES), max_size=3), min_size=4, max_size=12),
+    window=st.integers(min_value=1800, max_value=6000),
+)
+def test_cuts_are_states_over_random_chats(turns: list[list[str]], window: int) -> None:
+    """Over random attachment sequences: the invariants hold (no reference to a stub among
+    them), counts are exact, and a turn that cuts nothing leaves no entry cut whose whole
+    form would fit its headroom less the slack and is worth a restore (restore_min)."""
+    budget = Budget(window, reserve_output=window // 6)
+    plan = budget.plan
+    conv = Conversation("You answer.", vault=EXAMPLE, budget=budget)
+    previous: Envelope | None = None
+    for i, keys in enumerate(turns):
+        env = conv.turn(f"Question {i}.", [note(k) for k in keys])
+        report = env.report.budget
+        assert report is not None
+        check_envelope(env, previous)
+        assert exact_request_tokens(env) == report.used <= budget.limit
+        sent = {s.key for s in env.l3.segments if s.form is not Form.REFERENCE}
+        if not any(d.action in CUTS for d in report.decisions):
+            room = report.headroom - math.floor(budget.limit * plan.slack)
+            for entry in conv.library:
+                if not entry.cut or entry.key in sent or entry.whole is None:
+                    continue
+                whole = conv.counter.count(conv.renderer.render(entry.whole))
+                grow = whole - entry.tokens
+                # 2 tokens: a block's join with its neighbours may move by a piece.
+                assert not (budget.limit * plan.restore_min <= grow <= room - 2), entry.key
+        conv.reply("Noted.")
+        previous = env
