@@ -94,7 +94,6 @@ CACHED_CHATS = ("chat30-6000", "kepano-16k", "kepano-8k")
 # 58.3%; window use at 8k was 94.7% and the cached share 55.1%.
 _NOT_YET: dict[tuple[str, str], str] = {
     ("small-3000", "window_use"): "80.4% of the limit in the 3 turns that cut",
-    ("small-3000", "left_cut"): "an entry stays a summary with 1,740 tokens free",
     ("chat30-6000", "window_use"): "88.5% in the 4 turns that cut",
     ("chat30-6000", "left_cut"): "30 turn-entries, the API notes as a preview with room",
     ("kepano-8k", "window_use"): "70.3% in the 2 turns that cut",

@@ -79,7 +79,7 @@ class BudgetPlan:
 
     library_floor: float = attrs.field(default=0.25, validator=_share)
     history_turns: int = attrs.field(default=2, validator=_count)
-    slack: float = attrs.field(default=0.1, validator=_share)
+    slack: float = attrs.field(default=0.2, validator=_share)
     restore_min: float = attrs.field(default=0.05, validator=_share)
     restore: bool = attrs.field(default=True, validator=_flag)
 

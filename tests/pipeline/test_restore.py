@@ -173,11 +173,11 @@ def test_the_plan_is_validated_and_reported() -> None:
     assert plan == {
         "library_floor": "0.25",
         "history_turns": "2",
-        "slack": "0.1",
+        "slack": "0.2",
         "restore_min": "0.05",
         "restore": "True",
         "library_floor_tokens": "650",
-        "slack_tokens": "260",
+        "slack_tokens": "520",
     }
 
 
