@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,9 +18,13 @@ from pipeline import (
     ConversationInfo,
     DecisionAction,
     Envelope,
+    Form,
     Fts5Retriever,
+    LibraryEntry,
+    Pipeline,
     RecallItem,
     Retriever,
+    TurnGraph,
     check_envelope,
     load_conversation,
     markup_blocks,
@@ -227,3 +233,46 @@ def test_the_append_only_layout_sends_a_recalled_block_again_not_a_reference() -
     last = build_prompt(envs, "append-only").messages[-1].text
     assert f"{FACTS[0]}\n</recalled>" in last
     assert "sent in full earlier" not in last
+
+
+@attrs.frozen
+class _NoCuts:
+    """A budget stage that leaves the turn as it is."""
+
+    name: str = "budget"
+    after: tuple[str, ...] = ("reference",)
+    before: tuple[str, ...] = ("promote",)
+
+    def __call__(self, turn: TurnGraph) -> TurnGraph:
+        return turn
+
+
+@pytest.mark.skipif(
+    "whole" not in attrs.fields_dict(LibraryEntry),
+    reason="library entries do not keep their promoted view yet",
+)
+def test_a_cut_library_entry_is_recalled_whole(tmp_path: Path) -> None:
+    """A library entry cut to a summary keeps its promoted view; the query brings it back."""
+    from lamina import Conversation as VaultConversation
+
+    spec = "# Payments\n\nThe refund window is 45 days; refunds go to the original card.\n"
+    (tmp_path / "spec.md").write_text(spec, encoding="utf-8")
+    budget = Budget(context_window=3_000, reserve_output=500, recall_share=0.3)
+    conv = VaultConversation("You help.", vault=tmp_path, budget=budget)
+    conv.turn("Read the spec.", attach=[{"note": "spec.md"}])
+    conv.reply("Done.")
+    state = conv.state
+    (entry,) = state.library
+    summary = attrs.evolve(entry.view, form=Form.SUMMARY, body="A note about payments.")
+    text = conv.renderer.render(summary)
+    cut = attrs.evolve(entry, view=summary, text=text, tokens=conv.counter.count(text),
+                       whole=entry.view)  # fmt: skip
+    # Without the budget's cuts and restores, nothing gives the entry back before recall.
+    stages = [_NoCuts() if s.name == "budget" else s for s in Pipeline.default().stages]
+    later = VaultConversation.restore(
+        attrs.evolve(state, library=(cut,)), vault=tmp_path, pipeline=Pipeline(stages)
+    )
+    env = later.turn("How long is the refund window?")
+    assert _recalled(env) == ["recalled:note:spec.md"]
+    assert entry.view.body in env.user_text
+    assert [s.form for s in env.l2.segments] == [Form.SUMMARY]
