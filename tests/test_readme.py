@@ -170,9 +170,20 @@ def test_serve_limits_match_its_defaults() -> None:
     assert f"[--store {options['--store'].default}]" in cli_doc
 
 
-def test_replay_worst_default_matches() -> None:
+def test_replay_figures_match() -> None:
     (worst,) = re.findall(r"`--worst N` \(default (\d+)\)", DOCS["REPLAY.md"])
     assert int(worst) == _options("replay")["--worst"].default
+    from lamina._corpus import MAX_TRANSCRIPT_BYTES
+    from lamina._script import MAX_SCRIPT_BYTES
+
+    text = " ".join(DOCS["REPLAY.md"].split())
+    script, transcript = re.search(
+        r"a script over (\d+) MB or a transcript over (\d+) MB", text
+    ).groups()  # type: ignore[union-attr]
+    assert (int(script) * 10**6, int(transcript) * 10**6) == (
+        MAX_SCRIPT_BYTES,
+        MAX_TRANSCRIPT_BYTES,
+    )
 
 
 def _simulate(*args: str) -> dict[str, Any]:
@@ -210,14 +221,30 @@ def test_the_trade_off_quotes_what_simulate_measures() -> None:
     over = sum(t["input_tokens"] > limit for t in turns["append-only"])
     assert all(t["input_tokens"] <= limit for t in turns["default"])
     assert f"{over} of its 30 requests pass the {limit:,} tokens" in " ".join(pitch.split())
+    flat = " ".join(pitch.split())
     total = windowed["default"]["openai"]["input_tokens"]
-    assert f"the default sends {round(total / 1000)}k tokens" in " ".join(pitch.split())
+    assert f"the default sends {round(total / 1000)}k tokens" in flat
+    total = windowed["append-only"]["openai"]["input_tokens"]
+    peak = max(t["input_tokens"] for t in turns["append-only"])
+    assert f"append-only sends {round(total / 1000)}k and" in flat
+    assert f"(up to {peak:,})" in flat
 
     table = _section(DOCS["CACHE.md"], "## `lamina simulate`")
     for layout in ("default", "batched", "append-only", "naive"):
         row = re.search(rf"^\| {layout} \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", table, re.M)
         assert row is not None, layout
         assert row.groups() == tuple(cost[layout, p] for p in ("openai", "anthropic", "gemini"))
+    table = _section(DOCS["CACHE.md"], "## `lamina simulate`").split("--window 6000", 1)[1]
+    for layout in ("default", "batched", "append-only"):
+        openai, anthropic = windowed[layout]["openai"], windowed[layout]["anthropic"]
+        peak = max(t["input_tokens"] for t in openai["turns"])
+        expected = (
+            f"| {layout} | {openai['input_tokens']:,} | {peak:,} | "
+            f"{openai['relative_cost']:.3f} | {anthropic['relative_cost']:.3f} |"
+        )
+        assert expected in table.splitlines(), layout
+    assert f"passes it in {over} of the 30 turns" in " ".join(table.split())
+    assert all(t["input_tokens"] <= limit for t in turns["batched"])
 
 
 REPO_PATH = re.compile(
