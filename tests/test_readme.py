@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from lamina import Policy
 from lamina._cli import DEMO_BUDGET, DEMO_SCRIPT, cli
-from pipeline import BudgetSettings
+from pipeline import BudgetPlan, BudgetSettings
 from pipeline._conversation.agent import DEFAULT_TOOL_HEADROOM
 from pipeline._conversation.usage import CALIBRATION_WINDOW, MARGIN_BOUNDS
 
@@ -286,3 +286,20 @@ def test_trace_md_lists_every_decision_action() -> None:
     listed = re.search(pattern, DOCS["TRACE.md"], re.S)
     assert listed is not None
     assert re.findall(r"`([a-z-]+)`", listed.group(1)) == [str(a) for a in DecisionAction]
+
+
+def test_budget_plan_figures_match_the_plan() -> None:
+    text = " ".join(DOCS["BUDGET.md"].split())
+    plan = BudgetPlan()
+    restore_min, slack = re.search(
+        r"at least (\d+)% of the limit \(`restore_min`\).*?leaving (\d+)% of the limit free",
+        text,
+    ).groups()  # type: ignore[union-attr]
+    assert (int(restore_min) / 100, int(slack) / 100) == (plan.restore_min, plan.slack)
+    floor, turns = re.search(
+        r"the library keeps (\d+)% of the limit \(`library_floor`.*?its last (\d+) turns", text
+    ).groups()  # type: ignore[union-attr]
+    assert (int(floor) / 100, int(turns)) == (plan.library_floor, plan.history_turns)
+    settings = BudgetSettings(context_window=10)
+    assert f"`history_step` ({settings.history_step})" in text
+    assert f"`reply_tokens` ({settings.reply_tokens})" in text
