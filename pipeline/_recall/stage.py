@@ -193,8 +193,8 @@ def _library_items(turn: TurnGraph) -> dict[str, RecallItem]:
 
 def _whole(entry: LibraryEntry) -> View | None:
     """The fuller view a cut library entry keeps (None while it is in that form)."""
-    whole = getattr(entry, "whole", None)
-    if not isinstance(whole, View) or whole.form is Form.REFERENCE or entry.form is Form.FULL:
+    whole = entry.whole
+    if whole is None or whole.form is Form.REFERENCE or entry.form is Form.FULL:
         return None
     return whole
 

@@ -20,7 +20,6 @@ from pipeline import (
     Envelope,
     Form,
     Fts5Retriever,
-    LibraryEntry,
     Pipeline,
     RecallItem,
     Retriever,
@@ -247,10 +246,6 @@ class _NoCuts:
         return turn
 
 
-@pytest.mark.skipif(
-    "whole" not in attrs.fields_dict(LibraryEntry),
-    reason="library entries do not keep their promoted view yet",
-)
 def test_a_cut_library_entry_is_recalled_whole(tmp_path: Path) -> None:
     """A library entry cut to a summary keeps its promoted view; the query brings it back."""
     from lamina import Conversation as VaultConversation
