@@ -181,18 +181,24 @@ def _sources(root: Path | None, allow_private_network: bool) -> SourceResolver:
     return Sources(context=ProcessContext(vault=vault, allow_private_network=allow_private_network))
 
 
-def _budget(window: int | None, reserve: int | None, model: str | None) -> Budget | None:
-    """A budget from --model (its profile) and/or --window/--reserve; None if none given."""
+def _budget(
+    window: int | None, reserve: int | None, model: str | None, recall: float | None = None
+) -> Budget | None:
+    """A budget from --model (its profile) and/or --window/--reserve (and --recall's
+    share); None if none given."""
     overrides: dict[str, Any] = {}
     if window is not None:
         overrides["context_window"] = window
     if reserve is not None:
         overrides["reserve_output"] = reserve
+    if recall is not None:
+        overrides["recall_share"] = recall
     if model is not None:
         return Budget.for_model(model, **overrides)
     if window is None:
-        if reserve is not None:
-            raise ConfigError("--reserve", "needs --window or --model")
+        for flag, value in (("--reserve", reserve), ("--recall", recall)):
+            if value is not None:
+                raise ConfigError(flag, "needs --window or --model")
         return None
     # Without --reserve, keep 4,096 tokens for the reply, or a quarter of a small window.
     overrides.setdefault("reserve_output", min(4096, window // 4))
@@ -240,6 +246,12 @@ def budget_options(fn: F) -> F:
         "--reserve", type=int, help="Tokens kept free for the reply (default min(4096, window/4))."
     )(fn)
     fn = click.option("--window", type=int, help="Context window in tokens: enforce a budget.")(fn)
+    fn = click.option(
+        "--recall",
+        type=click.FloatRange(0.0, 1.0),
+        help="Share of the window that recall may fill with dropped history and cut library "
+        "entries the query matches (0, the default: off; docs/BUDGET.md).",
+    )(fn)
     return fn
 
 
@@ -474,6 +486,7 @@ def demo(
     window: int | None,
     reserve: int | None,
     model: str | None,
+    recall: float | None,
 ) -> None:
     """Six turns over the example vault: the layer walkthrough, a turn over budget, then
     the steady state.
@@ -487,7 +500,9 @@ def demo(
     conversation's HTML report (`lamina report`), printing its path and what to try next.
     """
     with demo_data() as shipped:
-        _demo(shipped, vault, as_json, full, tokenizer, report_path, window, reserve, model)
+        _demo(
+            shipped, vault, as_json, full, tokenizer, report_path, window, reserve, model, recall
+        )
 
 
 def _demo(
@@ -500,9 +515,10 @@ def _demo(
     window: int | None,
     reserve: int | None,
     model: str | None,
+    recall: float | None,
 ) -> None:
     root = Path(vault) if vault else shipped / "vault"
-    budget = _budget(window, reserve, model) or DEMO_BUDGET
+    budget = _budget(window, reserve, model, recall) or DEMO_BUDGET
     with _demo_site(root.parent / "site") as site:
         data = copy.deepcopy(DEMO_SCRIPT)
         if site is not None:
@@ -561,6 +577,7 @@ def run(
     window: int | None,
     reserve: int | None,
     model: str | None,
+    recall: float | None,
     allow_private_network: bool,
 ) -> None:
     """Run a scripted conversation (JSON or YAML); with --store, persist as it goes.
@@ -592,7 +609,7 @@ def run(
         script,
         vault,
         tokenizer,
-        _budget(window, reserve, model),
+        _budget(window, reserve, model, recall),
         allow_private_network=allow_private_network,
     )
     if store_path is None:
@@ -658,6 +675,7 @@ def resume(
     window: int | None,
     reserve: int | None,
     model: str | None,
+    recall: float | None,
     allow_private_network: bool,
 ) -> None:
     """Continue a saved chat with more scripted turns (turn numbers continue).
@@ -670,7 +688,7 @@ def resume(
         saved = store.conversation(conversation_id).vault
         root = Path(vault) if vault else script.vault or (Path(saved) if saved else None)
         _check_vault(root, vault, script.path if script.vault else store_path)
-        budget = _budget(window, reserve, model)
+        budget = _budget(window, reserve, model, recall)
         saved_budget = store.load(conversation_id).budget
         sources = _sources(root, allow_private_network)
         conv = load_conversation(store, conversation_id, sources=sources, budget=budget)
@@ -766,6 +784,7 @@ def simulate(
     window: int | None,
     reserve: int | None,
     model: str | None,
+    recall: float | None,
     allow_private_network: bool,
 ) -> None:
     """Cache cost of a script per provider: default vs batched vs append-only vs naive.
@@ -792,7 +811,7 @@ def simulate(
         script,
         vault,
         tokenizer,
-        _budget(window, reserve, model),
+        _budget(window, reserve, model, recall),
         allow_private_network=allow_private_network,
     )
     sim = run_simulation(run_script(script, conv), counter=conv.counter)
@@ -908,6 +927,7 @@ def report(
     window: int | None,
     reserve: int | None,
     model: str | None,
+    recall: float | None,
     allow_private_network: bool,
 ) -> None:
     """Write one self-contained HTML page of a conversation: how the window filled per
@@ -927,7 +947,7 @@ def report(
             script,
             vault,
             tokenizer,
-            _budget(window, reserve, model),
+            _budget(window, reserve, model, recall),
             allow_private_network=allow_private_network,
         )
         envelopes = run_script(script, conv)
@@ -1042,11 +1062,12 @@ def inspect(
     window: int | None,
     reserve: int | None,
     model: str | None,
+    recall: float | None,
     allow_private_network: bool,
 ) -> None:
     """Per turn: every artifact's layer, form, tokens and decisions, and how the window is spent."""
     script = load_script(script_path)
-    budget = _budget(window, reserve, model)
+    budget = _budget(window, reserve, model, recall)
     conv = _conversation(
         script, vault, tokenizer, budget, allow_private_network=allow_private_network
     )
