@@ -601,9 +601,12 @@ def _breaks_at(turn: TurnGraph) -> int | None:
     return at
 
 
-def _fuller(turn: TurnGraph, entry: LibraryEntry, room: int) -> LibraryEntry | None:
-    """The fullest form of cut ``entry`` (its whole form, then each cut of that) that is
-    larger than it is now and grows it by at most ``room`` tokens, or None."""
+def _fuller(
+    turn: TurnGraph, entry: LibraryEntry, room: int, *, whole_only: bool
+) -> LibraryEntry | None:
+    """The fullest form of cut ``entry`` (its whole form, then, unless ``whole_only``,
+    each cut of that) that is larger than it is now and grows it by at most ``room``
+    tokens, or None."""
     ctx = turn.ctx
     whole = _whole(entry)
     text = ctx.renderer.render(whole)
@@ -613,7 +616,7 @@ def _fuller(turn: TurnGraph, entry: LibraryEntry, room: int) -> LibraryEntry | N
     while form is not None and form.tokens > entry.tokens:
         if form.tokens - entry.tokens <= room:
             return form
-        form = _l2_step(turn, form)
+        form = None if whole_only else _l2_step(turn, form)
     return None
 
 
@@ -621,21 +624,27 @@ def _restored(
     turn: TurnGraph, room: int, start: int
 ) -> tuple[TurnGraph, list[Decision], int, int | None]:
     """Cut entries at positions ``start`` on given their fullest forms within ``room``,
-    oldest first: the turn, the decisions, the tokens given back and the first position."""
+    oldest first, whole forms before any shortened one: the turn, the decisions, the
+    tokens given back and the first position."""
     sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
     library = turn.library
     decisions: list[Decision] = []
     gained = 0
     first: int | None = None
-    for i, entry in enumerate(turn.library.entries):
-        if i < start or not entry.cut or entry.key in sent:
+    for whole_only, i in itertools.product((True, False), range(len(library.entries))):
+        entry = library.entries[i]
+        if i < start or not entry.cut or entry.key in sent or gained >= room:
             continue
-        new = _fuller(attrs.evolve(turn, library=library), entry, room - gained)
+        whole = _whole(entry)
+        if whole_only and whole.form is Form.FULL and entry.full_tokens - entry.tokens > room:
+            continue  # its full block is known to be too large: not rendered to find out
+        ahead = attrs.evolve(turn, library=library)
+        new = _fuller(ahead, entry, room - gained, whole_only=whole_only)
         if new is None:
             continue
         gain = new.tokens - entry.tokens
         gained += gain
-        first = i if first is None else first
+        first = i if first is None else min(first, i)
         reason = f"library entry restored to a {new.form} (room freed up)"
         decisions.append(
             _decision(

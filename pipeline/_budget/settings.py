@@ -73,14 +73,14 @@ class BudgetPlan:
     do the floors give way. A cut frees ``slack`` of the limit beyond the excess when it
     needs no deeper form for it (so the next turns grow without cutting again); a restore
     leaves ``slack`` free after it (so it is not cut again at once) and is made only when
-    it gives back at least ``restore_min`` of the limit (or every cut entry whole), since it
-    breaks the cached prefix from the first entry it restores. ``restore=False`` keeps
+    it gives back at least ``restore_min`` of the limit, or where the prefix breaks anyway,
+    since it breaks the cached prefix from the first entry it restores. ``restore=False`` keeps
     every cut for good (the behaviour before cuts were reversible)."""
 
     library_floor: float = attrs.field(default=0.25, validator=_share)
     history_turns: int = attrs.field(default=2, validator=_count)
     slack: float = attrs.field(default=0.2, validator=_share)
-    restore_min: float = attrs.field(default=0.05, validator=_share)
+    restore_min: float = attrs.field(default=0.15, validator=_share)
     restore: bool = attrs.field(default=True, validator=_flag)
 
     def fields(self) -> tuple[tuple[str, str], ...]:

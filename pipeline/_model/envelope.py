@@ -37,8 +37,11 @@ __all__ = [
 LIBRARY_HEADING = (
     "# Context Library\n"
     "Context the user attached in earlier turns, one entry per key, oldest first. "
-    'Entries marked form="preview" or form="excerpt" are shortened: ask for an entry '
-    "by its key or path to get its full text again."
+    'Entries marked form="preview" or form="excerpt" are shortened, form="summary" holds '
+    'selected sentences only, and an entry marked evicted="true" or a line of an index '
+    "names an item whose text is not here: ask for an entry by its key or path to get its "
+    "full text again. Blocks marked recalled in the user message are earlier context "
+    "brought back for that message only."
 )
 REFERENCES_INTRO = (
     "Context attached to this message (find it in the Context Library in the system prompt):"

@@ -64,8 +64,15 @@ def test_the_cached_prefix_is_never_above_the_request(
     reports = prefix_reports(envs, conv.counter, budget=conv.budget)
     for env, report in zip(envs, reports, strict=True):
         assert report.common_prefix_tokens <= conv.count_request(env)
-    last = reports[-1].common_prefix_tokens
-    assert 0.9 * conv.count_request(envs[-1]) < last <= conv.count_request(envs[-1])
+    # The last turn whose library no budget decision changed (a cut or a restore rewrites
+    # the system message from that entry on) repeats nearly all of its request.
+    i = max(i for i, env in enumerate(envs) if not _library_changed(env))
+    last = reports[i].common_prefix_tokens
+    assert 0.9 * conv.count_request(envs[i]) < last <= conv.count_request(envs[i])
+
+
+def _library_changed(env: Envelope) -> bool:
+    return any(d.layer == "L2" for d in env.report.decisions)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -156,7 +163,8 @@ def test_annotated_trace_counts_a_layout_in_its_own_unit(
         prompt = build_prompt(envs[: i + 1], "append-only")
         assert turn["tokens_total"] == prompt_tokens(prompt, conv.counter)
         assert turn["cache"]["common_prefix_tokens"] <= turn["tokens_total"]
-        assert turn["cache"]["break_reason"] is None  # append-only only grows here
+        # Append-only only grows here, but for the library entries a budget cut rewrites.
+        assert turn["cache"]["break_reason"] is None or _library_changed(envs[i])
 
 
 def test_cli_run_shows_the_prefix_inside_the_request() -> None:
