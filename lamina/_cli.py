@@ -1042,6 +1042,9 @@ def _inspect_turn(
     label = f"limit {window}" if budget is not None else f"request {total}"
     shares = "  ".join(f"L{i}={layer.tokens}" for i, layer in enumerate(env.layers, 1))
     console.print(f"[{bar}] {total} of {label} tokens  ({shares}; digits = layer)", markup=False)
+    if budget is not None and budget.plan:
+        plan = ", ".join(f"{name} {value}" for name, value in budget.plan)
+        console.print(f"budget plan: {plan}", markup=False, soft_wrap=True)
     for warning in env.report.warnings:
         console.print(f"warning: {warning}", markup=False, soft_wrap=True)
     _warn(env)

@@ -623,25 +623,31 @@ def _fuller(
 def _restored(
     turn: TurnGraph, room: int, start: int
 ) -> tuple[TurnGraph, list[Decision], int, int | None]:
-    """Cut entries at positions ``start`` on given their fullest forms within ``room``,
-    oldest first, whole forms before any shortened one: the turn, the decisions, the
-    tokens given back and the first position."""
+    """Cut entries at positions ``start`` on given their fullest forms within ``room``:
+    whole forms first, the largest growth first (so no entry is left cut whose whole form
+    alone would fit), then shortened forms, oldest first. The turn, the decisions, the
+    tokens given back and the first position restored."""
     sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
     library = turn.library
+    cut = [
+        i
+        for i, e in enumerate(library.entries)
+        if i >= start and e.cut and e.key not in sent
+        and not (_whole(e).form is Form.FULL and e.full_tokens - e.tokens > room)
+    ]  # fmt: skip (a full block known to be too large is not rendered to find out)
+    wholes = []
+    for i in cut:
+        new = _fuller(turn, library.entries[i], room, whole_only=True)
+        if new is not None:
+            wholes.append((new.tokens - library.entries[i].tokens, i, new))
+    wholes.sort(key=lambda c: (-c[0], c[1]))
     decisions: list[Decision] = []
     gained = 0
     first: int | None = None
-    for whole_only, i in itertools.product((True, False), range(len(library.entries))):
+
+    def take(i: int, new: LibraryEntry) -> None:
+        nonlocal library, gained, first
         entry = library.entries[i]
-        if i < start or not entry.cut or entry.key in sent or gained >= room:
-            continue
-        whole = _whole(entry)
-        if whole_only and whole.form is Form.FULL and entry.full_tokens - entry.tokens > room:
-            continue  # its full block is known to be too large: not rendered to find out
-        ahead = attrs.evolve(turn, library=library)
-        new = _fuller(ahead, entry, room - gained, whole_only=whole_only)
-        if new is None:
-            continue
         gain = new.tokens - entry.tokens
         gained += gain
         first = i if first is None else min(first, i)
@@ -653,6 +659,17 @@ def _restored(
             )
         )  # fmt: skip
         library = library.replace(new)
+
+    for gain, i, new in wholes:
+        if gain <= room - gained:
+            take(i, new)
+    for i in cut:
+        entry = library.entries[i]
+        if entry.cut and gained < room:
+            ahead = attrs.evolve(turn, library=library)
+            new = _fuller(ahead, entry, room - gained, whole_only=False)
+            if new is not None:
+                take(i, new)
     return attrs.evolve(turn, library=library), decisions, gained, first
 
 
