@@ -11,15 +11,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lamina import Conversation
+from lamina import Conversation, load_conversation
 from pipeline import (
     Budget,
     BudgetPlan,
     ConfigError,
+    ConversationInfo,
     DecisionAction,
     Envelope,
     Form,
+    SqliteStore,
     check_envelope,
+    save_turn,
 )
 from processors import note
 from renderers import trace_document
@@ -237,3 +240,22 @@ def test_cuts_are_states_over_random_chats(turns: list[list[str]], window: int) 
                 )
         conv.reply("Noted.")
         previous = env
+
+
+def test_the_plan_and_cut_entries_survive_a_store(tmp_path: Path) -> None:
+    """A stored conversation keeps its plan and its cut entries' whole forms: restored,
+    its next turn is the live one's, restores and all."""
+    budget = Budget(3000, reserve_output=400, plan=BudgetPlan(library_floor=0.1))
+    live = Conversation("You answer.", vault=EXAMPLE, budget=budget)
+    with SqliteStore(tmp_path / "chat.db") as store:
+        store.create(ConversationInfo("c"))
+        for text, keys in (("Spec.", ["project-spec.md"]), ("API.", ["docs/api-docs.md"])):
+            env = live.turn(text, [note(k) for k in keys])
+            live.reply("Noted.")
+            save_turn(store, "c", live, env)
+        again = load_conversation(store, "c", vault=EXAMPLE)
+    assert again.budget is not None and again.budget.plan == budget.plan
+    assert again.library == live.library
+    assert any(e.cut for e in again.library)
+    want, got = live.turn("Which milestone?"), again.turn("Which milestone?")
+    assert got.system_text == want.system_text and got.report == want.report
