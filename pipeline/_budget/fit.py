@@ -250,8 +250,12 @@ def compact_l2(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None
             else f"library entry compacted to a {to}"
         )
         action = DecisionAction.EVICTED if to == "evicted" else DecisionAction.COMPACTED
-        decision = _decision(entry.key, str(entry.form), to, reason, "L2", action=action)
         out = attrs.evolve(turn, library=turn.library.replace(new))
+        if to == "evicted" and entry.key in referenced:
+            # A reference must not point at a stub: the re-attached item is listed as not sent.
+            out, _ = _unsend(out, {entry.key})
+            reason += "; this turn's reference to it is listed as not sent"
+        decision = _decision(entry.key, str(entry.form), to, reason, "L2", action=action)
         if new.form is Form.SUMMARY:
             out = _summary_warnings(out, entry.key, f"{entry.content_hash}:l2", entry.view.body)
         return out, decision

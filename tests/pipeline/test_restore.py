@@ -259,3 +259,17 @@ def test_the_plan_and_cut_entries_survive_a_store(tmp_path: Path) -> None:
     assert any(e.cut for e in again.library)
     want, got = live.turn("Which milestone?"), again.turn("Which milestone?")
     assert got.system_text == want.system_text and got.report == want.report
+
+
+def test_prefix_first_never_refers_to_a_stub() -> None:
+    """The one-cut-at-a-time orders too: a re-attached entry evicted in its own turn is
+    listed as not sent, never a reference to the stub."""
+    budget = Budget(600, reserve_output=50, policy="prefix-first")
+    conv = Conversation("You answer.", vault=EXAMPLE, budget=budget)
+    conv.turn("The spec.", [note("project-spec.md")])
+    conv.reply("Noted.")
+    env = conv.turn("Spec, API and auth.", [note(k) for k in NOTES[:3]])
+    check_envelope(env)
+    assert _l2(env)["note:project-spec.md"] is Form.REFERENCE  # evicted to a stub
+    spec = next(s for s in env.l3.segments if s.key == "note:project-spec.md")
+    assert spec.form is Form.REFERENCE and spec.unsent
