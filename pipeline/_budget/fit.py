@@ -1,14 +1,16 @@
 """One budget over the whole payload: L1..L5, message framing and the reserved output.
 
-The ``budget`` stage measures the exact rendered request and, while it does not fit,
-cuts, recording each cut as a decision. The default policy, ``current-first``, keeps what
-the user attached this turn: library stubs over their share collapse into indexes
-(``stubs``); it compacts the oldest library entries first (past the need, so the prefix
-breaks rarely), then history, then this turn's items to the largest preview size that
-fits, then lists folder and tag groups' items in one index each (``index.plan_index``),
-then sends them as honest not-sent references; cuts are chosen from known counts and the
-request is measured once per round. ``prefix-first`` (and any explicit ``order``) takes
-one cut at a time from an order. If nothing is left to cut it raises ``BudgetExceeded``
+The ``budget`` stage measures the exact rendered request and first gives cut library
+entries back their fuller forms when the plan's schedule allows (``restore``); then, while
+the request does not fit, it cuts, recording each cut as a decision. The default policy,
+``current-first``, follows the ``BudgetPlan``: library stubs over their share collapse into
+indexes (``stubs``); the library is cut one form at a time across its entries down to its
+floor, then history down to its last turns, then this turn's items to the largest preview
+size that fits, then L1's memory and excerpts; only then do the floors give way; then
+folder and tag groups' items are listed in one index each (``index.plan_index``), then
+sent as honest not-sent references. Cuts are chosen from known counts and the request is
+measured once per round. ``prefix-first`` (and any explicit ``order``) takes one cut at a
+time from an order. If nothing is left to cut it raises ``BudgetExceeded``
 carrying the report. Never cut: the query, the last history turn, L1's stable part.
 """
 

@@ -24,6 +24,7 @@ from pipeline import (
     SystemPrompt,
     TokenCounter,
     check_envelope,
+    defuse_special_tokens,
     get_encoding,
 )
 from processors import ProcessContext, Sources, Vault, folder, note, selection
@@ -94,7 +95,8 @@ def test_every_turn_fits_exactly_or_raises(
             continue
         assert env.report.budget is not None
         assert exact_request_tokens(env) == env.report.budget.used <= budget.limit
-        assert env.query == turn["user"]
+        # The query is sent as written, but for special-token spellings (defused).
+        assert env.query == defuse_special_tokens(turn["user"])
         cut = {d.target for d in env.report.decisions if d.stage == "budget"}
         for seg in env.l3.segments:
             if seg.source_type == "selection":
