@@ -709,6 +709,12 @@ def restore(turn: TurnGraph, used: int, budget: Budget) -> tuple[TurnGraph, list
 _LEVELS = ((Form.FULL,), (Form.PREVIEW, Form.EXCERPT), (Form.SUMMARY,))
 """The passes of a library cut: entries whole, then previews, then summaries."""
 
+SMALL_EVICTION = 64
+"""A whole entry so small that no shorter form saves anything is only evicted to a stub
+in a last pass, for what the other passes could not save: a stub of a 40-token note saves
+a few tokens and loses the note (on a documentation vault of small templates, a turn
+evicted 52 such notes for 1,100 tokens before it summarized one large entry)."""
+
 
 def _library_cuts(
     turn: TurnGraph,
@@ -739,7 +745,7 @@ def _library_cuts(
     decisions: list[Decision] = []
     total = sum(e.tokens for e in entries)
     saved = 0
-    for level in _LEVELS:
+    for level, small in (*((level, False) for level in _LEVELS), (_LEVELS[0], True)):
         if saved >= over:
             break
         for i in ordered:
@@ -756,6 +762,10 @@ def _library_cuts(
                 continue
             gain = entry.tokens - new.tokens
             if total - saved - gain < floor:
+                continue
+            # A small whole entry straight to a stub: only in the last pass (``small``).
+            if (new.form is Form.REFERENCE and entry.form is Form.FULL
+                    and gain < SMALL_EVICTION) != small:
                 continue
             to = "evicted" if new.form is Form.REFERENCE else str(new.form)
             reason = (
