@@ -21,8 +21,17 @@ _UNCACHED_AFTER = "so the request is sent uncached from there on"
 
 
 def _decisions(turn: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    """The budget's steps on ``key`` that form one chain (each from the form the last one
+    left): a library entry's cuts, not a later cut of this turn's item of the same key."""
     budget = turn.get("budget") or {}
-    return [d for d in budget.get("decisions", ()) if d.get("target") == key]
+    chain: list[Mapping[str, Any]] = []
+    for d in budget.get("decisions", ()):
+        if d.get("target") != key:
+            continue
+        if chain and d.get("from") != chain[-1].get("to"):
+            break
+        chain.append(d)
+    return chain
 
 
 def _cut(turn: Mapping[str, Any], key: str, verb: str) -> str:

@@ -72,7 +72,7 @@ def test_demo_introduces_itself_explains_each_small_prefix_and_says_what_next(
         "uncached." in text
     )
     # The budget's cut is explained from its typed decisions, not shown as a code.
-    assert "why: The budget cut library entry note:project-spec.md from " in text
+    assert "why: The budget cut library entry note:" in text
     assert "l2-compacted:" not in text and "l2-evicted:" not in text
     summary = text.split("─ Summary ─", 1)[1]
     assert summary.lstrip("─ ").startswith("6 turns: ")

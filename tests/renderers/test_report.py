@@ -125,3 +125,30 @@ def test_two_hundred_turn_report_size_and_write_time(tmp_path: Path) -> None:
     assert len(doc.xpath("//svg[contains(@class, 'window-chart')]/g[@class='turn']")) == 200
     assert len(doc.xpath("//section[@class='turn']")) == 200
     assert size < 5_000_000
+
+
+def test_a_break_is_explained_from_the_library_entrys_own_chain_of_cuts() -> None:
+    """The library entry's cuts (preview -> summary -> stub) make the sentence; a cut of
+    this turn's item of the same key (full -> preview) is not part of it."""
+    from renderers import explain_cache
+
+    turn = {
+        "turn": 4,
+        "tokens_total": 3000,
+        "cache": {"common_prefix_tokens": 80, "break_reason": "l2-compacted:note:a.md"},
+        "budget": {
+            "decisions": [
+                {"target": "note:a.md", "from": "preview", "to": "summary", "tokens_saved": 900,
+                 "action": "compacted"},
+                {"target": "note:a.md", "from": "summary", "to": "evicted", "tokens_saved": 200,
+                 "action": "evicted"},
+                {"target": "note:a.md", "from": "full", "to": "preview", "tokens_saved": 700,
+                 "action": "compacted"},
+            ]
+        },
+    }
+    assert explain_cache(turn) == (
+        "The budget cut library entry note:a.md from preview to a stub (key, title and where "
+        "to find it) (saving 1,100 tokens) to fit this turn in the window, so the request is "
+        "sent uncached from there on.",
+    )
