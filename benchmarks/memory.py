@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.targets import target
+
 __all__ = [
     "MEMORY_TARGETS",
     "WINDOWS",
@@ -520,34 +522,19 @@ def memory_targets(memory: dict[str, Any]) -> list[dict[str, Any]]:
         where = f"memory, {w['window']:,} window"
         bound = {8_192: MEMORY_TARGETS["recall_8k"], 16_384: MEMORY_TARGETS["recall_16k"]}
         if w["window"] in bound:
-            out.append(_target("answer-bearing messages reached", where, w["reached_on"],
-                               ">=", bound[w["window"]], "share"))  # fmt: skip
+            out.append(target("answer-bearing messages reached", where, w["reached_on"],
+                               ">=", bound[w["window"]], unit="share"))  # fmt: skip
         if w.get("cached_share_on") is not None:
             gain = w["cached_share_on"] - w["cached_share_off"]
-            out.append(_target("cached-prefix share not lower with recall", where, gain,
-                               ">=", 0.0, "share"))  # fmt: skip
+            out.append(target("cached-prefix share not lower with recall", where, gain,
+                               ">=", 0.0, unit="share"))  # fmt: skip
         # The turn's own CPU time: on a shared machine the wall clock mostly measures the
         # scheduler (a turn is ~0.2 ms; a preempted one waits a time slice of 4-16 ms).
         off, on = w["warm_cpu_p50_off_s"], w["warm_cpu_p50_on_s"]
         ratio = on / off if off else None
-        out.append(_target("warm turn (CPU) with recall within 2x of without", where, ratio,
-                           "<=", MEMORY_TARGETS["warm_on_vs_off"], ""))  # fmt: skip
+        out.append(target("warm turn (CPU) with recall within 2x of without", where, ratio,
+                           "<=", MEMORY_TARGETS["warm_on_vs_off"], unit=""))  # fmt: skip
     return out
-
-
-def _target(
-    name: str, where: str, value: float | None, op: str, bound: float, unit: str
-) -> dict[str, Any]:
-    met = None if value is None else (value >= bound if op == ">=" else value <= bound)
-    return {
-        "target": name,
-        "where": where,
-        "measured": value,
-        "bound": f"{op} {bound:g}",
-        "met": met,
-        "at_target_scale": True,
-        "unit": unit,
-    }
 
 
 def _r(value: float | None) -> float | None:

@@ -40,6 +40,7 @@ from benchmarks.stateless import (
     peer_task,
     request_points,
 )
+from benchmarks.targets import target
 from benchmarks.workload import (
     SCALES,
     Scale,
@@ -452,19 +453,19 @@ def _targets(
         vs_floor = _ratio(big.lamina["warm_p50_s"], big.floor["p50_s"])
         vs_naive = _ratio(big.naive["p50_s"], big.lamina["warm_p50_s"])
         full = big.size >= 1000
-        out.append(_target("warm turn within 3x of floor", where, vs_floor, "<=", 3.0, full))
-        out.append(_target("warm turn >= 50x faster than naive", where, vs_naive, ">=", 50.0, full))
+        out.append(target("warm turn within 3x of floor", where, vs_floor, "<=", 3.0, full))
+        out.append(target("warm turn >= 50x faster than naive", where, vs_naive, ">=", 50.0, full))
         if full:  # still within 2x where the request is largest
-            out.append(_target("warm turn within 2x of floor", where, vs_floor, "<=", 2.0, True))
+            out.append(target("warm turn within 2x of floor", where, vs_floor, "<=", 2.0, True))
     for p in points:
         if p.kind in ("library", "conversation"):  # every warm point
             ratio = _ratio(p.lamina["warm_p50_s"], p.floor["p50_s"])
-            out.append(_target("warm turn within 5x of floor", p.name, ratio, "<=", 5.0, True))
+            out.append(target("warm turn within 5x of floor", p.name, ratio, "<=", 5.0, True))
     for p in points:
         if p.kind == "cold":
             ratio = _ratio(p.lamina["cold_s"], p.floor["tiktoken_s"])
             out.append(
-                _target(
+                target(
                     "cold build within 1.25x of tiktoken on the same bytes",
                     f"{p.name} ({p.lamina['request_tokens']:,} tokens)",
                     ratio,
@@ -474,23 +475,23 @@ def _targets(
                 )
             )
             out.append(
-                _target("cold build within 1.5x of tiktoken", p.name, ratio, "<=", 1.5, True)
+                target("cold build within 1.5x of tiktoken", p.name, ratio, "<=", 1.5, True)
             )
     for p in points:
         ratio = _ratio(p.lamina["peak_bytes"], p.payload_bytes)
-        out.append(_target("peak memory < 3x payload bytes", p.name, ratio, "<", 3.0, True))
+        out.append(target("peak memory < 3x payload bytes", p.name, ratio, "<", 3.0, True))
     for p in points:
         mine = p.lamina.get("warm_p50_s", p.lamina.get("cold_s"))
         for name, peer in p.peers.items():
             theirs = peer.get("p50_s")
             speedup = _ratio(theirs, mine)
-            out.append(_target(f"faster than {name}", p.name, speedup, ">", 1.0, True))
+            out.append(target(f"faster than {name}", p.name, speedup, ">", 1.0, True))
     for r in requests:
         for name, peer in r.peers.items():
             for what, mine in _request_times(r):
                 speedup = _ratio(peer.get("p50_s"), mine)
                 where = f"{r.name} ({what})"
-                out.append(_target(f"faster than {name} per call", where, speedup, ">", 1.0, True))
+                out.append(target(f"faster than {name} per call", where, speedup, ">", 1.0, True))
     return out
 
 
@@ -505,29 +506,6 @@ def _request_times(r: RequestPoint) -> list[tuple[str, float]]:
     if r.lamina.get("first_p50_s") is not None:
         times.append(("first request in the process", r.lamina["first_p50_s"]))
     return times
-
-
-def _target(
-    name: str, where: str, value: float | None, op: str, bound: float, full_scale: bool
-) -> dict[str, Any]:
-    if value is None:
-        met = None
-    elif op == "<=":
-        met = value <= bound
-    elif op == "<":
-        met = value < bound
-    elif op == ">=":
-        met = value >= bound
-    else:
-        met = value > bound
-    return {
-        "target": name,
-        "where": where,
-        "measured": value,
-        "bound": f"{op} {bound:g}",
-        "met": met,
-        "at_target_scale": full_scale,
-    }
 
 
 def _document(
