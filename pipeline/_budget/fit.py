@@ -679,6 +679,41 @@ def _restored(
     return attrs.evolve(turn, library=library), decisions, gained, first
 
 
+def _unfolded(turn: TurnGraph, room: int, start: int) -> tuple[TurnGraph, list[Decision], int]:
+    """Library indexes at positions ``start`` on (stubs collapsed past their share) given
+    back, oldest first, as the entries they fold in their whole forms, when all of them fit
+    in ``room`` together; an entry whose key is in the library again, or sent this turn,
+    stays out. The turn, the decisions and the tokens given back."""
+    sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
+    library = turn.library
+    decisions: list[Decision] = []
+    gained = 0
+    for index in [e for e in library.entries[start:] if e.folded]:
+        present = set(library.keys())
+        back: list[LibraryEntry] = []
+        for entry in index.folded:
+            if entry.key in present or entry.key in sent or entry.key in {b.key for b in back}:
+                continue
+            new = _fuller(turn, entry, room, whole_only=True)
+            back.append(new if new is not None else entry)
+        growth = sum(e.tokens for e in back) - index.tokens
+        if not back or growth <= 0 or growth > room - gained:
+            continue
+        gained += growth
+        library = library.unfold(index.key, back)
+        reason = "library index unfolded: the entries it listed come back (room freed up)"
+        decisions.append(
+            _decision(index.key, "index", "full", reason, "L2", -growth,
+                      action=DecisionAction.RESTORED)
+        )  # fmt: skip
+        for entry in back:
+            decisions.append(
+                _decision(entry.key, "index", str(entry.form), reason, "L2", 0,
+                          action=DecisionAction.RESTORED)
+            )  # fmt: skip
+    return attrs.evolve(turn, library=library), decisions, gained
+
+
 def restore(turn: TurnGraph, used: int, budget: Budget) -> tuple[TurnGraph, list[Decision]] | None:
     """Give cut library entries back the fullest form that fits, oldest first, leaving
     the plan's slack free (so the restore is not cut again at once); None if none is due.
@@ -691,15 +726,19 @@ def restore(turn: TurnGraph, used: int, budget: Budget) -> tuple[TurnGraph, list
     is left as it is (the library is not sent twice)."""
     plan = budget.plan
     room = budget.limit - budget.effective(used) - math.floor(budget.limit * plan.slack)
-    if room <= 0 or not any(e.cut for e in turn.library.entries):
+    if room <= 0 or not any(e.cut or e.folded for e in turn.library.entries):
         return None
     out, decisions, gained, _ = _restored(turn, room, 0)
+    out, unfolded, more = _unfolded(out, room - gained, 0)
+    decisions, gained = decisions + unfolded, gained + more
     if decisions and gained >= math.ceil(budget.limit * plan.restore_min):
         return out, decisions
     breaks = _breaks_at(turn)
     if breaks is None:
         return None
     out, decisions, gained, _ = _restored(turn, room, breaks)
+    out, unfolded, more = _unfolded(out, room - gained, breaks)
+    decisions += unfolded
     return (out, decisions) if decisions else None
 
 

@@ -75,12 +75,13 @@ class _Renderer:
         kept_items: int,
         unlisted: int,
         turn: int,
+        folded: tuple[LibraryEntry, ...],
     ) -> LibraryEntry:
         artifact = index_artifact(group, lines, unlisted, "library", kept, kept_items)
         view = full_view(artifact)
         ctx = self.turn.ctx
         text = ctx.renderer.render(view)
-        return LibraryEntry(view, text, ctx.counter.count(text), turn)
+        return LibraryEntry(view, text, ctx.counter.count(text), turn, folded=folded)
 
 
 def _listed(entry: LibraryEntry) -> tuple[tuple[str, ...], int, int]:
@@ -126,15 +127,17 @@ def bound_stubs(
             stubs = [e for e in old if not _is_index(e)]
             kept, items, unlisted = _listed(index) if index is not None else ((), 0, 0)
             since = min(e.turn for e in old)
+            # The collapsed stubs ride inside the index, so a turn with room unfolds them.
+            folded = (*(index.folded if index is not None else ()), *stubs)
             if level == 1:
                 if not stubs or (index is None and len(stubs) < 2):
                     continue
                 lines = [IndexLine(e.key, e.view.title, e.full_tokens) for e in stubs]
-                new = make.entry(group, lines, kept, items, unlisted, since)
+                new = make.entry(group, lines, kept, items, unlisted, since, folded)
             else:
                 if index is None or stubs or not kept:
                     continue
-                new = make.entry(group, (), (), 0, items + unlisted, since)
+                new = make.entry(group, (), (), 0, items + unlisted, since, folded)
             saved = sum(e.tokens for e in old) - new.tokens
             if saved <= 0:
                 continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import attrs
 import xxhash
@@ -39,6 +39,9 @@ class LibraryEntry:
     """Tokens of the artifact's full block when it entered the library (0: not known), so
     an index line can give the size in full of an entry cut to a stub."""
     whole: View | None = None
+    folded: tuple[LibraryEntry, ...] = ()
+    """On a library index (stubs collapsed past their share): the entries it lists, each
+    with its ``whole`` form, so a later turn with room can unfold them again."""
 
     @property
     def key(self) -> str:
@@ -120,6 +123,11 @@ class Library:
         if entry.key in self._index:
             raise ArgumentError("entry", f"{entry.key} is already in the library")
         return Library((*self.entries, entry))
+
+    def unfold(self, key: str, entries: Sequence[LibraryEntry]) -> Library:
+        """The entry ``key`` replaced in place by ``entries`` (an index unfolded)."""
+        i = self._index[key]
+        return Library((*self.entries[:i], *entries, *self.entries[i + 1 :]))
 
     def replace(self, entry: LibraryEntry) -> Library:
         """Replace the entry with the same key in place (its position is kept)."""

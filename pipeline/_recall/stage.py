@@ -180,13 +180,15 @@ def _history_items(entries: Sequence[HistoryEntry]) -> dict[str, RecallItem]:
 def _library_items(turn: TurnGraph) -> dict[str, RecallItem]:
     out: dict[str, RecallItem] = {}
     present: set[str] | None = None
-    for lib in turn.library.entries:
+    # A library index folds the stubs it lists: they are cut entries too.
+    entries = [e for lib in turn.library.entries for e in (lib, *lib.folded)]
+    for lib in entries:
         whole = _whole(lib)
         if whole is None or not whole.body.strip():
             continue
         if present is None:
             present = {item.key for item in turn.items}
-        if lib.key not in present:
+        if lib.key not in present and lib.key not in out:
             out[lib.key] = RecallItem(lib.key, lib.turn, whole.body, whole.title)
     return out
 

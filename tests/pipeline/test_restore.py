@@ -273,3 +273,39 @@ def test_prefix_first_never_refers_to_a_stub() -> None:
     assert _l2(env)["note:project-spec.md"] is Form.REFERENCE  # evicted to a stub
     spec = next(s for s in env.l3.segments if s.key == "note:project-spec.md")
     assert spec.form is Form.REFERENCE and spec.unsent
+
+
+def test_stubs_folded_into_a_library_index_come_back_when_room_frees_up(
+    tmp_path: Path,
+) -> None:
+    """A documentation vault at 8k: re-attaching a long note cuts the library to stubs and
+    folds them into indexes (5,439 -> 427 tokens); the next turn, with room, unfolds the
+    indexes into the entries they list, whole, and a conversation restored from SQLite
+    does the same."""
+    from tests.test_real_material import KEPANO, KEPANO_CHAT
+
+    budget = Budget(8000, reserve_output=1000)
+    live = Conversation("You answer from the attached notes.", vault=KEPANO, budget=budget)
+    previous: Envelope | None = None
+    with SqliteStore(tmp_path / "chat.db") as store:
+        store.create(ConversationInfo("c"))
+        for i, (query, attach) in enumerate(KEPANO_CHAT[:9]):
+            env = live.turn(query, attach)
+            check_envelope(env, previous)
+            live.reply(f"Answer {i + 1}.")
+            save_turn(store, "c", live, env)
+            previous = env
+        folded = [e for e in live.library if e.folded]
+        assert folded, "turn 9 folds the library's stubs into indexes"
+        # Those not in the library again on their own (a note re-attached at turn 9).
+        listed = {f.key for e in folded for f in e.folded} - {e.key for e in live.library}
+        again = load_conversation(store, "c", vault=KEPANO)
+    assert again.library == live.library
+    want, got = live.turn("And now?"), again.turn("And now?")
+    check_envelope(want, previous)
+    assert got.system_text == want.system_text and got.report == want.report
+    restored = {d.target for d in want.report.decisions if d.action is DecisionAction.RESTORED}
+    back = listed & set(want.l2.keys())
+    assert back and back <= restored
+    assert want.l2.tokens > previous.l2.tokens + 1_000
+    assert all(want.l2.get(k).form is not Form.REFERENCE for k in back)  # type: ignore[union-attr]
