@@ -65,6 +65,13 @@ class ConversationCreate(_In):
     window: int | None = Field(default=None, ge=1, description="Context window: a budget.")
     reserve: int | None = Field(default=None, ge=0, description="Tokens kept for the reply.")
     model: str | None = Field(default=None, description="Model profile for the budget.")
+    recall: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Share of the window recall may fill with dropped history and cut "
+        "library entries the query matches (needs a window or a model; 0: off).",
+    )
     tokenizer: str = Field(
         default="",
         max_length=64,

@@ -136,7 +136,7 @@ class ConversationHub:
 
     def create(self, body: ConversationCreate) -> tuple[str, Head]:
         _check_text(body)
-        budget = _budget(body.window, body.reserve, body.model)
+        budget = _budget(body.window, body.reserve, body.model, body.recall)
         conversation_id = secrets.token_hex(16)
         settings = body.model_dump_json(exclude_defaults=True)
         info = ConversationInfo(
@@ -351,7 +351,7 @@ class ConversationHub:
                 policy=Policy(
                     freshness=settings.policy.freshness, reattach=settings.policy.reattach
                 ),
-                budget=_budget(settings.window, settings.reserve, settings.model),
+                budget=_budget(settings.window, settings.reserve, settings.model, settings.recall),
             )
             conv.saved_head = Head()
         else:
@@ -462,20 +462,25 @@ def _settings(info: ConversationInfo) -> ConversationCreate:
     return ConversationCreate(vault=bool(info.vault))
 
 
-def _budget(window: int | None, reserve: int | None, model: str | None) -> Budget | None:
+def _budget(
+    window: int | None, reserve: int | None, model: str | None, recall: float | None = None
+) -> Budget | None:
     """The CLI's budget rule: --model's profile and/or --window/--reserve (reserve by
-    default min(4096, window / 4))."""
+    default min(4096, window / 4)), and recall's share."""
     overrides: dict[str, Any] = {}
     if window is not None:
         overrides["context_window"] = window
     if reserve is not None:
         overrides["reserve_output"] = reserve
+    if recall is not None:
+        overrides["recall_share"] = recall
     try:
         if model is not None:
             return Budget.for_model(model, **overrides)
         if window is None:
-            if reserve is not None:
-                raise FieldError("reserve", "needs a window or a model")
+            for name, value in (("reserve", reserve), ("recall", recall)):
+                if value is not None:
+                    raise FieldError(name, "needs a window or a model")
             return None
         overrides.setdefault("reserve_output", min(4096, window // 4))
         return Budget(**overrides)

@@ -366,3 +366,38 @@ def test_reply_saves_the_answer_into_history(client: httpx.Client) -> None:
     assert second["messages"][1]["content"] == "Hi there."
     twice = client.post(f"/v1/conversations/{cid}/reply", json={"parent": head, "text": "b"})
     assert twice.status_code == 409
+
+
+def _recall_turns() -> list[dict[str, Any]]:
+    """A chat whose first turn holds a fact that the budget drops from history and the
+    last turn asks for."""
+    filler = "The weather report went on about clouds, rain and the wind over the hills. " * 12
+    turns: list[dict[str, Any]] = [
+        {"user": "Remember this: the vault's secret code is zebra-42.", "reply": "Noted."}
+    ]
+    for k in range(8):
+        turns.append({"user": f"Tell me about topic {k}.", "reply": f"Topic {k}. {filler}"})
+    turns.append({"user": "What is the vault's secret code?"})
+    return turns
+
+
+def test_recall_is_a_conversation_setting_and_matches_run(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    """A conversation created with a window and ``recall`` recalls dropped history exactly
+    as `lamina run --window --recall` does; recall without a window is refused by name."""
+    turns = _recall_turns()
+    conv = create(client, system="You are terse.", window=1500, reserve=300, recall=0.3)
+    built, _ = run_turns(client, conv["id"], EMPTY, turns)
+    last = built[-1]
+    recalled = [s["key"] for s in last["layers"]["L3"]["segments"]]
+    assert any(k.startswith("recalled:history:1:") for k in recalled), recalled
+    script = tmp_path / "recall.json"
+    script.write_text(json.dumps({"system": "You are terse.", "turns": turns}), encoding="utf-8")
+    ran = lamina("run", str(script), "--json", "--window", "1500", "--reserve", "300",
+                 "--recall", "0.3")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    expected = json.loads(ran.stdout)["turns"]
+    assert [t["messages"] for t in built] == [t["messages"] for t in expected]
+    refused = client.post("/v1/conversations", json={"recall": 0.3})
+    assert refused.status_code in (400, 422) and "recall" in refused.text
