@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 import pipeline
+from lamina._budgets import NeedsWindow, budget_of
 from lamina._files import write_atomic
 from lamina._host import Conversation, import_transcript, load_conversation, rebuild_envelope
 from lamina._replay_cli import replay_command
@@ -185,24 +186,11 @@ def _budget(
     window: int | None, reserve: int | None, model: str | None, recall: float | None = None
 ) -> Budget | None:
     """A budget from --model (its profile) and/or --window/--reserve (and --recall's
-    share); None if none given."""
-    overrides: dict[str, Any] = {}
-    if window is not None:
-        overrides["context_window"] = window
-    if reserve is not None:
-        overrides["reserve_output"] = reserve
-    if recall is not None:
-        overrides["recall_share"] = recall
-    if model is not None:
-        return Budget.for_model(model, **overrides)
-    if window is None:
-        for flag, value in (("--reserve", reserve), ("--recall", recall)):
-            if value is not None:
-                raise ConfigError(flag, "needs --window or --model")
-        return None
-    # Without --reserve, keep 4,096 tokens for the reply, or a quarter of a small window.
-    overrides.setdefault("reserve_output", min(4096, window // 4))
-    return Budget(**overrides)
+    share); None if none given (``budget_of``, the rule the server and replay share)."""
+    try:
+        return budget_of(window, reserve, model, recall)
+    except NeedsWindow as exc:
+        raise ConfigError(f"--{exc.setting}", "needs --window or --model") from None
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from lamina._budgets import budget_of
 from pipeline import (
     TOKENIZERS,
     Budget,
@@ -46,17 +47,12 @@ class BudgetConfig:
     reserve: int | None = None
 
     def budget(self) -> Budget:
-        overrides: dict[str, Any] = {}
-        if self.window is not None:
-            overrides["context_window"] = self.window
-        if self.reserve is not None:
-            overrides["reserve_output"] = self.reserve
-        if self.model is not None:
-            return Budget.for_model(self.model, **overrides)
-        if self.window is None:
+        """The budget by the CLI's rule (``budget_of``)."""
+        if self.model is None and self.window is None:
             raise ConfigError("budget", "needs a model or a window")
-        overrides.setdefault("reserve_output", min(4096, self.window // 4))
-        return Budget(**overrides)
+        budget = budget_of(self.window, self.reserve, self.model)
+        assert budget is not None  # a window or a model always gives one
+        return budget
 
 
 @attrs.frozen

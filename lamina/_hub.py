@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 import pipeline
 from lamina._api_models import ConversationCreate, ReplyIn, TurnIn
+from lamina._budgets import NeedsWindow, budget_of
 from lamina._host import Conversation, export_transcript, load_conversation, rebuild_envelope
 from pipeline import (
     AttachmentRecord,
@@ -465,25 +466,11 @@ def _settings(info: ConversationInfo) -> ConversationCreate:
 def _budget(
     window: int | None, reserve: int | None, model: str | None, recall: float | None = None
 ) -> Budget | None:
-    """The CLI's budget rule: --model's profile and/or --window/--reserve (reserve by
-    default min(4096, window / 4)), and recall's share."""
-    overrides: dict[str, Any] = {}
-    if window is not None:
-        overrides["context_window"] = window
-    if reserve is not None:
-        overrides["reserve_output"] = reserve
-    if recall is not None:
-        overrides["recall_share"] = recall
+    """The CLI's budget rule (``budget_of``), its errors named by the request's field."""
     try:
-        if model is not None:
-            return Budget.for_model(model, **overrides)
-        if window is None:
-            for name, value in (("reserve", reserve), ("recall", recall)):
-                if value is not None:
-                    raise FieldError(name, "needs a window or a model")
-            return None
-        overrides.setdefault("reserve_output", min(4096, window // 4))
-        return Budget(**overrides)
+        return budget_of(window, reserve, model, recall)
+    except NeedsWindow as exc:
+        raise FieldError(exc.setting, "needs a window or a model") from None
     except ConfigError as exc:
         field = "model" if model is not None and "model" in exc.setting else "window"
         raise FieldError(field, str(exc)) from None
