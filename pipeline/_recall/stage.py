@@ -35,18 +35,18 @@ from pipeline._turn.draft import Draft, ItemBlock
 from pipeline._turn.graph import Placement, TurnGraph
 from pipeline._views.views import full_view
 
-__all__ = ["RECALL_FLOOR", "Recall", "RecallMemo", "recall_items"]
+__all__ = ["RECALL_FLOOR", "Recall", "RecallMemo"]
 
 RECALL_FLOOR = 0.1
 """Below this share of its room free, recall moves the history cut point on."""
 SEARCH_K = 64
 """The most ranked items a turn considers."""
 MIN_BLOCK = 40
+"""About the fewest tokens a recalled block takes (its tags and a few words): a share of
+``s`` tokens considers at most ``s // MIN_BLOCK`` items."""
 RELEVANCE = 0.25
 """Items scoring under this share of the best hit are not recalled: they match the query
 by a common word only, and would take room from the cached history for nothing."""
-"""About the fewest tokens a recalled block takes (its tags and a few words): a share of
-``s`` tokens considers at most ``s // MIN_BLOCK`` items."""
 
 
 class RecallMemo:
@@ -96,8 +96,10 @@ class RecallMemo:
         )
 
     def items(self, turn: TurnGraph) -> dict[str, RecallItem]:
-        """``recall_items(turn)``; the history part is remembered while the cut point and
-        the entries before it are the same."""
+        """What ``turn`` may recall, by key in conversation order: history messages before
+        L4's cut point, then cut library entries whose whole form is kept (folded ones
+        included; not attached again this turn). The history part is remembered while the
+        cut point and the entries before it are the same."""
         start = turn.history_view.start
         history = turn.history
         # Entries are numbered from 1 in order, so the last one dropped is found directly.
@@ -150,21 +152,6 @@ def _cost(block: ItemBlock) -> int:
     return block.with_sep if block.with_sep is not None else block.segment.tokens + 2
 
 
-def recall_share(budget: Budget) -> float:
-    return budget.recall_share
-
-
-def recall_items(turn: TurnGraph) -> dict[str, RecallItem]:
-    """What ``turn`` may recall: history messages before L4's cut point and cut library
-    entries whose whole form is kept (not attached again this turn), by key in
-    conversation order."""
-    start = turn.history_view.start
-    return {
-        **_history_items([e for e in turn.history if e.turn < start]),
-        **_library_items(turn),
-    }
-
-
 def _history_items(entries: Sequence[HistoryEntry]) -> dict[str, RecallItem]:
     out: dict[str, RecallItem] = {}
     for entry in entries:
@@ -213,12 +200,12 @@ class Recall:
     def __call__(self, turn: TurnGraph) -> TurnGraph:
         budget = turn.ctx.budget
         memo = turn.ctx.recall
-        if budget is None or memo is None or recall_share(budget) <= 0:
+        if budget is None or memo is None or budget.recall_share <= 0:
             return turn
         items = memo.items(turn)
         if not items:
             return turn
-        share = math.floor(budget.limit * recall_share(budget))
+        share = math.floor(budget.limit * budget.recall_share)
         k = min(SEARCH_K, max(1, share // MIN_BLOCK))
         hits = _relevant(memo.search(items, turn.query, k))
         if not hits:
@@ -302,7 +289,11 @@ def _choose(
     return chosen
 
 
-_ROLE_ORDER = {":user": 0, "stant": 1}  # a turn's user message, then its reply
+def _conversation_order(item: RecallItem) -> tuple[int, int, str]:
+    """History by turn, a turn's user message before its reply, then library entries."""
+    if item.key.startswith("history:"):
+        return (item.turn, 0 if item.key.endswith(":user") else 1, item.key)
+    return (item.turn, 2, item.key)
 
 
 def _with_recalled(
@@ -317,7 +308,7 @@ def _with_recalled(
     come measured from the memo)."""
     graph = turn.graph.copy()
     blocks: list[ItemBlock] = []
-    for key in sorted(chosen, key=lambda k: (items[k].turn, _ROLE_ORDER.get(k[-5:], 2), k)):
+    for key in sorted(chosen, key=lambda k: _conversation_order(items[k])):
         block = memo.block(items[key], turn)
         graph.add_node(block.artifact.key, kind="artifact", artifact=block.artifact)
         blocks.append(block)
