@@ -169,19 +169,7 @@ def test_instructions_system_prompt_and_tools_are_counted_and_kept() -> None:
         seen.append((info.instructions, tools))
         return model(messages, info)
 
-    instructions = " ".join(["Answer in one short paragraph."] * 20)
-    agent = Agent(
-        FunctionModel(answer),
-        capabilities=[ProcessHistory(history)],
-        instructions=instructions,
-        system_prompt="Cite the note you used.",
-    )
-
-    @agent.tool_plain
-    def search(q: str) -> str:
-        """Search the project notes."""
-        return _result(q)
-
+    agent = _searching_agent(FunctionModel(answer), history)
     for i in range(3):
         history.attach({"note": "project-spec.md"})
         history.finish(agent.run_sync(f"Question {i}: what does the sync engine do?").output)
@@ -193,14 +181,35 @@ def test_instructions_system_prompt_and_tools_are_counted_and_kept() -> None:
         system = messages[0].parts[0]
         assert isinstance(system, SystemPromptPart)
         assert "results.\n\nCite the note you used." in system.content
-        assert sent_instructions == instructions
-        added = budget.framing.per_message + conv.counter.count(instructions)
+        assert sent_instructions == INSTRUCTIONS
+        added = budget.framing.per_message + conv.counter.count(INSTRUCTIONS)
         added += tool_tokens(tools, "openai", conv.counter)
         assert history.state.agent is not None
         steps = history.state.agent.loop_tokens(loop.steps)
         assert loop.tokens == budget.used(loop.envelope, conv.counter) + added + steps
         assert budget.effective(loop.tokens) <= budget.limit
     assert conv.system.mutable == "Cite the note you used."
+
+
+INSTRUCTIONS = " ".join(["Answer in one short paragraph."] * 20)
+
+
+def _searching_agent(model: Any, history: LaminaHistory) -> Agent[None, str]:
+    """An agent with pydantic-ai's own additions (long instructions, a system prompt and a
+    ``search`` tool) whose history Lamina processes."""
+    agent = Agent(
+        model,
+        capabilities=[ProcessHistory(history)],
+        instructions=INSTRUCTIONS,
+        system_prompt="Cite the note you used.",
+    )
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        """Search the project notes."""
+        return _result(q)
+
+    return agent
 
 
 def _wire_model(bodies: list[dict[str, Any]]) -> OpenAIChatModel:
@@ -238,18 +247,7 @@ def test_the_request_pydantic_ai_sends_is_counted_exactly_and_fits() -> None:
     budget = Budget(context_window=2400, reserve_output=300)
     conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
     history = LaminaHistory(conv)
-    agent = Agent(
-        _wire_model(bodies),
-        capabilities=[ProcessHistory(history)],
-        instructions=" ".join(["Answer in one short paragraph."] * 20),
-        system_prompt="Cite the note you used.",
-    )
-
-    @agent.tool_plain
-    def search(q: str) -> str:
-        """Search the project notes."""
-        return _result(q)
-
+    agent = _searching_agent(_wire_model(bodies), history)
     for i in range(3):
         history.attach({"note": "project-spec.md"})
         history.finish(agent.run_sync(f"Question {i}?").output)
