@@ -689,11 +689,12 @@ def _unfolded(turn: TurnGraph, room: int, start: int) -> tuple[TurnGraph, list[D
     decisions: list[Decision] = []
     gained = 0
     for index in [e for e in library.entries[start:] if e.folded]:
-        present = set(library.keys())
+        taken = set(library.keys()) | sent  # an entry comes back once, where it is not
         back: list[LibraryEntry] = []
         for entry in index.folded:
-            if entry.key in present or entry.key in sent or entry.key in {b.key for b in back}:
+            if entry.key in taken:
                 continue
+            taken.add(entry.key)
             new = _fuller(turn, entry, room, whole_only=True)
             back.append(new if new is not None else entry)
         growth = sum(e.tokens for e in back) - index.tokens
