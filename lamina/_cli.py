@@ -706,7 +706,7 @@ def export_cmd(store_path: str, conversation_id: str, out: str | None) -> None:
     """Export a saved chat as a markdown transcript."""
     from lamina._host import export_transcript
 
-    with _existing_store(store_path) as store:
+    with _existing_store(store_path, read_only=True) as store:
         text = export_transcript(store, conversation_id)
     if out is None:
         click.echo(text, nl=False)
@@ -964,7 +964,7 @@ def _saved_envelopes(
 ) -> tuple[list[Envelope], pipeline.Conversation]:
     """Every turn of a saved chat, rebuilt from the store and checked against its manifest."""
 
-    with _existing_store(store_path) as store:
+    with _existing_store(store_path, read_only=True) as store:
         saved = store.conversation(conversation_id).vault
         root = Path(vault) if vault else (Path(saved) if saved else None)
         _check_vault(root, vault, store_path)
@@ -1078,13 +1078,36 @@ def inspect(
 cli.add_command(replay_command)
 
 
-def _existing_store(value: str) -> SqliteStore | PostgresStore:
-    """The store a command reads: a PostgreSQL URL, or a SQLite file that must exist."""
+def _existing_store(value: str, *, read_only: bool = False) -> SqliteStore | PostgresStore:
+    """The store a command uses: a PostgreSQL URL, or a SQLite file that must exist.
+
+    ``read_only`` for commands that only look (export, report): the store is never
+    written nor migrated (a store too old to read as it is raises StoreNeedsMigration)."""
     from pipeline import is_postgres_url, open_store
 
     if not is_postgres_url(value) and not Path(value).is_file():
         raise ScriptError(value, "", "no such store file")
-    return open_store(value)
+    return open_store(value, read_only=read_only)
+
+
+@cli.command()
+@click.argument("store_path", metavar="STORE")
+def migrate(store_path: str) -> None:
+    """Bring an existing store (file or postgresql:// URL) to this Lamina's schema version.
+
+    Commands that write (run, resume, import, serve) migrate on open; export and report
+    only read, and ask for this when a store is too old to read as it is."""
+    from pipeline import StoreNeedsMigration
+
+    try:
+        with _existing_store(store_path, read_only=True) as store:
+            was = store.schema_version
+    except StoreNeedsMigration as exc:
+        was = exc.found
+    with _existing_store(store_path) as store:  # an open for writing migrates
+        now = store.schema_version
+    said = "already current" if was == now else f"was {was}"
+    click.echo(f"store {store.path}: schema version {now} ({said})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

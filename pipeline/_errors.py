@@ -23,6 +23,7 @@ LaminaError
 │   ├── StoreCorrupt          not a Lamina store, or its bytes are damaged
 │   │   └── StoreForeignTable another application's table in Lamina's place (.table)
 │   ├── StoreSchemaTooNew     written by a newer Lamina (.found, .supported)
+│   ├── StoreNeedsMigration   too old to read without migrating (.found, .supported)
 │   ├── StoreUnreachable      the database server cannot be reached (.reason)
 │   ├── ConflictError         the conversation moved on since this save's parent
 │   │                         (.conversation_id, .head_turn, .head_hash)
@@ -60,6 +61,7 @@ __all__ = [
     "StoreError",
     "StoreForeignTable",
     "StoreLocked",
+    "StoreNeedsMigration",
     "StoreSchemaTooNew",
     "StoreUnreachable",
     "TokenizerUnavailable",
@@ -283,6 +285,21 @@ class StoreSchemaTooNew(StoreError):
             path,
             f"schema version {found} is newer than this Lamina supports ({supported}); "
             "upgrade Lamina",
+        )
+
+
+class StoreNeedsMigration(StoreError):
+    """A read-only open met a store whose schema is older than this Lamina reads without
+    migrating it; nothing was changed. ``lamina migrate STORE`` (or any open for writing)
+    migrates it."""
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        self.found = found
+        self.supported = supported
+        super().__init__(
+            path,
+            f"schema version {found} must be migrated to {supported} before it can be read, "
+            f"which a read-only open never does: run `lamina migrate {path}` first",
         )
 
 

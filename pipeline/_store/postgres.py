@@ -21,8 +21,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipeline._errors import StoreCorrupt, StoreError, StoreLocked, StoreUnreachable
-from pipeline._store.records import SCHEMA_VERSION
-from pipeline._store.sql import HEAD_COLUMN, Db, EntryCache, SqlStore, check_tables, check_version
+from pipeline._store.sql import (
+    HEAD_COLUMN,
+    Db,
+    EntryCache,
+    SqlStore,
+    check_readable,
+    check_tables,
+    check_version,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -334,7 +341,8 @@ class PostgresStore(SqlStore):
                 conn.execute("COMMIT")
 
     def _check_schema(self, conn: psycopg.Connection[Any]) -> None:
-        """A read-only open: the schema must hold Lamina's tables at this version."""
+        """A read-only open: the schema must hold Lamina's tables at its stored version,
+    one this Lamina reads as it is (``check_readable``); nothing is migrated."""
         db = _PgDb(conn)
         found = self._columns(db)
         if "lamina_schema" not in found:
@@ -342,12 +350,7 @@ class PostgresStore(SqlStore):
         row = db.execute("SELECT version FROM lamina_schema").fetchone()
         version = check_version(self._label, None if row is None else row[0])
         check_tables(self._label, found, self._migrations, version)
-        if version < SCHEMA_VERSION:
-            raise StoreError(
-                self._label,
-                f"schema version {version} needs migrating, which a read-only open cannot "
-                "do: open it once for writing",
-            )
+        self._version = check_readable(self._label, version)
 
     def _migrate(self, conn: psycopg.Connection[Any]) -> None:
         db = _PgDb(conn)

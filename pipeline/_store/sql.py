@@ -30,6 +30,7 @@ from pipeline._errors import (
     StoreCorrupt,
     StoreError,
     StoreForeignTable,
+    StoreNeedsMigration,
     StoreSchemaTooNew,
     UnknownConversation,
 )
@@ -52,10 +53,12 @@ from pipeline._views.summarize import SummaryKey, SummaryResult
 
 __all__ = [
     "HEAD_COLUMN",
+    "READS_FROM",
     "Cursor",
     "Db",
     "EntryCache",
     "SqlStore",
+    "check_readable",
     "check_tables",
     "check_version",
     "lamina_tables",
@@ -64,6 +67,13 @@ __all__ = [
 # Schema version 2, the same in every backend: each turn row keeps the head hash it
 # made, so ``head()`` is one indexed row read. Rows saved before it hold "" (computed).
 HEAD_COLUMN = "ALTER TABLE turns ADD COLUMN head_hash TEXT NOT NULL DEFAULT ''"
+HEAD_VERSION = 2
+
+# The oldest schema version every read here handles as it is stored, so a read-only open
+# (export, report, replay) reads it without migrating: version 2 only added
+# ``turns.head_hash``, which ``head()`` computes where it is absent. A migration whose
+# reads are not compatible raises this to its own version.
+READS_FROM = 1
 
 # Snapshots read per query (well under SQLite's and PostgreSQL's parameter limits).
 _BATCH = 500
@@ -105,6 +115,14 @@ def check_version(label: str, version: object) -> int:
         raise StoreCorrupt(label, "the schema version row is missing")
     if version > SCHEMA_VERSION:
         raise StoreSchemaTooNew(label, version, SCHEMA_VERSION)
+    return version
+
+
+def check_readable(label: str, version: int) -> int:
+    """``version`` (already checked not newer) if a read-only open can read it as stored;
+    older is ``StoreNeedsMigration``, since only a write may migrate."""
+    if version < READS_FROM:
+        raise StoreNeedsMigration(label, version, SCHEMA_VERSION)
     return version
 
 
@@ -282,12 +300,21 @@ class SqlStore:
     # The DDL that takes schema version v to v + 1 (index v; 0 is an empty database).
     _migrations: tuple[str, ...] = ()
     _label = ""
+    # The schema version the open store is at: SCHEMA_VERSION once a write open migrated
+    # it, the stored one (READS_FROM or later) for a read-only open.
+    _version = SCHEMA_VERSION
     # Decoded entries shared by this store's loads (each backend's constructor makes one).
     entry_cache: EntryCache
 
     @property
     def path(self) -> str:
         return self._label
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version as opened: this Lamina's after an open for writing (which
+        migrates), the stored one after a read-only open (which never does)."""
+        return self._version
 
     # -- what a backend supplies ----------------------------------------------------
 
@@ -658,6 +685,9 @@ class SqlStore:
     def head(self, conversation_id: str) -> Head:
         """One row read: the last turn and the head hash its save recorded."""
         with self._tx(write=False) as db:
+            if self._version < HEAD_VERSION:  # read-only, as stored: no head_hash column
+                self._require(db, conversation_id)
+                return self._head(db, conversation_id)[0]
             row = db.execute(
                 "SELECT turn, head_hash FROM turns WHERE conversation_id = ? "
                 "ORDER BY turn DESC LIMIT 1",

@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline._errors import StoreCorrupt, StoreError, StoreLocked
-from pipeline._store.records import SCHEMA_VERSION
-from pipeline._store.sql import HEAD_COLUMN, Db, EntryCache, SqlStore, check_tables, check_version
+from pipeline._store.sql import (
+    HEAD_COLUMN,
+    Db,
+    EntryCache,
+    SqlStore,
+    check_readable,
+    check_tables,
+    check_version,
+)
 
 __all__ = ["MIGRATIONS", "SqliteStore"]
 
@@ -107,6 +114,11 @@ class SqliteStore(SqlStore):
         # One connection shared by the threads that use this store, one at a time.
         self._lock = threading.RLock()
         self._depth = 0
+        # A read-only reader of a WAL file makes its -wal and -shm side files when absent
+        # and, unable to write, cannot remove them on close (see ``close``).
+        self._tidy = read_only and not any(
+            Path(self._path + side).exists() for side in ("-wal", "-shm")
+        )
         try:
             if read_only:
                 # SQLite's own read-only mode: no table, journal or header byte can change.
@@ -130,25 +142,39 @@ class SqliteStore(SqlStore):
                 if read_only:
                     if version is None:
                         raise StoreCorrupt(self._path, "not a Lamina store (it has no tables)")
-                    if version < SCHEMA_VERSION:
-                        raise StoreError(
-                            self._path,
-                            f"schema version {version} needs migrating, which a read-only "
-                            "open cannot do: open it once for writing",
-                        )
+                    self._version = check_readable(self._path, version)
                     return
                 self._db.execute("PRAGMA journal_mode=WAL").fetchone()
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.execute("PRAGMA foreign_keys=ON")
                 self._migrate()
         except BaseException:
-            self._db.close()
+            self.close()
             raise
 
     def close(self) -> None:
         with self._lock:
+            if self._closed:
+                return
             self._closed = True
             self._db.close()
+            if self._tidy:
+                self._remove_side_files()
+
+    def _remove_side_files(self) -> None:
+        """Leave the folder as a read-only open found it: the -wal and -shm side files it
+        made are removed the way SQLite removes them, by one more connection that reads
+        and closes. SQLite deletes them only if it is the file's last connection (under
+        its own lock, so another process's are never touched), after checkpointing a WAL
+        this reader left empty; the store file's bytes stay as they were. Best effort: a
+        file this process may not write keeps them."""
+        with contextlib.suppress(sqlite3.Error):
+            uri = "file:" + urllib.parse.quote(os.fsencode(Path(self._path).absolute()))
+            db = sqlite3.connect(uri + "?mode=rw", uri=True, timeout=0)
+            try:
+                db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            finally:
+                db.close()
 
     def _refuse_foreign(self) -> int | None:
         """Refuse another application's SQLite file by reading it only: nothing (not even

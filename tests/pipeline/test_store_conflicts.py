@@ -259,3 +259,27 @@ def test_a_read_only_store_reads_and_never_writes(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="cannot open"):
         SqliteStore(tmp_path / "missing.db", read_only=True)
     assert not (tmp_path / "missing.db").exists()
+
+
+def test_a_read_only_open_leaves_no_side_files_and_never_takes_a_writers(tmp_path: Path) -> None:
+    """SQLite makes -wal and -shm for a read-only reader of a WAL file; closing removes
+    them as SQLite would, but only as the file's last connection: a writer that opened
+    meanwhile keeps its own and goes on."""
+    path = tmp_path / "s.db"
+    with SqliteStore(path) as store:
+        store.create(ConversationInfo("c"))
+    before = path.read_bytes()
+    with SqliteStore(path, read_only=True) as store:
+        assert [c.id for c in store.conversations()] == ["c"]
+        assert (tmp_path / "s.db-wal").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.db"]
+    assert path.read_bytes() == before
+    reader = SqliteStore(path, read_only=True)
+    reader.conversations()
+    with SqliteStore(path) as writer:
+        writer.create(ConversationInfo("d"))
+        reader.close()
+        assert (tmp_path / "s.db-wal").stat().st_size > 0  # the writer's, kept
+        writer.create(ConversationInfo("e"))
+    with SqliteStore(path, read_only=True) as store:
+        assert [c.id for c in store.conversations()] == ["c", "d", "e"]
