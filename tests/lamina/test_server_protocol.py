@@ -1,0 +1,74 @@
+"""The HTTP protocol under ``lamina serve``, in process on a real uvicorn: what each
+connection's socket is set to."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from lamina._hub import ServerConfig
+from lamina._server import ConnectionLimits, GuardedH11, create_app
+
+PROTOCOLS = [GuardedH11]
+
+
+@contextlib.contextmanager
+def serving(
+    tmp_path: Path, protocol: type[GuardedH11]
+) -> Iterator[tuple[tuple[str, int], uvicorn.Server]]:
+    """``create_app`` on a real uvicorn with ``protocol``, in a thread, on a free port."""
+    config = ServerConfig(store=str(tmp_path / "s.sqlite"))
+    protocol.limits = ConnectionLimits.of(config)
+    settings = uvicorn.Config(
+        create_app(config), host="127.0.0.1", port=0, http=protocol, log_level="warning"
+    )
+    server = uvicorn.Server(settings)
+    sock = settings.bind_socket()
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(600):  # bounded: the server starts in well under a minute
+            if server.started:
+                break
+            time.sleep(0.1)
+        yield ("127.0.0.1", sock.getsockname()[1]), server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+def _get(address: tuple[str, int], path: str) -> tuple[socket.socket, bytes]:
+    """A keep-alive GET on a new connection; the connection (still open) and the answer."""
+    conn = socket.create_connection(address, timeout=30)
+    conn.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    answer = b""
+    while b"\r\n\r\n" not in answer or not answer.endswith(b"ok"):
+        chunk = conn.recv(65536)
+        assert chunk, answer
+        answer += chunk
+    return conn, answer
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
+def test_every_connection_sends_small_writes_at_once(
+    tmp_path: Path, protocol: type[GuardedH11]
+) -> None:
+    """TCP_NODELAY on each accepted connection: uvicorn's listening socket has proto 0, so
+    asyncio does not set it, and an answer written after its head waited for the client's
+    delayed ACK (40 ms)."""
+    with serving(tmp_path, protocol) as (address, server):
+        conn, answer = _get(address, "/v1/health")
+        with conn:
+            assert answer.startswith(b"HTTP/1.1 200 ")
+            connections = server.server_state.connections
+            sockets = [c.transport.get_extra_info("socket") for c in connections]
+            assert sockets
+            assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
