@@ -26,6 +26,7 @@ from pipeline._conversation.agent import (
     LoopStep,
     agent_call,
 )
+from pipeline._conversation.batch import APPEND_REFERENCES_INTRO, BatchState
 from pipeline._conversation.conversation import (
     Conversation,
     ConversationState,
@@ -93,6 +94,7 @@ from pipeline._model.envelope import (
     NOT_SENT_INTRO,
     QUERY_LABEL,
     REFERENCES_INTRO,
+    Batch,
     BudgetReport,
     BuildReport,
     Decision,
@@ -245,6 +247,7 @@ from pipeline._views.views import (
 )
 
 __all__ = [
+    "APPEND_REFERENCES_INTRO",
     "CALIBRATION_WINDOW",
     "CALL_OVERHEAD",
     "CUT_POLICIES",
@@ -272,6 +275,8 @@ __all__ = [
     "AttachmentKinds",
     "AttachmentRecord",
     "AttachmentSpec",
+    "Batch",
+    "BatchState",
     "Bm25Retriever",
     "Boundary",
     "Budget",

@@ -101,10 +101,25 @@ def _l2_reasons(previous: Envelope, current: Envelope) -> list[str]:
 def classify_break(previous: Envelope | None, current: Envelope) -> tuple[str, ...]:
     """Why ``current`` does not extend what ``previous`` made cacheable, earliest first:
     ``first-turn``, ``system-changed``, ``memory-changed``, ``artifact-changed:<key>``,
-    ``l2-compacted:<key>``, ``l2-evicted:<key>``, ``history-cut-moved`` (or ``unknown``);
-    empty when the previous system message and history are kept byte for byte."""
+    ``l2-compacted:<key>``, ``l2-evicted:<key>``, ``history-cut-moved`` (or ``unknown``),
+    ``library-settled`` when a batched request settled the library's deferred growth;
+    empty when the previous system message and history are kept byte for byte (as sent:
+    ``Envelope.as_sent``)."""
     if previous is None:
         return ("first-turn",)
+    if previous.batch is not None or current.batch is not None:
+        before, after = previous.as_sent(), current.as_sent()
+        old_history = before.history()
+        if after.system_text.startswith(before.system_text) and (
+            after.history()[: len(old_history)] == old_history
+        ):
+            return ()
+        # What the envelopes as built changed; else the deferred library growth settled.
+        return _built_reasons(previous, current) or ("library-settled",)
+    return _built_reasons(previous, current) or ()
+
+
+def _built_reasons(previous: Envelope, current: Envelope) -> tuple[str, ...]:
     reasons: list[str] = []
     system_kept = current.system_text.startswith(previous.system_text)
     if not system_kept:

@@ -13,6 +13,7 @@ from typing import Literal
 import attrs
 
 from pipeline import (
+    APPEND_REFERENCES_INTRO,
     RECALL_SOURCE,
     TOOL_SOURCE,
     ConfigError,
@@ -45,9 +46,6 @@ __all__ = [
 Layout = Literal["default", "batched", "append-only", "naive"]
 LAYOUTS: tuple[Layout, ...] = ("default", "batched", "append-only", "naive")
 
-APPEND_REFERENCES_INTRO = (
-    "Context attached to this message (sent in full earlier in this conversation):"
-)
 
 # Anchors name the positions a cache breakpoint may go, so renderers and the simulator
 # agree on where they are whatever the layout.
@@ -121,13 +119,19 @@ def _history(pairs: Sequence[tuple[str, str]]) -> list[Message]:
 
 
 def default_prompt(envelope: Envelope) -> Prompt:
-    """``[system: L1 + L2] -> [L4 history] -> [user: L3 + L5]``: the envelope as built."""
-    l1 = _l1(envelope)
-    parts = system_parts(envelope.l1, envelope.l2)
+    """``[system: L1 + L2] -> [L4 history] -> [user: L3 + L5]``: the envelope as it is sent.
+    When its library growth is deferred (``Envelope.batch``), the system message holds the
+    settled library and each deferred turn's user message carries its context
+    (``Envelope.as_sent``), so the request extends the one before it byte for byte."""
+    sent = envelope.as_sent()
+    l1 = _l1(sent)
+    parts = system_parts(sent.l1, sent.l2)
     keyed = l1 + [("", p) for p in parts[len(l1) :]]
-    user = Message("user", (Block(envelope.user_text),))
+    # A batched request is extended by the next one: the end of this turn may be cached.
+    anchor = "" if envelope.batch is None else TURN_END
+    user = Message("user", (Block(sent.user_text, anchor),))
     return Prompt(
-        "default", envelope.turn, _system_blocks(keyed), (*_history(envelope.history()), user)
+        "default", envelope.turn, _system_blocks(keyed), (*_history(sent.history()), user)
     )
 
 
@@ -323,6 +327,8 @@ def batched_prompt(envelopes: Sequence[Envelope], counter: TokenCounter) -> Prom
     limit less ``BATCH_MARGIN``. Needs the conversation's envelopes so far."""
     if not envelopes:
         raise ConfigError("layout", "batched needs at least one envelope")
+    if envelopes[-1].batch is not None:  # the conversation batched it: the request it sends
+        return attrs.evolve(default_prompt(envelopes[-1]), layout="batched")
     batch = _settle(0, envelopes[0], counter)
     for i in range(1, len(envelopes)):
         env, base = envelopes[i], envelopes[batch.start]

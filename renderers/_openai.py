@@ -25,8 +25,10 @@ class ChatMessage(TypedDict):
 
 
 def openai_messages(envelope: Envelope) -> list[ChatMessage]:
-    """The message list; the system message is left out when L1 and L2 are both empty."""
+    """The message list of the request as sent (``Envelope.as_sent``); the system message
+    is left out when L1 and L2 are both empty."""
     messages: list[ChatMessage] = []
+    envelope = envelope.as_sent()
     if envelope.system_text:
         messages.append({"role": "system", "content": envelope.system_text})
     for role, text in envelope.history():

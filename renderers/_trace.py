@@ -74,6 +74,14 @@ def trace_turn(
             {"code": w.code, "key": w.key, "message": w.message} for w in envelope.report.warnings
         ],
     }
+    if envelope.batch is not None:
+        b = envelope.batch
+        out["batch"] = {
+            "settled_entries": b.settled,
+            "deferred_turns": [int(s.key.split(":")[1]) for s in b.turns],
+            "tokens": b.tokens,
+            "settled": b.reason or None,
+        }
     if timings:
         out["timings"] = _timings(envelope)
     if usage is not None:

@@ -55,6 +55,7 @@ def _envelope_messages(envelope: Envelope, provider: str, model: str | None) -> 
             make = AIMessage if m["role"] == "assistant" else HumanMessage
             out.append(make(content=m["content"]))
         return out
+    envelope = envelope.as_sent()
     if envelope.system_text:
         out.append(SystemMessage(content=envelope.system_text))
     for role, text in envelope.history():

@@ -59,6 +59,7 @@ def _user_text(part: UserPromptPart) -> str:
 def envelope_messages(envelope: Envelope) -> list[ModelMessage]:
     """The envelope as pydantic-ai messages: system, history, then this turn's user text."""
     out: list[ModelMessage] = []
+    envelope = envelope.as_sent()
     if envelope.system_text:
         out.append(ModelRequest(parts=[SystemPromptPart(envelope.system_text)]))
     for role, text in envelope.history():

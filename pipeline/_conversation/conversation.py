@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from pipeline._budget.settings import BudgetSettings
+from pipeline._conversation.batch import NO_BATCH, BatchState, batch_turn
 from pipeline._conversation.usage import Calibration, TurnUsage
 from pipeline._errors import (
     ArgumentError,
@@ -65,6 +66,8 @@ class ConversationState:
     A store saves this (cattrs unstructures it generically) and ``Conversation.restore``
     rebuilds a conversation whose next turn is byte-identical to the uninterrupted one.
     ``budget`` is None for a conversation without one (and in states saved before it).
+    ``defer_library`` is False in states saved before it, so a stored chat keeps sending
+    the requests it sent; ``batch`` is where its current batch settled.
     """
 
     system: SystemPrompt
@@ -78,6 +81,8 @@ class ConversationState:
     budget: BudgetSettings | None = None
     usage: tuple[TurnUsage, ...] = ()
     calibration: tuple[Calibration, ...] = ()
+    defer_library: bool = False
+    batch: BatchState | None = None
 
 
 class Conversation:
@@ -86,6 +91,11 @@ class Conversation:
     The core takes its edges as arguments: ``sources`` (specs -> artifacts, e.g.
     ``processors.Sources``) and ``renderer`` (views -> text, e.g. ``renderers.XmlRenderer``).
     ``lamina.Conversation`` fills both in from a vault folder.
+
+    ``defer_library`` sends each request as a byte extension of the one before until the
+    prefix breaks anyway (``Envelope.batch``): a turn's new context stays in the user
+    message that sent it instead of growing the library in the system message, which would
+    push every history message after it out of the provider's cached prefix.
     """
 
     def __init__(
@@ -100,8 +110,10 @@ class Conversation:
         budget: Budget | None = None,
         summarizer: Summarizer | None = None,
         retriever: Callable[[], Retriever] | None = None,
+        defer_library: bool = False,
     ) -> None:
         _check_settings(system, tokenizer, policy, budget)
+        _validate.flag("defer_library", defer_library)
         if retriever is not None and not callable(retriever):
             got = type(retriever).__name__
             raise ArgumentError("retriever", f"must make a pipeline.Retriever, got {got}")
@@ -137,6 +149,9 @@ class Conversation:
         self.saved_head: Head | None = None
         self._usage: dict[int, TurnUsage] = {}
         self._calibration: dict[str, Calibration] = {}
+        self.defer_library = defer_library
+        # Where the current batch settled and what it sent since (defer_library).
+        self._batch: BatchState | None = None
 
     def _settle(self) -> None:
         """Take the promoted library once it is made (waiting for the background thread).
@@ -184,6 +199,8 @@ class Conversation:
             budget=None if self.budget is None else BudgetSettings.of(self.budget),
             usage=tuple(self._usage[k] for k in sorted(self._usage)),
             calibration=tuple(self._calibration[m] for m in sorted(self._calibration)),
+            defer_library=self.defer_library,
+            batch=self._batch if self.defer_library else None,
         )
 
     @classmethod
@@ -215,7 +232,9 @@ class Conversation:
             budget=budget,
             summarizer=summarizer,
             retriever=retriever,
+            defer_library=state.defer_library,
         )
+        conv._batch = state.batch
         if state.vault_changes:
             conv._vault_changes = dict(state.vault_changes)
             conv._sources = conv._sources.with_changes(conv._vault_changes)
@@ -380,6 +399,10 @@ class Conversation:
             meters=meters,
         )
         envelope = attrs.evolve(envelope, report=report)
+        batch = None
+        if self.defer_library and budget is None:
+            envelope, batch = self._batched(envelope)
+        self._batch = batch
         self._sources, self._vault_changes = own_sources, all_changes
         self._library = graph.library
         self._promotion = graph.promoted
@@ -392,6 +415,21 @@ class Conversation:
         self._history.append(HistoryEntry(number, text))
         self._last_system = self._system
         return envelope, graph
+
+    def _batched(self, envelope: Envelope) -> tuple[Envelope, BatchState]:
+        """``envelope`` with the request it is sent as (``batch_turn``): the batch goes on
+        unless the prefix breaks anyway or the extended request would not fit the budget."""
+        budget = self.budget
+        settle = NO_BATCH if self._batch is None and envelope.turn > 1 else ""
+        return batch_turn(
+            self._batch,
+            envelope,
+            renderer=self.renderer,
+            counter=self.counter,
+            count=self.count_request,
+            fits=lambda used: budget is None or budget.effective(used) <= budget.limit,
+            settle=settle,
+        )
 
     def reply(self, text: str) -> None:
         """Record the assistant's answer to the last turn (context blocks stripped)."""

@@ -49,6 +49,11 @@ def _fits_budget(env: Envelope) -> None:
         raise InvariantViolation(
             7, f"{budget.effective} tokens are over the budget's limit of {budget.limit}"
         )
+    # The request that is sent: a batched one is counted as sent (``Envelope.as_sent``).
+    if budget is not None and env.batch is not None and env.batch.tokens > budget.limit:
+        raise InvariantViolation(
+            7, f"the request sent has {env.batch.tokens} tokens, over the limit {budget.limit}"
+        )
 
 
 def _hashes_match(env: Envelope) -> None:
@@ -63,6 +68,13 @@ def _hashes_match(env: Envelope) -> None:
         raise InvariantViolation(1, "system text is not L1 and L2 joined")
     if env.user_text != join_blocks(user_parts(env.l3, env.l5)):
         raise InvariantViolation(1, "user text is not L3 and L5 joined")
+    batch = env.batch
+    if batch is not None:
+        if any(s.content_hash != text_hash(s.text) for s in (*batch.turns, batch.user)):
+            raise InvariantViolation(1, "a batched user message's hash does not match its text")
+        keys = {s.key for s in env.l4.segments if s.role == "user"}
+        if batch.settled > len(env.l2.segments) or any(s.key not in keys for s in batch.turns):
+            raise InvariantViolation(1, "the batch names library entries or turns not built")
 
 
 def _unique_keys(layer: Layer) -> None:

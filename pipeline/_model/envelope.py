@@ -17,6 +17,7 @@ __all__ = [
     "NOT_SENT_INTRO",
     "QUERY_LABEL",
     "REFERENCES_INTRO",
+    "Batch",
     "Blocks",
     "BudgetReport",
     "BuildReport",
@@ -298,6 +299,30 @@ class BuildReport:
 
 
 @attrs.frozen
+class Batch:
+    """The request an envelope is sent as while the library's growth waits for the next
+    prefix break (``Conversation(defer_library=True)``).
+
+    The system message holds L1 and the first ``settled`` L2 entries (the library the last
+    settled request held: between breaks L2 only grows by appending, so they are a prefix
+    of it, ``library_tokens`` their exact joined count); the history carries each deferred
+    turn's user message as it was sent (``turns``: its context included, keyed as the L4
+    segment it stands for); the user message is ``user``: this turn's context as
+    append-only sends it (full blocks the first time, references to what was sent earlier
+    or sits in the settled library) and the query. So each request extends the one before
+    it byte for byte. ``tokens`` is the request's exact count as the conversation counts it;
+    ``reason`` says why this request settled (the envelope as built; ``turns`` empty), ""
+    when it extends the one before."""
+
+    settled: int
+    library_tokens: int
+    turns: tuple[Segment, ...]
+    user: Segment
+    tokens: int
+    reason: str = ""
+
+
+@attrs.frozen
 class Envelope:
     """L1..L5 as typed segments, with the texts the request messages are made of.
 
@@ -324,6 +349,24 @@ class Envelope:
     prefix_hash: str = attrs.field(
         default=attrs.Factory(lambda self: text_hash(self.system_text), takes_self=True)
     )
+    # How the request is sent when the library's growth is deferred (None: as built).
+    batch: Batch | None = attrs.field(default=None, kw_only=True)
+
+    def as_sent(self) -> Envelope:
+        """The request as sent, as an envelope of its messages: L1 and the settled L2, no
+        L3, L4 with each deferred turn's user message as it was sent, L5 the user message
+        whole. The envelope itself when nothing is deferred. Every renderer and count of a
+        single envelope starts from it, so what is counted is what is sent."""
+        b = self.batch
+        if b is None or (not b.turns and b.settled == len(self.l2.segments)):
+            return self
+        l2 = Layer(LayerName.L2, self.l2.segments[: b.settled], b.library_tokens)
+        deferred = {s.key: s for s in b.turns}
+        history = tuple(deferred.get(s.key, s) for s in self.l4.segments)
+        l4 = Layer(LayerName.L4, history, sum(s.tokens for s in history))
+        l3 = Layer(LayerName.L3, (), 0)
+        l5 = Layer(LayerName.L5, (b.user,), b.user.tokens)
+        return Envelope(self.turn, (self.l1, l2, l3, l4, l5), self.report)
 
     def layer(self, name: LayerName | str) -> Layer:
         return self.layers[int(str(name)[1]) - 1]

@@ -85,8 +85,11 @@ def request_tokens(
     (``<s>``). A request with no system text gets the template's ``default_system``
     message when it has one (Qwen2.5's default prompt, Llama 3.1's date header). Blocks
     are counted from their segments' known counts (short tails only), so measuring a
-    draft after a cut encodes nothing but what the cut changed.
+    draft after a cut encodes nothing but what the cut changed. An envelope whose library
+    growth is deferred is counted as it is sent (``Envelope.as_sent``).
     """
+    if isinstance(envelope, Envelope):
+        envelope = envelope.as_sent()
     lead, trim, per_message, priming = (
         framing.lead,
         framing.trim,

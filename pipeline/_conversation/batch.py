@@ -1,0 +1,323 @@
+"""The library's growth deferred to the next prefix break: what a conversation keeps
+between turns to send each request as a byte extension of the one before.
+
+A turn's new attachments enter L2 (the system message) at the next turn, so with the
+library in the system message every history message after it leaves the cached prefix
+each time the library grows. Batching keeps the system message as it was settled and
+lets each turn's context stay in the user message that sent it (as append-only does:
+full blocks the first time, references to what was sent earlier or sits in the settled
+library) until the prefix breaks anyway (L1 changed; an L2 entry compacted, evicted,
+refreshed or reordered; history cut) or the batched request would not fit the budget.
+Then the request settles: it is the envelope as built, library included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+import xxhash
+
+from pipeline._hashing import hash_joined, slice_hash, text_hash
+from pipeline._model.envelope import (
+    BLOCK_SEP,
+    Batch,
+    Envelope,
+    Form,
+    Segment,
+    View,
+    arrange_user,
+    user_blocks,
+)
+from pipeline._model.recall import RECALL_SOURCE
+from pipeline._model.tools import TOOL_SOURCE, chunk_source
+from pipeline._tokens.counter import TokenCounter
+from pipeline._turn.measure import joined_tokens
+from pipeline._views.views import SegmentRenderer
+
+__all__ = [
+    "APPEND_REFERENCES_INTRO",
+    "FIRST_TURN",
+    "HISTORY_CHANGED",
+    "NO_BATCH",
+    "OVER_BUDGET",
+    "SYSTEM_CHANGED",
+    "BatchState",
+    "DeferredTurn",
+    "batch_turn",
+]
+
+APPEND_REFERENCES_INTRO = (
+    "Context attached to this message (sent in full earlier in this conversation):"
+)
+
+# Why a request settled (``Batch.reason``).
+FIRST_TURN = "first-turn"
+SYSTEM_CHANGED = "system-changed"
+HISTORY_CHANGED = "history-changed"
+OVER_BUDGET = "over-budget"
+# No batch to extend: a state saved without one, or the turn after an agent loop's.
+NO_BATCH = "no-batch"
+
+
+@attrs.frozen
+class DeferredTurn:
+    """One turn of the current batch: its number, its query as L4 shows it, the user
+    message it was sent with (context included) and that message's exact tokens, and its
+    reply once L4 shows it (None before)."""
+
+    turn: int
+    query: str
+    text: str
+    tokens: int
+    reply: str | None = None
+
+
+@attrs.frozen
+class BatchState:
+    """Where the current batch settled and what it sent since, kept between turns (and
+    saved with ``ConversationState``).
+
+    ``settled`` L2 entries (``library_tokens`` joined) were in the system message of the
+    settling request (L1's blocks hash to ``l1_hash``; its first ``system_chars``
+    characters to ``system_hash``); its history was the first ``history`` L4 segments
+    (``history_hash``); ``turns`` are the turns sent since, the settling one first; ``sent``
+    what their messages sent in full (key -> content hash)."""
+
+    settled: int = 0
+    library_tokens: int = 0
+    l1_hash: str = ""
+    system_chars: int = 0
+    system_hash: str = ""
+    history: int = 0
+    history_hash: str = ""
+    turns: tuple[DeferredTurn, ...] = ()
+    sent: tuple[tuple[str, str], ...] = ()
+
+
+def _history_hash(segments: Sequence[Segment]) -> str:
+    return hash_joined(
+        xxhash.xxh3_128(), (f"{s.role}\x00{s.key}\x00{s.text}" for s in segments), "\x01"
+    ).hexdigest()
+
+
+def _scoped(segment: Segment) -> bool:
+    """A retrieval chunk or a recalled block: this turn's only, never recorded as sent."""
+    return segment.source_type == RECALL_SOURCE or chunk_source(segment.key) is not None
+
+
+def _reference(segment: Segment, renderer: SegmentRenderer) -> str:
+    view = View(
+        key=segment.key,
+        source_type=segment.source_type,
+        form=Form.REFERENCE,
+        title=segment.title,
+        locator=segment.locator,
+        recoverable=segment.recoverable,
+        content_hash=segment.content_hash,
+        attributes=segment.attributes,
+    )
+    return renderer.render(view)
+
+
+def append_user(
+    envelope: Envelope,
+    sent: dict[str, str],
+    settled: Callable[[str], str | None],
+    renderer: SegmentRenderer,
+    counter: TokenCounter,
+) -> tuple[str, int]:
+    """This turn's user message when context stays where it was first sent, in the one
+    order of a user message (``arrange_user``), and its exact tokens; records in ``sent``
+    what it sends in full. ``settled(key)`` is the content hash of a settled library entry.
+
+    Tool results, retrieval chunks and recalled blocks are never recorded as sent: they
+    belong to this turn (a chunk the pipeline made a reference points at its source entry,
+    sent in full earlier). What the budget did not send is listed as such, not recorded.
+    """
+    segments = envelope.l3.segments
+    Part = tuple[str, Segment | None]
+    tools: list[Part] = [(s.text, s) for s in segments if s.source_type == TOOL_SOURCE]
+    refs: list[str] = []
+    unsent: list[str] = []
+    full: list[Part] = []
+    for seg in segments:
+        if seg.source_type == TOOL_SOURCE:
+            continue
+        if seg.form is Form.REFERENCE and seg.unsent:
+            unsent.append(seg.text)
+        elif chunk_source(seg.key) and seg.form is Form.REFERENCE:
+            refs.append(seg.text)
+        elif _scoped(seg):
+            full.append((seg.text, seg))
+        elif seg.form is Form.REFERENCE:
+            if (sent.get(seg.key) or settled(seg.key)) == seg.content_hash:
+                refs.append(seg.text)
+                continue
+            # Refreshed in L2 since it was sent: the earlier message holds old bytes.
+            entry = envelope.l2.get(seg.key)
+            full.append((entry.text, entry) if entry is not None else (seg.text, seg))
+            sent[seg.key] = seg.content_hash
+        elif seg.form is Form.FULL and (sent.get(seg.key) or settled(seg.key)) == (
+            seg.content_hash
+        ):
+            refs.append(_reference(seg, renderer))
+        else:
+            full.append((seg.text, seg))
+            if seg.form is Form.FULL:
+                sent[seg.key] = seg.content_hash
+    parts = arrange_user(
+        tools, refs, unsent, full, (envelope.query, None), refs_intro=APPEND_REFERENCES_INTRO
+    )
+    if not parts:
+        return "", 0
+    known = [
+        (t, s.tokens if s is not None and s.text == t else counter.count(t), None)
+        for t, s in parts
+    ]
+    return BLOCK_SEP.join(t for t, _ in parts), joined_tokens(known, counter)
+
+
+def _settle(
+    envelope: Envelope, counter: TokenCounter, tokens: int, reason: str
+) -> tuple[Envelope, BatchState]:
+    """The envelope as built, and the batch it starts."""
+    l2 = envelope.l2.segments
+    sent = {
+        s.key: s.content_hash
+        for s in envelope.l3.segments
+        if s.form is Form.FULL and s.source_type != TOOL_SOURCE and not _scoped(s)
+    }
+    user = Segment(
+        key=f"history:{envelope.turn}:user",
+        form=Form.TEXT,
+        source_type="history",
+        content_hash=text_hash(envelope.user_text),
+        text=envelope.user_text,
+        tokens=_user_tokens(envelope, counter),
+        role="user",
+    )
+    state = BatchState(
+        settled=len(l2),
+        library_tokens=envelope.l2.tokens,
+        l1_hash=_l1_hash(envelope),
+        system_chars=len(envelope.system_text),
+        system_hash=envelope.prefix_hash,
+        history=len(envelope.l4.segments),
+        history_hash=_history_hash(envelope.l4.segments),
+        turns=(DeferredTurn(envelope.turn, envelope.query, user.text, user.tokens),),
+        sent=tuple(sorted(sent.items())),
+    )
+    batch = Batch(len(l2), envelope.l2.tokens, (), user, tokens, reason)
+    return attrs.evolve(envelope, batch=batch), state
+
+
+def _user_tokens(envelope: Envelope, counter: TokenCounter) -> int:
+    """The user message's exact tokens, from its blocks' known counts (no framing)."""
+    blocks = user_blocks(envelope.l3, envelope.l5)
+    known = [(t, counter.count(t) if s is None else s.tokens, None) for t, s in blocks]
+    return joined_tokens(known, counter) if known else 0
+
+
+def _l1_hash(envelope: Envelope) -> str:
+    return hash_joined(
+        xxhash.xxh3_128(), (f"{s.key}\x00{s.text}" for s in envelope.l1.segments), "\x01"
+    ).hexdigest()
+
+
+def _extends(state: BatchState, envelope: Envelope) -> tuple[str, tuple[DeferredTurn, ...]]:
+    """Why ``envelope`` cannot extend the batch ("" when it can), and the batch's turns
+    with the reply L4 now shows for the last one."""
+    system = envelope.system_text
+    chars = state.system_chars
+    if (
+        _l1_hash(envelope) != state.l1_hash
+        or len(system) < chars
+        or slice_hash(system, 0, chars) != state.system_hash
+        or (chars and len(system) > chars and not system.startswith(BLOCK_SEP, chars))
+    ):
+        return SYSTEM_CHANGED, state.turns
+    segments = envelope.l4.segments
+    if len(segments) < state.history or (
+        _history_hash(segments[: state.history]) != state.history_hash
+    ):
+        return HISTORY_CHANGED, state.turns
+    rest = list(segments[state.history :])
+    turns = list(state.turns)
+    for i, turn in enumerate(turns):
+        if not rest or rest[0].role != "user" or rest[0].text != turn.query:
+            return HISTORY_CHANGED, state.turns
+        rest.pop(0)
+        if turn.reply is not None:
+            if not rest or rest[0].role != "assistant" or rest[0].text != turn.reply:
+                return HISTORY_CHANGED, state.turns
+            rest.pop(0)
+        elif rest and rest[0].role == "assistant" and i == len(turns) - 1:
+            turns[i] = attrs.evolve(turn, reply=rest.pop(0).text)
+    return (HISTORY_CHANGED, state.turns) if rest else ("", tuple(turns))
+
+
+def batch_turn(
+    state: BatchState | None,
+    envelope: Envelope,
+    *,
+    renderer: SegmentRenderer,
+    counter: TokenCounter,
+    count: Callable[[Envelope], int],
+    fits: Callable[[int], bool],
+    settle: str = "",
+) -> tuple[Envelope, BatchState]:
+    """This turn's envelope with the request it is sent as (``Envelope.batch``), and the
+    batch state the next turn continues.
+
+    It extends the batch (the request before it, plus that turn's reply and this turn's
+    user message) unless the prefix breaks anyway or the extended request's exact count
+    (``count``, the conversation's) does not ``fits``; then it settles: the envelope as
+    built, with the reason. ``settle`` forces a settle with that reason."""
+    if settle or state is None:
+        return _settle(envelope, counter, count(envelope), settle or FIRST_TURN)
+    reason, turns = _extends(state, envelope)
+    if reason:
+        return _settle(envelope, counter, count(envelope), reason)
+    rest = envelope.l4.segments[state.history :]
+    library = envelope.l2.segments[: state.settled]
+    lookup: dict[str, str] | None = None
+
+    def settled(key: str) -> str | None:
+        nonlocal lookup
+        if lookup is None:
+            lookup = {s.key: s.content_hash for s in library if s.form is not Form.REFERENCE}
+        return lookup.get(key)
+
+    sent = dict(state.sent)
+    text, tokens = append_user(envelope, sent, settled, renderer, counter)
+    users = [s for s in rest if s.role == "user"]
+    deferred = tuple(
+        Segment(
+            key=seg.key,
+            form=Form.TEXT,
+            source_type=seg.source_type,
+            content_hash=text_hash(turn.text),
+            text=turn.text,
+            tokens=turn.tokens,
+            role="user",
+        )
+        for seg, turn in zip(users, turns, strict=True)
+    )
+    user = Segment(
+        key=f"history:{envelope.turn}:user",
+        form=Form.TEXT,
+        source_type="history",
+        content_hash=text_hash(text),
+        text=text,
+        tokens=tokens,
+        role="user",
+    )
+    batch = Batch(state.settled, state.library_tokens, deferred, user, 0)
+    candidate = attrs.evolve(envelope, batch=batch)
+    used = count(candidate)
+    if not fits(used):
+        return _settle(envelope, counter, count(envelope), OVER_BUDGET)
+    turns += (DeferredTurn(envelope.turn, envelope.query, text, tokens),)
+    after = attrs.evolve(state, turns=turns, sent=tuple(sorted(sent.items())))
+    return attrs.evolve(candidate, batch=attrs.evolve(batch, tokens=used)), after

@@ -1,0 +1,214 @@
+"""The library's growth deferred to the next prefix break (``Conversation(defer_library=
+True)``): each request extends the one before it byte for byte or settles with a reason,
+never over the budget, and a restored conversation sends the same bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lamina import Conversation, load_conversation
+from pipeline import (
+    Budget,
+    ConversationInfo,
+    ConversationState,
+    Envelope,
+    check_envelope,
+    save_turn,
+)
+from renderers import openai_messages
+from tests.stores import Backend
+
+_NOTES = {
+    "alpha.md": "# Alpha\n\nThe alpha service syncs field notes nightly.\n",
+    "beta.md": "# Beta\n\nBeta holds the retry policy: three tries, then a report.\n",
+    "gamma.md": "# Gamma\n\n" + "Gamma logs every sync in a ledger. " * 30 + "\n",
+    "delta.md": "# Delta\n\n" + "## Part\n\nDelta keeps the schema versions. " * 12,
+    "eps.md": "# Epsilon\n\nEpsilon is the offline cache.\n",
+}
+
+
+@pytest.fixture(scope="module")
+def vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("batch-vault")
+    for name, text in _NOTES.items():
+        (root / name).write_text(text, encoding="utf-8")
+    return root
+
+
+def _messages(env: Envelope) -> list[tuple[str, str]]:
+    return [(m["role"], m["content"]) for m in openai_messages(env)]
+
+
+def test_a_three_turn_batched_request_renders_as_expected(vault: Path) -> None:
+    """Turn 1 settles; turns 2 and 3 keep the system message and carry each turn's
+    context in the user message that sent it, referring back to what was sent."""
+    conv = Conversation("Be terse.", vault=vault, defer_library=True)
+    conv.turn("What is alpha?", [{"note": "alpha.md"}])
+    conv.reply("A sync service.")
+    conv.turn("And beta?", [{"note": "beta.md"}])
+    conv.reply("Retries.")
+    env = conv.turn("Compare them.", [{"note": "alpha.md"}, {"note": "eps.md"}])
+    alpha = (
+        '<note key="note:alpha.md" title="alpha" path="alpha.md">\n'
+        "# Alpha\n\nThe alpha service syncs field notes nightly.\n\n</note>"
+    )
+    beta = (
+        '<note key="note:beta.md" title="beta" path="beta.md">\n'
+        "# Beta\n\nBeta holds the retry policy: three tries, then a report.\n\n</note>"
+    )
+    eps = (
+        '<note key="note:eps.md" title="eps" path="eps.md">\n'
+        "# Epsilon\n\nEpsilon is the offline cache.\n\n</note>"
+    )
+    label = "---\n[User query]:\n"
+    assert _messages(env) == [
+        ("system", "Be terse."),
+        ("user", f"{alpha}\n\n{label}What is alpha?"),
+        ("assistant", "A sync service."),
+        ("user", f"{beta}\n\n{label}And beta?"),
+        ("assistant", "Retries."),
+        (
+            "user",
+            "Context attached to this message (sent in full earlier in this conversation):\n"
+            '<reference key="note:alpha.md" source="note" title="alpha" path="alpha.md"/>'
+            f"\n\n{eps}\n\n{label}Compare them.",
+        ),
+    ]
+    assert env.batch is not None and env.batch.reason == "" and env.batch.settled == 0
+    assert conv.count_request(env) == env.batch.tokens
+    check_envelope(env)
+
+
+def test_the_envelope_as_built_is_unchanged_by_the_batch(vault: Path) -> None:
+    """The layers (and so their hashes and the stored manifest) are the same either way."""
+    envs = []
+    for defer in (False, True):
+        conv = Conversation("Be terse.", vault=vault, defer_library=defer)
+        conv.turn("a", [{"note": "alpha.md"}])
+        conv.reply("ok")
+        envs.append(conv.turn("b", [{"note": "beta.md"}]))
+    plain, batched = envs
+    assert batched.layers == plain.layers and batched.prefix_hash == plain.prefix_hash
+    assert plain.batch is None and batched.batch is not None
+    assert _messages(plain) != _messages(batched)
+
+
+def test_a_changed_system_prompt_settles(vault: Path) -> None:
+    conv = Conversation("Be terse.", vault=vault, defer_library=True)
+    conv.turn("a", [{"note": "alpha.md"}])
+    conv.reply("ok")
+    conv.set_system(mutable="Today is Monday.")
+    env = conv.turn("b", [{"note": "beta.md"}])
+    assert env.batch is not None and env.batch.reason == "system-changed"
+    assert _messages(env)[0] == ("system", env.system_text)
+
+
+def test_a_batch_that_would_not_fit_settles_and_fits(vault: Path) -> None:
+    budget = Budget(context_window=800, reserve_output=200)
+    conv = Conversation("Be terse.", vault=vault, budget=budget, defer_library=True)
+    reasons = []
+    for i, note in enumerate(["gamma.md", "delta.md", "gamma.md", "alpha.md", "beta.md", "eps.md", "delta.md"]):
+        env = conv.turn(f"q{i}", [{"note": note}])
+        conv.reply(f"a{i}")
+        assert env.batch is not None
+        assert conv.count_request(env) == env.batch.tokens <= budget.limit
+        reasons.append(env.batch.reason)
+        check_envelope(env)
+    assert "over-budget" in reasons
+
+
+def test_states_saved_without_the_switch_keep_the_library_layout(vault: Path) -> None:
+    """A state without ``defer_library`` (saved before it) restores with it off."""
+    conv = Conversation("Be terse.", vault=vault, defer_library=True)
+    conv.turn("a", [{"note": "alpha.md"}])
+    conv.reply("ok")
+    old = ConversationState(conv.state.system, conv.state.library, conv.state.history)
+    again = Conversation.restore(old, vault=vault)
+    assert not again.defer_library
+    assert again.turn("b", [{"note": "beta.md"}]).batch is None
+
+
+def test_restore_from_a_store_sends_the_same_bytes(backend: Backend, vault: Path) -> None:
+    live = Conversation("Be terse.", vault=vault, defer_library=True)
+    turns = [("a", "alpha.md"), ("b", "beta.md"), ("c", "gamma.md"), ("d", "alpha.md")]
+    with backend.open() as store:
+        store.create(ConversationInfo("c", vault=str(vault)))
+        for i, (text, note) in enumerate(turns):
+            env = live.turn(text, [{"note": note}])
+            save_turn(store, "c", live, env)
+            live.reply(f"answer {i}")
+            save_turn(store, "c", live, env)
+            if i == 1:
+                restored = load_conversation(store, "c", vault=vault)
+                assert restored.defer_library
+            elif i > 1:
+                again = restored.turn(text, [{"note": note}])
+                restored.reply(f"answer {i}")
+                assert _messages(again) == _messages(env) and again.batch == env.batch
+
+
+_choices = st.lists(
+    st.tuples(
+        st.lists(st.sampled_from(sorted(_NOTES)), max_size=3, unique=True),
+        st.booleans(),
+    ),
+    min_size=2,
+    max_size=7,
+)
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(turns=_choices, window=st.sampled_from([None, 1500, 2500]), data=st.data())
+def test_each_request_extends_the_last_or_settles_with_a_reason(
+    turns: list[tuple[list[str], bool]],
+    window: int | None,
+    data: st.DataObject,
+    vault: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Over random attachments, with and without a budget: each request is a byte
+    extension of the one before or a settle with its reason, never over the budget, and
+    a conversation restored from SQLite builds the same bytes."""
+    budget = None if window is None else Budget(context_window=window, reserve_output=300)
+    conv = Conversation("Be terse.", vault=vault, budget=budget, defer_library=True)
+    k = data.draw(st.integers(0, len(turns) - 1), label="restore after turn")
+    path = tmp_path_factory.mktemp("batch-db") / "s.db"
+    from pipeline import open_store
+
+    previous: list[tuple[str, str]] | None = None
+    prev_env: Envelope | None = None
+    restored: Conversation | None = None
+    with open_store(str(path)) as store:
+        store.create(ConversationInfo("c", vault=str(vault)))
+        for i, (notes, replied) in enumerate(turns):
+            attach = [{"note": n} for n in notes]
+            env = conv.turn(f"question {i}", attach)
+            messages = _messages(env)
+            assert env.batch is not None
+            if previous is not None and env.batch.reason == "":
+                assert messages[: len(previous)] == previous
+                assert len(messages) > len(previous)
+            elif previous is not None:
+                assert env.batch.reason in {"system-changed", "history-changed", "over-budget"}
+            if budget is not None:
+                assert conv.count_request(env) == env.batch.tokens <= budget.limit
+            check_envelope(env, prev_env)
+            if restored is not None:
+                again = restored.turn(f"question {i}", attach)
+                assert _messages(again) == messages
+            if replied:
+                conv.reply(f"answer {i}")
+                if restored is not None:
+                    restored.reply(f"answer {i}")
+            save_turn(store, "c", conv, env)
+            if i == k:
+                restored = load_conversation(store, "c", vault=vault)
+            previous, prev_env = messages, env
