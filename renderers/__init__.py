@@ -4,6 +4,7 @@ from renderers._agent import (
     AGENT_RENDERERS,
     ANTHROPIC_TOOL_PROMPT,
     agent_request,
+    anthropic_tool_prompt,
     loop_messages,
     tool_tokens,
 )
@@ -76,6 +77,7 @@ __all__ = [
     "agent_request",
     "annotate_trace",
     "anthropic_breakpoints",
+    "anthropic_tool_prompt",
     "build_prompt",
     "cache_rules",
     "chatml",

@@ -21,6 +21,7 @@ __all__ = [
     "AGENT_RENDERERS",
     "ANTHROPIC_TOOL_PROMPT",
     "agent_request",
+    "anthropic_tool_prompt",
     "loop_messages",
     "tool_tokens",
 ]
@@ -140,8 +141,44 @@ def agent_request(
 
 
 ANTHROPIC_TOOL_PROMPT = 346
-"""The system prompt Anthropic adds to a request with tools (``tool_choice`` auto or
-none; its pricing docs: 346 tokens for Claude 4 and 3.7 Sonnet, 313 for any/tool)."""
+"""The system prompt Anthropic adds to a request with tools, for its current models with
+``tool_choice`` auto or none (``anthropic_tool_prompt`` has every model and choice)."""
+
+# Anthropic's tool-use system prompt by model, from its tool-use pricing table:
+# (tool_choice auto or none, tool_choice any or tool). The Claude 4 models (Opus 4 and
+# 4.1, Sonnet 4 and 4.5, Haiku 4.5) and Sonnet 3.7 add 346 / 313; a model the table does
+# not name (a newer one) is taken as those.
+_ANTHROPIC_TOOL_PROMPTS: tuple[tuple[str, int, int], ...] = (
+    ("claude-3-5-haiku", 264, 340),
+    ("claude-3-opus", 530, 281),
+    ("claude-3-sonnet", 159, 235),
+    ("claude-3-haiku", 264, 340),
+)
+# Anthropic's choices, and OpenAI's names for them (LiteLLM takes OpenAI's and maps them).
+_CHOICES = {"auto": 0, "none": 0, "any": 1, "tool": 1, "required": 1, "function": 1}
+
+
+def anthropic_tool_prompt(model: str | None = None, tool_choice: Any = None) -> int:
+    """Tokens of the system prompt Anthropic adds when a request carries tools.
+
+    ``tool_choice`` as sent: None (the API's default, auto), ``"auto"``, ``"none"``,
+    ``"any"``, ``"tool"`` or the API's ``{"type": ...}`` object (OpenAI's ``"required"``
+    and ``{"type": "function"}``, which LiteLLM maps to any and tool, too); ``model`` any Claude
+    name (a date suffix, a ``anthropic/`` route or a Bedrock ``anthropic.`` prefix is
+    fine; None: the current models). A request without tools adds nothing."""
+    choice = tool_choice.get("type") if isinstance(tool_choice, Mapping) else tool_choice
+    column = _CHOICES.get("auto" if choice is None else choice)
+    if column is None:
+        raise ConfigError(
+            "tool_choice",
+            f"unknown tool_choice {tool_choice!r} (known: auto, none, any, tool, required)",
+        )
+    name = (model or "").lower()
+    for prefix, auto, forced in _ANTHROPIC_TOOL_PROMPTS:
+        if prefix in name:
+            return (auto, forced)[column]
+    return (ANTHROPIC_TOOL_PROMPT, 313)[column]
+
 
 # OpenAI's own counting of function definitions (the cookbook "How to count tokens with
 # tiktoken", gpt-4o / gpt-4o-mini constants): per function, per parameter, enums, end.
@@ -169,15 +206,21 @@ def _openai_tool_tokens(tools: Sequence[Mapping[str, Any]], counter: TokenCounte
 
 
 def tool_tokens(
-    tools: Sequence[Mapping[str, Any]], provider: str, counter: TokenCounter | None = None
+    tools: Sequence[Mapping[str, Any]],
+    provider: str,
+    counter: TokenCounter | None = None,
+    *,
+    tool_choice: Any = None,
+    model: str | None = None,
 ) -> int:
     """Tokens the tool definitions add to every request of a loop (``name``,
     ``description``, ``parameters`` as a JSON schema, as each framework holds them).
 
     OpenAI (chat and Responses): OpenAI's published counting of function definitions.
-    Anthropic: the tool-use system prompt it adds (``ANTHROPIC_TOOL_PROMPT``) and the
-    definitions as sent (JSON). Gemini and others: the definitions as sent (JSON).
-    ``AgentTurn.start(tools_tokens=)`` counts them in the budget.
+    Anthropic: the tool-use system prompt it adds (``anthropic_tool_prompt``: by
+    ``model`` and ``tool_choice``) and the definitions as sent (JSON). Gemini and others:
+    the definitions as sent (JSON). ``AgentTurn.start(tools_tokens=)`` counts them in the
+    budget; ``usage_record(tools=)`` in the predicted input.
     """
     counter = counter or TokenCounter("o200k_base")
     if not tools:
@@ -193,5 +236,5 @@ def tool_tokens(
         for t in tools
     ]
     text = json.dumps(sent, ensure_ascii=False, separators=(",", ":"))
-    prompt = ANTHROPIC_TOOL_PROMPT if provider == "anthropic" else 0
+    prompt = anthropic_tool_prompt(model, tool_choice) if provider == "anthropic" else 0
     return prompt + counter.count(text)

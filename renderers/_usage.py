@@ -26,6 +26,7 @@ from pipeline import (
     read_usage,
     request_tokens,
 )
+from renderers._agent import anthropic_tool_prompt, tool_tokens
 from renderers._cache import classify_break
 from renderers._layouts import Layout, build_prompt
 from renderers._providers import DEFAULT_MODELS, Ttl
@@ -56,6 +57,39 @@ def _sent_texts(body: Mapping[str, Any]) -> list[str]:
         if key in body:
             walk(body[key])
     return out
+
+
+def _sent_tools(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], Any]:
+    """The function tools of a body as sent, as (name, description, parameters), and its
+    ``tool_choice``: OpenAI chat (``function``), Responses and Anthropic (``input_schema``)
+    tools, Gemini ``functionDeclarations``. Server tools (no schema) are not counted."""
+    found: list[dict[str, Any]] = []
+
+    def add(tool: Mapping[str, Any], schema: str) -> None:
+        if isinstance(tool.get("name"), str):
+            found.append(
+                {
+                    "name": tool["name"],
+                    "description": tool.get("description") or "",
+                    "parameters": tool.get(schema) or {},
+                }
+            )
+
+    for tool in body.get("tools") or ():
+        if not isinstance(tool, Mapping):
+            continue
+        if isinstance(tool.get("function"), Mapping):
+            add(tool["function"], "parameters")
+        elif "functionDeclarations" in tool or "function_declarations" in tool:
+            declared = tool.get("functionDeclarations") or tool.get("function_declarations")
+            for item in declared or ():
+                if isinstance(item, Mapping):
+                    add(item, "parameters")
+        elif "input_schema" in tool:
+            add(tool, "input_schema")
+        elif "parameters" in tool:
+            add(tool, "parameters")
+    return found, body.get("tool_choice")
 
 
 def _has_cache_control(body: Any) -> bool:
@@ -110,6 +144,7 @@ def _cause(
     elapsed: float | None,
     ttl: Ttl | None,
     provider: str,
+    with_tools: bool = False,
 ) -> tuple[str, str]:
     """The likeliest cause of a predicted cache hit that did not happen, from evidence:
     the request sent, the prefix Lamina changed, the input count, the time since the last
@@ -134,11 +169,12 @@ def _cause(
         return PREFIX_CHANGED, f"the prefix changed at {where} since the last request"
     if sent is None and exact and observed.input_tokens != predicted_input:
         more = observed.input_tokens - predicted_input
+        hint = "" if with_tools else "; tool definitions sent count too: pass tools="
         return HOST_ALTERED, (
             f"the request was altered by the host: the provider counted "
             f"{observed.input_tokens} input tokens where Lamina's request has exactly "
             f"{predicted_input} ({more:+d}), so the request sent is not Lamina's alone "
-            f"(the host or framework changed or added to it)"
+            f"(the host or framework changed or added to it{hint})"
         )
     seconds, lifetime = _lifetime(provider, ttl)
     if sent is not None:
@@ -226,6 +262,8 @@ def usage_record(
     sent: Mapping[str, Any] | None = None,
     elapsed: float | None = None,
     ttl: Ttl | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tool_choice: Any = None,
 ) -> TurnUsage:
     """The usage read-back of the last envelope's request.
 
@@ -237,11 +275,17 @@ def usage_record(
     has it (a framework may rewrite Lamina's request); ``elapsed`` the seconds since the
     previous request (tells expiry from routing); ``ttl`` Anthropic's cache TTL sent;
     ``counted`` Lamina's count of the request as the budget sees it (default: the
-    predicted input before any margin), the figure calibration uses.
+    predicted input before any margin), the figure calibration uses. ``tools`` are the
+    tool definitions sent with the request (``name``, ``description``, ``parameters``,
+    as ``tool_tokens`` takes them; an adapter's ``state.tools``) and ``tool_choice`` the
+    one sent; without them, those of ``sent``.
 
     The predicted input is the exact local count of the request (for the default layout
-    ``Conversation.count_request``'s figure, with the model's framing), scaled by the
-    profile's margin where the provider's tokenizer is not local.
+    ``Conversation.count_request``'s figure, with the model's framing) plus the tool
+    definitions (``tool_tokens``), scaled by the profile's margin where the provider's
+    tokenizer is not local (Anthropic's tool-use system prompt is its own count, added
+    as published). ``counted`` gets the tools too; a predicted cache hit covers them
+    (they precede the messages in every provider's prefix).
     """
     current = envelopes[-1]
     previous = envelopes[-2] if len(envelopes) > 1 else None
@@ -264,20 +308,33 @@ def usage_record(
         profiles={provider: profile},
     )
     cost = sim.series[0].turns[-1]
-    exact_input = _counted(list(envelopes), layout, count, profile)
-    predicted_input = profile.effective_tokens(exact_input)
-    local = counted if counted is not None else exact_input
+    if tools is None and sent is not None:
+        tools, sent_choice = _sent_tools(sent)
+        tool_choice = sent_choice if tool_choice is None else tool_choice
+    defs = list(tools or ())
+    # The tool-use prompt is the provider's own count; the definitions are counted here.
+    prompt = anthropic_tool_prompt(profile.name, tool_choice) if defs and (
+        provider == "anthropic"
+    ) else 0
+    tools_local = (
+        tool_tokens(defs, renderer, count, tool_choice=tool_choice, model=profile.name) - prompt
+    )
+    exact_input = _counted(list(envelopes), layout, count, profile) + tools_local
+    predicted_input = profile.effective_tokens(exact_input) + prompt
+    local = (counted + tools_local if counted is not None else exact_input) + prompt
+    hit = cost.cached_tokens + tools_local if cost.cached_tokens > 0 else 0
+    predicted_cached = profile.effective_tokens(hit) + prompt if hit else 0
     warning, cause = None, ""
     # Local counts of a non-local tokenizer run low, so only a shortfall of half is a miss.
-    if cost.cached_tokens > 0 and observed.cached_tokens < cost.cached_tokens // 2:
+    if hit > 0 and observed.cached_tokens < hit // 2:
         cause, reason = _cause(
-            previous, current, observed, exact_input, profile.exact_tokens,
-            expected.body, sent, elapsed, ttl, provider,
+            previous, current, observed, predicted_input, profile.exact_tokens,
+            expected.body, sent, elapsed, ttl, provider, bool(defs),
         )
         warning = TurnWarning(
             CACHE_MISS,
             f"turn:{current.turn}",
-            f"predicted {cost.cached_tokens} cached input tokens, the provider reported "
+            f"predicted {hit} cached input tokens, the provider reported "
             f"{observed.cached_tokens}: {reason}",
         )
     return TurnUsage(
@@ -285,7 +342,7 @@ def usage_record(
         provider,
         profile.name,
         predicted_input,
-        min(profile.effective_tokens(cost.cached_tokens), predicted_input),
+        min(predicted_cached, predicted_input),
         observed,
         local,
         profile.exact_tokens,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -39,7 +39,9 @@ class LoopState:
     definitions, instructions it sends itself) free; ``fit`` rebuilds the loop from the
     framework's calls, keeping each call's first seen result (a framework may hand back
     the stubbed text Lamina sent last time). A framework's own system prompt goes into
-    L1's mutable part (``adopt_system``), never dropped.
+    L1's mutable part (``adopt_system``), never dropped. ``tools`` are the tool
+    definitions of the last request, as counted (pass them to
+    ``renderers.usage_record(tools=)`` so the predicted input includes them).
     """
 
     def __init__(self, conversation: Conversation, tool_headroom: int | None = None) -> None:
@@ -52,6 +54,7 @@ class LoopState:
         self.loops: list[Loop] = []
         self._results: dict[str, str] = {}
         self._finished = True
+        self.tools: list[Mapping[str, Any]] = []
 
     @property
     def envelope(self) -> Envelope | None:
@@ -123,10 +126,13 @@ class LoopState:
         *,
         tools_tokens: int = 0,
         system: str | None = None,
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> Loop:
         """The fitted loop of ``query``'s turn, started first when it is a new query (with
         the framework's ``system`` prompt, if any, adopted into L1 first; None within a
-        turn: not seen again)."""
+        turn: not seen again). ``tools`` (the request's definitions) are kept as
+        ``self.tools``."""
+        self.tools = list(tools)
         if not self.is_current(query):
             self.adopt_system(system or "")
             self.start(query, tools_tokens)

@@ -133,6 +133,7 @@ class LaminaMiddleware(LoopAdapter, AgentMiddleware):
             _steps(messages[start + 1 :]),
             tools_tokens=added,
             system=system,
+            tools=defs,
         )
         return to_messages(loop, self.provider, self.model)
 

@@ -74,6 +74,9 @@ def completion(request: Request, model: str, **kwargs: Any) -> Any:
     tools = kwargs.get("tools") or ()
     if isinstance(request, AgentTurn) and tools:
         defs = [t.get("function", t) for t in tools]
-        added = tool_tokens(defs, split_model(model)[0], request.counter)
+        provider, name = split_model(model)
+        added = tool_tokens(
+            defs, provider, request.counter, tool_choice=kwargs.get("tool_choice"), model=name
+        )
         request = attrs.evolve(request, tools_tokens=added)
     return litellm.completion(model=model, messages=to_messages(request, model), **kwargs)

@@ -150,13 +150,13 @@ class LaminaSession(LoopAdapter, SessionABC):
         start = max((i for i, it in enumerate(items) if it.get("role") == "user"), default=None)
         if start is None:
             raise ConversationError("the model input holds no user message")
-        added = tool_tokens(
-            _tool_definitions(data.agent), "openai-responses", self.conversation.counter
-        )
+        defs = _tool_definitions(data.agent)
+        added = tool_tokens(defs, "openai-responses", self.conversation.counter)
         loop = self.state.fit_query(
             _text(items[start]),
             _steps(items[start + 1 :]),
             tools_tokens=added,
+            tools=defs,
             system=data.model_data.instructions or None,
         )
         body = agent_request(loop, "openai-responses").body

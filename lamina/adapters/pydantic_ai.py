@@ -121,14 +121,18 @@ class LaminaHistory(LoopAdapter):
         self.state = LoopState(conversation, tool_headroom)
         self.provider = provider
 
-    def _added(self, ctx: RunContext[Any] | None, instructions: str | None) -> int:
-        """Tokens pydantic-ai adds to the request: tool definitions and its instructions."""
+    @staticmethod
+    def _tools(ctx: RunContext[Any] | None) -> list[dict[str, Any]]:
+        """The request's tool definitions as (name, description, parameters)."""
         defs = ctx.tool_manager.tool_defs if ctx is not None and ctx.tool_manager else []
-        tools = [
+        return [
             {"name": d.name, "description": d.description, "parameters": d.parameters_json_schema}
             for d in defs
         ]
-        total = tool_tokens(tools, self.provider, self.conversation.counter)
+
+    def _added(self, ctx: RunContext[Any] | None, instructions: str | None) -> int:
+        """Tokens pydantic-ai adds to the request: tool definitions and its instructions."""
+        total = tool_tokens(self._tools(ctx), self.provider, self.conversation.counter)
         if instructions:
             budget = self.conversation.budget
             per_message = budget.framing.per_message if budget is not None else 3
@@ -165,5 +169,6 @@ class LaminaHistory(LoopAdapter):
             _steps(messages[start + 1 :]),
             tools_tokens=self._added(ctx, instructions),
             system=system or None,
+            tools=self._tools(ctx),
         )
         return [*envelope_messages(loop.envelope), *_loop_messages(loop)]

@@ -152,6 +152,7 @@ def test_the_agents_system_prompt_and_tools_are_kept_and_counted() -> None:
     defs = [convert_to_openai_tool(search)["function"]]
     added = tool_tokens(defs, "openai", conv.counter)
     assert added > 20
+    assert lamina.state.tools == defs  # for usage_record(tools=)
     for received, loop in zip(model.received, lamina.loops, strict=True):
         assert "results.\n\nCite the note you used." in received[0].text
         assert lamina.state.agent is not None

@@ -312,6 +312,7 @@ def test_the_agents_instructions_and_tools_are_kept_and_counted() -> None:
              "parameters": search.params_json_schema}]  # fmt: skip
     added = tool_tokens(defs, "openai-responses", conv.counter)
     assert added > 20
+    assert session.state.tools == defs  # for usage_record(tools=)
     assert session.state.agent is not None
     for loop in session.loops:
         assert "results.\n\nCite your notes." in loop.envelope.system_text

@@ -189,6 +189,7 @@ def test_instructions_system_prompt_and_tools_are_counted_and_kept() -> None:
         assert loop.tokens == budget.used(loop.envelope, conv.counter) + added + steps
         assert budget.effective(loop.tokens) <= budget.limit
     assert conv.system.mutable == "Cite the note you used."
+    assert history.state.tools == seen[-1][1]  # for usage_record(tools=)
 
 
 INSTRUCTIONS = " ".join(["Answer in one short paragraph."] * 20)

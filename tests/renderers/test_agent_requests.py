@@ -182,3 +182,46 @@ def test_tool_definitions_are_counted_per_provider() -> None:
     anthropic = tool_tokens([search], "anthropic", counter)
     assert anthropic > ANTHROPIC_TOOL_PROMPT == 346
     assert tool_tokens([], "anthropic", counter) == tool_tokens([], "openai", counter) == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "choice", "tokens"),
+    [
+        (None, None, 346),
+        ("claude-sonnet-4-6", "auto", 346),
+        ("claude-opus-4-1-20250805", "none", 346),
+        ("claude-sonnet-4-5", {"type": "any"}, 313),
+        ("claude-haiku-4-5", {"type": "tool", "name": "search"}, 313),
+        ("claude-3-7-sonnet-20250219", "any", 313),
+        ("claude-3-5-haiku-20241022", "auto", 264),
+        ("claude-3-5-haiku-20241022", "any", 340),
+        ("anthropic.claude-3-opus-20240229-v1:0", None, 530),
+        ("anthropic/claude-3-opus", "tool", 281),
+        ("claude-3-sonnet-20240229", "auto", 159),
+        ("claude-3-sonnet-20240229", "required", 235),
+        ("claude-3-haiku-20240307", {"type": "function", "function": {"name": "s"}}, 340),
+    ],
+)
+def test_anthropics_tool_prompt_follows_the_model_and_tool_choice(
+    model: str | None, choice: object, tokens: int
+) -> None:
+    """Anthropic's published tool-use system prompt sizes, per model and tool_choice (auto
+    or none; any or tool; OpenAI's names as LiteLLM passes them), in the tool count too."""
+    from pipeline import TokenCounter
+    from renderers import anthropic_tool_prompt, tool_tokens
+
+    assert anthropic_tool_prompt(model, choice) == tokens
+    counter = TokenCounter("o200k_base")
+    search = {"name": "search", "description": "Search.", "parameters": {"type": "object"}}
+    definitions = tool_tokens([search], "gemini", counter)
+    assert tool_tokens(
+        [search], "anthropic", counter, tool_choice=choice, model=model
+    ) == tokens + definitions
+
+
+def test_an_unknown_tool_choice_is_refused_by_name() -> None:
+    from pipeline import ConfigError
+    from renderers import anthropic_tool_prompt
+
+    with pytest.raises(ConfigError, match="unknown tool_choice 'sometimes'"):
+        anthropic_tool_prompt("claude-sonnet-4-6", "sometimes")

@@ -466,3 +466,116 @@ def test_sdk_usage_models_built_from_dicts(usage: object, expected: Usage) -> No
     """The official SDK types, validated from the dicts each API returns: the provider is
     read from the object's shape (an Anthropic usage without cache figures included)."""
     assert read_usage(usage) == expected
+
+
+SEARCH = {
+    "name": "search",
+    "description": "Search the project notes.",
+    "parameters": {
+        "type": "object",
+        "properties": {"q": {"type": "string", "description": "Words to find."}},
+        "required": ["q"],
+    },
+}
+
+
+def test_tool_definitions_sent_are_in_the_predicted_input() -> None:
+    """The provider counts the tools too: passed as tools=, the prediction is exact and a
+    miss is not blamed on the host; without them the host-altered warning says to pass
+    them."""
+    from renderers import tool_tokens
+
+    _, envelopes = _two_turns()
+    total, cached = _predicted(envelopes, "openai")
+    tools = tool_tokens([SEARCH], "openai", TokenCounter())
+    assert tools > 20
+    hit = _chat_completion(total + tools, cached + tools)
+    usage = usage_record(envelopes, hit, "openai", "gpt-4.1", tools=[SEARCH])
+    assert (usage.predicted_input, usage.predicted_cached) == (total + tools, cached + tools)
+    assert usage.counted == total + tools and usage.warning is None
+    missed = _chat_completion(total + tools, 0)
+    blamed = usage_record(envelopes, missed, "openai", "gpt-4.1")
+    assert blamed.cause == "host-altered" and blamed.warning is not None
+    assert f"({tools:+d})" in blamed.warning.message
+    assert "tool definitions sent count too: pass tools=" in blamed.warning.message
+    told = usage_record(envelopes, missed, "openai", "gpt-4.1", tools=[SEARCH])
+    assert told.cause == "unknown" and told.predicted_input == total + tools
+
+
+@pytest.mark.parametrize(
+    ("model", "choice", "prompt"),
+    [
+        ("claude-sonnet-4-6", None, 346),
+        ("claude-sonnet-4-6", {"type": "auto"}, 346),
+        ("claude-sonnet-4-6", {"type": "any"}, 313),
+        ("claude-3-5-haiku", {"type": "tool", "name": "search"}, 340),
+    ],
+)
+def test_anthropics_tool_prompt_is_added_as_published_for_the_tool_choice(
+    model: str, choice: object, prompt: int
+) -> None:
+    """The definitions are counted locally and scaled by the margin; Anthropic's tool-use
+    system prompt is its own count for the model and tool_choice, added as it is."""
+    from anthropic.types import ToolUseBlock
+
+    from renderers import tool_tokens
+
+    _, envelopes = _two_turns()
+    profile = get_profile(model)
+    counter = TokenCounter(profile.tokenizer)
+    exact = request_tokens(envelopes[-1], counter, profile.framing)
+    defs = tool_tokens([SEARCH], "gemini", counter)  # the definitions as sent, no prompt
+    message = Message(
+        id="msg_1",
+        type="message",
+        role="assistant",
+        model=model,
+        content=[ToolUseBlock(type="tool_use", id="t1", name="search", input={"q": "sync"})],
+        stop_reason="tool_use",
+        stop_sequence=None,
+        usage=AnthropicUsage(input_tokens=exact + defs + prompt, output_tokens=12),
+    )
+    usage = usage_record(envelopes, message, "anthropic", model, tools=[SEARCH], tool_choice=choice)
+    assert usage.predicted_input == profile.effective_tokens(exact + defs) + prompt
+    assert usage.counted == exact + defs + prompt
+    without = usage_record(envelopes, message, "anthropic", model)
+    assert usage.predicted_input - without.predicted_input == (
+        profile.effective_tokens(exact + defs) - profile.effective_tokens(exact) + prompt
+    )
+
+
+@pytest.mark.parametrize(
+    ("renderer", "tools", "choice"),
+    [
+        ("openai", [{"type": "function", "function": SEARCH}], "auto"),
+        ("openai-responses", [{"type": "function", **SEARCH}], None),
+        (
+            "anthropic",
+            [{"name": "search", "description": SEARCH["description"],
+              "input_schema": SEARCH["parameters"]}, {"type": "web_search_20250305",
+                                                      "name": "web_search"}],
+            {"type": "any"},
+        ),
+        ("gemini", [{"functionDeclarations": [SEARCH]}], None),
+    ],
+)  # fmt: skip
+def test_the_tools_of_the_body_sent_are_counted_without_tools(
+    renderer: str, tools: list[dict[str, object]], choice: object
+) -> None:
+    """Given the body sent, its function tools and tool_choice are read from it (each
+    provider's shape; a server tool has no schema and is left out): the same prediction
+    as passing them, and the request is not blamed on the host for carrying them."""
+    _, envelopes = _two_turns()
+    body = dict(render_request(envelopes[-1], renderer).body)
+    sent = {**body, "tools": tools, **({"tool_choice": choice} if choice else {})}
+    response: object = _chat_completion(3000, 0)
+    if renderer == "anthropic":
+        response = {"input_tokens": 3000, "cache_read_input_tokens": 0}
+    read = usage_record(envelopes, response, renderer, sent=sent, elapsed=30)
+    given = usage_record(
+        envelopes, response, renderer, sent=body, elapsed=30, tools=[SEARCH], tool_choice=choice
+    )
+    plain = usage_record(envelopes, response, renderer, sent=body, elapsed=30)
+    assert read.predicted_input == given.predicted_input > plain.predicted_input
+    expected = "unknown" if renderer == "gemini" else "not-expired"  # no published lifetime
+    assert read.cause == given.cause == expected
