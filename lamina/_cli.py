@@ -1189,6 +1189,14 @@ def _tolerant_streams() -> None:
     default=0,
     help="Open connections at most (default: half the descriptor limit).",
 )
+@click.option(
+    "--http",
+    "http_parser",
+    type=click.Choice(["auto", "httptools", "h11"]),
+    default="auto",
+    show_default=True,
+    help="HTTP/1.1 parser (auto: httptools when installed).",
+)
 @network_option
 def serve(
     host: str,
@@ -1203,6 +1211,7 @@ def serve(
     header_timeout: float,
     body_timeout: float,
     max_connections: int,
+    http_parser: str,
     allow_private_network: bool,
 ) -> None:
     """The HTTP API for hosts in any language (OpenAPI at /openapi.json; docs/SERVER.md).
@@ -1231,6 +1240,7 @@ def serve(
         header_timeout=header_timeout,
         body_timeout=body_timeout,
         max_connections=max_connections,
+        http=http_parser,
     )
     run_server(config, host, port, workers)
 

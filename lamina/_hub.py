@@ -81,6 +81,9 @@ class ServerConfig:
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     max_connections: int = 0
+    # The HTTP/1.1 parser: "httptools" (the server extra's; about a third of h11's cost a
+    # request), "h11", or "auto" (httptools when installed).
+    http: str = "auto"
 
 
 class FieldError(LaminaError):

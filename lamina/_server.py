@@ -9,26 +9,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import importlib.util
 import ipaddress
 import json
 import os
-import socket
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
 import anyio.to_thread
 import attrs
-import h11
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lamina._api_models import (
     ConversationCreate,
@@ -45,6 +43,7 @@ from lamina._api_models import (
     TurnOut,
 )
 from lamina._hub import ConversationHub, FieldError, ServerConfig, StaleHead
+from lamina._protocols import ConnectionLimits, Guards
 from pipeline import (
     ArgumentError,
     AttachmentError,
@@ -59,7 +58,7 @@ from pipeline import (
     UnknownConversation,
 )
 
-__all__ = ["create_app", "is_loopback", "read_token", "serve"]
+__all__ = ["create_app", "http_protocol", "is_loopback", "read_token", "serve"]
 
 T = TypeVar("T")
 Scope = MutableMapping[str, Any]
@@ -453,7 +452,8 @@ def read_token(path: str | Path) -> str:
     return token
 
 
-def _config_from_env() -> ServerConfig:
+def config_from_env() -> ServerConfig:
+    """The settings a `--workers N` parent handed its children (``CONFIG_ENV``)."""
     raw = json.loads(os.environ[CONFIG_ENV])
     vault = raw.pop("vault")
     return ServerConfig(vault=None if vault is None else Path(vault), **raw)
@@ -461,133 +461,25 @@ def _config_from_env() -> ServerConfig:
 
 def app_from_env() -> FastAPI:
     """The app for a uvicorn worker process (``--workers N``), configured by the parent."""
-    return create_app(_config_from_env())
+    return create_app(config_from_env())
 
 
-@attrs.frozen
-class ConnectionLimits:
-    """What a connection may hold: seconds for the request head and for the body, and
-    how many connections may be open at once."""
-
-    header_timeout: float
-    body_timeout: float
-    max_connections: int
-
-    @classmethod
-    def of(cls, config: ServerConfig) -> ConnectionLimits:
-        cap = config.max_connections or _descriptor_share()
-        return cls(config.header_timeout, config.body_timeout, cap)
+PROTOCOLS = {
+    "httptools": "lamina._httptools:GuardedHttpTools",
+    "h11": "lamina._protocols:GuardedH11",
+}
 
 
-def _descriptor_share() -> int:
-    """Half this process's descriptor limit (raised to its hard limit first), at most 4,096:
-    the rest stays for the store, the vault and the URL fetches."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard != resource.RLIM_INFINITY and soft < hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    except (ImportError, OSError, ValueError):
-        return 512
-    return max(8, min(4096, (soft if soft != resource.RLIM_INFINITY else 8192) // 2))
-
-
-def _no_delay(transport: asyncio.BaseTransport) -> None:
-    """Send small writes at once (TCP_NODELAY). asyncio sets it only on sockets made with
-    ``proto=IPPROTO_TCP``, and uvicorn's listening socket has ``proto=0``, so every answer
-    under one segment (64 KiB on loopback) that followed its head waited for the client's
-    delayed ACK: 40 ms for each reply, error and small turn."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class GuardedH11(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol with deadlines and a connection cap (uvicorn has
-    neither: a client sending one byte a second held a connection for minutes).
-
-    A request's head must arrive within ``header_timeout`` seconds of its first byte (or
-    of the connection), its body within ``body_timeout`` of the head; a late one is closed
-    (408 when nothing was answered yet). When ``max_connections`` are open, a new one
-    closes the oldest connection that is still waiting for a request to arrive, so
-    half-sent requests cannot lock out the rest; if none is waiting the new one gets 503.
-    Idle keep-alive connections close after uvicorn's ``timeout_keep_alive``."""
-
-    limits: ClassVar[ConnectionLimits | None] = None
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        limits = type(self).limits
-        if limits is None:  # a --workers child: the parent's settings
-            limits = type(self).limits = ConnectionLimits.of(_config_from_env())
-        self._limits = limits
-        self._deadline: asyncio.TimerHandle | None = None
-        self._waiting_since = 0.0  # loop time the current request began; 0: not waiting
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        _no_delay(transport)
-        super().connection_made(transport)  # type: ignore[arg-type]
-        self._wait(self._limits.header_timeout)
-        if len(self.connections) > self._limits.max_connections:
-            waiting = [
-                c for c in self.connections if isinstance(c, GuardedH11) and c._waiting_since
-            ]
-            oldest = min(waiting, key=lambda c: c._waiting_since, default=None)
-            if oldest is not None and oldest is not self:
-                oldest._expire()
-            else:  # every other connection is busy with a request: this one waits its turn
-                self._refuse(b"503 Service Unavailable")
-
-    def data_received(self, data: bytes) -> None:
-        before = self.conn.their_state
-        if self._deadline is None and before is h11.IDLE and not self.transport.is_closing():
-            self._wait(self._limits.header_timeout)  # a new request on a kept-alive connection
-        super().data_received(data)
-        after = self.conn.their_state
-        if after is h11.SEND_BODY and before is not h11.SEND_BODY:
-            self._wait(self._limits.body_timeout)
-        elif after is not h11.IDLE and after is not h11.SEND_BODY:
-            self._stop()  # the whole request is here (or the connection is done)
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.conn.their_state is h11.IDLE:
-            self._stop()  # idle: uvicorn's keep-alive timeout applies
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._stop()
-        super().connection_lost(exc)
-
-    def _wait(self, seconds: float) -> None:
-        self._stop()
-        self._waiting_since = self.loop.time()
-        self._deadline = self.loop.call_later(seconds, self._expire)
-
-    def _stop(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-        self._deadline = None
-        self._waiting_since = 0.0
-
-    def _expire(self) -> None:
-        self._stop()
-        if self.conn.our_state is h11.IDLE and self.conn.their_state is not h11.SEND_BODY:
-            self._refuse(b"408 Request Timeout")
-        elif not self.transport.is_closing():
-            self.transport.close()
-
-    def _refuse(self, status: bytes) -> None:
-        if not self.transport.is_closing():
-            self.transport.write(
-                b"HTTP/1.1 " + status + b"\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
-            )
-            self.transport.close()
-
-
-HTTP_PROTOCOL = "lamina._server:GuardedH11"
+def http_protocol(choice: str = "auto") -> str:
+    """The uvicorn protocol ``lamina serve --http CHOICE`` runs: httptools when installed
+    (``auto``) or asked for (ConfigError if it is missing), else h11."""
+    if choice not in ("auto", *PROTOCOLS):
+        raise ConfigError("--http", f"is one of auto, {', '.join(PROTOCOLS)}; not {choice!r}")
+    if choice == "auto":
+        choice = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    elif choice == "httptools" and importlib.util.find_spec("httptools") is None:
+        raise ConfigError("--http", "httptools is not installed: pip install 'lamina[server]'")
+    return PROTOCOLS[choice]
 
 
 def serve(
@@ -605,11 +497,11 @@ def serve(
     config = attrs.evolve(config, allowed_hosts=(*config.allowed_hosts, host))
     limits = ConnectionLimits.of(config)
     config = attrs.evolve(config, max_connections=limits.max_connections)
-    GuardedH11.limits = limits
+    Guards.limits = limits
     common: dict[str, Any] = {
         "host": host,
         "port": port,
-        "http": HTTP_PROTOCOL,
+        "http": http_protocol(config.http),
         "log_level": "warning",
         "access_log": False,
         "proxy_headers": False,  # no proxy is trusted: X-Forwarded-* are not read

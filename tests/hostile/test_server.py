@@ -84,12 +84,13 @@ def _connect(base: str) -> socket.socket:
     return s
 
 
-def _closed(s: socket.socket) -> bool:
-    """Whether the server ended this connection (EOF or reset) by now."""
+def _closed(s: socket.socket, answer: bytearray | None = None) -> bool:
+    """Whether the server ended this connection (EOF or reset) by now; what it sent
+    before is added to ``answer``."""
     try:
         while data := s.recv(65536):
-            if not data:
-                return True
+            if answer is not None:
+                answer += data
         return True
     except BlockingIOError:
         return False
@@ -103,20 +104,28 @@ def _drip(sockets: list[socket.socket], byte: bytes) -> None:
             s.send(byte)
 
 
-def test_a_request_head_dripped_a_byte_a_second_is_cut_off(tmp_path: Path) -> None:
-    with running(tmp_path / "s.sqlite", "--header-timeout", "2") as url:
+# Every guard holds for both HTTP parsers `lamina serve --http` offers.
+PARSERS = pytest.mark.parametrize("parser", ["httptools", "h11"])
+
+
+@PARSERS
+def test_a_request_head_dripped_a_byte_a_second_is_cut_off(tmp_path: Path, parser: str) -> None:
+    with running(tmp_path / "s.sqlite", "--header-timeout", "2", "--http", parser) as url:
         s = _connect(url)
         s.send(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         started = time.monotonic()
-        while not _closed(s) and time.monotonic() - started < 15:  # bounded: 15 bytes at most
+        answer = bytearray()
+        while not _closed(s, answer) and time.monotonic() - started < 15:  # 15 bytes at most
             _drip([s], b"X")
             time.sleep(1)
         assert time.monotonic() - started < 6
+        assert answer.startswith(b"HTTP/1.1 408 "), bytes(answer)
         s.close()
 
 
-def test_a_request_body_dripped_a_byte_a_second_is_cut_off(tmp_path: Path) -> None:
-    with running(tmp_path / "s.sqlite", "--body-timeout", "2") as url:
+@PARSERS
+def test_a_request_body_dripped_a_byte_a_second_is_cut_off(tmp_path: Path, parser: str) -> None:
+    with running(tmp_path / "s.sqlite", "--body-timeout", "2", "--http", parser) as url:
         s = _connect(url)
         s.send(
             b"POST /v1/conversations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -131,12 +140,13 @@ def test_a_request_body_dripped_a_byte_a_second_is_cut_off(tmp_path: Path) -> No
         assert httpx.get(f"{url}/v1/conversations", timeout=60).json() == {"conversations": []}
 
 
+@PARSERS
 def test_half_sent_requests_beyond_the_descriptor_limit_leave_health_answering(
-    tmp_path: Path,
+    tmp_path: Path, parser: str
 ) -> None:
     """148 connections dripping their request heads at a server limited to 128 descriptors:
     /v1/health still answers within a few seconds, every time."""
-    with running(tmp_path / "s.sqlite", files=128) as url:
+    with running(tmp_path / "s.sqlite", "--http", parser, files=128) as url:
         slow = [_connect(url) for _ in range(148)]
         try:
             _drip(slow, b"GET /v1/health HTTP/1.1\r\n")
@@ -229,8 +239,9 @@ def _chunked(base: str, path: str, total: int) -> bytes:
     return answer
 
 
-def test_an_oversize_chunked_body_is_413(tmp_path: Path) -> None:
-    with running(tmp_path / "s.sqlite") as url:
+@PARSERS
+def test_an_oversize_chunked_body_is_413(tmp_path: Path, parser: str) -> None:
+    with running(tmp_path / "s.sqlite", "--http", parser) as url:
         answer = _chunked(url, "/v1/conversations", 9 << 20)  # 9 MiB over the 8 MiB cap
         assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
         body = json.loads(answer.partition(b"\r\n\r\n")[2])

@@ -14,20 +14,21 @@ import pytest
 import uvicorn
 
 from lamina._hub import ServerConfig
-from lamina._server import ConnectionLimits, GuardedH11, create_app
-
-PROTOCOLS = [GuardedH11]
+from lamina._protocols import ConnectionLimits, Guards
+from lamina._server import PROTOCOLS, create_app, http_protocol
 
 
 @contextlib.contextmanager
-def serving(
-    tmp_path: Path, protocol: type[GuardedH11]
-) -> Iterator[tuple[tuple[str, int], uvicorn.Server]]:
+def serving(tmp_path: Path, protocol: str) -> Iterator[tuple[tuple[str, int], uvicorn.Server]]:
     """``create_app`` on a real uvicorn with ``protocol``, in a thread, on a free port."""
     config = ServerConfig(store=str(tmp_path / "s.sqlite"))
-    protocol.limits = ConnectionLimits.of(config)
+    Guards.limits = ConnectionLimits.of(config)
     settings = uvicorn.Config(
-        create_app(config), host="127.0.0.1", port=0, http=protocol, log_level="warning"
+        create_app(config),
+        host="127.0.0.1",
+        port=0,
+        http=http_protocol(protocol),
+        log_level="warning",
     )
     server = uvicorn.Server(settings)
     sock = settings.bind_socket()
@@ -57,10 +58,8 @@ def _get(address: tuple[str, int], path: str) -> tuple[socket.socket, bytes]:
     return conn, answer
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
-def test_every_connection_sends_small_writes_at_once(
-    tmp_path: Path, protocol: type[GuardedH11]
-) -> None:
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_every_connection_sends_small_writes_at_once(tmp_path: Path, protocol: str) -> None:
     """TCP_NODELAY on each accepted connection: uvicorn's listening socket has proto 0, so
     asyncio does not set it, and an answer written after its head waited for the client's
     delayed ACK (40 ms)."""
