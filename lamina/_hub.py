@@ -7,6 +7,7 @@ lock per conversation, so a ``_Warm`` is only ever used by one thread at a time.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import tempfile
 import threading
@@ -84,6 +85,17 @@ class ServerConfig:
     # The HTTP/1.1 parser: "httptools" (the server extra's; about a third of h11's cost a
     # request), "h11", or "auto" (httptools when installed).
     http: str = "auto"
+
+
+# `lamina serve --workers N` hands its settings to each worker process through this.
+CONFIG_ENV = "LAMINA_SERVE_CONFIG"
+
+
+def config_from_env() -> ServerConfig:
+    """The settings a ``--workers N`` parent handed its children (``CONFIG_ENV``)."""
+    raw = json.loads(os.environ[CONFIG_ENV])
+    vault = raw.pop("vault")
+    return ServerConfig(vault=None if vault is None else Path(vault), **raw)
 
 
 class FieldError(LaminaError):

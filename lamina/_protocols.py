@@ -20,7 +20,7 @@ import attrs
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from lamina._hub import ServerConfig
+from lamina._hub import ServerConfig, config_from_env
 
 __all__ = ["ConnectionLimits", "GuardedH11", "Guards"]
 
@@ -208,8 +208,6 @@ class Guards:
     def _guard(self) -> None:
         limits = Guards.limits
         if limits is None:  # a --workers child: the parent's settings
-            from lamina._server import config_from_env
-
             limits = Guards.limits = ConnectionLimits.of(config_from_env())
         self._limits = limits
         self._deadline = None

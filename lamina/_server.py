@@ -42,7 +42,14 @@ from lamina._api_models import (
     TurnIn,
     TurnOut,
 )
-from lamina._hub import ConversationHub, FieldError, ServerConfig, StaleHead
+from lamina._hub import (
+    CONFIG_ENV,
+    ConversationHub,
+    FieldError,
+    ServerConfig,
+    StaleHead,
+    config_from_env,
+)
 from lamina._protocols import ConnectionLimits, Guards
 from pipeline import (
     ArgumentError,
@@ -66,9 +73,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-# `lamina serve --workers N` hands its settings to each worker process through this.
-CONFIG_ENV = "LAMINA_SERVE_CONFIG"
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorOut} for code in (400, 401, 404, 409, 413, 422)
@@ -450,13 +454,6 @@ def read_token(path: str | Path) -> str:
     if len(token) < 16:
         raise ConfigError("--token-file", "the token must have at least 16 characters")
     return token
-
-
-def config_from_env() -> ServerConfig:
-    """The settings a `--workers N` parent handed its children (``CONFIG_ENV``)."""
-    raw = json.loads(os.environ[CONFIG_ENV])
-    vault = raw.pop("vault")
-    return ServerConfig(vault=None if vault is None else Path(vault), **raw)
 
 
 def app_from_env() -> FastAPI:
