@@ -4,7 +4,10 @@ Two measurements, each beside its comparator in the same run:
 
 - ``folder``: one turn attaching a folder of N generated notes under a window; the budget
   stage's time per item, and the budgeted build's time over the same turn without a
-  budget (the policy whose cost grows with items shows in the per-item column).
+  budget (the policy whose cost grows with items shows in the per-item column). Then the
+  warm turn: the same turn built again by a new conversation (as a stateless server
+  does), with the process's preview memo as it is sized now and, as the comparator, held
+  at its old fixed 1,024 entries (``warm_s``, ``warm_fixed_s``, their ratio and hits).
 - ``share``: a seeded chat (one or two new notes a turn, some re-attached) under a small
   window; the share of this turn's attachment tokens that reach the model in full or as
   a preview, per cut policy.
@@ -30,6 +33,8 @@ POLICIES = ("current-first", "prefix-first")
 # The old policy re-measures the whole request after every cut: beyond this many notes it
 # takes minutes (the issue measured 794 s for 1,600 notes at 200k), so it is not run.
 PREFIX_FIRST_MAX_NOTES = 400
+# The shared preview memo's old fixed size, the warm turn's comparator.
+FIXED_MEMO = 1024
 
 
 def folder_workload(seed: int, notes: int) -> dict[str, str]:
@@ -52,6 +57,26 @@ def _turn(vault: Path, budget: Any) -> tuple[float, float, Any]:
     total = time.perf_counter() - start
     stage = dict(env.report.timings).get("budget", 0.0)
     return total, stage, env
+
+
+def _warm(vault: Path, budget: Any, fixed: int | None) -> tuple[float, int]:
+    """(seconds, preview memo hits) of the folder turn built again by a new conversation
+    after a cold build, the shared memo emptied first and, with ``fixed``, held at that
+    many entries (the comparator: the memo before it was sized to the turn)."""
+    from pipeline import shared_views
+
+    memo = shared_views()
+    size, max_size = memo.size, memo.max_size
+    memo.clear()
+    if fixed is not None:
+        memo.size, memo.max_size = fixed, 0
+    try:
+        _turn(vault, budget)
+        hits = memo.hits
+        total, _, _ = _turn(vault, budget)
+        return total, memo.hits - hits
+    finally:
+        memo.size, memo.max_size = size, max_size
 
 
 def folder_points(scale: str) -> list[dict[str, Any]]:
@@ -90,6 +115,17 @@ def folder_points(scale: str) -> list[dict[str, Any]]:
                             index=any(s.source_type == "index" for s in fitted.l3.segments),
                             **_findable(fitted, n),
                         )
+                        if policy == "current-first":
+                            warm, hits = _warm(vault, budget, None)
+                            fixed, fixed_hits = _warm(vault, budget, FIXED_MEMO)
+                            point.update(
+                                warm_s=warm,
+                                warm_ratio_to_cold=warm / total,
+                                warm_memo_hits=hits,
+                                warm_fixed_s=fixed,
+                                warm_fixed_memo_hits=fixed_hits,
+                                warm_fixed_ratio_to_warm=fixed / warm,
+                            )
                     points.append(point)
     return points
 

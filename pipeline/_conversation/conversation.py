@@ -322,11 +322,13 @@ class Conversation:
         started = time.perf_counter()
         hits, encoded = self.counter.hits, self.counter.encoded_chars
         summary_hits = self.summaries.hits
-        view_hits = self.views.hits
+        view_hits, views_made = self.views.hits, self.views.made
         specs = [own_sources.parse(a) if isinstance(a, Mapping) else a for a in attach]
         sources = resolver_for_turn(own_sources)
         processed = [_self_contained(s) or sources.process(s) for s in [*tools, *specs]]
         process_time = time.perf_counter() - started
+        # Room for a preview of each of this turn's items, twice over, before any is made.
+        self.views.reserve(2 * sum(len(p.artifacts) + len(p.embedded) for p in processed))
         number = len(self._history) + 1
         ctx = TurnContext(
             number,
@@ -392,6 +394,8 @@ class Conversation:
             ("summary_cache_hits", self.summaries.hits - summary_hits),
             ("view_memo_hits", self.views.hits - view_hits),
         )
+        # And for every entry the turn made (library previews, fitted sizes), twice over.
+        self.views.reserve(2 * (self.views.made - views_made))
         report = attrs.evolve(
             envelope.report,
             stats=(*envelope.report.stats, *_layer_stats(envelope)),

@@ -127,13 +127,17 @@ class ViewMemo:
     One per conversation keeps previews and excerpts by content hash, tokenizer and limits:
     a turn's budget loop measures the same compacted items again after every cut, and
     promotion previews what L3 just previewed. ``XmlRenderer`` keeps its renderings in one.
-    ``max_chars`` (0: no bound) also bounds the characters of the texts it holds, so a
-    long-lived conversation does not keep every full block it ever rendered.
+    ``max_chars`` (0: no bound) also bounds the characters of the texts it holds (a
+    preview's or excerpt's ``text`` too), so a long-lived conversation does not keep every
+    full block it ever rendered. ``reserve`` raises ``size`` to what a turn needs, up to
+    ``max_size`` (0: ``size`` is fixed); ``made`` counts the entries made.
     """
 
     size: int = 256
     hits: int = 0
     max_chars: int = 0
+    max_size: int = 0
+    made: int = 0
     _items: OrderedDict[Hashable, Any] = attrs.field(factory=OrderedDict, repr=False)
     _chars: int = attrs.field(default=0, repr=False)
     # A renderer's memo may be shared by conversations, one promoting on its own thread.
@@ -150,6 +154,7 @@ class ViewMemo:
         with self._lock:
             if key not in self._items:
                 self._items[key] = made
+                self.made += 1
                 self._chars += _chars_of(made)
             while len(self._items) > self.size or (
                 self.max_chars and self._chars > self.max_chars and self._items
@@ -157,6 +162,14 @@ class ViewMemo:
                 _, old = self._items.popitem(last=False)
                 self._chars -= _chars_of(old)
         return made
+
+    def reserve(self, entries: int) -> None:
+        """Room for ``entries`` (never less than now; at most ``max_size``). A turn touches
+        its entries in the same order every time, so when they outnumber ``size`` least
+        recently used evicts each one just before the next build asks for it: a 1,600-note
+        folder turn under a 1,024-entry memo found none of its previews again."""
+        with self._lock:
+            self.size = max(self.size, min(self.max_size, entries))
 
     def clear(self) -> None:
         with self._lock:
@@ -170,16 +183,28 @@ class ViewMemo:
 
 
 def _chars_of(value: object) -> int:
-    return len(value) if isinstance(value, str) else 0
+    """Characters of a held text: a str, or a preview's or excerpt's ``text``."""
+    text = value if isinstance(value, str) else getattr(value, "text", None)
+    return len(text) if isinstance(text, str) else 0
 
 
-_shared_views = ViewMemo(size=1024)
+# The shared memo starts at 1,024 entries and grows to twice the entries the largest turn
+# made (its own, and as many again for another conversation's turn of that size between
+# two of its builds), bounded by 16,384 entries (a 6,400-note folder's turn twice over)
+# and 16 million characters of preview and excerpt text, whichever binds first.
+_SHARED_SIZE = 1024
+_SHARED_MAX_SIZE = 16_384
+_SHARED_MAX_CHARS = 16_000_000
+_shared_views = ViewMemo(
+    size=_SHARED_SIZE, max_size=_SHARED_MAX_SIZE, max_chars=_SHARED_MAX_CHARS
+)
 
 
 def shared_views() -> ViewMemo:
     """The process's memo of previews and excerpts, shared by every conversation: each is
     a pure function of the content hash, the tokenizer and the limits (its key), so a
-    stateless server's next request for a conversation finds the previews it fitted."""
+    stateless server's next request for a conversation finds the previews it fitted. Each
+    turn ``reserve``s twice the entries it made (bounds above)."""
     return _shared_views
 
 
