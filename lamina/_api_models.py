@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import attrs
 from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline import BudgetPlan
 
 __all__ = [
     "ConversationCreate",
@@ -71,6 +74,13 @@ class ConversationCreate(_In):
         le=1.0,
         description="Share of the window recall may fill with dropped history and cut "
         "library entries the query matches (needs a window or a model; 0: off).",
+    )
+    plan: dict[str, Any] | None = Field(
+        default=None,
+        description="The budget plan's fields to set (needs a window or a model), the "
+        "others keep their defaults: "
+        + ", ".join(f.name for f in attrs.fields(BudgetPlan))
+        + " (pipeline.BudgetPlan).",
     )
     tokenizer: str = Field(
         default="",

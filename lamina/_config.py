@@ -11,10 +11,11 @@ from typing import Any
 
 import attrs
 
-from lamina._budgets import budget_of
+from lamina._budgets import budget_of, plan_of
 from pipeline import (
     TOKENIZERS,
     Budget,
+    BudgetPlan,
     ConfigError,
     LoadError,
     Policy,
@@ -40,17 +41,19 @@ _PROVIDERS = tuple(DEFAULT_MODELS)
 
 @attrs.frozen
 class BudgetConfig:
-    """A budget by model profile and/or window; None fields keep the profile's values."""
+    """A budget by model profile and/or window; None fields keep the profile's values
+    (``plan``: the budget plan, None: ``BudgetPlan``'s defaults)."""
 
     model: str | None = None
     window: int | None = None
     reserve: int | None = None
+    plan: BudgetPlan | None = None
 
     def budget(self) -> Budget:
         """The budget by the CLI's rule (``budget_of``)."""
         if self.model is None and self.window is None:
             raise ConfigError("budget", "needs a model or a window")
-        budget = budget_of(self.window, self.reserve, self.model)
+        budget = budget_of(self.window, self.reserve, self.model, plan=self.plan)
         assert budget is not None  # a window or a model always gives one
         return budget
 
@@ -268,12 +271,13 @@ def _budget(value: Any, where: str) -> BudgetConfig | None:
     if value is None or value is False:
         return None
     data = _mapping(value, where)
-    _known(data, {"model", "window", "reserve"}, where)
+    _known(data, {"model", "window", "reserve", "plan"}, where)
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise ConfigError(f"{where}.model", f"must be a model name, got {model!r}")
     window = _int(data.get("window"), f"{where}.window")
-    return BudgetConfig(model, window, _int(data.get("reserve"), f"{where}.reserve"))
+    plan = None if data.get("plan") is None else plan_of(data["plan"], f"{where}.plan")
+    return BudgetConfig(model, window, _int(data.get("reserve"), f"{where}.reserve"), plan)
 
 
 def _summarizer(value: Any, where: str) -> SummarizerConfig:

@@ -152,7 +152,7 @@ class ConversationHub:
 
     def create(self, body: ConversationCreate) -> tuple[str, Head]:
         _check_text(body)
-        budget = _budget(body.window, body.reserve, body.model, body.recall)
+        budget = _budget(body)
         conversation_id = secrets.token_hex(16)
         settings = body.model_dump_json(exclude_defaults=True)
         info = ConversationInfo(
@@ -367,7 +367,7 @@ class ConversationHub:
                 policy=Policy(
                     freshness=settings.policy.freshness, reattach=settings.policy.reattach
                 ),
-                budget=_budget(settings.window, settings.reserve, settings.model, settings.recall),
+                budget=_budget(settings),
             )
             conv.saved_head = Head()
         else:
@@ -478,15 +478,17 @@ def _settings(info: ConversationInfo) -> ConversationCreate:
     return ConversationCreate(vault=bool(info.vault))
 
 
-def _budget(
-    window: int | None, reserve: int | None, model: str | None, recall: float | None = None
-) -> Budget | None:
-    """The CLI's budget rule (``budget_of``), its errors named by the request's field."""
+def _budget(settings: ConversationCreate) -> Budget | None:
+    """The CLI's budget rule (``budget_of``) on a conversation's settings, its errors named
+    by the request's field (``plan.<field>`` for the budget plan's)."""
+    model = settings.model
     try:
-        return budget_of(window, reserve, model, recall)
+        return budget_of(settings.window, settings.reserve, model, settings.recall, settings.plan)
     except NeedsWindow as exc:
         raise FieldError(exc.setting, "needs a window or a model") from None
     except ConfigError as exc:
+        if exc.setting.startswith("plan"):
+            raise FieldError(exc.setting, str(exc)) from None
         field = "model" if model is not None and "model" in exc.setting else "window"
         raise FieldError(field, str(exc)) from None
 

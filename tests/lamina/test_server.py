@@ -401,3 +401,29 @@ def test_recall_is_a_conversation_setting_and_matches_run(
     assert [t["messages"] for t in built] == [t["messages"] for t in expected]
     refused = client.post("/v1/conversations", json={"recall": 0.3})
     assert refused.status_code in (400, 422) and "recall" in refused.text
+
+
+def test_the_budget_plan_is_a_conversation_setting(client: httpx.Client) -> None:
+    """A conversation's ``plan`` sets the budget plan's fields its turns are fitted with
+    (the trace reports it); an unknown key or a bad value is 422 naming ``plan.<field>``,
+    and a plan without a window or model is refused by name."""
+    settings = {"library_floor": 0.4, "history_turns": 3, "restore": False}
+    cid = create(client, window=3000, reserve=400, plan=settings)["id"]
+    built = turn(client, cid, EMPTY, user="hello", attach=[{"note": "project-spec.md"}])
+    plan = built["budget"]["plan"]
+    assert (plan["library_floor"], plan["history_turns"], plan["restore"]) == (
+        "0.4", "3", "False"
+    )
+    assert plan["slack"] == "0.2"  # not given: the default
+    head = reply(client, cid, built["head"], "ok")
+    again = turn(client, cid, head, user="and again")
+    assert again["budget"]["plan"] == plan
+    for body, field in (
+        ({"window": 3000, "plan": {"floor": 0.3}}, "plan.floor"),
+        ({"window": 3000, "plan": {"library_floor": 1.5}}, "plan.library_floor"),
+        ({"window": 3000, "plan": {"restore": "no"}}, "plan.restore"),
+        ({"plan": {"slack": 0.1}}, "plan"),
+    ):
+        refused = client.post("/v1/conversations", json=body)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["field"] == field
