@@ -33,7 +33,7 @@ import litellm
 from pipeline import AgentTurn, Envelope, Loop
 from renderers import loop_messages, render_request, tool_tokens
 
-__all__ = ["completion", "split_model", "to_messages"]
+__all__ = ["completion", "split_model", "to_messages", "with_tools"]
 
 _PROVIDERS = {"anthropic": "anthropic", "openai": "openai", "gemini": "gemini"}
 
@@ -66,17 +66,24 @@ def _envelope_messages(envs: list[Envelope], model: str) -> list[dict[str, Any]]
     return [*system, *({"role": m["role"], "content": m["content"]} for m in body["messages"])]
 
 
+def with_tools(request: Request, model: str, **kwargs: Any) -> Request:
+    """``request`` with the ``tools`` of a ``completion`` call's ``kwargs`` counted into an
+    ``AgentTurn``'s ``tools_tokens`` (each provider's rule, ``renderers.tool_tokens``, with
+    the call's ``tool_choice`` and model: Anthropic's tool prompt depends on both)."""
+    tools = kwargs.get("tools") or ()
+    if not isinstance(request, AgentTurn) or not tools:
+        return request
+    defs = [t.get("function", t) for t in tools]
+    provider, name = split_model(model)
+    added = tool_tokens(
+        defs, provider, request.counter, tool_choice=kwargs.get("tool_choice"), model=name
+    )
+    return attrs.evolve(request, tools_tokens=added)
+
+
 def completion(request: Request, model: str, **kwargs: Any) -> Any:
     """``litellm.completion`` with Lamina's messages (``kwargs`` pass through). An
-    ``AgentTurn`` is fitted with the ``tools`` definitions counted (each provider's rule,
-    ``renderers.tool_tokens``); pass ``tools_tokens=`` to ``AgentTurn.start`` as well so
-    the turn leaves room for them."""
-    tools = kwargs.get("tools") or ()
-    if isinstance(request, AgentTurn) and tools:
-        defs = [t.get("function", t) for t in tools]
-        provider, name = split_model(model)
-        added = tool_tokens(
-            defs, provider, request.counter, tool_choice=kwargs.get("tool_choice"), model=name
-        )
-        request = attrs.evolve(request, tools_tokens=added)
+    ``AgentTurn`` is fitted with the ``tools`` definitions counted (``with_tools``); pass
+    ``tools_tokens=`` to ``AgentTurn.start`` as well so the turn leaves room for them."""
+    request = with_tools(request, model, **kwargs)
     return litellm.completion(model=model, messages=to_messages(request, model), **kwargs)

@@ -90,3 +90,28 @@ def test_a_tool_loop_through_litellm_keeps_lamina_blocks_and_pairs_each_call() -
     final = completion(agent, "anthropic/claude-sonnet-4-6", mock_response="After one hour.")
     agent.finish(conv, final.choices[0].message.content)
     assert conv.history[-1].assistant == "After one hour."
+
+
+def test_tools_are_counted_with_the_calls_tool_choice_and_model() -> None:
+    """LiteLLM takes OpenAI's tool_choice and maps it for Anthropic ("required" is any):
+    the tool prompt counted follows it and the model (Haiku 3.5: 264 auto, 340 any)."""
+    from lamina.adapters.litellm import with_tools
+    from renderers import tool_tokens
+
+    conv = Conversation(RULES, vault=VAULT)
+    agent = AgentTurn.start(conv, "How do tokens expire?")
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+    function = {"name": "read_note", "description": "Read a note.", "parameters": schema}
+    tools = [{"type": "function", "function": function}]
+    model = "anthropic/claude-3-5-haiku-20241022"
+    auto = with_tools(agent, model, tools=tools)
+    forced = with_tools(agent, model, tools=tools, tool_choice="required")
+    assert isinstance(auto, AgentTurn) and isinstance(forced, AgentTurn)
+    assert forced.tools_tokens - auto.tools_tokens == 340 - 264
+    assert auto.tools_tokens == tool_tokens(
+        [function], "anthropic", conv.counter, model="claude-3-5-haiku-20241022"
+    )
+    openai = with_tools(agent, "gpt-4.1", tools=tools, tool_choice="required")
+    assert isinstance(openai, AgentTurn)
+    assert openai.tools_tokens == tool_tokens([function], "openai", conv.counter)
+    assert with_tools(agent, model) is agent
