@@ -169,7 +169,7 @@ def _cause(
         return PREFIX_CHANGED, f"the prefix changed at {where} since the last request"
     if sent is None and exact and observed.input_tokens != predicted_input:
         more = observed.input_tokens - predicted_input
-        hint = "" if with_tools else "; tool definitions sent count too: pass tools="
+        hint = "" if with_tools or more < 0 else "; tool definitions sent count too: pass tools="
         return HOST_ALTERED, (
             f"the request was altered by the host: the provider counted "
             f"{observed.input_tokens} input tokens where Lamina's request has exactly "

@@ -498,6 +498,8 @@ def test_tool_definitions_sent_are_in_the_predicted_input() -> None:
     assert blamed.cause == "host-altered" and blamed.warning is not None
     assert f"({tools:+d})" in blamed.warning.message
     assert "tool definitions sent count too: pass tools=" in blamed.warning.message
+    fewer = usage_record(envelopes, _chat_completion(total - 5, 0), "openai", "gpt-4.1")
+    assert fewer.warning is not None and "pass tools=" not in fewer.warning.message
     told = usage_record(envelopes, missed, "openai", "gpt-4.1", tools=[SEARCH])
     assert told.cause == "unknown" and told.predicted_input == total + tools
 
