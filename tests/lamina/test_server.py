@@ -427,3 +427,34 @@ def test_the_budget_plan_is_a_conversation_setting(client: httpx.Client) -> None
         refused = client.post("/v1/conversations", json=body)
         assert refused.status_code == 422, refused.text
         assert refused.json()["field"] == field
+
+
+def test_the_turn_lane_answers_what_the_fastapi_route_answers(client: httpx.Client) -> None:
+    """A turn request as hosts send it (``application/json``) takes the TurnLane; one with
+    a charset parameter goes through FastAPI's route: same turns, same answers, byte for
+    byte but the conversation id, and the same refusals."""
+    answers = []
+    for content_type in ("application/json", "application/json; charset=utf-8"):
+        cid = create(client)["id"]
+        head = EMPTY
+        bodies = []
+        for user, attach in (("first", [{"note": "glossary.md"}]), ("second", [])):
+            request = json.dumps({"parent": head, "user": user, "attach": attach})
+            response = client.post(
+                f"/v1/conversations/{cid}/turns",
+                content=request.encode(),
+                headers={"Content-Type": content_type},
+            )
+            assert response.status_code == 200, response.text
+            assert response.headers["content-type"] == "application/json"
+            bodies.append(response.content.replace(cid.encode(), b"CID"))
+            head = response.json()["head"]
+        stale = client.post(
+            f"/v1/conversations/{cid}/turns",
+            content=json.dumps({"parent": EMPTY, "user": "late"}).encode(),
+            headers={"Content-Type": content_type},
+        )
+        assert stale.status_code == 409
+        bodies.append(stale.content)
+        answers.append(bodies)
+    assert answers[0] == answers[1]
