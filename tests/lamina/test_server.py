@@ -429,32 +429,43 @@ def test_the_budget_plan_is_a_conversation_setting(client: httpx.Client) -> None
         assert refused.json()["field"] == field
 
 
-def test_the_turn_lane_answers_what_the_fastapi_route_answers(client: httpx.Client) -> None:
-    """A turn request as hosts send it (``application/json``) takes the TurnLane; one with
-    a charset parameter goes through FastAPI's route: same turns, same answers, byte for
-    byte but the conversation id, and the same refusals."""
+def test_the_hot_lane_answers_what_the_fastapi_routes_answer(client: httpx.Client) -> None:
+    """Turns and replies as hosts send them (``application/json``) take the HotLane; with
+    a charset parameter they go through FastAPI's routes: same turns, same answers, byte
+    for byte but the conversation id, and the same refusals."""
+
+    def post(cid: str, route: str, body: dict[str, Any], content_type: str) -> httpx.Response:
+        return client.post(
+            f"/v1/conversations/{cid}/{route}",
+            content=json.dumps(body).encode(),
+            headers={"Content-Type": content_type},
+        )
+
     answers = []
     for content_type in ("application/json", "application/json; charset=utf-8"):
         cid = create(client)["id"]
         head = EMPTY
         bodies = []
         for user, attach in (("first", [{"note": "glossary.md"}]), ("second", [])):
-            request = json.dumps({"parent": head, "user": user, "attach": attach})
-            response = client.post(
-                f"/v1/conversations/{cid}/turns",
-                content=request.encode(),
-                headers={"Content-Type": content_type},
+            built = post(
+                cid, "turns", {"parent": head, "user": user, "attach": attach}, content_type
             )
-            assert response.status_code == 200, response.text
-            assert response.headers["content-type"] == "application/json"
-            bodies.append(response.content.replace(cid.encode(), b"CID"))
-            head = response.json()["head"]
-        stale = client.post(
-            f"/v1/conversations/{cid}/turns",
-            content=json.dumps({"parent": EMPTY, "user": "late"}).encode(),
-            headers={"Content-Type": content_type},
-        )
-        assert stale.status_code == 409
-        bodies.append(stale.content)
+            assert built.status_code == 200, built.text
+            replied = post(
+                cid, "reply", {"parent": built.json()["head"], "text": "ok"}, content_type
+            )
+            assert replied.status_code == 200, replied.text
+            for response in (built, replied):
+                assert response.headers["content-type"] == "application/json"
+                bodies.append(response.content.replace(cid.encode(), b"CID"))
+            head = replied.json()["head"]
+        for route, body in (
+            ("turns", {"parent": EMPTY, "user": "late"}),
+            ("reply", {"parent": EMPTY, "text": "late"}),
+            ("reply", {"parent": head}),
+        ):
+            refused = post(cid, route, body, content_type)
+            assert refused.status_code in (409, 422)
+            bodies.append(refused.content)
         answers.append(bodies)
     assert answers[0] == answers[1]
