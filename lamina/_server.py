@@ -393,8 +393,12 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.post("/v1/conversations", status_code=201)
     async def create(body: ConversationCreate) -> ConversationOut:
         """Start a conversation: system prompt, budget, tokenizer, policy, provider."""
-        cid, _ = await call(None, lambda: hub.create(body))
-        return conversation_out(*await call(cid, lambda: hub.info(cid)))
+
+        def created() -> tuple[ConversationInfo, ConversationCreate, Head]:
+            cid, _ = hub.create(body)  # nobody else knows the id yet: no lock to take
+            return hub.info(cid)
+
+        return conversation_out(*await call(None, created))  # one thread hop, not two
 
     @app.get("/v1/conversations")
     async def list_conversations() -> ConversationsOut:
