@@ -164,6 +164,51 @@ def test_half_sent_requests_beyond_the_descriptor_limit_leave_health_answering(
         assert max(seconds for _, seconds in answered) < 3
 
 
+def _answer(s: socket.socket) -> bytes:
+    """Everything the server sends on ``s`` until it closes it or the answer is whole."""
+    s.setblocking(True)
+    s.settimeout(30)
+    answer = b""
+    while not (b"\r\n\r\n" in answer and answer.endswith((b"ok", b"\r\n\r\n"))):
+        try:
+            more = s.recv(65536)
+        except OSError:
+            break
+        if not more:
+            break
+        answer += more
+    return answer
+
+
+@PARSERS
+def test_at_the_connection_cap_the_oldest_waiting_connection_makes_room(
+    tmp_path: Path, parser: str
+) -> None:
+    """--max-connections 2: a third connection closes the oldest one still sending its
+    head (408) and is answered; when no connection is waiting (both idle after their
+    answer), the new one is refused with 503."""
+    with running(tmp_path / "s.sqlite", "--max-connections", "2", "--http", parser) as url:
+        first, second = _connect(url), _connect(url)
+        for s in (first, second):
+            s.send(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # half a head
+        time.sleep(1)  # both are the server's before the third arrives
+        third = _connect(url)
+        third.send(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert _answer(third).startswith(b"HTTP/1.1 200 ")
+        assert _answer(first).startswith(b"HTTP/1.1 408 ")
+        for s in (first, second, third):
+            s.close()
+        time.sleep(1)  # the server has let the three go
+        idle = [_connect(url), _connect(url)]
+        for s in idle:
+            s.send(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert _answer(s).startswith(b"HTTP/1.1 200 ")  # kept alive, not waiting
+        refused = _connect(url)
+        assert _answer(refused).startswith(b"HTTP/1.1 503 ")
+        for s in (*idle, refused):
+            s.close()
+
+
 # -- text that is not Unicode -------------------------------------------------------------
 
 
