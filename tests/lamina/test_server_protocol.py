@@ -71,3 +71,29 @@ def test_every_connection_sends_small_writes_at_once(tmp_path: Path, protocol: s
             sockets = [c.transport.get_extra_info("socket") for c in connections]
             assert sockets
             assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in sockets)
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_an_answer_without_body_bytes_still_sends_its_head(
+    tmp_path: Path, protocol: str
+) -> None:
+    """The head is held for the body that follows it (one write); a HEAD answer has no
+    body bytes, so its head goes out when the answer completes, and the connection
+    serves the next request."""
+    with serving(tmp_path, protocol) as (address, _), socket.create_connection(
+        address, timeout=30
+    ) as conn:
+        conn.sendall(b"HEAD /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            chunk = conn.recv(65536)
+            assert chunk, head
+            head += chunk
+        assert head.startswith(b"HTTP/1.1 405 ")  # the API's routes answer GET, not HEAD
+        conn.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"ok"):
+            chunk = conn.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200 ")
