@@ -16,6 +16,7 @@ import uvicorn
 from lamina._hub import ServerConfig
 from lamina._protocols import ConnectionLimits, Guards
 from lamina._server import PROTOCOLS, create_app, http_protocol
+from pipeline import ConfigError
 
 
 @contextlib.contextmanager
@@ -97,3 +98,11 @@ def test_an_answer_without_body_bytes_still_sends_its_head(
             assert chunk, answer
             answer += chunk
         assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def test_the_parser_is_httptools_when_installed_and_can_be_chosen() -> None:
+    assert http_protocol() == PROTOCOLS["httptools"]  # the server extra installs it
+    assert http_protocol("h11") == "lamina._protocols:GuardedH11"
+    with pytest.raises(ConfigError) as refused:
+        http_protocol("picohttp")
+    assert refused.value.setting == "--http"
