@@ -1,5 +1,5 @@
-"""The HTTP protocol under ``lamina serve``, in process on a real uvicorn: what each
-connection's socket is set to."""
+"""The HTTP protocols under ``lamina serve``, in process on a real uvicorn: which one
+runs, what each connection's socket is set to, and the one-write answer."""
 
 from __future__ import annotations
 
