@@ -247,6 +247,7 @@ def run_server_bench(conversations: int = 16, turns: int = 20, rounds: int = 5) 
             "server_cpu_over_build_and_save_p95_ms": (
                 _ms(_quantile(cpu_over, 0.95)) if cpu_over else None
             ),
+            "reply_in_process_p50_ms": _ms(statistics.median(one["reply"])),
             "http_reply_over_in_process_p50_ms": _ms(statistics.median(reply_over)),
             "http_reply_over_in_process_p95_ms": _ms(_quantile(reply_over, 0.95)),
         },
@@ -300,6 +301,7 @@ def format_table(doc: dict[str, Any], console: Console) -> None:
             "server CPU over the hub's CPU p50 / p95",
             "n/a" if cpu is None else f"{cpu:.2f} / {cpu95:.2f} ms",
         ),
+        ("in-process reply (the turn saved again) p50", f"{s['reply_in_process_p50_ms']:.2f} ms"),
         (
             "reply over HTTP over in process p50 / p95",
             f"{s['http_reply_over_in_process_p50_ms']:.2f} / "
