@@ -100,7 +100,8 @@ def _l2_reasons(previous: Envelope, current: Envelope) -> list[str]:
 
 def classify_break(previous: Envelope | None, current: Envelope) -> tuple[str, ...]:
     """Why ``current`` does not extend what ``previous`` made cacheable, earliest first:
-    ``first-turn``, ``system-changed``, ``memory-changed``, ``artifact-changed:<key>``,
+    ``first-turn``, ``system-changed``, ``memory-changed`` (``handoff`` when an agent
+    loop's handoff changed it), ``artifact-changed:<key>``,
     ``l2-compacted:<key>``, ``l2-evicted:<key>``, ``history-cut-moved`` (or ``unknown``),
     ``library-settled`` when a batched request settled the library's deferred growth;
     empty when the previous system message and history are kept byte for byte (as sent:
@@ -129,7 +130,7 @@ def _built_reasons(previous: Envelope, current: Envelope) -> tuple[str, ...]:
         ):
             before, after = previous.l1.get(key), current.l1.get(key)
             if (before.text if before else "") != (after.text if after else ""):
-                reasons.append(name)
+                reasons.append("handoff" if name == "memory-changed" and _handed(current) else name)
         reasons.extend(_l2_reasons(previous, current))
     old, new = previous.history(), current.history()
     if new[: len(old)] != old:
@@ -137,6 +138,12 @@ def _built_reasons(previous: Envelope, current: Envelope) -> tuple[str, ...]:
     if not system_kept and not reasons:
         reasons.append("unknown")
     return tuple(reasons)
+
+
+def _handed(envelope: Envelope) -> bool:
+    """Whether L1's mutable part is what an agent loop's handoff set (its last L1 decision)."""
+    last = next((d for d in reversed(envelope.report.decisions) if d.layer == "L1"), None)
+    return last is not None and last.action is DecisionAction.HANDOFF
 
 
 def _common_prefix_bytes(a: str, b: str) -> int:

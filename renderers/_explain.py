@@ -69,6 +69,11 @@ def _sentence(code: str, turn: Mapping[str, Any]) -> str:
             "The system prompt's mutable part (memory) changed; the library and history after "
             "it are sent uncached."
         )
+    if kind == "handoff":
+        return (
+            "The agent loop handed off to an agent with other instructions, which replace the "
+            "system prompt's mutable part; the library and history after it are sent uncached."
+        )
     if kind == "artifact-changed":
         return (
             f"{key} changed since the library took it (its freshness policy sent the new text), "

@@ -107,7 +107,12 @@ EXPIRED = "expired"
 NOT_EXPIRED = "not-expired"
 UNKNOWN = "unknown"
 
-_LAYERS = {"system-changed": "L1", "memory-changed": "L1", "history-cut-moved": "L4"}
+_LAYERS = {
+    "system-changed": "L1",
+    "memory-changed": "L1",
+    "handoff": "L1",
+    "history-cut-moved": "L4",
+}
 
 
 def _lifetime(provider: str, ttl: Ttl | None) -> tuple[int | None, str]:

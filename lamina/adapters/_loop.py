@@ -15,6 +15,7 @@ from pipeline import (
     ConversationError,
     Envelope,
     Loop,
+    SystemPrompt,
     agent_call,
 )
 
@@ -39,7 +40,11 @@ class LoopState:
     definitions, instructions it sends itself) free; ``fit`` rebuilds the loop from the
     framework's calls, keeping each call's first seen result (a framework may hand back
     the stubbed text Lamina sent last time). A framework's own system prompt goes into
-    L1's mutable part (``adopt_system``), never dropped. ``tools`` are the tool
+    L1's mutable part (``adopt_system``), never dropped; when it changes within a turn (a
+    handoff to an agent with other instructions) the loop's next requests send the new
+    one there (``AgentTurn.with_system``: a ``handoff`` decision), while the conversation
+    keeps the prompt the turn started with: the next turn's L1 is the prompt the
+    framework sends when its next run starts (the agent it starts with). ``tools`` are the tool
     definitions of the last request, as counted (pass them to
     ``renderers.usage_record(tools=)`` so the predicted input includes them).
     """
@@ -48,6 +53,7 @@ class LoopState:
         self.conversation = conversation
         self.tool_headroom = tool_headroom
         self._framework_system = ""
+        self._sent_system = ""
         self.pending: list[Any] = []
         self.agent: AgentTurn | None = None
         self.query: str | None = None
@@ -130,22 +136,37 @@ class LoopState:
     ) -> Loop:
         """The fitted loop of ``query``'s turn, started first when it is a new query (with
         the framework's ``system`` prompt, if any, adopted into L1 first; None within a
-        turn: not seen again). ``tools`` (the request's definitions) are kept as
-        ``self.tools``."""
+        turn: not seen again, another text: a handoff, see ``handoff``). ``tools`` (the
+        request's definitions) are kept as ``self.tools``."""
         self.tools = list(tools)
         if not self.is_current(query):
             self.adopt_system(system or "")
             self.start(query, tools_tokens)
-        elif system is not None and system != self._framework_system:
-            raise ConfigError(
-                "system",
-                "the framework's system prompt changed within a turn (a handoff to an agent "
-                "with other instructions?): Lamina's L1 is fixed for the turn; give the "
-                "agents one prompt or put it in the Conversation",
-            )
+            self._sent_system = system or ""
+        elif system is not None and system != self._sent_system:
+            self.handoff(system)
         if self.agent is not None and self.agent.tools_tokens != tools_tokens:
             self.agent = attrs.evolve(self.agent, tools_tokens=tools_tokens)
         return self.fit(steps)
+
+    def handoff(self, system: str) -> None:
+        """The framework's prompt changed within the turn (a handoff to an agent with other
+        instructions): the loop's next requests send ``system`` as L1's mutable part after
+        the same stable part (``AgentTurn.with_system``, a ``handoff`` decision). A mutable
+        part the host set itself is never replaced: ``ConfigError``, as ``adopt_system``."""
+        if self.agent is None:
+            raise ConversationError("no turn was started")
+        conversation = self.conversation.system
+        if conversation.mutable not in ("", self._framework_system):
+            raise ConfigError(
+                "system",
+                "the framework's system prompt changed within a turn (a handoff to an agent "
+                "with other instructions) and the conversation's L1 mutable part is the "
+                "host's own: give the agents' instructions to the framework only, or clear "
+                "the mutable part, so neither is lost",
+            )
+        self.agent = self.agent.with_system(SystemPrompt(conversation.stable, system))
+        self._sent_system = system
 
     def finish(self, answer: str) -> None:
         """End the turn: L4 keeps the query and ``answer``."""

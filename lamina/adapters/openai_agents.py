@@ -4,8 +4,16 @@ The filter replaces each model call's instructions with L1 + L2 (the agent's own
 instructions in L1's mutable part) and its input with the history, this turn's user
 message (L3 + L5) and the turn's tool calls and outputs, fitted to the budget as call +
 output units (the Responses API shape Lamina renders), the tool and handoff definitions
-counted. A handoff within a turn to an agent with other instructions raises
-``ConfigError`` (L1 is fixed for the turn).
+counted. After a handoff within a turn to an agent with other instructions, the next
+model calls carry the new agent's instructions the way the SDK sends them: in L1's mutable
+part, after the same stable part (which stays cached), counted and fitted like the first
+agent's with the new agent's tool and handoff definitions, and a ``handoff`` decision (L1)
+in the report of those calls' envelope (``session.loops[i].envelope``), so the trace,
+``explain_cache`` and the cache report say why the prefix broke there. The turn's own
+envelope (saved with the turn) and the conversation keep the instructions the run started
+with: the next turn's L1 mutable part is the instructions of the agent the next run starts
+with (the filter adopts them again), so a triage agent's prefix is the one every turn
+starts from, and a conversation loaded from the store continues byte for byte.
 The session serves the conversation's history and, when the run ends, records the
 final answer as the turn's reply and saves the turn to the store. The SDK saves a run's
 items after every model response; text the model sends together with a tool call ("Let
@@ -144,8 +152,9 @@ class LaminaSession(LoopAdapter, SessionABC):
 
     def call_model_input_filter(self, data: CallModelData[Any]) -> ModelInputData:
         """``RunConfig(call_model_input_filter=...)``: Lamina's instructions and input.
-        The agent's own instructions go into L1's mutable part; its tool and handoff
-        definitions are counted (OpenAI's counting)."""
+        The agent's own instructions go into L1's mutable part (a handoff within the turn:
+        the new agent's, from that call on); its tool and handoff definitions are counted
+        (OpenAI's counting)."""
         items = [_plain(i) for i in data.model_data.input]
         start = max((i for i, it in enumerate(items) if it.get("role") == "user"), default=None)
         if start is None:
@@ -157,7 +166,7 @@ class LaminaSession(LoopAdapter, SessionABC):
             _steps(items[start + 1 :]),
             tools_tokens=added,
             tools=defs,
-            system=data.model_data.instructions or None,
+            system=data.model_data.instructions or "",
         )
         body = agent_request(loop, "openai-responses").body
         return ModelInputData(input=body["input"], instructions=body.get("instructions"))

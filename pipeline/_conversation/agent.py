@@ -12,6 +12,11 @@ free, so the first calls fit without a cut. Once the loop's own cuts (stub old r
 excerpt the largest) are spent, it goes on with the turn's cut order (``turn_plans``:
 library, history, this turn's items...) over the turn as fitted, before it stubs a
 result the model has not seen yet.
+
+A handoff within the turn to an agent with other instructions (``with_system``) sends
+them as L1's mutable part from the next request on, after the same stable part, counted
+and fitted like the first agent's, with a ``handoff`` decision (L1) in the report of the
+envelope those requests are built from; the turn's own envelope stays as it was built.
 """
 
 from __future__ import annotations
@@ -25,11 +30,18 @@ import attrs
 
 from pipeline._budget import engine
 from pipeline._errors import ConfigError, ConversationError
-from pipeline._model.envelope import BudgetReport, Decision, DecisionAction, Envelope
+from pipeline._model.envelope import (
+    BudgetReport,
+    Decision,
+    DecisionAction,
+    Envelope,
+    Layer,
+    LayerName,
+)
 from pipeline._model.tools import Hit, Hits, ToolUse, canonical_args, tool_artifact, tool_key
 from pipeline._tokens.counter import TokenCounter
 from pipeline._tokens.profiles import OPENAI_FRAMING, Framing
-from pipeline._turn.assemble import complete, draft
+from pipeline._turn.assemble import complete, draft, system_layer
 from pipeline._turn.measure import request_tokens
 from pipeline._views.preview import EXCERPT_MIN_TOKENS, cut_to_tokens
 
@@ -37,6 +49,7 @@ if TYPE_CHECKING:
     from pipeline._budget.fit import Budget, TurnFitting
     from pipeline._conversation.conversation import Conversation
     from pipeline._model.artifacts import AttachmentSpec
+    from pipeline._turn.graph import SystemPrompt
 
 __all__ = [
     "CALL_OVERHEAD",
@@ -161,6 +174,10 @@ class AgentTurn:
     fitting: TurnFitting | None = attrs.field(default=None, eq=False, repr=False)
     """The turn as its budget fitted it (graph, draft, count): the loop's overflow goes on
     with the turn's own cut order over it. None: only tool results are cut."""
+    handoff: Envelope | None = attrs.field(default=None, eq=False, repr=False)
+    """After a handoff to an agent with other instructions (``with_system``): the envelope
+    the loop's requests are built from (L1 holds the new instructions). None: ``envelope``,
+    which stays the turn as built (what is saved and replayed)."""
 
     @classmethod
     def start(
@@ -221,6 +238,45 @@ class AgentTurn:
             raise ConversationError(f"step {number}: tool call ids must be unique in a turn")
         return attrs.evolve(self, steps=(*self.steps, AgentStep(named, text)))
 
+    @property
+    def sent(self) -> Envelope:
+        """The envelope the loop's next request is built from (``handoff`` or ``envelope``)."""
+        return self.envelope if self.handoff is None else self.handoff
+
+    def with_system(self, system: SystemPrompt) -> AgentTurn:
+        """The loop after a handoff to an agent with other instructions: its next requests
+        send ``system`` as L1 (the same stable part, the new agent's instructions as the
+        mutable part: the library and history after it change no byte), counted and
+        fitted like the first agent's (the turn's cut order may compact it). A
+        ``handoff`` decision (L1) in that envelope's report says why the prefix broke;
+        ``envelope`` (the turn as built, what is saved) is unchanged."""
+        base = self.sent
+        measured = system_layer(system, self.counter)
+        decision = Decision(
+            "agent",
+            "system:mutable",
+            "text",
+            "text",
+            "agent handoff: L1's mutable part is the next agent's instructions from here on",
+            layer="L1",
+            action=DecisionAction.HANDOFF,
+        )
+        report = attrs.evolve(base.report, decisions=(*base.report.decisions, decision))
+        _, l2, l3, l4, l5 = base.layers
+        l1 = Layer(LayerName.L1, measured.segments, measured.tokens)
+        handoff = Envelope(
+            base.turn, (l1, l2, l3, l4, l5), report, user_text=base.user_text, batch=base.batch
+        )
+        fitting = self.fitting
+        if fitting is not None and self.budget is not None:
+            from pipeline._budget.fit import turn_fitting
+
+            if fitting.turn.promoted is not None:
+                fitting.turn.promoted.result()  # the library's memos are shared: wait for it
+            graph = attrs.evolve(fitting.turn, system=system)
+            fitting = turn_fitting(graph, draft(graph, fitting.draft), self.budget)
+        return attrs.evolve(self, handoff=handoff, fitting=fitting)
+
     def finish(self, conv: Conversation, answer: str) -> None:
         """End the turn: L4 keeps the bare query and ``answer`` (tool payloads stripped)."""
         conv.reply(answer)
@@ -254,7 +310,7 @@ class AgentTurn:
 
     def base_tokens(self) -> int:
         """The envelope's request tokens (without the loop and the tool definitions)."""
-        return request_tokens(self.envelope, self.counter, self._framing())
+        return request_tokens(self.sent, self.counter, self._framing())
 
     def fit(self) -> Loop:
         """The loop as sent, fitted by the fitting engine: old results stubbed, then the
@@ -276,11 +332,11 @@ class AgentTurn:
         costs = tuple(tuple(self._call_tokens(c) for c in row) for row in rows)
         per_message = self._framing().per_message
         texts = sum(per_message + self.counter.count(s.text) for s in self.steps)
-        layers = tuple((str(layer.name), layer.tokens) for layer in self.envelope.layers)
+        layers = tuple((str(layer.name), layer.tokens) for layer in self.sent.layers)
         used = base + self.tools_tokens + texts + sum(map(sum, costs))
         start = _LoopState(tuple(rows), costs, base, used, layers, self.tools_tokens)
         if self.budget is None:
-            return Loop(self.envelope, self._shown(start), (), start.used)
+            return Loop(self.sent, self._shown(start), (), start.used)
         budget = self.budget
 
         def too_big(state: _LoopState, cuts: int) -> str:
@@ -300,10 +356,10 @@ class AgentTurn:
             plans.extend(_lift(plan, self.fitting) for plan in turn_plans(budget))
         plans.append(functools.partial(self._cut_largest, stub_newest=True))
         done, report = engine.fit(start, plans, budget, too_big, before=start.layer_tokens())
-        envelope = self.envelope
+        envelope = self.sent
         if done.fitting is not None and done.fitting is not self.fitting:
             cut = complete(done.fitting.draft, done.fitting.turn)
-            envelope = attrs.evolve(cut, report=self.envelope.report)
+            envelope = attrs.evolve(cut, report=envelope.report)
         return Loop(envelope, self._shown(done), report.decisions, done.used, report)
 
     def _shown(self, state: _LoopState) -> tuple[LoopStep, ...]:

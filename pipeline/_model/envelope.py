@@ -211,6 +211,9 @@ class DecisionAction(enum.StrEnum):
     RECALLED = "recalled"
     """Dropped history or a cut library entry sent again in this turn's user message, as
     a turn-scoped block, because the query matches it."""
+    HANDOFF = "handoff"
+    """An agent loop went on with another agent's instructions (a handoff): L1's mutable
+    part is the new agent's from that request of the turn on."""
 
 
 class DecisionForm(enum.StrEnum):

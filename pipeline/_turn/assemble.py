@@ -23,7 +23,7 @@ from pipeline._model.history import HistoryEntry
 from pipeline._text.specials import defuse_special_tokens
 from pipeline._tokens.counter import TokenCounter, count_with_sep_from
 from pipeline._turn.draft import Draft, DraftLayer, ItemBlock
-from pipeline._turn.graph import Placement, TurnGraph
+from pipeline._turn.graph import Placement, SystemPrompt, TurnGraph
 from pipeline._turn.measure import joined_tokens
 from pipeline._views.preview import (
     Preview,
@@ -50,6 +50,7 @@ __all__ = [
     "item_view",
     "shorten_reply",
     "summary_target",
+    "system_layer",
     "visible_history",
 ]
 
@@ -189,6 +190,16 @@ def _joined_tokens(
     )
 
 
+def system_layer(system: SystemPrompt, counter: TokenCounter) -> DraftLayer:
+    """L1 measured: the stable and the mutable part (each when not empty), as sent."""
+    segments = [
+        _text_segment(counter, f"system:{part}", "system", text)
+        for part, text in (("stable", system.stable), ("mutable", system.mutable))
+        if text
+    ]
+    return DraftLayer(LayerName.L1, tuple(segments), _joined_tokens(counter, segments))
+
+
 def draft(turn: TurnGraph, previous: Draft | None = None) -> Draft:
     """Measure every layer of ``turn``: segments with their exact counts, no joined texts.
 
@@ -206,14 +217,7 @@ def draft(turn: TurnGraph, previous: Draft | None = None) -> Draft:
     if previous is not None and previous.system == system:
         l1 = previous.l1
     else:
-        l1 = layer(
-            LayerName.L1,
-            [
-                _text_segment(counter, f"system:{part}", "system", text)
-                for part, text in (("stable", system.stable), ("mutable", system.mutable))
-                if text
-            ],
-        )
+        l1 = system_layer(system, counter)
     if previous is not None and previous.library is turn.library:
         l2 = previous.l2
     else:

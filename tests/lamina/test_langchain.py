@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from langchain.agents import create_agent
+from langchain.agents.middleware import ModelRequest, dynamic_prompt
 from langchain_anthropic import ChatAnthropic
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
@@ -23,7 +24,7 @@ from pydantic import SecretStr
 
 from lamina import Conversation
 from lamina.adapters.langchain import LaminaMiddleware, to_messages
-from pipeline import Budget
+from pipeline import Budget, DecisionAction
 from renderers import agent_request, render_request, tool_tokens
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
@@ -159,3 +160,42 @@ def test_the_agents_system_prompt_and_tools_are_kept_and_counted() -> None:
         steps = lamina.state.agent.loop_tokens(loop.steps)
         assert loop.tokens == budget.used(loop.envelope, conv.counter) + added + steps
         assert budget.effective(loop.tokens) <= budget.limit
+
+
+def test_a_system_prompt_rewritten_between_calls_is_sent_as_l1s_mutable_part() -> None:
+    """A ``dynamic_prompt`` middleware that changes the prompt once the loop has a tool
+    result: the next calls carry the new prompt in L1's mutable part (a ``handoff``
+    decision), counted; the conversation keeps the prompt the turn started with."""
+    budget = Budget(context_window=4000, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    lamina = LaminaMiddleware(conv)
+    model = Scripted(messages=_script(1))
+    model.received.clear()
+
+    @dynamic_prompt
+    def prompt(request: ModelRequest) -> str:
+        found = any(isinstance(m, ToolMessage) for m in request.messages)
+        return "Answer from what you found." if found else "Search first."
+
+    agent = create_agent(model, tools=[search], middleware=[prompt, lamina])
+    state = agent.invoke({"messages": [{"role": "user", "content": "Question?"}]})
+    lamina.finish(state["messages"][-1].text)
+    assert [r[0].text.split("\n\n")[1] for r in model.received] == [
+        "Search first.",
+        "Answer from what you found.",
+        "Answer from what you found.",
+    ]
+    decisions = [
+        [d.action for d in loop.envelope.report.decisions if d.layer == "L1"]
+        for loop in lamina.loops
+    ]
+    assert decisions == [[], [DecisionAction.HANDOFF], [DecisionAction.HANDOFF]]
+    defs = [convert_to_openai_tool(search)["function"]]
+    added = tool_tokens(defs, "openai", conv.counter)
+    assert lamina.state.agent is not None
+    for received, loop in zip(model.received, lamina.loops, strict=True):
+        assert received[0].text == loop.envelope.system_text
+        steps = lamina.state.agent.loop_tokens(loop.steps)
+        assert loop.tokens == budget.used(loop.envelope, conv.counter) + added + steps
+    assert conv.system.mutable == "Search first."
+    assert [h.assistant for h in conv.history] == ["Answer 0."]

@@ -8,7 +8,14 @@ import attrs
 import pytest
 
 from lamina import Conversation
-from pipeline import Budget, BudgetExceeded, ConfigError, check_envelope
+from pipeline import (
+    Budget,
+    BudgetExceeded,
+    ConfigError,
+    DecisionAction,
+    SystemPrompt,
+    check_envelope,
+)
 from pipeline._conversation.agent import QUESTION_AGAIN, AgentTurn, agent_call
 
 QUESTION = "Which devices lost edits last week?"
@@ -232,3 +239,65 @@ def test_tool_definitions_are_counted_and_left_room_for(vault: Path) -> None:
     assert plain.fit().tokens == plain.base_tokens()
     with pytest.raises(ConfigError, match="tool definitions"):
         AgentTurn.start(conv, QUESTION, tools_tokens=budget.limit)
+
+
+LONG_INSTRUCTIONS = "Dig through the notes and cite each one you use. " * 30
+
+
+def test_a_handoff_sends_the_new_instructions_counted_and_fitted_like_the_turns(
+    tmp_path: Path,
+) -> None:
+    """After ``with_system`` the loop sends the new agent's instructions as L1's mutable
+    part; longer ones than the turn was fitted for are fitted in the turn's own cut order
+    (the oldest library entry first), the count equals a recount, a ``handoff`` decision
+    (L1) explains the break, and the turn's own envelope is unchanged."""
+    vault = _big_vault(tmp_path)
+    roomy = Budget(context_window=100_000, reserve_output=300)
+    conv = Conversation(SystemPrompt("You answer.", "Route."), vault=vault, budget=roomy)
+    conv.turn("Question 0?", [{"note": "n0.md"}, {"note": "n1.md"}])
+    conv.reply("Answer 0.")
+    size = AgentTurn.start(conv, "Size?", tool_headroom=0).base_tokens()
+    conv.reply("Sized.")
+    conv.budget = Budget(context_window=size + 300 + 80, reserve_output=300)
+    agent = AgentTurn.start(conv, "What changed?", tool_headroom=0)
+    agent = agent.step(agent_call("transfer_to_researcher", {}, "{}"))
+    before = agent.fit()
+    handed = agent.with_system(SystemPrompt("You answer.", LONG_INSTRUCTIONS))
+    loop = handed.step(agent_call("search", {"q": "s0"}, "Found n0.")).fit()
+    budget = handed.budget
+    assert budget is not None and budget.effective(loop.tokens) <= budget.limit
+    sent = loop.envelope.l1.get("system:mutable")
+    assert sent is not None and sent.text == LONG_INSTRUCTIONS, "whole: the library gave way"
+    assert loop.envelope.system_text.startswith("You answer.\n\nDig through the notes")
+    cuts = [d for d in loop.decisions if d.stage == "budget"]
+    assert (cuts[0].layer, cuts[0].target) == ("L2", "note:n0.md")
+    assert loop.tokens == budget.used(loop.envelope, handed.counter) + handed.loop_tokens(
+        loop.steps
+    )
+    l1 = [d for d in loop.envelope.report.decisions if d.layer == "L1"]
+    assert [d.action for d in l1] == [DecisionAction.HANDOFF]
+    check_envelope(loop.envelope, before.envelope)
+    assert handed.envelope is agent.envelope
+    assert agent.envelope.system_text.startswith("You answer.\n\nRoute.\n\n")
+
+
+def test_a_handoff_without_a_budget_changes_only_l1s_mutable_part(vault: Path) -> None:
+    conv = Conversation(SystemPrompt("You answer.", "Route."), vault=vault)
+    conv.turn("Question 0?", [{"note": "docs/auth.md"}])
+    conv.reply("Answer 0.")
+    agent = AgentTurn.start(conv, QUESTION)
+    handed = agent.with_system(SystemPrompt("You answer.", "Dig."))
+    before, after = agent.fit().envelope, handed.fit().envelope
+    assert after.system_text == before.system_text.replace("Route.", "Dig.", 1)
+    assert (after.l2, after.l3, after.l4, after.l5) == (before.l2, before.l3, before.l4, before.l5)
+    assert after.l1.tokens == conv.counter.count("You answer.\n\nDig.")
+    assert handed.fit().tokens == handed.base_tokens() == agent.base_tokens() + (
+        conv.counter.count("You answer.\n\nDig.") - conv.counter.count("You answer.\n\nRoute.")
+    )
+    check_envelope(after, before)
+    back = handed.with_system(SystemPrompt("You answer.", "Route."))
+    assert back.fit().envelope.system_text == before.system_text
+    assert [d.action for d in back.sent.report.decisions if d.layer == "L1"] == [
+        DecisionAction.HANDOFF,
+        DecisionAction.HANDOFF,
+    ]

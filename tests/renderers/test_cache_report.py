@@ -126,6 +126,31 @@ def test_memory_change() -> None:
     assert prefix_report(before, after, conv.counter).break_reason == "memory-changed"
 
 
+def test_a_handoff_in_an_agent_loop_is_its_own_break_reason() -> None:
+    """An agent loop's handoff to other instructions breaks at L1's mutable part with the
+    ``handoff`` reason (its typed decision), and the sentence says so; a memory change
+    made by the host is still ``memory-changed``."""
+    from pipeline import AgentTurn
+    from renderers import explain_cache
+
+    conv = _conv()
+    _two_turns(conv)
+    agent = AgentTurn.start(conv, "Anything new?")
+    handed = agent.with_system(SystemPrompt(SYSTEM.stable, "Dig through the notes."))
+    before, after = agent.fit().envelope, handed.fit().envelope
+    report = prefix_report(before, after, conv.counter)
+    assert report.reasons == ("handoff",)
+    assert after.system_text == before.system_text.replace(SYSTEM.mutable, "Dig through the notes.")
+    trace = {"turn": 3, "tokens_total": 900, "cache": report.trace()}
+    assert explain_cache(trace) == (
+        "The agent loop handed off to an agent with other instructions, which replace the "
+        "system prompt's mutable part; the library and history after it are sent uncached.",
+    )
+    conv.reply("No.")
+    conv.set_system(mutable="Memory: long answers.")
+    assert prefix_report(after, conv.turn("Now?"), conv.counter).reasons == ("memory-changed",)
+
+
 def test_system_change() -> None:
     conv = _conv()
     _two_turns(conv)
