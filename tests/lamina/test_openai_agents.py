@@ -479,6 +479,7 @@ def test_a_handoff_sends_the_new_agents_instructions_counted_and_reported(
         assert not any(loop.decisions for loop in session.loops)
         assert bodies[4]["instructions"] == bodies[3]["instructions"].replace(TRIAGE, RESEARCH)
         assert "# Context Library" in bodies[4]["instructions"]
+        check_envelope(envelopes[3], envelopes[0])  # the turns as built: no L1 change
     # The turn as built (saved) and the conversation keep the instructions the run
     # started with: the next run's triage agent finds them in place.
     assert conv.system == SystemPrompt(STABLE, TRIAGE)
