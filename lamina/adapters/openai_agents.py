@@ -158,7 +158,11 @@ class LaminaSession(LoopAdapter, SessionABC):
         items = [_plain(i) for i in data.model_data.input]
         start = max((i for i, it in enumerate(items) if it.get("role") == "user"), default=None)
         if start is None:
-            raise ConversationError("the model input holds no user message")
+            raise ConversationError(
+                "the model input holds no user message (RunConfig(nest_handoff_history=True) "
+                "folds it into a summary at a handoff: Lamina builds each call's input "
+                "itself, so leave it False, the default)"
+            )
         defs = _tool_definitions(data.agent)
         added = tool_tokens(defs, "openai-responses", self.conversation.counter)
         loop = self.state.fit_query(

@@ -26,6 +26,7 @@ from lamina.adapters.openai_agents import LaminaSession, final_answer
 from pipeline import (
     Budget,
     ConfigError,
+    ConversationError,
     ConversationInfo,
     DecisionAction,
     SqliteStore,
@@ -543,3 +544,18 @@ def test_instructions_never_replace_a_mutable_part_the_host_set() -> None:
     conv.set_system(mutable="Be brief.")  # the same text: adopted as it is
     asyncio.run(Runner.run(agent, "Question?", session=session, run_config=config))
     assert [h.assistant for h in conv.history] == ["Answer 3."]
+
+
+def test_nested_handoff_history_is_refused_by_name() -> None:
+    """``nest_handoff_history=True`` folds the input into a summary at the handoff, which
+    holds no user message: the error names the setting (Lamina builds the input itself)."""
+    conv = Conversation(STABLE, vault=VAULT)
+    session = LaminaSession(conv)
+    config = RunConfig(
+        call_model_input_filter=session.call_model_input_filter,
+        tracing_disabled=True,
+        nest_handoff_history=True,
+    )
+    agent = _triage(_responses_model([]))
+    with pytest.raises(ConversationError, match="nest_handoff_history"):
+        asyncio.run(Runner.run(agent, "Question?", session=session, run_config=config))
