@@ -50,14 +50,18 @@ def test_the_shared_memo_is_bounded() -> None:
 
 @pytest.fixture
 def small_shared_memo() -> Iterator[ViewMemo]:
-    """The shared memo held small, as a 1,600-note turn meets 1,024 entries."""
+    """The shared memo held small, as a 1,600-note turn meets 1,024 entries; emptied
+    first, so what earlier tests in this process left (same contents, same keys) is no
+    hit here."""
     memo = shared_views()
     size, max_size = memo.size, memo.max_size
+    memo.clear()
     memo.size = 8
     try:
         yield memo
     finally:
         memo.size, memo.max_size = size, max_size
+        memo.clear()
 
 
 def _folder(tmp_path: Path, notes: int) -> Path:
