@@ -4,9 +4,11 @@ The budget decides turn by turn; whether the conversation kept what it knew and 
 cache shows only over the whole chat. ``judge_chat`` measures, from the envelopes alone
 (and the request's own count): how full the window was in the turns that cut, the share
 of input tokens in a repeated prefix, entries left cut while their full form would have
-fit, references that point at a stub, blocks that hold nothing but an omitted-sections
-line, and how much of the window the stubs took. ``ChatTargets`` holds the bounds a
-healthy chat meets; ``ChatJudgement.misses`` names the ones it does not.
+fit (and, of those, the library entries the budget's restore schedule says come back in
+that turn: "restore-due"), references that point at a stub, blocks that hold nothing but
+an omitted-sections line, and how much of the window the stubs took. ``ChatTargets``
+holds the bounds a healthy chat meets; ``ChatJudgement.misses`` names the ones it does
+not.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from pipeline import Budget, Envelope, Form, Segment, TokenCounter
+from pipeline import Budget, BudgetReport, Envelope, Form, Segment, TokenCounter
 from renderers._cache import prefix_reports, prompt_tokens
 from renderers._layouts import default_prompt
 
@@ -67,7 +69,8 @@ class ChatJudgement:
         return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
 
     def count(self, check: str) -> int:
-        """How many findings of ``check`` ("left-cut", "stub-reference", "empty-block")."""
+        """How many findings of ``check`` ("left-cut", "restore-due", "stub-reference",
+        "empty-block")."""
         return sum(1 for f in self.findings if f.check == check)
 
     def misses(self, targets: ChatTargets | None = None) -> tuple[str, ...]:
@@ -80,7 +83,7 @@ class ChatJudgement:
             out.append(f"cached-prefix share {self.cached_share:.0%} < {t.cached_share:.0%}")
         if self.stub_share > t.stub_share:
             out.append(f"stubs took {self.stub_share:.0%} of the window > {t.stub_share:.0%}")
-        for check in ("left-cut", "stub-reference", "empty-block"):
+        for check in ("left-cut", "restore-due", "stub-reference", "empty-block"):
             if self.count(check):
                 out.append(f"{self.count(check)} {check} findings")
         return tuple(out)
@@ -90,7 +93,8 @@ class ChatJudgement:
         return (
             f"{self.turns} turns, {self.cut_turns} cut; window use {self.window_use:.1%}; "
             f"cached {self.cached_share:.1%} of {self.input_tokens:,}; stubs "
-            f"{self.stub_share:.1%}; left cut {self.count('left-cut')}, stub references "
+            f"{self.stub_share:.1%}; left cut {self.count('left-cut')} (restore due "
+            f"{self.count('restore-due')}), stub references "
             f"{self.count('stub-reference')}, empty blocks {self.count('empty-block')}"
         )
 
@@ -106,6 +110,65 @@ def _is_empty_block(segment: Segment) -> bool:
         return False
     lines = segment.text.strip().split("\n")
     return len(lines) >= 2 and _OMITTED.fullmatch("\n".join(lines[1:-1]).strip()) is not None
+
+
+def _changed_at(before: Envelope | None, env: Envelope) -> int:
+    """The first position at which ``env``'s library differs from ``before``'s (where the
+    system message, and so the cached prefix, breaks); its length when it only grew."""
+    if before is None:
+        return 0
+    old, new = before.l2.segments, env.l2.segments
+    for i, (a, b) in enumerate(zip(old, new, strict=False)):
+        if (a.key, a.content_hash, a.form, a.tokens) != (b.key, b.content_hash, b.form, b.tokens):
+            return i
+    return min(len(old), len(new))
+
+
+def _restore_due(
+    env: Envelope,
+    report: BudgetReport,
+    fitting: Sequence[tuple[Segment, int]],
+    room: int,
+    restore_min: float,
+    changed: int,
+) -> list[ChatFinding]:
+    """The library entries left cut that the budget's restore schedule says come back in
+    this turn: those whose full forms fit the headroom less the plan's slack together
+    (largest growth first, as the budget takes them) when they give back at least
+    ``restore_min`` of the limit (a batch restore is due), or, in a turn that changed
+    the library anyway (the prefix breaks there: a refill is due), those from the first
+    entry it changed (``changed``) on. The schedule waits for the rest on purpose
+    (docs/BUDGET.md, "Cuts are reversible")."""
+    if not fitting or room <= 0:
+        return []
+
+    def take(candidates: Sequence[tuple[Segment, int]]) -> tuple[list[tuple[Segment, int]], int]:
+        taken: list[tuple[Segment, int]] = []
+        gained = 0
+        for seg, grow in sorted(candidates, key=lambda f: -f[1]):  # largest first, as the budget
+            if gained + grow <= room:
+                taken.append((seg, grow))
+                gained += grow
+        return taken, gained
+
+    taken, gained = take(fitting)
+    if gained < restore_min * report.limit:
+        # No batch restore is due; where the library changed anyway, a refill is, of the
+        # entries from the first one changed on (earlier ones would break it sooner).
+        broke = any(str(d.layer) in ("L1", "L2") for d in report.decisions)
+        order = {seg.key: i for i, seg in enumerate(env.l2.segments)}
+        after = [(seg, grow) for seg, grow in fitting if order[seg.key] >= changed]
+        taken = take(after)[0] if broke else []
+    return [
+        ChatFinding(
+            env.turn,
+            "restore-due",
+            seg.key,
+            f"{seg.form} of {seg.tokens} tokens; its full form needs {grow} more, within the "
+            f"{room} free beyond the slack, and the schedule restores in this turn",
+        )
+        for seg, grow in taken
+    ]
 
 
 def judge_chat(
@@ -128,7 +191,9 @@ def judge_chat(
     reports = prefix_reports(envelopes, counter, budget=budget)
     total = sum(prompt_tokens(default_prompt(e), counter, budget) for e in envelopes)
     cached = sum(r.common_prefix_tokens for r in reports)
+    previous: Envelope | None = None
     for env in envelopes:
+        before, previous = previous, env
         for seg in (*env.l2.segments, *env.l3.segments):
             if seg.form is Form.FULL:
                 sizes.setdefault((seg.key, seg.content_hash), seg.tokens)
@@ -155,6 +220,10 @@ def judge_chat(
             stub_tokens = sum(s.tokens for s in env.l2.segments if _is_stub(s))
             stub_share = max(stub_share, stub_tokens / report.window)
         headroom = report.headroom
+        library = {seg.key for seg in env.l2.segments}
+        plan = dict(report.plan)
+        room = headroom - int(plan.get("slack_tokens", "0"))
+        fitting: list[tuple[Segment, int]] = []
         for seg in (*env.l2.segments, *env.l3.segments):
             shown_cut = seg.form in (Form.PREVIEW, Form.SUMMARY) or (
                 seg.form is Form.REFERENCE and (seg.unsent or seg.key in stubs)
@@ -172,6 +241,11 @@ def judge_chat(
                         f"{full - seg.tokens} more and {headroom} are free",
                     )
                 )
+                if full - seg.tokens <= room and seg.key in library:
+                    fitting.append((seg, full - seg.tokens))
+        restore_min = float(plan.get("restore_min", "0"))
+        changed = _changed_at(before, env)
+        findings.extend(_restore_due(env, report, fitting, room, restore_min, changed))
     return ChatJudgement(
         turns=len(envelopes),
         cut_turns=len(uses),

@@ -291,11 +291,14 @@ def test_trace_md_lists_every_decision_action() -> None:
 def test_budget_plan_figures_match_the_plan() -> None:
     text = " ".join(DOCS["BUDGET.md"].split())
     plan = BudgetPlan()
-    restore_min, slack = re.search(
-        r"at least (\d+)% of the limit \(`restore_min`\).*?leaving (\d+)% of the limit free",
+    turns, slack = re.search(
+        r"what the last (\d+) turns added to history \(`slack_turns`.*?at most (\d+)% of the "
+        r"limit \(`slack`",
         text,
     ).groups()  # type: ignore[union-attr]
-    assert (int(restore_min) / 100, int(slack) / 100) == (plan.restore_min, plan.slack)
+    assert (int(turns), int(slack) / 100) == (plan.slack_turns, plan.slack)
+    restore = re.search(r"at least (\d+)% of the limit \(`restore_min`\)", text)
+    assert restore is not None and int(restore.group(1)) / 100 == plan.restore_min
     floor, turns = re.search(
         r"the library keeps (\d+)% of the limit \(`library_floor`.*?its last (\d+) turns", text
     ).groups()  # type: ignore[union-attr]

@@ -1,8 +1,9 @@
 """Real-material checks: whole budgeted chats over examples/vault and a public vault
 (kepano/kepano-obsidian, MIT, in tests/data), judged by ``renderers.judge_chat`` against
 the project's targets: mean window use >= 90% in the turns that cut, cached-prefix share
->= 60% on the documentation-vault chats, no entry left cut while its full form fits, no
-reference to a stub, no empty block, stubs <= 10% of the window.
+>= 60% on the documentation-vault chats, no entry left cut while its full form fits (and
+none that the budget's restore schedule gives back), no reference to a stub, no empty
+block, stubs <= 10% of the window.
 
 A target main does not meet yet is marked ``xfail(strict=False)`` with the value
 measured when it was written; drop the mark once the budget meets it."""
@@ -89,22 +90,24 @@ CHATS: dict[str, Callable[[], Judged]] = {
 # anew every turn in a 3,000-token window: nothing there can stay cached).
 CACHED_CHATS = ("chat30-6000", "kepano-16k", "kepano-8k")
 
-# Measured on main after the index collapse, the budget's restores (restore from 15% of
-# the limit free) and small whole entries evicted only in a last pass. Earlier: before the
-# index collapse kepano-8k stubs took 45.5% of the window and 695 turn-entries were left
-# cut, kepano-4k stubs 58.3%; before the restores the small case left the spec a summary
-# with 1,740 tokens free; before the last pass kepano-4k used 84.5% in the turns that cut
-# (94.7% after it; 89.7% once folded stubs unfold again, since the restored library is
-# cut again in two more turns).
+# Measured on main after the index collapse, the budget's restores, small entries folded
+# into their group's index, re-attached cut entries restored in place, the slack sized
+# from the conversation's growth and restores batched from 40% of the limit (or where the
+# prefix breaks anyway). Earlier: before the index collapse kepano-8k stubs took 45.5% of
+# the window and 695 turn-entries were left cut, kepano-4k stubs 58.3%; before the
+# restores the small case left the spec a summary with 1,740 tokens free; with a flat 20%
+# slack, window use in the turns that cut was 89.1% (small), 87.0% (chat30), 78.9%
+# (kepano-8k, whose turn 9 folded the library from 5,439 to 427 tokens) and 89.7%
+# (kepano-4k), with 53, 49 and 22 turn-entries left cut. "left_cut" counts any entry cut
+# while its full form fits the headroom; the restore schedule waits on purpose for 40% of
+# the limit or a prefix break and keeps the slack free ("restore_due", met everywhere).
 _NOT_YET: dict[tuple[str, str], str] = {
-    ("small-3000", "window_use"): "89.1% of the limit in the 3 turns that cut",
-    ("chat30-6000", "window_use"): "87.0% in the 7 turns that cut",
-    ("chat30-6000", "left_cut"): "53 turn-entries cut while their full form fits",
-    ("kepano-8k", "window_use"): "78.9% in the 5 turns that cut",
-    ("kepano-8k", "cached_share"): "47.9%",
-    ("kepano-8k", "left_cut"): "49 turn-entries",
-    ("kepano-4k", "window_use"): "89.7% in the 10 turns that cut",
-    ("kepano-4k", "left_cut"): "22 turn-entries",
+    ("small-3000", "window_use"): "85.8% in the 2 turns that cut (the API notes' only "
+    "cut, a summary, frees 960 tokens where 258 were needed)",
+    ("chat30-6000", "left_cut"): "49 turn-entries (none due by the restore schedule)",
+    ("kepano-8k", "cached_share"): "49.3%",
+    ("kepano-8k", "left_cut"): "27 turn-entries (none due by the restore schedule)",
+    ("kepano-4k", "left_cut"): "1 turn-entry (none due by the restore schedule)",
 }
 
 
@@ -142,6 +145,15 @@ def test_cached_prefix_share(name: str) -> None:
 def test_no_entry_left_cut_while_its_full_form_fits(name: str) -> None:
     j = judged(name)
     assert j.count("left-cut") == 0, [f for f in j.findings if f.check == "left-cut"][:5]
+
+
+@pytest.mark.parametrize("name", _cases("restore_due"))
+def test_no_entry_left_cut_that_the_restore_schedule_gives_back(name: str) -> None:
+    """Of the entries left cut while their full form fits: none whose full form fits the
+    headroom less the slack in a turn where the schedule restores (the prefix broke, or
+    the restore gives back ``restore_min`` of the limit)."""
+    j = judged(name)
+    assert j.count("restore-due") == 0, [f for f in j.findings if f.check == "restore-due"][:5]
 
 
 @pytest.mark.parametrize("name", _cases("stub_reference"))

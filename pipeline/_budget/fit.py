@@ -27,8 +27,9 @@ import attrs
 from pipeline._budget import engine
 from pipeline._budget.index import INDEX_SOURCE, is_index, plan_index, settle_empty
 from pipeline._budget.settings import BudgetSettings
-from pipeline._budget.stubs import plan_stubs, settle_stubs
+from pipeline._budget.stubs import fold, plan_stubs, refold, settle_stubs, stub_group
 from pipeline._errors import ConfigError
+from pipeline._hashing import text_hash
 from pipeline._model.artifacts import TurnWarning
 from pipeline._model.envelope import (
     NOT_SENT,
@@ -40,7 +41,7 @@ from pipeline._model.envelope import (
     Form,
     View,
 )
-from pipeline._model.library import LibraryEntry
+from pipeline._model.library import Library, LibraryEntry
 from pipeline._model.tools import chunk_source
 from pipeline._tokens.counter import TokenCounter
 from pipeline._tokens.profiles import (
@@ -80,6 +81,7 @@ __all__ = [
     "excerpt_non_recoverable",
     "restore",
     "shorten_replies",
+    "slack_of",
     "turn_fitting",
     "turn_plans",
 ]
@@ -205,6 +207,14 @@ def _summary_warnings(turn: TurnGraph, key: str, memo_key: str, text: str) -> Tu
     return attrs.evolve(turn, warnings=(*turn.warnings, *notes))
 
 
+def _l2_summary_key(view: View) -> str:
+    """The memo key of a library entry's summary: its content and the body summarized (a
+    preview's, which differs with how it was fitted), so two conversations whose entries
+    of the same note were cut differently do not share a summary through the process's
+    pool (the second would get the first's, and decide from its size)."""
+    return f"{view.content_hash}:l2:{text_hash(view.body)}"
+
+
 def _l2_step(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry | None:
     ctx = turn.ctx
     assert ctx.budget is not None
@@ -216,7 +226,7 @@ def _l2_step(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry | None:
         new = attrs.evolve(view, form=Form.PREVIEW, body=preview.text)
     elif view.form is Form.PREVIEW:
         summary = ctx.summaries.summarize(
-            ctx.summarizer, f"{view.content_hash}:l2", view.body, summary_target(turn, view.body)
+            ctx.summarizer, _l2_summary_key(view), view.body, summary_target(turn, view.body)
         )
         new = attrs.evolve(view, form=Form.SUMMARY, body=summary.text)
     elif view.form is Form.SUMMARY:
@@ -259,7 +269,7 @@ def compact_l2(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None
             reason += "; this turn's reference to it is listed as not sent"
         decision = _decision(entry.key, str(entry.form), to, reason, "L2", action=action)
         if new.form is Form.SUMMARY:
-            out = _summary_warnings(out, entry.key, f"{entry.content_hash}:l2", entry.view.body)
+            out = _summary_warnings(out, entry.key, _l2_summary_key(entry.view), entry.view.body)
         return out, decision
     return None
 
@@ -302,10 +312,11 @@ def excerpt_non_recoverable(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Dec
         return attrs.evolve(turn, items=tuple(items)), _decision(
             item.key, str(item.form), "excerpt", reason, "L3", action=DecisionAction.EXCERPTED
         )
+    referenced = {i.key for i in turn.items if i.form is Form.REFERENCE}
     for entry in turn.library.entries:
         view = entry.view
-        if view.recoverable or view.form is not Form.FULL:
-            continue
+        if view.recoverable or view.form is not Form.FULL or entry.key in referenced:
+            continue  # (a reference must find its entry whole)
         limit = entry.tokens // 2
         if limit < EXCERPT_MIN_TOKENS:
             continue
@@ -534,19 +545,131 @@ class Enforce:
         before = drafted.layer_tokens()
         restored: list[Decision] = []
         if budget.plan.restore:
-            back = restore(turn, used, budget)
+            back = restore(turn, used, budget, drafted)
             if back is not None:
                 turn, restored = back
                 drafted = draft(turn, drafted)
                 used = budget.used(drafted, turn.ctx.counter)
+            if budget.effective(used) > budget.limit:
+                swapped = _swap_resent(turn)
+                if swapped is not None:
+                    turn, more = swapped
+                    restored += more
+                    drafted = draft(turn, drafted)
+                    used = budget.used(drafted, turn.ctx.counter)
         start = _Fitting(turn, drafted, used)
         steps = turn_plans(budget)
         done, report = engine.fit(start, steps, budget, _too_big(budget), before)
         done, report = _settle(done, report, steps, budget)
+        if budget.plan.restore:
+            done, report = _refill(turn.library, done, report, steps, budget)
         if restored:
             report = attrs.evolve(report, decisions=(*restored, *report.decisions))
+        slack = str(slack_of(done.turn, budget, done.draft))
+        plan = tuple((k, slack if k == "slack_tokens" else v) for k, v in report.plan)
+        report = attrs.evolve(report, plan=plan)
         decided = attrs.evolve(done.turn, budget_report=report, measured=done.draft)
         return decided.decide(*report.decisions)
+
+
+def slack_of(turn: TurnGraph, budget: Budget, measured: Draft) -> int:
+    """The room a cut leaves free beyond the excess, a restore after it and a refill up
+    to: what the conversation's last ``BudgetPlan.slack_turns`` turns added to history
+    (queries and replies with their framing, from ``measured``'s L4; a turn history no
+    longer shows counts as the mean of those it does), at most ``slack`` of the limit;
+    ``slack`` of the limit while the conversation is younger than that, or with
+    ``slack_turns`` 0. The steady growth is what a slack can absorb: an attachment comes
+    in a step no slack would."""
+    plan = budget.plan
+    cap = math.floor(budget.limit * plan.slack)
+    n = plan.slack_turns
+    first = turn.ctx.turn - n
+    if not n or first < 1:
+        return cap
+    sizes: dict[int, int] = {}
+    for seg in measured.l4.segments:
+        parts = seg.key.split(":")
+        if len(parts) > 2 and parts[0] == "history" and parts[1].isdigit():
+            at = int(parts[1])
+            if at >= first:
+                sizes[at] = sizes.get(at, 0) + seg.tokens + budget.per_message_tokens
+    if not sizes:
+        return cap
+    return min(cap, sum(sizes.values()) * n // len(sizes))
+
+
+def _refill(
+    library: Library,
+    done: _Fitting,
+    report: BudgetReport,
+    steps: Sequence[engine.Plan[_Fitting]],
+    budget: Budget,
+) -> tuple[_Fitting, BudgetReport]:
+    """A turn whose fit cut the library breaks the cached prefix at the first entry it
+    changed: cut entries after that point are given back the fullest forms that fit
+    (``restore``'s order, indexes folded before this turn partly unfolded), up to the
+    limit less the plan's slack. A cut's forms and folds come in steps (a preview, a
+    group's index), so the fit often frees more than the excess and the slack; this
+    gives back what it took beyond them, in the turn that breaks the prefix anyway. Not
+    where the fit cut anything but the library: this turn's items and history come
+    first. ``library``: the library before the fit."""
+    if any(d.layer is not DecisionLayer.L2 for d in report.decisions):
+        return done, report  # this turn's items (or history) gave way: they come first
+    now = done.turn.library.entries
+    start = next(
+        (i for i, (a, b) in enumerate(zip(library.entries, now, strict=False)) if a is not b),
+        min(len(library.entries), len(now)),
+    )
+    if start >= len(now) and len(now) == len(library.entries):
+        return done, report
+    room = budget.limit - budget.effective(done.used) - slack_of(done.turn, budget, done.draft)
+    if room <= 0:
+        return done, report
+    old = {id(e) for e in library.entries}
+    turn, decisions, gained, _ = _restored(done.turn, room, start)
+    turn, unfolded, _ = _unfolded(turn, room - gained, start, keep=old)
+    decisions += unfolded
+    if not decisions:
+        return done, report
+    drafted = draft(turn, done.draft)
+    state = _Fitting(turn, drafted, budget.used(drafted, turn.ctx.counter))
+    done, refit = engine.fit(state, steps, budget, _too_big(budget), before=report.before)
+    report = attrs.evolve(refit, decisions=(*report.decisions, *decisions, *refit.decisions))
+    return done, report
+
+
+def _swap_resent(turn: TurnGraph) -> tuple[TurnGraph, list[Decision]] | None:
+    """Items this turn re-attaches, sent in full because a budget cut their library
+    entries, refer to those entries restored whole instead; only in a turn that must cut
+    (the prefix breaks anyway): sent in L3, the item would go again next turn and the
+    cuts made for it would be restored then, breaking the prefix twice for one re-send."""
+    ctx = turn.ctx
+    library = turn.library
+    items = list(turn.items)
+    decisions: list[Decision] = []
+    for i, item in enumerate(items):
+        entry = library.get(item.key)
+        if item.form is not Form.FULL or entry is None or entry.whole is None:
+            continue
+        whole = entry.whole
+        same = whole.content_hash == turn.artifact(item.key).content_hash
+        if whole.form is not Form.FULL or not same or not whole.recoverable:
+            continue  # (a non-recoverable entry is excerpted in place: not one to refer to)
+        text = ctx.renderer.render(whole)
+        new = LibraryEntry(whole, text, ctx.counter.count(text), entry.turn, entry.full_tokens)
+        library = library.replace(new)
+        marks = tuple(m for m in item.marks if m[0] != "library")
+        items[i] = attrs.evolve(item, form=Form.REFERENCE, marks=marks)
+        reason = "library entry restored whole: this turn re-attaches it"
+        decisions += [
+            _decision(entry.key, str(entry.form), "full", reason, "L2", entry.tokens - new.tokens,
+                      action=DecisionAction.RESTORED),
+            _decision(item.key, "full", "reference", "re-attached item refers to its library "
+                      "entry, restored whole", "L3", action=DecisionAction.REFERENCED),
+        ]  # fmt: skip
+    if not decisions:
+        return None
+    return attrs.evolve(turn, library=library, items=tuple(items)), decisions
 
 
 def _settle(
@@ -679,34 +802,58 @@ def _restored(
     return attrs.evolve(turn, library=library), decisions, gained, first
 
 
-def _unfolded(turn: TurnGraph, room: int, start: int) -> tuple[TurnGraph, list[Decision], int]:
+def _unfolded(
+    turn: TurnGraph, room: int, start: int, *, keep: set[int] | None = None
+) -> tuple[TurnGraph, list[Decision], int]:
     """Library indexes at positions ``start`` on (stubs collapsed past their share) given
-    back, oldest first, as the entries they fold in their whole forms, when all of them fit
-    in ``room`` together; an entry whose key is in the library again, or sent this turn,
-    stays out. The turn, the decisions and the tokens given back."""
+    back, oldest first, as the entries they fold in their whole forms: all of them when
+    they fit in ``room`` together, else as many of the first as fit, in the index's place,
+    before the index of the rest (so one large index is not all-or-nothing, and a fold
+    deeper than a turn needed is undone as far as room allows). An entry whose key is in
+    the library again, or sent this turn, stays out. The turn, the decisions and the
+    tokens given back. ``keep``: only the indexes of these ids (not one folded this turn,
+    whose entries would come back in other places)."""
     sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
     library = turn.library
     decisions: list[Decision] = []
     gained = 0
     for index in [e for e in library.entries[start:] if e.folded]:
-        taken = set(library.keys()) | sent  # an entry comes back once, where it is not
-        back: list[LibraryEntry] = []
-        for entry in index.folded:
-            if entry.key in taken:
-                continue
-            taken.add(entry.key)
-            new = _fuller(turn, entry, room, whole_only=True)
-            back.append(new if new is not None else entry)
-        growth = sum(e.tokens for e in back) - index.tokens
-        if not back or growth <= 0 or growth > room - gained:
+        if keep is not None and id(index) not in keep:
             continue
+        taken = set(library.keys()) | sent  # an entry comes back once, where it is not
+        stays: list[LibraryEntry] = []
+        for entry in index.folded:
+            if entry.key not in taken:
+                taken.add(entry.key)
+                stays.append(entry)
+        wholes = [_fuller(turn, entry, room - gained, whole_only=True) for entry in stays]
+        back = [w if w is not None else e for w, e in zip(wholes, stays, strict=True)]
+        growth = sum(e.tokens for e in back) - index.tokens
+        if back and 0 < growth <= room - gained:
+            library = library.unfold(index.key, back)
+            rest: LibraryEntry | None = None
+        else:
+            part = _part_unfolded(turn, index, stays, wholes, room - gained)
+            if part is None:
+                continue
+            back, rest, growth = part
+            library = library.unfold(index.key, [*back, rest])
         gained += growth
-        library = library.unfold(index.key, back)
-        reason = "library index unfolded: the entries it listed come back (room freed up)"
-        decisions.append(
-            _decision(index.key, "index", "full", reason, "L2", -growth,
-                      action=DecisionAction.RESTORED)
-        )  # fmt: skip
+        if rest is None:
+            reason = "library index unfolded: the entries it listed come back (room freed up)"
+            decisions.append(
+                _decision(index.key, "index", "full", reason, "L2", -growth,
+                          action=DecisionAction.RESTORED)
+            )  # fmt: skip
+        else:
+            reason = (
+                f"library index partly unfolded: {len(back)} of the entries it listed come "
+                "back (room freed up)"
+            )
+            decisions.append(
+                _decision(index.key, "index", "index", reason, "L2", -growth,
+                          action=DecisionAction.RESTORED)
+            )  # fmt: skip
         for entry in back:
             decisions.append(
                 _decision(entry.key, "index", str(entry.form), reason, "L2", 0,
@@ -715,9 +862,43 @@ def _unfolded(turn: TurnGraph, room: int, start: int) -> tuple[TurnGraph, list[D
     return attrs.evolve(turn, library=library), decisions, gained
 
 
-def restore(turn: TurnGraph, used: int, budget: Budget) -> tuple[TurnGraph, list[Decision]] | None:
+def _part_unfolded(
+    turn: TurnGraph,
+    index: LibraryEntry,
+    stays: list[LibraryEntry],
+    wholes: list[LibraryEntry | None],
+    room: int,
+) -> tuple[list[LibraryEntry], LibraryEntry, int] | None:
+    """The most of ``index``'s first entries (those whose whole form fits ``room``, in
+    order) that come back whole within ``room`` beside the index of the others
+    (``stubs.refold``), the index and the growth; None if not even one does. Found by
+    bisection: the growth rises with every entry brought back."""
+    able = [i for i, w in enumerate(wholes) if w is not None]
+
+    def split(k: int) -> tuple[list[LibraryEntry], LibraryEntry, int]:
+        taken = set(able[:k])
+        back = [w for i, w in enumerate(wholes) if i in taken and w is not None]
+        rest = refold(turn, index, [e for i, e in enumerate(stays) if i not in taken])
+        return back, rest, sum(e.tokens for e in back) + rest.tokens - index.tokens
+
+    best: tuple[list[LibraryEntry], LibraryEntry, int] | None = None
+    lo, hi = 1, len(able) - 1 if len(able) == len(stays) else len(able)
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        found = split(mid)
+        if 0 < found[2] <= room:
+            best, lo = found, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def restore(
+    turn: TurnGraph, used: int, budget: Budget, measured: Draft
+) -> tuple[TurnGraph, list[Decision]] | None:
     """Give cut library entries back the fullest form that fits, oldest first, leaving
     the plan's slack free (so the restore is not cut again at once); None if none is due.
+    ``used``: the request's tokens as ``measured`` (the turn's draft).
 
     A restore rewrites the system message from the first entry it restores, so the cached
     prefix breaks there. Where the prefix breaks anyway (L1 changed, an entry refreshed)
@@ -726,7 +907,7 @@ def restore(turn: TurnGraph, used: int, budget: Budget) -> tuple[TurnGraph, list
     limit (one break for many entries, not one per entry). An entry this turn sends in L3
     is left as it is (the library is not sent twice)."""
     plan = budget.plan
-    room = budget.limit - budget.effective(used) - math.floor(budget.limit * plan.slack)
+    room = budget.limit - budget.effective(used) - slack_of(turn, budget, measured)
     if room <= 0 or not any(e.cut or e.folded for e in turn.library.entries):
         return None
     out, decisions, gained, _ = _restored(turn, room, 0)
@@ -749,6 +930,7 @@ def restore(turn: TurnGraph, used: int, budget: Budget) -> tuple[TurnGraph, list
 _LEVELS = ((Form.FULL,), (Form.PREVIEW, Form.EXCERPT), (Form.SUMMARY,))
 """The passes of a library cut: entries whole, then previews, then summaries."""
 
+
 SMALL_EVICTION = 64
 """A whole entry so small that no shorter form saves anything is only evicted to a stub
 in a last pass, for what the other passes could not save: a stub of a 40-token note saves
@@ -758,6 +940,7 @@ evicted 52 such notes for 1,100 tokens before it summarized one large entry)."""
 
 def _library_cuts(
     turn: TurnGraph,
+    env: Draft,
     over: int,
     budget: Budget,
     *,
@@ -772,32 +955,52 @@ def _library_cuts(
     alone. The library keeps ``floor`` tokens. ``referenced``: cut only the entries this
     turn's references point at (the last resort: each such item is then listed as not
     sent, never a reference to a cut entry); otherwise those entries are not cut."""
-    slack = math.floor(budget.limit * budget.plan.slack)
+    slack = slack_of(turn, budget, env)
     pointed = {i.key for i in turn.items if i.form is Form.REFERENCE}
     used_now = {i.key for i in turn.items}
     entries = turn.library.entries
+    passing = over <= _resent(turn, env)
+    if passing:
+        slack = 0  # the next turn has the re-sent items' room back: nothing to keep free
     ordered = sorted(
         (i for i, e in enumerate(entries) if (e.key in pointed) == referenced),
-        key=lambda i: (entries[i].key in used_now, entries[i].turn, i),
+        key=lambda i: (entries[i].key in used_now, -i if passing else entries[i].turn, i),
     )
     library = turn.library
     out = turn
     decisions: list[Decision] = []
     total = sum(e.tokens for e in entries)
     saved = 0
-    for level, small in (*((level, False) for level in _LEVELS), (_LEVELS[0], True)):
+    keys = [entries[i].key for i in ordered]
+    # Entries whole, previews, summaries; then small whole entries folded into their
+    # group's index (not for the last resort, whose entries are each listed as not sent);
+    # then those a fold did not take, to stubs.
+    passes: list[tuple[tuple[Form, ...] | None, bool]] = [
+        *((level, False) for level in _LEVELS),
+        *(() if referenced else ((None, False),)),
+        ((Form.FULL,), True),
+    ]
+    for level, small in passes:
         if saved >= over:
             break
-        for i in ordered:
+        if level is None:
+            library, folded, more = _fold_small(
+                out, library, [e for k in keys if (e := library.get(k)) is not None],
+                over + slack - saved, total - saved - floor,
+            )  # fmt: skip
+            decisions.extend(folded)
+            saved += more
+            continue
+        for key in keys:
             if saved >= over + slack:
                 break
-            entry = library.entries[i]
-            if entry.form not in level:
+            entry = library.get(key)
+            if entry is None or entry.form not in level:
                 continue
             ahead = attrs.evolve(out, library=library)
-            new = _l2_step(ahead, entry)
+            made, new = entry, _l2_step(ahead, entry)
             while new is not None and new.tokens >= entry.tokens:
-                new = _l2_step(ahead, new)
+                made, new = new, _l2_step(ahead, new)  # ``made``: the form ``new`` is cut from
             if new is None:
                 continue
             gain = entry.tokens - new.tokens
@@ -819,7 +1022,8 @@ def _library_cuts(
             )
             library = library.replace(new)
             if new.form is Form.SUMMARY:
-                out = _summary_warnings(out, entry.key, f"{entry.content_hash}:l2", entry.view.body)
+                summary_key = _l2_summary_key(made.view)
+                out = _summary_warnings(out, entry.key, summary_key, made.view.body)
             saved += gain
     if not decisions:
         return None
@@ -828,6 +1032,127 @@ def _library_cuts(
         out, unsent = _unsend(out, {d.target for d in decisions})
         decisions.extend(unsent)
     return out, decisions
+
+
+def _resent(turn: TurnGraph, env: Draft) -> int:
+    """Tokens this turn's L3 spends on items the library already holds (sent again in
+    full beside a shorter library form): room the next turn has back, since the library
+    does not grow by them."""
+    sizes = {s.key: s.tokens for s in env.l3.segments}
+    library = turn.library
+    return sum(
+        sizes.get(item.key, 0)
+        for item in turn.items
+        if item.form is not Form.REFERENCE and item.key in library
+    )
+
+
+def _stub(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry:
+    """``entry`` as an evicted stub (key, title, locator) that keeps its whole form."""
+    ctx = turn.ctx
+    view = attrs.evolve(entry.view, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
+    text = ctx.renderer.render(view)
+    return LibraryEntry(
+        view, text, ctx.counter.count(text), entry.turn, entry.full_tokens, whole=_whole(entry)
+    )
+
+
+def _fold_small(
+    turn: TurnGraph,
+    library: Library,
+    ordered: Sequence[LibraryEntry],
+    need: int,
+    allowance: int,
+) -> tuple[Library, list[Decision], int]:
+    """The library's last pass: whole entries still left (too small for a shorter form to
+    save ``SMALL_EVICTION``), oldest group first, listed in their group's library index
+    (``stubs.fold``) as far as ``need`` tokens require and no further than ``allowance``
+    (the floor): each line saves nearly all of its entry, where a stub would save a few
+    tokens and then pile up until the stubs collapsed anyway (on the public documentation
+    vault at 8k, a re-attached note's 1,400 tokens evicted 89 notes and folded the library
+    from 5,439 to 427 tokens). Each entry folded is a decision; restores unfold them."""
+    groups: dict[str, list[LibraryEntry]] = {}
+    for entry in ordered:
+        view = entry.view
+        if entry.form is Form.FULL and view.recoverable and view.source_type != INDEX_SOURCE:
+            groups.setdefault(stub_group(view), []).append(entry)
+    decisions: list[Decision] = []
+    saved = 0
+    for group, members in groups.items():
+        if saved >= need:
+            break
+        stubs = [_stub(turn, m) for m in members]
+
+        k = _fold_count(turn, library, group, stubs, need - saved, allowance - saved)
+        if k <= 0:
+            continue
+        new, gain = _folded(turn, library, group, stubs[:k])
+        if gain <= 0:
+            continue
+        reason = (
+            f"library entry listed in the library's index of {group} (too small for a "
+            "shorter form to save room)"
+        )
+        for stub in stubs[:k]:
+            whole = library.get(stub.key)
+            assert whole is not None
+            decisions.append(
+                _decision(whole.key, "full", "index", reason, "L2", whole.tokens - stub.tokens,
+                          action=DecisionAction.INDEXED)
+            )  # fmt: skip
+        library = new
+        saved += gain
+    return library, decisions, saved
+
+
+def _folded(
+    turn: TurnGraph, library: Library, group: str, stubs: Sequence[LibraryEntry]
+) -> tuple[Library, int]:
+    """``library`` with the entries of ``stubs`` folded into ``group``'s index, in library
+    order (``stubs.fold``), and the tokens that saves."""
+    keys = library.keys()
+    at = {key: i for i, key in enumerate(keys)} if len(stubs) > 1 else {}
+    chosen = sorted(stubs, key=lambda e: at.get(e.key, 0))
+    new, _, grew = fold(turn, library, group, chosen)
+    before = 0
+    for e in chosen:
+        entry = library.get(e.key)
+        before += entry.tokens if entry is not None else 0
+    return new, before - grew
+
+
+def _fold_count(
+    turn: TurnGraph,
+    library: Library,
+    group: str,
+    stubs: Sequence[LibraryEntry],
+    need: int,
+    allowance: int,
+) -> int:
+    """How many of ``stubs`` (oldest first) to fold: the fewest that save ``need`` tokens
+    (all of them if none do), then no more than save ``allowance``. Savings grow with
+    every entry folded, so both are found by bisection."""
+
+    def saving(k: int) -> int:
+        return _folded(turn, library, group, stubs[:k])[1]
+
+    k = _least(len(stubs), lambda k: saving(k) >= need) or len(stubs)
+    if saving(k) > allowance:
+        k = _least(k, lambda k: saving(k) > allowance) - 1
+    return k
+
+
+def _least(n: int, enough: Callable[[int], bool]) -> int:
+    """The least ``k`` in 1..``n`` for which ``enough(k)`` holds (it holds for every larger
+    ``k`` once it does), or 0 if none."""
+    lo, hi, best = 1, n, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if enough(mid):
+            best, hi = mid, mid - 1
+        else:
+            lo = mid + 1
+    return best
 
 
 def _unsend(turn: TurnGraph, keys: set[str]) -> tuple[TurnGraph, list[Decision]]:
@@ -854,7 +1179,7 @@ def _plan_library(
     """Library entries cut while the library keeps its floor (``BudgetPlan.library_floor``
     of the limit): this turn's new material does not take the whole window from it."""
     floor = math.floor(budget.limit * budget.plan.library_floor)
-    return _library_cuts(turn, over, budget, floor=floor, referenced=False)
+    return _library_cuts(turn, env, over, budget, floor=floor, referenced=False)
 
 
 def _plan_library_below_floor(
@@ -862,7 +1187,7 @@ def _plan_library_below_floor(
 ) -> tuple[TurnGraph, list[Decision]] | None:
     """Library entries cut below the floor: only when this turn's items could otherwise
     not be seen at all (they are already previews at their smallest)."""
-    return _library_cuts(turn, over, budget, floor=0, referenced=False)
+    return _library_cuts(turn, env, over, budget, floor=0, referenced=False)
 
 
 def _plan_referenced(
@@ -870,7 +1195,7 @@ def _plan_referenced(
 ) -> tuple[TurnGraph, list[Decision]] | None:
     """The last resort: entries this turn re-attaches are cut and the items listed as not
     sent (a reference must find its entry whole in the library)."""
-    return _library_cuts(turn, over, budget, floor=0, referenced=True)
+    return _library_cuts(turn, env, over, budget, floor=0, referenced=True)
 
 
 def _plan_history(

@@ -70,17 +70,23 @@ class BudgetPlan:
     The library keeps ``library_floor`` of the limit (or all it holds, if less) and history
     its last ``history_turns`` turns while this turn's items are cut to previews; only if
     those items could otherwise not be seen at all (collapsed into an index or not sent)
-    do the floors give way. A cut frees ``slack`` of the limit beyond the excess when it
-    needs no deeper form for it (so the next turns grow without cutting again); a restore
-    leaves ``slack`` free after it (so it is not cut again at once) and is made only when
-    it gives back at least ``restore_min`` of the limit, or where the prefix breaks anyway,
-    since it breaks the cached prefix from the first entry it restores. ``restore=False`` keeps
-    every cut for good (the behaviour before cuts were reversible)."""
+    do the floors give way. A cut frees a slack beyond the excess when it needs no deeper
+    form for it (so the next turns grow without cutting again): what the last
+    ``slack_turns`` turns added to history, at most ``slack`` of the limit (``slack`` of
+    the limit in a younger conversation, or with ``slack_turns=0``); a cut made only for
+    items this turn sends again beside their library forms keeps none, since the next
+    turn has their room back. A restore leaves the slack free after it and is made only
+    when it gives back at least ``restore_min`` of the limit, or where the prefix breaks
+    anyway (an L1 change, a refresh, or this turn's own cut, after which the library is
+    filled again up to the slack), since it breaks the cached prefix from the first
+    entry it restores. ``restore=False`` keeps every cut for good (the behaviour before
+    cuts were reversible)."""
 
     library_floor: float = attrs.field(default=0.25, validator=_share)
     history_turns: int = attrs.field(default=2, validator=_count)
     slack: float = attrs.field(default=0.2, validator=_share)
-    restore_min: float = attrs.field(default=0.15, validator=_share)
+    slack_turns: int = attrs.field(default=4, validator=_count)
+    restore_min: float = attrs.field(default=0.4, validator=_share)
     restore: bool = attrs.field(default=True, validator=_flag)
 
     def fields(self) -> tuple[tuple[str, str], ...]:

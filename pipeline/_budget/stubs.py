@@ -29,7 +29,16 @@ from pipeline._views.views import full_view
 if TYPE_CHECKING:
     from pipeline._budget.fit import Budget
 
-__all__ = ["bound_stubs", "plan_stubs", "settle_stubs", "stub_cap", "stub_group", "stub_tokens"]
+__all__ = [
+    "bound_stubs",
+    "fold",
+    "plan_stubs",
+    "refold",
+    "settle_stubs",
+    "stub_cap",
+    "stub_group",
+    "stub_tokens",
+]
 
 _UNLISTED = re.compile(r"^\[\.\.\. (\d+) more items of .* not listed \.\.\.\]$")
 
@@ -149,6 +158,45 @@ def bound_stubs(
     if not decisions:
         return None
     return Library(tuple(e for e in slots if e is not None)), decisions
+
+
+def fold(
+    turn: TurnGraph, library: Library, group: str, stubs: Sequence[LibraryEntry]
+) -> tuple[Library, LibraryEntry, int]:
+    """``library`` with the entries of ``stubs``' keys (their stub forms, each keeping its
+    whole, in library order, all of ``group``) listed in the group's library index: the
+    index there is extended, else a new one takes the place of the first. The library,
+    the index and the tokens the index grew by (all of it when new)."""
+    key = f"{INDEX_SOURCE}:{group}"
+    index = library.get(key)
+    kept, items, unlisted = _listed(index) if index is not None else ((), 0, 0)
+    lines = [IndexLine(e.key, e.view.title, e.full_tokens) for e in stubs]
+    folded = (*(index.folded if index is not None else ()), *stubs)
+    since = min(e.turn for e in (*stubs, *(() if index is None else (index,))))
+    new = _Renderer(turn).entry(group, lines, kept, items, unlisted, since, folded)
+    gone = {e.key for e in stubs}
+    entries: list[LibraryEntry] = []
+    for entry in library.entries:
+        if entry.key == key or (entry.key in gone and index is None and stubs[0].key == entry.key):
+            entries.append(new)
+        elif entry.key not in gone:
+            entries.append(entry)
+    grew = new.tokens - (index.tokens if index is not None else 0)
+    return Library(tuple(entries)), new, grew
+
+
+def refold(turn: TurnGraph, index: LibraryEntry, folded: Sequence[LibraryEntry]) -> LibraryEntry:
+    """Library ``index`` listing only ``folded`` (the entries it still folds, after some
+    came back): one line an entry, or only their count where the index kept only its
+    count. The same key and group, so it stays in the index's place."""
+    lines, _, _ = _listed(index)
+    group = index.view.locator
+    since = min((e.turn for e in folded), default=index.turn)
+    make = _Renderer(turn)
+    if not lines:
+        return make.entry(group, (), (), 0, len(folded), since, tuple(folded))
+    listed = [IndexLine(e.key, e.view.title, e.full_tokens) for e in folded]
+    return make.entry(group, listed, (), 0, 0, since, tuple(folded))
 
 
 def _decisions(

@@ -4,7 +4,6 @@ re-attached item is never a reference to a stub."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -54,7 +53,9 @@ def _turn(conv: Conversation, text: str, *keys: str) -> Envelope:
 
 def test_a_cut_goes_no_deeper_than_needed_and_comes_back_when_room_frees() -> None:
     """examples/vault at 3000/400: the API notes cut the spec to a preview (it fits), not
-    to a summary; a short question later gives the spec back whole."""
+    to a summary; the spec attached again, in a turn that must cut anyway, comes back
+    whole in the library and the item refers to it (not sent again in L3 beside its
+    preview); the next turn keeps it so, without a cut or a restore."""
     conv = Conversation("You answer.", vault=EXAMPLE, budget=SMALL)
     first = _turn(conv, "The spec.", "project-spec.md")
     assert [s.form for s in first.l3.segments] == [Form.FULL]
@@ -63,13 +64,17 @@ def test_a_cut_goes_no_deeper_than_needed_and_comes_back_when_room_frees() -> No
     assert _l2(second)["note:project-spec.md"] is Form.PREVIEW
     third = _turn(conv, "The spec again.", "project-spec.md")
     check_envelope(third, second)
-    fourth = _turn(conv, "Which milestone is next?")
-    check_envelope(fourth, third)
-    assert _l2(fourth)["note:project-spec.md"] is Form.FULL
-    restored = [d for d in fourth.report.decisions if d.action is DecisionAction.RESTORED]
+    assert _l2(third)["note:project-spec.md"] is Form.FULL
+    assert [s.form for s in third.l3.segments] == [Form.REFERENCE]
+    restored = [d for d in third.report.decisions if d.action is DecisionAction.RESTORED]
     assert [(d.target, d.to_form.value, d.layer.value) for d in restored] == [
         ("note:project-spec.md", "full", "L2")
     ]
+    fourth = _turn(conv, "Which milestone is next?")
+    check_envelope(fourth, third)
+    assert _l2(fourth)["note:project-spec.md"] is Form.FULL
+    assert fourth.report.decisions == ()
+    assert fourth.system_text == third.system_text
     assert conv.library.get("note:project-spec.md").whole is None  # type: ignore[union-attr]
 
 
@@ -177,11 +182,40 @@ def test_the_plan_is_validated_and_reported() -> None:
         "library_floor": "0.25",
         "history_turns": "2",
         "slack": "0.2",
-        "restore_min": "0.15",
+        "slack_turns": "4",
+        "restore_min": "0.4",
         "restore": "True",
         "library_floor_tokens": "650",
         "slack_tokens": "520",
     }
+
+
+def test_the_slack_follows_the_conversations_growth() -> None:
+    """The room a cut leaves beyond the excess is what the last ``slack_turns`` turns added
+    to history (framed queries and replies), at most ``slack`` of the limit; a younger
+    conversation, or ``slack_turns=0``, keeps the flat share."""
+
+    def slack(plan: BudgetPlan, turns: int) -> list[int]:
+        budget = Budget(3000, reserve_output=400, plan=plan)
+        conv = Conversation("You answer.", vault=EXAMPLE, budget=budget)
+        out = []
+        for i in range(turns):
+            env = conv.turn(f"Question {i}?")
+            out.append(int(dict(env.report.budget.plan)["slack_tokens"]))  # type: ignore[union-attr]
+            conv.reply("A reply of a few words.")
+        return out
+
+    framed = Budget(3000, reserve_output=400).per_message_tokens
+    one = (
+        Conversation("x").counter.count("Question 0?")
+        + Conversation("x").counter.count("A reply of a few words.")
+        + 2 * framed
+    )
+    grown = slack(BudgetPlan(), 6)
+    assert grown[:4] == [520] * 4  # fewer than four turns behind it
+    assert grown[4] == 4 * one < 520
+    assert slack(BudgetPlan(slack_turns=0), 6) == [520] * 6
+    assert slack(BudgetPlan(slack=0.01), 6)[5] == 26  # the share caps it
 
 
 def test_restore_off_keeps_every_cut() -> None:
@@ -228,7 +262,7 @@ def test_cuts_are_states_over_random_chats(turns: list[list[str]], window: int) 
         assert exact_request_tokens(env) == report.used <= budget.limit
         sent = {s.key for s in env.l3.segments if s.form is not Form.REFERENCE}
         if not any(d.action in CUTS for d in report.decisions):
-            room = report.headroom - math.floor(budget.limit * plan.slack)
+            room = report.headroom - int(dict(report.plan)["slack_tokens"])
             for entry in conv.library:
                 if not entry.cut or entry.key in sent or entry.whole is None:
                     continue
@@ -278,13 +312,13 @@ def test_prefix_first_never_refers_to_a_stub() -> None:
 def test_stubs_folded_into_a_library_index_come_back_when_room_frees_up(
     tmp_path: Path,
 ) -> None:
-    """A documentation vault at 8k: re-attaching a long note cuts the library to stubs and
-    folds them into indexes (5,439 -> 427 tokens); the next turn, with room, unfolds the
-    indexes into the entries they list, whole, and a conversation restored from SQLite
-    does the same."""
+    """A documentation vault at 8k: re-attaching a long note folds small library entries
+    into their folders' indexes; the next turn, with room (restores from 15% of the
+    limit), unfolds the indexes into the entries they list, whole, and a conversation
+    restored from SQLite does the same."""
     from tests.test_real_material import KEPANO, KEPANO_CHAT
 
-    budget = Budget(8000, reserve_output=1000)
+    budget = Budget(8000, reserve_output=1000, plan=BudgetPlan(restore_min=0.15))
     live = Conversation("You answer from the attached notes.", vault=KEPANO, budget=budget)
     previous: Envelope | None = None
     with SqliteStore(tmp_path / "chat.db") as store:
@@ -309,3 +343,27 @@ def test_stubs_folded_into_a_library_index_come_back_when_room_frees_up(
     assert back and back <= restored
     assert want.l2.tokens > previous.l2.tokens + 1_000
     assert all(want.l2.get(k).form is not Form.REFERENCE for k in back)  # type: ignore[union-attr]
+
+
+def test_a_reattached_long_note_cuts_the_library_no_deeper_than_it_needs() -> None:
+    """The documentation vault at 8k: turn 9 re-attaches a 2,281-token note the library
+    holds as its preview. The library of ~100 small notes is cut by what the excess needs
+    (small entries folded into their folder's index, newest first, no slack kept since the
+    next turn has the note's room back), not to its stubs' index (5,439 -> 427 tokens);
+    each entry folded is a decision, and the turn uses most of its limit."""
+    from tests.test_real_material import KEPANO, KEPANO_CHAT
+
+    budget = Budget(8000, reserve_output=1000)
+    conv = Conversation("You answer from the attached notes.", vault=KEPANO, budget=budget)
+    previous: Envelope | None = None
+    for i, (query, attach) in enumerate(KEPANO_CHAT[:9]):
+        env = conv.turn(query, attach)
+        check_envelope(env, previous)
+        conv.reply(f"Answer {i + 1}.")
+        previous = env
+    assert previous is not None and previous.report.budget is not None
+    report = previous.report.budget
+    assert report.used >= 0.9 * report.limit
+    assert previous.l2.tokens > 3_000
+    folded = [d for d in report.decisions if d.action is DecisionAction.INDEXED]
+    assert folded and {d.target for d in folded}.isdisjoint(previous.l2.keys())

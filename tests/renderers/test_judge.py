@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lamina import Conversation
-from pipeline import Budget, Form, Segment
+from pipeline import Budget, BudgetPlan, Form, Segment
 from renderers import ChatTargets, judge_chat
 from renderers._judge import _is_empty_block
 
@@ -64,3 +64,28 @@ def test_an_entry_the_budget_cut_is_found_while_its_full_form_would_fit() -> Non
     assert j.cut_turns >= 1
     misses = j.misses(ChatTargets(window_use=0.0, cached_share=0.0, stub_share=1.0))
     assert misses == ((f"{len(cut)} left-cut findings",) if cut else ())
+
+
+def test_an_entry_the_restore_schedule_gives_back_is_due_when_restores_are_off() -> None:
+    """With restores off, the API notes cut while the spec is re-sent stay a summary when
+    a short question leaves room for them beyond the slack: a restore-due finding of that
+    turn; with restores on, the budget gives them back and nothing is found."""
+
+    def chat(restore: bool) -> list[str]:
+        plan = BudgetPlan(restore=restore, slack=0.01)
+        budget = Budget(context_window=3200, reserve_output=400, plan=plan)
+        conv = Conversation("Answer.", vault=VAULT, budget=budget)
+        envs = []
+        for query, attach in [
+            ("Spec?", [{"note": "project-spec.md"}]),
+            ("API?", [{"note": "docs/api-docs.md"}]),
+            ("Spec again.", [{"note": "project-spec.md"}]),
+            ("Short?", []),
+        ]:
+            envs.append(conv.turn(query, attach))
+            conv.reply("Answer.")
+        j = judge_chat(envs, conv.counter, budget=budget)
+        return [f"{f.turn} {f.key}" for f in j.findings if f.check == "restore-due"]
+
+    assert chat(False) == ["4 note:docs/api-docs.md"]
+    assert chat(True) == []
