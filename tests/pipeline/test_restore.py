@@ -367,3 +367,43 @@ def test_a_reattached_long_note_cuts_the_library_no_deeper_than_it_needs() -> No
     assert previous.l2.tokens > 3_000
     folded = [d for d in report.decisions if d.action is DecisionAction.INDEXED]
     assert folded and {d.target for d in folded}.isdisjoint(previous.l2.keys())
+
+
+def test_an_index_unfolds_as_far_as_room_allows() -> None:
+    """The documentation vault at 4k: after the re-attached long note leaves, turn 10 has
+    room for some of the entries a folder's index folds, not all: those come back whole
+    in the index's place and a smaller index lists the rest (nothing listed twice or
+    lost), and a conversation built again decides the same."""
+    from tests.test_real_material import KEPANO, KEPANO_CHAT
+
+    def chat() -> tuple[list[Envelope], Conversation]:
+        conv = Conversation(
+            "You answer from the attached notes.", vault=KEPANO, budget=Budget(4000, 600)
+        )
+        envs: list[Envelope] = []
+        for i, (query, attach) in enumerate(KEPANO_CHAT[:10]):
+            envs.append(conv.turn(query, attach))
+            check_envelope(envs[-1], envs[-2] if len(envs) > 1 else None)
+            conv.reply(f"Answer {i + 1}: " + "the notes say several things about this. " * 8)
+        return envs, conv
+
+    envs, conv = chat()
+    before, after = envs[-2], envs[-1]
+    part = [d for d in after.report.decisions if d.reason.startswith("library index partly")]
+    index = next(d.target for d in part if d.target.startswith("index:"))
+    back = {d.target for d in part} - {index}
+    keys = set(after.l2.keys())
+    assert back and back <= keys and index in keys
+    entry = conv.library.get(index)
+    assert entry is not None and entry.folded
+    left = {e.key for e in entry.folded}
+    assert left.isdisjoint(back)
+    was, now = before.l2.get(index), after.l2.get(index)
+    assert was is not None and now is not None
+    items = int(dict(was.attributes)["items"])
+    assert int(dict(now.attributes)["items"]) == len(left) == items - len(back)
+    assert all(after.l2.get(k).form is Form.FULL for k in back)  # type: ignore[union-attr]
+    listed = "\n- " in now.text  # an index past the stubs' share keeps only its count
+    assert all(f"- {k}" in now.text for k in left) or not listed
+    again, _ = chat()
+    assert [e.system_text for e in again] == [e.system_text for e in envs]
