@@ -91,23 +91,22 @@ CHATS: dict[str, Callable[[], Judged]] = {
 CACHED_CHATS = ("chat30-6000", "kepano-16k", "kepano-8k")
 
 # Measured on main after the index collapse, the budget's restores, small entries folded
-# into their group's index, re-attached cut entries restored in place, the slack sized
-# from the conversation's growth and restores batched from 40% of the limit (or where the
-# prefix breaks anyway). Earlier: before the index collapse kepano-8k stubs took 45.5% of
-# the window and 695 turn-entries were left cut, kepano-4k stubs 58.3%; before the
-# restores the small case left the spec a summary with 1,740 tokens free; with a flat 20%
-# slack, window use in the turns that cut was 89.1% (small), 87.0% (chat30), 78.9%
-# (kepano-8k, whose turn 9 folded the library from 5,439 to 427 tokens) and 89.7%
-# (kepano-4k), with 53, 49 and 22 turn-entries left cut. "left_cut" counts any entry cut
-# while its full form fits the headroom; the restore schedule waits on purpose for 40% of
-# the limit or a prefix break and keeps the slack free ("restore_due", met everywhere).
+# into their group's index, last cuts sized to the need, re-attached cut entries restored
+# in place, the slack sized from the conversation's growth and restores batched from 40%
+# of the limit (or where the prefix breaks anyway). Earlier: before the index collapse
+# kepano-8k stubs took 45.5% of the window and 695 turn-entries were left cut, kepano-4k
+# stubs 58.3%; before the restores the small case left the spec a summary with 1,740
+# tokens free; with a flat 20% slack, window use in the turns that cut was 89.1%
+# (small), 87.0% (chat30), 78.9% (kepano-8k, whose turn 9 folded the library from 5,439
+# to 427 tokens) and 89.7% (kepano-4k), with 53, 49 and 22 turn-entries left cut.
+# "left_cut" counts any entry cut while its full form fits the headroom; the restore
+# schedule waits on purpose for 40% of the limit or a prefix break and keeps the slack
+# free ("restore_due", met everywhere).
 _NOT_YET: dict[tuple[str, str], str] = {
-    ("small-3000", "window_use"): "85.8% in the 2 turns that cut (the API notes' only "
-    "cut, a summary, frees 960 tokens where 258 were needed)",
     ("chat30-6000", "left_cut"): "49 turn-entries (none due by the restore schedule)",
     ("kepano-8k", "cached_share"): "49.3%",
     ("kepano-8k", "left_cut"): "27 turn-entries (none due by the restore schedule)",
-    ("kepano-4k", "left_cut"): "1 turn-entry (none due by the restore schedule)",
+    ("kepano-4k", "left_cut"): "16 turn-entries (none due by the restore schedule)",
 }
 
 

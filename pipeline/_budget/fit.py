@@ -19,13 +19,20 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Literal
 
 import attrs
 
 from pipeline._budget import engine
-from pipeline._budget.index import INDEX_SOURCE, is_index, plan_index, settle_empty
+from pipeline._budget.index import (
+    INDEX_SOURCE,
+    is_index,
+    is_omitted_only,
+    plan_index,
+    settle_empty,
+)
 from pipeline._budget.settings import BudgetSettings
 from pipeline._budget.stubs import fold, plan_stubs, refold, settle_stubs, stub_group
 from pipeline._errors import ConfigError
@@ -58,6 +65,7 @@ from pipeline._views.preview import (
     ELLIPSIS,
     EXCERPT_MIN_TOKENS,
     cut_to_tokens,
+    fitted_preview_of,
     make_excerpt,
     make_preview,
 )
@@ -215,6 +223,21 @@ def _l2_summary_key(view: View) -> str:
     return f"{view.content_hash}:l2:{text_hash(view.body)}"
 
 
+def _summary_source(turn: TurnGraph, entry: LibraryEntry) -> tuple[str, str]:
+    """The memo key and the text a library entry's summary is made from: the policy's
+    preview of its whole form (or that form, if it entered the library as a preview),
+    whatever preview it holds now, so a preview sized to a turn's need summarizes like
+    any other, from what the promotion ranked ahead (``_prepare_summaries``)."""
+    whole = _whole(entry)
+    body = entry.view.body
+    if whole.form is Form.FULL:
+        ctx = turn.ctx
+        body = body_preview(whole.body, ctx.counter, ctx.policy, ctx.views).text
+    elif whole.form is Form.PREVIEW:
+        body = whole.body
+    return _l2_summary_key(attrs.evolve(whole, body=body)), body
+
+
 def _l2_step(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry | None:
     ctx = turn.ctx
     assert ctx.budget is not None
@@ -225,9 +248,8 @@ def _l2_step(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry | None:
         preview = body_preview(view.body, ctx.counter, ctx.policy, ctx.views)
         new = attrs.evolve(view, form=Form.PREVIEW, body=preview.text)
     elif view.form is Form.PREVIEW:
-        summary = ctx.summaries.summarize(
-            ctx.summarizer, _l2_summary_key(view), view.body, summary_target(turn, view.body)
-        )
+        key, body = _summary_source(turn, entry)
+        summary = ctx.summaries.summarize(ctx.summarizer, key, body, summary_target(turn, body))
         new = attrs.evolve(view, form=Form.SUMMARY, body=summary.text)
     elif view.form is Form.SUMMARY:
         new = attrs.evolve(view, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
@@ -269,7 +291,8 @@ def compact_l2(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None
             reason += "; this turn's reference to it is listed as not sent"
         decision = _decision(entry.key, str(entry.form), to, reason, "L2", action=action)
         if new.form is Form.SUMMARY:
-            out = _summary_warnings(out, entry.key, _l2_summary_key(entry.view), entry.view.body)
+            summary_key, source = _summary_source(turn, entry)
+            out = _summary_warnings(out, entry.key, summary_key, source)
         return out, decision
     return None
 
@@ -575,16 +598,16 @@ class Enforce:
 def slack_of(turn: TurnGraph, budget: Budget, measured: Draft) -> int:
     """The room a cut leaves free beyond the excess, a restore after it and a refill up
     to: what the conversation's last ``BudgetPlan.slack_turns`` turns added to history
-    (queries and replies with their framing, from ``measured``'s L4; a turn history no
-    longer shows counts as the mean of those it does), at most ``slack`` of the limit;
-    ``slack`` of the limit while the conversation is younger than that, or with
-    ``slack_turns`` 0. The steady growth is what a slack can absorb: an attachment comes
-    in a step no slack would."""
+    (queries and replies with their framing, from ``measured``'s L4; while it has fewer
+    turns, or history no longer shows some, the mean of those it shows stands for the
+    rest), at most ``slack`` of the limit; ``slack`` of the limit before the first reply,
+    or with ``slack_turns`` 0. The steady growth is what a slack can absorb: an
+    attachment comes in a step no slack would."""
     plan = budget.plan
     cap = math.floor(budget.limit * plan.slack)
     n = plan.slack_turns
     first = turn.ctx.turn - n
-    if not n or first < 1:
+    if not n:
         return cap
     sizes: dict[int, int] = {}
     for seg in measured.l4.segments:
@@ -998,12 +1021,18 @@ def _library_cuts(
             if entry is None or entry.form not in level:
                 continue
             ahead = attrs.evolve(out, library=library)
-            made, new = entry, _l2_step(ahead, entry)
+            new = _l2_step(ahead, entry)
             while new is not None and new.tokens >= entry.tokens:
-                made, new = new, _l2_step(ahead, new)  # ``made``: the form ``new`` is cut from
+                new = _l2_step(ahead, new)
             if new is None:
                 continue
             gain = entry.tokens - new.tokens
+            want = min(over + slack - saved, total - saved - floor)
+            if gain > want > 0 and new.form is not Form.REFERENCE and not small:
+                # The last cut of a pass: a preview of the size that saves what is left.
+                sized = _sized_preview(ahead, entry, entry.tokens - want)
+                if sized is not None and sized.tokens > new.tokens:
+                    new, gain = sized, entry.tokens - sized.tokens
             if total - saved - gain < floor:
                 continue
             # A small whole entry straight to a stub: only in the last pass (``small``).
@@ -1022,8 +1051,8 @@ def _library_cuts(
             )
             library = library.replace(new)
             if new.form is Form.SUMMARY:
-                summary_key = _l2_summary_key(made.view)
-                out = _summary_warnings(out, entry.key, summary_key, made.view.body)
+                summary_key, source = _summary_source(ahead, entry)
+                out = _summary_warnings(out, entry.key, summary_key, source)
             saved += gain
     if not decisions:
         return None
@@ -1045,6 +1074,51 @@ def _resent(turn: TurnGraph, env: Draft) -> int:
         for item in turn.items
         if item.form is not Form.REFERENCE and item.key in library
     )
+
+
+_OMITTED_TAIL = re.compile(r"\[\.\.\. (\d+) more sections? omitted \.\.\.\]\s*$")
+
+
+def _sized_preview(turn: TurnGraph, entry: LibraryEntry, tokens: int) -> LibraryEntry | None:
+    """A preview of ``entry`` of at most about ``tokens`` (its block), smaller than it is
+    now, or None: whole sections chosen as ``fitted_preview_of`` chooses them, from its
+    whole body when that is full, else from the preview it holds (a fitted preview that
+    entered the library as sent; the sections that one omitted stay counted). A cut that
+    saves what the excess needs where the policy's preview or a summary would save much
+    more."""
+    whole = _whole(entry)
+    if not whole.recoverable or whole.source_type == INDEX_SOURCE:
+        return None
+    omitted = 0
+    if whole.form is Form.FULL:
+        body = whole.body
+    elif whole.form is Form.PREVIEW and entry.form is Form.PREVIEW:
+        body = entry.view.body
+        tail = _OMITTED_TAIL.search(body)
+        if tail is not None:
+            omitted, body = int(tail.group(1)), body[: tail.start()].rstrip()
+    else:
+        return None
+    ctx = turn.ctx
+    empty = attrs.evolve(whole, form=Form.PREVIEW, body="")
+    limit = tokens - ctx.counter.count(ctx.renderer.render(empty)) - 2 - (12 if omitted else 0)
+    if limit < MIN_PREVIEW_TOKENS:
+        return None
+    key = ("l2-fit", text_hash(body), ctx.counter.name, limit)
+    text = ctx.views.get(key, lambda: fitted_preview_of(body, ctx.counter, limit)).text
+    if omitted:
+        tail = _OMITTED_TAIL.search(text)
+        more = int(tail.group(1)) if tail is not None else 0
+        head = text[: tail.start()].rstrip() if tail is not None else text.rstrip()
+        text = f"{head}\n\n[... {omitted + more} more sections omitted ...]"
+    if not text.strip() or is_omitted_only(text):
+        return None
+    view = attrs.evolve(whole, form=Form.PREVIEW, body=text)
+    rendered = ctx.renderer.render(view)
+    new = LibraryEntry(
+        view, rendered, ctx.counter.count(rendered), entry.turn, entry.full_tokens, whole=whole
+    )
+    return new if new.tokens < entry.tokens else None
 
 
 def _stub(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry:

@@ -72,8 +72,9 @@ class BudgetPlan:
     those items could otherwise not be seen at all (collapsed into an index or not sent)
     do the floors give way. A cut frees a slack beyond the excess when it needs no deeper
     form for it (so the next turns grow without cutting again): what the last
-    ``slack_turns`` turns added to history, at most ``slack`` of the limit (``slack`` of
-    the limit in a younger conversation, or with ``slack_turns=0``); a cut made only for
+    ``slack_turns`` turns added to history (their mean stands for turns a younger
+    conversation does not have yet), at most ``slack`` of the limit (``slack`` of the
+    limit before the first reply, or with ``slack_turns=0``); a cut made only for
     items this turn sends again beside their library forms keeps none, since the next
     turn has their room back. A restore leaves the slack free after it and is made only
     when it gives back at least ``restore_min`` of the limit, or where the prefix breaks

@@ -192,8 +192,9 @@ def test_the_plan_is_validated_and_reported() -> None:
 
 def test_the_slack_follows_the_conversations_growth() -> None:
     """The room a cut leaves beyond the excess is what the last ``slack_turns`` turns added
-    to history (framed queries and replies), at most ``slack`` of the limit; a younger
-    conversation, or ``slack_turns=0``, keeps the flat share."""
+    to history (framed queries and replies; their mean stands for the turns a younger
+    conversation lacks), at most ``slack`` of the limit; before the first reply, or with
+    ``slack_turns=0``, the flat share."""
 
     def slack(plan: BudgetPlan, turns: int) -> list[int]:
         budget = Budget(3000, reserve_output=400, plan=plan)
@@ -212,8 +213,7 @@ def test_the_slack_follows_the_conversations_growth() -> None:
         + 2 * framed
     )
     grown = slack(BudgetPlan(), 6)
-    assert grown[:4] == [520] * 4  # fewer than four turns behind it
-    assert grown[4] == 4 * one < 520
+    assert grown == [520] + [4 * one] * 5 and 4 * one < 520
     assert slack(BudgetPlan(slack_turns=0), 6) == [520] * 6
     assert slack(BudgetPlan(slack=0.01), 6)[5] == 26  # the share caps it
 

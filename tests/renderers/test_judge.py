@@ -73,7 +73,7 @@ def test_an_entry_the_restore_schedule_gives_back_is_due_when_restores_are_off()
 
     def chat(restore: bool) -> list[str]:
         plan = BudgetPlan(restore=restore, slack=0.01)
-        budget = Budget(context_window=3200, reserve_output=400, plan=plan)
+        budget = Budget(context_window=3400, reserve_output=400, plan=plan)
         conv = Conversation("Answer.", vault=VAULT, budget=budget)
         envs = []
         for query, attach in [
