@@ -407,3 +407,28 @@ def test_an_index_unfolds_as_far_as_room_allows() -> None:
     assert all(f"- {k}" in now.text for k in left) or not listed
     again, _ = chat()
     assert [e.system_text for e in again] == [e.system_text for e in envs]
+
+
+def test_a_chat_decides_the_same_whatever_the_process_summarized_before() -> None:
+    """Library summaries are memoized by the body summarized: the public vault at 8k builds
+    the same requests alone as after the same vault's chat at 4k in the same process,
+    whose previews of the same notes differ (keyed by content alone, the 8k chat got the
+    4k chat's summaries from the process's pool and cut differently from turn 6 on)."""
+    from pipeline import summary_pool
+    from tests.test_real_material import KEPANO, KEPANO_CHAT
+
+    def chat(window: int, reserve: int) -> list[str]:
+        conv = Conversation(
+            "You answer from the attached notes.", vault=KEPANO, budget=Budget(window, reserve)
+        )
+        texts = []
+        for i, (query, attach) in enumerate(KEPANO_CHAT[:10]):
+            texts.append(conv.turn(query, attach).system_text)
+            conv.reply(f"Answer {i + 1}: " + "the notes say several things about this. " * 8)
+        return texts
+
+    summary_pool().clear()
+    alone = chat(8000, 1000)
+    summary_pool().clear()
+    chat(4000, 600)
+    assert chat(8000, 1000) == alone
