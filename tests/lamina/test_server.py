@@ -417,7 +417,9 @@ def test_the_budget_plan_is_a_conversation_setting(client: httpx.Client) -> None
     assert plan["slack"] == "0.2"  # not given: the default
     head = reply(client, cid, built["head"], "ok")
     again = turn(client, cid, head, user="and again")
-    assert again["budget"]["plan"] == plan
+    # The same plan; its slack in tokens follows the conversation's growth turn by turn.
+    steady = {k: v for k, v in plan.items() if k != "slack_tokens"}
+    assert {k: v for k, v in again["budget"]["plan"].items() if k != "slack_tokens"} == steady
     for body, field in (
         ({"window": 3000, "plan": {"floor": 0.3}}, "plan.floor"),
         ({"window": 3000, "plan": {"library_floor": 1.5}}, "plan.library_floor"),
