@@ -1,5 +1,6 @@
 """Cache cost of the layouts on the demo and on a 30-turn scripted chat (also under a
-6,000-token budget, where append-only no longer fits the window and batched settles).
+6,000-token budget, where append-only no longer fits the window and the default settles its
+deferred library growth), beside the library layout as built (``defer_library=False``).
 
 Run: ``python benchmarks/cache_layouts.py [--write-script] [--json OUT]``. Deterministic:
 the chat is generated from fixed lists, and costs come from ``renderers.simulate``.
@@ -131,14 +132,22 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 "turns over the budget's limit: " + ", ".join(f"{k} {v}" for k, v in over.items())
             )
+        # The library layout as built (the default before the library's growth was
+        # deferred), for comparison: the same script with defer_library=False.
+        built = Conversation(script.system, vault=vault, budget=budget, defer_library=False)
+        built_sim = simulate(
+            run_script(script, built), counter=built.counter, budget=budget, layouts=("default",)
+        )
         for provider in ("openai", "anthropic"):
+            append = sim.get("append-only", provider).cost
             ratio = {
-                layout: sim.get(layout, provider).cost / sim.get("append-only", provider).cost
-                for layout in ("default", "batched")
+                layout: sim.get(layout, provider).cost / append for layout in ("default", "batched")
             }
+            ratio["as-built"] = built_sim.get("default", provider).cost / append
             print(
                 f"cost vs append-only ({provider}): default {ratio['default']:.3f}, "
-                f"batched {ratio['batched']:.3f}"
+                f"batched {ratio['batched']:.3f}, as built (library in the system message) "
+                f"{ratio['as-built']:.3f}"
             )
             data[f"vs_append_only_{provider}"] = {k: round(v, 4) for k, v in ratio.items()}
         data["over_limit"] = over

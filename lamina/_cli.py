@@ -779,10 +779,13 @@ def simulate(
 
     \b
     Columns, summed over the script's turns (the cache assumed warm all along):
-      layout         default (Lamina's five layers), batched (the five layers, the
-                     library's growth deferred to the next break), append-only (context
-                     stays in the user message that attached it; ignores a budget) or
-                     naive (every attachment so far re-sent in full, each turn)
+      layout         default (Lamina's five layers, the library's growth deferred to
+                     the next break, as the conversation sends it), batched (the same
+                     deferral computed from the envelopes: equal to the default unless
+                     the conversation grows the library every turn), append-only
+                     (context stays in the user message that attached it; ignores a
+                     budget) or naive (every attachment so far re-sent in full, each
+                     turn)
       input          input tokens sent
       cached         of them, tokens the provider's prompt cache would serve
       cached%        cached / input
@@ -1033,9 +1036,22 @@ def _inspect_turn(
     if budget is not None and budget.plan:
         plan = ", ".join(f"{name} {value}" for name, value in budget.plan)
         console.print(f"budget plan: {plan}", markup=False, soft_wrap=True)
+    if env.batch is not None:
+        console.print(_batch_line(env), markup=False, soft_wrap=True)
     for warning in env.report.warnings:
         console.print(f"warning: {warning}", markup=False, soft_wrap=True)
     _warn(env)
+
+
+def _batch_line(env: Envelope) -> str:
+    """How the request is sent when the library's growth is deferred (``defer_library``)."""
+    b = env.batch
+    assert b is not None
+    held = f"the system message holds {b.settled} of {len(env.l2.segments)} library entries"
+    if b.reason:
+        return f"request: settled ({b.reason}): {held}"
+    turns = ", ".join(s.key.split(":")[1] for s in b.turns)
+    return f"request: extends the last one; {held}; turns {turns} keep their context"
 
 
 @cli.command()

@@ -92,6 +92,11 @@ def _sentence(code: str, turn: Mapping[str, Any]) -> str:
             "The budget dropped or shortened older history messages, so the history is sent "
             "again from its new start, uncached."
         )
+    if kind == "library-settled":
+        return (
+            "The library's deferred growth entered the system message (the extended request "
+            "would not have fit the window), so the history is sent again after it, uncached."
+        )
     if kind == "unknown":
         return (
             "The system message changed in a way no Lamina decision explains (was the request "

@@ -62,15 +62,20 @@ NO_BATCH = "no-batch"
 
 @attrs.frozen
 class DeferredTurn:
-    """One turn of the current batch: its number, its query as L4 shows it, the user
-    message it was sent with (context included) and that message's exact tokens, and its
-    reply once L4 shows it (None before)."""
+    """One turn of the current batch: its number, its query as L4 shows it, the blocks of
+    the user message it was sent with (context included; kept as blocks, which share their
+    strings with the views, so the batch holds no second copy of a large attachment) and
+    that message's exact tokens, and its reply once L4 shows it (None before)."""
 
     turn: int
     query: str
-    text: str
+    blocks: tuple[str, ...]
     tokens: int
     reply: str | None = None
+
+    @property
+    def text(self) -> str:
+        return BLOCK_SEP.join(self.blocks)
 
 
 @attrs.frozen
@@ -78,7 +83,8 @@ class BatchState:
     """Where the current batch settled and what it sent since, kept between turns (and
     saved with ``ConversationState``).
 
-    ``settled`` L2 entries (``library_tokens`` joined) were in the system message of the
+    ``settled`` L2 entries (``library_tokens`` joined, layer hash ``library_hash``) were in
+    the system message of the
     settling request (L1's blocks hash to ``l1_hash``; its first ``system_chars``
     characters to ``system_hash``); its history was the first ``history`` L4 segments
     (``history_hash``); ``turns`` are the turns sent since, the settling one first; ``sent``
@@ -86,6 +92,7 @@ class BatchState:
 
     settled: int = 0
     library_tokens: int = 0
+    library_hash: str = ""
     l1_hash: str = ""
     system_chars: int = 0
     system_hash: str = ""
@@ -126,10 +133,10 @@ def append_user(
     settled: Callable[[str], str | None],
     renderer: SegmentRenderer,
     counter: TokenCounter,
-) -> tuple[str, int]:
-    """This turn's user message when context stays where it was first sent, in the one
-    order of a user message (``arrange_user``), and its exact tokens; records in ``sent``
-    what it sends in full. ``settled(key)`` is the content hash of a settled library entry.
+) -> tuple[tuple[str, ...], int]:
+    """This turn's user message (its blocks) when context stays where it was first sent, in
+    the one order of a user message (``arrange_user``), and its exact tokens; records in
+    ``sent`` what it sends in full. ``settled(key)`` is the content hash of a settled library entry.
 
     Tool results, retrieval chunks and recalled blocks are never recorded as sent: they
     belong to this turn (a chunk the pipeline made a reference points at its source entry,
@@ -170,12 +177,11 @@ def append_user(
         tools, refs, unsent, full, (envelope.query, None), refs_intro=APPEND_REFERENCES_INTRO
     )
     if not parts:
-        return "", 0
+        return (), 0
     known = [
-        (t, s.tokens if s is not None and s.text == t else counter.count(t), None)
-        for t, s in parts
+        (t, s.tokens if s is not None and s.text == t else counter.count(t), None) for t, s in parts
     ]
-    return BLOCK_SEP.join(t for t, _ in parts), joined_tokens(known, counter)
+    return tuple(t for t, _ in parts), joined_tokens(known, counter)
 
 
 def _settle(
@@ -188,28 +194,58 @@ def _settle(
         for s in envelope.l3.segments
         if s.form is Form.FULL and s.source_type != TOOL_SOURCE and not _scoped(s)
     }
-    user = Segment(
-        key=f"history:{envelope.turn}:user",
-        form=Form.TEXT,
-        source_type="history",
-        content_hash=text_hash(envelope.user_text),
-        text=envelope.user_text,
-        tokens=_user_tokens(envelope, counter),
-        role="user",
+    blocks = tuple(t for t, _ in user_blocks(envelope.l3, envelope.l5))
+    user = _message(
+        f"history:{envelope.turn}:user",
+        "history",
+        envelope.user_text,
+        _user_tokens(envelope, counter),
     )
     state = BatchState(
         settled=len(l2),
         library_tokens=envelope.l2.tokens,
+        library_hash=envelope.l2.hash,
         l1_hash=_l1_hash(envelope),
         system_chars=len(envelope.system_text),
         system_hash=envelope.prefix_hash,
         history=len(envelope.l4.segments),
         history_hash=_history_hash(envelope.l4.segments),
-        turns=(DeferredTurn(envelope.turn, envelope.query, user.text, user.tokens),),
+        turns=(DeferredTurn(envelope.turn, envelope.query, blocks, user.tokens),),
         sent=tuple(sorted(sent.items())),
     )
-    batch = Batch(len(l2), envelope.l2.tokens, (), user, tokens, reason)
+    batch = Batch(
+        len(l2),
+        envelope.l2.tokens,
+        (),
+        user,
+        tokens,
+        reason,
+        system_hash=envelope.prefix_hash,
+        library_hash=envelope.l2.hash,
+        system=envelope.system_text,
+    )
     return attrs.evolve(envelope, batch=batch), state
+
+
+def _message(key: str, kind: str, text: str, tokens: int) -> Segment:
+    """A user message of the batched request as a history segment."""
+    return Segment(
+        key=key,
+        form=Form.TEXT,
+        source_type=kind,
+        content_hash=text_hash(text),
+        text=text,
+        tokens=tokens,
+        role="user",
+    )
+
+
+def _reuse(segment: Segment | None, turn: DeferredTurn) -> Segment | None:
+    """The last request's message for ``turn``, if it is that turn's (same blocks)."""
+    if segment is None or segment.tokens != turn.tokens:
+        return None
+    size = sum(map(len, turn.blocks)) + len(BLOCK_SEP) * max(len(turn.blocks) - 1, 0)
+    return segment if len(segment.text) == size else None
 
 
 def _user_tokens(envelope: Envelope, counter: TokenCounter) -> int:
@@ -225,15 +261,21 @@ def _l1_hash(envelope: Envelope) -> str:
     ).hexdigest()
 
 
-def _extends(state: BatchState, envelope: Envelope) -> tuple[str, tuple[DeferredTurn, ...]]:
+def _extends(
+    state: BatchState, envelope: Envelope, settled: str | None
+) -> tuple[str, tuple[DeferredTurn, ...]]:
     """Why ``envelope`` cannot extend the batch ("" when it can), and the batch's turns
-    with the reply L4 now shows for the last one."""
+    with the reply L4 now shows for the last one. ``settled`` is the settled system message
+    when known (compared, not hashed)."""
     system = envelope.system_text
     chars = state.system_chars
+    if settled is not None and len(settled) == chars:
+        same = system.startswith(settled)
+    else:
+        same = len(system) >= chars and slice_hash(system, 0, chars) == state.system_hash
     if (
-        _l1_hash(envelope) != state.l1_hash
-        or len(system) < chars
-        or slice_hash(system, 0, chars) != state.system_hash
+        not same
+        or _l1_hash(envelope) != state.l1_hash
         or (chars and len(system) > chars and not system.startswith(BLOCK_SEP, chars))
     ):
         return SYSTEM_CHANGED, state.turns
@@ -266,6 +308,7 @@ def batch_turn(
     count: Callable[[Envelope], int],
     fits: Callable[[int], bool],
     settle: str = "",
+    previous: Batch | None = None,
 ) -> tuple[Envelope, BatchState]:
     """This turn's envelope with the request it is sent as (``Envelope.batch``), and the
     batch state the next turn continues.
@@ -273,12 +316,22 @@ def batch_turn(
     It extends the batch (the request before it, plus that turn's reply and this turn's
     user message) unless the prefix breaks anyway or the extended request's exact count
     (``count``, the conversation's) does not ``fits``; then it settles: the envelope as
-    built, with the reason. ``settle`` forces a settle with that reason."""
+    built, with the reason. ``settle`` forces a settle with that reason. ``previous`` (the
+    last request's batch, when the state continues it) lends its deferred messages and
+    settled system message, so a warm turn does not join and hash them again (its
+    ``user`` is not used: the conversation keeps the batch without it, so a large
+    attachment's message is not held past its turn twice)."""
     if settle or state is None:
         return _settle(envelope, counter, count(envelope), settle or FIRST_TURN)
-    reason, turns = _extends(state, envelope)
+    known_system = None if previous is None else previous.system
+    reason, turns = _extends(state, envelope, known_system)
     if reason:
         return _settle(envelope, counter, count(envelope), reason)
+    system = (
+        known_system
+        if known_system is not None and len(known_system) == state.system_chars
+        else envelope.system_text[: state.system_chars]
+    )
     rest = envelope.l4.segments[state.history :]
     library = envelope.l2.segments[: state.settled]
     lookup: dict[str, str] | None = None
@@ -290,34 +343,30 @@ def batch_turn(
         return lookup.get(key)
 
     sent = dict(state.sent)
-    text, tokens = append_user(envelope, sent, settled, renderer, counter)
+    blocks, tokens = append_user(envelope, sent, settled, renderer, counter)
+    text = BLOCK_SEP.join(blocks)
     users = [s for s in rest if s.role == "user"]
+    known = {} if previous is None else {s.key: s for s in previous.turns}
     deferred = tuple(
-        Segment(
-            key=seg.key,
-            form=Form.TEXT,
-            source_type=seg.source_type,
-            content_hash=text_hash(turn.text),
-            text=turn.text,
-            tokens=turn.tokens,
-            role="user",
-        )
+        _reuse(known.get(seg.key), turn)
+        or _message(seg.key, seg.source_type, turn.text, turn.tokens)
         for seg, turn in zip(users, turns, strict=True)
     )
-    user = Segment(
-        key=f"history:{envelope.turn}:user",
-        form=Form.TEXT,
-        source_type="history",
-        content_hash=text_hash(text),
-        text=text,
-        tokens=tokens,
-        role="user",
+    user = _message(f"history:{envelope.turn}:user", "history", text, tokens)
+    batch = Batch(
+        state.settled,
+        state.library_tokens,
+        deferred,
+        user,
+        0,
+        system_hash=state.system_hash,
+        library_hash=state.library_hash,
+        system=system,
     )
-    batch = Batch(state.settled, state.library_tokens, deferred, user, 0)
     candidate = attrs.evolve(envelope, batch=batch)
     used = count(candidate)
     if not fits(used):
         return _settle(envelope, counter, count(envelope), OVER_BUDGET)
-    turns += (DeferredTurn(envelope.turn, envelope.query, text, tokens),)
+    turns += (DeferredTurn(envelope.turn, envelope.query, blocks, tokens),)
     after = attrs.evolve(state, turns=turns, sent=tuple(sorted(sent.items())))
     return attrs.evolve(candidate, batch=attrs.evolve(batch, tokens=used)), after

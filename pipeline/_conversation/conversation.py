@@ -21,10 +21,12 @@ from pipeline._errors import (
 from pipeline._input import validate as _validate
 from pipeline._model.artifacts import AttachmentSpec, Processed, SourceResolver, resolver_for_turn
 from pipeline._model.envelope import (
+    Batch,
     Decision,
     DecisionAction,
     Envelope,
     Form,
+    Segment,
     View,
 )
 from pipeline._model.history import HistoryEntry, strip_reply
@@ -110,7 +112,7 @@ class Conversation:
         budget: Budget | None = None,
         summarizer: Summarizer | None = None,
         retriever: Callable[[], Retriever] | None = None,
-        defer_library: bool = False,
+        defer_library: bool = True,
     ) -> None:
         _check_settings(system, tokenizer, policy, budget)
         _validate.flag("defer_library", defer_library)
@@ -152,6 +154,8 @@ class Conversation:
         self.defer_library = defer_library
         # Where the current batch settled and what it sent since (defer_library).
         self._batch: BatchState | None = None
+        # The last request's batch (not saved): its messages are the next one's history.
+        self._last_batch: Batch | None = None
 
     def _settle(self) -> None:
         """Take the promoted library once it is made (waiting for the background thread).
@@ -406,7 +410,10 @@ class Conversation:
         batch = None
         if self.defer_library and budget is None:
             envelope, batch = self._batched(envelope)
+        last = envelope.batch
+        # Kept for the next turn without this turn's user message (see batch_turn).
         self._batch = batch
+        self._last_batch = None if last is None else attrs.evolve(last, user=_NO_MESSAGE)
         self._sources, self._vault_changes = own_sources, all_changes
         self._library = graph.library
         self._promotion = graph.promoted
@@ -433,6 +440,7 @@ class Conversation:
             count=self.count_request,
             fits=lambda used: budget is None or budget.effective(used) <= budget.limit,
             settle=settle,
+            previous=self._last_batch,
         )
 
     def reply(self, text: str) -> None:
@@ -477,7 +485,8 @@ class Conversation:
         return self._sources.process(parsed)
 
     def count_request(self, envelope: Envelope) -> int:
-        """Exact request tokens, with the budget's framing when the conversation has one."""
+        """Exact tokens of the request as sent (``Envelope.as_sent``: a batched request
+        too), with the budget's framing when the conversation has one."""
         if self.budget is not None:
             return self.budget.used(envelope, self.counter)
         return request_tokens(envelope, self.counter)
@@ -547,5 +556,7 @@ class NoRenderer:
     def render(self, view: View) -> str:
         raise ConfigError("renderer", f"cannot render {view.key}: {_NO_EDGE}")
 
+
+_NO_MESSAGE = Segment("", Form.TEXT, "history", "", "", 0)
 
 _NO_EDGE = "this Conversation was made without sources/renderer (use lamina.Conversation)"

@@ -323,6 +323,12 @@ class Batch:
     user: Segment
     tokens: int
     reason: str = ""
+    # The settled system message's hash and its L2 entries' (the layer hash), and the
+    # message itself: derived from L1 and the settled entries, kept so that rendering and
+    # counting the request never join or hash the library again.
+    system_hash: str = ""
+    library_hash: str = ""
+    system: str = attrs.field(default="", eq=False, repr=False)
 
 
 @attrs.frozen
@@ -363,13 +369,16 @@ class Envelope:
         b = self.batch
         if b is None or (not b.turns and b.settled == len(self.l2.segments)):
             return self
-        l2 = Layer(LayerName.L2, self.l2.segments[: b.settled], b.library_tokens)
+        l2 = Layer(
+            LayerName.L2, self.l2.segments[: b.settled], b.library_tokens, hash=b.library_hash
+        )
         deferred = {s.key: s for s in b.turns}
         history = tuple(deferred.get(s.key, s) for s in self.l4.segments)
         l4 = Layer(LayerName.L4, history, sum(s.tokens for s in history))
         l3 = Layer(LayerName.L3, (), 0)
-        l5 = Layer(LayerName.L5, (b.user,), b.user.tokens)
-        return Envelope(self.turn, (self.l1, l2, l3, l4, l5), self.report)
+        l5 = Layer(LayerName.L5, (b.user,), b.user.tokens, hash=b.user.content_hash)
+        layers = (self.l1, l2, l3, l4, l5)
+        return Envelope(self.turn, layers, self.report, b.system, b.user.text, b.system_hash)
 
     def layer(self, name: LayerName | str) -> Layer:
         return self.layers[int(str(name)[1]) - 1]

@@ -25,6 +25,7 @@ from pipeline._errors import (
     ConversationError,
     LaminaError,
 )
+from pipeline._hashing import content_hash as _content_hash
 from pipeline._model.artifacts import AttachmentSpec
 from pipeline._model.envelope import BuildReport, Envelope, Form
 from pipeline._model.kinds import AttachmentKinds, NoKinds
@@ -157,6 +158,9 @@ class Manifest:
     prefix_hash: str
     layers: tuple[LayerManifest, ...]
     report: BuildReport
+    # The hash of the request the envelope is sent as when the library's growth is
+    # deferred (``Envelope.batch``); "" when it is sent as built (and in older rows).
+    batch_hash: str = ""
 
     @classmethod
     def of(cls, envelope: Envelope) -> Manifest:
@@ -182,7 +186,16 @@ class Manifest:
             )
             for layer in envelope.layers
         )
-        return cls(envelope.turn, envelope.prefix_hash, layers, envelope.report)
+        b = envelope.batch
+        batch = (
+            ""
+            if b is None
+            else _content_hash(
+                (b.settled, b.system_hash, b.library_hash, b.library_tokens, b.tokens, b.reason,
+                 [s.content_hash for s in (*b.turns, b.user)])
+            )
+        )  # fmt: skip
+        return cls(envelope.turn, envelope.prefix_hash, layers, envelope.report, batch)
 
 
 # --- the protocol ----------------------------------------------------------------------
@@ -469,6 +482,7 @@ def rebuild_envelope(
         conv.set_system(system.stable, system.mutable)
     else:
         before = ConversationState(system)
+        options.setdefault("defer_library", after.defer_library)
         conv = Conversation(system, tokenizer=after.tokenizer, policy=after.policy, **options)
     back_summaries(conv, store)
     earlier = dict(before.vault_changes)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
 from pipeline._errors import ConfigError
 from pipeline._model.envelope import (
     BLOCK_SEP,
     LIBRARY_HEADING,
     Envelope,
+    LayerName,
     system_parts,
     user_blocks,
 )
@@ -19,7 +22,7 @@ from pipeline._tokens.counter import (
     starts_piece,
 )
 from pipeline._tokens.profiles import CHAT_TEMPLATES, OPENAI_FRAMING, Framing
-from pipeline._turn.draft import Draft
+from pipeline._turn.draft import Draft, DraftLayer
 
 __all__ = [
     "MESSAGE_OVERHEAD",
@@ -88,8 +91,40 @@ def request_tokens(
     draft after a cut encodes nothing but what the cut changed. An envelope whose library
     growth is deferred is counted as it is sent (``Envelope.as_sent``).
     """
-    if isinstance(envelope, Envelope):
-        envelope = envelope.as_sent()
+    measured = _sent(envelope) if isinstance(envelope, Envelope) else envelope
+    return _request_tokens(measured, counter, framing)
+
+
+@attrs.frozen
+class _Sent:
+    """The request a batched envelope is sent as, layer by layer, for counting: its
+    segments and counts (``Envelope.as_sent`` without joining or hashing anything)."""
+
+    l1: DraftLayer
+    l2: DraftLayer
+    l3: DraftLayer
+    l4: DraftLayer
+    l5: DraftLayer
+
+
+def _sent(envelope: Envelope) -> Envelope | _Sent:
+    b = envelope.batch
+    if b is None or (not b.turns and b.settled == len(envelope.l2.segments)):
+        return envelope
+    deferred = {s.key: s for s in b.turns}
+    history = tuple(deferred.get(s.key, s) for s in envelope.l4.segments)
+    return _Sent(
+        DraftLayer(LayerName.L1, envelope.l1.segments, envelope.l1.tokens),
+        DraftLayer(LayerName.L2, envelope.l2.segments[: b.settled], b.library_tokens),
+        DraftLayer(LayerName.L3, (), 0),
+        DraftLayer(LayerName.L4, history, sum(s.tokens for s in history)),
+        DraftLayer(LayerName.L5, (b.user,), b.user.tokens),
+    )
+
+
+def _request_tokens(
+    envelope: Envelope | Draft | _Sent, counter: TokenCounter, framing: Framing
+) -> int:
     lead, trim, per_message, priming = (
         framing.lead,
         framing.trim,
@@ -135,7 +170,7 @@ def request_tokens(
 
 
 def _user_known(
-    envelope: Envelope | Draft, counter: TokenCounter
+    envelope: Envelope | Draft | _Sent, counter: TokenCounter
 ) -> list[tuple[str, int, int | None]]:
     """The user message's blocks with their tokens and, for a draft's L3 blocks, their
     tokens followed by a blank line (see ``joined_tokens``)."""
@@ -146,7 +181,7 @@ def _user_known(
     ]
 
 
-def _system_tokens(envelope: Envelope | Draft, counter: TokenCounter) -> int:
+def _system_tokens(envelope: Envelope | Draft | _Sent, counter: TokenCounter) -> int:
     """Tokens of the system text (L1 blocks, then the library heading and L2 entries)."""
     l2 = envelope.l2
     if l2.segments and l2.segments[0].text[:1] not in ("", "/", " ", "\n", "\t"):
@@ -161,7 +196,7 @@ def _system_tokens(envelope: Envelope | Draft, counter: TokenCounter) -> int:
 
 
 def _mistral_tokens(
-    envelope: Envelope | Draft, counter: TokenCounter, per_user: int, start: int
+    envelope: Envelope | Draft | _Sent, counter: TokenCounter, per_user: int, start: int
 ) -> int:
     """Exact tokens of the request as Mistral's instruct format (v2/v3) encodes it.
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lamina import Conversation, load_conversation
+from lamina import Conversation, load_conversation, rebuild_envelope
 from pipeline import (
     Budget,
     ConversationInfo,
@@ -111,7 +111,8 @@ def test_a_batch_that_would_not_fit_settles_and_fits(vault: Path) -> None:
     budget = Budget(context_window=800, reserve_output=200)
     conv = Conversation("Be terse.", vault=vault, budget=budget, defer_library=True)
     reasons = []
-    for i, note in enumerate(["gamma.md", "delta.md", "gamma.md", "alpha.md", "beta.md", "eps.md", "delta.md"]):
+    notes = ["gamma.md", "delta.md", "gamma.md", "alpha.md", "beta.md", "eps.md", "delta.md"]
+    for i, note in enumerate(notes):
         env = conv.turn(f"q{i}", [{"note": note}])
         conv.reply(f"a{i}")
         assert env.batch is not None
@@ -149,6 +150,27 @@ def test_restore_from_a_store_sends_the_same_bytes(backend: Backend, vault: Path
                 again = restored.turn(text, [{"note": note}])
                 restored.reply(f"answer {i}")
                 assert _messages(again) == _messages(env) and again.batch == env.batch
+
+
+def test_a_stored_turn_is_rebuilt_with_the_request_it_sent(tmp_path: Path, vault: Path) -> None:
+    """``rebuild_envelope`` replays a turn from the state before it: the same batch, so the
+    same request (its hash is in the stored manifest)."""
+    from pipeline import Manifest, open_store
+
+    conv = Conversation("Be terse.", vault=vault)
+    assert conv.defer_library  # the default
+    envs = []
+    with open_store(str(tmp_path / "s.db")) as store:
+        store.create(ConversationInfo("c", vault=str(vault)))
+        for i, note in enumerate(["alpha.md", "beta.md", "gamma.md"]):
+            envs.append(conv.turn(f"q{i}", [{"note": note}]))
+            conv.reply(f"a{i}")
+            save_turn(store, "c", conv, envs[-1], [{"note": note}])
+        for k, env in enumerate(envs, start=1):
+            again = rebuild_envelope(store, "c", k, vault=vault)
+            assert again is not None and again.batch == env.batch and again == env
+            assert _messages(again) == _messages(env)
+            assert Manifest.of(env).batch_hash != ""
 
 
 _choices = st.lists(

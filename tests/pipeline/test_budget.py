@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -35,8 +36,18 @@ ENC = get_encoding("o200k_base")
 
 
 def exact_request_tokens(env: Envelope) -> int:
-    """Count the rendered request from scratch: o200k contents + 3 per message + 3."""
-    return sum(len(ENC.encode_ordinary(m["content"])) + 3 for m in openai_messages(env)) + 3
+    """Count the envelope's request as built from scratch: o200k contents + 3 per message
+    + 3. When the library's growth is deferred, the request sent (``Envelope.batch``) is
+    counted the same way and checked against the batch's exact count and the limit."""
+
+    def count(e: Envelope) -> int:
+        return sum(len(ENC.encode_ordinary(m["content"])) + 3 for m in openai_messages(e)) + 3
+
+    if env.batch is not None:
+        sent = count(env)
+        assert sent == env.batch.tokens
+        assert env.report.budget is None or sent <= env.report.budget.limit
+    return count(attrs.evolve(env, batch=None))
 
 
 def _note(i: int, size: int = 30) -> str:

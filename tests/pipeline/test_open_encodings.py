@@ -389,7 +389,10 @@ def test_every_turn_fits_the_window_exactly_or_raises(
         check_envelope(env, previous)
         assert env.report.budget is not None
         used = env.report.budget.used
-        assert TEMPLATES[model](openai_messages(env)) == used <= budget.limit
+        # The request sent: a batched one extends the last (its own exact count).
+        sent = used if env.batch is None else env.batch.tokens
+        assert TEMPLATES[model](openai_messages(env)) == sent <= budget.limit
+        assert conv.count_request(env) == sent
         previous = env
         if turn.reply is not None:
             conv.reply(turn.reply)

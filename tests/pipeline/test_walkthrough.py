@@ -51,12 +51,17 @@ def test_messages_follow_the_layer_order(vault: Path) -> None:
     messages = openai_messages(env)
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
     system, user = messages[0]["content"], messages[-1]["content"]
-    assert system.startswith("You are helpful.\n\n# Context Library\n")
-    assert '<note key="note:project-spec.md"' in system
-    assert user.startswith("Context attached to this message")
+    # The library's growth waits for the next break: turn 1's note stays in the message
+    # that sent it, and the request extends turn 1's byte for byte.
+    assert system == "You are helpful."
+    assert messages[1]["content"].startswith('<note key="note:project-spec.md"')
+    assert user.startswith("Context attached to this message (sent in full earlier")
     assert '<reference key="note:project-spec.md" source="note"' in user
     assert user.index("<reference") < user.index('<note key="note:docs/auth.md"')
     assert user.endswith("---\n[User query]:\nsecond")
+    # As built, the note is in the library at the front of the request.
+    assert env.system_text.startswith("You are helpful.\n\n# Context Library\n")
+    assert '<note key="note:project-spec.md"' in env.system_text
 
 
 def test_a_turn_without_context_sends_the_bare_query(vault: Path) -> None:

@@ -41,6 +41,9 @@ SYSTEM = SystemPrompt("You answer from the attached context.", "Memory: short an
 
 
 def _conv(**kw: object) -> Conversation:
+    """The library grown every turn (``defer_library=False``): the breaks these tests
+    classify are the library layout's; a deferred library is tested at the end."""
+    kw.setdefault("defer_library", False)
     return Conversation(SYSTEM, vault=VAULT, **kw)  # type: ignore[arg-type]
 
 
@@ -114,6 +117,26 @@ def test_edit_under_refresh_is_an_artifact_change() -> None:
     assert prefix_report(before, after, conv.counter).reasons == (
         "artifact-changed:note:glossary.md",
     )
+
+
+def test_a_deferred_library_keeps_the_prefix_through_a_refresh_it_never_sent() -> None:
+    """The glossary was sent in a user message and never entered the system message, so
+    its refresh breaks nothing: the new text goes in this turn's user message."""
+    conv = _conv(policy=Policy(freshness="refresh"), defer_library=True)
+    before, after = _glossary_edited(conv)
+    assert prefix_report(before, after, conv.counter).reasons == ()
+    assert "HLC: a clock." in openai_messages(after)[-1]["content"]
+
+
+def test_settling_the_deferred_library_is_a_reported_break() -> None:
+    conv = _conv(defer_library=True)
+    _two_turns(conv)
+    before = conv.turn("Anything new?")
+    conv.reply("No.")
+    conv.set_system(mutable="Memory: long answers.")
+    after = conv.turn("Now?")
+    assert after.batch is not None and after.batch.reason == "system-changed"
+    assert prefix_report(before, after, conv.counter).reasons == ("memory-changed",)
 
 
 def test_memory_change() -> None:

@@ -36,8 +36,10 @@ NOTES = (
 SYSTEM = SystemPrompt("You answer from the attached context.", "Memory: short answers.")
 
 
-def _run(plan: list[list[str]]) -> list[Envelope]:
-    conv = Conversation(SYSTEM, vault=VAULT)
+def _run(plan: list[list[str]], defer: bool = False) -> list[Envelope]:
+    """The plan's envelopes; the library grown every turn unless ``defer`` (most tests here
+    check how the library layout is rendered)."""
+    conv = Conversation(SYSTEM, vault=VAULT, defer_library=defer)
     envs: list[Envelope] = []
     for i, notes in enumerate(plan):
         envs.append(conv.turn(f"Question {i}", [{"note": n} for n in notes]))
@@ -65,6 +67,20 @@ def test_openai_chat_messages_equal_the_envelope_texts(three: list[Envelope]) ->
     body = render_request(three[-1], "openai").body
     assert body["messages"][0] == {"role": "system", "content": three[-1].system_text}
     assert body["messages"][-1] == {"role": "user", "content": three[-1].user_text}
+
+
+def test_a_deferred_library_is_rendered_as_sent() -> None:
+    """The default conversation defers the library's growth: the request holds the
+    settled library and each turn's context in the user message that sent it."""
+    envs = _run([["project-spec.md"], ["docs/api-docs.md", "project-spec.md"]], defer=True)
+    env, sent = envs[-1], envs[-1].as_sent()
+    body = render_request(env, "openai").body
+    assert body["messages"][0] == {"role": "system", "content": sent.system_text}
+    assert sent.system_text == env.l1.text and env.l2.segments
+    assert body["messages"][1]["content"] == envs[0].user_text
+    assert body["messages"][-1] == {"role": "user", "content": sent.user_text}
+    anthropic = render_request(env, "anthropic", model="claude-sonnet-4-5").body
+    assert "cache_control" in anthropic["messages"][-1]["content"][-1]
 
 
 def test_prompt_cache_key_is_stable_and_hides_the_conversation_id(three: list[Envelope]) -> None:
@@ -128,11 +144,14 @@ def _prefix_tokens(prompt: Prompt, counter: TokenCounter) -> list[int]:
     plan=st.lists(st.lists(st.sampled_from(NOTES), max_size=3), min_size=1, max_size=6),
     minimum=st.sampled_from([256, 1024, 2048, 4096]),
     layout=st.sampled_from(["default", "append-only"]),
+    defer=st.booleans(),
 )
-def test_breakpoints_property(plan: list[list[str]], minimum: int, layout: str) -> None:
+def test_breakpoints_property(
+    plan: list[list[str]], minimum: int, layout: str, defer: bool
+) -> None:
     """At most 4, none under the minimum, and once an anchor (end of the system blocks,
     end of history) is marked it stays marked in later turns, since its prefix only grows."""
-    envs = _run(plan)
+    envs = _run(plan, defer)
     counter = TokenCounter()
     before: set[str] = set()
     for i in range(len(envs)):

@@ -145,8 +145,11 @@ def test_demo_report_in_chromium(browser: Any, tmp_path: Path) -> None:
 def test_hostile_note_renders_as_text_in_chromium(browser: Any, tmp_path: Path) -> None:
     """A note, a query and a reply full of markup stay text in the browser's DOM."""
     vault = write_vault(tmp_path / "vault", {"evil.md": f"# Evil\n\n{HOSTILE}\n"})
-    conv = Conversation(
-        SystemPrompt("You are terse."), vault=vault, policy=Policy(freshness="refresh")
+    conv = Conversation(  # the library grown every turn, so the refresh is a break
+        SystemPrompt("You are terse."),
+        vault=vault,
+        policy=Policy(freshness="refresh"),
+        defer_library=False,
     )
     envelopes = [conv.turn(f"Read {HOSTILE}", attach=[note("evil.md")])]
     conv.reply(f"It says {HOSTILE}")

@@ -122,8 +122,10 @@ def server() -> Iterator[tuple[str, list[tuple[str, Any]]]]:
 @pytest.fixture(scope="module")
 def envelopes() -> list[Any]:
     vault = Path(__file__).resolve().parents[2] / "examples" / "vault"
-    conv = Conversation(
-        SystemPrompt("You answer from context.", "Memory: short answers."), vault=vault
+    conv = Conversation(  # the library grown every turn: the system is worth caching
+        SystemPrompt("You answer from context.", "Memory: short answers."),
+        vault=vault,
+        defer_library=False,
     )
     envs = [conv.turn("Summarize this", [{"note": "project-spec.md"}])]
     conv.reply("A spec.")

@@ -49,16 +49,29 @@ def test_anthropic_lookback_is_limited_to_20_blocks() -> None:
     assert breakpoint_cache_costs([one, near], ANTHROPIC)[1].cached_tokens == 2000
 
 
-def _run(script_data: object, base: Path) -> tuple[list[Envelope], Conversation]:
+def _run(
+    script_data: object, base: Path, defer: bool = True
+) -> tuple[list[Envelope], Conversation]:
     script = parse_script(script_data, "demo", base=base)
-    conv = Conversation(script.system, vault=script.vault or ROOT / "examples" / "vault")
+    conv = Conversation(
+        script.system, vault=script.vault or ROOT / "examples" / "vault", defer_library=defer
+    )
     return run_script(script, conv), conv
+
+
+_WALKTHROUGH = {**DEMO_SCRIPT, "turns": DEMO_SCRIPT["turns"][:3]}  # the three-turn walkthrough
 
 
 @pytest.fixture(scope="module")
 def demo() -> tuple[Simulation, list[Envelope]]:
-    walkthrough = {**DEMO_SCRIPT, "turns": DEMO_SCRIPT["turns"][:3]}  # the three-turn walkthrough
-    envs, conv = _run(walkthrough, ROOT / "examples")
+    envs, conv = _run(_WALKTHROUGH, ROOT / "examples")
+    return simulate(envs, counter=conv.counter), envs
+
+
+@pytest.fixture(scope="module")
+def demo_built() -> tuple[Simulation, list[Envelope]]:
+    """The walkthrough with the library grown every turn (``defer_library=False``)."""
+    envs, conv = _run(_WALKTHROUGH, ROOT / "examples", defer=False)
     return simulate(envs, counter=conv.counter), envs
 
 
@@ -81,15 +94,25 @@ def test_default_layout_beats_naive_on_the_demo(
 
 
 def test_a_2048_minimum_makes_the_short_demo_pay_a_write_it_never_reads(
-    demo: tuple[Simulation, list[Envelope]],
+    demo_built: tuple[Simulation, list[Envelope]],
 ) -> None:
-    """Sonnet 4.6 (minimum 2,048): the system first reaches the minimum on the last turn,
-    so the demo's only cache write (1.25x) is never read back."""
-    series = demo[0].get("default", "anthropic")
+    """Sonnet 4.6 (minimum 2,048), the library grown every turn: the system first reaches
+    the minimum on the last turn, so the demo's only cache write (1.25x) is never read."""
+    series = demo_built[0].get("default", "anthropic")
     assert series.model == "claude-sonnet-4-6"
     assert [t.cached_tokens for t in series.turns] == [0, 0, 0]
     assert series.turns[2].written_tokens > 0
-    assert series.cost > demo[0].get("naive", "anthropic").cost
+    assert series.cost > demo_built[0].get("naive", "anthropic").cost
+
+
+def test_a_deferred_library_reads_back_the_turn_it_wrote(
+    demo: tuple[Simulation, list[Envelope]],
+) -> None:
+    """The default defers the library's growth: turn 2's request, marked at its end,
+    reaches the 2,048 minimum and turn 3 (which extends it) reads it back."""
+    series = demo[0].get("default", "anthropic")
+    assert [t.cached_tokens > 0 for t in series.turns] == [False, False, True]
+    assert series.cost < demo[0].get("naive", "anthropic").cost
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic", "gemini"])
@@ -100,10 +123,10 @@ def test_default_layout_beats_naive_on_30_turns(chat30: Simulation, provider: st
 
 
 def test_simulator_reads_what_the_rendered_request_marked(
-    demo: tuple[Simulation, list[Envelope]],
+    demo_built: tuple[Simulation, list[Envelope]],
 ) -> None:
     """Turn 2's request marks the end of its system blocks; turn 3 reads exactly that."""
-    envs = demo[1]
+    envs = demo_built[1]
     body = render_request(envs[1], "anthropic", model="claude-sonnet-4-5").body
     assert [("cache_control" in b) for b in body["system"]] == [False, False, False, True]
     counter = TokenCounter()
