@@ -378,6 +378,13 @@ class Envelope:
         l3 = Layer(LayerName.L3, (), 0)
         l5 = Layer(LayerName.L5, (b.user,), b.user.tokens, hash=b.user.content_hash)
         layers = (self.l1, l2, l3, l4, l5)
+        head = join_blocks(s.text for s in self.l1.segments)
+        kept = b.system.startswith(head) and (
+            len(b.system) == len(head)
+            or b.system.startswith(BLOCK_SEP + LIBRARY_HEADING, len(head))
+        )
+        if not (kept and b.system_hash):  # L1 changed since the batch settled (a handoff)
+            return Envelope(self.turn, layers, self.report, user_text=b.user.text, batch=None)
         return Envelope(self.turn, layers, self.report, b.system, b.user.text, b.system_hash)
 
     def layer(self, name: LayerName | str) -> Layer:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -95,6 +96,22 @@ def test_the_envelope_as_built_is_unchanged_by_the_batch(vault: Path) -> None:
     assert batched.layers == plain.layers and batched.prefix_hash == plain.prefix_hash
     assert plain.batch is None and batched.batch is not None
     assert _messages(plain) != _messages(batched)
+
+
+def test_a_batched_request_sends_l1_as_the_envelope_holds_it(vault: Path) -> None:
+    """An agent loop's handoff swaps L1 in the envelope it sends: the batched request's
+    system message is that L1 and the settled library, not the settled message."""
+    from pipeline import Form as F
+    from pipeline import Layer, LayerName, Segment
+
+    conv = Conversation("Be terse.", vault=vault)
+    conv.turn("a", [{"note": "alpha.md"}])
+    conv.reply("ok")
+    env = conv.turn("b", [{"note": "beta.md"}])
+    l1 = Segment("system:stable", F.TEXT, "system", "h", "Be verbose.", 3)
+    handed = attrs.evolve(env, layers=(Layer(LayerName.L1, (l1,), 3), *env.layers[1:]))
+    assert _messages(handed)[0] == ("system", "Be verbose.")
+    assert _messages(handed)[1:] == _messages(env)[1:]
 
 
 def test_a_changed_system_prompt_settles(vault: Path) -> None:
