@@ -108,7 +108,8 @@ def bound_stubs(
     turn: TurnGraph, library: Library, cap: int
 ) -> tuple[Library, list[Decision]] | None:
     """``library`` with its stubs and indexes under ``cap`` tokens where collapsing can get
-    them there: oldest group first, stubs into its index (lines), down to three quarters
+    them there: oldest group first, stubs into its index (lines; in the index's place, or
+    a new one in the oldest stub's), down to three quarters
     of the cap (so the next turns' stubs do not rewrite the library again at once); then,
     oldest first, indexes down to their count until under the cap. None when they are
     under the cap or nothing saves."""
@@ -151,9 +152,11 @@ def bound_stubs(
             if saved <= 0:
                 continue
             total -= saved
-            slots[at[0]] = new
-            for i in at[1:]:
-                slots[i] = None
+            # An index stays where it is (the stubs before it join it there: moving it
+            # would reorder the library); a new one takes the place of the oldest stub.
+            place = at[0] if index is None else next(i for i in at if slots[i] is index)
+            for i in at:
+                slots[i] = new if i == place else None
             decisions.extend(_decisions(group, stubs, index, new, level))
     if not decisions:
         return None

@@ -432,3 +432,36 @@ def test_a_chat_decides_the_same_whatever_the_process_summarized_before() -> Non
     summary_pool().clear()
     chat(4000, 600)
     assert chat(8000, 1000) == alone
+
+
+def test_stubs_join_their_folders_index_where_it_stands() -> None:
+    """A folder's stub older than the folder's library index joins the index in the
+    index's place: moving the index up to the stub's place would reorder the library
+    (invariant 5; found over random chats once small entries were folded into indexes)."""
+    from pipeline._budget.fit import _stub
+    from pipeline._budget.stubs import bound_stubs, fold
+
+    conv = Conversation("You answer.", vault=EXAMPLE)
+    keys = ("meetings/2026-10-19.md", "docs/api-docs.md", "docs/auth.md", "meetings/2026-11-02.md")
+    conv.turn("Notes.", [note(k) for k in keys])
+    conv.reply("Noted.")
+    _, graph = conv._build("And?")
+    library = conv.library
+    first, last = (library.get(f"note:{k}") for k in (keys[0], keys[3]))
+    assert first is not None and last is not None
+    library = library.replace(_stub(graph, first))
+    library, _, _ = fold(graph, library, "folder:meetings", [_stub(graph, last)])
+    assert library.keys() == (
+        "note:meetings/2026-10-19.md", "note:docs/api-docs.md", "note:docs/auth.md",
+        "index:folder:meetings",
+    )  # fmt: skip
+    bounded = bound_stubs(graph, library, cap=1)
+    assert bounded is not None
+    collapsed, decisions = bounded
+    assert collapsed.keys() == (
+        "note:docs/api-docs.md", "note:docs/auth.md", "index:folder:meetings"
+    )
+    index = collapsed.get("index:folder:meetings")
+    assert index is not None
+    assert [e.key for e in index.folded] == [f"note:{keys[3]}", f"note:{keys[0]}"]
+    assert decisions[0].target == f"note:{keys[0]}"
