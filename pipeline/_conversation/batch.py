@@ -88,7 +88,7 @@ class BatchState:
     settling request (L1's blocks hash to ``l1_hash``; its first ``system_chars``
     characters to ``system_hash``); its history was the first ``history`` L4 segments
     (``history_hash``); ``turns`` are the turns sent since, the settling one first; ``sent``
-    what their messages sent in full (key -> content hash)."""
+    what their messages sent in full (key -> content hash, in the order first sent)."""
 
     settled: int = 0
     library_tokens: int = 0
@@ -211,7 +211,7 @@ def _settle(
         history=len(envelope.l4.segments),
         history_hash=_history_hash(envelope.l4.segments),
         turns=(DeferredTurn(envelope.turn, envelope.query, blocks, user.tokens),),
-        sent=tuple(sorted(sent.items())),
+        sent=tuple(sent.items()),
     )
     batch = Batch(
         len(l2),
@@ -368,5 +368,7 @@ def batch_turn(
     if not fits(used):
         return _settle(envelope, counter, count(envelope), OVER_BUDGET)
     turns += (DeferredTurn(envelope.turn, envelope.query, blocks, tokens),)
-    after = attrs.evolve(state, turns=turns, sent=tuple(sorted(sent.items())))
+    # ``sent`` keeps the order keys were first sent in (a refresh replaces a value in
+    # place): it only grows at its end, so a store keeps it as entries written once.
+    after = attrs.evolve(state, turns=turns, sent=tuple(sent.items()))
     return attrs.evolve(candidate, batch=attrs.evolve(batch, tokens=used)), after

@@ -22,6 +22,7 @@ from typing import Any, Protocol, Self
 import attrs
 import cattrs
 
+from pipeline._conversation.batch import DeferredTurn
 from pipeline._conversation.conversation import ConversationState
 from pipeline._conversation.usage import TurnUsage
 from pipeline._errors import (
@@ -79,6 +80,12 @@ READS_FROM = 1
 _BATCH = 500
 # State fields kept as one row per entry (versioned by turn) instead of inside the state blob.
 _SPLIT_PARTS = ("library", "history", "usage")
+# The state's batch fields kept as entries too (part -> ``BatchState`` field): a batch
+# that does not settle holds every turn since it did (``turns``) and every key those sent
+# (``sent``, only appended to), so inline in each turn's state blob they would grow the
+# store with the square of the batch's length. A state without a batch keeps none; a row
+# saved before these parts holds them inline in its blob.
+_BATCH_PARTS = {"batch_turns": "turns", "batch_sent": "sent"}
 # The type of one entry of each split part, and of a state snapshot.
 _PART_TYPES: dict[str, type] = {
     # The state without its split parts (they are kept as entries).
@@ -86,6 +93,8 @@ _PART_TYPES: dict[str, type] = {
     "library": LibraryEntry,
     "history": HistoryEntry,
     "usage": TurnUsage,
+    "batch_turns": DeferredTurn,
+    "batch_sent": tuple[str, str],
 }
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 _converter = cattrs.Converter()
@@ -191,6 +200,15 @@ def check_tables(
             )
 
 
+def _joined(state: ConversationState, split: dict[str, Any]) -> ConversationState:
+    """The state a snapshot and its parts' entries make. The batch's fields come from
+    their parts where the row has them; a row saved before them keeps its blob's."""
+    fields = {f: split.pop(p) for p, f in _BATCH_PARTS.items() if p in split}
+    if fields and state.batch is not None:
+        split["batch"] = attrs.evolve(state.batch, **fields)
+    return attrs.evolve(state, **split)
+
+
 class _Snapshots:
     """The snapshots a save writes, encoded before anything is written (hash -> kind and
     canonical JSON); each is compressed only if the store may lack it (``rows``)."""
@@ -215,6 +233,19 @@ class _Snapshots:
         }
 
 
+# How many (str, str) entry addresses an ``EntryCache`` keeps.
+_PAIRS = 1 << 16
+
+
+def _pair(value: Any) -> bool:
+    return (
+        type(value) is tuple
+        and len(value) == 2
+        and type(value[0]) is str
+        and type(value[1]) is str
+    )
+
+
 class EntryCache:
     """Decoded state entries by content address, bounded by their stored size (LRU), and
     the content address of each entry value a save encoded (by identity, held weakly).
@@ -235,6 +266,8 @@ class EntryCache:
         self.encoded = 0
         self._items: OrderedDict[str, tuple[Any, int]] = OrderedDict()
         self._addresses: dict[int, tuple[weakref.ref[Any], str]] = {}
+        # Addresses of (str, str) entries (a batch's sent keys), by value, most recent kept.
+        self._pairs: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -265,6 +298,9 @@ class EntryCache:
 
         Keyed by identity, never by equality (``1 == 1.0 == True`` encode differently);
         frozen values never change, so the address stays exact while the object lives."""
+        if _pair(value):
+            with self._lock:
+                return self._pairs.get(value)
         found = self._addresses.get(id(value))
         if found is None or found[0]() is not value:
             return None
@@ -277,6 +313,13 @@ class EntryCache:
     def remember(self, value: Any, digest_: str) -> None:
         """Keep ``value``'s content address (a save encoded it, or a load checked that it
         encodes to the bytes it was decoded from) while the value lives."""
+        if _pair(value):  # no weak references, but two strings compare exactly
+            with self._lock:
+                self._pairs[value] = digest_
+                self._pairs.move_to_end(value)
+                if len(self._pairs) > _PAIRS:
+                    self._pairs.popitem(last=False)
+            return
         key = id(value)
         items = self._addresses
 
@@ -508,10 +551,21 @@ class SqlStore:
         parent: Head,
     ) -> Head:
         # The state blob without the parts kept as entries (each encoded on its own below).
-        plain = _converter.unstructure(attrs.evolve(state, library=(), history=(), usage=()))
+        batch = state.batch
+        plain = _converter.unstructure(
+            attrs.evolve(
+                state,
+                library=(),
+                history=(),
+                usage=(),
+                batch=None if batch is None else attrs.evolve(batch, turns=(), sent=()),
+            )
+        )
         for part in _SPLIT_PARTS:
             del plain[part]
-        split = {p: getattr(state, p) for p in _SPLIT_PARTS}
+        split: dict[str, Sequence[Any]] = {p: getattr(state, p) for p in _SPLIT_PARTS}
+        for part, field in _BATCH_PARTS.items():
+            split[part] = () if batch is None else getattr(batch, field)
         snapshots = _Snapshots()
         digests, known = self._entry_hashes(split, snapshots)
         state_hash = snapshots.add("state", plain)
@@ -789,7 +843,7 @@ class SqlStore:
                     part: tuple(found[current[part][i]] for i in range(length))
                     for part, length in lengths.items()
                 }
-                state = attrs.evolve(found[state_hash], **split)
+                state = _joined(found[state_hash], split)
             except StoreCorrupt:
                 raise
             except Exception as exc:  # cattrs raises many kinds; all mean it is unusable

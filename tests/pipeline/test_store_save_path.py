@@ -38,11 +38,17 @@ class FullEncode(EntryCache):
 
 def _old_rows(state: ConversationState) -> dict[str, tuple[str, bytes]]:
     """The snapshot rows of a state as the full encode wrote them: the whole state
-    unstructured at once, its split parts popped and each entry encoded."""
+    unstructured at once, its split parts (and its batch's turns and sent keys) popped
+    and each entry encoded."""
     plain = _converter.unstructure(state)
+    batch = plain["batch"] or {}
+    items = {p: plain.pop(p) for p in ("library", "history", "usage")}
+    items |= {f"batch_{f}": batch.pop(f, []) for f in ("turns", "sent")}
+    if batch:
+        batch["turns"] = batch["sent"] = []
     rows: dict[str, tuple[str, bytes]] = {}
-    for part in ("library", "history", "usage"):
-        for item in plain.pop(part):
+    for part, values in items.items():
+        for item in values:
             body = canonical(item)
             rows.setdefault(digest(body), (part, zlib.compress(body, 6)))
     body = canonical(plain)
@@ -113,7 +119,8 @@ def test_saves_write_the_rows_of_a_full_encode(
 def test_a_save_encodes_only_entries_it_has_not_encoded(tmp_path: Path, vault: Path) -> None:
     with SqliteStore(tmp_path / "s.db") as store:
         store.create(ConversationInfo("c1"))
-        conv = Conversation("Be terse.", vault=vault)
+        # Without a batch: its turns and sent keys are entries too (counted elsewhere).
+        conv = Conversation("Be terse.", vault=vault, defer_library=False)
         attach = [{"note": "project-spec.md"}, {"note": "docs/api-docs.md"}]
         env = conv.turn("one", attach)
         save_turn(store, "c1", conv, env, attach)
@@ -152,9 +159,10 @@ def test_a_rolled_back_save_is_written_again_in_full(tmp_path: Path, vault: Path
             save_turn(store, "c1", conv, env, attach)
             raise RuntimeError("the host gave up")
         assert store.head("c1") == Head()
-        assert store.entry_cache.encoded == 2
+        # A library and a history entry, the batch's turn and its one sent key.
+        assert store.entry_cache.encoded == 4
         save_turn(store, "c1", conv, env, attach, parent=Head())
-        assert store.entry_cache.encoded == 2  # nothing encoded twice, yet all rows written
+        assert store.entry_cache.encoded == 4  # nothing encoded twice, yet all rows written
         fresh = SqliteStore(tmp_path / "s.db")
         try:
             assert fresh.load("c1") == conv.state
@@ -171,7 +179,8 @@ def test_a_load_decodes_the_state_snapshot_once(tmp_path: Path, vault: Path) -> 
     with SqliteStore(tmp_path / "s.db") as fresh:
         assert fresh.load("c1") == conv.state
         decoded = fresh.entry_cache.decoded
-        assert decoded == 3  # the state snapshot, a library entry, a history entry
+        # The state snapshot, a library and a history entry, the batch's turn and sent key.
+        assert decoded == 5
         assert fresh.load("c1") == conv.state
         assert fresh.entry_cache.decoded == decoded
 
@@ -204,7 +213,8 @@ def test_an_entry_stored_in_an_older_form_is_encoded_anew(tmp_path: Path, vault:
         assert store.entry_cache.address(loaded.usage[0]) is None
         assert store.entry_cache.address(loaded.history[0]) is not None
         save_turn(store, "c1", loaded, loaded.turn("two"))
-        assert store.entry_cache.encoded == 2  # the usage entry and turn 2's history entry
+        # The usage entry, turn 2's history entry and its turn of the batch.
+        assert store.entry_cache.encoded == 3
     new = digest(canonical(plain | {"warning": _converter.unstructure(usage.warning)}))
     assert backend.rows("SELECT hash FROM entries WHERE part = 'usage' AND since_turn = 2") == [
         (new,)
