@@ -15,6 +15,7 @@ prefixes, 128-token steps, Anthropic's breakpoints) are the simulator's, labelle
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ import attrs
 from pipeline import Budget, DecisionAction, Envelope, TokenCounter
 from renderers._layouts import Prompt, default_prompt
 from renderers._openai import (
+    ChatMessage,
     chatml,
     chatml_prefix_tokens,
     common_prefix_length,
@@ -109,7 +111,7 @@ def classify_break(previous: Envelope | None, current: Envelope) -> tuple[str, .
     if previous is None:
         return ("first-turn",)
     if previous.batch is not None or current.batch is not None:
-        before, after = previous.as_sent(), current.as_sent()
+        before, after = _sent(previous).sent, _sent(current).sent
         old_history = before.history()
         if after.system_text.startswith(before.system_text) and (
             after.history()[: len(old_history)] == old_history
@@ -262,18 +264,7 @@ def prompt_prefix_tokens(
     fr = _framing(budget)
     before, _ = _units(previous, counter, fr)
     after, _ = _units(current, counter, fr)
-    shared = 0
-    for old, new in zip(before, after, strict=False):
-        if old.role == new.role and old.text == new.text:
-            shared += new.tokens
-            continue
-        if old.role == new.role and new.partial and old.partial:
-            a, b = (old.text.strip(), new.text.strip()) if fr.trim else (old.text, new.text)
-            if common_prefix_length(a, b):
-                part = chatml_prefix_tokens(a, b, counter)
-                shared += min(part, new.tokens - fr.per_message)
-        break
-    return shared
+    return _shared_tokens(before, after, counter, fr)
 
 
 def prefix_report(
@@ -288,11 +279,9 @@ def prefix_report(
     default layout, with ``budget``'s framing when given)."""
     tokens = same = 0
     if previous is not None:
-        a, b = chatml(openai_messages(previous)), chatml(openai_messages(current))
-        tokens = prompt_prefix_tokens(
-            default_prompt(previous), default_prompt(current), counter, budget
-        )
-        same = _common_prefix_bytes(a, b)
+        before, after = _sent(previous), _sent(current)
+        tokens = _prefix_tokens(before, after, counter, _framing(budget))
+        same = _prefix_bytes(before, after)
     return PrefixReport(
         turn=current.turn,
         l1_hash=current.l1.hash,
@@ -301,6 +290,159 @@ def prefix_report(
         common_prefix_bytes=same,
         reasons=classify_break(previous, current),
     )
+
+
+# --- the same figures, each message rendered and counted once per envelope -------------
+#
+# A report compares a request with the one before it, and in a conversation each request
+# is the next report's previous one: so what a request renders to (``as_sent``, its chat
+# and message list) and each message's tokens and UTF-8 size are kept per envelope (by
+# identity, weakly, a few envelopes at most), and a message the next request repeats
+# passes its figures on. Each message is then rendered and counted once however many
+# reports it takes part in, and a request that extends the one before (a batch extension)
+# counts nothing of the prefix again. The figures are those of ``prompt_prefix_tokens``
+# over ``default_prompt`` and of the two requests' ``chatml`` strings, exactly.
+
+_MEMO_SIZE = 8
+
+
+@attrs.define(eq=False)
+class _Counted:
+    """One envelope's default-layout units under one framing and counter: (role, text)
+    whole messages with tokens filled in when first needed (or passed on by the request
+    before, whose same message has the same count), or Mistral's units counted whole."""
+
+    counter: TokenCounter
+    chat: list[tuple[str, str]]
+    tokens: list[int | None]
+    mistral: list[_Unit] | None = None
+
+
+@attrs.define(eq=False)
+class _Sent:
+    """What one envelope is sent as, computed once: ``as_sent``, the OpenAI message list
+    (with each message's ``chatml`` UTF-8 size once known), the default prompt's chat and
+    its counts per framing and counter."""
+
+    sent: Envelope
+    _messages: list[ChatMessage] | None = None
+    sizes: list[int | None] = attrs.Factory(list)
+    prompt: Prompt | None = None
+    counted: dict[tuple[_Framing, int], _Counted] = attrs.Factory(dict)
+
+
+_MEMO: dict[int, tuple[weakref.ref[Envelope], _Sent]] = {}
+
+
+def _sent(envelope: Envelope) -> _Sent:
+    key = id(envelope)
+    hit = _MEMO.get(key)
+    if hit is not None and hit[0]() is envelope:
+        return hit[1]
+    memo = _Sent(envelope.as_sent())
+    while len(_MEMO) >= _MEMO_SIZE:
+        _MEMO.pop(next(iter(_MEMO)), None)
+    _MEMO[key] = (weakref.ref(envelope), memo)
+    return memo
+
+
+def _messages(memo: _Sent) -> list[ChatMessage]:
+    if memo._messages is None:
+        memo._messages = openai_messages(memo.sent)
+        memo.sizes = [None] * len(memo._messages)
+    return memo._messages
+
+
+def _prompt(memo: _Sent) -> Prompt:
+    if memo.prompt is None:
+        memo.prompt = default_prompt(memo.sent)  # ``sent`` is its own ``as_sent``
+    return memo.prompt
+
+
+def _counted(memo: _Sent, counter: TokenCounter, fr: _Framing) -> _Counted:
+    key = (fr, id(counter))
+    got = memo.counted.get(key)
+    if got is not None and got.counter is counter:
+        return got
+    prompt = _prompt(memo)
+    if fr.template == "mistral":
+        units = _mistral_units(prompt, counter, fr)
+        got = _Counted(counter, [], [u.tokens for u in units], units)
+    else:
+        chat = prompt.chat()
+        got = _Counted(counter, chat, [None] * len(chat))
+    memo.counted[key] = got
+    return got
+
+
+def _unit_tokens(c: _Counted, i: int, fr: _Framing) -> int:
+    t = c.tokens[i]
+    if t is None:
+        t = c.tokens[i] = _content(c.chat[i][1], c.counter, fr) + fr.per_message
+    return t
+
+
+def _prefix_tokens(before: _Sent, after: _Sent, counter: TokenCounter, fr: _Framing) -> int:
+    """``prompt_prefix_tokens(default_prompt(previous), default_prompt(current), ...)``."""
+    old, new = _counted(before, counter, fr), _counted(after, counter, fr)
+    if old.mistral is not None and new.mistral is not None:
+        return _shared_tokens(old.mistral, new.mistral, counter, fr)
+    shared = 0
+    for i, (a, b) in enumerate(zip(old.chat, new.chat, strict=False)):
+        if a == b:
+            t = _unit_tokens(old, i, fr)
+            if new.tokens[i] is None:  # the same text under the same framing and counter
+                new.tokens[i] = t
+            shared += t
+            continue
+        if a[0] == b[0]:
+            x, y = (a[1].strip(), b[1].strip()) if fr.trim else (a[1], b[1])
+            if common_prefix_length(x, y):
+                part = chatml_prefix_tokens(x, y, counter)
+                shared += min(part, _unit_tokens(new, i, fr) - fr.per_message)
+        break
+    return shared
+
+
+def _shared_tokens(
+    before: list[_Unit], after: list[_Unit], counter: TokenCounter, fr: _Framing
+) -> int:
+    """The shared tokens of two unit lists (``prompt_prefix_tokens``' loop)."""
+    shared = 0
+    for old, new in zip(before, after, strict=False):
+        if old.role == new.role and old.text == new.text:
+            shared += new.tokens
+            continue
+        if old.role == new.role and new.partial and old.partial:
+            a, b = (old.text.strip(), new.text.strip()) if fr.trim else (old.text, new.text)
+            if common_prefix_length(a, b):
+                part = chatml_prefix_tokens(a, b, counter)
+                shared += min(part, new.tokens - fr.per_message)
+        break
+    return shared
+
+
+def _size(memo: _Sent, i: int) -> int:
+    n = memo.sizes[i]
+    if n is None:
+        piece = chatml(_messages(memo)[i : i + 1])
+        n = memo.sizes[i] = len(piece.encode("utf-8", "surrogatepass"))
+    return n
+
+
+def _prefix_bytes(before: _Sent, after: _Sent) -> int:
+    """``_common_prefix_bytes`` of the two requests' ``chatml``: the messages sent again
+    whole by their sizes, then only the tails from the first that differs compared."""
+    a, b = _messages(before), _messages(after)
+    i = 0
+    size = 0
+    while i < min(len(a), len(b)) and a[i] == b[i]:
+        n = _size(before, i)
+        if after.sizes[i] is None:
+            after.sizes[i] = n
+        size += n
+        i += 1
+    return size + _common_prefix_bytes(chatml(a[i:]), chatml(b[i:]))
 
 
 def prefix_reports(
