@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import attrs
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from pipeline import BudgetPlan
 
@@ -92,6 +92,12 @@ class ConversationCreate(_In):
         default=None, description="Render each turn's provider request with this renderer."
     )
     layout: LayoutName = "default"
+    defer_library: StrictBool = Field(
+        default=True,
+        description="Defer the library's growth to the next prefix break: each turn's "
+        "context stays in the user message that sent it until then (false: the library "
+        "layout, each turn's context enters the system message the turn after).",
+    )
     vault: bool = Field(default=True, description="Read notes from the server's --vault.")
     title: str = Field(default="", max_length=200)
 
@@ -175,6 +181,7 @@ class ConversationOut(BaseModel):
     head: HeadOut
     provider: str | None
     layout: str
+    defer_library: bool
     vault: bool
 
 

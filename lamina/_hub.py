@@ -170,6 +170,7 @@ class ConversationHub:
             tokenizer=body.tokenizer,
             policy=Policy(freshness=body.policy.freshness, reattach=body.policy.reattach),
             budget=budget,
+            defer_library=body.defer_library,
         )
         self.store.create(info)
         self._keep(conversation_id, _Warm(conv, body, sources))
@@ -368,6 +369,7 @@ class ConversationHub:
                     freshness=settings.policy.freshness, reattach=settings.policy.reattach
                 ),
                 budget=_budget(settings),
+                defer_library=settings.defer_library,
             )
             conv.saved_head = Head()
         else:

@@ -387,6 +387,7 @@ def create_app(config: ServerConfig) -> FastAPI:
             head=_head(head),
             provider=settings.provider,
             layout=settings.layout,
+            defer_library=settings.defer_library,
             vault=settings.vault,
         )
 

@@ -41,6 +41,7 @@ const conversation = await call("POST", "/v1/conversations", {
   vault: false,
   provider: "anthropic",
 });
+check(conversation.defer_library === true, "the library's growth is deferred by default");
 let head = conversation.head;
 
 // Turn 1: the plan note goes to the user message in full.

@@ -471,3 +471,49 @@ def test_the_hot_lane_answers_what_the_fastapi_routes_answer(client: httpx.Clien
             bodies.append(refused.content)
         answers.append(bodies)
     assert answers[0] == answers[1]
+
+
+def test_defer_library_is_a_conversation_setting(tmp_path: Path) -> None:
+    """``defer_library`` (default true, like the library) picks the layout a
+    conversation's turns are built with: each turn's messages are those the library builds
+    with the same switch; the setting is listed, kept across a restart, and a value that is
+    not a JSON boolean is 422 naming it."""
+    from lamina import Conversation
+    from renderers import openai_messages
+
+    turns = [
+        {"user": "What is the plan?", "attach": [{"note": "project-spec.md"}], "reply": "A spec."},
+        {"user": "And the glossary?", "attach": [{"note": "glossary.md"}], "reply": "Terms."},
+        {"user": "Thanks.", "reply": "Welcome."},
+    ]
+    store = tmp_path / "s.sqlite"
+    built: dict[bool, list[dict[str, Any]]] = {}
+    with running(store, "--vault", str(VAULT)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        made = {
+            True: create(c, system="Be terse."),
+            False: create(c, system="Be terse.", defer_library=False),
+        }
+        for defer, conv in made.items():
+            assert conv["defer_library"] is defer
+            built[defer], _ = run_turns(c, conv["id"], EMPTY, turns[:2])
+        for body in ({"defer_library": "yes"}, {"defer_library": 1}, {"defer_library": None}):
+            refused = c.post("/v1/conversations", json=body)
+            assert refused.status_code == 422, refused.text
+            assert refused.json()["field"] == "defer_library"
+    with running(store, "--vault", str(VAULT)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        for defer, conv in made.items():
+            got = c.get(f"/v1/conversations/{conv['id']}").json()
+            assert got["defer_library"] is defer
+            head = got["head"]
+            more, _ = run_turns(c, conv["id"], head, turns[2:])
+            built[defer] += more
+    for defer in (True, False):
+        local = Conversation("Be terse.", vault=VAULT, defer_library=defer)
+        for t, out in zip(turns, built[defer], strict=True):
+            env = local.turn(t["user"], t.get("attach", []))
+            local.reply(t["reply"])
+            assert out["messages"] == openai_messages(env)
+            assert ("batch" in out) is defer
+    # Deferred, turn 2's request keeps the system message of turn 1 (a byte extension).
+    assert built[True][1]["messages"][0] == built[True][0]["messages"][0]
+    assert built[False][1]["messages"][0] != built[False][0]["messages"][0]
