@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import Budget, DecisionAction, Envelope, TokenCounter
+from pipeline import QUERY_LABEL, Budget, DecisionAction, Envelope, TokenCounter
 from renderers._layouts import Prompt, default_prompt
 from renderers._openai import (
     ChatMessage,
@@ -161,7 +161,9 @@ def _common_prefix_bytes(a: str, b: str) -> int:
 
 # --- counting a prompt as the request counts it -------------------------------------
 
-_BLOCK_SPLIT = re.compile(r"\n\n(?=<)")
+# Blocks start with ``<`` after a blank line, and so does the labelled query: split there,
+# the blocks' counts (remembered since the build) add up and only the query is encoded.
+_BLOCK_SPLIT = re.compile(r"\n\n(?=<|" + re.escape(QUERY_LABEL) + ")")
 _MISTRAL_REPLY_END = 1  # the ``</s>`` after each reply (pipeline's MISTRAL_REPLY_END)
 
 
@@ -185,7 +187,8 @@ def _framing(budget: Budget | None) -> _Framing:
 
 def _text_tokens(text: str, counter: TokenCounter) -> int:
     """Exact tokens of ``text`` from the remembered counts of its blocks: after a blank
-    line a block's ``<`` always starts a new piece, so the count adds up over them."""
+    line a block's ``<`` (or the query label's ``-``) always starts a new piece, so the
+    count adds up over them (``count_joined`` counts the text whole where it would not)."""
     parts = _BLOCK_SPLIT.split(text)
     if len(parts) == 1 or not all(parts):
         return counter.count(text)

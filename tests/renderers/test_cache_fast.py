@@ -1,5 +1,6 @@
 """``prefix_report`` renders and counts each request once per envelope, and reports exactly
-what rendering and counting both requests whole reports (the reference below)."""
+what rendering and counting both requests whole reports (``reference_report``, the way it
+was computed before, kept beside the benchmark that compares their cost)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.cache_report import reference_report
 from lamina import Conversation, load_script, parse_script, run_script
-from pipeline import Budget, BudgetExceeded, Envelope, TokenCounter
+from pipeline import QUERY_LABEL, Budget, BudgetExceeded, Envelope, TokenCounter
 from processors import ProcessContext, Sources, Vault
-from renderers import PrefixReport, classify_break, prefix_report, prefix_reports
-from renderers import prompt_prefix_tokens as reference_prefix_tokens
-from renderers._cache import _common_prefix_bytes
-from renderers._layouts import default_prompt
-from renderers._openai import chatml, openai_messages
+from renderers import prefix_report, prefix_reports
+from renderers._cache import _text_tokens
 from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,28 +29,6 @@ FRAMINGS = [
     {"per_message_tokens": 5, "priming_tokens": 4, "content_lead": "\n", "trim_content": True},
     {"per_message_tokens": 2, "priming_tokens": 1, "chat_template": "mistral"},
 ]
-
-
-def reference(
-    previous: Envelope | None, current: Envelope, counter: TokenCounter, budget: Budget | None
-) -> PrefixReport:
-    """The report as computed before: both requests rendered, counted and serialized whole."""
-    tokens = same = 0
-    if previous is not None:
-        tokens = reference_prefix_tokens(
-            default_prompt(previous), default_prompt(current), counter, budget
-        )
-        same = _common_prefix_bytes(
-            chatml(openai_messages(previous)), chatml(openai_messages(current))
-        )
-    return PrefixReport(
-        turn=current.turn,
-        l1_hash=current.l1.hash,
-        l2_hash=current.l2.hash,
-        common_prefix_tokens=tokens,
-        common_prefix_bytes=same,
-        reasons=classify_break(previous, current),
-    )
 
 
 def _budgets(window: int | None) -> list[Budget | None]:
@@ -71,7 +48,8 @@ def _assert_same(
 ) -> None:
     for budget in budgets:
         expected = [
-            reference(p, e, counter, budget) for p, e in zip([None, *envs], envs, strict=False)
+            reference_report(p, e, counter, budget=budget)
+            for p, e in zip([None, *envs], envs, strict=False)
         ]
         # In order (each request the next one's previous, as a conversation reports) ...
         assert prefix_reports(envs, counter, budget=budget) == expected
@@ -82,8 +60,8 @@ def _assert_same(
                 == (expected[i])
             )
         if len(envs) > 2:
-            assert prefix_report(envs[0], envs[-1], counter, budget=budget) == reference(
-                envs[0], envs[-1], counter, budget
+            assert prefix_report(envs[0], envs[-1], counter, budget=budget) == reference_report(
+                envs[0], envs[-1], counter, budget=budget
             )
 
 
@@ -144,6 +122,22 @@ def test_each_counter_counts_for_itself() -> None:
     first = prefix_reports(envs, conv.counter)
     second = prefix_reports(envs, other)
     assert second == [
-        reference(p, e, other, None) for p, e in zip([None, *envs], envs, strict=False)
+        reference_report(p, e, other) for p, e in zip([None, *envs], envs, strict=False)
     ]
     assert [r.common_prefix_tokens for r in first] != [r.common_prefix_tokens for r in second]
+
+
+@given(
+    st.lists(
+        st.sampled_from(
+            ["<a>x</a>", "<b k='1'>\n\n y\n</b>", "y", " z", "/p", "\n", "é", QUERY_LABEL + "q"]
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_a_message_counted_from_its_blocks_is_counted_exactly(blocks: list[str]) -> None:
+    """Split at blocks and at the query label, the counts add up to the whole text's."""
+    counter = TokenCounter()
+    text = "\n\n".join(blocks)
+    assert _text_tokens(text, counter) == counter.count_once(text)
