@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -111,7 +111,7 @@ def classify_break(previous: Envelope | None, current: Envelope) -> tuple[str, .
     if previous is None:
         return ("first-turn",)
     if previous.batch is not None or current.batch is not None:
-        before, after = _sent(previous).sent, _sent(current).sent
+        before, after = _as_sent(_sent(previous)), _as_sent(_sent(current))
         old_history = before.history()
         if after.system_text.startswith(before.system_text) and (
             after.history()[: len(old_history)] == old_history
@@ -300,13 +300,15 @@ def prefix_report(
 # A report compares a request with the one before it, and in a conversation each request
 # is the next report's previous one: so what a request renders to (``as_sent``, its chat
 # and message list) and each message's tokens and UTF-8 size are kept per envelope (by
-# identity, weakly, a few envelopes at most), and a message the next request repeats
+# identity, weakly, the 32 last used at most), and a message the next request repeats
 # passes its figures on. Each message is then rendered and counted once however many
 # reports it takes part in, and a request that extends the one before (a batch extension)
 # counts nothing of the prefix again. The figures are those of ``prompt_prefix_tokens``
 # over ``default_prompt`` and of the two requests' ``chatml`` strings, exactly.
 
-_MEMO_SIZE = 8
+# Two envelopes a conversation (the previous request and this one) for 16 conversations
+# served at once; an entry goes as soon as its envelope does.
+_MEMO_SIZE = 32
 
 
 @attrs.define(eq=False)
@@ -327,7 +329,9 @@ class _Sent:
     (with each message's ``chatml`` UTF-8 size once known), the default prompt's chat and
     its counts per framing and counter."""
 
-    sent: Envelope
+    # ``as_sent``, held weakly when it is the envelope itself (nothing deferred), so the
+    # memo never keeps an envelope alive.
+    _sent: Callable[[], Envelope | None]
     _messages: list[ChatMessage] | None = None
     sizes: list[int | None] = attrs.Factory(list)
     prompt: Prompt | None = None
@@ -339,26 +343,53 @@ _MEMO: dict[int, tuple[weakref.ref[Envelope], _Sent]] = {}
 
 def _sent(envelope: Envelope) -> _Sent:
     key = id(envelope)
-    hit = _MEMO.get(key)
+    hit = _MEMO.pop(key, None)
     if hit is not None and hit[0]() is envelope:
+        _MEMO[key] = hit  # the most recently used last
         return hit[1]
-    memo = _Sent(envelope.as_sent())
+    sent = envelope.as_sent()
+    memo = _Sent(weakref.ref(sent) if sent is envelope else lambda: sent)
     while len(_MEMO) >= _MEMO_SIZE:
         _MEMO.pop(next(iter(_MEMO)), None)
-    _MEMO[key] = (weakref.ref(envelope), memo)
+    _MEMO[key] = (weakref.ref(envelope, _forget(key, _MEMO)), memo)
     return memo
+
+
+def _forget(
+    key: int, entries: dict[int, tuple[weakref.ref[Envelope], _Sent]]
+) -> Callable[[weakref.ref[Envelope]], None]:
+    """Drop ``key``'s entry when its envelope is collected (if the entry is still its)."""
+
+    def gone(ref: weakref.ref[Envelope]) -> None:
+        hit = entries.get(key)
+        if hit is not None and hit[0] is ref:
+            entries.pop(key, None)
+
+    return gone
+
+
+def _as_sent(memo: _Sent) -> Envelope:
+    sent = memo._sent()
+    assert sent is not None  # the memo is only reached through its live envelope
+    return sent
 
 
 def _messages(memo: _Sent) -> list[ChatMessage]:
     if memo._messages is None:
-        memo._messages = openai_messages(memo.sent)
+        memo._messages = openai_messages(_as_sent(memo))
         memo.sizes = [None] * len(memo._messages)
     return memo._messages
 
 
+def sent_messages(envelope: Envelope) -> list[ChatMessage]:
+    """``openai_messages(envelope)`` from the envelope's memo (new dicts, free to change), so
+    the trace turn and the cache report render the request once between them."""
+    return [ChatMessage(role=m["role"], content=m["content"]) for m in _messages(_sent(envelope))]
+
+
 def _prompt(memo: _Sent) -> Prompt:
     if memo.prompt is None:
-        memo.prompt = default_prompt(memo.sent)  # ``sent`` is its own ``as_sent``
+        memo.prompt = default_prompt(_as_sent(memo))  # its own ``as_sent``
     return memo.prompt
 
 

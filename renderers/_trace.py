@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeline import Calibration, Envelope, TokenCounter, TurnUsage, request_tokens
-from renderers._openai import openai_messages
+from renderers._cache import sent_messages
 from renderers._usage import trace_usage
 
 __all__ = ["TRACE_VERSION", "trace_document", "trace_turn"]
@@ -68,7 +68,7 @@ def trace_turn(
             }
             for layer in envelope.layers
         },
-        "messages": openai_messages(envelope),
+        "messages": sent_messages(envelope),
         "stats": _stats(envelope),
         "warnings": [
             {"code": w.code, "key": w.key, "message": w.message} for w in envelope.report.warnings

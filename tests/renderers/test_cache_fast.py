@@ -141,3 +141,27 @@ def test_a_message_counted_from_its_blocks_is_counted_exactly(blocks: list[str])
     counter = TokenCounter()
     text = "\n\n".join(blocks)
     assert _text_tokens(text, counter) == counter.count_once(text)
+
+
+def test_the_memo_lets_envelopes_go_and_hands_out_copies() -> None:
+    """An envelope's entry goes with it; the trace's messages are the caller's to change."""
+    import gc
+
+    from renderers import trace_turn
+    from renderers._cache import _MEMO
+    from renderers._openai import openai_messages
+
+    script = load_script(CHAT30)
+    conv = Conversation(script.system, vault=script.vault)
+    envs = run_script(script, conv)[:3]
+    expected = openai_messages(envs[2])
+    first = trace_turn(envs[2], conv.counter)["messages"]
+    first[0]["content"] = "changed"
+    first.clear()
+    assert trace_turn(envs[2], conv.counter)["messages"] == expected
+    prefix_reports(envs, conv.counter)
+    keys = {id(e) for e in envs}
+    assert keys <= set(_MEMO)
+    del envs, first, conv
+    gc.collect()
+    assert not keys & set(_MEMO)
