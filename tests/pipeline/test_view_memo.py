@@ -73,9 +73,14 @@ def _folder(tmp_path: Path, notes: int) -> Path:
 
 
 def _turn(vault: Path) -> int:
-    """A new conversation's turn over the folder (a stateless rebuild): its memo hits."""
+    """A new conversation's turn over the folder (a stateless rebuild): its memo hits.
+
+    ``background=False``: the turn's promotion does not prepare the library's views on a
+    thread, whose memo hits would otherwise land in whichever turn's meter is open."""
     conv = Conversation("You are terse.", vault=vault, budget=Budget(6000, 1000))
-    env = conv.turn("What do these notes say about the sync engine?", [{"folder": "folder"}])
+    env = conv.turn(
+        "What do these notes say about the sync engine?", [{"folder": "folder"}], background=False
+    )
     assert any(s.form == "preview" for s in env.l3.segments)
     return dict(env.report.meters)["view_memo_hits"]
 
