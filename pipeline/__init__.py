@@ -26,7 +26,7 @@ from pipeline._conversation.agent import (
     LoopStep,
     agent_call,
 )
-from pipeline._conversation.batch import APPEND_REFERENCES_INTRO, BatchState
+from pipeline._conversation.batch import APPEND_REFERENCES_INTRO, BatchState, append_parts
 from pipeline._conversation.conversation import (
     Conversation,
     ConversationState,
@@ -407,6 +407,7 @@ __all__ = [
     "View",
     "ViewMemo",
     "agent_call",
+    "append_parts",
     "arrange_user",
     "assemble",
     "attachment_record",

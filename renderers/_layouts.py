@@ -22,6 +22,7 @@ from pipeline import (
     Segment,
     TokenCounter,
     View,
+    append_parts,
     arrange_user,
     chunk_source,
     join_blocks,
@@ -168,46 +169,10 @@ def _scoped(segment: Segment) -> bool:
 
 
 def _append_user_text(envelope: Envelope, sent: dict[str, str]) -> str:
-    """This turn's user message when context stays where it was first sent, in the one
-    order of a user message (``pipeline.arrange_user``).
-
-    Tool results, retrieval chunks and recalled blocks are never recorded as sent: they
-    belong to this turn, so a later turn sends them again instead of referring back (a
-    chunk the pipeline made a reference points at its source entry, sent in full
-    earlier). What the budget
-    did not send is listed as such and not recorded either.
-    """
-    segments = envelope.l3.segments
-    tools = [(s.text, None) for s in segments if s.source_type == TOOL_SOURCE]
-    refs: list[str] = []
-    unsent: list[str] = []
-    full: list[tuple[str, None]] = []
-    for seg in segments:
-        if seg.source_type == TOOL_SOURCE:
-            continue
-        if seg.form is Form.REFERENCE and seg.unsent:
-            unsent.append(seg.text)
-        elif chunk_source(seg.key) and seg.form is Form.REFERENCE:
-            refs.append(seg.text)
-        elif _scoped(seg):
-            full.append((seg.text, None))
-        elif seg.form is Form.REFERENCE:
-            if sent.get(seg.key) == seg.content_hash:
-                refs.append(seg.text)
-                continue
-            # Refreshed in L2 since it was sent: the earlier message holds old bytes.
-            entry = envelope.l2.get(seg.key)
-            full.append((entry.text if entry is not None else seg.text, None))
-            sent[seg.key] = seg.content_hash
-        elif sent.get(seg.key) == seg.content_hash and seg.form is Form.FULL:
-            refs.append(_reference_text(seg))
-        else:
-            full.append((seg.text, None))
-            if seg.form is Form.FULL:
-                sent[seg.key] = seg.content_hash
-    parts = arrange_user(
-        tools, refs, unsent, full, (envelope.query, None), refs_intro=APPEND_REFERENCES_INTRO
-    )
+    """This turn's user message when context stays where it was first sent
+    (``pipeline.append_parts``, which the conversation's batch shares): nothing is settled
+    in a library, references are rendered as XML."""
+    parts = append_parts(envelope, sent, lambda _key: None, _reference_text)
     return join_blocks(text for text, _ in parts)
 
 

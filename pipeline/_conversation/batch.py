@@ -44,6 +44,7 @@ __all__ = [
     "SYSTEM_CHANGED",
     "BatchState",
     "DeferredTurn",
+    "append_parts",
     "batch_turn",
 ]
 
@@ -127,16 +128,17 @@ def _reference(segment: Segment, renderer: SegmentRenderer) -> str:
     return renderer.render(view)
 
 
-def append_user(
+def append_parts(
     envelope: Envelope,
     sent: dict[str, str],
     settled: Callable[[str], str | None],
-    renderer: SegmentRenderer,
-    counter: TokenCounter,
-) -> tuple[tuple[str, ...], int]:
-    """This turn's user message (its blocks) when context stays where it was first sent, in
-    the one order of a user message (``arrange_user``), and its exact tokens; records in
-    ``sent`` what it sends in full. ``settled(key)`` is the content hash of a settled library entry.
+    reference: Callable[[Segment], str],
+) -> list[tuple[str, Segment | None]]:
+    """This turn's user message when context stays where it was first sent: its blocks in
+    the one order of a user message (``arrange_user``), each with the segment it came from
+    (None for the query); records in ``sent`` what it sends in full. ``settled(key)`` is
+    the content hash of a settled library entry; ``reference(segment)`` renders the
+    reference to a block sent in full before. The append-only layout and the batch share it.
 
     Tool results, retrieval chunks and recalled blocks are never recorded as sent: they
     belong to this turn (a chunk the pipeline made a reference points at its source entry,
@@ -168,14 +170,26 @@ def append_user(
         elif seg.form is Form.FULL and (sent.get(seg.key) or settled(seg.key)) == (
             seg.content_hash
         ):
-            refs.append(_reference(seg, renderer))
+            refs.append(reference(seg))
         else:
             full.append((seg.text, seg))
             if seg.form is Form.FULL:
                 sent[seg.key] = seg.content_hash
-    parts = arrange_user(
+    return arrange_user(
         tools, refs, unsent, full, (envelope.query, None), refs_intro=APPEND_REFERENCES_INTRO
     )
+
+
+def append_user(
+    envelope: Envelope,
+    sent: dict[str, str],
+    settled: Callable[[str], str | None],
+    renderer: SegmentRenderer,
+    counter: TokenCounter,
+) -> tuple[tuple[str, ...], int]:
+    """``append_parts`` with the conversation's renderer, and the message's exact tokens
+    (a block the envelope measured is not counted again)."""
+    parts = append_parts(envelope, sent, settled, lambda seg: _reference(seg, renderer))
     if not parts:
         return (), 0
     known = [
