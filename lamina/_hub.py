@@ -85,6 +85,10 @@ class ServerConfig:
     # The HTTP/1.1 parser: "httptools" (the server extra's; about a third of h11's cost a
     # request), "h11", or "auto" (httptools when installed).
     http: str = "auto"
+    # Freeze what start-up made (modules, the app, the hub) out of the garbage collector's
+    # reach when the app starts: ``serve`` sets it for its own process; an app embedded in
+    # a host's process leaves the host's collector alone.
+    freeze_gc: bool = False
 
 
 # `lamina serve --workers N` hands its settings to each worker process through this.

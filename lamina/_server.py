@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import importlib.util
 import ipaddress
@@ -341,6 +342,12 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if config.freeze_gc:
+            # Start-up's objects live as long as the process; frozen, a full collection no
+            # longer walks them: that walk, at random turns, was most of a turn's HTTP cost
+            # over the in-process hub (p50 1.55-2.57 ms over seven runs, 0.89-1.13 frozen).
+            gc.collect()
+            gc.freeze()
         yield
         hub.close()
 
@@ -572,7 +579,7 @@ def serve(
         )
     config = attrs.evolve(config, allowed_hosts=(*config.allowed_hosts, host))
     limits = ConnectionLimits.of(config)
-    config = attrs.evolve(config, max_connections=limits.max_connections)
+    config = attrs.evolve(config, max_connections=limits.max_connections, freeze_gc=True)
     Guards.limits = limits
     common: dict[str, Any] = {
         "host": host,

@@ -106,3 +106,25 @@ def test_the_parser_is_httptools_when_installed_and_can_be_chosen() -> None:
     with pytest.raises(ConfigError) as refused:
         http_protocol("picohttp")
     assert refused.value.setting == "--http"
+
+
+def test_a_served_app_freezes_what_start_up_made_and_an_embedded_one_does_not(
+    tmp_path: Path,
+) -> None:
+    """``lamina serve`` (``freeze_gc``) moves start-up's objects out of the collector's
+    reach when the app starts; an app a host embeds leaves the host's collector alone."""
+    import asyncio
+    import gc
+
+    async def start(config: ServerConfig) -> int:
+        app = create_app(config)
+        async with app.router.lifespan_context(app):
+            return gc.get_freeze_count()
+
+    gc.unfreeze()
+    try:
+        assert asyncio.run(start(ServerConfig(store=str(tmp_path / "a.sqlite")))) == 0
+        frozen = asyncio.run(start(ServerConfig(store=str(tmp_path / "b.sqlite"), freeze_gc=True)))
+        assert frozen > 10_000  # the modules, the app and the hub at least
+    finally:
+        gc.unfreeze()
