@@ -26,7 +26,12 @@ from pipeline._conversation.agent import (
     LoopStep,
     agent_call,
 )
-from pipeline._conversation.batch import APPEND_REFERENCES_INTRO, BatchState, append_parts
+from pipeline._conversation.batch import (
+    APPEND_REFERENCES_INTRO,
+    BatchState,
+    append_parts,
+    segment_reference,
+)
 from pipeline._conversation.conversation import (
     Conversation,
     ConversationState,
@@ -472,6 +477,7 @@ __all__ = [
     "request_tokens",
     "resolver_for_turn",
     "save_turn",
+    "segment_reference",
     "shared_counts",
     "shared_views",
     "shorten_replies",

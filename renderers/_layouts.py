@@ -21,11 +21,11 @@ from pipeline import (
     Form,
     Segment,
     TokenCounter,
-    View,
     append_parts,
     arrange_user,
     chunk_source,
     join_blocks,
+    segment_reference,
     system_parts,
 )
 from renderers._xml import render_xml
@@ -140,17 +140,7 @@ def default_prompt(envelope: Envelope) -> Prompt:
 
 
 def _reference_text(segment: Segment) -> str:
-    view = View(
-        key=segment.key,
-        source_type=segment.source_type,
-        form=Form.REFERENCE,
-        title=segment.title,
-        locator=segment.locator,
-        recoverable=segment.recoverable,
-        content_hash=segment.content_hash,
-        attributes=segment.attributes,
-    )
-    return render_xml(view)
+    return render_xml(segment_reference(segment))
 
 
 def _turn_scoped(envelope: Envelope) -> tuple[list[Segment], list[Segment]]:

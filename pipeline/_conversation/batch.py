@@ -46,6 +46,7 @@ __all__ = [
     "DeferredTurn",
     "append_parts",
     "batch_turn",
+    "segment_reference",
 ]
 
 APPEND_REFERENCES_INTRO = (
@@ -114,8 +115,10 @@ def _scoped(segment: Segment) -> bool:
     return segment.source_type == RECALL_SOURCE or chunk_source(segment.key) is not None
 
 
-def _reference(segment: Segment, renderer: SegmentRenderer) -> str:
-    view = View(
+def segment_reference(segment: Segment) -> View:
+    """The reference to ``segment`` (a block sent in full before): its key, title, locator
+    and content hash, no body."""
+    return View(
         key=segment.key,
         source_type=segment.source_type,
         form=Form.REFERENCE,
@@ -125,7 +128,10 @@ def _reference(segment: Segment, renderer: SegmentRenderer) -> str:
         content_hash=segment.content_hash,
         attributes=segment.attributes,
     )
-    return renderer.render(view)
+
+
+def _reference(segment: Segment, renderer: SegmentRenderer) -> str:
+    return renderer.render(segment_reference(segment))
 
 
 def append_parts(
