@@ -32,7 +32,7 @@ from pipeline._model.envelope import (
 from pipeline._model.recall import RECALL_SOURCE
 from pipeline._model.tools import TOOL_SOURCE, chunk_source
 from pipeline._tokens.counter import TokenCounter
-from pipeline._turn.measure import joined_tokens
+from pipeline._turn.measure import joined_tokens, user_tokens
 from pipeline._views.views import SegmentRenderer
 
 __all__ = [
@@ -219,7 +219,7 @@ def _settle(
         f"history:{envelope.turn}:user",
         "history",
         envelope.user_text,
-        _user_tokens(envelope, counter),
+        user_tokens(envelope, counter),
     )
     state = BatchState(
         settled=len(l2),
@@ -266,13 +266,6 @@ def _reuse(segment: Segment | None, turn: DeferredTurn) -> Segment | None:
         return None
     size = sum(map(len, turn.blocks)) + len(BLOCK_SEP) * max(len(turn.blocks) - 1, 0)
     return segment if len(segment.text) == size else None
-
-
-def _user_tokens(envelope: Envelope, counter: TokenCounter) -> int:
-    """The user message's exact tokens, from its blocks' known counts (no framing)."""
-    blocks = user_blocks(envelope.l3, envelope.l5)
-    known = [(t, counter.count(t) if s is None else s.tokens, None) for t, s in blocks]
-    return joined_tokens(known, counter) if known else 0
 
 
 def _l1_hash(envelope: Envelope) -> str:

@@ -30,6 +30,7 @@ __all__ = [
     "REPLY_PRIMING",
     "joined_tokens",
     "request_tokens",
+    "user_tokens",
 ]
 
 MESSAGE_OVERHEAD = OPENAI_FRAMING.per_message
@@ -167,6 +168,11 @@ def _request_tokens(
     else:
         total += joined_tokens(blocks, counter) + per_message
     return total
+
+
+def user_tokens(envelope: Envelope, counter: TokenCounter) -> int:
+    """The user message's exact tokens (no framing), from its blocks' known counts."""
+    return joined_tokens(_user_known(envelope, counter), counter)
 
 
 def _user_known(
