@@ -52,7 +52,6 @@ class LoopState:
     def __init__(self, conversation: Conversation, tool_headroom: int | None = None) -> None:
         self.conversation = conversation
         self.tool_headroom = tool_headroom
-        self._framework_system = ""
         self._sent_system = ""
         self.pending: list[Any] = []
         self.agent: AgentTurn | None = None
@@ -68,20 +67,24 @@ class LoopState:
 
     def adopt_system(self, text: str) -> None:
         """The framework's system prompt (``Agent(system_prompt=...)`` and the like) as L1's
-        mutable part, before a turn starts; a conversation whose mutable part holds
-        something else raises ``ConfigError`` rather than lose either."""
-        if text == self._framework_system:
+        mutable part, before a turn starts. It replaces an empty mutable part or the text
+        an adapter set before (``Conversation.agent_system``, saved with the state: a
+        conversation loaded from a store goes on with another agent as the live one does);
+        a mutable part the host set itself raises ``ConfigError`` rather than lose either
+        (an empty ``text`` leaves it as it is)."""
+        conversation = self.conversation
+        owned = conversation.agent_system
+        if not text and not owned:
             return
-        mutable = self.conversation.system.mutable
-        if mutable not in ("", self._framework_system, text):
+        if conversation.system.mutable not in ("", owned, text):
             raise ConfigError(
                 "system",
                 "the framework sends a system prompt of its own and the conversation's L1 "
                 "mutable part is set too: give the framework's prompt to the Conversation "
                 "(or clear the mutable part) so neither is lost",
             )
-        self.conversation.set_system(mutable=text)
-        self._framework_system = text
+        conversation.set_system(mutable=text)
+        conversation.agent_system = text
 
     def start(self, query: str, tools_tokens: int = 0) -> AgentTurn:
         """The turn for ``query``: the current one, or a new one built by the conversation."""
@@ -157,7 +160,7 @@ class LoopState:
         if self.agent is None:
             raise ConversationError("no turn was started")
         conversation = self.conversation.system
-        if conversation.mutable not in ("", self._framework_system):
+        if conversation.mutable not in ("", self.conversation.agent_system):
             raise ConfigError(
                 "system",
                 "the framework's system prompt changed within a turn (a handoff to an agent "

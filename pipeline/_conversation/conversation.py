@@ -69,7 +69,8 @@ class ConversationState:
     rebuilds a conversation whose next turn is byte-identical to the uninterrupted one.
     ``budget`` is None for a conversation without one (and in states saved before it).
     ``defer_library`` is False in states saved before it, so a stored chat keeps sending
-    the requests it sent; ``batch`` is where its current batch settled.
+    the requests it sent; ``batch`` is where its current batch settled. ``agent_system``
+    is the L1 mutable text an agent framework's adapter set (``Conversation.agent_system``).
     """
 
     system: SystemPrompt
@@ -85,6 +86,7 @@ class ConversationState:
     calibration: tuple[Calibration, ...] = ()
     defer_library: bool = False
     batch: BatchState | None = None
+    agent_system: str = ""
 
 
 class Conversation:
@@ -156,6 +158,9 @@ class Conversation:
         self._batch: BatchState | None = None
         # The last request's batch (not saved): its messages are the next one's history.
         self._last_batch: Batch | None = None
+        # The L1 mutable text an agent framework's adapter set (its agent's instructions),
+        # saved: another agent's may replace it, never the host's own mutable part.
+        self.agent_system = ""
 
     def _settle(self) -> None:
         """Take the promoted library once it is made (waiting for the background thread).
@@ -205,6 +210,7 @@ class Conversation:
             calibration=tuple(self._calibration[m] for m in sorted(self._calibration)),
             defer_library=self.defer_library,
             batch=self._batch if self.defer_library else None,
+            agent_system=self.agent_system,
         )
 
     @classmethod
@@ -248,6 +254,7 @@ class Conversation:
         conv._history_view = state.history_view
         conv._usage = {u.turn: u for u in state.usage}
         conv._calibration = {c.model: c for c in state.calibration}
+        conv.agent_system = state.agent_system
         return conv
 
     @property

@@ -41,6 +41,7 @@ from renderers import (
     tool_tokens,
     trace_document,
 )
+from tests.stores import Backend
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 
@@ -559,3 +560,42 @@ def test_nested_handoff_history_is_refused_by_name() -> None:
     agent = _triage(_responses_model([]))
     with pytest.raises(ConversationError, match="nest_handoff_history"):
         asyncio.run(Runner.run(agent, "Question?", session=session, run_config=config))
+
+
+def test_a_loaded_conversation_goes_on_with_another_agent(backend: Backend) -> None:
+    """A conversation saved after a run of one agent and loaded into a new session goes on
+    with an agent with other instructions as the live conversation does (their L1 mutable
+    part replaced, a system-changed decision), request for request, on either store."""
+    budget = Budget(context_window=2400, reserve_output=300)
+
+    def run(session: LaminaSession, instructions: str, model: Scripted, i: int) -> None:
+        agent = Agent(name="a", model=model, tools=[search], instructions=instructions)
+        config = RunConfig(
+            call_model_input_filter=session.call_model_input_filter, tracing_disabled=True
+        )
+        asyncio.run(Runner.run(agent, f"Question {i}?", session=session, run_config=config))
+
+    live_model, parts_model = Scripted(), Scripted()
+    live = Conversation(STABLE, vault=VAULT, budget=budget)
+    session = LaminaSession(live)
+    run(session, TRIAGE, live_model, 0)
+    run(session, RESEARCH, live_model, 1)
+    with backend.open() as store:
+        first = Conversation(STABLE, vault=VAULT, budget=budget)
+        run(LaminaSession(first, store, "c"), TRIAGE, parts_model, 0)
+        loaded = load_conversation(store, "c", vault=VAULT)
+        assert loaded.agent_system == TRIAGE
+        resumed = LaminaSession(loaded, store, "c")
+        run(resumed, RESEARCH, parts_model, 1)  # raised ConfigError before
+        assert parts_model.received == live_model.received
+        assert loaded.system == live.system == SystemPrompt(STABLE, RESEARCH)
+        envelope = resumed.state.envelope
+        assert envelope is not None
+        changed = [d.action for d in envelope.report.decisions if d.layer == "L1"]
+        assert changed == [DecisionAction.SYSTEM_CHANGED]
+        assert store.load("c") == live.state
+        again = load_conversation(store, "c", vault=VAULT)
+        again.set_system(mutable="Memory: the user prefers short answers.")  # the host's own
+        with pytest.raises(ConfigError, match="mutable part is set too"):
+            run(LaminaSession(again), TRIAGE, Scripted(), 2)
+        assert again.system.mutable == "Memory: the user prefers short answers."
