@@ -895,25 +895,21 @@ def _part_unfolded(
     """The most of ``index``'s first entries (those whose whole form fits ``room``, in
     order) that come back whole within ``room`` beside the index of the others
     (``stubs.refold``), the index and the growth; None if not even one does. Found by
-    bisection: the growth rises with every entry brought back."""
+    bisection (``_first``): the growth rises with every entry brought back."""
     able = [i for i, w in enumerate(wholes) if w is not None]
+    splits: dict[int, tuple[list[LibraryEntry], LibraryEntry, int]] = {}
 
     def split(k: int) -> tuple[list[LibraryEntry], LibraryEntry, int]:
-        taken = set(able[:k])
-        back = [w for i, w in enumerate(wholes) if i in taken and w is not None]
-        rest = refold(turn, index, [e for i, e in enumerate(stays) if i not in taken])
-        return back, rest, sum(e.tokens for e in back) + rest.tokens - index.tokens
+        if k not in splits:
+            taken = set(able[:k])
+            back = [w for i, w in enumerate(wholes) if i in taken and w is not None]
+            rest = refold(turn, index, [e for i, e in enumerate(stays) if i not in taken])
+            splits[k] = back, rest, sum(e.tokens for e in back) + rest.tokens - index.tokens
+        return splits[k]
 
-    best: tuple[list[LibraryEntry], LibraryEntry, int] | None = None
-    lo, hi = 1, len(able) - 1 if len(able) == len(stays) else len(able)
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        found = split(mid)
-        if 0 < found[2] <= room:
-            best, lo = found, mid + 1
-        else:
-            hi = mid - 1
-    return best
+    most = len(able) - 1 if len(able) == len(stays) else len(able)
+    k = _first(1, most, lambda k: not 0 < split(k)[2] <= room) - 1
+    return split(k) if k > 0 else None
 
 
 def restore(
@@ -1210,23 +1206,24 @@ def _fold_count(
     def saving(k: int) -> int:
         return _folded(turn, library, group, stubs[:k])[1]
 
-    k = _least(len(stubs), lambda k: saving(k) >= need) or len(stubs)
+    n = len(stubs)
+    k = min(_first(1, n, lambda k: saving(k) >= need), n)
     if saving(k) > allowance:
-        k = _least(k, lambda k: saving(k) > allowance) - 1
+        k = _first(1, k, lambda k: saving(k) > allowance) - 1
     return k
 
 
-def _least(n: int, enough: Callable[[int], bool]) -> int:
-    """The least ``k`` in 1..``n`` for which ``enough(k)`` holds (it holds for every larger
-    ``k`` once it does), or 0 if none."""
-    lo, hi, best = 1, n, 0
+def _first(lo: int, hi: int, holds: Callable[[int], bool]) -> int:
+    """The least ``k`` in ``lo``..``hi`` for which ``holds(k)`` (it holds for every larger
+    ``k`` once it does), or ``hi + 1`` if none: the one bisection of the budget's searches
+    (the fewest entries a fold needs, the most a partial unfold brings back)."""
     while lo <= hi:
         mid = (lo + hi) // 2
-        if enough(mid):
-            best, hi = mid, mid - 1
+        if holds(mid):
+            hi = mid - 1
         else:
             lo = mid + 1
-    return best
+    return lo
 
 
 def _unsend(turn: TurnGraph, keys: set[str]) -> tuple[TurnGraph, list[Decision]]:

@@ -465,3 +465,59 @@ def test_stubs_join_their_folders_index_where_it_stands() -> None:
     assert index is not None
     assert [e.key for e in index.folded] == [f"note:{keys[3]}", f"note:{keys[0]}"]
     assert decisions[0].target == f"note:{keys[0]}"
+
+
+def test_a_partial_unfold_brings_back_the_most_that_fit(tmp_path: Path) -> None:
+    """``fit._part_unfolded`` over an index of six daily notes, for every room: the most
+    of the first entries whose growth (they whole, a smaller index of the rest) is within
+    it, as a scan of every count finds them; none when not even one fits."""
+    from pipeline._budget.fit import _part_unfolded, _stub
+    from pipeline._budget.stubs import fold, refold
+
+    daily = tmp_path / "Daily"
+    daily.mkdir()
+    keys = []
+    for day in range(1, 7):
+        (daily / f"2023-09-0{day}.md").write_text(f"# Day {day}\n\n" + "Walked. " * day * 3)
+        keys.append(f"Daily/2023-09-0{day}.md")
+    conv = Conversation("You answer.", vault=tmp_path)
+    conv.turn("Days.", [note(k) for k in keys])
+    conv.reply("Noted.")
+    _, graph = conv._build("And?")
+    wholes = list(conv.library.entries)
+    library, index, _ = fold(graph, conv.library, "folder:Daily", [_stub(graph, e) for e in wholes])
+    assert library.keys() == ("index:folder:Daily",)
+    stays = list(index.folded)
+    growth = [
+        sum(e.tokens for e in wholes[:k]) + refold(graph, index, stays[k:]).tokens - index.tokens
+        for k in range(1, len(stays))
+    ]
+    assert growth == sorted(growth) and growth[0] > 0
+    for room in range(0, growth[-1] + 40, 7):
+        part = _part_unfolded(graph, index, stays, list(wholes), room)
+        most = sum(1 for g in growth if g <= room)
+        if most == 0:
+            assert part is None
+            continue
+        assert part is not None
+        back, rest, grew = part
+        assert [e.key for e in back] == [e.key for e in wholes[:most]]
+        assert [e.key for e in rest.folded] == [e.key for e in stays[most:]]
+        assert grew == growth[most - 1]
+
+
+@given(n=st.integers(0, 40), at=st.integers(1, 42), lo=st.integers(1, 5))
+def test_the_budgets_bisection_finds_the_boundary(n: int, at: int, lo: int) -> None:
+    """``fit._first``: the least k in lo..n where a monotone condition holds, n + 1 if none,
+    as a scan finds it."""
+    from pipeline._budget.fit import _first
+
+    seen: list[int] = []
+
+    def holds(k: int) -> bool:
+        seen.append(k)
+        return k >= at
+
+    want = next((k for k in range(lo, n + 1) if k >= at), max(lo, n + 1))
+    assert _first(lo, n, holds) == want
+    assert all(lo <= k <= n for k in seen) and len(seen) <= max(n - lo + 1, 0).bit_length()
