@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import QUERY_LABEL, Budget, DecisionAction, Envelope, TokenCounter
+from pipeline import QUERY_LABEL, Budget, Decision, DecisionAction, Envelope, TokenCounter
 from renderers._layouts import Prompt, default_prompt
 from renderers._openai import (
     ChatMessage,
@@ -103,7 +103,8 @@ def _l2_reasons(previous: Envelope, current: Envelope) -> list[str]:
 def classify_break(previous: Envelope | None, current: Envelope) -> tuple[str, ...]:
     """Why ``current`` does not extend what ``previous`` made cacheable, earliest first:
     ``first-turn``, ``system-changed``, ``memory-changed`` (``handoff`` when an agent
-    loop's handoff changed it), ``artifact-changed:<key>``,
+    loop's handoff changed it, or ``previous`` was sent after one and ``current`` has no
+    L1 decision of its own), ``artifact-changed:<key>``,
     ``l2-compacted:<key>``, ``l2-evicted:<key>``, ``history-cut-moved`` (or ``unknown``),
     ``library-settled`` when a batched request settled the library's deferred growth;
     empty when the previous system message and history are kept byte for byte (as sent:
@@ -132,7 +133,8 @@ def _built_reasons(previous: Envelope, current: Envelope) -> tuple[str, ...]:
         ):
             before, after = previous.l1.get(key), current.l1.get(key)
             if (before.text if before else "") != (after.text if after else ""):
-                reasons.append("handoff" if name == "memory-changed" and _handed(current) else name)
+                handed = _handed(current, previous)
+                reasons.append("handoff" if name == "memory-changed" and handed else name)
         reasons.extend(_l2_reasons(previous, current))
     old, new = previous.history(), current.history()
     if new[: len(old)] != old:
@@ -142,10 +144,18 @@ def _built_reasons(previous: Envelope, current: Envelope) -> tuple[str, ...]:
     return tuple(reasons)
 
 
-def _handed(envelope: Envelope) -> bool:
-    """Whether L1's mutable part is what an agent loop's handoff set (its last L1 decision)."""
-    last = next((d for d in reversed(envelope.report.decisions) if d.layer == "L1"), None)
+def _handed(current: Envelope, previous: Envelope) -> bool:
+    """Whether a handoff changed L1's mutable part between the two requests: ``current``'s
+    last L1 decision is one, or ``current`` has none and ``previous``'s last is (a loop's
+    next turn starts with its first agent's instructions again)."""
+    last = _last_l1(current)
+    if last is None:
+        last = _last_l1(previous)
     return last is not None and last.action is DecisionAction.HANDOFF
+
+
+def _last_l1(envelope: Envelope) -> Decision | None:
+    return next((d for d in reversed(envelope.report.decisions) if d.layer == "L1"), None)
 
 
 def _common_prefix_bytes(a: str, b: str) -> int:

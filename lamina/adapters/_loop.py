@@ -44,7 +44,9 @@ class LoopState:
     handoff to an agent with other instructions) the loop's next requests send the new
     one there (``AgentTurn.with_system``: a ``handoff`` decision), while the conversation
     keeps the prompt the turn started with: the next turn's L1 is the prompt the
-    framework sends when its next run starts (the agent it starts with). ``tools`` are the tool
+    framework sends when its next run starts (the agent it starts with); when the last
+    request sent another agent's, the turn's requests carry a ``handoff`` decision too
+    (``AgentTurn.after``). ``tools`` are the tool
     definitions of the last request, as counted (pass them to
     ``renderers.usage_record(tools=)`` so the predicted input includes them).
     """
@@ -90,13 +92,14 @@ class LoopState:
         """The turn for ``query``: the current one, or a new one built by the conversation."""
         if self.agent is not None and self.query == query and not self._finished:
             return self.agent
+        previous = self.loops[-1].envelope if self.loops else None
         self.agent = AgentTurn.start(
             self.conversation,
             query,
             self.pending,
             tool_headroom=self.tool_headroom,
             tools_tokens=tools_tokens,
-        )
+        ).after(previous)
         self.pending = []
         self.query = query
         self._results = {}

@@ -32,6 +32,7 @@ from pipeline._budget import engine
 from pipeline._errors import ConfigError, ConversationError
 from pipeline._model.envelope import (
     BudgetReport,
+    BuildReport,
     Decision,
     DecisionAction,
     Envelope,
@@ -252,16 +253,9 @@ class AgentTurn:
         ``envelope`` (the turn as built, what is saved) is unchanged."""
         base = self.sent
         measured = system_layer(system, self.counter)
-        decision = Decision(
-            "agent",
-            "system:mutable",
-            "text",
-            "text",
-            "agent handoff: L1's mutable part is the next agent's instructions from here on",
-            layer="L1",
-            action=DecisionAction.HANDOFF,
+        report = _with_handoff(
+            base, "agent handoff: L1's mutable part is the next agent's instructions from here on"
         )
-        report = attrs.evolve(base.report, decisions=(*base.report.decisions, decision))
         _, l2, l3, l4, l5 = base.layers
         l1 = Layer(LayerName.L1, measured.segments, measured.tokens)
         handoff = Envelope(
@@ -276,6 +270,24 @@ class AgentTurn:
             graph = attrs.evolve(fitting.turn, system=system)
             fitting = turn_fitting(graph, draft(graph, fitting.draft), self.budget)
         return attrs.evolve(self, handoff=handoff, fitting=fitting)
+
+    def after(self, previous: Envelope | None) -> AgentTurn:
+        """The turn whose first request follows ``previous`` (the last request of the loop
+        before it): when that one sent another agent's instructions (``with_system``) and
+        this turn's L1 mutable part differs from them with no decision of its own (the
+        run starts with its first agent again), the turn's requests carry a ``handoff``
+        decision (L1) that says why the prefix broke there; the bytes are unchanged and
+        ``envelope`` (saved) has no such decision."""
+        if previous is None or not _handed(previous):
+            return self
+        own = self.sent
+        if any(d.layer == "L1" for d in own.report.decisions):
+            return self
+        if _mutable(previous) == _mutable(own):
+            return self
+        reason = "agent handoff: the run starts with its first agent's instructions again"
+        report = _with_handoff(own, reason)
+        return attrs.evolve(self, handoff=attrs.evolve(own, report=report))
 
     def finish(self, conv: Conversation, answer: str) -> None:
         """End the turn: L4 keeps the bare query and ``answer`` (tool payloads stripped)."""
@@ -433,6 +445,26 @@ class AgentTurn:
                 return self._cut(state, i, j, stub, "tool result stubbed (name and arguments kept)")
         return None
 
+
+
+def _with_handoff(envelope: Envelope, reason: str) -> BuildReport:
+    """``envelope``'s report with a ``handoff`` decision on L1's mutable part."""
+    decision = Decision(
+        "agent", "system:mutable", "text", "text", reason, layer="L1",
+        action=DecisionAction.HANDOFF,
+    )  # fmt: skip
+    return attrs.evolve(envelope.report, decisions=(*envelope.report.decisions, decision))
+
+
+def _handed(envelope: Envelope) -> bool:
+    """Whether ``envelope``'s L1 mutable part is what a handoff set (its last L1 decision)."""
+    last = next((d for d in reversed(envelope.report.decisions) if d.layer == "L1"), None)
+    return last is not None and last.action is DecisionAction.HANDOFF
+
+
+def _mutable(envelope: Envelope) -> str:
+    segment = envelope.l1.get("system:mutable")
+    return "" if segment is None else segment.text
 
 
 @attrs.frozen

@@ -465,18 +465,28 @@ def test_a_handoff_sends_the_new_agents_instructions_counted_and_reported(
         [d.action for d in loop.envelope.report.decisions if d.layer == "L1"]
         for loop in session.loops
     ]
-    assert handoffs == [[], [DecisionAction.HANDOFF], [DecisionAction.HANDOFF]] * 2
+    # Run 2's first call (triage again) after run 1's last (the researcher): a handoff
+    # too, with its decision (it was memory-changed, which no decision explained).
+    handed = [DecisionAction.HANDOFF]
+    assert handoffs == [[], handed, handed, handed, handed * 2, handed * 2]
     envelopes = [loop.envelope for loop in session.loops]
-    assert [classify_break(a, b) for a, b in itertools.pairwise(envelopes[:3])] == [
+    assert [classify_break(a, b) for a, b in itertools.pairwise(envelopes)] == [
+        ("handoff",),
+        (),
+        ("handoff",),
         ("handoff",),
         (),
     ]
-    check_envelope(envelopes[1], envelopes[0])
-    trace = annotate_trace(trace_document(envelopes[:3], conv.counter), envelopes[:3], conv.counter)
-    assert trace["turns"][1]["cache"]["break_reason"] == "handoff"
-    assert "handed off to an agent with other instructions" in explain_cache(
-        trace["turns"][1], trace["turns"][0]
-    )[0]
+    for before, after in itertools.pairwise(envelopes):
+        check_envelope(after, before)
+    trace = annotate_trace(trace_document(envelopes, conv.counter), envelopes, conv.counter)
+    assert [t["cache"]["break_reason"] for t in trace["turns"]] == [
+        "first-turn", "handoff", None, "handoff", "handoff", None
+    ]  # fmt: skip
+    for n in (1, 3):
+        assert "handed off to an agent with other instructions" in explain_cache(
+            trace["turns"][n], trace["turns"][n - 1]
+        )[0]
     if window == 8000:  # nothing cut: the bytes after L1's mutable part are the same
         assert not any(loop.decisions for loop in session.loops)
         assert bodies[4]["instructions"] == bodies[3]["instructions"].replace(TRIAGE, RESEARCH)

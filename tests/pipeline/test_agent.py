@@ -13,6 +13,7 @@ from pipeline import (
     BudgetExceeded,
     ConfigError,
     DecisionAction,
+    InvariantViolation,
     SystemPrompt,
     check_envelope,
 )
@@ -301,3 +302,37 @@ def test_a_handoff_without_a_budget_changes_only_l1s_mutable_part(vault: Path) -
         DecisionAction.HANDOFF,
         DecisionAction.HANDOFF,
     ]
+
+
+@pytest.mark.parametrize("defer_library", [True, False])
+def test_the_turn_after_a_handoff_says_handoff_against_the_loops_last_request(
+    vault: Path, defer_library: bool
+) -> None:
+    """A loop handed off (triage -> researcher); the next turn starts with the triage
+    instructions again. Its first request against the loop's last one is a ``handoff``
+    break with a decision that explains it (it was ``memory-changed`` with none), both
+    with ``after`` (what the adapters do) and from the previous request alone."""
+    from renderers import classify_break
+
+    conv = Conversation(
+        SystemPrompt("You answer.", "Route."), vault=vault, defer_library=defer_library
+    )
+    agent = AgentTurn.start(conv, "Question 0?", [{"note": "docs/auth.md"}])
+    agent = agent.step(agent_call("transfer_to_researcher", {}, "{}"))
+    handed = agent.with_system(SystemPrompt("You answer.", "Dig."))
+    last = handed.step(agent_call("search", {"q": "auth"}, "Found it.")).fit().envelope
+    handed.finish(conv, "Answer 0.")
+    plain = AgentTurn.start(conv, "Question 1?")
+    assert classify_break(last, plain.fit().envelope) == ("handoff",)  # from ``last``
+    nxt = plain.after(last)
+    first = nxt.fit().envelope
+    assert classify_break(last, first) == ("handoff",)
+    assert [d.action for d in first.report.decisions if d.layer == "L1"] == [
+        DecisionAction.HANDOFF
+    ]
+    check_envelope(first, last)  # raised: the system message changed, no decision said why
+    with pytest.raises(InvariantViolation, match="no decision says why"):
+        check_envelope(plain.fit().envelope, last)
+    assert first.system_text == plain.fit().envelope.system_text
+    assert nxt.envelope is plain.envelope  # the turn as built (saved) is unchanged
+    assert plain.after(first) is plain and plain.after(None) is plain
