@@ -22,7 +22,8 @@ LaminaError
 │   ├── StoreLocked           another process holds the write lock too long
 │   ├── StoreCorrupt          not a Lamina store, or its bytes are damaged
 │   │   └── StoreForeignTable another application's table in Lamina's place (.table)
-│   ├── StoreSchemaTooNew     written by a newer Lamina (.found, .supported)
+│   ├── StoreSchemaTooNew     written by a newer Lamina (.found, .supported, .turn)
+│   │   └── StoreUnknownFields a record holds fields this Lamina lacks (.fields)
 │   ├── StoreNeedsMigration   too old to read without migrating (.found, .supported)
 │   ├── StoreUnreachable      the database server cannot be reached (.reason)
 │   ├── ConflictError         the conversation moved on since this save's parent
@@ -63,6 +64,7 @@ __all__ = [
     "StoreLocked",
     "StoreNeedsMigration",
     "StoreSchemaTooNew",
+    "StoreUnknownFields",
     "StoreUnreachable",
     "TokenizerUnavailable",
     "TranscriptError",
@@ -276,15 +278,55 @@ class StoreForeignTable(StoreCorrupt):
 
 
 class StoreSchemaTooNew(StoreError):
-    """The store was written by a newer Lamina whose schema this version cannot read."""
+    """The store, or one turn in it, was written by a newer Lamina whose schema this
+    version cannot read (``.found``, ``.supported``). A turn's own version is checked on
+    every read (``.conversation_id``, ``.turn``), so a process that opened the store before
+    a newer one migrated it refuses that newer one's turns instead of misreading them."""
 
-    def __init__(self, path: str, found: int, supported: int) -> None:
+    def __init__(
+        self,
+        path: str,
+        found: int,
+        supported: int,
+        conversation_id: str | None = None,
+        turn: int | None = None,
+    ) -> None:
         self.found = found
         self.supported = supported
+        self.conversation_id = conversation_id
+        self.turn = turn
+        where = "" if conversation_id is None else f"conversation {conversation_id!r} turn {turn}: "
         super().__init__(
             path,
-            f"schema version {found} is newer than this Lamina supports ({supported}); "
+            f"{where}schema version {found} is newer than this Lamina supports ({supported}); "
             "upgrade Lamina",
+        )
+
+
+class StoreUnknownFields(StoreSchemaTooNew):
+    """A stored record holds fields this Lamina's types lack (``.fields``, e.g.
+    ``BatchState.restored``): a newer Lamina wrote it, and reading on would drop them."""
+
+    def __init__(
+        self,
+        path: str,
+        fields: Sequence[str],
+        found: int,
+        supported: int,
+        conversation_id: str | None = None,
+        turn: int | None = None,
+    ) -> None:
+        self.fields = tuple(fields)
+        self.found = found
+        self.supported = supported
+        self.conversation_id = conversation_id
+        self.turn = turn
+        where = "" if conversation_id is None else f"conversation {conversation_id!r} turn {turn} "
+        StoreError.__init__(  # its own message, not the version sentence
+            self,
+            path,
+            f"{where}holds fields this Lamina does not know ({', '.join(self.fields)}): "
+            "a newer Lamina wrote it and reading on would drop them; upgrade Lamina",
         )
 
 

@@ -18,8 +18,15 @@ def _saved(backend: Backend, script: Path) -> None:  # noqa: F811
     assert ran.returncode == 0, ran.stderr
 
 
+def _to_version_2(backend: Backend) -> None:
+    """The store as a Lamina of schema version 2 left it: no ``turns.schema_version``."""
+    backend.execute("ALTER TABLE turns DROP COLUMN schema_version")
+    backend.execute("UPDATE lamina_schema SET version = 2")
+
+
 def _to_version_1(backend: Backend) -> None:
-    """The store as a Lamina of schema version 1 left it: no ``turns.head_hash``."""
+    """The store as a Lamina of schema version 1 left it: no ``turns.head_hash`` either."""
+    _to_version_2(backend)
     backend.execute("ALTER TABLE turns DROP COLUMN head_hash")
     backend.execute("UPDATE lamina_schema SET version = 1")
 
@@ -93,7 +100,7 @@ def test_a_store_too_old_to_read_names_the_command_that_migrates_it(
     before = _state(backend, tmp_path) if backend.name == "sqlite" else None
     with pytest.raises(StoreNeedsMigration) as info:
         open_store(backend.value, read_only=True)
-    assert (info.value.found, info.value.supported, info.value.path) == (0, 2, backend.label)
+    assert (info.value.found, info.value.supported, info.value.path) == (0, 3, backend.label)
     out = lamina_here("export", backend.value, "--conversation", "c1")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     assert f"store {backend.label}: schema version 0 must be migrated" in out.stderr
@@ -103,13 +110,13 @@ def test_a_store_too_old_to_read_names_the_command_that_migrates_it(
     assert backend.rows("SELECT version FROM lamina_schema") == [(0,)]
     migrated = lamina_here("migrate", backend.value)
     assert migrated.returncode == 0, migrated.stderr
-    assert migrated.stdout == f"store {backend.label}: schema version 2 (was 0)\n"
-    assert backend.rows("SELECT version FROM lamina_schema") == [(2,)]
+    assert migrated.stdout == f"store {backend.label}: schema version 3 (was 0)\n"
+    assert backend.rows("SELECT version FROM lamina_schema") == [(3,)]
     again = lamina_here("migrate", backend.value)
-    assert again.stdout == f"store {backend.label}: schema version 2 (already current)\n"
+    assert again.stdout == f"store {backend.label}: schema version 3 (already current)\n"
 
 
-def test_migrate_takes_a_version_1_store_to_version_2_with_recorded_heads_computed(
+def test_migrate_takes_a_version_1_store_to_version_3_with_recorded_heads_computed(
     backend: Backend, script: Path  # noqa: F811
 ) -> None:
     _saved(backend, script)
@@ -117,9 +124,9 @@ def test_migrate_takes_a_version_1_store_to_version_2_with_recorded_heads_comput
         head = store.head("c1")
     _to_version_1(backend)
     out = lamina_here("migrate", backend.value)
-    assert out.stdout == f"store {backend.label}: schema version 2 (was 1)\n"
+    assert out.stdout == f"store {backend.label}: schema version 3 (was 1)\n"
     with open_store(backend.value, read_only=True) as store:
-        assert store.schema_version == 2 and store.head("c1") == head
+        assert store.schema_version == 3 and store.head("c1") == head
 
 
 def test_a_read_only_open_is_refused_writes_by_the_database_itself(backend: Backend) -> None:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from pipeline._errors import StoreCorrupt, StoreError, StoreLocked, StoreUnreachable
 from pipeline._store.sql import (
     HEAD_COLUMN,
+    TURN_VERSION_COLUMN,
     Db,
     EntryCache,
     SqlStore,
@@ -110,7 +111,7 @@ CREATE TABLE token_counts (
 """
 
 # MIGRATIONS[v] takes a store at schema version v to v + 1 (0 is an empty schema).
-MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, HEAD_COLUMN)
+MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, HEAD_COLUMN, TURN_VERSION_COLUMN)
 
 # Taken while the schema is created or migrated, so two first openers do not collide.
 _MIGRATION_LOCK = 0x6C616D696E61

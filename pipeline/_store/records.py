@@ -55,7 +55,7 @@ __all__ = [
     "turn_record",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 

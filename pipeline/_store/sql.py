@@ -33,6 +33,7 @@ from pipeline._errors import (
     StoreForeignTable,
     StoreNeedsMigration,
     StoreSchemaTooNew,
+    StoreUnknownFields,
     UnknownConversation,
 )
 from pipeline._model.artifacts import TurnWarning
@@ -55,6 +56,7 @@ from pipeline._views.summarize import SummaryKey, SummaryResult
 __all__ = [
     "HEAD_COLUMN",
     "READS_FROM",
+    "TURN_VERSION_COLUMN",
     "Cursor",
     "Db",
     "EntryCache",
@@ -69,6 +71,16 @@ __all__ = [
 # made, so ``head()`` is one indexed row read. Rows saved before it hold "" (computed).
 HEAD_COLUMN = "ALTER TABLE turns ADD COLUMN head_hash TEXT NOT NULL DEFAULT ''"
 HEAD_VERSION = 2
+
+# Schema version 3 stores a state's batch turns and sent keys as entries (``_BATCH_PARTS``),
+# which a reader of version 2 cannot load; and each turn row records the schema version of
+# the Lamina that wrote it, checked by every read of the row: a process that opened the
+# store before a newer Lamina migrated it refuses that one's turns with
+# ``StoreSchemaTooNew`` (naming the turn) instead of misreading them. Rows saved before
+# hold 0. A migration keeps the previous version's inserts valid (a new column has a
+# default), so such a process can still write while the upgrade rolls.
+TURN_VERSION_COLUMN = "ALTER TABLE turns ADD COLUMN schema_version INTEGER NOT NULL DEFAULT 0"
+TURN_VERSION = 3
 
 # The oldest schema version every read here handles as it is stored, so a read-only open
 # (export, report, replay) reads it without migrating: version 2 only added
@@ -97,7 +109,10 @@ _PART_TYPES: dict[str, type] = {
     "batch_sent": tuple[str, str],
 }
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
-_converter = cattrs.Converter()
+# A stored key no field takes is refused (``StoreUnknownFields``), never dropped: a record
+# written by a newer Lamina would lose it on the next save. A field missing from an older
+# record takes its default.
+_converter = cattrs.Converter(forbid_extra_keys=True)
 # Stores written before warnings had codes hold bare sentences.
 _converter.register_structure_hook(TurnWarning, lambda value, _: TurnWarning.of(value))
 
@@ -133,6 +148,16 @@ def check_readable(label: str, version: int) -> int:
     if version < READS_FROM:
         raise StoreNeedsMigration(label, version, SCHEMA_VERSION)
     return version
+
+
+def _unknown_fields(exc: BaseException) -> list[str]:
+    """Every ``Class.field`` a cattrs error (a tree of groups) refused as unknown."""
+    if isinstance(exc, cattrs.ForbiddenExtraKeysError):
+        return [f"{exc.cl.__name__}.{name}" for name in exc.extra_fields]
+    found: list[str] = []
+    for inner in getattr(exc, "exceptions", ()):
+        found += _unknown_fields(inner)
+    return found
 
 
 _CREATE = re.compile(r"^\s*CREATE TABLE (\w+) \((.*)\)[^)]*$", re.S)
@@ -623,8 +648,8 @@ class SqlStore:
             new_head = Head(k, head_hash(state_hash, digests))
             db.execute(
                 "INSERT INTO turns (conversation_id, turn, user_text, reply_text, created, "
-                "reply_created, state_hash, manifest_hash, parts, saved_at, head_hash) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "reply_created, state_hash, manifest_hash, parts, saved_at, head_hash, "
+                "schema_version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     conversation_id,
                     k,
@@ -637,6 +662,7 @@ class SqlStore:
                     json.dumps(lengths, sort_keys=True),
                     now_stamp(),
                     new_head.hash,
+                    SCHEMA_VERSION,
                 ),
             )
             db.executemany(
@@ -801,6 +827,33 @@ class SqlStore:
             for t, user, reply, created, reply_created in rows
         )
 
+    def _written(self) -> str:
+        """The turn rows' column of their writer's schema version (0: saved before it, or a
+        store opened read-only at a version without the column)."""
+        return "schema_version" if self._version >= TURN_VERSION else "0"
+
+    def _check_turn(self, conversation_id: str, turn: int, written: int) -> None:
+        """Refuse a turn a newer Lamina wrote (this process opened the store before that
+        Lamina migrated it, or reads while servers of both versions share it)."""
+        if written > SCHEMA_VERSION:
+            raise StoreSchemaTooNew(
+                self._label, written, SCHEMA_VERSION, conversation_id, turn
+            )
+
+    def _unreadable(
+        self, exc: Exception, conversation_id: str, turn: int, written: int, what: str
+    ) -> StoreError:
+        """The error for a stored record that does not structure: ``StoreUnknownFields``
+        when it holds fields this Lamina lacks, else ``StoreCorrupt``."""
+        unknown = _unknown_fields(exc)
+        if unknown:
+            return StoreUnknownFields(
+                self._label, sorted(set(unknown)), written, SCHEMA_VERSION, conversation_id, turn
+            )
+        return StoreCorrupt(
+            self._label, f"{conversation_id!r} turn {turn}: {what} does not load: {exc}"
+        )
+
     def load(self, conversation_id: str, turn: int | None = None) -> ConversationState:
         return self.load_head(conversation_id, turn)[0]
 
@@ -809,16 +862,16 @@ class SqlStore:
     ) -> tuple[ConversationState, Head]:
         with self._tx(write=False) as db:
             # A turn row names an existing conversation (the schema's reference).
+            columns = f"turn, state_hash, parts, {self._written()}"
             if turn is None:
                 row = db.execute(
-                    "SELECT turn, state_hash, parts FROM turns WHERE conversation_id = ? "
+                    f"SELECT {columns} FROM turns WHERE conversation_id = ? "
                     "ORDER BY turn DESC LIMIT 1",
                     (conversation_id,),
                 ).fetchone()
             else:
                 row = db.execute(
-                    "SELECT turn, state_hash, parts FROM turns "
-                    "WHERE conversation_id = ? AND turn = ?",
+                    f"SELECT {columns} FROM turns WHERE conversation_id = ? AND turn = ?",
                     (conversation_id, turn),
                 ).fetchone()
             if row is None:
@@ -827,7 +880,8 @@ class SqlStore:
                 raise StoreError(
                     self._label, f"conversation {conversation_id!r} has no saved {which}"
                 )
-            k, state_hash, parts = row
+            k, state_hash, parts, written = row
+            self._check_turn(conversation_id, k, written)
             current = self._current(db, conversation_id, json.loads(parts), k)
             try:
                 head = Head(k, self._state_hash(k, state_hash, parts, current))
@@ -836,6 +890,16 @@ class SqlStore:
                     self._label, f"{conversation_id!r} turn {k}: entries are missing"
                 ) from None
             lengths = json.loads(parts)
+            unknown = sorted(p for p in lengths if p not in _PART_TYPES or p == "state")
+            if unknown:  # a newer Lamina's part: its entries would be dropped
+                raise StoreUnknownFields(
+                    self._label,
+                    [f"part {p}" for p in unknown],
+                    written,
+                    SCHEMA_VERSION,
+                    conversation_id,
+                    k,
+                )
             try:
                 wanted = {current[p][i]: p for p, n in lengths.items() for i in range(n)}
                 found = self._entries(db, {state_hash: "state", **wanted})
@@ -847,27 +911,25 @@ class SqlStore:
             except StoreCorrupt:
                 raise
             except Exception as exc:  # cattrs raises many kinds; all mean it is unusable
-                raise StoreCorrupt(
-                    self._label, f"{conversation_id!r} turn {k}: state does not load: {exc}"
-                ) from None
+                raise self._unreadable(exc, conversation_id, k, written, "state") from None
         return state, head
 
     def manifest(self, conversation_id: str, turn: int) -> Manifest | None:
         with self._tx(write=False) as db:
             self._require(db, conversation_id)
             row = db.execute(
-                "SELECT manifest_hash FROM turns WHERE conversation_id = ? AND turn = ?",
+                f"SELECT manifest_hash, {self._written()} FROM turns "
+                "WHERE conversation_id = ? AND turn = ?",
                 (conversation_id, turn),
             ).fetchone()
             if row is None or row[0] is None:
                 return None
+            self._check_turn(conversation_id, turn, row[1])
             plain = self._get_snapshot(db, row[0])
         try:
             return _converter.structure(plain, Manifest)
         except Exception as exc:
-            raise StoreCorrupt(
-                self._label, f"manifest of turn {turn} does not load: {exc}"
-            ) from None
+            raise self._unreadable(exc, conversation_id, turn, row[1], "manifest") from None
 
     def find_attachment(self, kind: str, label: str) -> AttachmentRecord | None:
         with self._tx(write=False) as db:

@@ -14,6 +14,7 @@ from typing import Any
 from pipeline._errors import StoreCorrupt, StoreError, StoreLocked
 from pipeline._store.sql import (
     HEAD_COLUMN,
+    TURN_VERSION_COLUMN,
     Db,
     EntryCache,
     SqlStore,
@@ -88,7 +89,7 @@ CREATE TABLE token_counts (
 """
 
 # MIGRATIONS[v] takes a store at schema version v to v + 1 (0 is an empty file).
-MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, HEAD_COLUMN)
+MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, HEAD_COLUMN, TURN_VERSION_COLUMN)
 
 
 class SqliteStore(SqlStore):
