@@ -951,10 +951,29 @@ _LEVELS = ((Form.FULL,), (Form.PREVIEW, Form.EXCERPT), (Form.SUMMARY,))
 
 
 SMALL_EVICTION = 64
-"""A whole entry so small that no shorter form saves anything is only evicted to a stub
-in a last pass, for what the other passes could not save: a stub of a 40-token note saves
-a few tokens and loses the note (on a documentation vault of small templates, a turn
-evicted 52 such notes for 1,100 tokens before it summarized one large entry)."""
+"""A whole entry so small that no shorter form saves anything (or none saves
+``MIN_CUT_SAVING``) is only evicted to a stub in a last pass, for what the other passes
+could not save: a stub of a 40-token note saves a few tokens and loses the note (on a
+documentation vault of small templates, a turn evicted 52 such notes for 1,100 tokens
+before it summarized one large entry)."""
+
+MIN_CUT_SAVING = 16
+"""The fewest tokens a library cut saves: a shorter form that saves less is passed over
+for the next one down, and a stub (which loses the entry's content) must also save
+``MIN_STUB_SHARE`` of the entry, else the entry is not cut and the fit saves elsewhere
+(the next entry, a fold into the group's index). On the public vault at 4k, two 48-token
+daily notes became 46-token stubs and a 41-token note a 34-token one."""
+
+MIN_STUB_SHARE = 0.25
+"""The least share of its entry a stub saves (``MIN_CUT_SAVING``)."""
+
+
+def _saves_enough(entry: LibraryEntry, new: LibraryEntry) -> bool:
+    """Whether cutting ``entry`` to ``new`` saves enough to be worth it (``MIN_CUT_SAVING``)."""
+    gain = entry.tokens - new.tokens
+    if new.form is Form.REFERENCE:
+        return gain >= max(MIN_CUT_SAVING, math.ceil(entry.tokens * MIN_STUB_SHARE))
+    return gain >= MIN_CUT_SAVING
 
 
 def _library_cuts(
@@ -965,6 +984,7 @@ def _library_cuts(
     *,
     floor: int,
     referenced: bool,
+    tiny: bool = False,
 ) -> tuple[TurnGraph, list[Decision]] | None:
     """Step library entries down one form a pass, oldest first (those this turn attaches
     last), until the excess is saved: every entry is previewed before any is summarized,
@@ -973,7 +993,8 @@ def _library_cuts(
     grow without breaking the prefix again); no entry goes a form deeper for the slack
     alone. The library keeps ``floor`` tokens. ``referenced``: cut only the entries this
     turn's references point at (the last resort: each such item is then listed as not
-    sent, never a reference to a cut entry); otherwise those entries are not cut."""
+    sent, never a reference to a cut entry); otherwise those entries are not cut. Unless
+    ``tiny`` (the plans of last resort), a cut saves ``MIN_CUT_SAVING`` at least."""
     slack = slack_of(turn, budget, env)
     pointed = {i.key for i in turn.items if i.form is Form.REFERENCE}
     used_now = {i.key for i in turn.items}
@@ -1005,7 +1026,7 @@ def _library_cuts(
         if level is None:
             library, folded, more = _fold_small(
                 out, library, [e for k in keys if (e := library.get(k)) is not None],
-                over + slack - saved, total - saved - floor,
+                over + slack - saved, total - saved - floor, tiny=tiny,
             )  # fmt: skip
             decisions.extend(folded)
             saved += more
@@ -1018,22 +1039,29 @@ def _library_cuts(
                 continue
             ahead = attrs.evolve(out, library=library)
             new = _l2_step(ahead, entry)
-            while new is not None and new.tokens >= entry.tokens:
-                new = _l2_step(ahead, new)
+            passed = False  # a shorter form passed over for saving too little
+            while new is not None and (
+                new.tokens >= entry.tokens if tiny else not _saves_enough(entry, new)
+            ):
+                passed = passed or new.tokens < entry.tokens
+                new = _l2_step(ahead, new)  # saves (too) little: the next form down
             if new is None:
                 continue
             gain = entry.tokens - new.tokens
             want = min(over + slack - saved, total - saved - floor)
             if gain > want > 0 and new.form is not Form.REFERENCE and not small:
                 # The last cut of a pass: a preview of the size that saves what is left.
-                sized = _sized_preview(ahead, entry, entry.tokens - want)
-                if sized is not None and sized.tokens > new.tokens:
+                least = want if tiny else max(want, MIN_CUT_SAVING)
+                sized = _sized_preview(ahead, entry, entry.tokens - least)
+                if sized is not None and sized.tokens > new.tokens and (
+                    tiny or _saves_enough(entry, sized)
+                ):
                     new, gain = sized, entry.tokens - sized.tokens
             if total - saved - gain < floor:
                 continue
             # A small whole entry straight to a stub: only in the last pass (``small``).
             if (new.form is Form.REFERENCE and entry.form is Form.FULL
-                    and gain < SMALL_EVICTION) != small:
+                    and (gain < SMALL_EVICTION or passed)) != small:
                 continue
             to = "evicted" if new.form is Form.REFERENCE else str(new.form)
             reason = (
@@ -1133,6 +1161,8 @@ def _fold_small(
     ordered: Sequence[LibraryEntry],
     need: int,
     allowance: int,
+    *,
+    tiny: bool = False,
 ) -> tuple[Library, list[Decision], int]:
     """The library's last pass: whole entries still left (too small for a shorter form to
     save ``SMALL_EVICTION``), oldest group first, listed in their group's library index
@@ -1140,7 +1170,8 @@ def _fold_small(
     (the floor): each line saves nearly all of its entry, where a stub would save a few
     tokens and then pile up until the stubs collapsed anyway (on the public documentation
     vault at 8k, a re-attached note's 1,400 tokens evicted 89 notes and folded the library
-    from 5,439 to 427 tokens). Each entry folded is a decision; restores unfold them."""
+    from 5,439 to 427 tokens). Each entry folded is a decision; restores unfold them.
+    Unless ``tiny``, a fold saves ``MIN_CUT_SAVING`` an entry (``_fold_count``)."""
     groups: dict[str, list[LibraryEntry]] = {}
     for entry in ordered:
         view = entry.view
@@ -1153,10 +1184,12 @@ def _fold_small(
             break
         stubs = [_stub(turn, m) for m in members]
 
-        k = _fold_count(turn, library, group, stubs, need - saved, allowance - saved)
+        k = _fold_count(
+            turn, library, group, stubs, need - saved, allowance - saved, worth_it=not tiny
+        )
         if k <= 0:
             continue
-        new, gain = _folded(turn, library, group, stubs[:k])
+        new, gain, _ = _folded(turn, library, group, stubs[:k])
         if gain <= 0:
             continue
         reason = (
@@ -1177,9 +1210,9 @@ def _fold_small(
 
 def _folded(
     turn: TurnGraph, library: Library, group: str, stubs: Sequence[LibraryEntry]
-) -> tuple[Library, int]:
+) -> tuple[Library, int, int]:
     """``library`` with the entries of ``stubs`` folded into ``group``'s index, in library
-    order (``stubs.fold``), and the tokens that saves."""
+    order (``stubs.fold``), the tokens that saves and the tokens the entries took."""
     keys = library.keys()
     at = {key: i for i, key in enumerate(keys)} if len(stubs) > 1 else {}
     chosen = sorted(stubs, key=lambda e: at.get(e.key, 0))
@@ -1188,7 +1221,7 @@ def _folded(
     for e in chosen:
         entry = library.get(e.key)
         before += entry.tokens if entry is not None else 0
-    return new, before - grew
+    return new, before - grew, before
 
 
 def _fold_count(
@@ -1198,19 +1231,40 @@ def _fold_count(
     stubs: Sequence[LibraryEntry],
     need: int,
     allowance: int,
+    *,
+    worth_it: bool = True,
 ) -> int:
     """How many of ``stubs`` (oldest first) to fold: the fewest that save ``need`` tokens
-    (all of them if none do), then no more than save ``allowance``. Savings grow with
-    every entry folded, so both are found by bisection."""
+    (all of them if none do), with ``worth_it`` more while the fold saves too little to be
+    worth it (``MIN_CUT_SAVING`` an entry and ``MIN_STUB_SHARE`` of them: a new index
+    costs its own block, so folding a few entries can save next to nothing), then no more
+    than save ``allowance``; 0 when no such fold is worth it. Savings grow with every entry
+    folded (and so does their share, as the index's own cost is spread), so all three are
+    found by bisection."""
+    n = len(stubs)
+    memo: dict[int, tuple[int, int]] = {}
 
     def saving(k: int) -> int:
-        return _folded(turn, library, group, stubs[:k])[1]
+        return measure(k)[0]
 
-    n = len(stubs)
+    def measure(k: int) -> tuple[int, int]:
+        if k not in memo:
+            memo[k] = _folded(turn, library, group, stubs[:k])[1:]
+        return memo[k]
+
+    def worth(k: int) -> bool:
+        if not worth_it:
+            return True
+        gain, before = measure(k)
+        return gain >= max(MIN_CUT_SAVING * k, math.ceil(before * MIN_STUB_SHARE))
+
     k = min(_first(1, n, lambda k: saving(k) >= need), n)
+    k = _first(k, n, worth)
+    if k > n:
+        return 0
     if saving(k) > allowance:
         k = _first(1, k, lambda k: saving(k) > allowance) - 1
-    return k
+    return k if k > 0 and worth(k) else 0
 
 
 def _first(lo: int, hi: int, holds: Callable[[int], bool]) -> int:
@@ -1265,8 +1319,17 @@ def _plan_referenced(
     turn: TurnGraph, env: Draft, over: int, budget: Budget
 ) -> tuple[TurnGraph, list[Decision]] | None:
     """The last resort: entries this turn re-attaches are cut and the items listed as not
-    sent (a reference must find its entry whole in the library)."""
-    return _library_cuts(turn, env, over, budget, floor=0, referenced=True)
+    sent (a reference must find its entry whole in the library); cuts that save less than
+    ``MIN_CUT_SAVING`` too."""
+    return _library_cuts(turn, env, over, budget, floor=0, referenced=True, tiny=True)
+
+
+def _plan_tiny(
+    turn: TurnGraph, env: Draft, over: int, budget: Budget
+) -> tuple[TurnGraph, list[Decision]] | None:
+    """Library cuts that save less than ``MIN_CUT_SAVING``: only when nothing else in the
+    library or history is left to cut, before this turn's items are indexed or go unsent."""
+    return _library_cuts(turn, env, over, budget, floor=0, referenced=False, tiny=True)
 
 
 def _plan_history(
@@ -1432,6 +1495,7 @@ _PLANS: tuple[Plan, ...] = (
     # ... and only then, so that they can be seen at all, the floors give way.
     _plan_library_below_floor,
     _plan_history_below_floor,
+    _plan_tiny,
     # An index line is smaller than a not-sent reference and tells more: groups go first.
     plan_index,
     _plan_unsent,

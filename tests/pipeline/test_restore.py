@@ -16,6 +16,7 @@ from pipeline import (
     BudgetPlan,
     ConfigError,
     ConversationInfo,
+    Decision,
     DecisionAction,
     Envelope,
     Form,
@@ -369,8 +370,13 @@ def test_a_reattached_long_note_cuts_the_library_no_deeper_than_it_needs() -> No
     assert folded and {d.target for d in folded}.isdisjoint(previous.l2.keys())
 
 
+def _partly(env: Envelope) -> list[Decision]:
+    """The decisions of ``env``'s partial unfolds."""
+    return [d for d in env.report.decisions if d.reason.startswith("library index partly")]
+
+
 def test_an_index_unfolds_as_far_as_room_allows() -> None:
-    """The documentation vault at 4k: after the re-attached long note leaves, turn 10 has
+    """The documentation vault at 4k: after the re-attached long note leaves, a turn has
     room for some of the entries a folder's index folds, not all: those come back whole
     in the index's place and a smaller index lists the rest (nothing listed twice or
     lost), and a conversation built again decides the same."""
@@ -381,15 +387,17 @@ def test_an_index_unfolds_as_far_as_room_allows() -> None:
             "You answer from the attached notes.", vault=KEPANO, budget=Budget(4000, 600)
         )
         envs: list[Envelope] = []
-        for i, (query, attach) in enumerate(KEPANO_CHAT[:10]):
+        for i, (query, attach) in enumerate(KEPANO_CHAT):
             envs.append(conv.turn(query, attach))
             check_envelope(envs[-1], envs[-2] if len(envs) > 1 else None)
             conv.reply(f"Answer {i + 1}: " + "the notes say several things about this. " * 8)
+            if _partly(envs[-1]):
+                break
         return envs, conv
 
     envs, conv = chat()
     before, after = envs[-2], envs[-1]
-    part = [d for d in after.report.decisions if d.reason.startswith("library index partly")]
+    part = _partly(after)
     index = next(d.target for d in part if d.target.startswith("index:"))
     back = {d.target for d in part} - {index}
     keys = set(after.l2.keys())
@@ -465,6 +473,76 @@ def test_stubs_join_their_folders_index_where_it_stands() -> None:
     assert index is not None
     assert [e.key for e in index.folded] == [f"note:{keys[3]}", f"note:{keys[0]}"]
     assert decisions[0].target == f"note:{keys[0]}"
+
+
+def _tiny_vault(root: Path) -> Path:
+    """Three notes of a few words (blocks of 35-54 tokens, stubs of 34-46) and one large
+    note of twelve sections."""
+    (root / "Daily").mkdir()
+    (root / "Categories").mkdir()
+    (root / "Daily" / "2023-09-12.md").write_text("# 2023-09-12\n\nRained all day.\n")
+    (root / "Daily" / "2023-09-30.md").write_text("# 2023-09-30\n\nA long walk.\n")
+    (root / "Categories" / "Clippings.md").write_text("# Clippings\n\nSaved articles.\n")
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone"]
+    words += ["cloud", "paper", "lamp", "garden", "window", "table"]
+    body = "\n".join(
+        f"\n## Section {s}\n\n" + " ".join(words[(s * 7 + i) % 12] for i in range(120))
+        for s in range(12)
+    )
+    (root / "big.md").write_text(f"# Big\n{body}\n")
+    return root
+
+
+def test_a_cut_that_saves_a_few_tokens_is_not_made(tmp_path: Path) -> None:
+    """Three small notes in the library at their floor, then a large note that must be
+    cut: no note becomes a stub that saves a token or two (the 35-token note's stub is 34,
+    a daily note's 46 of 53); the large note's preview takes the cut instead."""
+    conv = Conversation("You answer.", vault=_tiny_vault(tmp_path), budget=Budget(560, 0))
+    small = ("Daily/2023-09-12.md", "Daily/2023-09-30.md", "Categories/Clippings.md")
+    conv.turn("Days.", [note(k) for k in small])
+    conv.reply("Noted.")
+    env = conv.turn("The big one.", [note("big.md")])
+    report = env.report.budget
+    assert report is not None and exact_request_tokens(env) == report.used <= 560
+    assert [(s.key, s.form, s.tokens) for s in env.l2.segments] == [
+        ("note:Daily/2023-09-12.md", Form.FULL, 54),
+        ("note:Daily/2023-09-30.md", Form.FULL, 53),
+        ("note:Categories/Clippings.md", Form.FULL, 35),
+    ]
+    assert [(d.target, str(d.to_form)) for d in report.decisions] == [("note:big.md", "preview")]
+
+
+def test_tiny_cuts_are_made_only_when_nothing_else_is_left(tmp_path: Path) -> None:
+    """Where only the small notes are left to cut (no attachment, history at its last
+    turn, the window tight), they still give way rather than the turn failing: the daily
+    notes go into their folder's index (which keeps only its count, stubs being over their
+    share) and the category note to a stub."""
+    conv = Conversation("You answer.", vault=_tiny_vault(tmp_path), budget=Budget(250, 0))
+    small = ("Daily/2023-09-12.md", "Daily/2023-09-30.md", "Categories/Clippings.md")
+    conv.turn("Days.", [note(k) for k in small])
+    conv.reply("Noted.")
+    env = conv.turn("And?", [])
+    report = env.report.budget
+    assert report is not None and exact_request_tokens(env) == report.used <= 250
+    assert [(s.key, s.form, s.tokens) for s in env.l2.segments] == [
+        ("index:folder:Daily", Form.FULL, 66),
+        ("note:Categories/Clippings.md", Form.REFERENCE, 34),
+    ]
+
+
+def test_a_fold_that_saves_a_few_tokens_an_entry_is_not_made(tmp_path: Path) -> None:
+    """Two daily notes (107 tokens) folded into a new index of two lines (98) save 9: the
+    fold pass passes them over, and folds them only as a last resort."""
+    from pipeline._budget.fit import _fold_count, _stub
+
+    conv = Conversation("You answer.", vault=_tiny_vault(tmp_path))
+    conv.turn("Days.", [note("Daily/2023-09-12.md"), note("Daily/2023-09-30.md")])
+    conv.reply("Noted.")
+    _, graph = conv._build("And?")
+    stubs = [_stub(graph, e) for e in conv.library.entries]
+    args = (graph, conv.library, "folder:Daily", stubs, 5, 500)
+    assert _fold_count(*args) == 0
+    assert _fold_count(*args, worth_it=False) == 2
 
 
 def test_a_partial_unfold_brings_back_the_most_that_fit(tmp_path: Path) -> None:
