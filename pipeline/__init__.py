@@ -25,6 +25,7 @@ from pipeline._conversation.agent import (
     LoopCall,
     LoopStep,
     agent_call,
+    loop_tokens,
 )
 from pipeline._conversation.batch import (
     APPEND_REFERENCES_INTRO,
@@ -458,6 +459,7 @@ __all__ = [
     "load_conversation",
     "load_json",
     "load_yaml",
+    "loop_tokens",
     "make_artifact",
     "make_excerpt",
     "make_preview",

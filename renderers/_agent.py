@@ -13,8 +13,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline import AgentTurn, ConfigError, Loop, LoopStep, TokenCounter
-from renderers._providers import RenderedRequest
+from pipeline import AgentTurn, ConfigError, Loop, LoopStep, ModelProfile, TokenCounter
+from renderers._providers import RenderedRequest, Ttl
 from renderers._requests import render_request
 
 __all__ = [
@@ -121,9 +121,12 @@ def agent_request(
     counter: TokenCounter | None = None,
     max_tokens: int | None = None,
     conversation_id: str | None = None,
+    profile: ModelProfile | None = None,
+    ttl: Ttl | None = None,
 ) -> RenderedRequest:
     """The next request of an agent loop: the envelope's request (default layout, so the
-    system + L2 prefix is the turn's own) with the fitted loop appended."""
+    system + L2 prefix is the turn's own) with the fitted loop appended (``profile`` and
+    ``ttl`` as ``render_request`` takes them)."""
     loop = agent.fit() if isinstance(agent, AgentTurn) else agent
     extra = loop_messages(loop, renderer)
     base = render_request(
@@ -133,6 +136,8 @@ def agent_request(
         counter=counter,
         max_tokens=max_tokens,
         conversation_id=conversation_id,
+        profile=profile,
+        ttl=ttl,
     )
     field = _FORMATS[renderer][0]
     body = dict(base.body)

@@ -117,15 +117,24 @@ def trace_document(
     calibration: Sequence[Calibration] = (),
 ) -> dict[str, Any]:
     """The trace of a run; ``timings`` adds per-phase times and cache meters (not stable);
-    ``usage`` (e.g. ``Conversation.usage``) adds each recorded turn's ``"usage"`` block and
-    ``calibration`` (``Conversation.state.calibration``) each model's learned margin."""
-    by_turn = {u.turn: u for u in usage}
+    ``usage`` (e.g. ``Conversation.usage``) adds each recorded turn's ``"usage"`` block (the
+    n-th envelope of a turn gets its n-th read-back by call: an agent loop's envelopes,
+    one per call, get their call's) and ``calibration`` (``Conversation.state.calibration``)
+    each model's learned margin."""
+    by_turn: dict[int, list[TurnUsage]] = {}
+    for u in sorted(usage, key=lambda u: (u.turn, u.call)):
+        by_turn.setdefault(u.turn, []).append(u)
+    seen: dict[int, int] = {}
+    turns = []
+    for e in envelopes:
+        n = seen[e.turn] = seen.get(e.turn, -1) + 1
+        recorded = by_turn.get(e.turn, ())
+        found = recorded[n] if n < len(recorded) else None
+        turns.append(trace_turn(e, counter, timings=timings, usage=found))
     out: dict[str, Any] = {
         "lamina_trace": TRACE_VERSION,
         "tokenizer": counter.name,
-        "turns": [
-            trace_turn(e, counter, timings=timings, usage=by_turn.get(e.turn)) for e in envelopes
-        ],
+        "turns": turns,
     }
     if calibration:
         out["calibration"] = [

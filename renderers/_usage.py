@@ -2,7 +2,9 @@
 
 The prediction assumes the previous request is still cached (the simulator's rules for
 the provider: OpenAI's 1,024-token minimum and 128-token steps, Anthropic's breakpoints
-and look-back, Gemini's minimum), so a shortfall names something the host can fix.
+and look-back, Gemini's minimum), so a shortfall names something the host can fix. An
+agent loop's calls are requests of their own (``Loop``): each is predicted as it was
+sent, the turn's envelope with the loop's steps so far.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import attrs
 from pipeline import (
     ConfigError,
     Envelope,
+    Loop,
+    LoopStep,
     ModelProfile,
     TokenCounter,
     TurnUsage,
@@ -22,20 +26,32 @@ from pipeline import (
     Usage,
     generic_profile,
     get_profile,
+    loop_tokens,
     provider_of,
     read_usage,
     request_tokens,
 )
-from renderers._agent import anthropic_tool_prompt, tool_tokens
+from renderers._agent import agent_request, anthropic_tool_prompt, tool_tokens
 from renderers._cache import classify_break
 from renderers._layouts import Layout, build_prompt
-from renderers._providers import DEFAULT_MODELS, Ttl
+from renderers._providers import DEFAULT_MODELS, Ttl, request_options
 from renderers._requests import RequestRegistry, render_request
 from renderers._simulate import simulate
 
 __all__ = ["CACHE_MISS", "trace_usage", "usage_record"]
 
 CACHE_MISS = "cache-miss"
+
+Request = Envelope | Loop
+"""A request as sent: a turn's own (its envelope) or one call of its agent loop."""
+
+
+def _envelope(request: Request) -> Envelope:
+    return request.envelope if isinstance(request, Loop) else request
+
+
+def _steps(request: Request) -> tuple[LoopStep, ...]:
+    return request.steps if isinstance(request, Loop) else ()
 
 
 def _sent_texts(body: Mapping[str, Any]) -> list[str]:
@@ -242,21 +258,60 @@ def _known(name: str) -> bool:
 
 
 def _counted(
-    envelopes: Sequence[Envelope], layout: Layout, counter: TokenCounter, profile: ModelProfile
+    requests: Sequence[Request], layout: Layout, counter: TokenCounter, profile: ModelProfile
 ) -> int:
     """Exact local tokens of the request in ``layout`` with the model's framing: the
     envelope's request (what ``Conversation.count_request`` gives) for the default layout,
-    else the layout's messages, each framed."""
+    plus an agent loop's steps (``loop_tokens``), else the layout's messages, each framed."""
     framing = profile.framing
     if layout == "default":
-        return request_tokens(envelopes[-1], counter, framing)
-    chat = build_prompt(envelopes, layout, counter).chat()
+        last = requests[-1]
+        return request_tokens(_envelope(last), counter, framing) + loop_tokens(
+            _steps(last), counter, framing
+        )
+    chat = build_prompt([_envelope(r) for r in requests], layout, counter).chat()
     contents = sum(counter.count(text.strip() if framing.trim else text) for _, text in chat)
     return contents + framing.per_message * len(chat) + framing.priming
 
 
+def _loop_hit(
+    previous: Request,
+    current: Request,
+    hit: int,
+    tools: int,
+    provider: str,
+    profile: ModelProfile,
+    counter: TokenCounter,
+    ttl: Ttl | None,
+) -> int:
+    """The cached prefix of a loop's call after the request before it, built from the same
+    envelope (the same turn, no handoff or cut in between): a prefix-caching provider
+    (OpenAI, Gemini) reads that request's tool definitions (``tools``), messages and the
+    loop steps the two share whole, within its rules; Anthropic reads up to the envelope's
+    breakpoints, as the simulator has it (``hit``: the loop carries none). Else ``hit``."""
+    before, after = _envelope(previous), _envelope(current)
+    if provider == "anthropic" or not (
+        before.turn == after.turn and before.layers == after.layers and before.batch == after.batch
+    ):
+        return hit
+    old, new = _steps(previous), _steps(current)
+    shared = 0
+    while shared < min(len(old), len(new)) and old[shared] == new[shared]:
+        shared += 1
+    framing = profile.framing
+    best = (
+        request_tokens(before, counter, framing)
+        - framing.priming
+        + loop_tokens(old[:shared], counter, framing)
+    )
+    best += tools
+    rules = request_options(provider, profile.name, profile=profile, counter=counter, ttl=ttl)
+    step, least = rules.rules.step, rules.rules.min_tokens
+    return best - best % step if best >= least else 0
+
+
 def usage_record(
-    envelopes: Sequence[Envelope],
+    envelopes: Sequence[Request],
     response: Any,
     renderer: str | None = None,
     model: str | None = None,
@@ -270,10 +325,14 @@ def usage_record(
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: Any = None,
 ) -> TurnUsage:
-    """The usage read-back of the last envelope's request.
+    """The usage read-back of the last request.
 
-    ``envelopes`` are the conversation's envelopes so far (the previous one gives the
-    cache prediction); ``response`` is the provider's response or usage object, or its
+    ``envelopes`` are the conversation's requests so far (the previous one gives the
+    cache prediction): a turn's envelope, or for a turn run as an agent loop each call's
+    ``Loop`` (an adapter's ``loops``, ``AgentTurn.fit()``), whose read-back is that call's
+    (``TurnUsage.call``: its steps + 1), predicted as sent: the envelope, the steps so far
+    and the tools, the calls before it of the same envelope cached (default layout only);
+    ``response`` is the provider's response or usage object, or its
     dict form; ``renderer`` the request renderer (default: the model's provider, else the
     usage's shape); a ``model`` without a profile is read with its provider's generic
     rules (``TurnUsage.rules`` says so). ``sent`` is the body actually sent, when the host
@@ -292,19 +351,32 @@ def usage_record(
     as published). ``counted`` gets the tools too; a predicted cache hit covers them
     (they precede the messages in every provider's prefix).
     """
-    current = envelopes[-1]
-    previous = envelopes[-2] if len(envelopes) > 1 else None
+    requests = list(envelopes)
+    last = requests[-1]
+    current = _envelope(last)
+    before = requests[-2] if len(requests) > 1 else None
+    previous = None if before is None else _envelope(before)
+    looped = any(isinstance(r, Loop) for r in requests[-2:])
+    if looped and layout != "default":
+        raise ConfigError(
+            "layout", f"an agent loop's requests are in the default layout, not {layout!r}"
+        )
     observed = read_usage(response)
     renderer, profile, rules = _resolve(renderer, model, observed.provider)
-    expected = render_request(
-        list(envelopes), renderer, profile.name, layout=layout, counter=counter,
-        profile=profile, ttl=ttl,
-    )
+    if isinstance(last, Loop):
+        expected = agent_request(
+            last, renderer, profile.name, counter=counter, profile=profile, ttl=ttl
+        )
+    else:
+        expected = render_request(
+            [_envelope(r) for r in requests], renderer, profile.name, layout=layout,
+            counter=counter, profile=profile, ttl=ttl,
+        )
     provider = expected.provider
     observed = attrs.evolve(observed, provider=provider)
     count = counter or TokenCounter(profile.tokenizer)
     sim = simulate(
-        list(envelopes[-2:]),
+        [_envelope(r) for r in requests[-2:]],
         counter=count,
         providers=(provider,),
         models={provider: profile.name},
@@ -324,10 +396,12 @@ def usage_record(
     tools_local = (
         tool_tokens(defs, renderer, count, tool_choice=tool_choice, model=profile.name) - prompt
     )
-    exact_input = _counted(list(envelopes), layout, count, profile) + tools_local
+    exact_input = _counted(requests, layout, count, profile) + tools_local
     predicted_input = profile.effective_tokens(exact_input) + prompt
     local = (counted + tools_local if counted is not None else exact_input) + prompt
     hit = cost.cached_tokens + tools_local if cost.cached_tokens > 0 else 0
+    if before is not None and looped:
+        hit = _loop_hit(before, last, hit, tools_local, provider, profile, count, ttl)
     predicted_cached = profile.effective_tokens(hit) + prompt if hit else 0
     warning, cause = None, ""
     # Local counts of a non-local tokenizer run low, so only a shortfall of half is a miss.
@@ -354,6 +428,7 @@ def usage_record(
         warning,
         rules,
         cause,
+        len(last.steps) + 1 if isinstance(last, Loop) else 0,
     )
 
 
@@ -363,6 +438,7 @@ def trace_usage(usage: TurnUsage) -> dict[str, Any]:
     return {
         "provider": usage.provider,
         "model": usage.model,
+        "call": usage.call,
         "input_tokens": observed.input_tokens,
         "cached_tokens": observed.cached_tokens,
         "cache_write_tokens": observed.cache_write_tokens,

@@ -63,6 +63,7 @@ __all__ = [
     "LoopCall",
     "LoopStep",
     "agent_call",
+    "loop_tokens",
 ]
 
 CALL_OVERHEAD = OPENAI_FRAMING.tool_call
@@ -303,22 +304,11 @@ class AgentTurn:
 
     def _call_tokens(self, call: LoopCall) -> int:
         """Tokens one call adds: its framing, name and arguments, and its result message."""
-        framing = self._framing()
-        return (
-            framing.tool_call
-            + self.counter.count(call.name + call.args)
-            + framing.per_message
-            + self.counter.count(call.content)
-        )
+        return _call_tokens(call, self.counter, self._framing())
 
     def loop_tokens(self, steps: Iterable[LoopStep]) -> int:
-        """Tokens the loop adds: per message framing, texts, call names and arguments."""
-        per_message = self._framing().per_message
-        total = 0
-        for step in steps:
-            total += per_message + self.counter.count(step.text)
-            total += sum(self._call_tokens(call) for call in step.calls)
-        return total
+        """Tokens the loop adds (``loop_tokens`` with this turn's counter and framing)."""
+        return loop_tokens(steps, self.counter, self._framing())
 
     def base_tokens(self) -> int:
         """The envelope's request tokens (without the loop and the tool definitions)."""
@@ -445,6 +435,29 @@ class AgentTurn:
                 return self._cut(state, i, j, stub, "tool result stubbed (name and arguments kept)")
         return None
 
+
+
+def _call_tokens(call: LoopCall, counter: TokenCounter, framing: Framing) -> int:
+    return (
+        framing.tool_call
+        + counter.count(call.name + call.args)
+        + framing.per_message
+        + counter.count(call.content)
+    )
+
+
+def loop_tokens(
+    steps: Iterable[LoopStep], counter: TokenCounter, framing: Framing = OPENAI_FRAMING
+) -> int:
+    """Tokens an agent loop's steps add to the turn's request (``request_tokens`` counts
+    the envelope, ``tool_tokens`` the definitions): per step its message framing and text,
+    per call its framing, name and arguments, and its result message. ``Loop.tokens`` is
+    the three together, with the budget's framing."""
+    total = 0
+    for step in steps:
+        total += framing.per_message + counter.count(step.text)
+        total += sum(_call_tokens(call, counter, framing) for call in step.calls)
+    return total
 
 
 def _with_handoff(envelope: Envelope, reason: str) -> BuildReport:

@@ -151,7 +151,7 @@ class Conversation:
         self._l1_compacted = False
         # The stored head this state continues (set by load_conversation and save_turn).
         self.saved_head: Head | None = None
-        self._usage: dict[int, TurnUsage] = {}
+        self._usage: dict[tuple[int, int], TurnUsage] = {}
         self._calibration: dict[str, Calibration] = {}
         self.defer_library = defer_library
         # Where the current batch settled and what it sent since (defer_library).
@@ -252,7 +252,7 @@ class Conversation:
         conv._history = list(state.history)
         conv._last_system = state.last_system
         conv._history_view = state.history_view
-        conv._usage = {u.turn: u for u in state.usage}
+        conv._usage = {(u.turn, u.call): u for u in state.usage}
         conv._calibration = {c.model: c for c in state.calibration}
         conv.agent_system = state.agent_system
         return conv
@@ -462,21 +462,22 @@ class Conversation:
 
     @property
     def usage(self) -> tuple[TurnUsage, ...]:
-        """The usage read-backs recorded so far, by turn."""
+        """The usage read-backs recorded so far, by turn (an agent loop's by call)."""
         return tuple(self._usage[k] for k in sorted(self._usage))
 
     def calibration(self, model: str) -> Calibration | None:
         return self._calibration.get(model)
 
     def record_usage(self, usage: TurnUsage) -> None:
-        """Keep a turn's usage read-back (saved with the state); for a provider whose
-        tokenizer is not local, the observed input tokens calibrate the budget's margin."""
+        """Keep a turn's usage read-back (saved with the state; one per turn and loop call,
+        ``TurnUsage.call``, a later one replacing it); for a provider whose tokenizer is
+        not local, the observed input tokens calibrate the budget's margin."""
         if not isinstance(usage, TurnUsage):
             got = type(usage).__name__
             raise ArgumentError("usage", f"must be a pipeline.TurnUsage, got {got}")
         if not 1 <= usage.turn <= len(self._history):
             raise ConversationError(f"usage for turn {usage.turn}, which was not built")
-        self._usage[usage.turn] = usage
+        self._usage[usage.turn, usage.call] = usage
         if usage.exact or usage.counted <= 0:
             return
         prior = self.budget.safety_margin if self.budget is not None else 0.0

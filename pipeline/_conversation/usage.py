@@ -57,7 +57,10 @@ class TurnUsage:
     model's own profile was used, else says which generic rules stood in (a model Lamina
     has no profile for). ``cause`` names a cache miss's likely cause for programs
     (``warning`` says it for people): ``host-altered``, ``prefix-changed``, ``expired``,
-    ``not-expired`` or ``unknown``; empty without a miss.
+    ``not-expired`` or ``unknown``; empty without a miss. ``call`` is which request of
+    the turn's agent loop it was (1 for the first, the loop's steps + 1), 0 for the
+    turn's own request: every call of a loop is a read-back of its own, its prediction
+    that call's request (the turn's envelope, the loop's steps so far and the tools).
     """
 
     turn: int
@@ -71,6 +74,7 @@ class TurnUsage:
     warning: TurnWarning | None = None
     rules: str = ""
     cause: str = ""
+    call: int = 0
 
 
 def _plain(value: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,14 +33,17 @@ from pipeline import (
     SqliteStore,
     SystemPrompt,
     check_envelope,
+    save_turn,
 )
 from renderers import (
+    ANTHROPIC_TOOL_PROMPT,
     agent_request,
     annotate_trace,
     classify_break,
     explain_cache,
     tool_tokens,
     trace_document,
+    usage_record,
 )
 from tests.stores import Backend
 
@@ -609,3 +613,130 @@ def test_a_loaded_conversation_goes_on_with_another_agent(backend: Backend) -> N
         with pytest.raises(ConfigError, match="mutable part is set too"):
             run(LaminaSession(again), TRIAGE, Scripted(), 2)
         assert again.system.mutable == "Memory: the user prefers short answers."
+
+
+def _billing_model(bodies: list[dict[str, Any]], budget: Budget, counter: Any) -> Any:
+    """The SDK's Responses model on an in-process transport that bills like a provider
+    with a prefix cache: input is the body as sent, counted item by item (``_wire_tokens``);
+    cached is the leading run of tools, instructions and input items an earlier body
+    shares whole, in 128-token steps from 1,024 (OpenAI's rules). The model searches twice
+    (text with each call), then answers."""
+    framing = budget.framing
+
+    def units(body: dict[str, Any]) -> list[tuple[str, int]]:
+        tools = [{"name": t["name"], "description": t["description"],
+                  "parameters": t["parameters"]} for t in body.get("tools", [])]  # fmt: skip
+        out = [(json.dumps(tools), tool_tokens(tools, "openai-responses", counter))]
+        system = body["instructions"]
+        out.append((system, framing.per_message + counter.count(system)))
+        for item in body["input"]:
+            one = {**body, "instructions": "", "input": [item], "tools": []}
+            out.append((json.dumps(item, sort_keys=True), _wire_tokens(one, budget, counter)
+                        - framing.priming - framing.per_message))  # fmt: skip
+        return out
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        mine = units(body)
+        shared = 0
+        for earlier in map(units, bodies):
+            run = 0
+            for (a, tokens), (b, _) in zip(mine, earlier, strict=False):
+                if a != b:
+                    break
+                run += tokens
+            shared = max(shared, run)
+        bodies.append(body)
+        n = len(bodies)
+        searches = sum(1 for i in body["input"] if i.get("type") == "function_call")
+        content = [{"type": "output_text", "annotations": [],
+                    "text": f"Answer {n}." if searches >= 2 else f"Searching ({n})."}]  # fmt: skip
+        output: list[dict[str, Any]] = [
+            {"type": "message", "id": f"m{n}", "role": "assistant", "status": "completed",
+             "content": content}
+        ]  # fmt: skip
+        if searches < 2:
+            output.append(
+                {"type": "function_call", "id": f"f{n}", "call_id": f"c{n}", "name": "search",
+                 "arguments": json.dumps({"q": f"q{n}"}), "status": "completed"}
+            )  # fmt: skip
+        cached = shared - shared % 128 if shared >= 1024 else 0
+        usage = {"input_tokens": _wire_tokens(body, budget, counter), "output_tokens": 5,
+                 "total_tokens": 0, "input_tokens_details": {"cached_tokens": cached},
+                 "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
+        reply = {"id": f"r{n}", "object": "response", "created_at": 0, "model": "gpt-4.1",
+                 "status": "completed", "output": output, "parallel_tool_calls": True,
+                 "tool_choice": "auto", "tools": [], "usage": usage}  # fmt: skip
+        return httpx.Response(200, json=reply)
+
+    client = AsyncOpenAI(
+        api_key="offline", http_client=httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    )
+    return OpenAIResponsesModel("gpt-4.1", openai_client=client)
+
+
+def test_each_call_of_an_agent_loop_has_its_own_usage_read_back(tmp_path: Path) -> None:
+    """Two runs of three model calls through the SDK: each call's usage (the SDK's
+    ``raw_responses``) is read back against that call's request (``session.loops[i]``):
+    the predicted input is the provider's count exactly, the calls after the first predict
+    the prefix the provider served, and every call is kept and saved (``TurnUsage.call``).
+    Against the turn's envelope, as before, calls 2 and 3 were predicted short by their
+    loop and a cache hit on the loop's own calls was never predicted."""
+    budget = Budget(context_window=8000, reserve_output=300)
+    conv = Conversation(STABLE, vault=VAULT, budget=budget)
+    store = SqliteStore(tmp_path / "s.db")
+    session = LaminaSession(conv, store, "c")
+    bodies: list[dict[str, Any]] = []
+    agent = Agent(name="notes", model=_billing_model(bodies, budget, conv.counter),
+                  tools=[search], instructions="Cite your notes.")  # fmt: skip
+    config = RunConfig(
+        call_model_input_filter=session.call_model_input_filter, tracing_disabled=True
+    )
+
+    async def run() -> list[Any]:
+        responses = []
+        for i in range(2):
+            if i == 0:
+                session.attach({"note": "project-spec.md"})
+            result = await Runner.run(agent, f"Question {i}?", session=session, run_config=config)
+            responses.extend(result.raw_responses)
+        return responses
+
+    responses = asyncio.run(run())
+    assert len(responses) == len(session.loops) == 6
+    records = []
+    for n, response in enumerate(responses):
+        usage = usage_record(
+            session.loops[: n + 1], response.usage, "openai-responses", "gpt-4.1",
+            tools=session.state.tools,
+        )  # fmt: skip
+        conv.record_usage(usage)
+        records.append(usage)
+    observed = [u.observed for u in records]
+    assert [u.predicted_input for u in records] == [o.input_tokens for o in observed]
+    assert [(u.turn, u.call) for u in records] == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
+    assert [o.cached_tokens > 0 for o in observed] == [False, True, True, False, True, True]
+    for u in (records[1], records[2], records[4], records[5]):
+        assert u.predicted_cached == u.observed.cached_tokens
+    assert all(u.warning is None for u in records)
+    assert conv.usage == tuple(records)
+    save_turn(store, "c", conv)  # the run saved its turn before the read-backs
+    assert load_conversation(store, "c", vault=VAULT).usage == tuple(records)
+    trace = trace_document([loop.envelope for loop in session.loops], conv.counter,
+                           usage=conv.usage)  # fmt: skip
+    assert [t["usage"]["call"] for t in trace["turns"]] == [1, 2, 3, 1, 2, 3]
+    # A provider whose tokenizer is not local, billing each call 10% over the loop's own
+    # count: calibration compares each call with its request (it learned 0.9, the cap,
+    # from the turn's envelope against the loop's calls).
+    for n, loop in enumerate(session.loops):
+        billed = {"input_tokens": math.ceil(1.1 * loop.tokens) + ANTHROPIC_TOOL_PROMPT,
+                  "output_tokens": 5}  # fmt: skip
+        read = usage_record(
+            session.loops[: n + 1], billed, "anthropic", "claude-sonnet-4-6",
+            tools=session.state.tools,
+        )  # fmt: skip
+        conv.record_usage(read)
+    calibration = conv.calibration("claude-sonnet-4-6")
+    assert calibration is not None and calibration.samples == 6
+    assert 0.05 <= calibration.margin <= 0.15
+    store.close()

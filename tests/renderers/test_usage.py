@@ -18,8 +18,10 @@ from openai.types.responses.response_usage import InputTokensDetails, OutputToke
 
 from lamina import Conversation, load_conversation
 from pipeline import (
+    AgentTurn,
     ArgumentError,
     Budget,
+    ConfigError,
     ConversationError,
     ConversationInfo,
     Envelope,
@@ -28,8 +30,10 @@ from pipeline import (
     TokenCounter,
     TurnUsage,
     Usage,
+    agent_call,
     generic_profile,
     get_profile,
+    loop_tokens,
     read_usage,
     request_tokens,
     save_turn,
@@ -300,6 +304,7 @@ def test_usage_is_traced_and_persisted_with_the_turn(tmp_path: Path) -> None:
     assert trace["turns"][1]["usage"] == {
         "provider": "openai",
         "model": "gpt-4.1",
+        "call": 0,
         "input_tokens": total,
         "cached_tokens": cached,
         "cache_write_tokens": 0,
@@ -581,3 +586,30 @@ def test_the_tools_of_the_body_sent_are_counted_without_tools(
     assert read.predicted_input == given.predicted_input > plain.predicted_input
     expected = "unknown" if renderer == "gemini" else "not-expired"  # no published lifetime
     assert read.cause == given.cause == expected
+
+
+def test_an_agent_loops_calls_are_read_back_each_against_its_request() -> None:
+    """A loop's call (a ``Loop``) is predicted as sent: its count is the loop's own, an
+    Anthropic call after one of the same envelope reads up to the envelope's breakpoints,
+    a loop in another layout is refused, and a read-back of each call is kept."""
+    conv = Conversation(RULES)
+    agent = AgentTurn.start(conv, "What does module 3 do?")
+    first = agent.fit()
+    second = agent.step(agent_call("search", {"q": "module 3"}, "Module 3 syncs notes.")).fit()
+    counter = TokenCounter()
+    framing = get_profile("gpt-4.1").framing
+    exact = request_tokens(second.envelope, counter, framing) + loop_tokens(
+        second.steps, counter, framing
+    )
+    usage = usage_record([first, second], _chat_completion(exact, 0), "openai", "gpt-4.1")
+    assert (usage.predicted_input, usage.call, usage.turn) == (exact, 2, 1)
+    shared = first.tokens - framing.priming  # the first call's messages, whole
+    assert usage.predicted_cached == shared - shared % 128
+    anthropic = usage_record([first, second], {"input_tokens": 10}, "anthropic")
+    again = usage_record([first.envelope, first.envelope], {"input_tokens": 10}, "anthropic")
+    assert anthropic.predicted_cached == again.predicted_cached > 0
+    with pytest.raises(ConfigError, match="default layout"):
+        usage_record([first, second], {"input_tokens": 10}, "openai", layout="append-only")
+    conv.record_usage(usage)
+    conv.record_usage(usage_record([first], _chat_completion(first.tokens, 0), "openai"))
+    assert [(u.turn, u.call) for u in conv.usage] == [(1, 1), (1, 2)]
