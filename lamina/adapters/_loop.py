@@ -48,7 +48,8 @@ class LoopState:
     request sent another agent's, the turn's requests carry a ``handoff`` decision too
     (``AgentTurn.after``). ``tools`` are the tool
     definitions of the last request, as counted (pass them to
-    ``renderers.usage_record(tools=)`` so the predicted input includes them).
+    ``renderers.usage_record(tools=)`` so the predicted input includes them, with the
+    ``loops`` so far as the requests: each call is read back against its own).
     """
 
     def __init__(self, conversation: Conversation, tool_headroom: int | None = None) -> None:
