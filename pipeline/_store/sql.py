@@ -16,11 +16,12 @@ import threading
 import weakref
 import zlib
 from collections import OrderedDict
-from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol, Self
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, Self, TypeVar
 
 import attrs
 import cattrs
+import xxhash
 
 from pipeline._conversation.batch import DeferredTurn
 from pipeline._conversation.conversation import ConversationState
@@ -45,6 +46,7 @@ from pipeline._store.records import (
     ConversationInfo,
     Head,
     Manifest,
+    SegmentManifest,
     TurnRecord,
     canonical,
     digest,
@@ -108,6 +110,24 @@ _PART_TYPES: dict[str, type] = {
     "batch_turns": DeferredTurn,
     "batch_sent": tuple[str, str],
 }
+# What else is decoded through the ``EntryCache``: a chunk of a manifest layer's segments.
+_DECODED: dict[str, type] = {
+    **_PART_TYPES,
+    "segments": tuple[SegmentManifest, ...],
+    "chunks": tuple[str, ...],
+}
+# A manifest's layers keep their segments in a two-level tree of content-addressed
+# snapshots: chunks of segments (kind "segments"), chunks of those chunks' hashes (kind
+# "chunks"), and the layer the hashes of the latter (``index``). Each turn's manifest lists
+# every library entry and history message, so inline it grew the store with the square of
+# the chat's length; now a turn writes the few nodes that changed. A chunk ends after an
+# item whose key (a segment's key, a chunk's hash) hashes to 0 modulo ``_CHUNK_SPLIT``, or
+# at ``_CHUNK_MAX`` items: boundaries follow the content, not positions, so appending
+# rewrites the last node of each level and dropping the oldest history the first. Nodes
+# stay small (a SQLite row over ~1 KB spills into an overflow page of its own).
+_CHUNK_SPLIT = 8
+_CHUNK_MAX = 32
+_T = TypeVar("_T")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 # A stored key no field takes is refused (``StoreUnknownFields``), never dropped: a record
 # written by a newer Lamina would lose it on the next save. A field missing from an older
@@ -225,6 +245,26 @@ def check_tables(
             )
 
 
+def _chunked(manifest: Manifest, snapshots: _Snapshots) -> dict[str, Any]:
+    """``manifest`` as stored: each layer's segments added to ``snapshots`` as a tree of
+    chunks (see ``_CHUNK_SPLIT``), the layer keeping its top level's hashes (``index``),
+    and the build report as a snapshot of its own (``report_hash``)."""
+    bare = tuple(attrs.evolve(layer, segments=()) for layer in manifest.layers)
+    plain: dict[str, Any] = _converter.unstructure(attrs.evolve(manifest, layers=bare))
+    # The build report on its own: with it, the manifest's row would pass ~1 KB.
+    plain["report_hash"] = snapshots.add("report", plain.pop("report"))
+    for stored, layer in zip(plain["layers"], manifest.layers, strict=True):
+        del stored["segments"]
+        leaves = [
+            snapshots.add("segments", _converter.unstructure(chunk, tuple[SegmentManifest, ...]))
+            for chunk in _chunks(layer.segments, lambda s: s.key)
+        ]
+        stored["index"] = [
+            snapshots.add("chunks", list(chunk)) for chunk in _chunks(leaves, lambda h: h)
+        ]
+    return plain
+
+
 def _joined(state: ConversationState, split: dict[str, Any]) -> ConversationState:
     """The state a snapshot and its parts' entries make. The batch's fields come from
     their parts where the row has them; a row saved before them keeps its blob's."""
@@ -232,6 +272,21 @@ def _joined(state: ConversationState, split: dict[str, Any]) -> ConversationStat
     if fields and state.batch is not None:
         split["batch"] = attrs.evolve(state.batch, **fields)
     return attrs.evolve(state, **split)
+
+
+def _chunks(items: Sequence[_T], key: Callable[[_T], str]) -> list[tuple[_T, ...]]:
+    """``items`` cut after each item whose ``key`` says so (see ``_CHUNK_SPLIT``)."""
+    out: list[tuple[_T, ...]] = []
+    run: list[_T] = []
+    for item in items:
+        run.append(item)
+        said = key(item).encode("utf-8", "surrogatepass")  # a file name may not be UTF-8
+        if len(run) >= _CHUNK_MAX or xxhash.xxh3_64_intdigest(said) % _CHUNK_SPLIT == 0:
+            out.append(tuple(run))
+            run = []
+    if run:
+        out.append(tuple(run))
+    return out
 
 
 class _Snapshots:
@@ -478,12 +533,14 @@ class SqlStore:
             for h in chunk:
                 body = self._unzip(h, bodies.get(h))
                 part = wanted[h]
-                type_ = _PART_TYPES[part]
+                type_ = _DECODED[part]
                 value: Any = _converter.structure(json.loads(body), type_)
                 cache.put(h, value, len(bytes(bodies[h])))
                 # A save then reuses the address, if the value encodes to these very bytes
                 # (an entry written by an older Lamina may not: it is encoded anew).
-                if part != "state" and canonical(_converter.unstructure(value, type_)) == body:
+                if part in _PART_TYPES and part != "state" and canonical(
+                    _converter.unstructure(value, type_)
+                ) == body:
                     cache.remember(value, h)
                 out[h] = value
         return out
@@ -596,7 +653,7 @@ class SqlStore:
         state_hash = snapshots.add("state", plain)
         manifest_hash = None
         if manifest is not None:
-            manifest_hash = snapshots.add("manifest", _converter.unstructure(manifest))
+            manifest_hash = snapshots.add("manifest", _chunked(manifest, snapshots))
         k = record.turn
         with self._tx(write=True) as db:
             # The row lock (where the backend has one) makes the head read below final.
@@ -926,10 +983,33 @@ class SqlStore:
                 return None
             self._check_turn(conversation_id, turn, row[1])
             plain = self._get_snapshot(db, row[0])
-        try:
-            return _converter.structure(plain, Manifest)
-        except Exception as exc:
-            raise self._unreadable(exc, conversation_id, turn, row[1], "manifest") from None
+            try:
+                if "report_hash" in plain:
+                    plain["report"] = self._get_snapshot(db, plain.pop("report_hash"))
+                index: list[list[str] | None] = []
+                for layer in plain["layers"]:
+                    index.append(layer.pop("index", None))
+                    if index[-1] is not None:
+                        layer.setdefault("segments", [])
+                nodes = self._entries(db, {h: "chunks" for top in index if top for h in top})
+                leaves = [
+                    None if top is None else [h for node in top for h in nodes[node]]
+                    for top in index
+                ]
+                found = self._entries(db, {h: "segments" for hs in leaves if hs for h in hs})
+                manifest: Manifest = _converter.structure(plain, Manifest)
+            except StoreCorrupt:
+                raise
+            except Exception as exc:
+                raise self._unreadable(exc, conversation_id, turn, row[1], "manifest") from None
+        # A layer saved before chunks keeps its segments inline.
+        layers = tuple(
+            layer
+            if hashes is None
+            else attrs.evolve(layer, segments=tuple(s for h in hashes for s in found[h]))
+            for layer, hashes in zip(manifest.layers, leaves, strict=True)
+        )
+        return attrs.evolve(manifest, layers=layers)
 
     def find_attachment(self, kind: str, label: str) -> AttachmentRecord | None:
         with self._tx(write=False) as db:
