@@ -29,8 +29,10 @@ from pipeline._conversation.agent import (
 )
 from pipeline._conversation.batch import (
     APPEND_REFERENCES_INTRO,
+    RESTORED_INTRO,
     BatchState,
     append_parts,
+    choose_restores,
     segment_reference,
 )
 from pipeline._conversation.conversation import (
@@ -271,6 +273,7 @@ __all__ = [
     "RECALL_SOURCE",
     "REFERENCES_INTRO",
     "REPLY_PRIMING",
+    "RESTORED_INTRO",
     "TOKENIZERS",
     "TOOL_SOURCE",
     "AgentCall",
@@ -424,6 +427,7 @@ __all__ = [
     "canonical_bytes",
     "carry_forward",
     "check_envelope",
+    "choose_restores",
     "chunk_artifact",
     "chunk_key",
     "chunk_source",

@@ -2,13 +2,16 @@
 
 The budget decides turn by turn; whether the conversation kept what it knew and kept its
 cache shows only over the whole chat. ``judge_chat`` measures, from the envelopes alone
-(and the request's own count): how full the window was in the turns that cut, the share
-of input tokens in a repeated prefix, entries left cut while their full form would have
-fit (and, of those, the library entries the budget's restore schedule says come back in
-that turn: "restore-due"), references that point at a stub, blocks that hold nothing but
-an omitted-sections line, and how much of the window the stubs took. ``ChatTargets``
-holds the bounds a healthy chat meets; ``ChatJudgement.misses`` names the ones it does
-not.
+(and the request's own count), on each request as sent (``Envelope.as_sent``: a batched
+request holds the context of the turns since it settled, and cut entries sent whole
+again): how full the window was in the turns that cut, the share of input tokens in a
+repeated prefix, entries the model sees only cut while their full form would fit the
+room the budget's plan leaves ("left-cut"; those that would fit only by taking the slack
+the plan keeps for the next turns' growth are counted apart, "in-slack", not a miss),
+the library entries the budget's in-place restore schedule says come back in that turn
+("restore-due"), references that point at a stub, blocks that hold nothing but an
+omitted-sections line, and how much of the window the stubs took. ``ChatTargets`` holds
+the bounds a healthy chat meets; ``ChatJudgement.misses`` names the ones it does not.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from pipeline import Budget, BudgetReport, Envelope, Form, Segment, TokenCounter
+from pipeline import RESTORED_INTRO, Budget, BudgetReport, Envelope, Form, Segment, TokenCounter
 from renderers._cache import prefix_reports, prompt_tokens
 from renderers._layouts import default_prompt
 
@@ -69,8 +72,8 @@ class ChatJudgement:
         return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
 
     def count(self, check: str) -> int:
-        """How many findings of ``check`` ("left-cut", "restore-due", "stub-reference",
-        "empty-block")."""
+        """How many findings of ``check`` ("left-cut", "in-slack", "restore-due",
+        "stub-reference", "empty-block")."""
         return sum(1 for f in self.findings if f.check == check)
 
     def misses(self, targets: ChatTargets | None = None) -> tuple[str, ...]:
@@ -93,8 +96,8 @@ class ChatJudgement:
         return (
             f"{self.turns} turns, {self.cut_turns} cut; window use {self.window_use:.1%}; "
             f"cached {self.cached_share:.1%} of {self.input_tokens:,}; stubs "
-            f"{self.stub_share:.1%}; left cut {self.count('left-cut')} (restore due "
-            f"{self.count('restore-due')}), stub references "
+            f"{self.stub_share:.1%}; left cut {self.count('left-cut')} (in the slack "
+            f"{self.count('in-slack')}, restore due {self.count('restore-due')}), stub references "
             f"{self.count('stub-reference')}, empty blocks {self.count('empty-block')}"
         )
 
@@ -184,7 +187,8 @@ def judge_chat(
     is never reported as left cut, nor one no budget decision cut (a large note carried
     into the library as its preview by design)."""
     sizes: dict[tuple[str, str], int] = {}
-    cut: set[str] = set()  # keys a budget decision cut and no turn has sent in full since
+    cut: set[str] = set()  # keys a budget decision cut and no library has held whole since
+    visible: set[tuple[str, str]] = set()  # full copies in the request as sent
     findings: list[ChatFinding] = []
     uses: list[float] = []
     stub_share = 0.0
@@ -194,10 +198,16 @@ def judge_chat(
     previous: Envelope | None = None
     for env in envelopes:
         before, previous = previous, env
-        for seg in (*env.l2.segments, *env.l3.segments):
+        batch = env.batch
+        if batch is None or batch.reason:
+            visible = set()  # a request as built: only what it holds itself
+        shown = env.l2.segments if batch is None else env.l2.segments[: batch.settled]
+        restored = () if batch is None else batch.restored
+        for seg in (*shown, *env.l3.segments, *restored):
             if seg.form is Form.FULL:
                 sizes.setdefault((seg.key, seg.content_hash), seg.tokens)
-                cut.discard(seg.key)
+                visible.add((seg.key, seg.content_hash))
+        cut.difference_update(s.key for s in shown if s.form is Form.FULL)
         report = env.report.budget
         if report is not None:
             cut.update(d.target for d in report.decisions if d.to_form != "full")
@@ -214,38 +224,51 @@ def judge_chat(
                 )
         if report is None:
             continue
+        sent = report.effective
+        if batch is not None and batch.tokens:
+            sent = budget.effective(batch.tokens) if budget is not None else batch.tokens
         if report.decisions:
-            uses.append(report.effective / report.limit if report.limit else 1.0)
+            uses.append(sent / report.limit if report.limit else 1.0)
         if report.window:
             stub_tokens = sum(s.tokens for s in env.l2.segments if _is_stub(s))
             stub_share = max(stub_share, stub_tokens / report.window)
-        headroom = report.headroom
-        library = {seg.key for seg in env.l2.segments}
         plan = dict(report.plan)
-        room = headroom - int(plan.get("slack_tokens", "0"))
+        slack = int(plan.get("slack_tokens", "0"))
+        free = report.limit - sent
+        library = {seg.key for seg in shown}
+        intro = 2 if restored else counter.count(RESTORED_INTRO) + 4
         fitting: list[tuple[Segment, int]] = []
-        for seg in (*env.l2.segments, *env.l3.segments):
+        for seg in (*shown, *env.l3.segments):
             shown_cut = seg.form in (Form.PREVIEW, Form.SUMMARY) or (
                 seg.form is Form.REFERENCE and (seg.unsent or seg.key in stubs)
             )
-            if not shown_cut or seg.key not in cut:
+            if not shown_cut or seg.key not in cut or (seg.key, seg.content_hash) in visible:
                 continue
             full = sizes.get((seg.key, seg.content_hash), (full_sizes or {}).get(seg.key))
-            if full is not None and full - seg.tokens <= headroom:
+            if full is None:
+                continue
+            # A library entry is sent whole again beside its cut form (under the intro
+            # line, with a separator); this turn's item grows in place.
+            cost = full + intro if seg.key in library else full - seg.tokens
+            check = "left-cut" if cost <= free - slack else "in-slack" if cost <= free else ""
+            if check:
                 findings.append(
                     ChatFinding(
                         env.turn,
-                        "left-cut",
+                        check,
                         seg.key,
-                        f"{seg.form} of {seg.tokens} tokens; its full {full} needs "
-                        f"{full - seg.tokens} more and {headroom} are free",
+                        f"{seg.form} of {seg.tokens} tokens; its full {full} needs {cost} "
+                        f"and {free} are free ({slack} of them the plan's slack)",
                     )
                 )
-                if full - seg.tokens <= room and seg.key in library:
-                    fitting.append((seg, full - seg.tokens))
+            room = report.headroom - slack  # in place, as built: the restore schedule's
+            if full - seg.tokens <= room and seg.key in library:
+                fitting.append((seg, full - seg.tokens))
         restore_min = float(plan.get("restore_min", "0"))
         changed = _changed_at(before, env)
-        findings.extend(_restore_due(env, report, fitting, room, restore_min, changed))
+        findings.extend(
+            _restore_due(env, report, fitting, report.headroom - slack, restore_min, changed)
+        )
     return ChatJudgement(
         turns=len(envelopes),
         cut_turns=len(uses),

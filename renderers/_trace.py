@@ -82,6 +82,8 @@ def trace_turn(
             "tokens": b.tokens,
             "settled": b.reason or None,
         }
+        if b.restored:
+            out["batch"]["restored"] = [s.key for s in b.restored]
     if timings:
         out["timings"] = _timings(envelope)
     if usage is not None:

@@ -80,8 +80,12 @@ class BudgetPlan:
     when it gives back at least ``restore_min`` of the limit, or where the prefix breaks
     anyway (an L1 change, a refresh, or this turn's own cut, after which the library is
     filled again up to the slack), since it breaks the cached prefix from the first
-    entry it restores. ``restore=False`` keeps every cut for good (the behaviour before
-    cuts were reversible)."""
+    entry it restores. While a conversation batches its requests (the default layout),
+    a cut library entry whose whole form fits what the request leaves free beyond the
+    slack is also sent whole again in the user message at once (``restore_append``): the
+    system message keeps the cut form until the prefix breaks, so this costs no break.
+    ``restore=False`` keeps every cut for good (the behaviour before cuts were
+    reversible)."""
 
     library_floor: float = attrs.field(default=0.25, validator=_share)
     history_turns: int = attrs.field(default=2, validator=_count)
@@ -89,6 +93,7 @@ class BudgetPlan:
     slack_turns: int = attrs.field(default=4, validator=_count)
     restore_min: float = attrs.field(default=0.4, validator=_share)
     restore: bool = attrs.field(default=True, validator=_flag)
+    restore_append: bool = attrs.field(default=True, validator=_flag)
 
     def fields(self) -> tuple[tuple[str, str], ...]:
         """The plan as (name, value) pairs for reports and traces."""

@@ -13,7 +13,7 @@ Then the request settles: it is the envelope as built, library included.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 import xxhash
@@ -21,6 +21,7 @@ import xxhash
 from pipeline._hashing import hash_joined, slice_hash, text_hash
 from pipeline._model.envelope import (
     BLOCK_SEP,
+    QUERY_LABEL,
     Batch,
     Envelope,
     Form,
@@ -41,17 +42,28 @@ __all__ = [
     "HISTORY_CHANGED",
     "NO_BATCH",
     "OVER_BUDGET",
+    "RESTORED_INTRO",
     "SYSTEM_CHANGED",
     "BatchState",
     "DeferredTurn",
     "append_parts",
     "batch_turn",
+    "choose_restores",
     "segment_reference",
 ]
 
 APPEND_REFERENCES_INTRO = (
     "Context attached to this message (sent in full earlier in this conversation):"
 )
+
+RESTORED_INTRO = (
+    "Context Library entries sent whole again (they stand for the shorter forms the "
+    "Context Library shows under the same keys):"
+)
+
+Wholes = Callable[[int, int, Mapping[str, str]], Sequence[Segment]]
+"""The whole forms of the cut entries among the first ``settled`` of the library that may
+fit ``room`` tokens, leaving out those ``sent`` in full (key -> content hash)."""
 
 # Why a request settled (``Batch.reason``).
 FIRST_TURN = "first-turn"
@@ -139,6 +151,7 @@ def append_parts(
     sent: dict[str, str],
     settled: Callable[[str], str | None],
     reference: Callable[[Segment], str],
+    restored: Sequence[Segment] = (),
 ) -> list[tuple[str, Segment | None]]:
     """This turn's user message when context stays where it was first sent: its blocks in
     the one order of a user message (``arrange_user``), each with the segment it came from
@@ -149,6 +162,8 @@ def append_parts(
     Tool results, retrieval chunks and recalled blocks are never recorded as sent: they
     belong to this turn (a chunk the pipeline made a reference points at its source entry,
     sent in full earlier). What the budget did not send is listed as such, not recorded.
+    ``restored``: cut library entries sent whole again (``choose_restores``), under
+    ``RESTORED_INTRO`` after this turn's context, recorded as sent.
     """
     segments = envelope.l3.segments
     Part = tuple[str, Segment | None]
@@ -181,6 +196,9 @@ def append_parts(
             full.append((seg.text, seg))
             if seg.form is Form.FULL:
                 sent[seg.key] = seg.content_hash
+    if restored:
+        full += [(RESTORED_INTRO, None), *((seg.text, seg) for seg in restored)]
+        sent.update((seg.key, seg.content_hash) for seg in restored)
     return arrange_user(
         tools, refs, unsent, full, (envelope.query, None), refs_intro=APPEND_REFERENCES_INTRO
     )
@@ -192,10 +210,18 @@ def append_user(
     settled: Callable[[str], str | None],
     renderer: SegmentRenderer,
     counter: TokenCounter,
+    restored: Sequence[Segment] = (),
 ) -> tuple[tuple[str, ...], int]:
     """``append_parts`` with the conversation's renderer, and the message's exact tokens
     (a block the envelope measured is not counted again)."""
-    parts = append_parts(envelope, sent, settled, lambda seg: _reference(seg, renderer))
+    reference = lambda seg: _reference(seg, renderer)  # noqa: E731
+    return _counted(append_parts(envelope, sent, settled, reference, restored), counter)
+
+
+def _counted(
+    parts: Sequence[tuple[str, Segment | None]], counter: TokenCounter
+) -> tuple[tuple[str, ...], int]:
+    """A user message's blocks and its exact tokens (a measured block is not counted again)."""
     if not parts:
         return (), 0
     known = [
@@ -204,23 +230,64 @@ def append_user(
     return tuple(t for t, _ in parts), joined_tokens(known, counter)
 
 
+def choose_restores(
+    candidates: Sequence[Segment], room: int, counter: TokenCounter
+) -> list[Segment]:
+    """The cut library entries' whole forms (``candidates``) to send again within ``room``
+    tokens: the largest first (so no entry stays cut whose whole form alone would fit),
+    each costing its tokens and a separator, the intro once; in library order."""
+    if not candidates:
+        return []
+    left = room - counter.count(RESTORED_INTRO) - 2
+    order = {seg.key: i for i, seg in enumerate(candidates)}
+    taken: list[Segment] = []
+    for seg in sorted(candidates, key=lambda s: (-s.tokens, order[s.key])):
+        if seg.tokens + 2 <= left:
+            taken.append(seg)
+            left -= seg.tokens + 2
+    return sorted(taken, key=lambda s: order[s.key])
+
+
+def _with_restored(
+    envelope: Envelope, restored: Sequence[Segment]
+) -> list[tuple[str, Segment | None]]:
+    """The settling request's user message (the envelope's) with ``restored`` sent whole
+    after its context, before the query (labelled, as anything precedes it)."""
+    parts = user_blocks(envelope.l3, envelope.l5)
+    if not restored:
+        return parts
+    query = parts.pop()
+    if not parts:
+        query = (QUERY_LABEL + query[0], None)
+    return [*parts, (RESTORED_INTRO, None), *((s.text, s) for s in restored), query]
+
+
 def _settle(
-    envelope: Envelope, counter: TokenCounter, tokens: int, reason: str
+    envelope: Envelope,
+    counter: TokenCounter,
+    tokens: int,
+    reason: str,
+    restored: Sequence[Segment] = (),
 ) -> tuple[Envelope, BatchState]:
-    """The envelope as built, and the batch it starts."""
+    """The envelope as built (with ``restored`` sent whole in its user message), and the
+    batch it starts."""
     l2 = envelope.l2.segments
     sent = {
         s.key: s.content_hash
-        for s in envelope.l3.segments
+        for s in (*envelope.l3.segments, *restored)
         if s.form is Form.FULL and s.source_type != TOOL_SOURCE and not _scoped(s)
     }
-    blocks = tuple(t for t, _ in user_blocks(envelope.l3, envelope.l5))
-    user = _message(
-        f"history:{envelope.turn}:user",
-        "history",
-        envelope.user_text,
-        user_tokens(envelope, counter),
-    )
+    if restored:
+        blocks, size = _counted(_with_restored(envelope, restored), counter)
+        user = _message(f"history:{envelope.turn}:user", "history", BLOCK_SEP.join(blocks), size)
+    else:
+        blocks = tuple(t for t, _ in user_blocks(envelope.l3, envelope.l5))
+        user = _message(
+            f"history:{envelope.turn}:user",
+            "history",
+            envelope.user_text,
+            user_tokens(envelope, counter),
+        )
     state = BatchState(
         settled=len(l2),
         library_tokens=envelope.l2.tokens,
@@ -243,8 +310,33 @@ def _settle(
         system_hash=envelope.prefix_hash,
         library_hash=envelope.l2.hash,
         system=envelope.system_text,
+        restored=tuple(restored),
     )
     return attrs.evolve(envelope, batch=batch), state
+
+
+def _settled(
+    envelope: Envelope,
+    counter: TokenCounter,
+    count: Callable[[Envelope], int],
+    fits: Callable[[int], bool],
+    reason: str,
+    room: Callable[[int], int],
+    wholes: Wholes,
+) -> tuple[Envelope, BatchState]:
+    """``_settle`` with the cut library entries whose whole forms fit the room the request
+    leaves sent whole in its user message (restore by appending, as a batched turn does)."""
+    tokens = count(envelope)
+    free = room(tokens)
+    if free > 0:
+        sent = {s.key: s.content_hash for s in envelope.l3.segments if s.form is Form.FULL}
+        restored = choose_restores(wholes(len(envelope.l2.segments), free, sent), free, counter)
+        if restored:
+            env, state = _settle(envelope, counter, tokens, reason, restored)
+            used = count(env)
+            if fits(used) and env.batch is not None:
+                return attrs.evolve(env, batch=attrs.evolve(env.batch, tokens=used)), state
+    return _settle(envelope, counter, tokens, reason)
 
 
 def _message(key: str, kind: str, text: str, tokens: int) -> Segment:
@@ -322,6 +414,8 @@ def batch_turn(
     fits: Callable[[int], bool],
     settle: str = "",
     previous: Batch | None = None,
+    room: Callable[[int], int] = lambda _used: 0,
+    wholes: Wholes = lambda _settled, _room, _sent: (),
 ) -> tuple[Envelope, BatchState]:
     """This turn's envelope with the request it is sent as (``Envelope.batch``), and the
     batch state the next turn continues.
@@ -333,13 +427,19 @@ def batch_turn(
     last request's batch, when the state continues it) lends its deferred messages and
     settled system message, so a warm turn does not join and hash them again (its
     ``user`` is not used: the conversation keeps the batch without it, so a large
-    attachment's message is not held past its turn twice)."""
+    attachment's message is not held past its turn twice).
+
+    Restore by appending: where the request leaves ``room(used)`` tokens free (beyond the
+    budget's slack), cut entries of the library the system message holds are sent whole
+    again in this turn's user message (``wholes``: their whole forms that may fit, the
+    conversation's; ``choose_restores``), once a batch: the model sees them in
+    full and the cached prefix is not rewritten."""
     if settle or state is None:
-        return _settle(envelope, counter, count(envelope), settle or FIRST_TURN)
+        return _settled(envelope, counter, count, fits, settle or FIRST_TURN, room, wholes)
     known_system = None if previous is None else previous.system
     reason, turns = _extends(state, envelope, known_system)
     if reason:
-        return _settle(envelope, counter, count(envelope), reason)
+        return _settled(envelope, counter, count, fits, reason, room, wholes)
     system = (
         known_system
         if known_system is not None and len(known_system) == state.system_chars
@@ -357,7 +457,6 @@ def batch_turn(
 
     sent = dict(state.sent)
     blocks, tokens = append_user(envelope, sent, settled, renderer, counter)
-    text = BLOCK_SEP.join(blocks)
     users = [s for s in rest if s.role == "user"]
     known = {} if previous is None else {s.key: s for s in previous.turns}
     deferred = tuple(
@@ -365,7 +464,7 @@ def batch_turn(
         or _message(seg.key, seg.source_type, turn.text, turn.tokens)
         for seg, turn in zip(users, turns, strict=True)
     )
-    user = _message(f"history:{envelope.turn}:user", "history", text, tokens)
+    user = _message(f"history:{envelope.turn}:user", "history", BLOCK_SEP.join(blocks), tokens)
     batch = Batch(
         state.settled,
         state.library_tokens,
@@ -379,7 +478,19 @@ def batch_turn(
     candidate = attrs.evolve(envelope, batch=batch)
     used = count(candidate)
     if not fits(used):
-        return _settle(envelope, counter, count(envelope), OVER_BUDGET)
+        return _settled(envelope, counter, count, fits, OVER_BUDGET, room, wholes)
+    free = room(used)
+    restored = choose_restores(wholes(state.settled, free, sent) if free > 0 else (), free, counter)
+    if restored:
+        more = dict(sent)
+        blocks_r, tokens_r = append_user(envelope, more, settled, renderer, counter, restored)
+        text = BLOCK_SEP.join(blocks_r)
+        user_r = _message(f"history:{envelope.turn}:user", "history", text, tokens_r)
+        batch_r = attrs.evolve(batch, user=user_r, restored=tuple(restored))
+        used_r = count(attrs.evolve(envelope, batch=batch_r))
+        if fits(used_r):
+            blocks, tokens, sent, batch, used = blocks_r, tokens_r, more, batch_r, used_r
+            candidate = attrs.evolve(envelope, batch=batch)
     turns += (DeferredTurn(envelope.turn, envelope.query, blocks, tokens),)
     # ``sent`` keeps the order keys were first sent in (a refresh replaces a value in
     # place): it only grows at its end, so a store keeps it as entries written once.

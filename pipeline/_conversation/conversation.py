@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -416,7 +416,7 @@ class Conversation:
         envelope = attrs.evolve(envelope, report=report)
         batch = None
         if self.defer_library and budget is None:
-            envelope, batch = self._batched(envelope)
+            envelope, batch = self._batched(envelope, graph.library)
         last = envelope.batch
         # Kept for the next turn without this turn's user message (see batch_turn).
         self._batch = batch
@@ -434,11 +434,25 @@ class Conversation:
         self._last_system = self._system
         return envelope, graph
 
-    def _batched(self, envelope: Envelope) -> tuple[Envelope, BatchState]:
+    def _batched(self, envelope: Envelope, library: Library) -> tuple[Envelope, BatchState]:
         """``envelope`` with the request it is sent as (``batch_turn``): the batch goes on
-        unless the prefix breaks anyway or the extended request would not fit the budget."""
+        unless the prefix breaks anyway or the extended request would not fit the budget;
+        cut entries of ``library`` (the turn's, as built) whose whole forms fit what the
+        request leaves free beyond the budget's slack are sent whole again."""
         budget = self.budget
         settle = NO_BATCH if self._batch is None and envelope.turn > 1 else ""
+        report = envelope.report.budget
+        slack = 0 if report is None else int(dict(report.plan).get("slack_tokens", "0"))
+
+        def room(used: int) -> int:
+            if budget is None or not (budget.plan.restore and budget.plan.restore_append):
+                return 0
+            return budget.limit - budget.effective(used) - slack
+
+        def wholes(settled: int, free: int, sent: Mapping[str, str]) -> list[Segment]:
+            entries = library.entries[:settled]
+            return whole_forms(entries, free, sent, self.renderer, self.counter)
+
         return batch_turn(
             self._batch,
             envelope,
@@ -448,6 +462,8 @@ class Conversation:
             fits=lambda used: budget is None or budget.effective(used) <= budget.limit,
             settle=settle,
             previous=self._last_batch,
+            room=room,
+            wholes=wholes,
         )
 
     def reply(self, text: str) -> None:
@@ -515,6 +531,48 @@ def _check_settings(system: object, tokenizer: object, policy: object, budget: o
         raise ArgumentError("policy", f"must be a pipeline.Policy, got {type(policy).__name__}")
     if budget is not None and not isinstance(budget, Budget):
         raise ArgumentError("budget", f"must be a pipeline.Budget, got {type(budget).__name__}")
+
+
+def whole_forms(
+    entries: Sequence[LibraryEntry],
+    room: int,
+    sent: Mapping[str, str],
+    renderer: SegmentRenderer,
+    counter: TokenCounter,
+) -> list[Segment]:
+    """The whole (full) forms of the cut ``entries`` not ``sent`` in full already that may
+    fit ``room`` together, as segments in library order. Chosen first by the size each
+    entry's full block had (the largest first, as ``choose_restores`` takes them), so a
+    large library renders only the few that can go, not every cut entry each turn. An
+    entry folded into a library index counts as cut (its index line holds no text), unless
+    its key is in the library on its own again."""
+    keys = {entry.key for entry in entries}
+    cut: list[tuple[LibraryEntry, View]] = []
+    for entry in entries:
+        if entry.whole is not None:
+            cut.append((entry, entry.whole))
+        for inner in entry.folded:
+            if inner.key not in keys:
+                cut.append((inner, inner.whole if inner.whole is not None else inner.view))
+    sized = [
+        (entry.full_tokens, i)
+        for i, (entry, whole) in enumerate(cut)
+        if whole.form is Form.FULL
+        and entry.full_tokens <= room
+        and sent.get(entry.key) != whole.content_hash
+    ]
+    left = room
+    out: list[tuple[int, Segment]] = []
+    for size, i in sorted(sized, key=lambda c: (-c[0], c[1])):
+        if size > left:
+            continue
+        whole = cut[i][1]
+        text = renderer.render(whole)
+        tokens = counter.count(text)
+        if tokens <= left:
+            out.append((i, Segment.of_view(whole, text, tokens)))
+            left -= tokens
+    return [seg for _, seg in sorted(out, key=lambda c: c[0])]
 
 
 def _self_contained(spec: AttachmentSpec) -> Processed | None:

@@ -329,6 +329,13 @@ class Batch:
     system_hash: str = ""
     library_hash: str = ""
     system: str = attrs.field(default="", eq=False, repr=False)
+    # Cut library entries this request sends whole again in its user message (restore by
+    # appending): the system message keeps their cut forms.
+    restored: tuple[Segment, ...] = ()
+
+    def as_built(self, entries: int) -> bool:
+        """Whether the request is the envelope as built (``entries``: its L2 entries)."""
+        return not self.turns and not self.restored and self.settled == entries
 
 
 @attrs.frozen
@@ -367,7 +374,7 @@ class Envelope:
         whole. The envelope itself when nothing is deferred. Every renderer and count of a
         single envelope starts from it, so what is counted is what is sent."""
         b = self.batch
-        if b is None or (not b.turns and b.settled == len(self.l2.segments)):
+        if b is None or b.as_built(len(self.l2.segments)):
             return self
         l2 = Layer(
             LayerName.L2, self.l2.segments[: b.settled], b.library_tokens, hash=b.library_hash

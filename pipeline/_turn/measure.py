@@ -110,7 +110,7 @@ class _Sent:
 
 def _sent(envelope: Envelope) -> Envelope | _Sent:
     b = envelope.batch
-    if b is None or (not b.turns and b.settled == len(envelope.l2.segments)):
+    if b is None or b.as_built(len(envelope.l2.segments)):
         return envelope
     deferred = {s.key: s for s in b.turns}
     history = tuple(deferred.get(s.key, s) for s in envelope.l4.segments)

@@ -251,3 +251,62 @@ def test_each_request_extends_the_last_or_settles_with_a_reason(
             if i == k:
                 restored = load_conversation(store, "c", vault=vault)
             previous, prev_env = messages, env
+
+
+_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _chat30(turns: int, first: int = 0) -> list[Envelope]:
+    """chat30 at a 6,000-token window: turns ``first`` to ``turns`` (numbered from 0) of
+    one conversation."""
+    from lamina import load_script, run_script
+
+    script = load_script(_EXAMPLES / "chat30.yaml")
+    budget = Budget(context_window=6000, reserve_output=1500)
+    conv = Conversation(script.system, vault=script.vault, budget=budget)
+    return run_script(attrs.evolve(script, turns=script.turns[:turns]), conv)[first:]
+
+
+def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
+    """chat30 at 6,000: turn 17 settles with room beyond the slack, and the three library
+    entries the budget had cut to summaries go whole in its user message, under the intro,
+    before the query; the system message keeps their summaries (a restore by appending
+    rewrites nothing). Turn 18 extends it and sends none again."""
+    from pipeline import RESTORED_INTRO
+
+    t17, t18 = _chat30(18, 16)
+    assert t17.batch is not None and t18.batch is not None
+    keys = ["note:docs/auth.md", "pdf:media/sync-design-review.pdf", "note:meetings/2026-11-02.md"]
+    assert [s.key for s in t17.batch.restored] == keys
+    assert (t17.batch.reason, t18.batch.reason, t18.batch.restored) == ("over-budget", "", ())
+    messages = _messages(t17)
+    (_, system), (role, user) = messages[0], messages[-1]
+    assert role == "user"
+    blocks = user.split("\n\n---\n[User query]:\n")[0]
+    whole = "\n\n".join(s.text for s in t17.batch.restored)
+    assert blocks.endswith(RESTORED_INTRO + "\n\n" + whole)
+    for seg in t17.batch.restored:
+        cut = t17.l2.get(seg.key)
+        assert cut is not None and str(cut.form) == "summary" and cut.text in system
+        assert seg.text not in system
+    assert t17.batch.tokens <= Budget(context_window=6000, reserve_output=1500).limit
+    assert _messages(t18)[: len(messages)] == messages
+
+
+def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> None:
+    """Restored from SQLite after turn 16, the conversation sends turns 17 and 18 (a
+    restore by appending, then its extension) byte for byte as the live one did."""
+    from lamina import load_script, run_saved, run_script
+    from pipeline import open_store
+
+    script = load_script(_EXAMPLES / "chat30.yaml")
+    budget = Budget(context_window=6000, reserve_output=1500)
+    live = Conversation(script.system, vault=script.vault, budget=budget)
+    want = _chat30(18, 16)
+    with open_store(str(tmp_path / "s.db")) as store:
+        store.create(ConversationInfo("c", vault=str(script.vault)))
+        run_saved(attrs.evolve(script, turns=script.turns[:16]), live, store, "c")
+        again = load_conversation(store, "c", vault=script.vault)
+    got = run_script(attrs.evolve(script, turns=script.turns[16:18]), again, check=False)
+    assert [_messages(e) for e in got] == [_messages(e) for e in want]
+    assert [e.batch for e in got] == [e.batch for e in want]

@@ -186,6 +186,7 @@ def test_the_plan_is_validated_and_reported() -> None:
         "slack_turns": "4",
         "restore_min": "0.4",
         "restore": "True",
+        "restore_append": "True",
         "library_floor_tokens": "650",
         "slack_tokens": "520",
     }

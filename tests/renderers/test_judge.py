@@ -74,7 +74,8 @@ def test_an_entry_the_restore_schedule_gives_back_is_due_when_restores_are_off()
     def chat(restore: bool) -> list[str]:
         plan = BudgetPlan(restore=restore, slack=0.01)
         budget = Budget(context_window=3400, reserve_output=400, plan=plan)
-        conv = Conversation("Answer.", vault=VAULT, budget=budget)
+        # Each request as built (a batch would still hold the API notes in full).
+        conv = Conversation("Answer.", vault=VAULT, budget=budget, defer_library=False)
         envs = []
         for query, attach in [
             ("Spec?", [{"note": "project-spec.md"}]),
