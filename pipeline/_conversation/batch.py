@@ -61,9 +61,12 @@ RESTORED_INTRO = (
     "Context Library shows under the same keys):"
 )
 
-Wholes = Callable[[int, int, Mapping[str, str]], Sequence[Segment]]
-"""The whole forms of the cut entries among the first ``settled`` of the library that may
-fit ``room`` tokens, leaving out those ``sent`` in full (key -> content hash)."""
+Whole = tuple[int, Callable[[], Segment]]
+"""A cut library entry that may be sent whole again: its full block's size when it entered
+the library, and how to render its whole form (only when chosen)."""
+Wholes = Callable[[int, int, Mapping[str, str]], Sequence[Whole]]
+"""The cut entries among the first ``settled`` of the library whose full blocks were at
+most ``room`` tokens, leaving out those ``sent`` in full (key -> content hash)."""
 
 # Why a request settled (``Batch.reason``).
 FIRST_TURN = "first-turn"
@@ -231,21 +234,26 @@ def _counted(
 
 
 def choose_restores(
-    candidates: Sequence[Segment], room: int, counter: TokenCounter
+    candidates: Sequence[Whole], room: int, counter: TokenCounter
 ) -> list[Segment]:
-    """The cut library entries' whole forms (``candidates``) to send again within ``room``
-    tokens: the largest first (so no entry stays cut whose whole form alone would fit),
-    each costing its tokens and a separator, the intro once; in library order."""
+    """The cut library entries to send whole again within ``room`` tokens, in library order:
+    the largest first (so no entry stays cut whose whole form alone would fit), each
+    costing its tokens and a separator, the intro once. A candidate is the size its full
+    block had and how to render its whole form, so only those that may fit are rendered."""
     if not candidates:
         return []
     left = room - counter.count(RESTORED_INTRO) - 2
-    order = {seg.key: i for i, seg in enumerate(candidates)}
-    taken: list[Segment] = []
-    for seg in sorted(candidates, key=lambda s: (-s.tokens, order[s.key])):
+    taken: list[tuple[int, Segment]] = []
+    order = sorted(range(len(candidates)), key=lambda i: (-candidates[i][0], i))
+    for i in order:
+        size, render = candidates[i]
+        if size + 2 > left:
+            continue
+        seg = render()
         if seg.tokens + 2 <= left:
-            taken.append(seg)
+            taken.append((i, seg))
             left -= seg.tokens + 2
-    return sorted(taken, key=lambda s: order[s.key])
+    return [seg for _, seg in sorted(taken, key=lambda c: c[0])]
 
 
 def _with_restored(

@@ -449,7 +449,9 @@ class Conversation:
                 return 0
             return budget.limit - budget.effective(used) - slack
 
-        def wholes(settled: int, free: int, sent: Mapping[str, str]) -> list[Segment]:
+        def wholes(
+            settled: int, free: int, sent: Mapping[str, str]
+        ) -> list[tuple[int, Callable[[], Segment]]]:
             entries = library.entries[:settled]
             return whole_forms(entries, free, sent, self.renderer, self.counter)
 
@@ -539,13 +541,12 @@ def whole_forms(
     sent: Mapping[str, str],
     renderer: SegmentRenderer,
     counter: TokenCounter,
-) -> list[Segment]:
-    """The whole (full) forms of the cut ``entries`` not ``sent`` in full already that may
-    fit ``room`` together, as segments in library order. Chosen first by the size each
-    entry's full block had (the largest first, as ``choose_restores`` takes them), so a
-    large library renders only the few that can go, not every cut entry each turn. An
-    entry folded into a library index counts as cut (its index line holds no text), unless
-    its key is in the library on its own again."""
+) -> list[tuple[int, Callable[[], Segment]]]:
+    """The cut ``entries`` not ``sent`` in full already whose full blocks were at most
+    ``room`` tokens, in library order, each with how to render its whole form
+    (``choose_restores`` renders only those it may take). An entry folded into a library
+    index counts as cut (its index line holds no text) unless its key is in the library
+    on its own again."""
     keys = {entry.key for entry in entries}
     cut: list[tuple[LibraryEntry, View]] = []
     for entry in entries:
@@ -554,25 +555,21 @@ def whole_forms(
         for inner in entry.folded:
             if inner.key not in keys:
                 cut.append((inner, inner.whole if inner.whole is not None else inner.view))
-    sized = [
-        (entry.full_tokens, i)
-        for i, (entry, whole) in enumerate(cut)
+
+    def render(whole: View) -> Callable[[], Segment]:
+        def segment() -> Segment:
+            text = renderer.render(whole)
+            return Segment.of_view(whole, text, counter.count(text))
+
+        return segment
+
+    return [
+        (entry.full_tokens, render(whole))
+        for entry, whole in cut
         if whole.form is Form.FULL
         and entry.full_tokens <= room
         and sent.get(entry.key) != whole.content_hash
     ]
-    left = room
-    out: list[tuple[int, Segment]] = []
-    for size, i in sorted(sized, key=lambda c: (-c[0], c[1])):
-        if size > left:
-            continue
-        whole = cut[i][1]
-        text = renderer.render(whole)
-        tokens = counter.count(text)
-        if tokens <= left:
-            out.append((i, Segment.of_view(whole, text, tokens)))
-            left -= tokens
-    return [seg for _, seg in sorted(out, key=lambda c: c[0])]
 
 
 def _self_contained(spec: AttachmentSpec) -> Processed | None:
