@@ -102,9 +102,11 @@ CACHED_CHATS = ("chat30-6000", "kepano-16k", "kepano-8k")
 # "left_cut" counts any entry the model sees only cut (no full copy anywhere in the
 # request as sent) while its full form fits what the request leaves free beyond the plan's
 # slack; before restores by appending, with the judge reading requests as sent, it was 15
-# (chat30) and 4 (kepano-4k) turn-entries; reading requests as built, 49, 27 and 16.
-# Those that fit only in the slack are counted apart ("in-slack": 4, 18 and 6 turn-entries;
-# with no slack, none, at 55.2%, 55.6% and 15.8% cached instead of 73.5%, 61.5%, 29.9%).
+# (chat30) and 1 (kepano-8k) turn-entries; reading requests as built, 49, 19 and 1 (27
+# and 16 at 8k and 4k before cuts saving under 16 tokens were refused). Those that fit
+# only in the slack are counted apart ("in-slack": 4 / 11 / 1 turn-entries on chat30,
+# kepano-8k and 4k; with no slack none, at 55.2%, 37.2% and 14.9% cached instead of
+# 73.5%, 62.3% and 33.8%).
 # With the library's growth deferred to the next prefix break (the default layout since),
 # kepano-8k's cached share is 61.5% (49.3%).
 _NOT_YET: dict[tuple[str, str], str] = {}
