@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -32,7 +32,7 @@ from pipeline._model.envelope import (
 from pipeline._model.history import HistoryEntry, strip_reply
 from pipeline._model.kinds import AttachmentKinds, NoKinds
 from pipeline._model.library import Library, LibraryEntry, LibraryPrefix
-from pipeline._model.recall import Retriever
+from pipeline._model.recall import RECALL_SOURCE, Retriever
 from pipeline._recall.stage import RecallMemo
 from pipeline._stages.builtin import Pipeline
 from pipeline._tokens.counter import TokenCounter
@@ -449,11 +449,18 @@ class Conversation:
                 return 0
             return budget.limit - budget.effective(used) - slack
 
+        # An entry recalled into this turn's message is not sent whole beside it.
+        recalled = {
+            s.key.removeprefix(f"{RECALL_SOURCE}:")
+            for s in envelope.l3.segments
+            if s.source_type == RECALL_SOURCE
+        }
+
         def wholes(
             settled: int, free: int, sent: Mapping[str, str]
         ) -> list[tuple[int, Callable[[], Segment]]]:
             entries = library.entries[:settled]
-            return whole_forms(entries, free, sent, self.renderer, self.counter)
+            return whole_forms(entries, free, sent, self.renderer, self.counter, recalled)
 
         return batch_turn(
             self._batch,
@@ -541,12 +548,13 @@ def whole_forms(
     sent: Mapping[str, str],
     renderer: SegmentRenderer,
     counter: TokenCounter,
+    skip: Container[str] = (),
 ) -> list[tuple[int, Callable[[], Segment]]]:
     """The cut ``entries`` not ``sent`` in full already whose full blocks were at most
     ``room`` tokens, in library order, each with how to render its whole form
     (``choose_restores`` renders only those it may take). An entry folded into a library
     index counts as cut (its index line holds no text) unless its key is in the library
-    on its own again."""
+    on its own again; one in ``skip`` is left out."""
     keys = {entry.key for entry in entries}
     cut: list[tuple[LibraryEntry, View]] = []
     for entry in entries:
@@ -569,6 +577,7 @@ def whole_forms(
         if whole.form is Form.FULL
         and entry.full_tokens <= room
         and sent.get(entry.key) != whole.content_hash
+        and entry.key not in skip
     ]
 
 
