@@ -1048,10 +1048,13 @@ def _batch_line(env: Envelope) -> str:
     b = env.batch
     assert b is not None
     held = f"the system message holds {b.settled} of {len(env.l2.segments)} library entries"
+    again = ""
+    if b.restored:
+        again = "; sent whole again: " + ", ".join(s.key for s in b.restored)
     if b.reason:
-        return f"request: settled ({b.reason}): {held}"
+        return f"request: settled ({b.reason}): {held}{again}"
     turns = ", ".join(s.key.split(":")[1] for s in b.turns)
-    return f"request: extends the last one; {held}; turns {turns} keep their context"
+    return f"request: extends the last one; {held}; turns {turns} keep their context{again}"
 
 
 @cli.command()
