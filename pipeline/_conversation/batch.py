@@ -465,6 +465,7 @@ def batch_turn(
 
     sent = dict(state.sent)
     blocks, tokens = append_user(envelope, sent, settled, renderer, counter)
+    before = dict(state.sent)  # what the batch sent before this turn's message
     users = [s for s in rest if s.role == "user"]
     known = {} if previous is None else {s.key: s for s in previous.turns}
     deferred = tuple(
@@ -490,7 +491,7 @@ def batch_turn(
     free = room(used)
     restored = choose_restores(wholes(state.settled, free, sent) if free > 0 else (), free, counter)
     if restored:
-        more = dict(sent)
+        more = before  # the message again, from what was sent before it, with the restores
         blocks_r, tokens_r = append_user(envelope, more, settled, renderer, counter, restored)
         text = BLOCK_SEP.join(blocks_r)
         user_r = _message(f"history:{envelope.turn}:user", "history", text, tokens_r)

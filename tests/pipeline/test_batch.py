@@ -310,3 +310,40 @@ def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> Non
     got = run_script(attrs.evolve(script, turns=script.turns[16:18]), again, check=False)
     assert [_messages(e) for e in got] == [_messages(e) for e in want]
     assert [e.batch for e in got] == [e.batch for e in want]
+
+
+def test_a_batched_turn_that_restores_keeps_its_own_context_whole(vault: Path) -> None:
+    """The extending path: a turn that attaches a new note and sends a cut entry whole
+    again carries the note's full block, then the intro and the entry, then the query,
+    and records both as sent (the message is made once more with the restores, from what
+    the batch sent before it, so the note is not taken for sent already)."""
+    from pipeline import RESTORED_INTRO, Form, Segment
+    from pipeline._conversation.batch import batch_turn
+
+    live = Conversation("Be terse.", vault=vault, defer_library=True)
+    live.turn("a", [{"note": "alpha.md"}])
+    live.reply("ok")
+    state = live.state.batch
+    built = Conversation("Be terse.", vault=vault, defer_library=False)
+    built.turn("a", [{"note": "alpha.md"}])
+    built.reply("ok")
+    env = built.turn("b", [{"note": "beta.md"}])
+    block = '<note key="note:eps.md">E</note>'
+    again = Segment("note:eps.md", Form.FULL, "note", "h-eps", block, 9)
+    out, after = batch_turn(
+        state,
+        env,
+        renderer=live.renderer,
+        counter=live.counter,
+        count=live.count_request,
+        fits=lambda _used: True,
+        room=lambda _used: 10_000,
+        wholes=lambda _settled, _room, _sent: [(9, lambda: again)],
+    )
+    assert out.batch is not None and out.batch.reason == "" and out.batch.restored == (again,)
+    beta = next(s for s in env.l3.segments if s.key == "note:beta.md")
+    assert out.batch.user.text == "\n\n".join(
+        [beta.text, RESTORED_INTRO, again.text, "---\n[User query]:\nb"]
+    )
+    assert dict(after.sent)["note:beta.md"] == beta.content_hash
+    assert dict(after.sent)["note:eps.md"] == "h-eps"
