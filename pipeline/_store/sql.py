@@ -22,6 +22,7 @@ from typing import Any, Protocol, Self, TypeVar
 import attrs
 import cattrs
 import xxhash
+from cattrs.gen import make_dict_structure_fn
 
 from pipeline._conversation.batch import DeferredTurn
 from pipeline._conversation.conversation import ConversationState
@@ -38,8 +39,10 @@ from pipeline._errors import (
     UnknownConversation,
 )
 from pipeline._model.artifacts import TurnWarning
+from pipeline._model.envelope import Decision
 from pipeline._model.history import HistoryEntry
 from pipeline._model.library import LibraryEntry
+from pipeline._store.legacy import legacy_action
 from pipeline._store.records import (
     SCHEMA_VERSION,
     AttachmentRecord,
@@ -135,6 +138,18 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 _converter = cattrs.Converter(forbid_extra_keys=True)
 # Stores written before warnings had codes hold bare sentences.
 _converter.register_structure_hook(TurnWarning, lambda value, _: TurnWarning.of(value))
+# Decisions saved before they were typed have no ``action``: it is told from the rest of
+# the record (``legacy_action``). Any other key is still checked (unknown ones refused).
+_decision = make_dict_structure_fn(Decision, _converter, _cattrs_forbid_extra_keys=True)
+
+
+def _structure_decision(value: Any, _: Any) -> Decision:
+    if isinstance(value, Mapping) and "action" not in value:
+        value = {**value, "action": str(legacy_action(value))}
+    return _decision(value, Decision)
+
+
+_converter.register_structure_hook(Decision, _structure_decision)
 
 
 class Cursor(Protocol):
