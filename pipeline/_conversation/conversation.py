@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -134,6 +134,9 @@ class Conversation:
         # This turn's new items on their way into L2, made by a background thread while the
         # model answers; everything that reads the library or the mutable memos waits.
         self._promotion: Promotion | None = None
+        # What the last promotion's preparing had left when this turn stopped it: it goes
+        # on after the next promotion's library (``Promotion.carry``).
+        self._preparing: tuple[Iterator[object], ...] = ()
         self._history: list[HistoryEntry] = []
         self._last_system: SystemPrompt | None = None
         self._vault_changes: dict[str, str] = {}
@@ -162,8 +165,9 @@ class Conversation:
         # saved: another agent's may replace it, never the host's own mutable part.
         self.agent_system = ""
 
-    def _settle(self) -> None:
-        """Take the promoted library once it is made (waiting for the background thread).
+    def _settle(self, *, next_turn: bool = False) -> None:
+        """Take the promoted library once it is made (waiting for the background thread;
+        for the ``next_turn``, not for its preparing of later turns' summaries).
         If making it failed, the library stays as the turn found it and a StageError says
         why (once: the conversation goes on)."""
         promotion = self._promotion
@@ -171,7 +175,8 @@ class Conversation:
             return
         self._promotion = None
         try:
-            self._library = promotion.result()
+            self._library = promotion.result(next_turn=next_turn)
+            self._preparing = (*self._preparing, *promotion.rest)
         except LaminaError:
             raise
         except Exception as exc:
@@ -319,7 +324,7 @@ class Conversation:
         """``turn``, and the turn graph it was assembled from; ``budget`` (default: the
         conversation's) fits it: an agent loop fits its turn leaving room for its calls
         and keeps the graph, so its cuts go on in the turn's order (``AgentTurn.fit``)."""
-        self._settle()
+        self._settle(next_turn=True)
         _validate.text("text", text)
         _validate.flag("background", background)
         attach = _validate.attachments("attach", attach)
@@ -425,6 +430,8 @@ class Conversation:
         self._library = graph.library
         self._promotion = graph.promoted
         if graph.promoted is not None and background:
+            graph.promoted.carry(self._preparing)
+            self._preparing = ()
             graph.promoted.start()
         elif graph.promoted is not None:
             graph.promoted.without_preparing()

@@ -124,6 +124,19 @@ class Library:
             raise ArgumentError("entry", f"{entry.key} is already in the library")
         return Library((*self.entries, entry))
 
+    def extend(self, entries: Sequence[LibraryEntry]) -> Library:
+        """A library with ``entries`` last, in order: ``append`` one by one, whose index is
+        made once (appending 1,600 entries one at a time rebuilt it 1,600 times)."""
+        index = dict(self._index)
+        for entry in entries:
+            if entry.key in index:
+                raise ArgumentError("entry", f"{entry.key} is already in the library")
+            index[entry.key] = len(index)
+        out = Library.__new__(Library)
+        object.__setattr__(out, "entries", (*self.entries, *entries))
+        object.__setattr__(out, "_index", index)
+        return out
+
     def unfold(self, key: str, entries: Sequence[LibraryEntry]) -> Library:
         """The entry ``key`` replaced in place by ``entries`` (an index unfolded)."""
         i = self._index[key]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 import attrs
@@ -326,11 +326,12 @@ def _promote(turn: TurnGraph, new: tuple[Placement, ...]) -> Library:
     unique = {item.key: item for item in new}
     forms = [_promoted(turn, item) for item in unique.values()]
     counts = ctx.counter.count_many([text for _, text in forms])
+    entries = []
     for (view, text), tokens in zip(forms, counts, strict=True):
         # The full block was counted when L3 was first measured: a memo hit.
         full = ctx.counter.count(ctx.renderer.render(full_view(turn.artifact(view.key))))
-        library = library.append(LibraryEntry(view, text, tokens, ctx.turn, full))
-    return library
+        entries.append(LibraryEntry(view, text, tokens, ctx.turn, full))
+    return library.extend(entries)
 
 
 def _promoted(turn: TurnGraph, item: Placement) -> tuple[View, str]:
@@ -350,10 +351,13 @@ def _promoted(turn: TurnGraph, item: Placement) -> tuple[View, str]:
     return carry_forward(artifact, ctx.counter, ctx.policy, ctx.renderer, ctx.views)
 
 
-def _prepare_summaries(turn: TurnGraph, library: Library, new: Sequence[LibraryEntry]) -> None:
+def _prepare_summaries(
+    turn: TurnGraph, library: Library, new: Sequence[LibraryEntry]
+) -> Iterator[None]:
     """Once the library fills half the budget, its next cuts preview entries kept whole and
     summarize previews: make the new ones' previews, rank them and count them (the
-    summary's size) here, off the request's path, so the turn that cuts only selects."""
+    summary's size) here, off the request's path, so the turn that cuts only selects.
+    Yields before each entry's work (``Promotion`` stops there when the next turn comes)."""
     ctx = turn.ctx
     summarizer = ctx.summarizer
     if ctx.budget is None or not isinstance(summarizer, PreparesSummaries):
@@ -363,6 +367,7 @@ def _prepare_summaries(turn: TurnGraph, library: Library, new: Sequence[LibraryE
     for view in (entry.view for entry in new):
         if not view.recoverable or view.form not in (Form.FULL, Form.PREVIEW):
             continue
+        yield
         body = view.body
         if view.form is Form.FULL:  # the cut makes its preview first
             body = body_preview(body, ctx.counter, ctx.policy, ctx.views).text

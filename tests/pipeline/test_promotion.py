@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from pipeline import Budget, Library, StageError
+from pipeline import ArgumentError, Budget, Library, StageError
 from pipeline._turn.promotion import Promotion
 
 _PARTS = (f"## Part {i}\n\n" + "Sentence of the plan. " * 80 for i in range(12))
@@ -159,3 +159,98 @@ def test_background_must_be_a_bool(tmp_path: Path) -> None:
     with pytest.raises(ArgumentError, match="background"):
         conv.turn("q", background=1)  # type: ignore[arg-type]
     assert conv.state.history == ()
+
+
+def test_extending_a_library_is_appending_its_entries_one_by_one() -> None:
+    from pipeline import Form, LibraryEntry, View
+
+    def entry(i: int) -> LibraryEntry:
+        view = View(f"note:n{i}.md", "note", Form.FULL, f"n{i}", f"n{i}.md", True, f"h{i}")
+        return LibraryEntry(view, f"<n{i}/>", 3, 1)
+
+    base = Library((entry(0),))
+    new = [entry(i) for i in range(1, 5)]
+    appended = base
+    for e in new:
+        appended = appended.append(e)
+    extended = base.extend(new)
+    assert extended == appended
+    assert [extended.get(f"note:n{i}.md") for i in range(5)] == list(appended)
+    assert "note:n4.md" in extended and "note:n5.md" not in extended
+    with pytest.raises(ArgumentError, match=r"note:n2\.md is already in the library"):
+        extended.extend([entry(5), entry(2)])
+    with pytest.raises(ArgumentError, match=r"note:n6\.md is already in the library"):
+        base.extend([entry(6), entry(6)])
+
+
+def test_the_next_turn_stops_the_preparing_and_the_rest_goes_on_after_its_library() -> None:
+    """A promotion's preparing (work for later turns) stops at its next step when the next
+    turn asks for the library; what is left runs after the next promotion's library, before
+    that promotion's own preparing."""
+    log: list[str] = []
+    first = Promotion(
+        lambda: log.append("make 1") or Library(),  # type: ignore[func-returns-value]
+        lambda _: (log.append(f"prepare 1.{i}") for i in range(3)),
+    )
+    assert first.result(next_turn=True) == Library()
+    assert log == ["make 1"]  # stopped before its first step's work
+    assert len(first.rest) == 1
+    second = Promotion(
+        lambda: log.append("make 2") or Library(),  # type: ignore[func-returns-value]
+        lambda _: (log.append(f"prepare 2.{i}") for i in range(2)),
+    )
+    second.carry(first.rest)
+    assert second.result() == Library()
+    assert log == ["make 1", "make 2", *(f"prepare 1.{i}" for i in range(3)), "prepare 2.0",
+                   "prepare 2.1"]  # fmt: skip
+    assert second.rest == ()
+    # A turn waited for at once carries nothing: its preparing is not run at all.
+    third = Promotion(lambda: Library(), lambda _: (log.append("never") for _ in range(1)))
+    third.without_preparing()
+    third.carry(first.rest)
+    assert third.result() == Library() and "never" not in log
+
+
+def test_a_turn_right_after_a_large_promotion_waits_for_its_library_not_its_ranking(
+    tmp_path: Path,
+) -> None:
+    """The turn after one that filled half the window asks for the library while the
+    worker still ranks its new entries: the ranking stops after the entry it is on, goes
+    on after that turn's library, and the requests are those waiting for all of it gives."""
+    from pipeline import TextRankSummarizer, TokenCounter, summary_pool
+    from renderers import openai_messages
+
+    gate, entered = threading.Event(), threading.Event()
+    ranked: list[str] = []
+
+    class Gated(TextRankSummarizer):
+        def prepare(self, text: str) -> None:
+            entered.set()
+            gate.wait(10)  # the worker's first ranking waits until the next turn asks
+            ranked.append(text)
+            super().prepare(text)
+
+    vault = _vault(tmp_path)
+    sent = {}
+    for wait in (True, False):
+        summary_pool().clear()
+        gate.clear()
+        entered.clear()
+        ranked.clear()
+        summarizer = Gated(TokenCounter())
+        conv = Conversation("s", vault=vault, budget=Budget(6_000, 500), summarizer=summarizer)
+        first = conv.turn("q", [{"note": f"docs/plan-{i}.md"} for i in range(4)])
+        conv.reply("a")
+        if wait:
+            gate.set()
+            _ = conv.library  # all of the ranking before the next turn
+            assert len(ranked) == 4
+        else:
+            assert entered.wait(10)  # the worker is on its first entry
+            threading.Timer(0.3, gate.set).start()
+        second = conv.turn("again?")
+        assert len(ranked) == (4 if wait else 1)  # stopped after the entry it was on
+        _ = conv.library  # the rest ran after the second turn's library
+        assert len(ranked) == 4
+        sent[wait] = [openai_messages(first), openai_messages(second)]
+    assert sent[False] == sent[True]
