@@ -1,8 +1,11 @@
 """What the provider reported for a turn, next to what Lamina predicted, and calibration.
 
 ``read_usage`` accepts an SDK response or usage object (OpenAI chat and Responses,
-Anthropic, Gemini), or their plain dict forms, and normalizes them to ``Usage``: input
-tokens always include the cached ones (Anthropic reports them apart; they are added).
+Anthropic, Gemini), a framework's (pydantic-ai's ``RequestUsage`` or ``ModelResponse``,
+LangChain's ``usage_metadata`` or ``AIMessage``), or their plain dict forms, and
+normalizes them to ``Usage``: input tokens always include the cached ones (Anthropic
+reports them apart; they are added; the frameworks have already added them). A usage
+that sums several requests (a run's) is refused: each request is read back alone.
 ``Calibration`` turns observed input tokens into a per-model count margin for providers
 whose tokenizer is not local, so the budget follows evidence instead of a fixed guess.
 """
@@ -112,15 +115,43 @@ def _usage_block(data: Mapping[str, Any]) -> Mapping[str, Any]:
     return data
 
 
-def read_usage(response: Any, provider: str = "") -> Usage:
-    """The usage of a response (or of its usage object), from any of the three providers.
+def _named_provider(data: Mapping[str, Any]) -> str:
+    """The provider a framework's response names (pydantic-ai's ``provider_name``,
+    LangChain's ``response_metadata.model_provider``), as Lamina names it; else ""."""
+    meta = data.get("response_metadata")
+    name = data.get("provider_name")
+    if name is None and isinstance(meta, Mapping):
+        name = meta.get("model_provider")
+    if not isinstance(name, str):
+        return ""
+    if name.startswith(("google", "gemini")):
+        return "gemini"
+    return name if name in ("openai", "anthropic") else ""
 
-    Raises ``ConfigError`` when no token figures can be found.
+
+def read_usage(response: Any, provider: str = "") -> Usage:
+    """The usage of one request: a response or its usage object, from any of the three
+    providers, pydantic-ai (``ModelResponse.usage``: ``cache_read_tokens`` and
+    ``cache_write_tokens``, already within ``input_tokens``) or LangChain
+    (``AIMessage.usage_metadata``: ``input_token_details``, likewise within).
+
+    Raises ``ConfigError`` when no token figures can be found, or when the figures sum
+    several requests (a run's usage: pydantic-ai's ``result.usage()``, the Agents SDK's
+    ``context_wrapper.usage``): read each request's own (``ModelResponse.usage``,
+    ``raw_responses[i].usage``).
     """
     data = _plain(response)
     if not isinstance(data, Mapping):
         raise ConfigError("usage", f"expected a response or usage object, got {type(response)}")
+    provider = provider or _named_provider(data)
     block = _usage_block(data)
+    requests = _int(block, "requests")
+    if requests is not None and requests > 1:
+        raise ConfigError(
+            "usage",
+            f"this usage sums {requests} requests (a run's): read back each request's own "
+            "usage (pydantic-ai: each ModelResponse.usage; Agents SDK: raw_responses[i].usage)",
+        )
     outputs = ("output_tokens", "completion_tokens", "candidates_token_count")
     output = _int(block, *outputs, "candidatesTokenCount") or 0
     # Gemini: the prompt count includes the cached content.
@@ -136,6 +167,24 @@ def read_usage(response: Any, provider: str = "") -> Usage:
         write = _int(block, "cache_creation_input_tokens") or 0
         plain = _int(block, "input_tokens") or 0
         return Usage(plain + read + write, read, write, output, provider or "anthropic")
+    # pydantic-ai: input_tokens include the cache reads and writes beside them.
+    if "prompt_tokens" not in block and any(
+        name in block for name in ("cache_read_tokens", "cache_write_tokens")
+    ):
+        read = _int(block, "cache_read_tokens") or 0
+        write = _int(block, "cache_write_tokens") or 0
+        return Usage(_int(block, "input_tokens") or 0, read, write, output, provider or "openai")
+    # LangChain: input_tokens include the cache reads and writes in input_token_details
+    # (Anthropic's writes as cache_creation, or by TTL when it reports them so).
+    details_lc = block.get("input_token_details")
+    if isinstance(details_lc, Mapping) and "input_tokens" in block:
+        read = _int(details_lc, "cache_read") or 0
+        by_ttl = ("ephemeral_5m_input_tokens", "ephemeral_1h_input_tokens")
+        write = _int(details_lc, "cache_creation") or sum(
+            _int(details_lc, name) or 0 for name in by_ttl
+        )
+        plain = _int(block, "input_tokens") or 0
+        return Usage(plain, read, write, output, provider or "openai")
     # OpenAI: chat (prompt_tokens) or Responses (input_tokens), cached tokens in details.
     total = _int(block, "prompt_tokens", "input_tokens")
     if total is None:

@@ -7,6 +7,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+import anthropic
+import httpx2
 from langchain.agents import create_agent
 from langchain.agents.middleware import ModelRequest, dynamic_prompt
 from langchain_anthropic import ChatAnthropic
@@ -24,8 +26,8 @@ from pydantic import SecretStr
 
 from lamina import Conversation
 from lamina.adapters.langchain import LaminaMiddleware, to_messages
-from pipeline import Budget, DecisionAction
-from renderers import agent_request, render_request, tool_tokens
+from pipeline import Budget, DecisionAction, read_usage
+from renderers import agent_request, render_request, tool_tokens, usage_record
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(400))
@@ -201,3 +203,56 @@ def test_a_system_prompt_rewritten_between_calls_is_sent_as_l1s_mutable_part() -
         assert loop.tokens == budget.used(loop.envelope, conv.counter) + added + steps
     assert conv.system.mutable == "Search first."
     assert [h.assistant for h in conv.history] == ["Answer 0."]
+
+
+def _anthropic_model(billed: list[dict[str, Any]]) -> ChatAnthropic:
+    """LangChain's own ChatAnthropic on Anthropic's SDK with an in-process transport: it
+    searches twice, then answers; each reply's usage (Anthropic's raw form, cache reads
+    and writes apart from ``input_tokens``) is kept in ``billed``."""
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        n = len(billed) + 1
+        usage = {"input_tokens": 40 + n, "output_tokens": 9, "cache_read_input_tokens":
+                 1024 * (n - 1), "cache_creation_input_tokens": 300 * n}  # fmt: skip
+        billed.append(usage)
+        content: list[dict[str, Any]] = [{"type": "text", "text": f"Step {n}."}]
+        if n < 3:
+            content.append({"type": "tool_use", "id": f"t{n}", "name": "search",
+                            "input": {"q": f"q{n}"}})  # fmt: skip
+        reply = {"id": f"m{n}", "type": "message", "role": "assistant",
+                 "model": "claude-sonnet-4-6", "content": content, "usage": usage,
+                 "stop_reason": "tool_use" if n < 3 else "end_turn",
+                 "stop_sequence": None}  # fmt: skip
+        return httpx2.Response(200, json=reply)
+
+    model = ChatAnthropic(model="claude-sonnet-4-6", api_key=SecretStr("offline"), max_tokens=1024)
+    transport = httpx2.Client(transport=httpx2.MockTransport(handle))
+    model.__dict__["_client"] = anthropic.Anthropic(api_key="offline", http_client=transport)
+    return model
+
+
+def test_each_model_call_is_read_back_from_langchains_own_usage() -> None:
+    """A create_agent run of three calls to LangChain's ChatAnthropic: each AIMessage's
+    ``usage_metadata`` (LangChain's, cache reads and writes within ``input_tokens``, in
+    ``input_token_details``) reads back as Anthropic's own usage of that call, against
+    that call's request (``lamina.loops[i]``). (Before, the cache reads and writes were
+    read as 0, so calls 2 and 3 warned of a cache miss.)"""
+    billed: list[dict[str, Any]] = []
+    conv = Conversation("You answer from search results.", vault=VAULT)
+    lamina = LaminaMiddleware(conv, "anthropic", "claude-sonnet-4-6")
+    agent = create_agent(_anthropic_model(billed), tools=[search], middleware=[lamina])
+    lamina.attach({"note": "project-spec.md"})
+    state = agent.invoke({"messages": [{"role": "user", "content": "What changed?"}]})
+    lamina.finish(state["messages"][-1].text)
+    replies = [m for m in state["messages"] if isinstance(m, AIMessage)]
+    assert len(replies) == len(lamina.loops) == len(billed) == 3
+    tools = lamina.state.tools
+    records = [
+        usage_record(lamina.loops[: n + 1], reply, "anthropic", "claude-sonnet-4-6", tools=tools)
+        for n, reply in enumerate(replies)
+    ]
+    assert [u.observed for u in records] == [read_usage(b, "anthropic") for b in billed]
+    assert [(u.observed.cached_tokens, u.observed.cache_write_tokens) for u in records] == [
+        (0, 300), (1024, 600), (2048, 900)
+    ]
+    assert [(u.turn, u.call) for u in records] == [(1, 1), (1, 2), (1, 3)]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from openai import AsyncOpenAI
-from pydantic_ai import Agent
+from pydantic_ai import Agent, AgentRunResult, CallToolsNode
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.messages import (
     ModelMessage,
@@ -26,8 +28,8 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from lamina import Conversation
 from lamina.adapters.pydantic_ai import LaminaHistory
-from pipeline import Budget
-from renderers import agent_request, render_request, tool_tokens
+from pipeline import Budget, ConfigError, read_usage
+from renderers import agent_request, render_request, tool_tokens, usage_record
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 
@@ -270,3 +272,115 @@ def test_the_request_pydantic_ai_sends_is_counted_exactly_and_fits() -> None:
         assert sent(body) == loop.tokens <= budget.limit
     assert any(d.to_form == "stub" for loop in history.loops for d in loop.decisions)
     assert [h.assistant for h in conv.history] == ["Answer 3.", "Answer 6.", "Answer 9."]
+
+
+def _billing_model(
+    bodies: list[dict[str, Any]], billed: list[dict[str, Any]], counter: Any, budget: Budget
+) -> OpenAIChatModel:
+    """pydantic-ai's OpenAI chat model on an in-process transport that bills like a provider
+    with a prefix cache: ``prompt_tokens`` is the body as sent, counted message by message;
+    ``cached_tokens`` the leading run of tool definitions and messages an earlier body
+    shares whole, in 128-token steps from 1,024 (OpenAI's rules). The model searches twice
+    (text with each call), then answers."""
+    framing = budget.framing
+
+    def units(body: dict[str, Any]) -> list[tuple[str, int]]:
+        tools = [t["function"] for t in body.get("tools", [])]
+        out = [(json.dumps(tools), tool_tokens(tools, "openai", counter))]
+        for m in body["messages"]:
+            tokens = framing.per_message + counter.count(m.get("content") or "")
+            for call in m.get("tool_calls") or ():
+                fn = call["function"]
+                tokens += framing.tool_call + counter.count(fn["name"] + fn["arguments"])
+            out.append((json.dumps(m, sort_keys=True), tokens))
+        return out
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        mine = units(body)
+        shared = 0
+        for earlier in map(units, bodies):
+            run = 0
+            for (a, tokens), (b, _) in zip(mine, earlier, strict=False):
+                if a != b:
+                    break
+                run += tokens
+            shared = max(shared, run)
+        bodies.append(body)
+        n = len(bodies)
+        if sum(1 for m in body["messages"] if m.get("tool_calls")) < 2:
+            call = {"name": "search", "arguments": json.dumps({"q": f"r{n}"})}
+            message: dict[str, Any] = {
+                "role": "assistant",
+                "content": f"Let me search ({n}).",
+                "tool_calls": [{"id": f"c{n}", "type": "function", "function": call}],
+            }
+        else:
+            message = {"role": "assistant", "content": f"Answer {n}."}
+        prompt = framing.priming + sum(tokens for _, tokens in mine)
+        cached = shared - shared % 128 if shared >= 1024 else 0
+        usage = {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7,
+                 "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+        billed.append(usage)
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        reply = {"id": f"r{n}", "object": "chat.completion", "created": 0, "model": "gpt-4o"}
+        return httpx.Response(200, json={**reply, "choices": [choice], "usage": usage})
+
+    transport = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    client = AsyncOpenAI(api_key="offline", http_client=transport)  # type: ignore[arg-type]
+    return OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
+
+
+def test_each_request_of_a_run_is_read_back_from_pydantic_ais_own_usage() -> None:
+    """Two runs of three requests through pydantic-ai's OpenAI model: each response's
+    ``usage`` (pydantic-ai's ``RequestUsage``, its cache reads within ``input_tokens``) is
+    read back against that request (``history.loops[i]``): input, cached and output
+    tokens are the provider's, the predicted input is the provider's count exactly and
+    calls 2 and 3 predict the prefix served, with no warning. (Before, the cache reads
+    were read as 0, so each of those calls warned of a cache miss.) The run's summed
+    usage is refused."""
+    bodies: list[dict[str, Any]] = []
+    billed: list[dict[str, Any]] = []
+    budget = Budget(context_window=16000, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    history = LaminaHistory(conv)
+    model = _billing_model(bodies, billed, conv.counter, budget)
+    agent = Agent(model, capabilities=[ProcessHistory(history)], system_prompt="Cite the note.")
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        """Search the project notes."""
+        return _result(q)
+
+    responses: list[ModelResponse] = []  # each model request's response, as it came
+
+    async def run(question: str) -> AgentRunResult[str]:
+        async with agent.iter(question) as running:
+            async for node in running:
+                if isinstance(node, CallToolsNode):
+                    responses.append(node.model_response)
+        assert running.result is not None
+        return running.result
+
+    for i in range(2):
+        history.attach({"note": "project-spec.md"})
+        result = asyncio.run(run(f"Question {i}: what does the sync engine do?"))
+        history.finish(result.output)
+    assert len(responses) == len(history.loops) == len(bodies) == 6
+    with pytest.raises(ConfigError, match="sums 3 requests"):
+        read_usage(result.usage)
+    records = []
+    for n, response in enumerate(responses):
+        read = usage_record(history.loops[: n + 1], response.usage, "openai", "gpt-4o",
+                            tools=history.state.tools)  # fmt: skip
+        records.append(read)
+    observed = [u.observed for u in records]
+    assert [(o.input_tokens, o.cached_tokens, o.output_tokens) for o in observed] == [
+        (b["prompt_tokens"], b["prompt_tokens_details"]["cached_tokens"], 7) for b in billed
+    ]
+    assert [u.predicted_input for u in records] == [o.input_tokens for o in observed]
+    assert [o.cached_tokens > 0 for o in observed] == [False, True, True, False, True, True]
+    for u in (records[1], records[2], records[4], records[5]):
+        assert u.predicted_cached == u.observed.cached_tokens
+    assert all(u.warning is None for u in records)
+    assert [(u.turn, u.call) for u in records] == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
