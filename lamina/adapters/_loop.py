@@ -46,7 +46,8 @@ class LoopState:
     keeps the prompt the turn started with: the next turn's L1 is the prompt the
     framework sends when its next run starts (the agent it starts with); when the last
     request sent another agent's, the turn's requests carry a ``handoff`` decision too
-    (``AgentTurn.after``). ``tools`` are the tool
+    (``AgentTurn.after``), in a session loaded from a store too (the text is saved,
+    ``Conversation.agent_handoff``). ``tools`` are the tool
     definitions of the last request, as counted (pass them to
     ``renderers.usage_record(tools=)`` so the predicted input includes them, with the
     ``loops`` so far as the requests: each call is read back against its own).
@@ -93,7 +94,9 @@ class LoopState:
         """The turn for ``query``: the current one, or a new one built by the conversation."""
         if self.agent is not None and self.query == query and not self._finished:
             return self.agent
-        previous = self.loops[-1].envelope if self.loops else None
+        # The request before this turn's first: this session's last, else the handed
+        # instructions the conversation saved (a session loaded from a store).
+        previous = self.loops[-1].envelope if self.loops else self.conversation.agent_handoff
         self.agent = AgentTurn.start(
             self.conversation,
             query,
@@ -179,8 +182,12 @@ class LoopState:
         """End the turn: L4 keeps the query and ``answer``."""
         if self.agent is None or self._finished:
             raise ConversationError("finish() without a turn in progress")
-        self.agent.finish(self.conversation, answer)
+        agent = self.agent
+        agent.finish(self.conversation, answer)
         self._finished = True
+        # What the turn's requests sent after a handoff, saved with the conversation: the
+        # next turn's first request follows them, in this session or a loaded one.
+        self.conversation.agent_handoff = agent.handed_system
 
 
 class LoopAdapter:

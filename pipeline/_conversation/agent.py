@@ -245,6 +245,12 @@ class AgentTurn:
         """The envelope the loop's next request is built from (``handoff`` or ``envelope``)."""
         return self.envelope if self.handoff is None else self.handoff
 
+    @property
+    def handed_system(self) -> str:
+        """L1's mutable text the loop's requests send when a handoff set it (``with_system``,
+        ``after``), else "": what a conversation keeps as ``agent_handoff``."""
+        return _mutable(self.handoff) if self.handoff is not None and _handed(self.handoff) else ""
+
     def with_system(self, system: SystemPrompt) -> AgentTurn:
         """The loop after a handoff to an agent with other instructions: its next requests
         send ``system`` as L1 (the same stable part, the new agent's instructions as the
@@ -272,19 +278,23 @@ class AgentTurn:
             fitting = turn_fitting(graph, draft(graph, fitting.draft), self.budget)
         return attrs.evolve(self, handoff=handoff, fitting=fitting)
 
-    def after(self, previous: Envelope | None) -> AgentTurn:
+    def after(self, previous: Envelope | str | None) -> AgentTurn:
         """The turn whose first request follows ``previous`` (the last request of the loop
         before it): when that one sent another agent's instructions (``with_system``) and
         this turn's L1 mutable part differs from them with no decision of its own (the
         run starts with its first agent again), the turn's requests carry a ``handoff``
         decision (L1) that says why the prefix broke there; the bytes are unchanged and
-        ``envelope`` (saved) has no such decision."""
-        if previous is None or not _handed(previous):
+        ``envelope`` (saved) has no such decision. ``previous`` may be given as the L1
+        mutable text that request sent after its handoff (``Conversation.agent_handoff``,
+        saved: a session loaded from a store has not seen the request itself)."""
+        if isinstance(previous, Envelope):
+            previous = _mutable(previous) if _handed(previous) else None
+        if not previous:
             return self
         own = self.sent
         if any(d.layer == "L1" for d in own.report.decisions):
             return self
-        if _mutable(previous) == _mutable(own):
+        if previous == _mutable(own):
             return self
         reason = "agent handoff: the run starts with its first agent's instructions again"
         report = _with_handoff(own, reason)

@@ -70,7 +70,9 @@ class ConversationState:
     ``budget`` is None for a conversation without one (and in states saved before it).
     ``defer_library`` is False in states saved before it, so a stored chat keeps sending
     the requests it sent; ``batch`` is where its current batch settled. ``agent_system``
-    is the L1 mutable text an agent framework's adapter set (``Conversation.agent_system``).
+    is the L1 mutable text an agent framework's adapter set (``Conversation.agent_system``);
+    ``agent_handoff`` the L1 mutable text the last turn's last request sent when a handoff
+    within that turn set it (``Conversation.agent_handoff``).
     """
 
     system: SystemPrompt
@@ -87,6 +89,7 @@ class ConversationState:
     defer_library: bool = False
     batch: BatchState | None = None
     agent_system: str = ""
+    agent_handoff: str = ""
 
 
 class Conversation:
@@ -164,6 +167,10 @@ class Conversation:
         # The L1 mutable text an agent framework's adapter set (its agent's instructions),
         # saved: another agent's may replace it, never the host's own mutable part.
         self.agent_system = ""
+        # The L1 mutable text the last turn's last request sent when a handoff within the
+        # turn set it, else "" (saved): the next turn's first request follows that one, so
+        # a session that did not see it (loaded from a store) still explains the change.
+        self.agent_handoff = ""
 
     def _settle(self, *, next_turn: bool = False) -> None:
         """Take the promoted library once it is made (waiting for the background thread;
@@ -216,6 +223,7 @@ class Conversation:
             defer_library=self.defer_library,
             batch=self._batch if self.defer_library else None,
             agent_system=self.agent_system,
+            agent_handoff=self.agent_handoff,
         )
 
     @classmethod
@@ -260,6 +268,7 @@ class Conversation:
         conv._usage = {(u.turn, u.call): u for u in state.usage}
         conv._calibration = {c.model: c for c in state.calibration}
         conv.agent_system = state.agent_system
+        conv.agent_handoff = state.agent_handoff
         return conv
 
     @property
@@ -439,6 +448,7 @@ class Conversation:
         self._l1_compacted = graph.system.mutable != self._system.mutable
         self._history.append(HistoryEntry(number, text))
         self._last_system = self._system
+        self.agent_handoff = ""  # this turn's requests follow the handed one
         return envelope, graph
 
     def _batched(self, envelope: Envelope, library: Library) -> tuple[Envelope, BatchState]:

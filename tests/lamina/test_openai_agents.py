@@ -527,6 +527,45 @@ def test_the_next_run_after_a_handoff_restores_byte_for_byte(tmp_path: Path) -> 
     store.close()
 
 
+def test_a_loaded_sessions_first_request_after_a_handoff_is_explained(
+    backend: Backend,
+) -> None:
+    """Run 1 (triage hands off to the researcher) is saved; run 2 in a session loaded from
+    the store starts with triage again: its first request carries the ``handoff`` decision
+    the uninterrupted session gives it (the researcher's instructions the last request
+    sent are saved, ``agent_handoff``), so ``check_envelope`` holds across the two
+    sessions. Before, the loaded session had no such decision and invariant 5 failed."""
+    budget = Budget(context_window=8000, reserve_output=300)
+    whole: list[dict[str, Any]] = []
+    live = LaminaSession(Conversation(STABLE, vault=VAULT, budget=budget))
+    _runs(live, _triage(_responses_model(whole)), range(2))
+    parts: list[dict[str, Any]] = []
+    agent = _triage(_responses_model(parts))
+    with backend.open() as store:
+        first = LaminaSession(Conversation(STABLE, vault=VAULT, budget=budget), store, "c")
+        _runs(first, agent, range(1))
+        assert store.load("c").agent_handoff == RESEARCH
+        loaded = load_conversation(store, "c", vault=VAULT)
+        assert loaded.agent_handoff == RESEARCH
+        second = LaminaSession(loaded, store, "c")
+        _runs(second, agent, range(1, 2))
+        requests = [loop.envelope for loop in (*first.loops, *second.loops)]
+        expected = [loop.envelope for loop in live.loops]
+        assert len(requests) == len(expected) == len(parts) == 6
+        assert [e.report.decisions for e in requests] == [e.report.decisions for e in expected]
+        handed = [d.action for d in second.loops[0].envelope.report.decisions if d.layer == "L1"]
+        assert handed == [DecisionAction.HANDOFF]
+        for before, after in itertools.pairwise(requests):
+            check_envelope(after, before)
+        assert [b["instructions"] for b in parts] == [b["instructions"] for b in whole]
+        assert store.load("c") == live.conversation.state
+        assert store.load("c").agent_handoff == RESEARCH  # run 2 handed off too
+    # A turn built without the adapter follows the handed request itself: the text is spent.
+    plain = live.conversation
+    plain.turn("A plain question?")
+    assert plain.agent_handoff == ""
+
+
 def test_a_handoff_never_replaces_a_mutable_part_the_host_set() -> None:
     """A triage agent without instructions leaves the host's memory in L1; a handoff to
     an agent with instructions would replace it, so it raises rather than lose either."""
