@@ -26,7 +26,13 @@ from rich.table import Table
 import pipeline
 from lamina._budgets import NeedsWindow, budget_of
 from lamina._files import write_atomic
-from lamina._host import Conversation, import_transcript, load_conversation, rebuild_envelope
+from lamina._host import (
+    Conversation,
+    import_transcript,
+    load_conversation,
+    rebuild_envelope,
+    rebuild_envelopes,
+)
 from lamina._replay_cli import replay_command
 from lamina._script import Script, load_script, parse_script, run_saved, run_script
 from pipeline import (
@@ -974,8 +980,8 @@ def _saved_envelopes(
         sources = _sources(root, allow_private_network)
         conv = load_conversation(store, conversation_id, sources=sources)
         envelopes: list[Envelope] = []
-        for k in range(1, len(store.turns(conversation_id)) + 1):
-            envelope = rebuild_envelope(store, conversation_id, k, sources=sources)
+        # A turn an older Lamina saved comes from its manifest if its layers can be told.
+        for k, envelope in enumerate(rebuild_envelopes(store, conversation_id, sources=sources), 1):
             if envelope is None:
                 raise ScriptError(
                     store_path,

@@ -33,6 +33,7 @@ __all__ = [
     "load_conversation",
     "parse_transcript",
     "rebuild_envelope",
+    "rebuild_envelopes",
     "render_transcript",
     "renderer_for",
     "stateless_turn",
@@ -151,6 +152,21 @@ def rebuild_envelope(
     """``pipeline.rebuild_envelope`` with ``vault=`` and default edges."""
     return pipeline.rebuild_envelope(
         store, conversation_id, turn, **_edges(vault, sources, renderer), **options
+    )
+
+
+def rebuild_envelopes(
+    store: pipeline.Store,
+    conversation_id: str,
+    *,
+    vault: str | Path | Vault | None = None,
+    sources: SourceResolver | None = None,
+    renderer: SegmentRenderer | None = None,
+    **options: Any,
+) -> tuple[Envelope | None, ...]:
+    """``pipeline.rebuild_envelopes`` with ``vault=`` and default edges."""
+    return pipeline.rebuild_envelopes(
+        store, conversation_id, **_edges(vault, sources, renderer), **options
     )
 
 

@@ -9,9 +9,11 @@ temp folder, runs with ``fsync=off`` and is stopped at the end of the session. I
 from __future__ import annotations
 
 import contextlib
+import gzip
 import itertools
 import os
 import sqlite3
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -103,3 +105,45 @@ def make_backend(name: str, folder: Path, server: PgServer | None) -> Backend:
         return Backend(name, str(folder / "s.db"))
     assert server is not None
     return Backend(name, server.create_database())
+
+
+# Stores older Lamina versions wrote (``tests/data/legacy-stores``, see its README).
+LEGACY = Path(__file__).resolve().parent / "data" / "legacy-stores"
+COMMITS = ("04fd623", "4f04b07", "a7b9f6f")
+# Parents before children, for the foreign keys.
+_COPIED = ("snapshots", "conversations", "turns", "entries", "attachments", "summaries",
+           "token_counts")  # fmt: skip
+
+
+def legacy_store(commit: str, backend: Backend) -> str:
+    """The store ``commit`` wrote, at ``backend`` (schema version 2, every row as written:
+    PostgreSQL gets the SQLite file's rows in a version-2 schema); returns the id of its
+    one conversation."""
+    body = gzip.decompress((LEGACY / f"{commit}.sqlite.gz").read_bytes())
+    if backend.name == "sqlite":
+        Path(backend.value).write_bytes(body)
+        return str(backend.rows("SELECT id FROM conversations")[0][0])
+    import psycopg
+
+    with backend.open():
+        pass  # this Lamina's tables, then back to what version 2 had
+    backend.execute("ALTER TABLE turns DROP COLUMN schema_version")
+    backend.execute("UPDATE lamina_schema SET version = 2")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "old.sqlite"
+        path.write_bytes(body)
+        db = sqlite3.connect(path)
+        try:
+            with psycopg.connect(backend.value, options="-c search_path=lamina") as pg:
+                for table in _COPIED:
+                    cursor = db.execute(f"SELECT * FROM {table}")
+                    names = ", ".join(d[0] for d in cursor.description)
+                    marks = ", ".join(["%s"] * len(cursor.description))
+                    with pg.cursor() as out:
+                        out.executemany(
+                            f"INSERT INTO {table} ({names}) VALUES ({marks})", cursor.fetchall()
+                        )
+            (cid,) = db.execute("SELECT id FROM conversations").fetchone()
+        finally:
+            db.close()
+    return str(cid)

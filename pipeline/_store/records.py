@@ -14,7 +14,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -27,7 +27,7 @@ from pipeline._errors import (
 )
 from pipeline._hashing import content_hash as _content_hash
 from pipeline._model.artifacts import AttachmentSpec
-from pipeline._model.envelope import BuildReport, Envelope, Form
+from pipeline._model.envelope import BuildReport, Envelope, Form, Layer, LayerName, Segment
 from pipeline._model.kinds import AttachmentKinds, NoKinds
 from pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
 
@@ -50,6 +50,7 @@ __all__ = [
     "new_conversation_id",
     "now_stamp",
     "rebuild_envelope",
+    "rebuild_envelopes",
     "save_turn",
     "stateless_turn",
     "turn_record",
@@ -462,8 +463,84 @@ def rebuild_envelope(
     holds manifests, not texts, so the turn is replayed and checked against its manifest.
     None when it cannot be replayed identically (a note changed on disk, a spec not kept).
     """
+    k = turn if turn is not None else len(store.turns(conversation_id))
+    envelope = _replay(store, conversation_id, k, restore)
+    if envelope is None:
+        return None
+    return envelope if Manifest.of(envelope) == store.manifest(conversation_id, k) else None
+
+
+def rebuild_envelopes(
+    store: Store, conversation_id: str, **restore: Any
+) -> tuple[Envelope | None, ...]:
+    """Every turn's envelope as it was sent, rebuilt turn by turn (None: a turn that
+    cannot be told), for a report of a whole saved chat.
+
+    A turn this Lamina replays identically is ``rebuild_envelope``'s. A turn an older
+    Lamina saved may not be: its stored report lacks what this version records, or this
+    version's budget decides the turn otherwise. Its envelope is then made of the stored
+    manifest, each segment's text taken from what the replays so far rendered or the
+    stored library holds (same key, form, content hash and tokens), and kept only if
+    each layer's text hashes to the stored layer's hash: the layers are byte for byte
+    what was sent (the framing around them, such as the library heading, is this
+    version's). It carries the stored report: the decisions made when it was sent.
+    """
+    known: dict[tuple[str, str, str, int], Segment] = {}
+
+    def learn(segments: Iterable[Segment]) -> None:
+        # The latest wins: two renders of one key, form and size may differ in a mark
+        # (``library="summary"`` or ``"reference"``), and this turn's is likeliest.
+        for seg in segments:
+            known[(seg.key, str(seg.form), seg.content_hash, seg.tokens)] = seg
+
+    out: list[Envelope | None] = []
+    for k in range(1, len(store.turns(conversation_id)) + 1):
+        envelope = _replay(store, conversation_id, k, restore)
+        stored = store.manifest(conversation_id, k)
+        if envelope is not None and Manifest.of(envelope) == stored:
+            out.append(envelope)
+        else:
+            for t in (k - 1, k):
+                if t >= 1:
+                    library = store.load(conversation_id, t).library
+                    learn(Segment.of_view(e.view, e.text, e.tokens) for e in library)
+        if envelope is not None:
+            learn(s for layer in envelope.layers for s in layer.segments)
+        if len(out) < k:
+            out.append(None if stored is None else _as_sent(stored, known))
+    return tuple(out)
+
+
+def _as_sent(
+    stored: Manifest, known: Mapping[tuple[str, str, str, int], Segment]
+) -> Envelope | None:
+    """The envelope ``stored`` describes, of the ``known`` segments; None if a segment is
+    not known, a layer's text does not hash to the stored hash, or it was sent as a batch
+    (whose request the manifest holds only as a hash)."""
+    if stored.batch_hash:
+        return None
+    layers: list[Layer] = []
+    for layer in stored.layers:
+        segments = []
+        for s in layer.segments:
+            seg = known.get((s.key, str(s.form), s.content_hash, s.tokens))
+            if seg is None:
+                return None
+            segments.append(attrs.evolve(seg, title=s.title, locator=s.locator, role=s.role))
+        made = Layer(LayerName(layer.name), tuple(segments), layer.tokens)
+        if made.hash != layer.hash:
+            return None
+        layers.append(made)
+    l1, l2, l3, l4, l5 = layers
+    return Envelope(stored.turn, (l1, l2, l3, l4, l5), stored.report)
+
+
+def _replay(
+    store: Store, conversation_id: str, k: int, restore: Mapping[str, Any]
+) -> Envelope | None:
+    """Turn ``k`` built again from the turn before it (unchecked); None when it cannot be
+    (no such turn, a spec not kept, the build fails)."""
     records = store.turns(conversation_id)
-    k = turn if turn is not None else len(records)
     if not 1 <= k <= len(records):
         return None
     record = records[k - 1]
@@ -488,9 +565,6 @@ def rebuild_envelope(
     earlier = dict(before.vault_changes)
     changes = {p: t for p, t in after.vault_changes if earlier.get(p) != t}
     try:
-        envelope = conv.turn(
-            record.user, [f for f in forms if f is not None], vault_changes=changes
-        )
+        return conv.turn(record.user, [f for f in forms if f is not None], vault_changes=changes)
     except LaminaError:
         return None
-    return envelope if Manifest.of(envelope) == store.manifest(conversation_id, k) else None

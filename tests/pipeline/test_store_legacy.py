@@ -7,12 +7,8 @@ of the record (``legacy_action``), its reason kept; an unknown field is still re
 from __future__ import annotations
 
 import collections
-import gzip
 import json
-import sqlite3
-import tempfile
 import zlib
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,49 +18,9 @@ from hypothesis import strategies as st
 from pipeline import DecisionAction, DecisionForm, StoreUnknownFields
 from pipeline._store.legacy import legacy_action
 from pipeline._store.records import canonical, digest
-from tests.stores import Backend
+from tests.stores import COMMITS, Backend, legacy_store
 
 A = DecisionAction
-DATA = Path(__file__).resolve().parents[1] / "data" / "legacy-stores"
-COMMITS = ("04fd623", "4f04b07", "a7b9f6f")
-# Children before parents, for the foreign keys.
-_TABLES = ("snapshots", "conversations", "turns", "entries", "attachments", "summaries",
-           "token_counts")  # fmt: skip
-
-
-def legacy_store(commit: str, backend: Backend) -> str:
-    """The store ``commit`` wrote, at ``backend`` (its schema version 2, every row as
-    written: PostgreSQL gets the SQLite file's rows); returns the conversation id."""
-    body = gzip.decompress((DATA / f"{commit}.sqlite.gz").read_bytes())
-    if backend.name == "sqlite":
-        Path(backend.value).write_bytes(body)
-        return str(backend.rows("SELECT id FROM conversations")[0][0])
-    return _copied(body, backend)
-
-
-def _copied(body: bytes, backend: Backend) -> str:
-    """Copy the SQLite store's rows into an empty PostgreSQL store at version 2."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "old.sqlite"
-        path.write_bytes(body)
-        with backend.open():
-            pass  # this Lamina's tables, then back to what version 2 had
-        backend.execute("ALTER TABLE turns DROP COLUMN schema_version")
-        backend.execute("UPDATE lamina_schema SET version = 2")
-        db = sqlite3.connect(path)
-        try:
-            for table in _TABLES:
-                cursor = db.execute(f"SELECT * FROM {table}")
-                names = ", ".join(d[0] for d in cursor.description)
-                marks = ", ".join("?" * len(cursor.description))
-                for row in cursor.fetchall():
-                    backend.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", row)
-            (cid,) = db.execute("SELECT id FROM conversations").fetchone()
-        finally:
-            db.close()
-    return str(cid)
-
-
 def _every_turn(backend: Backend, cid: str, **options: Any) -> collections.Counter[str]:
     """Load every turn's state and manifest; count the manifests' decisions by action."""
     actions: collections.Counter[str] = collections.Counter()

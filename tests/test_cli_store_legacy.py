@@ -1,0 +1,84 @@
+"""``lamina report --store`` and ``lamina export`` on stores older Lamina versions wrote
+(chat30 at 6,000 tokens, saved by three commits from before decisions were typed), as
+they are (read-only, unchanged) and after ``lamina migrate``, on SQLite and PostgreSQL.
+Before, the report stopped at turn 1 (``cannot be rebuilt as it was sent``): no stored
+report equals this version's, and five turns' layers this version's budget builds
+otherwise."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+
+import lamina
+from pipeline import open_store
+from pipeline._hashing import text_hash
+from pipeline._store.records import canonical, digest
+from tests.cli import ROOT, lamina_here
+from tests.stores import COMMITS, Backend, legacy_store
+
+VAULT = str(ROOT / "examples" / "vault")
+
+
+def _report(backend: Backend, cid: str, page: Path) -> str:
+    ran = lamina_here(
+        "report", "--store", backend.value, "--conversation", cid, "--out", str(page),
+        "--vault", VAULT,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == f"report: {page.resolve()} (30 turns)\n"
+    return page.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("commit", COMMITS)
+def test_report_and_export_read_an_old_store_as_it_is_and_after_migrating(
+    backend: Backend, commit: str, tmp_path: Path
+) -> None:
+    cid = legacy_store(commit, backend)
+    before = backend.dump()
+    page = _report(backend, cid, tmp_path / "report.html")
+    assert "turn 30" in page and "evicted" in page
+    exported = lamina_here("export", backend.value, "--conversation", cid)
+    assert exported.returncode == 0, exported.stderr
+    assert exported.stdout.count("\n**user**: Turn ") == 30
+    assert backend.dump() == before
+    migrated = lamina_here("migrate", backend.value)
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout.endswith("schema version 3 (was 2)\n")
+    assert _report(backend, cid, tmp_path / "after.html") == page
+
+
+def test_each_old_turn_is_told_with_the_layers_it_was_sent_with(backend: Backend) -> None:
+    """Every turn's five layers hash to its stored manifest's (25 replay so; turns 9,
+    11, 14, 23 and 29 are made of the texts earlier turns and the stored library hold),
+    and carry the stored report; a layer whose stored hash is not matched is not told."""
+    cid = legacy_store("a7b9f6f", backend)
+    with open_store(backend.value, read_only=True) as store:
+        envelopes = lamina.rebuild_envelopes(store, cid, vault=VAULT)
+        assert len(envelopes) == 30
+        for k, envelope in enumerate(envelopes, 1):
+            manifest = store.manifest(cid, k)
+            assert envelope is not None and manifest is not None
+            assert [layer.hash for layer in envelope.layers] == [
+                layer.hash for layer in manifest.layers
+            ]
+            assert [text_hash(layer.text) for layer in envelope.layers] == [
+                layer.hash for layer in manifest.layers
+            ]
+            assert envelope.report == manifest.report
+    (h,) = backend.rows("SELECT manifest_hash FROM turns WHERE turn = 23")[0]
+    (body,) = backend.rows("SELECT body FROM snapshots WHERE hash = ?", (h,))[0]
+    plain = json.loads(zlib.decompress(bytes(body)))
+    plain["layers"][2]["hash"] = "0" * 32  # L3 as it was not sent
+    changed = canonical(plain)
+    backend.execute(
+        "INSERT INTO snapshots VALUES (?, ?, ?)",
+        (digest(changed), "manifest", zlib.compress(changed, 6)),
+    )
+    backend.execute("UPDATE turns SET manifest_hash = ? WHERE turn = 23", (digest(changed),))
+    with open_store(backend.value, read_only=True) as store:
+        told = lamina.rebuild_envelopes(store, cid, vault=VAULT)
+    assert [k for k, e in enumerate(told, 1) if e is None] == [23]
