@@ -58,6 +58,8 @@ class LoopState:
         self.tool_headroom = tool_headroom
         self._sent_system = ""
         self.pending: list[Any] = []
+        self.attached: list[Any] = []
+        """The current turn's attachments (``attach`` before it started): saved with it."""
         self.agent: AgentTurn | None = None
         self.query: str | None = None
         self.loops: list[Loop] = []
@@ -104,7 +106,7 @@ class LoopState:
             tool_headroom=self.tool_headroom,
             tools_tokens=tools_tokens,
         ).after(previous)
-        self.pending = []
+        self.attached, self.pending = self.pending, []
         self.query = query
         self._results = {}
         self._finished = False

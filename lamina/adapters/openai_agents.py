@@ -203,7 +203,10 @@ class LaminaSession(LoopAdapter, SessionABC):
             except UnknownConversation:
                 self.store.create(ConversationInfo(self.session_id))
             assert self.state.envelope is not None
-            save_turn(self.store, self.session_id, self.conversation, self.state.envelope)
+            save_turn(
+                self.store, self.session_id, self.conversation, self.state.envelope,
+                self.state.attached,
+            )  # fmt: skip
 
     async def pop_item(self) -> TResponseInputItem | None:
         raise ConversationError("a Lamina session keeps its turns: pop_item is not supported")

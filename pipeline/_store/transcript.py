@@ -4,6 +4,16 @@ A transcript is what a person reads in a notes app: YAML frontmatter, then per m
 ``**user**: ...`` / ``**ai**: ...``, a ``[Context: Notes: a.md | URLs: ...]`` line and a
 ``[Timestamp: ...]`` line. Import replays the turns, rebuilding attachments by running the
 processors again; whatever cannot be rebuilt is listed in the ``ImportReport``.
+
+The frontmatter carries what the next request needs to send the same bytes besides the
+messages: the system prompt (``system``), and when an agent framework's adapter set L1's
+mutable part, ``agent_system`` (that text is the adapter's, so another agent may replace
+it) and ``agent_handoff`` (what the last requests sent after a handoff, so the next one is
+explained). Usage read-backs and calibration are not carried: they are what a provider
+billed for requests as they were sent, and an import builds every request again (its
+attachments processed anew, under the importing host's budget), so they would describe
+requests that no longer exist; the store keeps them, and a resumed conversation learns
+its margin again from its own requests.
 """
 
 from __future__ import annotations
@@ -75,6 +85,10 @@ class ChatTranscript:
     title: str = ""
     system: SystemPrompt = attrs.field(factory=SystemPrompt)
     messages: tuple[ChatMessage, ...] = ()
+    agent_system: str = ""
+    """L1's mutable text an agent framework's adapter set (``Conversation.agent_system``)."""
+    agent_handoff: str = ""
+    """What the last requests sent after a handoff (``Conversation.agent_handoff``)."""
 
 
 @attrs.frozen
@@ -148,6 +162,10 @@ def render_transcript(transcript: ChatTranscript, kinds: AttachmentKinds | None 
             "stable": transcript.system.stable,
             "mutable": transcript.system.mutable,
         }
+    if transcript.agent_system:
+        header["agent_system"] = transcript.agent_system
+    if transcript.agent_handoff:
+        header["agent_handoff"] = transcript.agent_handoff
     front = yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1_000_000)
     blocks = []
     for m in transcript.messages:
@@ -170,18 +188,17 @@ def export_transcript(
     """The stored conversation as markdown (deterministic given the store and ``kinds``)."""
     info = store.conversation(conversation_id)
     records = store.turns(conversation_id)
-    system = store.load(conversation_id).system if records else SystemPrompt()
+    state = store.load(conversation_id) if records else ConversationState(SystemPrompt())
     messages: list[ChatMessage] = []
     for r in records:
         messages.append(ChatMessage("user", r.user, _record_context(r.attachments), r.created))
         if r.reply is not None:
             messages.append(ChatMessage("ai", r.reply, (), r.reply_created))
-    return render_transcript(
-        ChatTranscript(
-            info.id, info.model, info.created, info.tags, info.title, system, tuple(messages)
-        ),
-        kinds,
-    )
+    transcript = ChatTranscript(
+        info.id, info.model, info.created, info.tags, info.title, state.system,
+        tuple(messages), state.agent_system, state.agent_handoff,
+    )  # fmt: skip
+    return render_transcript(transcript, kinds)
 
 
 # --- parse ------------------------------------------------------------------------------
@@ -325,6 +342,8 @@ def parse_transcript(
         title=_scalar(meta.get("title", meta.get("topic"))),
         system=_system(meta.get("system"), path),
         messages=tuple(messages),
+        agent_system=_scalar(meta.get("agent_system")),
+        agent_handoff=_scalar(meta.get("agent_handoff")),
     )
 
 
@@ -368,6 +387,7 @@ def import_transcript(
     parsed = parse_transcript(text, path, kinds)
     cid = conversation_id or parsed.conversation_id or text_hash(text)
     conv = Conversation(parsed.system, sources=sources, renderer=renderer)
+    conv.agent_system = parsed.agent_system
     conv.summaries.backing = store
     lookup = LabelLookup(allow_fetch, lambda kind, label: _stored(store, kind, label))
     saves: list[tuple[TurnRecord, ConversationState, Manifest, Any]] = []
@@ -417,6 +437,10 @@ def import_transcript(
             raise StoreError(store.path, f"importing {path} turn {turn}: {exc}") from None
         keep(envelope, records, m.timestamp, "")
         last = (envelope, records, m.timestamp)
+    if saves and parsed.agent_handoff:  # what the last turn's requests sent, as saved
+        record, state, manifest, summaries = saves[-1]
+        state = attrs.evolve(state, agent_handoff=parsed.agent_handoff)
+        saves[-1] = (record, state, manifest, summaries)
     with store.transaction():
         store.create(
             ConversationInfo(cid, parsed.created, parsed.model, parsed.tags, parsed.title)

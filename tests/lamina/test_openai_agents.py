@@ -22,7 +22,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from lamina import Conversation, load_conversation
+from lamina import Conversation, export_transcript, import_transcript, load_conversation
 from lamina.adapters.openai_agents import LaminaSession, final_answer
 from pipeline import (
     Budget,
@@ -564,6 +564,48 @@ def test_a_loaded_sessions_first_request_after_a_handoff_is_explained(
     plain = live.conversation
     plain.turn("A plain question?")
     assert plain.agent_handoff == ""
+
+
+@pytest.mark.parametrize("then", ["triage", "researcher"])
+def test_a_conversation_resumed_from_its_transcript_sends_the_same_requests(
+    then: str, tmp_path: Path
+) -> None:
+    """Run 1 (triage hands off to the researcher) is exported as a markdown transcript and
+    imported into another store; run 2 in a session on the imported conversation, with
+    triage again or with the researcher alone, sends the requests the uninterrupted
+    conversation sent, with the same decisions (the frontmatter carries ``agent_system``
+    and ``agent_handoff``). Before, the researcher's run raised ConfigError (the imported
+    mutable part read as the host's own) and triage's first request had no decision."""
+
+    def next_agent(model: Any) -> Agent[Any]:
+        if then == "triage":
+            return _triage(model)
+        return Agent(name="researcher", model=Scripted(), tools=[search], instructions=RESEARCH)
+
+    live_model = _responses_model([])
+    live = LaminaSession(Conversation(STABLE, vault=VAULT))
+    _runs(live, _triage(live_model), range(1))
+    _runs(live, next_agent(live_model), range(1, 2))
+    model = _responses_model([])
+    with SqliteStore(tmp_path / "a.db") as first, SqliteStore(tmp_path / "b.db") as second:
+        _runs(LaminaSession(Conversation(STABLE, vault=VAULT), first, "c"), _triage(model),
+              range(1))  # fmt: skip
+        text = export_transcript(first, "c")
+        assert f"agent_system: {TRIAGE}\n" in text
+        assert f"agent_handoff: {RESEARCH}\n" in text
+        assert import_transcript(text, second, vault=VAULT).problems == ()
+        assert second.load("c") == first.load("c")
+        resumed = LaminaSession(load_conversation(second, "c", vault=VAULT), second, "c")
+        _runs(resumed, next_agent(model), range(1, 2))
+    expected = live.loops[-len(resumed.loops) :]
+    assert len(resumed.loops) == 3 if then == "triage" else len(resumed.loops) >= 2
+    for got, want in zip(resumed.loops, expected, strict=True):
+        assert got.envelope.report.decisions == want.envelope.report.decisions
+        body = agent_request(got, "openai-responses").body
+        assert body == agent_request(want, "openai-responses").body
+    changed = [d.action for d in resumed.loops[0].envelope.report.decisions if d.layer == "L1"]
+    want_first = DecisionAction.HANDOFF if then == "triage" else DecisionAction.SYSTEM_CHANGED
+    assert changed == [want_first]
 
 
 def test_a_handoff_never_replaces_a_mutable_part_the_host_set() -> None:

@@ -97,6 +97,36 @@ def test_parse_undoes_render() -> None:
     assert parse_transcript(render_transcript(transcript)) == transcript
 
 
+def test_the_agents_l1_text_is_in_the_frontmatter() -> None:
+    """What an agent framework's adapter set in L1 (``agent_system``) and what the last
+    requests sent after a handoff (``agent_handoff``) are written after ``system`` and
+    read back, so a resumed conversation sends the same bytes."""
+    transcript = ChatTranscript(
+        conversation_id="c1",
+        system=SystemPrompt("Be terse.", "Route each question."),
+        messages=(ChatMessage("user", "Hi", (), "", 11),),
+        agent_system="Route each question.",
+        agent_handoff="Dig through the notes.",
+    )
+    text = render_transcript(transcript)
+    assert text == (
+        "---\n"
+        "conversation_id: c1\n"
+        "model: ''\n"
+        "created: ''\n"
+        "tags: []\n"
+        "system:\n"
+        "  stable: Be terse.\n"
+        "  mutable: Route each question.\n"
+        "agent_system: Route each question.\n"
+        "agent_handoff: Dig through the notes.\n"
+        "---\n"
+        "\n"
+        "**user**: Hi\n"
+    )
+    assert parse_transcript(text) == transcript
+
+
 def _store_chat(store: Store, vault: Path) -> None:
     store.create(ConversationInfo("orig", "2026-01-01T00:00:00Z", "gpt-4o", ("a", "b"), "Title"))
     conv = Conversation(SystemPrompt("Be terse.", "Memory"), vault=vault)
