@@ -929,11 +929,15 @@ def restore(
     room = budget.limit - budget.effective(used) - slack_of(turn, budget, measured)
     if room <= 0 or not any(e.cut or e.folded for e in turn.library.entries):
         return None
-    out, decisions, gained, _ = _restored(turn, room, 0)
-    out, unfolded, more = _unfolded(out, room - gained, 0)
-    decisions, gained = decisions + unfolded, gained + more
-    if decisions and gained >= math.ceil(budget.limit * plan.restore_min):
-        return out, decisions
+    # A restore gives back at most ``room`` (each step takes only what is left of it), so
+    # with less room than a batch needs none is tried: a library index of 532 entries was
+    # unfolded (each rendered and counted, a decision each) and dropped every turn.
+    if room >= math.ceil(budget.limit * plan.restore_min):
+        out, decisions, gained, _ = _restored(turn, room, 0)
+        out, unfolded, more = _unfolded(out, room - gained, 0)
+        decisions, gained = decisions + unfolded, gained + more
+        if decisions and gained >= math.ceil(budget.limit * plan.restore_min):
+            return out, decisions
     breaks = _breaks_at(turn)
     if breaks is None:
         return None

@@ -4,6 +4,7 @@ library the next turn starts from is the same whether the background thread made
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -183,32 +184,44 @@ def test_extending_a_library_is_appending_its_entries_one_by_one() -> None:
         base.extend([entry(6), entry(6)])
 
 
+def _logged(log: list[str], name: str, steps: int = 0) -> tuple[
+    Callable[[], Library], Callable[[Library], Iterator[None]]
+]:
+    """A promotion's make and prepare that log their work (the prepare yields before each
+    step, as ``_prepare_summaries`` does)."""
+
+    def make() -> Library:
+        log.append(f"make {name}")
+        return Library()
+
+    def prepare(_: Library) -> Iterator[None]:
+        for i in range(steps):
+            yield
+            log.append(f"prepare {name}.{i}")
+
+    return make, prepare
+
+
 def test_the_next_turn_stops_the_preparing_and_the_rest_goes_on_after_its_library() -> None:
     """A promotion's preparing (work for later turns) stops at its next step when the next
     turn asks for the library; what is left runs after the next promotion's library, before
     that promotion's own preparing."""
     log: list[str] = []
-    first = Promotion(
-        lambda: log.append("make 1") or Library(),  # type: ignore[func-returns-value]
-        lambda _: (log.append(f"prepare 1.{i}") for i in range(3)),
-    )
+    first = Promotion(*_logged(log, "1", 3))
     assert first.result(next_turn=True) == Library()
     assert log == ["make 1"]  # stopped before its first step's work
     assert len(first.rest) == 1
-    second = Promotion(
-        lambda: log.append("make 2") or Library(),  # type: ignore[func-returns-value]
-        lambda _: (log.append(f"prepare 2.{i}") for i in range(2)),
-    )
+    second = Promotion(*_logged(log, "2", 2))
     second.carry(first.rest)
     assert second.result() == Library()
-    assert log == ["make 1", "make 2", *(f"prepare 1.{i}" for i in range(3)), "prepare 2.0",
-                   "prepare 2.1"]  # fmt: skip
+    assert log == ["make 1", "make 2", "prepare 1.0", "prepare 1.1", "prepare 1.2",
+                   "prepare 2.0", "prepare 2.1"]  # fmt: skip
     assert second.rest == ()
     # A turn waited for at once carries nothing: its preparing is not run at all.
-    third = Promotion(lambda: Library(), lambda _: (log.append("never") for _ in range(1)))
+    third = Promotion(*_logged(log, "3", 1))
     third.without_preparing()
     third.carry(first.rest)
-    assert third.result() == Library() and "never" not in log
+    assert third.result() == Library() and log[-1] == "make 3"
 
 
 def test_a_turn_right_after_a_large_promotion_waits_for_its_library_not_its_ranking(

@@ -600,3 +600,67 @@ def test_the_budgets_bisection_finds_the_boundary(n: int, at: int, lo: int) -> N
     want = next((k for k in range(lo, n + 1) if k >= at), max(lo, n + 1))
     assert _first(lo, n, holds) == want
     assert all(lo <= k <= n for k in seen) and len(seen) <= max(n - lo + 1, 0).bit_length()
+
+
+def _unguarded_restore(
+    turn: object, used: int, budget: Budget, measured: object
+) -> tuple[object, list[Decision]] | None:
+    """``restore`` as it was before it skipped the batch with less room than it needs."""
+    import math
+
+    from pipeline._budget import fit
+
+    room = budget.limit - budget.effective(used) - fit.slack_of(turn, budget, measured)  # type: ignore[arg-type]
+    if room <= 0 or not any(e.cut or e.folded for e in turn.library.entries):  # type: ignore[attr-defined]
+        return None
+    out, decisions, gained, _ = fit._restored(turn, room, 0)  # type: ignore[arg-type]
+    out, unfolded, more = fit._unfolded(out, room - gained, 0)
+    decisions, gained = decisions + unfolded, gained + more
+    if decisions and gained >= math.ceil(budget.limit * budget.plan.restore_min):
+        return out, decisions
+    breaks = fit._breaks_at(turn)  # type: ignore[arg-type]
+    if breaks is None:
+        return None
+    out, decisions, gained, _ = fit._restored(turn, room, breaks)  # type: ignore[arg-type]
+    out, unfolded, more = fit._unfolded(out, room - gained, breaks)
+    decisions += unfolded
+    return (out, decisions) if decisions else None
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    turns=st.lists(st.lists(st.sampled_from(NOTES), max_size=3), min_size=4, max_size=10),
+    window=st.integers(min_value=1800, max_value=6000),
+    restore_min=st.sampled_from([0.0, 0.15, 0.4]),
+)
+def test_a_restore_with_less_room_than_a_batch_needs_is_not_tried(
+    monkeypatch: pytest.MonkeyPatch, turns: list[list[str]], window: int, restore_min: float
+) -> None:
+    """Every restore decides what computing the batch first (and dropping it) decided:
+    a restore gives back at most its room, so with less room than ``restore_min`` of the
+    limit the batch is not computed."""
+    from pipeline._budget import fit
+
+    real = fit.restore
+    calls: list[bool] = []
+
+    def both(turn: object, used: int, budget: Budget, measured: object) -> object:
+        got = real(turn, used, budget, measured)  # type: ignore[arg-type]
+        want = _unguarded_restore(turn, used, budget, measured)
+        assert (got is None) == (want is None)
+        if got is not None and want is not None:
+            assert got[1] == want[1]
+            assert got[0].library == want[0].library  # type: ignore[attr-defined]
+        calls.append(got is None)
+        return got
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fit, "restore", both)
+        budget = Budget(window, window // 6, plan=BudgetPlan(restore_min=restore_min))
+        conv = Conversation("You answer.", vault=EXAMPLE, budget=budget)
+        for i, keys in enumerate(turns):
+            conv.turn(f"Question {i}.", [note(k) for k in keys])
+            conv.reply("Noted.")
+    assert len(calls) == len(turns)  # each turn's fit asked once
