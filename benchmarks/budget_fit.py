@@ -8,6 +8,12 @@ Two measurements, each beside its comparator in the same run:
   warm turn: the same turn built again by a new conversation (as a stateless server
   does), with the process's preview memo as it is sized now and, as the comparator, held
   at its old fixed 1,024 entries (``warm_s``, ``warm_fixed_s``, their ratio and hits).
+  And the same conversation's next turns: a short question asked as soon as the folder
+  turn returned (``next_s``: waiting for the folder's promotion, not for its preparing
+  of later turns' summaries), beside the same turn after waiting for all of the
+  promotion (``next_waiting_s``, the library read first, as before the preparing
+  stopped for a turn), then the p50 of turns alternating a short question and one note
+  re-attached, each after its promotion (``warm_turn_p50_s``).
 - ``share``: a seeded chat (one or two new notes a turn, some re-attached) under a small
   window; the share of this turn's attachment tokens that reach the model in full or as
   a preview, per cut policy.
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +42,8 @@ POLICIES = ("current-first", "prefix-first")
 PREFIX_FIRST_MAX_NOTES = 400
 # The shared preview memo's old fixed size, the warm turn's comparator.
 FIXED_MEMO = 1024
+# Later turns of the folder's conversation timed for ``warm_turn_p50_s``.
+NEXT_TURNS = 6
 
 
 def folder_workload(seed: int, notes: int) -> dict[str, str]:
@@ -56,6 +65,9 @@ def _turn(vault: Path, budget: Any) -> tuple[float, float, Any]:
     env = conv.turn("What do these notes say about the sync protocol?", [{"folder": "folder"}])
     total = time.perf_counter() - start
     stage = dict(env.report.timings).get("budget", 0.0)
+    # The promotion (1,600 entries and the ranking of their summaries at 200k) waited for
+    # here: left on the one background worker it would run through the next timing.
+    _ = conv.library
     return total, stage, env
 
 
@@ -125,9 +137,44 @@ def folder_points(scale: str) -> list[dict[str, Any]]:
                                 warm_fixed_s=fixed,
                                 warm_fixed_memo_hits=fixed_hits,
                                 warm_fixed_ratio_to_warm=fixed / warm,
+                                **_next_turns(vault, budget),
                             )
                     points.append(point)
     return points
+
+
+def _next_turns(vault: Path, budget: Any) -> dict[str, Any]:
+    """The folder's conversation going on: its next turn asked at once, the same turn
+    after all of the promotion (a second conversation), and later warm turns."""
+    from lamina import Conversation
+
+    times: dict[bool, float] = {}
+    later: list[float] = []
+    for wait in (True, False):
+        conv = Conversation("You are terse.", vault=vault, budget=budget)
+        conv.turn("What do these notes say about the sync protocol?", [{"folder": "folder"}])
+        conv.reply("They say several things about it.")
+        start = time.perf_counter()
+        if wait:
+            _ = conv.library  # the promotion and all of its preparing
+        conv.turn("And in short?")
+        times[wait] = time.perf_counter() - start
+        conv.reply("In short: it syncs.")
+        if wait:
+            continue
+        for i in range(NEXT_TURNS):
+            _ = conv.library  # each turn's promotion waited for apart
+            attach = [{"note": f"folder/note-{7 * i:05d}.md"}] if i % 2 else []
+            start = time.perf_counter()
+            conv.turn(f"Question {i}: what else?", attach)
+            later.append(time.perf_counter() - start)
+            conv.reply(f"Answer {i}.")
+    return {
+        "next_s": times[False],
+        "next_waiting_s": times[True],
+        "next_waiting_ratio_to_next": times[True] / times[False],
+        "warm_turn_p50_s": statistics.median(later),
+    }
 
 
 def _findable(env: Any, notes: int) -> dict[str, Any]:
