@@ -45,6 +45,7 @@ from renderers import (
     trace_document,
     usage_record,
 )
+from tests.lamina.wire import responses_reply, served_prefix
 from tests.stores import Backend
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
@@ -366,23 +367,10 @@ def _responses_model(bodies: list[dict[str, Any]]) -> OpenAIResponsesModel:
             text, call = "Passing you on.", ("transfer_to_researcher", {})
         elif "search" not in names:
             text, call = "Searching.", ("search", {"q": f"q{n}"})
-        content = [{"type": "output_text", "text": text, "annotations": []}]
-        output: list[dict[str, Any]] = [
-            {"type": "message", "id": f"m{n}", "role": "assistant", "status": "completed",
-             "content": content}
-        ]  # fmt: skip
-        if call is not None:
-            output.append(
-                {"type": "function_call", "id": f"f{n}", "call_id": f"c{n}", "name": call[0],
-                 "arguments": json.dumps(call[1]), "status": "completed"}
-            )  # fmt: skip
         usage = {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2,
                  "input_tokens_details": {"cached_tokens": 0},
                  "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
-        reply = {"id": f"r{n}", "object": "response", "created_at": 0, "model": "gpt-4.1",
-                 "status": "completed", "output": output, "parallel_tool_calls": True,
-                 "tool_choice": "auto", "tools": [], "usage": usage}  # fmt: skip
-        return httpx.Response(200, json=reply)
+        return httpx.Response(200, json=responses_reply(n, text, call, usage))
 
     client = AsyncOpenAI(
         api_key="offline", http_client=httpx.AsyncClient(transport=httpx.MockTransport(handle))
@@ -718,37 +706,16 @@ def _billing_model(bodies: list[dict[str, Any]], budget: Budget, counter: Any) -
 
     def handle(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
-        mine = units(body)
-        shared = 0
-        for earlier in map(units, bodies):
-            run = 0
-            for (a, tokens), (b, _) in zip(mine, earlier, strict=False):
-                if a != b:
-                    break
-                run += tokens
-            shared = max(shared, run)
+        cached = served_prefix(units(body), [units(b) for b in bodies])
         bodies.append(body)
         n = len(bodies)
         searches = sum(1 for i in body["input"] if i.get("type") == "function_call")
-        content = [{"type": "output_text", "annotations": [],
-                    "text": f"Answer {n}." if searches >= 2 else f"Searching ({n})."}]  # fmt: skip
-        output: list[dict[str, Any]] = [
-            {"type": "message", "id": f"m{n}", "role": "assistant", "status": "completed",
-             "content": content}
-        ]  # fmt: skip
-        if searches < 2:
-            output.append(
-                {"type": "function_call", "id": f"f{n}", "call_id": f"c{n}", "name": "search",
-                 "arguments": json.dumps({"q": f"q{n}"}), "status": "completed"}
-            )  # fmt: skip
-        cached = shared - shared % 128 if shared >= 1024 else 0
+        text = f"Answer {n}." if searches >= 2 else f"Searching ({n})."
+        call = ("search", {"q": f"q{n}"}) if searches < 2 else None
         usage = {"input_tokens": _wire_tokens(body, budget, counter), "output_tokens": 5,
                  "total_tokens": 0, "input_tokens_details": {"cached_tokens": cached},
                  "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
-        reply = {"id": f"r{n}", "object": "response", "created_at": 0, "model": "gpt-4.1",
-                 "status": "completed", "output": output, "parallel_tool_calls": True,
-                 "tool_choice": "auto", "tools": [], "usage": usage}  # fmt: skip
-        return httpx.Response(200, json=reply)
+        return httpx.Response(200, json=responses_reply(n, text, call, usage))
 
     client = AsyncOpenAI(
         api_key="offline", http_client=httpx.AsyncClient(transport=httpx.MockTransport(handle))

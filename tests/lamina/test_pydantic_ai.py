@@ -30,6 +30,7 @@ from lamina import Conversation
 from lamina.adapters.pydantic_ai import LaminaHistory
 from pipeline import Budget, ConfigError, read_usage
 from renderers import agent_request, render_request, tool_tokens, usage_record
+from tests.lamina.wire import search_or_answer, served_prefix
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 
@@ -223,16 +224,7 @@ def _wire_model(bodies: list[dict[str, Any]]) -> OpenAIChatModel:
         body = json.loads(request.content)
         bodies.append(body)
         n = len(bodies)
-        if sum(1 for m in body["messages"] if m.get("tool_calls")) < 2:
-            call = {"name": "search", "arguments": json.dumps({"q": f"r{n}"})}
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": f"Let me search ({n}).",
-                "tool_calls": [{"id": f"c{n}", "type": "function", "function": call}],
-            }
-        else:
-            message = {"role": "assistant", "content": f"Answer {n}."}
-        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        choice = {"index": 0, "message": search_or_answer(body, n), "finish_reason": "stop"}
         usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
         reply = {"id": f"r{n}", "object": "chat.completion", "created": 0, "model": "gpt-4o"}
         return httpx.Response(200, json={**reply, "choices": [choice], "usage": usage})
@@ -298,27 +290,11 @@ def _billing_model(
     def handle(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         mine = units(body)
-        shared = 0
-        for earlier in map(units, bodies):
-            run = 0
-            for (a, tokens), (b, _) in zip(mine, earlier, strict=False):
-                if a != b:
-                    break
-                run += tokens
-            shared = max(shared, run)
+        cached = served_prefix(mine, [units(b) for b in bodies])
         bodies.append(body)
         n = len(bodies)
-        if sum(1 for m in body["messages"] if m.get("tool_calls")) < 2:
-            call = {"name": "search", "arguments": json.dumps({"q": f"r{n}"})}
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": f"Let me search ({n}).",
-                "tool_calls": [{"id": f"c{n}", "type": "function", "function": call}],
-            }
-        else:
-            message = {"role": "assistant", "content": f"Answer {n}."}
+        message = search_or_answer(body, n)
         prompt = framing.priming + sum(tokens for _, tokens in mine)
-        cached = shared - shared % 128 if shared >= 1024 else 0
         usage = {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7,
                  "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
         billed.append(usage)

@@ -1,0 +1,60 @@
+"""Helpers for the adapter tests' in-process model transports: a Responses API reply, a
+chat model's search-then-answer step, and the cached prefix an OpenAI-style provider
+serves."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+Units = Sequence[tuple[str, int]]
+"""A request body as the provider bills it: its pieces (tools, instructions, each input
+item or message) with their tokens."""
+
+
+def served_prefix(mine: Units, earlier: Sequence[Units]) -> int:
+    """The tokens an OpenAI-style prefix cache serves for ``mine``: the longest leading run
+    of pieces an earlier body shares whole, in 128-token steps from 1,024."""
+    shared = 0
+    for before in earlier:
+        run = 0
+        for (a, tokens), (b, _) in zip(mine, before, strict=False):
+            if a != b:
+                break
+            run += tokens
+        shared = max(shared, run)
+    return shared - shared % 128 if shared >= 1024 else 0
+
+
+def responses_reply(
+    n: int, text: str, call: tuple[str, dict[str, Any]] | None, usage: dict[str, Any]
+) -> dict[str, Any]:
+    """The Responses API's reply ``n``: a message with ``text`` and, when given, a function
+    call (name, arguments)."""
+    content = [{"type": "output_text", "text": text, "annotations": []}]
+    output: list[dict[str, Any]] = [
+        {"type": "message", "id": f"m{n}", "role": "assistant", "status": "completed",
+         "content": content}
+    ]  # fmt: skip
+    if call is not None:
+        output.append(
+            {"type": "function_call", "id": f"f{n}", "call_id": f"c{n}", "name": call[0],
+             "arguments": json.dumps(call[1]), "status": "completed"}
+        )  # fmt: skip
+    return {"id": f"r{n}", "object": "response", "created_at": 0, "model": "gpt-4.1",
+            "status": "completed", "output": output, "parallel_tool_calls": True,
+            "tool_choice": "auto", "tools": [], "usage": usage}  # fmt: skip
+
+
+def search_or_answer(body: dict[str, Any], n: int) -> dict[str, Any]:
+    """A chat model's assistant message ``n``: a search call until the body holds two,
+    then the answer (text with each)."""
+    if sum(1 for m in body["messages"] if m.get("tool_calls")) < 2:
+        call = {"name": "search", "arguments": json.dumps({"q": f"r{n}"})}
+        return {
+            "role": "assistant",
+            "content": f"Let me search ({n}).",
+            "tool_calls": [{"id": f"c{n}", "type": "function", "function": call}],
+        }
+    return {"role": "assistant", "content": f"Answer {n}."}
