@@ -147,10 +147,12 @@ def _next_turns(vault: Path, budget: Any) -> dict[str, Any]:
     """The folder's conversation going on: its next turn asked at once, the same turn
     after all of the promotion (a second conversation), and later warm turns."""
     from lamina import Conversation
+    from pipeline import summary_pool
 
     times: dict[bool, float] = {}
     later: list[float] = []
     for wait in (True, False):
+        summary_pool().clear()  # the promotion ranks its entries anew (previews stay memoized)
         conv = Conversation("You are terse.", vault=vault, budget=budget)
         conv.turn("What do these notes say about the sync protocol?", [{"folder": "folder"}])
         conv.reply("They say several things about it.")
