@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import lamina
-from pipeline import open_store
+from pipeline import ConversationInfo, open_store, save_turn
 from pipeline._hashing import text_hash
-from pipeline._store.records import canonical, digest
+from pipeline._store.records import BATCH_NOT_REBUILT, canonical, digest
 from tests.cli import ROOT, lamina_here
 from tests.stores import COMMITS, Backend, legacy_store
 
@@ -82,3 +82,39 @@ def test_each_old_turn_is_told_with_the_layers_it_was_sent_with(backend: Backend
     with open_store(backend.value, read_only=True) as store:
         told = lamina.rebuild_envelopes(store, cid, vault=VAULT)
     assert [k for k, e in enumerate(told, 1) if e is None] == [23]
+
+
+def test_a_turn_batched_otherwise_is_told_as_built_and_says_so(
+    backend: Backend, vault: Path
+) -> None:
+    """A turn sent as a deferred request this Lamina batches otherwise (its stored batch
+    hash is not the replay's: a store of an older Lamina) is told as built, its layers as
+    stored, with a ``batch-not-rebuilt`` warning; the other turns are the replays."""
+    with backend.open() as store:
+        store.create(ConversationInfo("c", vault=str(vault)))
+        conv = lamina.Conversation("Be terse.", vault=vault, defer_library=True)
+        for i in range(1, 4):
+            attach = [{"note": "project-spec.md"}] if i == 1 else [{"selection": f"s{i}"}]
+            env = conv.turn(f"question {i}", attach)
+            save_turn(store, "c", conv, env, attach)
+            conv.reply(f"answer {i}")
+            save_turn(store, "c", conv, env, attach)
+        replays = [lamina.rebuild_envelope(store, "c", k, vault=vault) for k in (1, 2, 3)]
+    assert all(e is not None and e.batch is not None for e in replays[1:])
+    (h,) = backend.rows("SELECT manifest_hash FROM turns WHERE turn = 2")[0]
+    (body,) = backend.rows("SELECT body FROM snapshots WHERE hash = ?", (h,))[0]
+    plain = json.loads(zlib.decompress(bytes(body)))
+    plain["batch_hash"] = "0" * 32
+    changed = canonical(plain)
+    backend.execute(
+        "INSERT INTO snapshots VALUES (?, ?, ?)",
+        (digest(changed), "manifest", zlib.compress(changed, 6)),
+    )
+    backend.execute("UPDATE turns SET manifest_hash = ? WHERE turn = 2", (digest(changed),))
+    with open_store(backend.value, read_only=True) as store:
+        told = lamina.rebuild_envelopes(store, "c", vault=vault)
+    assert told[0] == replays[0] and told[2] == replays[2]
+    second, replay = told[1], replays[1]
+    assert second is not None and replay is not None
+    assert second.batch is None and second.layers == replay.layers
+    assert second.report.warnings == (*replay.report.warnings, BATCH_NOT_REBUILT)

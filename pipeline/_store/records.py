@@ -26,12 +26,21 @@ from pipeline._errors import (
     LaminaError,
 )
 from pipeline._hashing import content_hash as _content_hash
-from pipeline._model.artifacts import AttachmentSpec
-from pipeline._model.envelope import BuildReport, Envelope, Form, Layer, LayerName, Segment
+from pipeline._model.artifacts import AttachmentSpec, TurnWarning
+from pipeline._model.envelope import (
+    Batch,
+    BuildReport,
+    Envelope,
+    Form,
+    Layer,
+    LayerName,
+    Segment,
+)
 from pipeline._model.kinds import AttachmentKinds, NoKinds
 from pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
 
 __all__ = [
+    "BATCH_NOT_REBUILT",
     "SCHEMA_VERSION",
     "AttachmentRecord",
     "ConversationInfo",
@@ -187,16 +196,16 @@ class Manifest:
             )
             for layer in envelope.layers
         )
-        b = envelope.batch
-        batch = (
-            ""
-            if b is None
-            else _content_hash(
-                (b.settled, b.system_hash, b.library_hash, b.library_tokens, b.tokens, b.reason,
-                 [s.content_hash for s in (*b.turns, b.user)])
-            )
-        )  # fmt: skip
+        batch = "" if envelope.batch is None else _batch_hash(envelope.batch)
         return cls(envelope.turn, envelope.prefix_hash, layers, envelope.report, batch)
+
+
+def _batch_hash(b: Batch) -> str:
+    """The hash of the request a batch sends (``Manifest.batch_hash``)."""
+    return _content_hash(
+        (b.settled, b.system_hash, b.library_hash, b.library_tokens, b.tokens, b.reason,
+         [s.content_hash for s in (*b.turns, b.user)])
+    )  # fmt: skip
 
 
 # --- the protocol ----------------------------------------------------------------------
@@ -507,18 +516,34 @@ def rebuild_envelopes(
         if envelope is not None:
             learn(s for layer in envelope.layers for s in layer.segments)
         if len(out) < k:
-            out.append(None if stored is None else _as_sent(stored, known))
+            out.append(None if stored is None else _as_sent(stored, known, envelope))
     return tuple(out)
 
 
+BATCH_NOT_REBUILT = TurnWarning(
+    "batch-not-rebuilt",
+    "",
+    "sent as a deferred request (the library's growth waiting for a prefix break) that "
+    "this Lamina does not rebuild: shown as built, its layers as they were sent",
+)
+"""The warning on a stored turn told as built because its deferred request is not known."""
+
+
 def _as_sent(
-    stored: Manifest, known: Mapping[tuple[str, str, str, int], Segment]
+    stored: Manifest, known: Mapping[tuple[str, str, str, int], Segment], replay: Envelope | None
 ) -> Envelope | None:
-    """The envelope ``stored`` describes, of the ``known`` segments; None if a segment is
-    not known, a layer's text does not hash to the stored hash, or it was sent as a batch
-    (whose request the manifest holds only as a hash)."""
-    if stored.batch_hash:
-        return None
+    """The envelope ``stored`` describes, of the ``known`` segments, with the stored report;
+    None if a segment is not known or a layer's text does not hash to the stored hash.
+
+    A turn sent as a batch (the library's growth deferred) takes the ``replay``'s batch if
+    its hash is the stored one. The manifest holds the batch's request only as that hash,
+    so where this version batches the turn otherwise the envelope is the turn as built,
+    its layers as sent, and its report says so (a ``batch-not-rebuilt`` warning)."""
+    batch = None if replay is None else replay.batch
+    report = stored.report
+    if stored.batch_hash and (batch is None or _batch_hash(batch) != stored.batch_hash):
+        batch = None
+        report = attrs.evolve(report, warnings=(*report.warnings, BATCH_NOT_REBUILT))
     layers: list[Layer] = []
     for layer in stored.layers:
         segments = []
@@ -532,7 +557,7 @@ def _as_sent(
             return None
         layers.append(made)
     l1, l2, l3, l4, l5 = layers
-    return Envelope(stored.turn, (l1, l2, l3, l4, l5), stored.report)
+    return Envelope(stored.turn, (l1, l2, l3, l4, l5), report, batch=batch)
 
 
 def _replay(
