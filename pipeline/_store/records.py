@@ -30,6 +30,7 @@ from pipeline._model.artifacts import AttachmentSpec, TurnWarning
 from pipeline._model.envelope import (
     Batch,
     BuildReport,
+    DecisionAction,
     Envelope,
     Form,
     Layer,
@@ -37,7 +38,9 @@ from pipeline._model.envelope import (
     Segment,
 )
 from pipeline._model.kinds import AttachmentKinds, NoKinds
+from pipeline._model.library import LibraryEntry
 from pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
+from pipeline._views.views import full_view
 
 __all__ = [
     "BATCH_NOT_REBUILT",
@@ -473,7 +476,8 @@ def rebuild_envelope(
     None when it cannot be replayed identically (a note changed on disk, a spec not kept).
     """
     k = turn if turn is not None else len(store.turns(conversation_id))
-    envelope = _replay(store, conversation_id, k, restore)
+    replay = _replay(store, conversation_id, k, restore)
+    envelope = None if replay is None else replay.envelope
     if envelope is None:
         return None
     return envelope if Manifest.of(envelope) == store.manifest(conversation_id, k) else None
@@ -504,15 +508,20 @@ def rebuild_envelopes(
 
     out: list[Envelope | None] = []
     for k in range(1, len(store.turns(conversation_id)) + 1):
-        envelope = _replay(store, conversation_id, k, restore)
+        replay = _replay(store, conversation_id, k, restore)
+        envelope = None if replay is None else replay.envelope
         stored = store.manifest(conversation_id, k)
         if envelope is not None and Manifest.of(envelope) == stored:
             out.append(envelope)
         else:
+            before: dict[str, LibraryEntry] = {}
             for t in (k - 1, k):
                 if t >= 1:
                     library = store.load(conversation_id, t).library
                     learn(Segment.of_view(e.view, e.text, e.tokens) for e in library)
+                    before = before or {e.key: e for e in library}
+            if replay is not None and stored is not None:
+                learn(_resent(replay, stored.report, before))
         if envelope is not None:
             learn(s for layer in envelope.layers for s in layer.segments)
         if len(out) < k:
@@ -560,11 +569,21 @@ def _as_sent(
     return Envelope(stored.turn, (l1, l2, l3, l4, l5), report, batch=batch)
 
 
+@attrs.frozen
+class _Replay:
+    """A stored turn built again: the conversation after it, the turn's attachment forms
+    and its envelope (None when the build failed)."""
+
+    conversation: Conversation
+    forms: tuple[Any, ...]
+    envelope: Envelope | None
+
+
 def _replay(
     store: Store, conversation_id: str, k: int, restore: Mapping[str, Any]
-) -> Envelope | None:
-    """Turn ``k`` built again from the turn before it (unchecked); None when it cannot be
-    (no such turn, a spec not kept, the build fails)."""
+) -> _Replay | None:
+    """Turn ``k`` built again from the turn before it (unchecked); None when it cannot
+    be (no such turn, a spec not kept)."""
     records = store.turns(conversation_id)
     if not 1 <= k <= len(records):
         return None
@@ -589,7 +608,45 @@ def _replay(
     back_summaries(conv, store)
     earlier = dict(before.vault_changes)
     changes = {p: t for p, t in after.vault_changes if earlier.get(p) != t}
+    given = tuple(f for f in forms if f is not None)
     try:
-        return conv.turn(record.user, [f for f in forms if f is not None], vault_changes=changes)
+        envelope: Envelope | None = conv.turn(record.user, given, vault_changes=changes)
     except LaminaError:
-        return None
+        envelope = None
+    return _Replay(conv, given, envelope)
+
+
+def _resent(
+    replay: _Replay, report: BuildReport, before: Mapping[str, LibraryEntry]
+) -> list[Segment]:
+    """This turn's items the stored ``report`` says were sent in full beside their library
+    entry, rendered as the reference stage marks them: a pinned change ``newer``, a
+    re-sent one with its entry's form (``library``, from the library before the turn).
+    A newer budget may send such an item otherwise, so no replay holds these texts."""
+    actions = {
+        d.target: d.action
+        for d in report.decisions
+        if d.action in (DecisionAction.PINNED, DecisionAction.RESENT)
+    }
+    conv = replay.conversation
+    found: list[Segment] = []
+    for form in replay.forms if actions else ():
+        try:
+            artifacts = conv.process(form).artifacts
+        except LaminaError:
+            continue
+        for artifact in artifacts:
+            action, entry = actions.get(artifact.key), before.get(artifact.key)
+            if action is DecisionAction.PINNED:
+                marks: tuple[tuple[str, str], ...] = (("newer", "true"),)
+            elif action is DecisionAction.RESENT and entry is not None:
+                marks = (("library", str(entry.view.form)),)
+            else:
+                continue
+            view = full_view(artifact, marks)
+            try:
+                text = conv.renderer.render(view)
+            except LaminaError:
+                continue
+            found.append(Segment.of_view(view, text, conv.counter.count(text)))
+    return found
