@@ -496,7 +496,10 @@ def rebuild_envelopes(
     stored library holds (same key, form, content hash and tokens), and kept only if
     each layer's text hashes to the stored layer's hash: the layers are byte for byte
     what was sent (the framing around them, such as the library heading, is this
-    version's). It carries the stored report: the decisions made when it was sent.
+    version's). It carries the stored report: the decisions made when it was sent. An
+    item those decisions say was pinned or re-sent beside its library entry is rendered
+    as that stage marked it (``_resent``); a deferred request this version batches
+    otherwise is shown as built (``_as_sent``, ``BATCH_NOT_REBUILT``).
     """
     known: dict[tuple[str, str, str, int], Segment] = {}
 
@@ -513,19 +516,20 @@ def rebuild_envelopes(
         stored = store.manifest(conversation_id, k)
         if envelope is not None and Manifest.of(envelope) == stored:
             out.append(envelope)
-        else:
-            before: dict[str, LibraryEntry] = {}
-            for t in (k - 1, k):
-                if t >= 1:
-                    library = store.load(conversation_id, t).library
-                    learn(Segment.of_view(e.view, e.text, e.tokens) for e in library)
-                    before = before or {e.key: e for e in library}
-            if replay is not None and stored is not None:
-                learn(_resent(replay, stored.report, before))
+            learn(s for layer in envelope.layers for s in layer.segments)
+            continue
+        before: dict[str, LibraryEntry] = {}
+        for t in (k - 1, k):
+            if t >= 1:
+                library = store.load(conversation_id, t).library
+                learn(Segment.of_view(e.view, e.text, e.tokens) for e in library)
+                if t == k - 1:
+                    before = {e.key: e for e in library}
         if envelope is not None:
             learn(s for layer in envelope.layers for s in layer.segments)
-        if len(out) < k:
-            out.append(None if stored is None else _as_sent(stored, known, envelope))
+        if replay is not None and stored is not None:  # what the stored decisions name
+            learn(_resent(replay, stored.report, before))
+        out.append(None if stored is None else _as_sent(stored, known, envelope))
     return tuple(out)
 
 
