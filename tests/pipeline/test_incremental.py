@@ -192,3 +192,55 @@ def test_a_turn_fitting_notes_to_previews_encodes_each_note_once(tmp_path: Path)
     for segment in env.l3.segments:  # the previews' counts, made from section counts
         assert segment.tokens == len(enc.encode_ordinary(segment.text))
     assert env.l3.tokens == len(enc.encode_ordinary(env.l3.text))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    texts=st.lists(
+        st.sampled_from(["<note a/>", "plain words", " leading space", "\nnewline", "é<x>", ""]),
+        min_size=0,
+        max_size=8,
+    ),
+    cut=st.integers(min_value=0, max_value=8),
+    with_system=st.booleans(),
+)
+def test_a_prefix_extended_by_many_entries_at_once_is_extended_one_by_one(
+    texts: list[str], cut: int, with_system: bool
+) -> None:
+    """A promotion's entries extend the kept layer at once (``_extend_many``): the same
+    segments, exact count, hash and system text as extending by each in turn, whether the
+    blocks start a new pre-tokenizer piece or not (then the join is counted whole); and,
+    for entries with text, as rendering the library afresh."""
+    from pipeline import Form, LibraryEntry, View
+    from pipeline._model import library as library_module
+    from pipeline._model.library import LibraryPrefix
+
+    counter = TokenCounter()
+
+    def entry(i: int, text: str) -> LibraryEntry:
+        view = View(f"note:n{i}.md", "note", Form.FULL, f"n{i}", f"n{i}.md", True, f"h{i}")
+        return LibraryEntry(view, text, counter.count(text), 1)
+
+    entries = [entry(i, t) for i, t in enumerate(texts)]
+    head = ("You are terse.",)
+    before, after = Library(tuple(entries[:cut])), Library(tuple(entries))
+
+    def grown(one_by_one: bool) -> tuple[object, ...]:
+        prefix = LibraryPrefix()
+        prefix.layer(before, counter)
+        if with_system:
+            prefix.system_text(before, counter, head)
+        if one_by_one:
+            done = prefix._rendered
+            assert done is not None
+            for e in after.entries[len(before) :]:
+                done = library_module._extend(done, e, counter)
+            prefix._entries, prefix._rendered = after.entries, done
+        layer = prefix.layer(after, counter)
+        return layer.segments, layer.tokens, layer.hash, prefix.system_text(after, counter, head)
+
+    assert grown(False) == grown(True)
+    if all(texts):
+        fresh = Library(after.entries).layer(TokenCounter())
+        system = LibraryPrefix().system_text(after, TokenCounter(), head)
+        assert grown(False) == (fresh.segments, fresh.tokens, fresh.hash, system)
