@@ -5,6 +5,7 @@ from renderers._agent import (
     ANTHROPIC_TOOL_PROMPT,
     agent_request,
     anthropic_tool_prompt,
+    instructions_tokens,
     loop_messages,
     tool_tokens,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "explain_cache",
     "format_simulation",
     "gemini_cache_plan",
+    "instructions_tokens",
     "judge_chat",
     "loop_messages",
     "openai_messages",

@@ -22,6 +22,7 @@ __all__ = [
     "ANTHROPIC_TOOL_PROMPT",
     "agent_request",
     "anthropic_tool_prompt",
+    "instructions_tokens",
     "loop_messages",
     "tool_tokens",
 ]
@@ -208,6 +209,18 @@ def _openai_tool_tokens(tools: Sequence[Mapping[str, Any]], counter: TokenCounte
             text = str(spec.get("description") or "").removesuffix(".")
             total += counter.count(f"{key}:{kind}:{text}")
     return total + _FUNC_END if tools else 0
+
+
+def instructions_tokens(
+    instructions: Sequence[str], counter: TokenCounter | None = None, per_message: int = 3
+) -> int:
+    """Tokens a framework's own instructions add to a request, each text a system message
+    of its own beside Lamina's (pydantic-ai's ``Agent(instructions=...)`` and
+    ``@agent.instructions`` functions, as its OpenAI chat model sends them): per text its
+    message framing (``per_message``) and its count. The adapter counts them in the budget
+    with this; ``usage_record(instructions=)`` in the predicted input."""
+    counter = counter or TokenCounter("o200k_base")
+    return sum(per_message + counter.count(text) for text in instructions)
 
 
 def tool_tokens(

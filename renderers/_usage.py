@@ -31,7 +31,12 @@ from pipeline import (
     read_usage,
     request_tokens,
 )
-from renderers._agent import agent_request, anthropic_tool_prompt, tool_tokens
+from renderers._agent import (
+    agent_request,
+    anthropic_tool_prompt,
+    instructions_tokens,
+    tool_tokens,
+)
 from renderers._cache import classify_break
 from renderers._layouts import Layout, build_prompt
 from renderers._providers import DEFAULT_MODELS, Ttl, request_options
@@ -190,7 +195,10 @@ def _cause(
         return PREFIX_CHANGED, f"the prefix changed at {where} since the last request"
     if sent is None and exact and observed.input_tokens != predicted_input:
         more = observed.input_tokens - predicted_input
-        hint = "" if with_tools or more < 0 else "; tool definitions sent count too: pass tools="
+        hint = "" if with_tools or more < 0 else (
+            "; tool definitions sent count too: pass tools= (a framework's own "
+            "instructions: instructions=)"
+        )
         return HOST_ALTERED, (
             f"the request was altered by the host: the provider counted "
             f"{observed.input_tokens} input tokens where Lamina's request has exactly "
@@ -286,7 +294,8 @@ def _loop_hit(
 ) -> int:
     """The cached prefix of a loop's call after the request before it, built from the same
     envelope (the same turn, no handoff or cut in between): a prefix-caching provider
-    (OpenAI, Gemini) reads that request's tool definitions (``tools``), messages and the
+    (OpenAI, Gemini) reads that request's tool definitions and a framework's instructions
+    (``tools``: what the framework adds), messages and the
     loop steps the two share whole, within its rules; Anthropic reads up to the envelope's
     breakpoints, as the simulator has it (``hit``: the loop carries none). Else ``hit``."""
     before, after = _envelope(previous), _envelope(current)
@@ -324,6 +333,7 @@ def usage_record(
     ttl: Ttl | None = None,
     tools: Sequence[Mapping[str, Any]] | None = None,
     tool_choice: Any = None,
+    instructions: Sequence[str] = (),
 ) -> TurnUsage:
     """The usage read-back of the last request.
 
@@ -342,14 +352,18 @@ def usage_record(
     predicted input before any margin), the figure calibration uses. ``tools`` are the
     tool definitions sent with the request (``name``, ``description``, ``parameters``,
     as ``tool_tokens`` takes them; an adapter's ``state.tools``) and ``tool_choice`` the
-    one sent; without them, those of ``sent``.
+    one sent; without them, those of ``sent``. ``instructions`` are the texts a framework
+    sent as system messages of their own beside Lamina's (pydantic-ai's
+    ``Agent(instructions=...)`` and ``@agent.instructions``: its adapter's
+    ``instructions[n]`` for the n-th request), counted as ``instructions_tokens`` does.
 
     The predicted input is the exact local count of the request (for the default layout
     ``Conversation.count_request``'s figure, with the model's framing) plus the tool
     definitions (``tool_tokens``), scaled by the profile's margin where the provider's
     tokenizer is not local (Anthropic's tool-use system prompt is its own count, added
-    as published). ``counted`` gets the tools too; a predicted cache hit covers them
-    (they precede the messages in every provider's prefix).
+    as published), plus the framework's ``instructions``. ``counted`` gets the tools and
+    instructions too; a predicted cache hit covers them (the tools precede the messages
+    in every provider's prefix, the instructions follow Lamina's system message).
     """
     requests = list(envelopes)
     last = requests[-1]
@@ -396,19 +410,21 @@ def usage_record(
     tools_local = (
         tool_tokens(defs, renderer, count, tool_choice=tool_choice, model=profile.name) - prompt
     )
-    exact_input = _counted(requests, layout, count, profile) + tools_local
+    # What the framework adds beside Lamina's request: tool definitions, instructions.
+    added = tools_local + instructions_tokens(instructions, count, profile.framing.per_message)
+    exact_input = _counted(requests, layout, count, profile) + added
     predicted_input = profile.effective_tokens(exact_input) + prompt
-    local = (counted + tools_local if counted is not None else exact_input) + prompt
-    hit = cost.cached_tokens + tools_local if cost.cached_tokens > 0 else 0
+    local = (counted + added if counted is not None else exact_input) + prompt
+    hit = cost.cached_tokens + added if cost.cached_tokens > 0 else 0
     if before is not None and looped:
-        hit = _loop_hit(before, last, hit, tools_local, provider, profile, count, ttl)
+        hit = _loop_hit(before, last, hit, added, provider, profile, count, ttl)
     predicted_cached = profile.effective_tokens(hit) + prompt if hit else 0
     warning, cause = None, ""
     # Local counts of a non-local tokenizer run low, so only a shortfall of half is a miss.
     if hit > 0 and observed.cached_tokens < hit // 2:
         cause, reason = _cause(
             previous, current, observed, predicted_input, profile.exact_tokens,
-            expected.body, sent, elapsed, ttl, provider, bool(defs),
+            expected.body, sent, elapsed, ttl, provider, bool(defs or instructions),
         )
         warning = TurnWarning(
             CACHE_MISS,

@@ -45,7 +45,7 @@ from pydantic_ai.messages import (
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
 from pipeline import Conversation, Envelope, Loop
-from renderers import tool_tokens
+from renderers import instructions_tokens, tool_tokens
 
 __all__ = ["LaminaHistory", "envelope_messages"]
 
@@ -120,6 +120,11 @@ class LaminaHistory(LoopAdapter):
     ) -> None:
         self.state = LoopState(conversation, tool_headroom)
         self.provider = provider
+        self.instructions: list[tuple[str, ...]] = []
+        """What pydantic-ai sent as instructions beside each request of ``loops``, in order
+        (its ``Agent(instructions=...)`` and ``@agent.instructions`` functions' text, as
+        the request it sent records it): ``usage_record(loops[: n + 1], ...,
+        instructions=history.instructions[n])`` predicts the n-th request as billed."""
 
     @staticmethod
     def _tools(ctx: RunContext[Any] | None) -> list[dict[str, Any]]:
@@ -130,14 +135,15 @@ class LaminaHistory(LoopAdapter):
             for d in defs
         ]
 
-    def _added(self, ctx: RunContext[Any] | None, instructions: str | None) -> int:
-        """Tokens pydantic-ai adds to the request: tool definitions and its instructions."""
-        total = tool_tokens(self._tools(ctx), self.provider, self.conversation.counter)
-        if instructions:
-            budget = self.conversation.budget
-            per_message = budget.framing.per_message if budget is not None else 3
-            total += per_message + self.conversation.counter.count(instructions)
-        return total
+    def _added(self, ctx: RunContext[Any] | None, instructions: Sequence[str]) -> int:
+        """Tokens pydantic-ai adds to the request: tool definitions and its instructions
+        (``renderers.instructions_tokens``, as ``usage_record`` predicts them)."""
+        counter = self.conversation.counter
+        budget = self.conversation.budget
+        per_message = budget.framing.per_message if budget is not None else 3
+        return tool_tokens(self._tools(ctx), self.provider, counter) + instructions_tokens(
+            instructions, counter, per_message
+        )
 
     def __call__(
         self, ctx: RunContext[Any], messages: list[ModelMessage]
@@ -163,7 +169,8 @@ class LaminaHistory(LoopAdapter):
             if isinstance(p, SystemPromptPart) and p.content not in own
         )
         requests = [m for m in messages if isinstance(m, ModelRequest)]
-        instructions = requests[-1].instructions if requests else None
+        sent = requests[-1].instructions if requests else None
+        instructions = (sent,) if sent else ()
         loop = self.state.fit_query(
             _user_text(prompt),
             _steps(messages[start + 1 :]),
@@ -171,4 +178,5 @@ class LaminaHistory(LoopAdapter):
             system=system or None,
             tools=self._tools(ctx),
         )
+        self.instructions.append(instructions)
         return [*envelope_messages(loop.envelope), *_loop_messages(loop)]

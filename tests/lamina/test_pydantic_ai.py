@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from openai import AsyncOpenAI
-from pydantic_ai import Agent, AgentRunResult, CallToolsNode
+from pydantic_ai import Agent, AgentRunResult, CallToolsNode, RunContext
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.messages import (
     ModelMessage,
@@ -29,7 +29,13 @@ from pydantic_ai.providers.openai import OpenAIProvider
 from lamina import Conversation
 from lamina.adapters.pydantic_ai import LaminaHistory
 from pipeline import Budget, ConfigError, read_usage
-from renderers import agent_request, render_request, tool_tokens, usage_record
+from renderers import (
+    agent_request,
+    instructions_tokens,
+    render_request,
+    tool_tokens,
+    usage_record,
+)
 from tests.lamina.wire import search_or_answer, served_prefix
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
@@ -360,3 +366,93 @@ def test_each_request_of_a_run_is_read_back_from_pydantic_ais_own_usage() -> Non
         assert u.predicted_cached == u.observed.cached_tokens
     assert all(u.warning is None for u in records)
     assert [(u.turn, u.call) for u in records] == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
+
+
+def _read_back_runs(agent: Agent[Any, str], history: LaminaHistory, deps: Any = None) -> list[Any]:
+    """Two runs of an agent through ``agent.iter``: each model request's response, as it came."""
+    responses: list[ModelResponse] = []
+
+    async def run(question: str) -> AgentRunResult[str]:
+        async with agent.iter(question, deps=deps) as running:
+            async for node in running:
+                if isinstance(node, CallToolsNode):
+                    responses.append(node.model_response)
+        assert running.result is not None
+        return running.result
+
+    for i in range(2):
+        history.attach({"note": "project-spec.md"})
+        history.finish(asyncio.run(run(f"Question {i}: what does the sync engine do?")).output)
+    return responses
+
+
+def test_instructions_are_in_the_predicted_input_of_every_request() -> None:
+    """``Agent(instructions=...)``, sent by pydantic-ai as a system message of its own after
+    Lamina's: with ``instructions=history.instructions[n]`` each request's predicted input
+    is the provider's billed prompt tokens exactly, calls 2 and 3 predict the prefix served
+    (the instructions within it) and nothing warns. Without them the prediction is short
+    by exactly their tokens (before: it always was)."""
+    bodies: list[dict[str, Any]] = []
+    billed: list[dict[str, Any]] = []
+    budget = Budget(context_window=16000, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    history = LaminaHistory(conv)
+    agent = _searching_agent(_billing_model(bodies, billed, conv.counter, budget), history)
+    responses = _read_back_runs(agent, history)
+    assert len(responses) == len(history.loops) == len(history.instructions) == len(bodies) == 6
+    assert all(body["messages"][1] == {"role": "system", "content": INSTRUCTIONS}
+               for body in bodies)  # fmt: skip
+    assert history.instructions == [(INSTRUCTIONS,)] * 6
+    records, short = [], []
+    for n, response in enumerate(responses):
+        loops = history.loops[: n + 1]
+        records.append(usage_record(loops, response.usage, "openai", "gpt-4o",
+                                    tools=history.state.tools,
+                                    instructions=history.instructions[n]))  # fmt: skip
+        short.append(usage_record(loops, response.usage, "openai", "gpt-4o",
+                                  tools=history.state.tools))  # fmt: skip
+    assert [u.predicted_input for u in records] == [b["prompt_tokens"] for b in billed]
+    assert [u.counted for u in records] == [loop.tokens for loop in history.loops]
+    cached = [b["prompt_tokens_details"]["cached_tokens"] for b in billed]
+    assert [c > 0 for c in cached] == [False, True, True, False, True, True]
+    assert [u.predicted_cached for u in records] == [0, *cached[1:3], 0, *cached[4:]]
+    assert all(u.warning is None for u in records)
+    added = instructions_tokens([INSTRUCTIONS], conv.counter, budget.framing.per_message)
+    assert added > 100
+    assert [u.predicted_input + added for u in short] == [b["prompt_tokens"] for b in billed]
+
+
+def test_dynamic_instructions_are_in_the_predicted_input() -> None:
+    """``@agent.instructions`` functions (evaluated per request, here from the run's deps)
+    reach the request as pydantic-ai records it: each request's predicted input with
+    ``history.instructions[n]`` is the billed prompt tokens exactly, and the budget counted
+    them (``Loop.tokens`` is the body as billed)."""
+    bodies: list[dict[str, Any]] = []
+    billed: list[dict[str, Any]] = []
+    budget = Budget(context_window=16000, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    history = LaminaHistory(conv)
+    agent = Agent(_billing_model(bodies, billed, conv.counter, budget), deps_type=str,
+                  capabilities=[ProcessHistory(history)])  # fmt: skip
+
+    @agent.instructions
+    def house_rules(ctx: RunContext[str]) -> str:
+        return f"Answer for {ctx.deps}. " + INSTRUCTIONS
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        """Search the project notes."""
+        return _result(q)
+
+    responses = _read_back_runs(agent, history, deps="the sync team")
+    rules = "Answer for the sync team. " + INSTRUCTIONS
+    assert history.instructions == [(rules,)] * 6
+    assert all(body["messages"][1] == {"role": "system", "content": rules} for body in bodies)
+    predicted = [
+        usage_record(history.loops[: n + 1], r.usage, "openai", "gpt-4o",
+                     tools=history.state.tools, instructions=history.instructions[n])
+        for n, r in enumerate(responses)
+    ]  # fmt: skip
+    assert [u.predicted_input for u in predicted] == [b["prompt_tokens"] for b in billed]
+    assert [loop.tokens for loop in history.loops] == [b["prompt_tokens"] for b in billed]
+    assert all(u.warning is None for u in predicted)
