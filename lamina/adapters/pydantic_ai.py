@@ -6,29 +6,33 @@ followed by the turn's tool calls and returns, fitted to the budget as one unit 
 history, so do not pass ``message_history`` to the run::
 
     from pydantic_ai import Agent
-    from pydantic_ai.capabilities import ProcessHistory
     from lamina.adapters.pydantic_ai import LaminaHistory
 
     history = LaminaHistory(conversation)
-    agent = Agent(model, capabilities=[ProcessHistory(history)], tools=[search])
+    agent = Agent(model, capabilities=[history.capability()], tools=[search])
     history.attach({"note": "project-spec.md"})
     result = agent.run_sync("What changed in the spec?")
     history.finish(result.output)
 
 (pydantic-ai 2 replaced ``Agent(history_processors=[...])`` with the ``ProcessHistory``
-capability; the processor itself is the same callable.) What pydantic-ai adds to each
-request is counted in the budget: the tool definitions (``renderers.tool_tokens`` for
-``provider``) and ``Agent(instructions=...)``, which it sends as a system message of its
-own; ``Agent(system_prompt=...)`` goes into L1's mutable part. The turn leaves
+capability; ``history.capability()`` is one that also sees each request's instruction
+parts, and ``ProcessHistory(history)`` works too.) What pydantic-ai adds to each request is
+counted in the budget: the tool definitions (``renderers.tool_tokens`` for ``provider``)
+and its instructions (``Agent(instructions=...)``, ``@agent.instructions`` functions),
+which it sends as system messages of their own (``renderers.instructions_tokens``; pass
+``history.instructions[n]`` to ``usage_record(instructions=)``);
+``Agent(system_prompt=...)`` goes into L1's mutable part. The turn leaves
 ``tool_headroom`` tokens free for the first calls.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pydantic_ai import RunContext
+from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -47,7 +51,10 @@ from lamina.adapters._loop import Call, LoopAdapter, LoopState
 from pipeline import Conversation, Envelope, Loop
 from renderers import instructions_tokens, tool_tokens
 
-__all__ = ["LaminaHistory", "envelope_messages"]
+if TYPE_CHECKING:
+    from pydantic_ai.models import ModelRequestContext
+
+__all__ = ["LaminaHistory", "LaminaProcessHistory", "envelope_messages"]
 
 
 def _user_text(part: UserPromptPart) -> str:
@@ -109,6 +116,24 @@ def _steps(messages: Sequence[ModelMessage]) -> list[tuple[str, list[Call]]]:
     return steps
 
 
+@dataclass
+class LaminaProcessHistory(ProcessHistory[Any]):
+    """``ProcessHistory`` for a ``LaminaHistory`` (``history.capability()``) that also hands
+    it the request's instruction parts, which a history processor alone sees joined: a
+    static ``Agent(instructions=...)`` and each ``@agent.instructions`` function go out as
+    system messages of their own (pydantic-ai's OpenAI chat model), each framed."""
+
+    async def before_model_request(
+        self, ctx: RunContext[Any], request_context: ModelRequestContext
+    ) -> ModelRequestContext:
+        if isinstance(self.processor, LaminaHistory):
+            parts = request_context.model_request_parameters.instruction_parts
+            self.processor.instruction_parts = (
+                None if parts is None else tuple(p.content for p in parts)
+            )
+        return await super().before_model_request(ctx, request_context)
+
+
 class LaminaHistory(LoopAdapter):
     """A pydantic-ai history processor backed by a Lamina conversation."""
 
@@ -120,11 +145,31 @@ class LaminaHistory(LoopAdapter):
     ) -> None:
         self.state = LoopState(conversation, tool_headroom)
         self.provider = provider
+        self.instruction_parts: tuple[str, ...] | None = None
+        """The next request's instruction parts, when ``LaminaProcessHistory`` runs this."""
         self.instructions: list[tuple[str, ...]] = []
         """What pydantic-ai sent as instructions beside each request of ``loops``, in order
         (its ``Agent(instructions=...)`` and ``@agent.instructions`` functions' text, as
         the request it sent records it): ``usage_record(loops[: n + 1], ...,
         instructions=history.instructions[n])`` predicts the n-th request as billed."""
+
+    def capability(self) -> LaminaProcessHistory:
+        """The capability to give the agent (``Agent(capabilities=[history.capability()])``):
+        ``ProcessHistory(self)`` that also sees each request's instruction parts, so a
+        static string and ``@agent.instructions`` functions are counted as sent."""
+        return LaminaProcessHistory(self)
+
+    def _sent_instructions(self, joined: str | None) -> tuple[str, ...]:
+        """The instruction texts the request sends, each a message of its own: the parts
+        (``LaminaProcessHistory``) for OpenAI chat, else joined as pydantic-ai joins them;
+        without the parts, the request's joined ``instructions``."""
+        parts, self.instruction_parts = self.instruction_parts, None
+        if parts is None:
+            return (joined,) if joined else ()
+        if self.provider == "openai":
+            return parts
+        text = "\n\n".join(parts).strip()
+        return (text,) if text else ()
 
     @staticmethod
     def _tools(ctx: RunContext[Any] | None) -> list[dict[str, Any]]:
@@ -148,6 +193,8 @@ class LaminaHistory(LoopAdapter):
     def __call__(
         self, ctx: RunContext[Any], messages: list[ModelMessage]
     ) -> list[ModelMessage]:
+        requests = [m for m in messages if isinstance(m, ModelRequest)]
+        instructions = self._sent_instructions(requests[-1].instructions if requests else None)
         start = max(
             (
                 i
@@ -168,9 +215,6 @@ class LaminaHistory(LoopAdapter):
             for p in m.parts
             if isinstance(p, SystemPromptPart) and p.content not in own
         )
-        requests = [m for m in messages if isinstance(m, ModelRequest)]
-        sent = requests[-1].instructions if requests else None
-        instructions = (sent,) if sent else ()
         loop = self.state.fit_query(
             _user_text(prompt),
             _steps(messages[start + 1 :]),

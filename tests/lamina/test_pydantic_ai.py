@@ -456,3 +456,44 @@ def test_dynamic_instructions_are_in_the_predicted_input() -> None:
     assert [u.predicted_input for u in predicted] == [b["prompt_tokens"] for b in billed]
     assert [loop.tokens for loop in history.loops] == [b["prompt_tokens"] for b in billed]
     assert all(u.warning is None for u in predicted)
+
+
+def test_static_and_dynamic_instructions_are_counted_as_the_messages_sent() -> None:
+    """A static ``instructions=`` and an ``@agent.instructions`` function go out as two
+    system messages; a history processor sees them joined, ``history.capability()`` sees
+    the parts: the budget (``Loop.tokens``) and each request's predicted input are the
+    billed prompt tokens exactly, and the cache prediction is the prefix served."""
+    bodies: list[dict[str, Any]] = []
+    billed: list[dict[str, Any]] = []
+    budget = Budget(context_window=16000, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    history = LaminaHistory(conv)
+    agent = Agent(_billing_model(bodies, billed, conv.counter, budget), deps_type=str,
+                  instructions=INSTRUCTIONS, capabilities=[history.capability()])  # fmt: skip
+
+    @agent.instructions
+    def audience(ctx: RunContext[str]) -> str:
+        return f"Answer for {ctx.deps}."
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        """Search the project notes."""
+        return _result(q)
+
+    responses = _read_back_runs(agent, history, deps="the sync team")
+    sent = (INSTRUCTIONS, "Answer for the sync team.")
+    assert history.instructions == [sent] * 6
+    for body in bodies:
+        assert [m["content"] for m in body["messages"][1:3]] == list(sent)
+    records = [
+        usage_record(history.loops[: n + 1], r.usage, "openai", "gpt-4o",
+                     tools=history.state.tools, instructions=history.instructions[n])
+        for n, r in enumerate(responses)
+    ]  # fmt: skip
+    assert [u.predicted_input for u in records] == [b["prompt_tokens"] for b in billed]
+    assert [loop.tokens for loop in history.loops] == [b["prompt_tokens"] for b in billed]
+    cached = [b["prompt_tokens_details"]["cached_tokens"] for b in billed]
+    assert [u.predicted_cached for u in records] == [0, *cached[1:3], 0, *cached[4:]]
+    assert all(u.warning is None for u in records)
+    joined = instructions_tokens(["\n\n".join(sent)], conv.counter)
+    assert joined < instructions_tokens(sent, conv.counter)  # the processor alone counts short
