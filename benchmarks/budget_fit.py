@@ -13,7 +13,11 @@ Two measurements, each beside its comparator in the same run:
   of later turns' summaries), beside the same turn after waiting for all of the
   promotion (``next_waiting_s``, the library read first, as before the preparing
   stopped for a turn), then the p50 of turns alternating a short question and one note
-  re-attached, each after its promotion (``warm_turn_p50_s``).
+  re-attached, each after its promotion (``warm_turn_p50_s``). And the renderer's memo:
+  the warm folder turn by a new conversation and its promotion (which renders again the
+  full blocks L3 rendered), with the memo sized to the turn and, as the comparator, held
+  at its old fixed 4,096 entries (``promote_s``, ``promote_fixed_s``, their ratio, and
+  each one's render memo hits; median of ``RENDER_REPS``, alternating).
 - ``share``: a seeded chat (one or two new notes a turn, some re-attached) under a small
   window; the share of this turn's attachment tokens that reach the model in full or as
   a preview, per cut policy.
@@ -44,6 +48,9 @@ PREFIX_FIRST_MAX_NOTES = 400
 FIXED_MEMO = 1024
 # Later turns of the folder's conversation timed for ``warm_turn_p50_s``.
 NEXT_TURNS = 6
+# The renderer memo's old fixed size, the promotion's comparator, and the runs timed.
+FIXED_RENDER_MEMO = 4096
+RENDER_REPS = 3
 
 
 def folder_workload(seed: int, notes: int) -> dict[str, str]:
@@ -138,6 +145,7 @@ def folder_points(scale: str) -> list[dict[str, Any]]:
                                 warm_fixed_memo_hits=fixed_hits,
                                 warm_fixed_ratio_to_warm=fixed / warm,
                                 **_next_turns(vault, budget),
+                                **_render_memo(vault, budget),
                             )
                     points.append(point)
     return points
@@ -176,6 +184,55 @@ def _next_turns(vault: Path, budget: Any) -> dict[str, Any]:
         "next_waiting_s": times[True],
         "next_waiting_ratio_to_next": times[True] / times[False],
         "warm_turn_p50_s": statistics.median(later),
+    }
+
+
+def _rendered(vault: Path, budget: Any, fixed: int | None) -> tuple[float, float, int, int]:
+    """(turn seconds, promotion seconds, the turn's render memo hits, the promotion's) of
+    the folder turn by a new conversation whose renderer's memo is sized to the turn or,
+    with ``fixed``, held at that many entries."""
+    from lamina import Conversation
+    from pipeline._views.views import renderer_memo
+
+    conv = Conversation("You are terse.", vault=vault, budget=budget)
+    memo = renderer_memo(conv.renderer)
+    assert memo is not None
+    if fixed is not None:
+        memo.size, memo.max_size = fixed, 0
+    start = time.perf_counter()
+    env = conv.turn("What do these notes say about the sync protocol?", [{"folder": "folder"}])
+    turned = time.perf_counter()
+    hits = memo.hits
+    _ = conv.library  # the promotion and its preparing
+    promoted = time.perf_counter()
+    turn_hits = dict(env.report.meters)["render_memo_hits"]
+    return turned - start, promoted - turned, turn_hits, memo.hits - hits
+
+
+def _render_memo(vault: Path, budget: Any) -> dict[str, Any]:
+    """The warm folder turn and its promotion, the renderer's memo sized to the turn beside
+    it held at ``FIXED_RENDER_MEMO`` entries (medians of ``RENDER_REPS`` runs of each,
+    alternating, after one run that leaves the shared memos and summaries warm)."""
+    _rendered(vault, budget, None)
+    runs: dict[bool, list[tuple[float, float, int, int]]] = {True: [], False: []}
+    for _ in range(RENDER_REPS):
+        for fixed in (False, True):
+            runs[fixed].append(_rendered(vault, budget, FIXED_RENDER_MEMO if fixed else None))
+
+    def median(fixed: bool, i: int) -> float:
+        return statistics.median(run[i] for run in runs[fixed])
+
+    return {
+        "render_warm_s": median(False, 0),
+        "render_warm_fixed_s": median(True, 0),
+        "render_warm_fixed_ratio": median(True, 0) / median(False, 0),
+        "render_memo_hits": median(False, 2),
+        "render_fixed_memo_hits": median(True, 2),
+        "promote_s": median(False, 1),
+        "promote_fixed_s": median(True, 1),
+        "promote_fixed_ratio": median(True, 1) / median(False, 1),
+        "promote_render_hits": median(False, 3),
+        "promote_fixed_render_hits": median(True, 3),
     }
 
 

@@ -52,12 +52,21 @@ class XmlRenderer:
 
     Renderings are memoized by view (a bounded LRU, by count and by characters): the same
     view is rendered once per turn and across turns, and L2 and L3 share one string
-    instead of holding two copies.
+    instead of holding two copies. The memo (``memo``) starts at ``memo_size`` entries and
+    a conversation grows it to what each turn renders (``ViewMemo.reserve``), up to
+    ``memo_max_size`` (0: fixed) and ``memo_chars`` characters, whichever binds first.
     """
 
-    def __init__(self, memo_size: int = 4096, memo_chars: int = 16 << 20) -> None:
+    def __init__(
+        self, memo_size: int = 4096, memo_chars: int = 16 << 20, memo_max_size: int = 16_384
+    ) -> None:
         self._custom: dict[tuple[str, Form], ViewRenderer] = {}
-        self._memo = ViewMemo(memo_size, max_chars=memo_chars)
+        self._memo = ViewMemo(memo_size, max_chars=memo_chars, max_size=memo_max_size)
+
+    @property
+    def memo(self) -> ViewMemo:
+        """The renderings memo (its ``hits`` and ``made`` are the report's meters)."""
+        return self._memo
 
     def register(self, source_type: str, form: Form | str, renderer: ViewRenderer) -> None:
         key = (source_type, Form(form))

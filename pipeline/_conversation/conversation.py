@@ -42,7 +42,13 @@ from pipeline._turn.history import HistorySegments
 from pipeline._turn.measure import request_tokens
 from pipeline._turn.promotion import Promotion
 from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
-from pipeline._views.views import Policy, SegmentRenderer, ViewMemo, shared_views
+from pipeline._views.views import (
+    Policy,
+    SegmentRenderer,
+    ViewMemo,
+    renderer_memo,
+    shared_views,
+)
 
 if TYPE_CHECKING:
     from pipeline._budget.fit import Budget
@@ -57,8 +63,11 @@ __all__ = [
 ]
 
 
-
 Attachment = AttachmentSpec | Mapping[str, Any]
+
+# Renderings an item takes in a budgeted turn: its full block, its preview, and the empty
+# preview a fitted preview is measured by (a 1,600-note folder at 200k rendered 4,800).
+_RENDERS_PER_ITEM = 3
 
 
 @attrs.frozen
@@ -348,12 +357,19 @@ class Conversation:
         hits, encoded = self.counter.hits, self.counter.encoded_chars
         summary_hits = self.summaries.hits
         view_hits, views_made = self.views.hits, self.views.made
+        rendered = renderer_memo(self.renderer)
+        render_hits, renders_made = (0, 0) if rendered is None else (rendered.hits, rendered.made)
         specs = [own_sources.parse(a) if isinstance(a, Mapping) else a for a in attach]
         sources = resolver_for_turn(own_sources)
         processed = [_self_contained(s) or sources.process(s) for s in [*tools, *specs]]
         process_time = time.perf_counter() - started
         # Room for a preview of each of this turn's items, twice over, before any is made.
-        self.views.reserve(2 * sum(len(p.artifacts) + len(p.embedded) for p in processed))
+        items = sum(len(p.artifacts) + len(p.embedded) for p in processed)
+        self.views.reserve(2 * items)
+        if rendered is not None:
+            # And for each item's renderings (its full block and previews), twice over: the
+            # promotion renders again the full blocks L3 rendered before the turn's previews.
+            rendered.reserve(2 * _RENDERS_PER_ITEM * items)
         number = len(self._history) + 1
         ctx = TurnContext(
             number,
@@ -418,9 +434,12 @@ class Conversation:
             ("encoded_chars", self.counter.encoded_chars - encoded),
             ("summary_cache_hits", self.summaries.hits - summary_hits),
             ("view_memo_hits", self.views.hits - view_hits),
+            ("render_memo_hits", 0 if rendered is None else rendered.hits - render_hits),
         )
         # And for every entry the turn made (library previews, fitted sizes), twice over.
         self.views.reserve(2 * (self.views.made - views_made))
+        if rendered is not None:
+            rendered.reserve(2 * (rendered.made - renders_made))
         report = attrs.evolve(
             envelope.report,
             stats=(*envelope.report.stats, *_layer_stats(envelope)),

@@ -36,6 +36,7 @@ __all__ = [
     "learn_rendering",
     "preview_view",
     "reference_view",
+    "renderer_memo",
     "shared_views",
     "summary_view",
 ]
@@ -95,6 +96,13 @@ class SegmentRenderer(Protocol):
     """Turns a typed view into segment text (XML by default: ``renderers.XmlRenderer``)."""
 
     def render(self, view: View) -> str: ...
+
+
+def renderer_memo(renderer: SegmentRenderer) -> ViewMemo | None:
+    """The ``ViewMemo`` a renderer keeps its renderings in (its ``memo``), if it has one:
+    a conversation sizes it to each turn (``reserve``) as it does the preview memo."""
+    memo = getattr(renderer, "memo", None)
+    return memo if isinstance(memo, ViewMemo) else None
 
 
 def _view(artifact: Artifact, form: Form, body: str, marks: tuple[tuple[str, str], ...]) -> View:
