@@ -171,12 +171,16 @@ def _cause(
     ttl: Ttl | None,
     provider: str,
     with_tools: bool = False,
+    instructions: Sequence[str] = (),
 ) -> tuple[str, str]:
     """The likeliest cause of a predicted cache hit that did not happen, from evidence:
-    the request sent, the prefix Lamina changed, the input count, the time since the last
-    request. (cause, sentence)."""
+    the request sent (less the framework's own ``instructions``, which Lamina did not
+    render), the prefix Lamina changed, the input count, the time since the last request.
+    (cause, sentence)."""
     if sent is not None:
-        mine, theirs = "\n\n".join(_sent_texts(expected)), "\n\n".join(_sent_texts(sent))
+        added = set(instructions)
+        mine = "\n\n".join(_sent_texts(expected))
+        theirs = "\n\n".join(t for t in _sent_texts(sent) if t not in added)
         if mine != theirs:
             at = next(
                 (i for i, (a, b) in enumerate(zip(mine, theirs, strict=False)) if a != b),
@@ -425,6 +429,7 @@ def usage_record(
         cause, reason = _cause(
             previous, current, observed, predicted_input, profile.exact_tokens,
             expected.body, sent, elapsed, ttl, provider, bool(defs or instructions),
+            instructions,
         )
         warning = TurnWarning(
             CACHE_MISS,

@@ -40,6 +40,7 @@ from pipeline import (
 )
 from renderers import (
     CACHE_MISS,
+    instructions_tokens,
     render_request,
     simulate,
     trace_document,
@@ -253,6 +254,28 @@ def test_a_request_sent_as_rendered_is_not_blamed_on_the_host() -> None:
         envelopes, _chat_completion(total, 0), "openai", "gpt-4.1", sent=body, elapsed=720
     )
     assert usage.cause == "expired"
+
+
+def test_a_frameworks_instructions_are_predicted_and_not_blamed_on_the_host() -> None:
+    """A framework sent its own instructions as a system message after Lamina's (as
+    pydantic-ai does): with ``instructions=`` the predicted input and hit include them, and
+    a miss of the body sent with them is the cache's (expired), not the host's."""
+    _, envelopes = _two_turns()
+    total, cached = _predicted(envelopes, "openai")
+    rules = "Answer in one short paragraph."
+    body = render_request(envelopes[-1], "openai", "gpt-4.1").body
+    messages = [dict(m) for m in body["messages"]]
+    sent = {**body, "messages": [messages[0], {"role": "system", "content": rules}, *messages[1:]]}
+    added = instructions_tokens([rules])
+    response = _chat_completion(total + added, 0)
+    usage = usage_record(envelopes, response, "openai", "gpt-4.1", sent=sent, elapsed=720,
+                         instructions=[rules])  # fmt: skip
+    assert usage.predicted_input == total + added == usage.observed.input_tokens
+    assert usage.warning is not None
+    assert f"predicted {cached + added} cached input tokens" in usage.warning.message
+    assert usage.cause == "expired"
+    blamed = usage_record(envelopes, response, "openai", "gpt-4.1", sent=sent, elapsed=720)
+    assert blamed.predicted_input == total and blamed.cause == "host-altered"
 
 
 def test_a_prefix_change_names_the_layer() -> None:
