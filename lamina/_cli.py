@@ -46,6 +46,7 @@ from pipeline import (
     SourceResolver,
     SqliteStore,
 )
+from renderers import PREVIOUS_NOT_REBUILT
 
 __all__ = ["main"]
 
@@ -431,7 +432,8 @@ def _summary(
     breaks = [
         int(t["turn"])
         for t in turns
-        if (t.get("cache") or {}).get("break_reason") not in (None, "first-turn")
+        if (t.get("cache") or {}).get("break_reason")
+        not in (None, "first-turn", PREVIOUS_NOT_REBUILT)
     ]
     cut = [env.turn for env in envelopes if env.report.budget and env.report.budget.decisions]
     decisions = sum(len(env.report.decisions) for env in envelopes)
@@ -686,10 +688,14 @@ def resume(
         saved_budget = store.load(conversation_id).budget
         sources = _sources(root, allow_private_network)
         conv = load_conversation(store, conversation_id, sources=sources, budget=budget)
-        # The last saved turn, replayed (with the budget it was built with, or the flags' for
-        # stores that did not save one), so cache reports compare with the real previous turn.
+        # The last saved turn as it was sent: replayed (with the budget it was built with, or
+        # the flags' for stores that did not save one), or, for a turn an older Lamina saved,
+        # told from its stored manifest; so the cache report compares with the real request.
         replay = budget if saved_budget is None else None
-        previous = rebuild_envelope(store, conversation_id, sources=sources, budget=replay)
+        previous = rebuild_envelope(
+            store, conversation_id, sources=sources, budget=replay, as_sent=True
+        )
+        saved_turns = store.head(conversation_id).turn
         if script.system.stable or script.system.mutable:
             conv.set_system(script.system.stable, script.system.mutable)
         envelopes = run_saved(script, conv, store, conversation_id, previous=previous)
@@ -697,6 +703,9 @@ def resume(
     document = _trace(shown, conv, provider=provider, model=model, conversation_id=conversation_id)
     if previous is not None:
         document["turns"] = document["turns"][1:]
+    elif saved_turns and document["turns"]:
+        # Not the chat's first request: say the one before it is not known.
+        document["turns"][0]["cache"]["break_reason"] = PREVIOUS_NOT_REBUILT
     trace = {"conversation_id": conversation_id, **document}
     if as_json:
         click.echo(_json(trace))

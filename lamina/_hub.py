@@ -44,7 +44,7 @@ from pipeline import (
     tool_turn,
 )
 from processors import ProcessContext, Sources, Vault
-from renderers import prefix_report, render_request, trace_turn
+from renderers import PREVIOUS_NOT_REBUILT, prefix_report, render_request, trace_turn
 
 __all__ = ["ConversationHub", "FieldError", "ServerConfig", "StaleHead"]
 
@@ -217,7 +217,10 @@ class ConversationHub:
             raise
         warm.envelopes[envelope.turn] = envelope
         warm.attached[envelope.turn] = records
-        return self._trace(conversation_id, warm, envelope, previous), warm.head
+        out = self._trace(conversation_id, warm, envelope, previous)
+        if previous is None and parent.turn:  # not the first request: say what is unknown
+            out["cache"]["break_reason"] = PREVIOUS_NOT_REBUILT
+        return out, warm.head
 
     def reply(self, conversation_id: str, body: ReplyIn) -> Head:
         """Record the answer to the last turn and save that turn again with it."""
@@ -313,12 +316,15 @@ class ConversationHub:
     def _envelope(self, conversation_id: str, warm: _Warm, k: int) -> Envelope:
         envelope = warm.envelopes.get(k)
         if envelope is None:
-            envelope = rebuild_envelope(self.store, conversation_id, k, sources=warm.sources)
+            # As it was sent: a turn an older Lamina saved is told from its stored manifest.
+            envelope = rebuild_envelope(
+                self.store, conversation_id, k, sources=warm.sources, as_sent=True
+            )
             if envelope is None:
                 raise FieldError(
                     "turn",
-                    f"turn {k} cannot be rebuilt identically (its sources changed or were not "
-                    "kept)",
+                    f"turn {k} cannot be rebuilt as it was sent (its sources changed or were "
+                    "not kept)",
                     409,
                 )
             warm.envelopes[k] = envelope
@@ -326,8 +332,9 @@ class ConversationHub:
 
     def _previous(self, conversation_id: str, warm: _Warm, k: int) -> Envelope | None:
         """Turn ``k``'s envelope for the next turn's cache report; None when there is no
-        turn ``k`` or it cannot be rebuilt (a changed page, tool results not kept), so a
-        turn after a restart is built and reported as one with no previous request."""
+        turn ``k`` or it cannot be rebuilt as it was sent (a changed page, tool results not
+        kept), so a turn after a restart is still built, its cache report saying the
+        previous request is not known (``PREVIOUS_NOT_REBUILT``)."""
         if k == 0:
             return None
         try:

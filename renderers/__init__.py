@@ -10,6 +10,7 @@ from renderers._agent import (
     tool_tokens,
 )
 from renderers._cache import (
+    PREVIOUS_NOT_REBUILT,
     PrefixReport,
     classify_break,
     prefix_report,
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_MODELS",
     "LAYOUTS",
     "LOW_CACHE_SHARE",
+    "PREVIOUS_NOT_REBUILT",
     "PROVIDER_COLOURS",
     "REPORT_LAYERS",
     "TRACE_VERSION",

@@ -32,6 +32,7 @@ from renderers._openai import (
 )
 
 __all__ = [
+    "PREVIOUS_NOT_REBUILT",
     "PrefixReport",
     "classify_break",
     "prefix_report",
@@ -43,6 +44,10 @@ __all__ = [
 # Readers match a decision's action, never its reason's words (those are for people).
 _CHANGED = frozenset({DecisionAction.REFRESHED, DecisionAction.PINNED})
 _EVICTED = frozenset({DecisionAction.EVICTED, DecisionAction.DROPPED})
+
+PREVIOUS_NOT_REBUILT = "previous-not-rebuilt"
+"""The break reason of a turn whose previous request is not known (a stored turn that
+cannot be rebuilt as it was sent): not the chat's first request, yet nothing to compare."""
 
 
 @attrs.frozen

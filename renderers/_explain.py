@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from renderers._cache import PREVIOUS_NOT_REBUILT
+
 __all__ = ["LOW_CACHE_SHARE", "explain_cache"]
 
 # Below this share of the request repeated, a turn without a break is explained too.
@@ -62,6 +64,13 @@ def _sentence(code: str, turn: Mapping[str, Any]) -> str:
     kind, _, key = code.partition(":")
     if kind == "first-turn":
         return "First request of the chat: nothing is cached yet."
+    if code == PREVIOUS_NOT_REBUILT:
+        return (
+            f"The previous request (turn {int(turn.get('turn', 1)) - 1}) could not be rebuilt "
+            "as it was sent (a source changed since, or it was saved in a form this Lamina "
+            "does not rebuild), so what it left cached is not known: this request is counted "
+            "as uncached."
+        )
     if kind == "system-changed":
         return f"The system prompt's stable part changed, {_UNCACHED_AFTER}."
     if kind == "memory-changed":

@@ -1,9 +1,10 @@
-"""``lamina report --store`` and ``lamina export`` on stores older Lamina versions wrote
-(chat30 at 6,000 tokens, saved by three commits from before decisions were typed), as
-they are (read-only, unchanged) and after ``lamina migrate``, on SQLite and PostgreSQL.
-Before, the report stopped at turn 1 (``cannot be rebuilt as it was sent``): no stored
-report equals this version's, and five turns' layers this version's budget builds
-otherwise."""
+"""``lamina report --store``, ``lamina export`` and ``lamina resume`` on stores older
+Lamina versions wrote (chat30 at 6,000 tokens, saved by three commits from before
+decisions were typed), as they are (read-only, unchanged) and after ``lamina migrate``,
+on SQLite and PostgreSQL. Before, the report stopped at turn 1 (``cannot be rebuilt as
+it was sent``): no stored report equals this version's, and five turns' layers this
+version's budget builds otherwise; and resume's first new turn said "First request of the
+chat" (its previous request was not replayed identically)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pipeline import ConversationInfo, open_store, save_turn
 from pipeline._hashing import text_hash
 from pipeline._store.records import BATCH_NOT_REBUILT, canonical, digest
 from tests.cli import ROOT, lamina_here
+from tests.cli import lamina as lamina_cli
 from tests.stores import COMMITS, Backend, legacy_store
 
 VAULT = str(ROOT / "examples" / "vault")
@@ -126,3 +128,71 @@ def test_a_turn_batched_otherwise_is_told_as_built_and_says_so(
     assert second is not None and replay is not None
     assert second.batch is None and second.layers == replay.layers
     assert second.report.warnings == (*replay.report.warnings, BATCH_NOT_REBUILT)
+
+
+# The first turn resume adds, compared with turn 30 as it was sent (the same figures as
+# the hub's, below); a7b9f6f's and the two before it send turn 30 alike.
+_SAME = (
+    "cached prefix: 2948 of 3025 tokens repeat the previous turn's request (97%, predicted)",
+)
+RESUMED = {
+    "04fd623": _SAME,
+    "4f04b07": _SAME,
+    "a7b9f6f": _SAME,
+    "87f7834": (
+        "cached prefix: 161 of 4142 tokens repeat the previous turn's request (4%, predicted)",
+        "  why: Library entry note:project-spec.md was restored from summary to full now "
+        "that the window has room again, so the request is sent uncached from there on.",
+    ),
+}
+
+
+def _resume(backend: Backend, cid: str, folder: Path) -> list[str]:
+    """``lamina resume`` of one more turn, in a subprocess; its cache lines."""
+    script = folder / "more.yaml"
+    script.write_text('turns:\n  - user: "Turn 31: and the spec?"\n', encoding="utf-8")
+    ran = lamina_cli(
+        "resume", backend.value, "--conversation", cid, "--script", str(script),
+        "--vault", VAULT, "--messages", "none",
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    return [
+        line for line in ran.stdout.splitlines() if line.startswith(("cached prefix", "  why:"))
+    ]
+
+
+@pytest.mark.parametrize("commit", REPORTED)
+def test_resume_compares_the_first_new_turn_with_the_last_request_as_it_was_sent(
+    backend: Backend, commit: str, tmp_path: Path
+) -> None:
+    """Turn 30 is told from its stored manifest (no old turn replays identically), so
+    turn 31's cached prefix is what it repeats of that request, not "First request"."""
+    cid = legacy_store(commit, backend)
+    assert _resume(backend, cid, tmp_path) == list(RESUMED[commit])
+
+
+def _damage_layer(backend: Backend, turn: int) -> None:
+    """Turn ``turn``'s stored L3 hash as no text hashes: that layer cannot be told."""
+    (h,) = backend.rows("SELECT manifest_hash FROM turns WHERE turn = ?", (turn,))[0]
+    (body,) = backend.rows("SELECT body FROM snapshots WHERE hash = ?", (h,))[0]
+    plain = json.loads(zlib.decompress(bytes(body)))
+    plain["layers"][2]["hash"] = "0" * 32
+    changed = canonical(plain)
+    backend.execute(
+        "INSERT INTO snapshots VALUES (?, ?, ?)",
+        (digest(changed), "manifest", zlib.compress(changed, 6)),
+    )
+    backend.execute("UPDATE turns SET manifest_hash = ? WHERE turn = ?", (digest(changed), turn))
+
+
+def test_resume_says_so_when_the_previous_request_cannot_be_rebuilt(
+    backend: Backend, tmp_path: Path
+) -> None:
+    cid = legacy_store("a7b9f6f", backend)
+    _damage_layer(backend, 30)
+    assert _resume(backend, cid, tmp_path) == [
+        "cached prefix: 0 of 3025 tokens repeat the previous turn's request (0%, predicted)",
+        "  why: The previous request (turn 30) could not be rebuilt as it was sent (a source "
+        "changed since, or it was saved in a form this Lamina does not rebuild), so what it "
+        "left cached is not known: this request is counted as uncached.",
+    ]

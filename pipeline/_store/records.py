@@ -466,16 +466,39 @@ def stateless_turn(
     return conversation, envelope
 
 
+_Known = dict[tuple[str, str, str, int], Segment]
+"""Rendered segments by key, form, content hash and tokens (what a stored manifest names)."""
+
+
 def rebuild_envelope(
-    store: Store, conversation_id: str, turn: int | None = None, **restore: Any
+    store: Store,
+    conversation_id: str,
+    turn: int | None = None,
+    *,
+    as_sent: bool = False,
+    **restore: Any,
 ) -> Envelope | None:
     """Turn ``turn``'s envelope (default: the last) built again from the turn before it.
 
     A resumed chat needs the previous request to report what the cache kept; the store
     holds manifests, not texts, so the turn is replayed and checked against its manifest.
     None when it cannot be replayed identically (a note changed on disk, a spec not kept).
+
+    ``as_sent``: a turn not replayed identically (one an older Lamina saved, whose stored
+    report or budget this version makes otherwise) is told from its stored manifest as
+    ``rebuild_envelopes`` tells it, its layers byte for byte as sent; first from this
+    turn's replay and the stored libraries, else from every turn's before it. Still None
+    when a layer cannot be told, or the turn was a deferred request this version does not
+    rebuild (``BATCH_NOT_REBUILT``): what it sent is then not known.
     """
     k = turn if turn is not None else len(store.turns(conversation_id))
+    if as_sent:
+        told = _tell(store, conversation_id, k, restore, {})
+        if told is None and k > 1:  # a segment only an earlier turn rendered
+            known: _Known = {}
+            for t in range(1, k + 1):
+                told = _tell(store, conversation_id, t, restore, known)
+        return None if told is None or BATCH_NOT_REBUILT in told.report.warnings else told
     replay = _replay(store, conversation_id, k, restore)
     envelope = None if replay is None else replay.envelope
     if envelope is None:
@@ -501,7 +524,18 @@ def rebuild_envelopes(
     as that stage marked it (``_resent``); a deferred request this version batches
     otherwise is shown as built (``_as_sent``, ``BATCH_NOT_REBUILT``).
     """
-    known: dict[tuple[str, str, str, int], Segment] = {}
+    known: _Known = {}
+    return tuple(
+        _tell(store, conversation_id, k, restore, known)
+        for k in range(1, len(store.turns(conversation_id)) + 1)
+    )
+
+
+def _tell(
+    store: Store, conversation_id: str, k: int, restore: Mapping[str, Any], known: _Known
+) -> Envelope | None:
+    """Turn ``k``'s envelope as it was sent (``rebuild_envelopes``' rule); ``known`` holds
+    the segments told so far and learns this turn's."""
 
     def learn(segments: Iterable[Segment]) -> None:
         # The latest wins: two renders of one key, form and size may differ in a mark
@@ -509,28 +543,24 @@ def rebuild_envelopes(
         for seg in segments:
             known[(seg.key, str(seg.form), seg.content_hash, seg.tokens)] = seg
 
-    out: list[Envelope | None] = []
-    for k in range(1, len(store.turns(conversation_id)) + 1):
-        replay = _replay(store, conversation_id, k, restore)
-        envelope = None if replay is None else replay.envelope
-        stored = store.manifest(conversation_id, k)
-        if envelope is not None and Manifest.of(envelope) == stored:
-            out.append(envelope)
-            learn(s for layer in envelope.layers for s in layer.segments)
-            continue
-        before: dict[str, LibraryEntry] = {}
-        for t in (k - 1, k):
-            if t >= 1:
-                library = store.load(conversation_id, t).library
-                learn(Segment.of_view(e.view, e.text, e.tokens) for e in library)
-                if t == k - 1:
-                    before = {e.key: e for e in library}
-        if envelope is not None:
-            learn(s for layer in envelope.layers for s in layer.segments)
-        if replay is not None and stored is not None:  # what the stored decisions name
-            learn(_resent(replay, stored.report, before))
-        out.append(None if stored is None else _as_sent(stored, known, envelope))
-    return tuple(out)
+    replay = _replay(store, conversation_id, k, restore)
+    envelope = None if replay is None else replay.envelope
+    stored = store.manifest(conversation_id, k)
+    if envelope is not None and Manifest.of(envelope) == stored:
+        learn(s for layer in envelope.layers for s in layer.segments)
+        return envelope
+    before: dict[str, LibraryEntry] = {}
+    for t in (k - 1, k):
+        if t >= 1:
+            library = store.load(conversation_id, t).library
+            learn(Segment.of_view(e.view, e.text, e.tokens) for e in library)
+            if t == k - 1:
+                before = {e.key: e for e in library}
+    if envelope is not None:
+        learn(s for layer in envelope.layers for s in layer.segments)
+    if replay is not None and stored is not None:  # what the stored decisions name
+        learn(_resent(replay, stored.report, before))
+    return None if stored is None else _as_sent(stored, known, envelope)
 
 
 BATCH_NOT_REBUILT = TurnWarning(

@@ -15,7 +15,7 @@ import pytest
 
 from tests.cli import lamina
 from tests.lamina.server import VAULT, WALKTHROUGH, create, reply, run_turns, running, turn
-from tests.stores import PgServer
+from tests.stores import Backend, PgServer, legacy_store
 
 EMPTY = {"turn": 0, "hash": ""}
 
@@ -230,7 +230,27 @@ def test_after_a_restart_a_turn_whose_parent_cannot_be_rebuilt_still_goes_throug
         page.shutdown()
     assert rebuilt.status_code == 409  # turn 1 itself cannot be shown again ...
     assert second["head"]["turn"] == 2  # ... but the conversation goes on
-    assert second["cache"]["common_prefix_tokens"] == 0
+    assert second["cache"] == {"common_prefix_tokens": 0, "break_reason": "previous-not-rebuilt"}
+
+
+@pytest.mark.parametrize("commit", ["a7b9f6f", "87f7834"])
+def test_a_turn_on_a_store_an_older_lamina_wrote_compares_with_the_request_it_sent(
+    backend: Backend, commit: str
+) -> None:
+    """No old turn replays identically; turn 30 is told from its stored manifest, so the
+    next turn's cache report is what it repeats of that request (``lamina resume``'s
+    figures), and turn 30's trace can be shown."""
+    cid = legacy_store(commit, backend)
+    with running(backend.value, "--vault", str(VAULT)) as url, _client(url) as c:
+        head = c.get(f"/v1/conversations/{cid}").json()["head"]
+        built = turn(c, cid, head, user="Turn 31: and the spec?")
+        told = c.get(f"/v1/conversations/{cid}/turns/30/trace")
+    spec = "l2-compacted:note:project-spec.md"  # restored to full: the CLI's "why"
+    assert built["cache"] == {
+        "a7b9f6f": {"common_prefix_tokens": 2948, "break_reason": None},
+        "87f7834": {"common_prefix_tokens": 161, "break_reason": spec},
+    }[commit]
+    assert told.status_code == 200, told.text
 
 
 def test_errors_are_one_json_sentence_with_the_field(client: httpx.Client) -> None:
