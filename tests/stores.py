@@ -107,7 +107,8 @@ def make_backend(name: str, folder: Path, server: PgServer | None) -> Backend:
     return Backend(name, server.create_database())
 
 
-# Stores older Lamina versions wrote (``tests/data/legacy-stores``, see its README).
+# Stores older Lamina versions wrote (``tests/data/legacy-stores``, described in
+# tests/data/README.md).
 LEGACY = Path(__file__).resolve().parent / "data" / "legacy-stores"
 COMMITS = ("04fd623", "4f04b07", "a7b9f6f")
 # Parents before children, for the foreign keys.
