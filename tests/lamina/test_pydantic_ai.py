@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from lamina import Conversation
 from lamina.adapters.pydantic_ai import LaminaHistory
-from pipeline import Budget, ConfigError, read_usage
+from pipeline import Budget, ConfigError, TurnUsage, read_usage
 from renderers import (
     agent_request,
     instructions_tokens,
@@ -222,6 +223,20 @@ def _searching_agent(model: Any, history: LaminaHistory) -> Agent[None, str]:
     return agent
 
 
+def _chat_reply(n: int, message: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's chat completion ``n`` holding ``message``."""
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    reply = {"id": f"r{n}", "object": "chat.completion", "created": 0, "model": "gpt-4o"}
+    return {**reply, "choices": [choice], "usage": usage}
+
+
+def _chat_model(handle: Callable[[httpx.Request], httpx.Response]) -> OpenAIChatModel:
+    """pydantic-ai's own OpenAI chat model whose requests ``handle`` answers in process."""
+    transport = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    client = AsyncOpenAI(api_key="offline", http_client=transport)  # type: ignore[arg-type]
+    return OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
+
+
 def _wire_model(bodies: list[dict[str, Any]]) -> OpenAIChatModel:
     """pydantic-ai's own OpenAI chat model on an in-process transport: each request body is
     recorded as the framework would send it; the model searches twice, then answers."""
@@ -230,14 +245,10 @@ def _wire_model(bodies: list[dict[str, Any]]) -> OpenAIChatModel:
         body = json.loads(request.content)
         bodies.append(body)
         n = len(bodies)
-        choice = {"index": 0, "message": search_or_answer(body, n), "finish_reason": "stop"}
         usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-        reply = {"id": f"r{n}", "object": "chat.completion", "created": 0, "model": "gpt-4o"}
-        return httpx.Response(200, json={**reply, "choices": [choice], "usage": usage})
+        return httpx.Response(200, json=_chat_reply(n, search_or_answer(body, n), usage))
 
-    transport = httpx.AsyncClient(transport=httpx.MockTransport(handle))
-    client = AsyncOpenAI(api_key="offline", http_client=transport)  # type: ignore[arg-type]
-    return OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
+    return _chat_model(handle)
 
 
 def test_the_request_pydantic_ai_sends_is_counted_exactly_and_fits() -> None:
@@ -299,18 +310,13 @@ def _billing_model(
         cached = served_prefix(mine, [units(b) for b in bodies])
         bodies.append(body)
         n = len(bodies)
-        message = search_or_answer(body, n)
         prompt = framing.priming + sum(tokens for _, tokens in mine)
         usage = {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7,
                  "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
         billed.append(usage)
-        choice = {"index": 0, "message": message, "finish_reason": "stop"}
-        reply = {"id": f"r{n}", "object": "chat.completion", "created": 0, "model": "gpt-4o"}
-        return httpx.Response(200, json={**reply, "choices": [choice], "usage": usage})
+        return httpx.Response(200, json=_chat_reply(n, search_or_answer(body, n), usage))
 
-    transport = httpx.AsyncClient(transport=httpx.MockTransport(handle))
-    client = AsyncOpenAI(api_key="offline", http_client=transport)  # type: ignore[arg-type]
-    return OpenAIChatModel("gpt-4o", provider=OpenAIProvider(openai_client=client))
+    return _chat_model(handle)
 
 
 def test_each_request_of_a_run_is_read_back_from_pydantic_ais_own_usage() -> None:
@@ -334,20 +340,7 @@ def test_each_request_of_a_run_is_read_back_from_pydantic_ais_own_usage() -> Non
         """Search the project notes."""
         return _result(q)
 
-    responses: list[ModelResponse] = []  # each model request's response, as it came
-
-    async def run(question: str) -> AgentRunResult[str]:
-        async with agent.iter(question) as running:
-            async for node in running:
-                if isinstance(node, CallToolsNode):
-                    responses.append(node.model_response)
-        assert running.result is not None
-        return running.result
-
-    for i in range(2):
-        history.attach({"note": "project-spec.md"})
-        result = asyncio.run(run(f"Question {i}: what does the sync engine do?"))
-        history.finish(result.output)
+    responses, result = _read_back_runs(agent, history)
     assert len(responses) == len(history.loops) == len(bodies) == 6
     with pytest.raises(ConfigError, match="sums 3 requests"):
         read_usage(result.usage)
@@ -368,8 +361,11 @@ def test_each_request_of_a_run_is_read_back_from_pydantic_ais_own_usage() -> Non
     assert [(u.turn, u.call) for u in records] == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
 
 
-def _read_back_runs(agent: Agent[Any, str], history: LaminaHistory, deps: Any = None) -> list[Any]:
-    """Two runs of an agent through ``agent.iter``: each model request's response, as it came."""
+def _read_back_runs(
+    agent: Agent[Any, str], history: LaminaHistory, deps: Any = None
+) -> tuple[list[ModelResponse], AgentRunResult[str]]:
+    """Two runs of an agent through ``agent.iter``: each model request's response, as it
+    came, and the last run's result."""
     responses: list[ModelResponse] = []
 
     async def run(question: str) -> AgentRunResult[str]:
@@ -382,8 +378,18 @@ def _read_back_runs(agent: Agent[Any, str], history: LaminaHistory, deps: Any = 
 
     for i in range(2):
         history.attach({"note": "project-spec.md"})
-        history.finish(asyncio.run(run(f"Question {i}: what does the sync engine do?")).output)
-    return responses
+        result = asyncio.run(run(f"Question {i}: what does the sync engine do?"))
+        history.finish(result.output)
+    return responses, result
+
+
+def _read_back(history: LaminaHistory, responses: list[ModelResponse]) -> list[TurnUsage]:
+    """Each response's usage read back against its request, with the instructions it sent."""
+    return [
+        usage_record(history.loops[: n + 1], r.usage, "openai", "gpt-4o",
+                     tools=history.state.tools, instructions=history.instructions[n])
+        for n, r in enumerate(responses)
+    ]  # fmt: skip
 
 
 def test_instructions_are_in_the_predicted_input_of_every_request() -> None:
@@ -398,7 +404,7 @@ def test_instructions_are_in_the_predicted_input_of_every_request() -> None:
     conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
     history = LaminaHistory(conv)
     agent = _searching_agent(_billing_model(bodies, billed, conv.counter, budget), history)
-    responses = _read_back_runs(agent, history)
+    responses, _ = _read_back_runs(agent, history)
     assert len(responses) == len(history.loops) == len(history.instructions) == len(bodies) == 6
     assert all(body["messages"][1] == {"role": "system", "content": INSTRUCTIONS}
                for body in bodies)  # fmt: skip
@@ -444,15 +450,11 @@ def test_dynamic_instructions_are_in_the_predicted_input() -> None:
         """Search the project notes."""
         return _result(q)
 
-    responses = _read_back_runs(agent, history, deps="the sync team")
+    responses, _ = _read_back_runs(agent, history, deps="the sync team")
     rules = "Answer for the sync team. " + INSTRUCTIONS
     assert history.instructions == [(rules,)] * 6
     assert all(body["messages"][1] == {"role": "system", "content": rules} for body in bodies)
-    predicted = [
-        usage_record(history.loops[: n + 1], r.usage, "openai", "gpt-4o",
-                     tools=history.state.tools, instructions=history.instructions[n])
-        for n, r in enumerate(responses)
-    ]  # fmt: skip
+    predicted = _read_back(history, responses)
     assert [u.predicted_input for u in predicted] == [b["prompt_tokens"] for b in billed]
     assert [loop.tokens for loop in history.loops] == [b["prompt_tokens"] for b in billed]
     assert all(u.warning is None for u in predicted)
@@ -480,16 +482,12 @@ def test_static_and_dynamic_instructions_are_counted_as_the_messages_sent() -> N
         """Search the project notes."""
         return _result(q)
 
-    responses = _read_back_runs(agent, history, deps="the sync team")
+    responses, _ = _read_back_runs(agent, history, deps="the sync team")
     sent = (INSTRUCTIONS, "Answer for the sync team.")
     assert history.instructions == [sent] * 6
     for body in bodies:
         assert [m["content"] for m in body["messages"][1:3]] == list(sent)
-    records = [
-        usage_record(history.loops[: n + 1], r.usage, "openai", "gpt-4o",
-                     tools=history.state.tools, instructions=history.instructions[n])
-        for n, r in enumerate(responses)
-    ]  # fmt: skip
+    records = _read_back(history, responses)
     assert [u.predicted_input for u in records] == [b["prompt_tokens"] for b in billed]
     assert [loop.tokens for loop in history.loops] == [b["prompt_tokens"] for b in billed]
     cached = [b["prompt_tokens_details"]["cached_tokens"] for b in billed]
