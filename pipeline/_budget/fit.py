@@ -228,7 +228,7 @@ def _summary_source(turn: TurnGraph, entry: LibraryEntry) -> tuple[str, str]:
     preview of its whole form (or that form, if it entered the library as a preview),
     whatever preview it holds now, so a preview sized to a turn's need summarizes like
     any other, from what the promotion ranked ahead (``_prepare_summaries``)."""
-    whole = _whole(entry)
+    whole = entry.whole_view
     body = entry.view.body
     if whole.form is Form.FULL:
         ctx = turn.ctx
@@ -257,13 +257,8 @@ def _l2_step(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry | None:
         return None
     text = ctx.renderer.render(new)
     return LibraryEntry(
-        new, text, ctx.counter.count(text), entry.turn, entry.full_tokens, whole=_whole(entry)
+        new, text, ctx.counter.count(text), entry.turn, entry.full_tokens, whole=entry.whole_view
     )
-
-
-def _whole(entry: LibraryEntry) -> View:
-    """The form ``entry`` was promoted with (kept on its cut forms, so it can be restored)."""
-    return entry.view if entry.whole is None else entry.whole
 
 
 def compact_l2(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Decision] | None:
@@ -352,7 +347,7 @@ def excerpt_non_recoverable(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, Dec
             turn.ctx.counter.count(text),
             entry.turn,
             entry.full_tokens,
-            whole=_whole(entry),
+            whole=entry.whole_view,
         )
         decision = _decision(
             entry.key,
@@ -760,7 +755,7 @@ def _fuller(
     each cut of that) that is larger than it is now and grows it by at most ``room``
     tokens, or None."""
     ctx = turn.ctx
-    whole = _whole(entry)
+    whole = entry.whole_view
     text = ctx.renderer.render(whole)
     form: LibraryEntry | None = LibraryEntry(
         whole, text, ctx.counter.count(text), entry.turn, entry.full_tokens
@@ -785,7 +780,7 @@ def _restored(
         i
         for i, e in enumerate(library.entries)
         if i >= start and e.cut and e.key not in sent
-        and not (_whole(e).form is Form.FULL and e.full_tokens - e.tokens > room)
+        and not (e.whole_view.form is Form.FULL and e.full_tokens - e.tokens > room)
     ]  # fmt: skip (a full block known to be too large is not rendered to find out)
     wholes = []
     for i in cut:
@@ -1114,7 +1109,7 @@ def _sized_preview(turn: TurnGraph, entry: LibraryEntry, tokens: int) -> Library
     entered the library as sent; the sections that one omitted stay counted). A cut that
     saves what the excess needs where the policy's preview or a summary would save much
     more."""
-    whole = _whole(entry)
+    whole = entry.whole_view
     if not whole.recoverable or whole.source_type == INDEX_SOURCE:
         return None
     omitted = 0
@@ -1155,7 +1150,7 @@ def _stub(turn: TurnGraph, entry: LibraryEntry) -> LibraryEntry:
     view = attrs.evolve(entry.view, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
     text = ctx.renderer.render(view)
     return LibraryEntry(
-        view, text, ctx.counter.count(text), entry.turn, entry.full_tokens, whole=_whole(entry)
+        view, text, ctx.counter.count(text), entry.turn, entry.full_tokens, whole=entry.whole_view
     )
 
 

@@ -598,7 +598,7 @@ def whole_forms(
             cut.append((entry, entry.whole))
         for inner in entry.folded:
             if inner.key not in keys:
-                cut.append((inner, inner.whole if inner.whole is not None else inner.view))
+                cut.append((inner, inner.whole_view))
 
     def render(whole: View) -> Callable[[], Segment]:
         def segment() -> Segment:

@@ -56,6 +56,12 @@ class LibraryEntry:
         return self.view.form
 
     @property
+    def whole_view(self) -> View:
+        """The view the entry was promoted with: ``whole`` once a budget cut it, else its
+        view (what a restore gives back)."""
+        return self.view if self.whole is None else self.whole
+
+    @property
     def cut(self) -> bool:
         """Whether a budget cut this entry below the form it was promoted with."""
         return self.whole is not None
