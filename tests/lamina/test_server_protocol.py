@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -51,12 +51,17 @@ def _get(address: tuple[str, int], path: str) -> tuple[socket.socket, bytes]:
     """A keep-alive GET on a new connection; the connection (still open) and the answer."""
     conn = socket.create_connection(address, timeout=30)
     conn.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-    answer = b""
-    while b"\r\n\r\n" not in answer or not answer.endswith(b"ok"):
+    return conn, _read_until(conn, lambda got: b"\r\n\r\n" in got and got.endswith(b"ok"))
+
+
+def _read_until(conn: socket.socket, done: Callable[[bytes], bool]) -> bytes:
+    """What ``conn`` sends until ``done`` holds for all of it (the server may not close)."""
+    got = b""
+    while not done(got):
         chunk = conn.recv(65536)
-        assert chunk, answer
-        answer += chunk
-    return conn, answer
+        assert chunk, got
+        got += chunk
+    return got
 
 
 @pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
@@ -85,18 +90,10 @@ def test_an_answer_without_body_bytes_still_sends_its_head(
         address, timeout=30
     ) as conn:
         conn.sendall(b"HEAD /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        head = b""
-        while not head.endswith(b"\r\n\r\n"):
-            chunk = conn.recv(65536)
-            assert chunk, head
-            head += chunk
+        head = _read_until(conn, lambda got: got.endswith(b"\r\n\r\n"))
         assert head.startswith(b"HTTP/1.1 405 ")  # the API's routes answer GET, not HEAD
         conn.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        answer = b""
-        while not answer.endswith(b"ok"):
-            chunk = conn.recv(65536)
-            assert chunk, answer
-            answer += chunk
+        answer = _read_until(conn, lambda got: got.endswith(b"ok"))
         assert answer.startswith(b"HTTP/1.1 200 ")
 
 
