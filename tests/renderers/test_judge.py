@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lamina import Conversation
-from pipeline import Budget, BudgetPlan, Form, Segment
+from pipeline import Budget, BudgetPlan, Envelope, Form, Segment
 from renderers import ChatTargets, judge_chat
 from renderers._judge import _is_empty_block
 
@@ -37,12 +37,8 @@ def test_unbudgeted_chat_cuts_nothing_and_counts_its_cache() -> None:
     assert j.input_tokens == sum(conv.count_request(e) for e in envs)
 
 
-def test_an_entry_the_budget_cut_is_found_while_its_full_form_would_fit() -> None:
-    """The spec is cut to make room for the API notes, then a short question leaves most
-    of the window free: the spec, still cut, is a finding of that turn."""
-    conv = Conversation(
-        "Answer.", vault=VAULT, budget=Budget(context_window=3000, reserve_output=400)
-    )
+def _spec_chat(conv: Conversation) -> list[Envelope]:
+    """The spec, the API notes, the spec again, then a short question (each replied to)."""
     envs = []
     for query, attach in [
         ("Spec?", [{"note": "project-spec.md"}]),
@@ -52,6 +48,16 @@ def test_an_entry_the_budget_cut_is_found_while_its_full_form_would_fit() -> Non
     ]:
         envs.append(conv.turn(query, attach))
         conv.reply("Answer.")
+    return envs
+
+
+def test_an_entry_the_budget_cut_is_found_while_its_full_form_would_fit() -> None:
+    """The spec is cut to make room for the API notes, then a short question leaves most
+    of the window free: the spec, still cut, is a finding of that turn."""
+    conv = Conversation(
+        "Answer.", vault=VAULT, budget=Budget(context_window=3000, reserve_output=400)
+    )
+    envs = _spec_chat(conv)
     j = judge_chat(envs, conv.counter, budget=conv.budget)
     cut = [f for f in j.findings if f.check == "left-cut"]
     for f in cut:  # each finding is a cut segment of its turn whose full form fits
@@ -76,15 +82,7 @@ def test_an_entry_the_restore_schedule_gives_back_is_due_when_restores_are_off()
         budget = Budget(context_window=3400, reserve_output=400, plan=plan)
         # Each request as built (a batch would still hold the API notes in full).
         conv = Conversation("Answer.", vault=VAULT, budget=budget, defer_library=False)
-        envs = []
-        for query, attach in [
-            ("Spec?", [{"note": "project-spec.md"}]),
-            ("API?", [{"note": "docs/api-docs.md"}]),
-            ("Spec again.", [{"note": "project-spec.md"}]),
-            ("Short?", []),
-        ]:
-            envs.append(conv.turn(query, attach))
-            conv.reply("Answer.")
+        envs = _spec_chat(conv)
         j = judge_chat(envs, conv.counter, budget=budget)
         return [f"{f.turn} {f.key}" for f in j.findings if f.check == "restore-due"]
 
