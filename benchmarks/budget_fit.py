@@ -82,7 +82,7 @@ def _warm(vault: Path, budget: Any, fixed: int | None) -> tuple[float, int]:
     """(seconds, preview memo hits) of the folder turn built again by a new conversation
     after a cold build, the shared memo emptied first and, with ``fixed``, held at that
     many entries (the comparator: the memo before it was sized to the turn)."""
-    from pipeline import shared_views
+    from lamina.pipeline import shared_views
 
     memo = shared_views()
     size, max_size = memo.size, memo.max_size
@@ -100,7 +100,7 @@ def _warm(vault: Path, budget: Any, fixed: int | None) -> tuple[float, int]:
 
 def folder_points(scale: str) -> list[dict[str, Any]]:
     """One point per (notes, window, policy): budget time per item and the no-budget ratio."""
-    from pipeline import Budget, BudgetExceeded
+    from lamina.pipeline import Budget, BudgetExceeded
 
     points: list[dict[str, Any]] = []
     for n in FOLDER_SIZES[scale]:
@@ -155,7 +155,7 @@ def _next_turns(vault: Path, budget: Any) -> dict[str, Any]:
     """The folder's conversation going on: its next turn asked at once, the same turn
     after all of the promotion (a second conversation), and later warm turns."""
     from lamina import Conversation
-    from pipeline import summary_pool
+    from lamina.pipeline import summary_pool
 
     times: dict[bool, float] = {}
     later: list[float] = []
@@ -193,7 +193,7 @@ def _rendered(vault: Path, budget: Any, fixed: int | None) -> tuple[float, float
     with ``fixed``, held at that many entries. Seconds of this process's CPU time: a
     promotion's tens of milliseconds drown in wall-clock noise on a shared machine."""
     from lamina import Conversation
-    from pipeline._views.views import renderer_memo
+    from lamina.pipeline._views.views import renderer_memo
 
     conv = Conversation("You are terse.", vault=vault, budget=budget)
     memo = renderer_memo(conv.renderer)
@@ -243,7 +243,7 @@ def _render_memo(vault: Path, budget: Any) -> dict[str, Any]:
 def _findable(env: Any, notes: int) -> dict[str, Any]:
     """What the model receives of the folder: notes sent as blocks, notes listed on an
     index line, and the share of the request's tokens in index blocks."""
-    from pipeline import Form
+    from lamina.pipeline import Form
 
     l3 = env.l3.segments
     sent = sum(1 for s in l3 if s.source_type == "note" and s.form in (Form.FULL, Form.PREVIEW))
@@ -260,7 +260,7 @@ def _findable(env: Any, notes: int) -> dict[str, Any]:
 
 def _attachment_share(conv: Any, workload: Workload) -> dict[str, Any]:
     """Run ``workload``'s turns; share of this turn's attachment tokens sent full/preview."""
-    from pipeline import Form
+    from lamina.pipeline import Form
 
     counter = conv.counter
     total = kept = 0
@@ -299,7 +299,7 @@ def _attachment_share(conv: Any, workload: Workload) -> dict[str, Any]:
 def share_points() -> list[dict[str, Any]]:
     """The seeded chat under each window and policy."""
     from lamina import Conversation
-    from pipeline import Budget
+    from lamina.pipeline import Budget
 
     workload = conversation_workload(SEED, SHARE_TURNS)
     points = []

@@ -3,7 +3,7 @@
 deferred library growth), beside the library layout as built (``defer_library=False``).
 
 Run: ``python benchmarks/cache_layouts.py [--write-script] [--json OUT]``. Deterministic:
-the chat is generated from fixed lists, and costs come from ``renderers.simulate``.
+the chat is generated from fixed lists, and costs come from ``lamina.renderers.simulate``.
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ def chat_script(turns: int = 30) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     from lamina import Conversation, load_script, parse_script, run_script
     from lamina._cli import DEMO_SCRIPT
-    from pipeline import Budget
-    from renderers import build_prompt, prompt_tokens
-    from renderers._simulate import format_simulation, simulate
+    from lamina.pipeline import Budget
+    from lamina.renderers import build_prompt, prompt_tokens
+    from lamina.renderers._simulate import format_simulation, simulate
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--write-script", action="store_true", help="rewrite examples/chat30.yaml")

@@ -23,11 +23,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pipeline import Budget, Envelope, TokenCounter
-from renderers import PrefixReport, classify_break, prefix_report, prompt_prefix_tokens, trace_turn
-from renderers._cache import _common_prefix_bytes
-from renderers._layouts import default_prompt
-from renderers._openai import chatml, openai_messages
+from lamina.pipeline import Budget, Envelope, TokenCounter
+from lamina.renderers import (
+    PrefixReport,
+    classify_break,
+    prefix_report,
+    prompt_prefix_tokens,
+    trace_turn,
+)
+from lamina.renderers._cache import _common_prefix_bytes
+from lamina.renderers._layouts import default_prompt
+from lamina.renderers._openai import chatml, openai_messages
 
 __all__ = ["main", "reference_report", "run_cache_report_bench"]
 

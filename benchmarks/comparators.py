@@ -105,7 +105,7 @@ def peer_available(name: str) -> bool:
 def _cache_dir() -> str:
     """A temp dir with Lamina's shipped encodings under tiktoken's cache names."""
     out = tempfile.mkdtemp(prefix="lamina-bench-tiktoken-")
-    base = resources.files("pipeline._tokens") / "encodings"
+    base = resources.files("lamina.pipeline._tokens") / "encodings"
     for enc, cache_name in _CACHE_NAMES.items():
         with resources.as_file(base / f"{enc}.tiktoken") as src:
             shutil.copyfile(src, os.path.join(out, cache_name))

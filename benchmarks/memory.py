@@ -11,7 +11,7 @@ At each window (4k, 8k, 16k; reserve by the CLI's rule) the chat is replayed thr
 Lamina with recall off and on. Reported per window: the share of answer-bearing messages
 that reach the model (in L4, or recalled into the user message) beside keeping the newest
 messages (langchain-core's ``trim_messages``, the peers' way), the cached-prefix share of
-the whole chat (``renderers.simulate``, OpenAI's prefix rule, default layout) with recall
+the whole chat (``lamina.renderers.simulate``, OpenAI's prefix rule, default layout) with recall
 on and off, and the warm-turn time (p50 of the turns after the first session, wall and
 the thread's CPU time) on and off; both conversations run in lockstep.
 """
@@ -367,7 +367,7 @@ def _reserve(window: int) -> int:
 
 
 def _budget(window: int, share: float) -> Any:
-    from pipeline import Budget
+    from lamina.pipeline import Budget
 
     return Budget(context_window=window, reserve_output=_reserve(window), recall_share=share)
 
@@ -386,8 +386,8 @@ def _replay(chat: MemoryChat, window: int, shares: Sequence[float], keep: bool) 
     """The chat through one conversation per share, in lockstep (each turn on every
     conversation before the next), so a busy machine slows them alike. Each turn is timed
     alone (wall and this thread's CPU); its promotion is made after the timing."""
-    from pipeline import Conversation, Form
-    from renderers import XmlRenderer
+    from lamina.pipeline import Conversation, Form
+    from lamina.renderers import XmlRenderer
 
     convs = [
         Conversation(SYSTEM, renderer=XmlRenderer(), budget=_budget(window, share))
@@ -428,7 +428,7 @@ def _trim_share(chat: MemoryChat, window: int) -> float | None:
         )
     except ImportError:
         return None
-    from pipeline import TokenCounter
+    from lamina.pipeline import TokenCounter
 
     counter = TokenCounter()
     limit = window - _reserve(window)
@@ -454,7 +454,7 @@ def _trim_share(chat: MemoryChat, window: int) -> float | None:
 
 
 def _cached_share(envelopes: Sequence[Any]) -> float:
-    from renderers import simulate
+    from lamina.renderers import simulate
 
     sim = simulate(envelopes, providers=("openai",), layouts=("default",))
     return float(sim.get("default", "openai").cached_share)
@@ -475,7 +475,7 @@ def measure_memory(
 ) -> dict[str, Any]:
     """The ``memory`` point: per window, recall and trim shares, cached shares and warm
     p50 with recall on and off, on the seeded chat."""
-    from pipeline import TokenCounter
+    from lamina.pipeline import TokenCounter
 
     chat = memory_chat(seed, sessions=sessions)
     counter = TokenCounter()

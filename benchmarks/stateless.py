@@ -96,7 +96,7 @@ def _specs(paths: Sequence[str]) -> list[dict[str, str]]:
 
 
 def _chat_budget() -> Any:
-    from pipeline import Budget
+    from lamina.pipeline import Budget
 
     return Budget(context_window=CHAT_LIMIT + CHAT_RESERVE, reserve_output=CHAT_RESERVE)
 
@@ -109,7 +109,7 @@ def _history(conv: Any, turns: Sequence[Turn]) -> None:
 
 def _copies(store: Any, template: Any, ids: Sequence[str], turns: Sequence[Turn]) -> None:
     """Save ``turns`` (built once in ``template``) under every id: identical stored chats."""
-    from pipeline import ConversationInfo, Head, save_turn
+    from lamina.pipeline import ConversationInfo, Head, save_turn
 
     heads = {}
     for cid in ids:
@@ -135,7 +135,7 @@ def _stateless(
 ) -> None:
     """Per request: ``stateless_turn`` on its own copy of the stored conversation."""
     from lamina import Conversation, stateless_turn
-    from pipeline import SqliteStore
+    from lamina.pipeline import SqliteStore
 
     warmup = 2
     ids = [f"c{i}" for i in range(requests + warmup)]
@@ -174,7 +174,7 @@ def _stateless(
 def forget_process_memos() -> None:
     """Empty the process's count memos, view memo and summary pool (what earlier requests
     left)."""
-    from pipeline import TOKENIZERS, shared_counts, shared_views, summary_pool
+    from lamina.pipeline import TOKENIZERS, shared_counts, shared_views, summary_pool
 
     summary_pool().clear()
     shared_views().clear()

@@ -1,9 +1,9 @@
 """Lamina for host apps: one import for a conversation, its attachments, requests and store.
 
-The layers underneath import one way: ``processors`` (sources -> artifacts) and
-``renderers`` (layers -> text and provider requests) build on ``pipeline`` (the core);
-this package wires them together (facade, CLI, scripts, replay, server) and imports all
-three.
+The layers underneath import one way: ``lamina.processors`` (sources -> artifacts) and
+``lamina.renderers`` (layers -> text and provider requests) build on ``lamina.pipeline``
+(the core); the rest of this package wires them together (facade, CLI, scripts, replay,
+server) and imports all three.
 """
 
 import typing
@@ -50,7 +50,7 @@ from lamina._replay import (
 )
 from lamina._script import Script, ScriptTurn, load_script, parse_script, run_saved, run_script
 from lamina._summary import ConfigSummary, ProviderSummary, RunSummary, summarize
-from pipeline import (
+from lamina.pipeline import (
     AttachmentError,
     Budget,
     BudgetExceeded,
@@ -67,8 +67,19 @@ from pipeline import (
     save_turn,
     tool,
 )
-from processors import Registry, Sources, Vault, folder, note, pdf, selection, tag, url, youtube
-from renderers import openai_messages, render_report, render_request, trace_document
+from lamina.processors import (
+    Registry,
+    Sources,
+    Vault,
+    folder,
+    note,
+    pdf,
+    selection,
+    tag,
+    url,
+    youtube,
+)
+from lamina.renderers import openai_messages, render_report, render_request, trace_document
 
 __all__ = [
     "AttachmentError",

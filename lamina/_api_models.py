@@ -7,7 +7,7 @@ from typing import Any, Literal
 import attrs
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from pipeline import BudgetPlan
+from lamina.pipeline import BudgetPlan
 
 __all__ = [
     "ConversationCreate",

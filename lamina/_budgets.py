@@ -9,7 +9,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import Budget, BudgetPlan, ConfigError
+from lamina.pipeline import Budget, BudgetPlan, ConfigError
 
 __all__ = ["NeedsWindow", "budget_of", "plan_of"]
 

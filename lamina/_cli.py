@@ -23,7 +23,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-import pipeline
+import lamina.pipeline as pipeline
 from lamina._budgets import NeedsWindow, budget_of
 from lamina._files import write_atomic
 from lamina._host import (
@@ -35,7 +35,7 @@ from lamina._host import (
 )
 from lamina._replay_cli import replay_command
 from lamina._script import Script, load_script, parse_script, run_saved, run_script
-from pipeline import (
+from lamina.pipeline import (
     TOKENIZERS,
     Budget,
     ConfigError,
@@ -46,7 +46,7 @@ from pipeline import (
     SourceResolver,
     SqliteStore,
 )
-from renderers import PREVIOUS_NOT_REBUILT
+from lamina.renderers import PREVIOUS_NOT_REBUILT
 
 __all__ = ["main"]
 
@@ -183,7 +183,7 @@ def _check_vault(root: Path | None, flag: str | None, origin: str) -> None:
 
 def _sources(root: Path | None, allow_private_network: bool) -> SourceResolver:
     """The CLI's processors: the vault (if any) and the network permission."""
-    from processors import ProcessContext, Sources, Vault
+    from lamina.processors import ProcessContext, Sources, Vault
 
     vault = None if root is None else Vault(root)
     return Sources(context=ProcessContext(vault=vault, allow_private_network=allow_private_network))
@@ -260,7 +260,7 @@ def _trace(
     timings: bool = False,
 ) -> dict[str, Any]:
     """The JSON trace, with per-turn "cache" reports and, given a provider, "request"."""
-    from renderers import annotate_trace, trace_document
+    from lamina.renderers import annotate_trace, trace_document
 
     trace = trace_document(envelopes, conv.counter, timings=timings)
     return annotate_trace(
@@ -278,7 +278,7 @@ def _write_report(
     path: Path, trace: dict[str, Any], envelopes: Sequence[Envelope], title: str
 ) -> Path:
     """Write the HTML report (renderers.render_report) atomically; returns its absolute path."""
-    from renderers import render_report, report_blocks
+    from lamina.renderers import render_report, report_blocks
 
     html = render_report(trace, report_blocks(envelopes), title=title)
     path = path.resolve()
@@ -347,7 +347,7 @@ def _show(
     """Each turn's layers, budget, decisions, request and cached prefix with the reason it
     is not more; then a summary of the chat. ``messages_shown``: the request's messages for
     "all" turns, the "last" one only, or "none"."""
-    from renderers import explain_cache, openai_messages
+    from lamina.renderers import explain_cache, openai_messages
 
     turns: Sequence[Mapping[str, Any]] = trace["turns"]
     previous_turn: Mapping[str, Any] | None = None
@@ -614,7 +614,7 @@ def run(
         envelopes = run_script(script, conv)
         trace = _trace(envelopes, conv, provider=provider, model=model, timings=timings)
     else:
-        from pipeline import ConversationInfo, new_conversation_id, now_stamp, open_store
+        from lamina.pipeline import ConversationInfo, new_conversation_id, now_stamp, open_store
 
         cid = conversation_id or new_conversation_id()
         root = Path(vault) if vault else script.vault
@@ -746,7 +746,7 @@ def import_cmd(
 ) -> None:
     """Import a markdown transcript (Lamina's, or the Obsidian plugin's Lamina began as) into
     a store."""
-    from pipeline import ChatTranscriptError, FileProblem, open_store, read_regular
+    from lamina.pipeline import ChatTranscriptError, FileProblem, open_store, read_regular
 
     try:
         text = read_regular(transcript_path, 64_000_000).decode("utf-8")
@@ -809,8 +809,8 @@ def simulate(
       cost/naive     this layout's input cost relative to the naive layout's input
                      sent uncached
     """
-    from renderers import format_simulation
-    from renderers import simulate as run_simulation
+    from lamina.renderers import format_simulation
+    from lamina.renderers import simulate as run_simulation
 
     script = load_script(script_path)
     conv = _conversation(
@@ -1098,7 +1098,7 @@ def inspect(
     )
     console = Console()
     envelopes = run_script(script, conv)
-    from renderers import explain_cache
+    from lamina.renderers import explain_cache
 
     turns = _trace(envelopes, conv)["turns"]
     for index, (env, turn) in enumerate(zip(envelopes, turns, strict=True)):
@@ -1117,7 +1117,7 @@ def _existing_store(value: str, *, read_only: bool = False) -> SqliteStore | Pos
 
     ``read_only`` for commands that only look (export, report): the store is never
     written nor migrated (a store too old to read as it is raises StoreNeedsMigration)."""
-    from pipeline import is_postgres_url, open_store
+    from lamina.pipeline import is_postgres_url, open_store
 
     if not is_postgres_url(value) and not Path(value).is_file():
         raise ScriptError(value, "", "no such store file")
@@ -1131,7 +1131,7 @@ def migrate(store_path: str) -> None:
 
     Commands that write (run, resume, import, serve) migrate on open; export and report
     only read, and ask for this when a store is too old to read as it is."""
-    from pipeline import StoreNeedsMigration
+    from lamina.pipeline import StoreNeedsMigration
 
     try:
         with _existing_store(store_path, read_only=True) as store:

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from lamina._budgets import budget_of, plan_of
-from pipeline import (
+from lamina.pipeline import (
     TOKENIZERS,
     Budget,
     BudgetPlan,
@@ -25,7 +25,7 @@ from pipeline import (
     load_json,
     load_yaml,
 )
-from renderers import DEFAULT_MODELS, LAYOUTS, request_options
+from lamina.renderers import DEFAULT_MODELS, LAYOUTS, request_options
 
 __all__ = [
     "BudgetConfig",

@@ -13,7 +13,7 @@ from pathlib import Path
 import attrs
 
 from lamina._script import MAX_SCRIPT_BYTES, Script, ScriptTurn
-from pipeline import (
+from lamina.pipeline import (
     ConfigError,
     FileProblem,
     LaminaError,

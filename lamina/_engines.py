@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
-from pipeline import ConfigError, LaminaError
+from lamina.pipeline import ConfigError, LaminaError
 
 __all__ = [
     "ENGINES",

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import pipeline
-from pipeline import (
+import lamina.pipeline as pipeline
+from lamina.pipeline import (
     ArgumentError,
     AttachmentKinds,
     ChatTranscript,
@@ -22,8 +22,8 @@ from pipeline import (
     SegmentRenderer,
     SourceResolver,
 )
-from processors import Registry, Sources, Vault
-from renderers import XmlRenderer
+from lamina.processors import Registry, Sources, Vault
+from lamina.renderers import XmlRenderer
 
 __all__ = [
     "Conversation",
@@ -72,7 +72,7 @@ def _edges(
 
 
 class Conversation(pipeline.Conversation):
-    """``pipeline.Conversation`` that also takes ``vault=`` and fills in sources and renderer.
+    """``lamina.pipeline.Conversation`` that also takes ``vault=``, filling in sources, renderer.
 
     >>> conv = Conversation("You are terse.", vault="examples/vault")
     >>> env = conv.turn("Summarize this", attach=[{"note": "project-spec.md"}])
@@ -100,7 +100,7 @@ class Conversation(pipeline.Conversation):
         renderer: SegmentRenderer | None = None,
         **options: Any,
     ) -> Conversation:
-        """``pipeline.Conversation.restore`` with ``vault=`` and default edges."""
+        """``lamina.pipeline.Conversation.restore`` with ``vault=`` and default edges."""
         conv = super().restore(state, **_edges(vault, sources, renderer), **options)
         assert isinstance(conv, Conversation)
         return conv
@@ -115,7 +115,7 @@ def load_conversation(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> pipeline.Conversation:
-    """``pipeline.load_conversation`` with ``vault=`` and default edges."""
+    """``lamina.pipeline.load_conversation`` with ``vault=`` and default edges."""
     return pipeline.load_conversation(
         store, conversation_id, **_edges(vault, sources, renderer), **options
     )
@@ -132,7 +132,7 @@ def stateless_turn(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> tuple[pipeline.Conversation, Envelope]:
-    """``pipeline.stateless_turn`` (load, build the turn, save) with ``vault=`` and default
+    """``lamina.pipeline.stateless_turn`` (load, build the turn, save) with ``vault=`` and default
     edges; ``start=`` (a ``lamina.Conversation``) begins a conversation with nothing saved."""
     return pipeline.stateless_turn(
         store, conversation_id, text, attach, **_edges(vault, sources, renderer), **options
@@ -149,7 +149,7 @@ def rebuild_envelope(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> Envelope | None:
-    """``pipeline.rebuild_envelope`` with ``vault=`` and default edges."""
+    """``lamina.pipeline.rebuild_envelope`` with ``vault=`` and default edges."""
     return pipeline.rebuild_envelope(
         store, conversation_id, turn, **_edges(vault, sources, renderer), **options
     )
@@ -164,7 +164,7 @@ def rebuild_envelopes(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> tuple[Envelope | None, ...]:
-    """``pipeline.rebuild_envelopes`` with ``vault=`` and default edges."""
+    """``lamina.pipeline.rebuild_envelopes`` with ``vault=`` and default edges."""
     return pipeline.rebuild_envelopes(
         store, conversation_id, **_edges(vault, sources, renderer), **options
     )
@@ -179,24 +179,24 @@ def import_transcript(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> pipeline.ImportReport:
-    """``pipeline.import_transcript`` with ``vault=`` and default edges."""
+    """``lamina.pipeline.import_transcript`` with ``vault=`` and default edges."""
     return pipeline.import_transcript(text, store, **_edges(vault, sources, renderer), **options)
 
 
 def export_transcript(
     store: pipeline.Store, conversation_id: str, *, kinds: AttachmentKinds | None = None
 ) -> str:
-    """``pipeline.export_transcript`` naming kinds as their processors do (plugins too)."""
+    """``lamina.pipeline.export_transcript`` naming kinds as their processors do (plugins too)."""
     return pipeline.export_transcript(store, conversation_id, kinds or Registry.default())
 
 
 def render_transcript(transcript: ChatTranscript, *, kinds: AttachmentKinds | None = None) -> str:
-    """``pipeline.render_transcript`` naming kinds as their processors do (plugins too)."""
+    """``lamina.pipeline.render_transcript`` naming kinds as their processors do (plugins too)."""
     return pipeline.render_transcript(transcript, kinds or Registry.default())
 
 
 def parse_transcript(
     text: str, path: str = "<transcript>", *, kinds: AttachmentKinds | None = None
 ) -> ChatTranscript:
-    """``pipeline.parse_transcript`` reading categories as the processors name them."""
+    """``lamina.pipeline.parse_transcript`` reading categories as the processors name them."""
     return pipeline.parse_transcript(text, path, kinds or Registry.default())

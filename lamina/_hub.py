@@ -20,11 +20,11 @@ from typing import Any
 import attrs
 from pydantic import BaseModel
 
-import pipeline
+import lamina.pipeline as pipeline
 from lamina._api_models import ConversationCreate, ReplyIn, TurnIn
 from lamina._budgets import NeedsWindow, budget_of
 from lamina._host import Conversation, export_transcript, load_conversation, rebuild_envelope
-from pipeline import (
+from lamina.pipeline import (
     AttachmentRecord,
     AttachmentSpec,
     Budget,
@@ -43,8 +43,8 @@ from pipeline import (
     tool,
     tool_turn,
 )
-from processors import ProcessContext, Sources, Vault
-from renderers import PREVIOUS_NOT_REBUILT, prefix_report, render_request, trace_turn
+from lamina.processors import ProcessContext, Sources, Vault
+from lamina.renderers import PREVIOUS_NOT_REBUILT, prefix_report, render_request, trace_turn
 
 __all__ = ["ConversationHub", "FieldError", "ServerConfig", "StaleHead"]
 

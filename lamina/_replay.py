@@ -24,7 +24,7 @@ from lamina._engines import Engine, make_engine
 from lamina._files import write_atomic
 from lamina._host import Conversation, import_transcript
 from lamina._script import Script, parse_script, run_script
-from pipeline import (
+from lamina.pipeline import (
     ConfigError,
     Envelope,
     InvariantViolation,
@@ -36,8 +36,8 @@ from pipeline import (
     load_json,
     load_yaml,
 )
-from processors import ProcessContext, Registry, Sources, Vault
-from renderers import simulate
+from lamina.processors import ProcessContext, Registry, Sources, Vault
+from lamina.renderers import simulate
 
 if TYPE_CHECKING:
     from lamina._summary import RunSummary

@@ -1,8 +1,8 @@
 """The HTML report of a replay run, and the reports of its worst conversations beside it.
 
-``write_replay_report`` renders the run (``renderers.render_replay_report``) and, per
+``write_replay_report`` renders the run (``lamina.renderers.render_replay_report``) and, per
 config, replays its worst conversations again under that config to write each one's own
-conversation report (``renderers.render_report``) into ``<stem>_files/`` next to the
+conversation report (``lamina.renderers.render_report``) into ``<stem>_files/`` next to the
 page, which links to them by relative paths: the folder opens offline, from any place.
 """
 
@@ -19,8 +19,8 @@ from lamina._config import ReplayConfig
 from lamina._corpus import Corpus, Recording
 from lamina._files import write_atomic
 from lamina._replay import ReplayError, ReplayResult, ReplayRun, _conversation, _run_turns, _script
-from pipeline import ConfigError, Envelope
-from renderers import (
+from lamina.pipeline import ConfigError, Envelope
+from lamina.renderers import (
     annotate_trace,
     render_replay_report,
     render_report,

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import (
+from lamina.pipeline import (
     AttachmentSpec,
     Conversation,
     Envelope,
@@ -241,7 +241,7 @@ def _run_turn(
     changes = dict(turn.vault_changes)
     if not turn.tools and not turn.agent:
         return conversation.turn(turn.user, specs, vault_changes=changes)
-    from pipeline import AgentTurn, agent_call, tool, tool_turn
+    from lamina.pipeline import AgentTurn, agent_call, tool, tool_turn
 
     tools = [tool(c["name"], c.get("args", {}), c.get("result", "")) for c in turn.tools]
     if not turn.agent:

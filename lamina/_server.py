@@ -54,7 +54,7 @@ from lamina._hub import (
     config_from_env,
 )
 from lamina._protocols import ConnectionLimits, Guards
-from pipeline import (
+from lamina.pipeline import (
     ArgumentError,
     AttachmentError,
     BudgetExceeded,

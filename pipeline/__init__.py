@@ -1,6 +1,6 @@
 """Lamina's core: typed artifacts, the turn graph, stages, layers and the envelope."""
 
-from pipeline._budget.fit import (
+from lamina.pipeline._budget.fit import (
     CUT_POLICIES,
     DEFAULT_ORDER,
     PREFIX_FIRST_ORDER,
@@ -14,8 +14,8 @@ from pipeline._budget.fit import (
     excerpt_non_recoverable,
     shorten_replies,
 )
-from pipeline._budget.settings import BudgetPlan, BudgetSettings
-from pipeline._conversation.agent import (
+from lamina.pipeline._budget.settings import BudgetPlan, BudgetSettings
+from lamina.pipeline._conversation.agent import (
     CALL_OVERHEAD,
     QUESTION_AGAIN,
     AgentCall,
@@ -27,7 +27,7 @@ from pipeline._conversation.agent import (
     agent_call,
     loop_tokens,
 )
-from pipeline._conversation.batch import (
+from lamina.pipeline._conversation.batch import (
     APPEND_REFERENCES_INTRO,
     RESTORED_INTRO,
     BatchState,
@@ -35,14 +35,14 @@ from pipeline._conversation.batch import (
     choose_restores,
     segment_reference,
 )
-from pipeline._conversation.conversation import (
+from lamina.pipeline._conversation.conversation import (
     Conversation,
     ConversationState,
     NoRenderer,
     NoSources,
 )
-from pipeline._conversation.invariants import check_envelope
-from pipeline._conversation.usage import (
+from lamina.pipeline._conversation.invariants import check_envelope
+from lamina.pipeline._conversation.usage import (
     CALIBRATION_WINDOW,
     MARGIN_BOUNDS,
     Calibration,
@@ -50,7 +50,7 @@ from pipeline._conversation.usage import (
     Usage,
     read_usage,
 )
-from pipeline._errors import (
+from lamina.pipeline._errors import (
     ArgumentError,
     AttachmentError,
     BudgetExceeded,
@@ -84,10 +84,10 @@ from pipeline._errors import (
     UnknownConversation,
     UnknownSetting,
 )
-from pipeline._hashing import canonical_bytes, content_hash, text_hash
-from pipeline._input.files import FileProblem, read_confined, read_regular
-from pipeline._input.safeload import LoadError, LoadLimits, load_json, load_yaml
-from pipeline._model.artifacts import (
+from lamina.pipeline._hashing import canonical_bytes, content_hash, text_hash
+from lamina.pipeline._input.files import FileProblem, read_confined, read_regular
+from lamina.pipeline._input.safeload import LoadError, LoadLimits, load_json, load_yaml
+from lamina.pipeline._model.artifacts import (
     Artifact,
     AttachmentSpec,
     Link,
@@ -98,7 +98,7 @@ from pipeline._model.artifacts import (
     make_artifact,
     resolver_for_turn,
 )
-from pipeline._model.envelope import (
+from lamina.pipeline._model.envelope import (
     LIBRARY_HEADING,
     NOT_SENT_INTRO,
     QUERY_LABEL,
@@ -120,11 +120,11 @@ from pipeline._model.envelope import (
     join_blocks,
     system_parts,
 )
-from pipeline._model.history import HistoryEntry, has_context_markup, strip_reply
-from pipeline._model.kinds import AttachmentKinds, LabelLookup, NoKinds
-from pipeline._model.library import Library, LibraryEntry
-from pipeline._model.recall import RECALL_SOURCE, Recalled, RecallItem, Retriever
-from pipeline._model.tools import (
+from lamina.pipeline._model.history import HistoryEntry, has_context_markup, strip_reply
+from lamina.pipeline._model.kinds import AttachmentKinds, LabelLookup, NoKinds
+from lamina.pipeline._model.library import Library, LibraryEntry
+from lamina.pipeline._model.recall import RECALL_SOURCE, Recalled, RecallItem, Retriever
+from lamina.pipeline._model.tools import (
     TOOL_SOURCE,
     Chunk,
     Hit,
@@ -144,9 +144,9 @@ from pipeline._model.tools import (
     tool_key,
     tool_turn,
 )
-from pipeline._recall.retrievers import Bm25Retriever, Fts5Retriever
-from pipeline._recall.stage import Recall, RecallMemo
-from pipeline._stages.builtin import (
+from lamina.pipeline._recall.retrievers import Bm25Retriever, Fts5Retriever
+from lamina.pipeline._recall.stage import Recall, RecallMemo
+from lamina.pipeline._stages.builtin import (
     Dedup,
     Expand,
     Pipeline,
@@ -155,10 +155,10 @@ from pipeline._stages.builtin import (
     Stage,
     library_entry,
 )
-from pipeline._stages.pages import MergePages, PagedPayload, format_pages, parse_pages
-from pipeline._store.open import open_store
-from pipeline._store.postgres import PostgresStore, is_postgres_url
-from pipeline._store.records import (
+from lamina.pipeline._stages.pages import MergePages, PagedPayload, format_pages, parse_pages
+from lamina.pipeline._store.open import open_store
+from lamina.pipeline._store.postgres import PostgresStore, is_postgres_url
+from lamina.pipeline._store.records import (
     AttachmentRecord,
     ConversationInfo,
     Head,
@@ -178,8 +178,8 @@ from pipeline._store.records import (
     stateless_turn,
     turn_record,
 )
-from pipeline._store.sqlite import SqliteStore
-from pipeline._store.transcript import (
+from lamina.pipeline._store.sqlite import SqliteStore
+from lamina.pipeline._store.transcript import (
     ChatMessage,
     ChatTranscript,
     ImportProblem,
@@ -189,8 +189,8 @@ from pipeline._store.transcript import (
     parse_transcript,
     render_transcript,
 )
-from pipeline._text.markdown import fence_after, split_sections
-from pipeline._text.markup import (
+from lamina.pipeline._text.markdown import fence_after, split_sections
+from lamina.pipeline._text.markup import (
     MarkupBlock,
     defuse_markup,
     escape_attribute,
@@ -198,8 +198,8 @@ from pipeline._text.markup import (
     markup_blocks,
     xml_safe,
 )
-from pipeline._text.specials import defuse_special_tokens
-from pipeline._tokens.counter import (
+from lamina.pipeline._text.specials import defuse_special_tokens
+from lamina.pipeline._tokens.counter import (
     TOKENIZERS,
     CountMemo,
     TokenCounter,
@@ -209,7 +209,7 @@ from pipeline._tokens.counter import (
     shared_counts,
     starts_piece,
 )
-from pipeline._tokens.profiles import (
+from lamina.pipeline._tokens.profiles import (
     PROFILES,
     ModelProfile,
     Provider,
@@ -217,10 +217,10 @@ from pipeline._tokens.profiles import (
     get_profile,
     provider_of,
 )
-from pipeline._turn.assemble import assemble, shorten_reply, visible_history
-from pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnContext, TurnGraph
-from pipeline._turn.measure import MESSAGE_OVERHEAD, REPLY_PRIMING, request_tokens
-from pipeline._views.preview import (
+from lamina.pipeline._turn.assemble import assemble, shorten_reply, visible_history
+from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnContext, TurnGraph
+from lamina.pipeline._turn.measure import MESSAGE_OVERHEAD, REPLY_PRIMING, request_tokens
+from lamina.pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
     Boundary,
     Excerpt,
@@ -230,7 +230,7 @@ from pipeline._views.preview import (
     make_excerpt,
     make_preview,
 )
-from pipeline._views.summarize import (
+from lamina.pipeline._views.summarize import (
     Complete,
     LLMSummarizer,
     PreparesSummaries,
@@ -243,7 +243,7 @@ from pipeline._views.summarize import (
     TextRankSummarizer,
     summary_pool,
 )
-from pipeline._views.views import (
+from lamina.pipeline._views.views import (
     Policy,
     SegmentRenderer,
     ViewMemo,

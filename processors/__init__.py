@@ -1,7 +1,12 @@
 """Processors: one per source type, turning attachments into typed artifacts."""
 
-from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext, read_settings
-from processors._notes import (
+from lamina.processors._context import (
+    DISPLAY_PROPERTIES,
+    NoteOptions,
+    ProcessContext,
+    read_settings,
+)
+from lamina.processors._notes import (
     FolderProcessor,
     NotePayload,
     NoteProcessor,
@@ -11,8 +16,8 @@ from processors._notes import (
     note,
     tag,
 )
-from processors._pdf import PdfPayload, PdfProcessor, PdfSettings, parse_page_range, pdf
-from processors._registry import (
+from lamina.processors._pdf import PdfPayload, PdfProcessor, PdfSettings, parse_page_range, pdf
+from lamina.processors._registry import (
     ENTRY_POINT_GROUP,
     BaseProcessor,
     Processor,
@@ -20,11 +25,11 @@ from processors._registry import (
     plugin_scans,
     reload_plugins,
 )
-from processors._selection import SelectionPayload, SelectionProcessor, selection
-from processors._sources import Sources
-from processors._vault import Vault
-from processors._web import UrlPayload, UrlProcessor, UrlSettings, normalize_url, url
-from processors._youtube import (
+from lamina.processors._selection import SelectionPayload, SelectionProcessor, selection
+from lamina.processors._sources import Sources
+from lamina.processors._vault import Vault
+from lamina.processors._web import UrlPayload, UrlProcessor, UrlSettings, normalize_url, url
+from lamina.processors._youtube import (
     Cue,
     JsonTranscriptProvider,
     SubtitleFileProvider,

@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from processors._registry import Processor
+    from lamina.processors._registry import Processor
 
 __all__ = ["builtin_processors"]
 
 
 def builtin_processors() -> list[Processor]:
-    from processors._notes import FolderProcessor, NoteProcessor, TagProcessor
-    from processors._pdf import PdfProcessor
-    from processors._selection import SelectionProcessor
-    from processors._web import UrlProcessor
-    from processors._youtube import YoutubeProcessor
+    from lamina.processors._notes import FolderProcessor, NoteProcessor, TagProcessor
+    from lamina.processors._pdf import PdfProcessor
+    from lamina.processors._selection import SelectionProcessor
+    from lamina.processors._web import UrlProcessor
+    from lamina.processors._youtube import YoutubeProcessor
 
     # This order is the order of a transcript's context line (Notes, URLs, Tags, ...).
     return [

@@ -7,8 +7,8 @@ from typing import Any, Literal, TypeVar
 
 import attrs
 
-from pipeline import ConfigError, UnknownSetting
-from processors._vault import Vault
+from lamina.pipeline import ConfigError, UnknownSetting
+from lamina.processors._vault import Vault
 
 __all__ = ["DISPLAY_PROPERTIES", "NoteOptions", "ProcessContext", "read_settings"]
 

@@ -16,7 +16,7 @@ from typing import Any, Self
 
 import attrs
 
-from pipeline import (
+from lamina.pipeline import (
     Artifact,
     AttachmentError,
     LabelLookup,
@@ -32,9 +32,9 @@ from pipeline import (
     split_sections,
     text_hash,
 )
-from processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext
-from processors._processor import BaseProcessor
-from processors._vault import FileStamp, Vault
+from lamina.processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext
+from lamina.processors._processor import BaseProcessor
+from lamina.processors._vault import FileStamp, Vault
 
 __all__ = [
     "FolderProcessor",

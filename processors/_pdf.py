@@ -21,7 +21,7 @@ from typing import Any, Self
 
 import attrs
 
-from pipeline import (
+from lamina.pipeline import (
     AttachmentError,
     ConfigError,
     FileProblem,
@@ -34,8 +34,8 @@ from pipeline import (
     read_confined,
     read_regular,
 )
-from processors._context import ProcessContext, read_settings
-from processors._processor import BaseProcessor
+from lamina.processors._context import ProcessContext, read_settings
+from lamina.processors._processor import BaseProcessor
 
 __all__ = [
     "PdfPayload",

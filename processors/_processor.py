@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from pipeline import AttachmentSpec, LabelLookup, Processed, View
-from processors._context import ProcessContext
+from lamina.pipeline import AttachmentSpec, LabelLookup, Processed, View
+from lamina.processors._context import ProcessContext
 
 __all__ = ["BaseProcessor", "Processor", "ViewRenderer"]
 

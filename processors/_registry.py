@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import (
+from lamina.pipeline import (
     AttachmentError,
     AttachmentSpec,
     Form,
@@ -26,8 +26,8 @@ from pipeline import (
     UnknownAttachmentKind,
     UnknownSetting,
 )
-from processors._context import ProcessContext
-from processors._processor import BaseProcessor, Processor, ViewRenderer
+from lamina.processors._context import ProcessContext
+from lamina.processors._processor import BaseProcessor, Processor, ViewRenderer
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -235,7 +235,7 @@ class Registry:
     @classmethod
     def builtin(cls) -> Registry:
         """The processors that ship with Lamina."""
-        from processors._builtin import builtin_processors
+        from lamina.processors._builtin import builtin_processors
 
         return cls(builtin_processors())
 

@@ -7,7 +7,7 @@ from typing import Any, Self
 
 import attrs
 
-from pipeline import (
+from lamina.pipeline import (
     AttachmentError,
     LabelLookup,
     NotRebuilt,
@@ -15,8 +15,8 @@ from pipeline import (
     content_hash,
     make_artifact,
 )
-from processors._context import ProcessContext
-from processors._processor import BaseProcessor
+from lamina.processors._context import ProcessContext
+from lamina.processors._processor import BaseProcessor
 
 __all__ = ["SelectionPayload", "SelectionProcessor", "SelectionSpec", "selection"]
 

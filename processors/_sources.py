@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import (
+from lamina.pipeline import (
     AttachmentSpec,
     ConfigError,
     Form,
@@ -16,9 +16,9 @@ from pipeline import (
     UnknownSetting,
     View,
 )
-from processors._context import ProcessContext
-from processors._registry import Registry
-from processors._vault import Vault
+from lamina.processors._context import ProcessContext
+from lamina.processors._registry import Registry
+from lamina.processors._vault import Vault
 
 __all__ = ["Sources"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import (
+from lamina.pipeline import (
     AttachmentError,
     ConfigError,
     FileProblem,

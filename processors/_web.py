@@ -29,7 +29,7 @@ import httpx
 import lxml.etree
 import lxml.html
 
-from pipeline import (
+from lamina.pipeline import (
     AttachmentError,
     ConfigError,
     FetchError,
@@ -39,9 +39,9 @@ from pipeline import (
     TurnWarning,
     make_artifact,
 )
-from processors._address import classify_address, is_public_address
-from processors._context import ProcessContext, read_settings
-from processors._processor import BaseProcessor
+from lamina.processors._address import classify_address, is_public_address
+from lamina.processors._context import ProcessContext, read_settings
+from lamina.processors._processor import BaseProcessor
 
 __all__ = [
     "UrlPayload",

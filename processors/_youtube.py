@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import attrs
 
-from pipeline import (
+from lamina.pipeline import (
     AttachmentError,
     ConfigError,
     FileProblem,
@@ -27,9 +27,9 @@ from pipeline import (
     read_confined,
     read_regular,
 )
-from processors._context import ProcessContext, read_settings
-from processors._processor import BaseProcessor
-from processors._web import fetch_for_label
+from lamina.processors._context import ProcessContext, read_settings
+from lamina.processors._processor import BaseProcessor
+from lamina.processors._web import fetch_for_label
 
 __all__ = [
     "Cue",

@@ -1,6 +1,6 @@
 """Renderers: segment text (XML), provider requests and traces, from typed envelopes."""
 
-from renderers._agent import (
+from lamina.renderers._agent import (
     AGENT_RENDERERS,
     ANTHROPIC_TOOL_PROMPT,
     agent_request,
@@ -9,7 +9,7 @@ from renderers._agent import (
     loop_messages,
     tool_tokens,
 )
-from renderers._cache import (
+from lamina.renderers._cache import (
     PREVIOUS_NOT_REBUILT,
     PrefixReport,
     classify_break,
@@ -18,10 +18,10 @@ from renderers._cache import (
     prompt_prefix_tokens,
     prompt_tokens,
 )
-from renderers._explain import LOW_CACHE_SHARE, explain_cache
-from renderers._judge import ChatFinding, ChatJudgement, ChatTargets, judge_chat
-from renderers._layouts import LAYOUTS, Block, Layout, Message, Prompt, build_prompt
-from renderers._openai import (
+from lamina.renderers._explain import LOW_CACHE_SHARE, explain_cache
+from lamina.renderers._judge import ChatFinding, ChatJudgement, ChatTargets, judge_chat
+from lamina.renderers._layouts import LAYOUTS, Block, Layout, Message, Prompt, build_prompt
+from lamina.renderers._openai import (
     ChatMessage,
     chatml,
     chatml_prefix_tokens,
@@ -29,7 +29,7 @@ from renderers._openai import (
     common_prefix_tokens,
     openai_messages,
 )
-from renderers._providers import (
+from lamina.renderers._providers import (
     DEFAULT_MODELS,
     CacheRules,
     GeminiCachePlan,
@@ -41,13 +41,18 @@ from renderers._providers import (
     prompt_cache_key,
     request_options,
 )
-from renderers._replay_report import PROVIDER_COLOURS, render_replay_report
-from renderers._report import REPORT_LAYERS, render_report, report_blocks
-from renderers._requests import RequestRegistry, RequestRenderer, annotate_trace, render_request
-from renderers._simulate import Simulation, format_simulation, simulate
-from renderers._trace import TRACE_VERSION, trace_document, trace_turn
-from renderers._usage import CACHE_MISS, trace_usage, usage_record
-from renderers._xml import XmlRenderer, render_xml, xml_safe
+from lamina.renderers._replay_report import PROVIDER_COLOURS, render_replay_report
+from lamina.renderers._report import REPORT_LAYERS, render_report, report_blocks
+from lamina.renderers._requests import (
+    RequestRegistry,
+    RequestRenderer,
+    annotate_trace,
+    render_request,
+)
+from lamina.renderers._simulate import Simulation, format_simulation, simulate
+from lamina.renderers._trace import TRACE_VERSION, trace_document, trace_turn
+from lamina.renderers._usage import CACHE_MISS, trace_usage, usage_record
+from lamina.renderers._xml import XmlRenderer, render_xml, xml_safe
 
 __all__ = [
     "AGENT_RENDERERS",

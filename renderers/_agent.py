@@ -13,9 +13,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipeline import AgentTurn, ConfigError, Loop, LoopStep, ModelProfile, TokenCounter
-from renderers._providers import RenderedRequest, Ttl
-from renderers._requests import render_request
+from lamina.pipeline import AgentTurn, ConfigError, Loop, LoopStep, ModelProfile, TokenCounter
+from lamina.renderers._providers import RenderedRequest, Ttl
+from lamina.renderers._requests import render_request
 
 __all__ = [
     "AGENT_RENDERERS",

@@ -4,7 +4,7 @@ A break is any change to bytes the previous request had made cacheable: its syst
 message (L1 + L2) must be a byte prefix of this one's, and its history a prefix of this
 history. Growth (a longer library, more history) is not a break.
 
-Every figure is in the request's own count (``pipeline.request_tokens``: contents plus the
+Every figure is in the request's own count (``lamina.pipeline.request_tokens``: contents plus the
 chat framing per message and to prime the reply, or Mistral's instruct format), for any
 layout's ``Prompt``: the cached prefix is the tokens of the leading messages the previous
 request sent byte for byte plus the shared start of the first message that differs, so it
@@ -21,9 +21,9 @@ from typing import Any
 
 import attrs
 
-from pipeline import QUERY_LABEL, Budget, Decision, DecisionAction, Envelope, TokenCounter
-from renderers._layouts import Prompt, default_prompt
-from renderers._openai import (
+from lamina.pipeline import QUERY_LABEL, Budget, Decision, DecisionAction, Envelope, TokenCounter
+from lamina.renderers._layouts import Prompt, default_prompt
+from lamina.renderers._openai import (
     ChatMessage,
     chatml,
     chatml_prefix_tokens,

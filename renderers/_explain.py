@@ -1,6 +1,6 @@
 """Sentences that say why a turn's cached prefix is what it is, for people.
 
-The cache report (``renderers._cache``) classifies a break as a code
+The cache report (``lamina.renderers._cache``) classifies a break as a code
 (``l2-compacted:note:a.md``); the CLI, ``lamina inspect`` and the HTML report show the
 sentence made here instead, from the trace turn: the break's code and the typed budget
 decisions behind it (their ``action``, never their wording), or, for a turn that broke
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from renderers._cache import PREVIOUS_NOT_REBUILT
+from lamina.renderers._cache import PREVIOUS_NOT_REBUILT
 
 __all__ = ["LOW_CACHE_SHARE", "explain_cache"]
 

@@ -21,9 +21,17 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from pipeline import RESTORED_INTRO, Budget, BudgetReport, Envelope, Form, Segment, TokenCounter
-from renderers._cache import prefix_reports, prompt_tokens
-from renderers._layouts import default_prompt
+from lamina.pipeline import (
+    RESTORED_INTRO,
+    Budget,
+    BudgetReport,
+    Envelope,
+    Form,
+    Segment,
+    TokenCounter,
+)
+from lamina.renderers._cache import prefix_reports, prompt_tokens
+from lamina.renderers._layouts import default_prompt
 
 __all__ = ["ChatFinding", "ChatJudgement", "ChatTargets", "judge_chat"]
 

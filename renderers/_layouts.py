@@ -12,7 +12,7 @@ from typing import Literal
 
 import attrs
 
-from pipeline import (
+from lamina.pipeline import (
     APPEND_REFERENCES_INTRO,
     RECALL_SOURCE,
     TOOL_SOURCE,
@@ -28,7 +28,7 @@ from pipeline import (
     segment_reference,
     system_parts,
 )
-from renderers._xml import render_xml
+from lamina.renderers._xml import render_xml
 
 __all__ = [
     "APPEND_REFERENCES_INTRO",
@@ -160,7 +160,7 @@ def _scoped(segment: Segment) -> bool:
 
 def _append_user_text(envelope: Envelope, sent: dict[str, str]) -> str:
     """This turn's user message when context stays where it was first sent
-    (``pipeline.append_parts``, which the conversation's batch shares): nothing is settled
+    (``lamina.pipeline.append_parts``, which the conversation's batch shares): nothing is settled
     in a library, references are rendered as XML."""
     parts = append_parts(envelope, sent, lambda _key: None, _reference_text)
     return join_blocks(text for text, _ in parts)

@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-from pipeline import Envelope, TokenCounter, next_piece_start
+from lamina.pipeline import Envelope, TokenCounter, next_piece_start
 
 __all__ = [
     "ChatMessage",

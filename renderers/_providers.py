@@ -22,8 +22,15 @@ from typing import Any, Literal
 
 import attrs
 
-from pipeline import ConfigError, ModelProfile, Provider, TokenCounter, get_profile, text_hash
-from renderers._layouts import HISTORY_END, L1_STABLE, SYSTEM_END, TURN_END, Block, Prompt
+from lamina.pipeline import (
+    ConfigError,
+    ModelProfile,
+    Provider,
+    TokenCounter,
+    get_profile,
+    text_hash,
+)
+from lamina.renderers._layouts import HISTORY_END, L1_STABLE, SYSTEM_END, TURN_END, Block, Prompt
 
 __all__ = [
     "DEFAULT_MODELS",

@@ -15,7 +15,7 @@ from typing import Any
 
 from lxml import etree
 
-from renderers._report import _CSP, _CSS, _W, E, _card, _f, _legend, _n, _step, _t
+from lamina.renderers._report import _CSP, _CSS, _W, E, _card, _f, _legend, _n, _step, _t
 
 __all__ = ["PROVIDER_COLOURS", "render_replay_report"]
 

@@ -16,9 +16,9 @@ from typing import Any, cast
 from lxml import etree
 from lxml.builder import ElementMaker  # type: ignore[import-not-found]
 
-from pipeline import Envelope
-from renderers._explain import explain_cache
-from renderers._xml import xml_safe
+from lamina.pipeline import Envelope
+from lamina.renderers._explain import explain_cache
+from lamina.renderers._xml import xml_safe
 
 __all__ = ["REPORT_LAYERS", "render_report", "report_blocks"]
 

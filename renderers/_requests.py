@@ -7,9 +7,9 @@ from typing import Any
 
 import attrs
 
-from pipeline import Budget, Envelope, ModelProfile, RegistryError, TokenCounter
-from renderers._layouts import Layout, Prompt, build_prompt
-from renderers._providers import (
+from lamina.pipeline import Budget, Envelope, ModelProfile, RegistryError, TokenCounter
+from lamina.renderers._layouts import Layout, Prompt, build_prompt
+from lamina.renderers._providers import (
     RenderedRequest,
     RequestOptions,
     Ttl,
@@ -129,7 +129,7 @@ def annotate_trace(
     Another ``layout`` than the default counts each turn's request as that layout sends it:
     ``"tokens_total"`` and the cached prefix become that layout's, and the document says
     ``"layout"``, so a report built from it agrees with a replay under that layout."""
-    from renderers._cache import prefix_reports, prompt_prefix_tokens, prompt_tokens
+    from lamina.renderers._cache import prefix_reports, prompt_prefix_tokens, prompt_tokens
 
     reports = prefix_reports(envelopes, counter, budget=budget)
     previous: Prompt | None = None

@@ -1,11 +1,11 @@
 """Cache-cost simulator: per turn, the tokens each provider would serve from its prompt cache.
 
-Every layout's requests come from ``renderers._layouts`` and every rule from
-``renderers._providers.cache_rules`` (the table the request renderers use), so the
+Every layout's requests come from ``lamina.renderers._layouts`` and every rule from
+``lamina.renderers._providers.cache_rules`` (the table the request renderers use), so the
 numbers describe the requests Lamina actually sends. The cache is assumed warm for the
 whole conversation (every earlier request is still cached: no TTL expiry, same routing).
 Token counts use the conversation's local tokenizer for all three providers. OpenAI's and
-Gemini's input is the request's own count (``renderers.prompt_tokens``: contents and
+Gemini's input is the request's own count (``lamina.renderers.prompt_tokens``: contents and
 chat framing, as the budget counts it) and their shared prefix is counted in that unit
 (``prompt_prefix_tokens``); Anthropic's is its content blocks. The cached figures apply
 each provider's rules (minimum prefix, 128-token steps, breakpoints): provider-specific.
@@ -18,11 +18,11 @@ from typing import Any
 
 import attrs
 
-from pipeline import ArgumentError, Budget, Envelope, ModelProfile, TokenCounter, text_hash
-from renderers._cache import prompt_prefix_tokens, prompt_tokens
-from renderers._layouts import LAYOUTS, Layout, Prompt, build_prompt
-from renderers._openai import common_prefix_length
-from renderers._providers import (
+from lamina.pipeline import ArgumentError, Budget, Envelope, ModelProfile, TokenCounter, text_hash
+from lamina.renderers._cache import prompt_prefix_tokens, prompt_tokens
+from lamina.renderers._layouts import LAYOUTS, Layout, Prompt, build_prompt
+from lamina.renderers._openai import common_prefix_length
+from lamina.renderers._providers import (
     CacheRules,
     Ttl,
     anthropic_breakpoints,

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline import Calibration, Envelope, TokenCounter, TurnUsage, request_tokens
-from renderers._cache import sent_messages
-from renderers._usage import trace_usage
+from lamina.pipeline import Calibration, Envelope, TokenCounter, TurnUsage, request_tokens
+from lamina.renderers._cache import sent_messages
+from lamina.renderers._usage import trace_usage
 
 __all__ = ["TRACE_VERSION", "trace_document", "trace_turn"]
 

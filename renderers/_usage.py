@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import (
+from lamina.pipeline import (
     ConfigError,
     Envelope,
     Loop,
@@ -31,17 +31,17 @@ from pipeline import (
     read_usage,
     request_tokens,
 )
-from renderers._agent import (
+from lamina.renderers._agent import (
     agent_request,
     anthropic_tool_prompt,
     instructions_tokens,
     tool_tokens,
 )
-from renderers._cache import classify_break
-from renderers._layouts import Layout, build_prompt
-from renderers._providers import DEFAULT_MODELS, Ttl, request_options
-from renderers._requests import RequestRegistry, render_request
-from renderers._simulate import simulate
+from lamina.renderers._cache import classify_break
+from lamina.renderers._layouts import Layout, build_prompt
+from lamina.renderers._providers import DEFAULT_MODELS, Ttl, request_options
+from lamina.renderers._requests import RequestRegistry, render_request
+from lamina.renderers._simulate import simulate
 
 __all__ = ["CACHE_MISS", "trace_usage", "usage_record"]
 

@@ -1,6 +1,6 @@
 """Segment text as Lamina's XML-shaped blocks: content as written, nothing can break out.
 
-Bodies and attribute values are escaped by the one rule in ``pipeline._text.markup``: only a
+Bodies and attribute values are escaped by the one rule in ``lamina.pipeline._text.markup``: only a
 ``<`` that could open a Lamina block, close the enclosing one, or start a comment or CDATA
 section that never ends is written ``&lt;``; ``>``, ``&`` and other markup stay as written.
 """
@@ -10,7 +10,15 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from pipeline import Form, RegistryError, View, ViewMemo, escape_attribute, escape_body, xml_safe
+from lamina.pipeline import (
+    Form,
+    RegistryError,
+    View,
+    ViewMemo,
+    escape_attribute,
+    escape_body,
+    xml_safe,
+)
 
 __all__ = ["XmlRenderer", "render_xml", "xml_safe"]
 

@@ -10,7 +10,8 @@ import pytest
 
 
 @pytest.mark.parametrize(
-    "package", ["pipeline", "processors", "renderers", "lamina", "lamina.adapters"]
+    "package",
+    ["lamina.pipeline", "lamina.processors", "lamina.renderers", "lamina", "lamina.adapters"],
 )
 def test_all_is_exactly_the_public_names(package: str) -> None:
     module = importlib.import_module(package)
@@ -23,7 +24,9 @@ def test_all_is_exactly_the_public_names(package: str) -> None:
     assert len(module.__all__) == len(set(module.__all__))
 
 
-@pytest.mark.parametrize("package", ["pipeline", "processors", "renderers", "lamina"])
+@pytest.mark.parametrize(
+    "package", ["lamina.pipeline", "lamina.processors", "lamina.renderers", "lamina"]
+)
 def test_packages_ship_py_typed(package: str) -> None:
     module = importlib.import_module(package)
     assert (Path(inspect.getfile(module)).parent / "py.typed").is_file()

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from lamina import Policy
 from lamina._cli import DEMO_BUDGET, DEMO_SCRIPT, cli
-from pipeline import BudgetPlan, BudgetSettings
-from pipeline._conversation.agent import DEFAULT_TOOL_HEADROOM
-from pipeline._conversation.usage import CALIBRATION_WINDOW, MARGIN_BOUNDS
+from lamina.pipeline import BudgetPlan, BudgetSettings
+from lamina.pipeline._conversation.agent import DEFAULT_TOOL_HEADROOM
+from lamina.pipeline._conversation.usage import CALIBRATION_WINDOW, MARGIN_BOUNDS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -280,7 +280,7 @@ def test_every_cli_form_in_cli_md_is_accepted() -> None:
 
 def test_trace_md_lists_every_decision_action() -> None:
     """The closed set hosts match on is the one the code has."""
-    from pipeline import DecisionAction
+    from lamina.pipeline import DecisionAction
 
     pattern = r"one of a closed set \(`pipeline.DecisionAction`\):(.*?)\. Match"
     listed = re.search(pattern, DOCS["TRACE.md"], re.S)

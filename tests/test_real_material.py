@@ -1,5 +1,5 @@
 """Real-material checks: whole budgeted chats over examples/vault and a public vault
-(kepano/kepano-obsidian, MIT, in tests/data), judged by ``renderers.judge_chat`` against
+(kepano/kepano-obsidian, MIT, in tests/data), judged by ``lamina.renderers.judge_chat`` against
 the project's targets: mean window use >= 90% in the turns that cut, cached-prefix share
 >= 60% on the documentation-vault chats, no entry the model sees only cut while its full
 form fits the room beyond the plan's slack (and none that the budget's restore schedule
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation, load_script, run_script
-from pipeline import Budget, Envelope
-from renderers import ChatJudgement, ChatTargets, judge_chat
+from lamina.pipeline import Budget, Envelope
+from lamina.renderers import ChatJudgement, ChatTargets, judge_chat
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "vault"

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from pipeline import (
+from lamina.pipeline import (
     AgentCall,
     AgentTurn,
     ConfigError,
@@ -49,7 +49,7 @@ class LoopState:
     (``AgentTurn.after``), in a session loaded from a store too (the text is saved,
     ``Conversation.agent_handoff``). ``tools`` are the tool
     definitions of the last request, as counted (pass them to
-    ``renderers.usage_record(tools=)`` so the predicted input includes them, with the
+    ``lamina.renderers.usage_record(tools=)`` so the predicted input includes them, with the
     ``loops`` so far as the requests: each call is read back against its own).
     """
 

@@ -37,8 +37,8 @@ from langchain_core.messages import (
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
-from pipeline import Conversation, ConversationError, Envelope, Loop
-from renderers import render_request, tool_tokens
+from lamina.pipeline import Conversation, ConversationError, Envelope, Loop
+from lamina.renderers import render_request, tool_tokens
 
 __all__ = ["LaminaMiddleware", "to_messages"]
 

@@ -30,8 +30,8 @@ from typing import Any
 import attrs
 import litellm
 
-from pipeline import AgentTurn, Envelope, Loop
-from renderers import loop_messages, render_request, tool_tokens
+from lamina.pipeline import AgentTurn, Envelope, Loop
+from lamina.renderers import loop_messages, render_request, tool_tokens
 
 __all__ = ["completion", "split_model", "to_messages", "with_tools"]
 
@@ -68,7 +68,7 @@ def _envelope_messages(envs: list[Envelope], model: str) -> list[dict[str, Any]]
 
 def with_tools(request: Request, model: str, **kwargs: Any) -> Request:
     """``request`` with the ``tools`` of a ``completion`` call's ``kwargs`` counted into an
-    ``AgentTurn``'s ``tools_tokens`` (each provider's rule, ``renderers.tool_tokens``, with
+    ``AgentTurn``'s ``tools_tokens`` (each provider's rule, ``lamina.renderers.tool_tokens``, with
     the call's ``tool_choice`` and model: Anthropic's tool prompt depends on both)."""
     tools = kwargs.get("tools") or ()
     if not isinstance(request, AgentTurn) or not tools:

@@ -43,7 +43,7 @@ from agents.memory import SessionABC
 from agents.run import CallModelData, ModelInputData
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
-from pipeline import (
+from lamina.pipeline import (
     Conversation,
     ConversationError,
     ConversationInfo,
@@ -51,7 +51,7 @@ from pipeline import (
     UnknownConversation,
     save_turn,
 )
-from renderers import agent_request, tool_tokens
+from lamina.renderers import agent_request, tool_tokens
 
 __all__ = ["LaminaSession", "final_answer"]
 

@@ -17,9 +17,9 @@ history, so do not pass ``message_history`` to the run::
 (pydantic-ai 2 replaced ``Agent(history_processors=[...])`` with the ``ProcessHistory``
 capability; ``history.capability()`` is one that also sees each request's instruction
 parts, and ``ProcessHistory(history)`` works too.) What pydantic-ai adds to each request is
-counted in the budget: the tool definitions (``renderers.tool_tokens`` for ``provider``)
+counted in the budget: the tool definitions (``lamina.renderers.tool_tokens`` for ``provider``)
 and its instructions (``Agent(instructions=...)``, ``@agent.instructions`` functions),
-which it sends as system messages of their own (``renderers.instructions_tokens``; pass
+which it sends as system messages of their own (``lamina.renderers.instructions_tokens``; pass
 ``history.instructions[n]`` to ``usage_record(instructions=)``);
 ``Agent(system_prompt=...)`` goes into L1's mutable part. The turn leaves
 ``tool_headroom`` tokens free for the first calls.
@@ -48,8 +48,8 @@ from pydantic_ai.messages import (
 )
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
-from pipeline import Conversation, Envelope, Loop
-from renderers import instructions_tokens, tool_tokens
+from lamina.pipeline import Conversation, Envelope, Loop
+from lamina.renderers import instructions_tokens, tool_tokens
 
 if TYPE_CHECKING:
     from pydantic_ai.models import ModelRequestContext
@@ -182,7 +182,7 @@ class LaminaHistory(LoopAdapter):
 
     def _added(self, ctx: RunContext[Any] | None, instructions: Sequence[str]) -> int:
         """Tokens pydantic-ai adds to the request: tool definitions and its instructions
-        (``renderers.instructions_tokens``, as ``usage_record`` predicts them)."""
+        (``lamina.renderers.instructions_tokens``, as ``usage_record`` predicts them)."""
         counter = self.conversation.counter
         budget = self.conversation.budget
         per_message = budget.framing.per_message if budget is not None else 3

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import attrs
 
-from pipeline._errors import BudgetExceeded, StageError
-from pipeline._model.envelope import BudgetReport, Decision
+from lamina.pipeline._errors import BudgetExceeded, StageError
+from lamina.pipeline._model.envelope import BudgetReport, Decision
 
 if TYPE_CHECKING:
-    from pipeline._budget.fit import Budget
+    from lamina.pipeline._budget.fit import Budget
 
 __all__ = ["MAX_IDLE_ROUNDS", "Measured", "Plan", "fit"]
 

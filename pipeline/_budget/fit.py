@@ -25,20 +25,20 @@ from typing import Literal
 
 import attrs
 
-from pipeline._budget import engine
-from pipeline._budget.index import (
+from lamina.pipeline._budget import engine
+from lamina.pipeline._budget.index import (
     INDEX_SOURCE,
     is_index,
     is_omitted_only,
     plan_index,
     settle_empty,
 )
-from pipeline._budget.settings import BudgetSettings
-from pipeline._budget.stubs import fold, plan_stubs, refold, settle_stubs, stub_group
-from pipeline._errors import ConfigError
-from pipeline._hashing import text_hash
-from pipeline._model.artifacts import TurnWarning
-from pipeline._model.envelope import (
+from lamina.pipeline._budget.settings import BudgetSettings
+from lamina.pipeline._budget.stubs import fold, plan_stubs, refold, settle_stubs, stub_group
+from lamina.pipeline._errors import ConfigError
+from lamina.pipeline._hashing import text_hash
+from lamina.pipeline._model.artifacts import TurnWarning
+from lamina.pipeline._model.envelope import (
     NOT_SENT,
     BudgetReport,
     Decision,
@@ -48,20 +48,20 @@ from pipeline._model.envelope import (
     Form,
     View,
 )
-from pipeline._model.library import Library, LibraryEntry
-from pipeline._model.tools import chunk_source
-from pipeline._tokens.counter import TokenCounter
-from pipeline._tokens.profiles import (
+from lamina.pipeline._model.library import Library, LibraryEntry
+from lamina.pipeline._model.tools import chunk_source
+from lamina.pipeline._tokens.counter import TokenCounter
+from lamina.pipeline._tokens.profiles import (
     CHAT_TEMPLATES,
     Framing,
     framing_of,
     get_profile,
 )
-from pipeline._turn.assemble import draft, item_view, summary_target, visible_history
-from pipeline._turn.draft import Draft
-from pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
-from pipeline._turn.measure import request_tokens
-from pipeline._views.preview import (
+from lamina.pipeline._turn.assemble import draft, item_view, summary_target, visible_history
+from lamina.pipeline._turn.draft import Draft
+from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
+from lamina.pipeline._turn.measure import request_tokens
+from lamina.pipeline._views.preview import (
     ELLIPSIS,
     EXCERPT_MIN_TOKENS,
     cut_to_tokens,
@@ -69,7 +69,7 @@ from pipeline._views.preview import (
     make_excerpt,
     make_preview,
 )
-from pipeline._views.views import body_preview, reference_view
+from lamina.pipeline._views.views import body_preview, reference_view
 
 __all__ = [
     "CUT_POLICIES",

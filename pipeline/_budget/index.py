@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
-from pipeline._model.artifacts import Artifact, make_artifact
-from pipeline._model.envelope import NOT_SENT, Decision, DecisionAction, Form
-from pipeline._turn.draft import Draft
-from pipeline._turn.graph import Placement, TurnGraph
-from pipeline._views.views import full_view
+from lamina.pipeline._model.artifacts import Artifact, make_artifact
+from lamina.pipeline._model.envelope import NOT_SENT, Decision, DecisionAction, Form
+from lamina.pipeline._turn.draft import Draft
+from lamina.pipeline._turn.graph import Placement, TurnGraph
+from lamina.pipeline._views.views import full_view
 
 if TYPE_CHECKING:
-    from pipeline._budget.fit import Budget
+    from lamina.pipeline._budget.fit import Budget
 
 __all__ = [
     "INDEX_SOURCE",

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from pipeline._errors import ConfigError
-from pipeline._input import validate as _validate
-from pipeline._tokens.profiles import OPENAI_FRAMING
+from lamina.pipeline._errors import ConfigError
+from lamina.pipeline._input import validate as _validate
+from lamina.pipeline._tokens.profiles import OPENAI_FRAMING
 
 if TYPE_CHECKING:
-    from pipeline._budget.fit import Budget
+    from lamina.pipeline._budget.fit import Budget
 
 __all__ = ["BudgetPlan", "BudgetSettings"]
 
@@ -150,6 +150,6 @@ class BudgetSettings:
 
     def budget(self) -> Budget:
         """The ``Budget`` with these numbers and its policy's cut order (validated)."""
-        from pipeline._budget.fit import Budget
+        from lamina.pipeline._budget.fit import Budget
 
         return Budget(**{f.name: getattr(self, f.name) for f in attrs.fields(BudgetSettings)})

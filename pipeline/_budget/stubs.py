@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from pipeline._budget.index import INDEX_SOURCE, IndexLine, index_artifact
-from pipeline._model.envelope import Decision, DecisionAction, Form, View
-from pipeline._model.library import Library, LibraryEntry
-from pipeline._turn.draft import Draft
-from pipeline._turn.graph import TurnGraph
-from pipeline._views.views import full_view
+from lamina.pipeline._budget.index import INDEX_SOURCE, IndexLine, index_artifact
+from lamina.pipeline._model.envelope import Decision, DecisionAction, Form, View
+from lamina.pipeline._model.library import Library, LibraryEntry
+from lamina.pipeline._turn.draft import Draft
+from lamina.pipeline._turn.graph import TurnGraph
+from lamina.pipeline._views.views import full_view
 
 if TYPE_CHECKING:
-    from pipeline._budget.fit import Budget
+    from lamina.pipeline._budget.fit import Budget
 
 __all__ = [
     "bound_stubs",

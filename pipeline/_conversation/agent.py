@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from pipeline._budget import engine
-from pipeline._errors import ConfigError, ConversationError
-from pipeline._model.envelope import (
+from lamina.pipeline._budget import engine
+from lamina.pipeline._errors import ConfigError, ConversationError
+from lamina.pipeline._model.envelope import (
     BudgetReport,
     BuildReport,
     Decision,
@@ -39,18 +39,18 @@ from pipeline._model.envelope import (
     Layer,
     LayerName,
 )
-from pipeline._model.tools import Hit, Hits, ToolUse, canonical_args, tool_artifact, tool_key
-from pipeline._tokens.counter import TokenCounter
-from pipeline._tokens.profiles import OPENAI_FRAMING, Framing
-from pipeline._turn.assemble import complete, draft, system_layer
-from pipeline._turn.measure import request_tokens
-from pipeline._views.preview import EXCERPT_MIN_TOKENS, cut_to_tokens
+from lamina.pipeline._model.tools import Hit, Hits, ToolUse, canonical_args, tool_artifact, tool_key
+from lamina.pipeline._tokens.counter import TokenCounter
+from lamina.pipeline._tokens.profiles import OPENAI_FRAMING, Framing
+from lamina.pipeline._turn.assemble import complete, draft, system_layer
+from lamina.pipeline._turn.measure import request_tokens
+from lamina.pipeline._views.preview import EXCERPT_MIN_TOKENS, cut_to_tokens
 
 if TYPE_CHECKING:
-    from pipeline._budget.fit import Budget, TurnFitting
-    from pipeline._conversation.conversation import Conversation
-    from pipeline._model.artifacts import AttachmentSpec
-    from pipeline._turn.graph import SystemPrompt
+    from lamina.pipeline._budget.fit import Budget, TurnFitting
+    from lamina.pipeline._conversation.conversation import Conversation
+    from lamina.pipeline._model.artifacts import AttachmentSpec
+    from lamina.pipeline._turn.graph import SystemPrompt
 
 __all__ = [
     "CALL_OVERHEAD",
@@ -171,7 +171,7 @@ class AgentTurn:
     steps: tuple[AgentStep, ...] = ()
     repeat_after_tokens: int = 1000
     tools_tokens: int = 0
-    """What the request's tool definitions add (``renderers.tool_tokens``): counted in
+    """What the request's tool definitions add (``lamina.renderers.tool_tokens``): counted in
     every request of the loop."""
     fitting: TurnFitting | None = attrs.field(default=None, eq=False, repr=False)
     """The turn as its budget fitted it (graph, draft, count): the loop's overflow goes on
@@ -213,7 +213,7 @@ class AgentTurn:
         )
         fitting = None
         if budget is not None:
-            from pipeline._budget.fit import turn_fitting
+            from lamina.pipeline._budget.fit import turn_fitting
 
             measured = graph.measured if graph.measured is not None else draft(graph)
             fitting = turn_fitting(graph, measured, budget)
@@ -270,7 +270,7 @@ class AgentTurn:
         )
         fitting = self.fitting
         if fitting is not None and self.budget is not None:
-            from pipeline._budget.fit import turn_fitting
+            from lamina.pipeline._budget.fit import turn_fitting
 
             if fitting.turn.promoted is not None:
                 fitting.turn.promoted.result()  # the library's memos are shared: wait for it
@@ -363,7 +363,7 @@ class AgentTurn:
             functools.partial(self._cut_largest, stub_newest=False),
         ]
         if self.fitting is not None and self.steps:
-            from pipeline._budget.fit import turn_plans
+            from lamina.pipeline._budget.fit import turn_plans
 
             plans.extend(_lift(plan, self.fitting) for plan in turn_plans(budget))
         plans.append(functools.partial(self._cut_largest, stub_newest=True))

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import xxhash
 
-from pipeline._hashing import hash_joined, slice_hash, text_hash
-from pipeline._model.envelope import (
+from lamina.pipeline._hashing import hash_joined, slice_hash, text_hash
+from lamina.pipeline._model.envelope import (
     BLOCK_SEP,
     QUERY_LABEL,
     Batch,
@@ -30,11 +30,11 @@ from pipeline._model.envelope import (
     arrange_user,
     user_blocks,
 )
-from pipeline._model.recall import RECALL_SOURCE
-from pipeline._model.tools import TOOL_SOURCE, chunk_source
-from pipeline._tokens.counter import TokenCounter
-from pipeline._turn.measure import joined_tokens, user_tokens
-from pipeline._views.views import SegmentRenderer
+from lamina.pipeline._model.recall import RECALL_SOURCE
+from lamina.pipeline._model.tools import TOOL_SOURCE, chunk_source
+from lamina.pipeline._tokens.counter import TokenCounter
+from lamina.pipeline._turn.measure import joined_tokens, user_tokens
+from lamina.pipeline._views.views import SegmentRenderer
 
 __all__ = [
     "APPEND_REFERENCES_INTRO",

@@ -8,19 +8,24 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from pipeline._budget.settings import BudgetSettings
-from pipeline._conversation.batch import NO_BATCH, BatchState, batch_turn
-from pipeline._conversation.usage import Calibration, TurnUsage
-from pipeline._errors import (
+from lamina.pipeline._budget.settings import BudgetSettings
+from lamina.pipeline._conversation.batch import NO_BATCH, BatchState, batch_turn
+from lamina.pipeline._conversation.usage import Calibration, TurnUsage
+from lamina.pipeline._errors import (
     ArgumentError,
     ConfigError,
     ConversationError,
     LaminaError,
     StageError,
 )
-from pipeline._input import validate as _validate
-from pipeline._model.artifacts import AttachmentSpec, Processed, SourceResolver, resolver_for_turn
-from pipeline._model.envelope import (
+from lamina.pipeline._input import validate as _validate
+from lamina.pipeline._model.artifacts import (
+    AttachmentSpec,
+    Processed,
+    SourceResolver,
+    resolver_for_turn,
+)
+from lamina.pipeline._model.envelope import (
     Batch,
     Decision,
     DecisionAction,
@@ -29,20 +34,20 @@ from pipeline._model.envelope import (
     Segment,
     View,
 )
-from pipeline._model.history import HistoryEntry, strip_reply
-from pipeline._model.kinds import AttachmentKinds, NoKinds
-from pipeline._model.library import Library, LibraryEntry, LibraryPrefix
-from pipeline._model.recall import RECALL_SOURCE, Retriever
-from pipeline._recall.stage import RecallMemo
-from pipeline._stages.builtin import Pipeline
-from pipeline._tokens.counter import TokenCounter
-from pipeline._turn.assemble import assemble
-from pipeline._turn.graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
-from pipeline._turn.history import HistorySegments
-from pipeline._turn.measure import request_tokens
-from pipeline._turn.promotion import Promotion
-from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
-from pipeline._views.views import (
+from lamina.pipeline._model.history import HistoryEntry, strip_reply
+from lamina.pipeline._model.kinds import AttachmentKinds, NoKinds
+from lamina.pipeline._model.library import Library, LibraryEntry, LibraryPrefix
+from lamina.pipeline._model.recall import RECALL_SOURCE, Retriever
+from lamina.pipeline._recall.stage import RecallMemo
+from lamina.pipeline._stages.builtin import Pipeline
+from lamina.pipeline._tokens.counter import TokenCounter
+from lamina.pipeline._turn.assemble import assemble
+from lamina.pipeline._turn.graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
+from lamina.pipeline._turn.history import HistorySegments
+from lamina.pipeline._turn.measure import request_tokens
+from lamina.pipeline._turn.promotion import Promotion
+from lamina.pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
+from lamina.pipeline._views.views import (
     Policy,
     SegmentRenderer,
     ViewMemo,
@@ -51,8 +56,8 @@ from pipeline._views.views import (
 )
 
 if TYPE_CHECKING:
-    from pipeline._budget.fit import Budget
-    from pipeline._store.records import Head
+    from lamina.pipeline._budget.fit import Budget
+    from lamina.pipeline._store.records import Head
 
 __all__ = [
     "Conversation",
@@ -105,7 +110,8 @@ class Conversation:
     """Builds one envelope per turn and carries L1, L2 and L4 to the next.
 
     The core takes its edges as arguments: ``sources`` (specs -> artifacts, e.g.
-    ``processors.Sources``) and ``renderer`` (views -> text, e.g. ``renderers.XmlRenderer``).
+    ``lamina.processors.Sources``) and ``renderer`` (views -> text, e.g.
+    ``lamina.renderers.XmlRenderer``).
     ``lamina.Conversation`` fills both in from a vault folder.
 
     ``defer_library`` sends each request as a byte extension of the one before until the
@@ -317,8 +323,8 @@ class Conversation:
     ) -> Envelope:
         """Build this turn's envelope from the query, its attachments and tool results.
 
-        ``tools`` are turn-scoped specs that carry their own content (``pipeline.tool``,
-        ``pipeline.hits``): they go to the user message first and never enter L1, L2 or L4.
+        ``tools`` are turn-scoped specs that carry their own content (``lamina.pipeline.tool``,
+        ``lamina.pipeline.hits``): they go to the user message first and never enter L1, L2 or L4.
         A turn that raises leaves the conversation exactly as it was (vault changes too).
         The next turn's library is made on the background worker while the request is
         sent; ``background=False`` leaves it to the first use, without the preparing of
@@ -563,7 +569,7 @@ class Conversation:
 
 def _check_settings(system: object, tokenizer: object, policy: object, budget: object) -> None:
     """The constructor's arguments, checked before anything is built from them."""
-    from pipeline._budget.fit import Budget
+    from lamina.pipeline._budget.fit import Budget
 
     if not isinstance(system, str | SystemPrompt):
         got = type(system).__name__

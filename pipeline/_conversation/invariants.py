@@ -3,9 +3,9 @@ that hosts and tests both call. Tool output is also checked to stay turn-scoped.
 
 from __future__ import annotations
 
-from pipeline._errors import InvariantViolation
-from pipeline._hashing import text_hash
-from pipeline._model.envelope import (
+from lamina.pipeline._errors import InvariantViolation
+from lamina.pipeline._hashing import text_hash
+from lamina.pipeline._model.envelope import (
     DecisionLayer,
     Envelope,
     Form,
@@ -14,11 +14,11 @@ from pipeline._model.envelope import (
     system_parts,
     user_parts,
 )
-from pipeline._model.history import has_context_markup
-from pipeline._model.recall import RECALL_SOURCE
-from pipeline._model.tools import TOOL_SOURCE, chunk_source
-from pipeline._text.markup import escape_attribute, xml_safe
-from pipeline._views.views import Policy
+from lamina.pipeline._model.history import has_context_markup
+from lamina.pipeline._model.recall import RECALL_SOURCE
+from lamina.pipeline._model.tools import TOOL_SOURCE, chunk_source
+from lamina.pipeline._text.markup import escape_attribute, xml_safe
+from lamina.pipeline._views.views import Policy
 
 __all__ = ["check_envelope"]
 

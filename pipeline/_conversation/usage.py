@@ -18,8 +18,8 @@ from typing import Any
 
 import attrs
 
-from pipeline._errors import ConfigError
-from pipeline._model.artifacts import TurnWarning
+from lamina.pipeline._errors import ConfigError
+from lamina.pipeline._model.artifacts import TurnWarning
 
 __all__ = [
     "CALIBRATION_WINDOW",

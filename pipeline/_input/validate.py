@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pipeline._errors import ArgumentError, ConfigError
+from lamina.pipeline._errors import ArgumentError, ConfigError
 
 __all__ = [
     "attachments",
@@ -82,7 +82,7 @@ def attachments(argument: str, value: object) -> list[Any]:
 
 
 def tool_specs(argument: str, value: object) -> list[Any]:
-    """Turn-scoped specs that carry their own content (``pipeline.tool``, ``pipeline.hits``)."""
+    """Turn-scoped specs that carry their own content (``lamina.pipeline.tool``, ``.hits``)."""
     if isinstance(value, str | bytes | bytearray | Mapping) or not isinstance(value, Iterable):
         raise ArgumentError(argument, f"must be a list of tool specs, got {_kind(value)}")
     items = list(value)

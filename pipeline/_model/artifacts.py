@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any, Protocol, Self, cast, runtime_checkable
 
 import attrs
 
-from pipeline._errors import ArgumentError
-from pipeline._hashing import content_hash
+from lamina.pipeline._errors import ArgumentError
+from lamina.pipeline._hashing import content_hash
 
 if TYPE_CHECKING:
-    from pipeline._model.kinds import AttachmentKinds
+    from lamina.pipeline._model.kinds import AttachmentKinds
 
 __all__ = [
     "Artifact",
@@ -145,7 +145,7 @@ class Processed:
 
 
 class SourceResolver(Protocol):
-    """Turns specs into artifacts (I/O lives behind this); see ``processors.Sources``."""
+    """Turns specs into artifacts (I/O lives behind this); see ``lamina.processors.Sources``."""
 
     def process(self, spec: AttachmentSpec) -> Processed: ...
 
@@ -165,6 +165,6 @@ class SourceResolver(Protocol):
 
 def resolver_for_turn(resolver: SourceResolver) -> SourceResolver:
     """The resolver to use for one turn's specs: ``resolver.for_turn()`` where it offers one
-    (``processors.Sources`` does: it lists the vault once per turn), else ``resolver``."""
+    (``lamina.processors.Sources`` does: it lists the vault once per turn), else ``resolver``."""
     for_turn = getattr(resolver, "for_turn", None)
     return resolver if for_turn is None else cast(SourceResolver, for_turn())

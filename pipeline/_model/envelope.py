@@ -8,8 +8,8 @@ from typing import Protocol
 
 import attrs
 
-from pipeline._hashing import joined_hash, text_hash
-from pipeline._model.artifacts import TurnWarning
+from lamina.pipeline._hashing import joined_hash, text_hash
+from lamina.pipeline._model.artifacts import TurnWarning
 
 __all__ = [
     "LIBRARY_HEADING",

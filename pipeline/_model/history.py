@@ -6,7 +6,7 @@ import re
 
 import attrs
 
-from pipeline._text.markup import (
+from lamina.pipeline._text.markup import (
     TOOL_TAGS,
     MarkupBlock,
     MarkupScan,
@@ -71,7 +71,7 @@ def _strip_once(text: str, blocks: list[MarkupBlock]) -> str:
 def strip_reply(text: str) -> str:
     """A reply's leading reasoning block is dropped (``drop_reasoning``); tool payloads
     become the titles and locators they held (``[<tag> omitted]`` if none); Lamina's context
-    blocks (see ``pipeline._text.markup``) become ``[context: key]``. Any other markup (JSX,
+    blocks (see ``lamina.pipeline._text.markup``) become ``[context: key]``. Any other markup (JSX,
     HTML, XML a person wrote) stays byte for byte. Linear in ``len(text)``."""
     return stripped_with_steps(drop_reasoning(text))[0]
 

@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import attrs
 
-from pipeline._errors import NotRebuilt
-from pipeline._model.artifacts import AttachmentSpec
+from lamina.pipeline._errors import NotRebuilt
+from lamina.pipeline._model.artifacts import AttachmentSpec
 
 __all__ = ["AttachmentKinds", "LabelLookup", "NoKinds"]
 

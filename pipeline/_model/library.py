@@ -7,9 +7,9 @@ from collections.abc import Iterator, Sequence
 import attrs
 import xxhash
 
-from pipeline._errors import ArgumentError
-from pipeline._hashing import feed, hash_joined
-from pipeline._model.envelope import (
+from lamina.pipeline._errors import ArgumentError
+from lamina.pipeline._hashing import feed, hash_joined
+from lamina.pipeline._model.envelope import (
     BLOCK_SEP,
     LIBRARY_HEADING,
     Form,
@@ -18,7 +18,7 @@ from pipeline._model.envelope import (
     Segment,
     View,
 )
-from pipeline._tokens.counter import TokenCounter, starts_piece
+from lamina.pipeline._tokens.counter import TokenCounter, starts_piece
 
 __all__ = ["Library", "LibraryEntry", "LibraryPrefix"]
 

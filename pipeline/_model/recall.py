@@ -13,7 +13,7 @@ from typing import Protocol, Self, runtime_checkable
 
 import attrs
 
-from pipeline._model.artifacts import Artifact, make_artifact
+from lamina.pipeline._model.artifacts import Artifact, make_artifact
 
 __all__ = [
     "RECALL_SOURCE",

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Self
 
 import attrs
 
-from pipeline._errors import AttachmentError
-from pipeline._hashing import text_hash
-from pipeline._input.safeload import LoadError, load_json
-from pipeline._model.artifacts import (
+from lamina.pipeline._errors import AttachmentError
+from lamina.pipeline._hashing import text_hash
+from lamina.pipeline._input.safeload import LoadError, load_json
+from lamina.pipeline._model.artifacts import (
     Artifact,
     AttachmentSpec,
     Processed,
@@ -26,13 +26,13 @@ from pipeline._model.artifacts import (
     make_artifact,
     resolver_for_turn,
 )
-from pipeline._model.envelope import TOOL_SOURCE
-from pipeline._model.kinds import AttachmentKinds
-from pipeline._model.recall import RECALL_SOURCE
+from lamina.pipeline._model.envelope import TOOL_SOURCE
+from lamina.pipeline._model.kinds import AttachmentKinds
+from lamina.pipeline._model.recall import RECALL_SOURCE
 
 if TYPE_CHECKING:
-    from pipeline._conversation.conversation import Conversation
-    from pipeline._model.envelope import Envelope
+    from lamina.pipeline._conversation.conversation import Conversation
+    from lamina.pipeline._model.envelope import Envelope
 
 __all__ = [
     "TOOL_SOURCE",

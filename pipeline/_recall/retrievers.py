@@ -16,7 +16,7 @@ import sqlite3
 import threading
 from collections.abc import Sequence
 
-from pipeline._model.recall import RecallItem
+from lamina.pipeline._model.recall import RecallItem
 
 __all__ = ["Bm25Retriever", "Fts5Retriever", "query_terms"]
 

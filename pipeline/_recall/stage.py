@@ -23,17 +23,17 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from pipeline._budget.fit import Budget
-from pipeline._model.envelope import BLOCK_SEP, Decision, DecisionAction, Form, Segment, View
-from pipeline._model.history import HistoryEntry
-from pipeline._model.library import LibraryEntry
-from pipeline._model.recall import RecallItem, Retriever, recalled_artifact
-from pipeline._recall.retrievers import Bm25Retriever
-from pipeline._tokens.counter import count_with_sep_from
-from pipeline._turn.assemble import draft, visible_history
-from pipeline._turn.draft import Draft, ItemBlock
-from pipeline._turn.graph import Placement, TurnGraph
-from pipeline._views.views import full_view
+from lamina.pipeline._budget.fit import Budget
+from lamina.pipeline._model.envelope import BLOCK_SEP, Decision, DecisionAction, Form, Segment, View
+from lamina.pipeline._model.history import HistoryEntry
+from lamina.pipeline._model.library import LibraryEntry
+from lamina.pipeline._model.recall import RecallItem, Retriever, recalled_artifact
+from lamina.pipeline._recall.retrievers import Bm25Retriever
+from lamina.pipeline._tokens.counter import count_with_sep_from
+from lamina.pipeline._turn.assemble import draft, visible_history
+from lamina.pipeline._turn.draft import Draft, ItemBlock
+from lamina.pipeline._turn.graph import Placement, TurnGraph
+from lamina.pipeline._views.views import full_view
 
 __all__ = ["RECALL_FLOOR", "Recall", "RecallMemo"]
 

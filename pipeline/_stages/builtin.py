@@ -10,16 +10,16 @@ from typing import Protocol
 import attrs
 import networkx as nx
 
-from pipeline._errors import LaminaError, PipelineError, StageError
-from pipeline._model.artifacts import Artifact
-from pipeline._model.envelope import Decision, DecisionAction, Form, View
-from pipeline._model.library import Library, LibraryEntry
-from pipeline._model.tools import chunk_source, is_turn_scoped
-from pipeline._turn.assemble import fitted_preview
-from pipeline._turn.graph import Placement, TurnContext, TurnGraph
-from pipeline._turn.promotion import Promotion
-from pipeline._views.summarize import PreparesSummaries
-from pipeline._views.views import body_preview, carry_forward, full_view, reference_view
+from lamina.pipeline._errors import LaminaError, PipelineError, StageError
+from lamina.pipeline._model.artifacts import Artifact
+from lamina.pipeline._model.envelope import Decision, DecisionAction, Form, View
+from lamina.pipeline._model.library import Library, LibraryEntry
+from lamina.pipeline._model.tools import chunk_source, is_turn_scoped
+from lamina.pipeline._turn.assemble import fitted_preview
+from lamina.pipeline._turn.graph import Placement, TurnContext, TurnGraph
+from lamina.pipeline._turn.promotion import Promotion
+from lamina.pipeline._views.summarize import PreparesSummaries
+from lamina.pipeline._views.views import body_preview, carry_forward, full_view, reference_view
 
 __all__ = ["Dedup", "Expand", "Pipeline", "Promote", "Reference", "Stage", "library_entry"]
 
@@ -448,9 +448,9 @@ class Pipeline:
 
 @functools.cache
 def _default_pipeline() -> Pipeline:
-    from pipeline._budget.fit import Enforce
-    from pipeline._recall.stage import Recall
-    from pipeline._stages.pages import MergePages
+    from lamina.pipeline._budget.fit import Enforce
+    from lamina.pipeline._recall.stage import Recall
+    from lamina.pipeline._stages.pages import MergePages
 
     stages: list[Stage] = [
         Expand(), Dedup(), MergePages(), Reference(), Enforce(), Recall(), Promote()

@@ -6,10 +6,10 @@ from typing import Protocol, Self, runtime_checkable
 
 import attrs
 
-from pipeline._model.artifacts import make_artifact
-from pipeline._model.envelope import Decision, DecisionAction
-from pipeline._model.library import Library
-from pipeline._turn.graph import Placement, TurnGraph
+from lamina.pipeline._model.artifacts import make_artifact
+from lamina.pipeline._model.envelope import Decision, DecisionAction
+from lamina.pipeline._model.library import Library
+from lamina.pipeline._turn.graph import Placement, TurnGraph
 
 __all__ = ["MergePages", "PagedPayload", "format_pages", "parse_pages"]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pipeline._model.envelope import DecisionAction as A
+from lamina.pipeline._model.envelope import DecisionAction as A
 
 __all__ = ["legacy_action"]
 

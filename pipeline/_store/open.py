@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline._store.postgres import PostgresStore, is_postgres_url
-from pipeline._store.sqlite import SqliteStore
+from lamina.pipeline._store.postgres import PostgresStore, is_postgres_url
+from lamina.pipeline._store.sqlite import SqliteStore
 
 __all__ = ["open_store"]
 

@@ -20,8 +20,8 @@ import urllib.parse
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipeline._errors import StoreCorrupt, StoreError, StoreLocked, StoreUnreachable
-from pipeline._store.sql import (
+from lamina.pipeline._errors import StoreCorrupt, StoreError, StoreLocked, StoreUnreachable
+from lamina.pipeline._store.sql import (
     HEAD_COLUMN,
     TURN_VERSION_COLUMN,
     Db,

@@ -20,14 +20,14 @@ from typing import Any, Protocol
 import attrs
 import xxhash
 
-from pipeline._conversation.conversation import Conversation, ConversationState
-from pipeline._errors import (
+from lamina.pipeline._conversation.conversation import Conversation, ConversationState
+from lamina.pipeline._errors import (
     ConversationError,
     LaminaError,
 )
-from pipeline._hashing import content_hash as _content_hash
-from pipeline._model.artifacts import AttachmentSpec, TurnWarning
-from pipeline._model.envelope import (
+from lamina.pipeline._hashing import content_hash as _content_hash
+from lamina.pipeline._model.artifacts import AttachmentSpec, TurnWarning
+from lamina.pipeline._model.envelope import (
     Batch,
     BuildReport,
     DecisionAction,
@@ -37,10 +37,10 @@ from pipeline._model.envelope import (
     LayerName,
     Segment,
 )
-from pipeline._model.kinds import AttachmentKinds, NoKinds
-from pipeline._model.library import LibraryEntry
-from pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
-from pipeline._views.views import full_view
+from lamina.pipeline._model.kinds import AttachmentKinds, NoKinds
+from lamina.pipeline._model.library import LibraryEntry
+from lamina.pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
+from lamina.pipeline._views.views import full_view
 
 __all__ = [
     "BATCH_NOT_REBUILT",

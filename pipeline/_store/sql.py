@@ -24,10 +24,10 @@ import cattrs
 import xxhash
 from cattrs.gen import make_dict_structure_fn
 
-from pipeline._conversation.batch import DeferredTurn
-from pipeline._conversation.conversation import ConversationState
-from pipeline._conversation.usage import TurnUsage
-from pipeline._errors import (
+from lamina.pipeline._conversation.batch import DeferredTurn
+from lamina.pipeline._conversation.conversation import ConversationState
+from lamina.pipeline._conversation.usage import TurnUsage
+from lamina.pipeline._errors import (
     ConflictError,
     ConversationError,
     StoreCorrupt,
@@ -38,12 +38,12 @@ from pipeline._errors import (
     StoreUnknownFields,
     UnknownConversation,
 )
-from pipeline._model.artifacts import TurnWarning
-from pipeline._model.envelope import Decision
-from pipeline._model.history import HistoryEntry
-from pipeline._model.library import LibraryEntry
-from pipeline._store.legacy import legacy_action
-from pipeline._store.records import (
+from lamina.pipeline._model.artifacts import TurnWarning
+from lamina.pipeline._model.envelope import Decision
+from lamina.pipeline._model.history import HistoryEntry
+from lamina.pipeline._model.library import LibraryEntry
+from lamina.pipeline._store.legacy import legacy_action
+from lamina.pipeline._store.records import (
     SCHEMA_VERSION,
     AttachmentRecord,
     ConversationInfo,
@@ -56,7 +56,7 @@ from pipeline._store.records import (
     head_hash,
     now_stamp,
 )
-from pipeline._views.summarize import SummaryKey, SummaryResult
+from lamina.pipeline._views.summarize import SummaryKey, SummaryResult
 
 __all__ = [
     "HEAD_COLUMN",

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pipeline._errors import StoreCorrupt, StoreError, StoreLocked
-from pipeline._store.sql import (
+from lamina.pipeline._errors import StoreCorrupt, StoreError, StoreLocked
+from lamina.pipeline._store.sql import (
     HEAD_COLUMN,
     TURN_VERSION_COLUMN,
     Db,

@@ -26,14 +26,14 @@ from typing import Any
 import attrs
 import yaml
 
-from pipeline._conversation.conversation import Conversation, ConversationState, SystemPrompt
-from pipeline._errors import ChatTranscriptError, LaminaError, NotRebuilt, StoreError
-from pipeline._hashing import text_hash
-from pipeline._input.safeload import LoadError, LoadLimits, load_yaml
-from pipeline._model.artifacts import SourceResolver
-from pipeline._model.envelope import Envelope
-from pipeline._model.kinds import AttachmentKinds, LabelLookup, NoKinds
-from pipeline._store.records import (
+from lamina.pipeline._conversation.conversation import Conversation, ConversationState, SystemPrompt
+from lamina.pipeline._errors import ChatTranscriptError, LaminaError, NotRebuilt, StoreError
+from lamina.pipeline._hashing import text_hash
+from lamina.pipeline._input.safeload import LoadError, LoadLimits, load_yaml
+from lamina.pipeline._model.artifacts import SourceResolver
+from lamina.pipeline._model.envelope import Envelope
+from lamina.pipeline._model.kinds import AttachmentKinds, LabelLookup, NoKinds
+from lamina.pipeline._store.records import (
     AttachmentRecord,
     ConversationInfo,
     Head,
@@ -43,7 +43,7 @@ from pipeline._store.records import (
     attachment_record,
     turn_record,
 )
-from pipeline._views.views import SegmentRenderer
+from lamina.pipeline._views.views import SegmentRenderer
 
 __all__ = [
     "ChatMessage",
@@ -145,7 +145,7 @@ def _context_line(context: Sequence[tuple[str, str]], kinds: AttachmentKinds) ->
 def render_transcript(transcript: ChatTranscript, kinds: AttachmentKinds | None = None) -> str:
     """The markdown text; the same transcript always gives the same bytes.
 
-    ``kinds`` (e.g. a ``processors.Registry``) names each kind's context-line category;
+    ``kinds`` (e.g. a ``lamina.processors.Registry``) names each kind's context-line category;
     without it a category is the kind's own name (``lamina.render_transcript`` fills it).
     """
     kinds = kinds or NoKinds()

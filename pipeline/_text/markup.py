@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from pipeline._text.specials import defuse_special_tokens
+from lamina.pipeline._text.specials import defuse_special_tokens
 
 __all__ = [
     "TOOL_TAGS",

@@ -1,5 +1,5 @@
 """Exact, offline token counts: OpenAI's encodings ship inside this package; open models'
-(Llama, Qwen, Mistral) load from optional extras (``pipeline._tokens.open_encodings``)."""
+(Llama, Qwen, Mistral) load from optional extras (``lamina.pipeline._tokens.open_encodings``)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import attrs
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
-from pipeline._errors import ConfigError
-from pipeline._hashing import slice_hash
-from pipeline._tokens.open_encodings import OPEN_TOKENIZERS, load_open_encoding
+from lamina.pipeline._errors import ConfigError
+from lamina.pipeline._hashing import slice_hash
+from lamina.pipeline._tokens.open_encodings import OPEN_TOKENIZERS, load_open_encoding
 
 __all__ = [
     "TOKENIZERS",
@@ -112,7 +112,7 @@ def get_encoding(name: str) -> tiktoken.Encoding:
             enc = _encodings[name] = load_open_encoding(name)
         if enc is None:
             spec = _SPECS[name]
-            path = resources.files("pipeline._tokens") / "encodings" / f"{name}.tiktoken"
+            path = resources.files("lamina.pipeline._tokens") / "encodings" / f"{name}.tiktoken"
             with resources.as_file(path) as real:
                 ranks = load_tiktoken_bpe(str(real), expected_hash=spec.sha256)
             enc = tiktoken.Encoding(

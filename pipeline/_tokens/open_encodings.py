@@ -14,7 +14,7 @@ import attrs
 import tiktoken
 from tiktoken.load import load_tiktoken_bpe
 
-from pipeline._errors import ConfigError, TokenizerUnavailable
+from lamina.pipeline._errors import ConfigError, TokenizerUnavailable
 
 __all__ = ["OPEN_TOKENIZERS", "OpenSpec", "load_open_encoding"]
 

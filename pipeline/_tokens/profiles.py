@@ -18,8 +18,8 @@ from typing import Any, Literal, Protocol, cast
 
 import attrs
 
-from pipeline._errors import ConfigError
-from pipeline._tokens.counter import TOKENIZERS
+from lamina.pipeline._errors import ConfigError
+from lamina.pipeline._tokens.counter import TOKENIZERS
 
 __all__ = [
     "CHAT_TEMPLATES",

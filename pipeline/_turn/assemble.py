@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from pipeline._hashing import text_hash
-from pipeline._model.envelope import (
+from lamina.pipeline._hashing import text_hash
+from lamina.pipeline._model.envelope import (
     BLOCK_SEP,
     BuildReport,
     Envelope,
@@ -19,20 +19,20 @@ from pipeline._model.envelope import (
     join_blocks,
     user_parts,
 )
-from pipeline._model.history import HistoryEntry
-from pipeline._text.specials import defuse_special_tokens
-from pipeline._tokens.counter import TokenCounter, count_with_sep_from
-from pipeline._turn.draft import Draft, DraftLayer, ItemBlock
-from pipeline._turn.graph import Placement, SystemPrompt, TurnGraph
-from pipeline._turn.measure import joined_tokens
-from pipeline._views.preview import (
+from lamina.pipeline._model.history import HistoryEntry
+from lamina.pipeline._text.specials import defuse_special_tokens
+from lamina.pipeline._tokens.counter import TokenCounter, count_with_sep_from
+from lamina.pipeline._turn.draft import Draft, DraftLayer, ItemBlock
+from lamina.pipeline._turn.graph import Placement, SystemPrompt, TurnGraph
+from lamina.pipeline._turn.measure import joined_tokens
+from lamina.pipeline._views.preview import (
     Preview,
     count_by_sections,
     cut_to_tokens,
     fitted_preview_of,
     focus_words,
 )
-from pipeline._views.views import (
+from lamina.pipeline._views.views import (
     excerpt_view,
     full_view,
     learn_rendering,

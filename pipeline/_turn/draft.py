@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import attrs
 
-from pipeline._model.artifacts import Artifact
-from pipeline._model.envelope import LayerName, Segment
-from pipeline._model.history import HistoryEntry
-from pipeline._model.library import Library
-from pipeline._turn.graph import HistoryView, Placement, SystemPrompt
+from lamina.pipeline._model.artifacts import Artifact
+from lamina.pipeline._model.envelope import LayerName, Segment
+from lamina.pipeline._model.history import HistoryEntry
+from lamina.pipeline._model.library import Library
+from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt
 
 __all__ = ["Draft", "DraftLayer", "ItemBlock"]
 

@@ -8,21 +8,21 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import networkx as nx
 
-from pipeline._errors import ArgumentError
-from pipeline._model.artifacts import Artifact, Processed, TurnWarning
-from pipeline._model.envelope import BudgetReport, Decision, Form
-from pipeline._model.history import HistoryEntry
-from pipeline._model.library import Library, LibraryPrefix
-from pipeline._tokens.counter import TokenCounter
-from pipeline._turn.history import HistorySegments
-from pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
-from pipeline._views.views import Policy, SegmentRenderer, ViewMemo
+from lamina.pipeline._errors import ArgumentError
+from lamina.pipeline._model.artifacts import Artifact, Processed, TurnWarning
+from lamina.pipeline._model.envelope import BudgetReport, Decision, Form
+from lamina.pipeline._model.history import HistoryEntry
+from lamina.pipeline._model.library import Library, LibraryPrefix
+from lamina.pipeline._tokens.counter import TokenCounter
+from lamina.pipeline._turn.history import HistorySegments
+from lamina.pipeline._views.summarize import Summarizer, SummaryCache, TextRankSummarizer
+from lamina.pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:
-    from pipeline._budget.fit import Budget
-    from pipeline._recall.stage import RecallMemo
-    from pipeline._turn.draft import Draft
-    from pipeline._turn.promotion import Promotion
+    from lamina.pipeline._budget.fit import Budget
+    from lamina.pipeline._recall.stage import RecallMemo
+    from lamina.pipeline._turn.draft import Draft
+    from lamina.pipeline._turn.promotion import Promotion
 
 __all__ = ["HistoryView", "Placement", "SystemPrompt", "TurnContext", "TurnGraph"]
 

@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 import attrs
 import xxhash
 
-from pipeline._hashing import feed
-from pipeline._model.envelope import BLOCK_SEP, Segment
-from pipeline._model.history import HistoryEntry
-from pipeline._tokens.counter import TokenCounter, starts_piece
+from lamina.pipeline._hashing import feed
+from lamina.pipeline._model.envelope import BLOCK_SEP, Segment
+from lamina.pipeline._model.history import HistoryEntry
+from lamina.pipeline._tokens.counter import TokenCounter, starts_piece
 
 __all__ = ["HistorySegments", "MakeSegment"]
 

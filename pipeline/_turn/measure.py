@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from pipeline._errors import ConfigError
-from pipeline._model.envelope import (
+from lamina.pipeline._errors import ConfigError
+from lamina.pipeline._model.envelope import (
     BLOCK_SEP,
     LIBRARY_HEADING,
     Envelope,
@@ -15,14 +15,14 @@ from pipeline._model.envelope import (
     system_parts,
     user_blocks,
 )
-from pipeline._tokens.counter import (
+from lamina.pipeline._tokens.counter import (
     TokenCounter,
     count_joined_from,
     count_with_sep_from,
     starts_piece,
 )
-from pipeline._tokens.profiles import CHAT_TEMPLATES, OPENAI_FRAMING, Framing
-from pipeline._turn.draft import Draft, DraftLayer
+from lamina.pipeline._tokens.profiles import CHAT_TEMPLATES, OPENAI_FRAMING, Framing
+from lamina.pipeline._turn.draft import Draft, DraftLayer
 
 __all__ = [
     "MESSAGE_OVERHEAD",

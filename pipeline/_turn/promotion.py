@@ -6,7 +6,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from pipeline._model.library import Library
+from lamina.pipeline._model.library import Library
 
 __all__ = ["Promotion"]
 

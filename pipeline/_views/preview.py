@@ -16,15 +16,15 @@ from typing import Literal
 
 import attrs
 
-from pipeline._errors import ArgumentError, ConfigError
-from pipeline._text.markdown import (
+from lamina.pipeline._errors import ArgumentError, ConfigError
+from lamina.pipeline._text.markdown import (
     FENCE_LINE,
     fence_after,
     section_spans,
     split_sections,
     trim_blank_lines,
 )
-from pipeline._tokens.counter import (
+from lamina.pipeline._tokens.counter import (
     TokenCounter,
     count_joined_from,
     count_with_sep_from,

@@ -20,11 +20,11 @@ from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import attrs
 
-from pipeline._errors import ConfigError
-from pipeline._hashing import text_hash
-from pipeline._text.markdown import split_sections, trim_blank_lines
-from pipeline._tokens.counter import TokenCounter
-from pipeline._views.preview import cut_to_tokens
+from lamina.pipeline._errors import ConfigError
+from lamina.pipeline._hashing import text_hash
+from lamina.pipeline._text.markdown import split_sections, trim_blank_lines
+from lamina.pipeline._tokens.counter import TokenCounter
+from lamina.pipeline._views.preview import cut_to_tokens
 
 __all__ = [
     "Complete",

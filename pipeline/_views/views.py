@@ -9,20 +9,20 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, cast
 
 import attrs
 
-from pipeline._errors import ArgumentError, ConfigError
-from pipeline._hashing import text_hash
-from pipeline._model.artifacts import Artifact
-from pipeline._model.envelope import Form, View
-from pipeline._tokens.counter import (
+from lamina.pipeline._errors import ArgumentError, ConfigError
+from lamina.pipeline._hashing import text_hash
+from lamina.pipeline._model.artifacts import Artifact
+from lamina.pipeline._model.envelope import Form, View
+from lamina.pipeline._tokens.counter import (
     TokenCounter,
     count_joined_from,
     count_with_sep_from,
     starts_piece,
 )
-from pipeline._views.summarize import Summarizer, SummaryCache
+from lamina.pipeline._views.summarize import Summarizer, SummaryCache
 
 if TYPE_CHECKING:
-    from pipeline._views.preview import Preview
+    from lamina.pipeline._views.preview import Preview
 
 T = TypeVar("T")
 
@@ -93,7 +93,7 @@ class Policy:
 
 
 class SegmentRenderer(Protocol):
-    """Turns a typed view into segment text (XML by default: ``renderers.XmlRenderer``)."""
+    """Turns a typed view into segment text (XML by default: ``lamina.renderers.XmlRenderer``)."""
 
     def render(self, view: View) -> str: ...
 
@@ -218,7 +218,7 @@ def shared_views() -> ViewMemo:
 
 def _policy_preview(body: str, counter: TokenCounter, policy: Policy) -> Preview:
     """``make_preview`` of ``body`` with ``policy``'s section limits."""
-    from pipeline._views.preview import make_preview
+    from lamina.pipeline._views.preview import make_preview
 
     return make_preview(
         body,
@@ -271,7 +271,7 @@ def excerpt_view(
     marks: tuple[tuple[str, str], ...] = (),
     memo: ViewMemo | None = None,
 ) -> View:
-    from pipeline._views.preview import make_excerpt
+    from lamina.pipeline._views.preview import make_excerpt
 
     def make() -> str:
         return make_excerpt(artifact.payload.body(), counter, max_tokens).text

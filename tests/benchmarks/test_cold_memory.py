@@ -10,8 +10,8 @@ from benchmarks.run import ROOMY_WINDOW, SEED, SYSTEM
 from benchmarks.stateless import forget_process_memos
 from benchmarks.workload import cold_workload, write_vault
 from lamina import Conversation
-from pipeline import Budget
-from renderers import openai_messages
+from lamina.pipeline import Budget
+from lamina.renderers import openai_messages
 
 
 def test_a_cold_build_holds_its_payload_about_three_times_at_most(tmp_path: Path) -> None:

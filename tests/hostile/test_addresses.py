@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from processors._address import classify_address, is_public_address
+from lamina.processors._address import classify_address, is_public_address
 
 IPV4_REGISTRY = [
     ("0.0.0.0", "unspecified"),

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from lamina import Conversation, load_script
-from pipeline import (
+from lamina.pipeline import (
     AttachmentError,
     ChatTranscriptError,
     LaminaError,
@@ -21,9 +21,9 @@ from pipeline import (
     TranscriptError,
     parse_transcript,
 )
-from pipeline._model.tools import canonical_args
-from processors import note, pdf, youtube
-from processors._notes import parse_note
+from lamina.pipeline._model.tools import canonical_args
+from lamina.processors import note, pdf, youtube
+from lamina.processors._notes import parse_note
 from tests.hostile.corpus import BIG_INT, alias_bomb, deep_block, deep_flow
 
 VIDEO = "https://youtu.be/dQw4w9WgXcQ"

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pipeline import FetchError
-from processors import ProcessContext, UrlPayload, UrlProcessor, url
+from lamina.pipeline import FetchError
+from lamina.processors import ProcessContext, UrlPayload, UrlProcessor, url
 from tests.hostile.corpus import assert_one_error_line, lamina_limited
 
 Handler = Callable[[socket.socket], None]
@@ -276,7 +276,7 @@ def test_loopback_inside_ipv6_is_refused_before_connecting(literal: str) -> None
 
 
 def test_a_lookup_that_never_answers_stops_at_the_deadline() -> None:
-    from processors._web import _resolve
+    from lamina.processors._web import _resolve
 
     answered = threading.Event()
 
@@ -294,7 +294,7 @@ def test_a_lookup_that_never_answers_stops_at_the_deadline() -> None:
 
 
 def test_a_lookup_that_answers_in_time_gives_its_addresses() -> None:
-    from processors._web import _resolve
+    from lamina.processors._web import _resolve
 
     def loopback(host: str, port: int) -> list[tuple[object, ...]]:
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]

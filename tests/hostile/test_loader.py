@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline._input.safeload import LoadError, LoadLimits, load_json, load_yaml
+from lamina.pipeline._input.safeload import LoadError, LoadLimits, load_json, load_yaml
 from tests.hostile.corpus import BIG_INT, alias_bomb, deep_block, deep_flow
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from pipeline import Budget, Form, SystemPrompt, check_envelope
-from processors import folder
+from lamina.pipeline import Budget, Form, SystemPrompt, check_envelope
+from lamina.processors import folder
 
 NAMES = {
     "quote": 'say "hi"',

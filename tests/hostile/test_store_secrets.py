@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina._cli import main
-from pipeline import LaminaError, PostgresStore
-from pipeline._store.postgres import mask_url
+from lamina.pipeline import LaminaError, PostgresStore
+from lamina.pipeline._store.postgres import mask_url
 
 # The secret's two ends are marked, so a password only partly masked shows as a leak.
 HEAD, TAIL = "Zk8", "Qx3"

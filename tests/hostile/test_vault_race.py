@@ -9,9 +9,9 @@ from collections import Counter
 from pathlib import Path
 
 from lamina import Conversation
-from pipeline import LaminaError, PathOutsideVault
-from processors import note
-from processors._vault import Vault
+from lamina.pipeline import LaminaError, PathOutsideVault
+from lamina.processors import note
+from lamina.processors._vault import Vault
 
 SECRET = "OUTSIDE-SECRET-0451"
 TURNS = 3_000

@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from lamina import BudgetConfig, ProviderPricing, load_config, parse_config
-from pipeline import Budget, BudgetPlan, ConfigError, Policy
+from lamina.pipeline import Budget, BudgetPlan, ConfigError, Policy
 
 
 def test_a_yaml_config_sets_every_dimension(tmp_path: Path) -> None:

@@ -26,8 +26,8 @@ from pydantic import SecretStr
 
 from lamina import Conversation
 from lamina.adapters.langchain import LaminaMiddleware, to_messages
-from pipeline import Budget, DecisionAction, read_usage
-from renderers import agent_request, render_request, tool_tokens, usage_record
+from lamina.pipeline import Budget, DecisionAction, read_usage
+from lamina.renderers import agent_request, render_request, tool_tokens, usage_record
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(400))

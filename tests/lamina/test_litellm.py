@@ -13,8 +13,8 @@ import litellm
 
 from lamina import Conversation
 from lamina.adapters.litellm import completion, to_messages
-from pipeline import AgentTurn, Usage, agent_call, read_usage
-from renderers import agent_request, render_request
+from lamina.pipeline import AgentTurn, Usage, agent_call, read_usage
+from lamina.renderers import agent_request, render_request
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(400))
@@ -96,7 +96,7 @@ def test_tools_are_counted_with_the_calls_tool_choice_and_model() -> None:
     """LiteLLM takes OpenAI's tool_choice and maps it for Anthropic ("required" is any):
     the tool prompt counted follows it and the model (Haiku 3.5: 264 auto, 340 any)."""
     from lamina.adapters.litellm import with_tools
-    from renderers import tool_tokens
+    from lamina.renderers import tool_tokens
 
     conv = Conversation(RULES, vault=VAULT)
     agent = AgentTurn.start(conv, "How do tokens expire?")

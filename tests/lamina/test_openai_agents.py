@@ -24,7 +24,7 @@ from openai.types.responses import (
 
 from lamina import Conversation, export_transcript, import_transcript, load_conversation
 from lamina.adapters.openai_agents import LaminaSession, final_answer
-from pipeline import (
+from lamina.pipeline import (
     Budget,
     ConfigError,
     ConversationError,
@@ -35,7 +35,7 @@ from pipeline import (
     check_envelope,
     save_turn,
 )
-from renderers import (
+from lamina.renderers import (
     ANTHROPIC_TOOL_PROMPT,
     agent_request,
     annotate_trace,

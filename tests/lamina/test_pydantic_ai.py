@@ -29,8 +29,8 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from lamina import Conversation
 from lamina.adapters.pydantic_ai import LaminaHistory
-from pipeline import Budget, ConfigError, TurnUsage, read_usage
-from renderers import (
+from lamina.pipeline import Budget, ConfigError, TurnUsage, read_usage
+from lamina.renderers import (
     agent_request,
     instructions_tokens,
     render_request,

@@ -30,8 +30,8 @@ from lamina import (
     run_saved,
 )
 from lamina._engines import LOCAL_CLUSTER_CONFIG
-from pipeline import ConversationInfo, SqliteStore
-from processors import Sources
+from lamina.pipeline import ConversationInfo, SqliteStore
+from lamina.processors import Sources
 from tests.conftest import write_vault
 
 

@@ -499,7 +499,7 @@ def test_defer_library_is_a_conversation_setting(tmp_path: Path) -> None:
     with the same switch; the setting is listed, kept across a restart, and a value that is
     not a JSON boolean is 422 naming it."""
     from lamina import Conversation
-    from renderers import openai_messages
+    from lamina.renderers import openai_messages
 
     turns = [
         {"user": "What is the plan?", "attach": [{"note": "project-spec.md"}], "reply": "A spec."},

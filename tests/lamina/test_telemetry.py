@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from lamina import Conversation
+from lamina.renderers import prefix_report
 from lamina.telemetry import SPAN_NAME, Telemetry
-from renderers import prefix_report
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 

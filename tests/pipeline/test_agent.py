@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from lamina import Conversation
-from pipeline import (
+from lamina.pipeline import (
     Budget,
     BudgetExceeded,
     ConfigError,
@@ -17,7 +17,7 @@ from pipeline import (
     SystemPrompt,
     check_envelope,
 )
-from pipeline._conversation.agent import QUESTION_AGAIN, AgentTurn, agent_call
+from lamina.pipeline._conversation.agent import QUESTION_AGAIN, AgentTurn, agent_call
 
 QUESTION = "Which devices lost edits last week?"
 
@@ -115,7 +115,7 @@ def test_call_ids_are_deterministic_and_unique(vault: Path) -> None:
 
 def test_script_turns_carry_tools_and_recorded_agent_steps(vault: Path) -> None:
     from lamina import parse_script, run_script
-    from pipeline import ScriptError
+    from lamina.pipeline import ScriptError
 
     script = parse_script(
         {
@@ -312,7 +312,7 @@ def test_the_turn_after_a_handoff_says_handoff_against_the_loops_last_request(
     instructions again. Its first request against the loop's last one is a ``handoff``
     break with a decision that explains it (it was ``memory-changed`` with none), both
     with ``after`` (what the adapters do) and from the previous request alone."""
-    from renderers import classify_break
+    from lamina.renderers import classify_break
 
     conv = Conversation(
         SystemPrompt("You answer.", "Route."), vault=vault, defer_library=defer_library

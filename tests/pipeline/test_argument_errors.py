@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import (
+from lamina.pipeline import (
     ArgumentError,
     Artifact,
     LaminaError,
@@ -17,8 +17,8 @@ from pipeline import (
     make_excerpt,
     summary_view,
 )
-from processors import NotePayload
-from renderers import Simulation
+from lamina.processors import NotePayload
+from lamina.renderers import Simulation
 
 
 def _note(key: str = "note:a.md", *, recoverable: bool = True) -> Artifact:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation, load_conversation
-from pipeline import ConversationInfo, Envelope, Store, save_turn
-from pipeline._store.records import canonical, digest
-from pipeline._store.sql import _converter
-from renderers import openai_messages
+from lamina.pipeline import ConversationInfo, Envelope, Store, save_turn
+from lamina.pipeline._store.records import canonical, digest
+from lamina.pipeline._store.sql import _converter
+from lamina.renderers import openai_messages
 from tests.stores import Backend
 
 

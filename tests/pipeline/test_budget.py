@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, parse_script
-from pipeline import (
+from lamina.pipeline import (
     Budget,
     BudgetExceeded,
     ConfigError,
@@ -28,8 +28,8 @@ from pipeline import (
     defuse_special_tokens,
     get_encoding,
 )
-from processors import ProcessContext, Sources, Vault, folder, note, selection
-from renderers import openai_messages, trace_document
+from lamina.processors import ProcessContext, Sources, Vault, folder, note, selection
+from lamina.renderers import openai_messages, trace_document
 from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 ENC = get_encoding("o200k_base")
@@ -272,8 +272,8 @@ def test_the_engines_running_count_equals_a_full_recount(
 
 
 def test_a_cut_that_never_saves_raises_instead_of_looping() -> None:
-    from pipeline import Decision, DecisionAction, StageError
-    from pipeline._budget.engine import MAX_IDLE_ROUNDS
+    from lamina.pipeline import Decision, DecisionAction, StageError
+    from lamina.pipeline._budget.engine import MAX_IDLE_ROUNDS
 
     calls = []
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from lamina import Conversation
-from pipeline import (
+from lamina.pipeline import (
     Budget,
     BudgetExceeded,
     SystemPrompt,
@@ -26,10 +26,10 @@ from pipeline import (
     get_encoding,
     get_profile,
 )
-from pipeline._tokens.open_encodings import OPEN_TOKENIZERS
-from processors import selection
-from renderers import openai_messages
-from renderers._openai import ChatMessage
+from lamina.pipeline._tokens.open_encodings import OPEN_TOKENIZERS
+from lamina.processors import selection
+from lamina.renderers import openai_messages
+from lamina.renderers._openai import ChatMessage
 from tests.pipeline.test_open_encodings import (
     _llama,
     _llama4_chat_format,

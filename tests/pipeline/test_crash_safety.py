@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from lamina import Conversation
-from pipeline import ConversationInfo, ConversationState, open_store, save_turn
+from lamina.pipeline import ConversationInfo, ConversationState, open_store, save_turn
 from tests.stores import Backend
 
 TURNS = 100

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, parse_script
-from pipeline import (
+from lamina.pipeline import (
     NOT_SENT_INTRO,
     REFERENCES_INTRO,
     Budget,
@@ -24,8 +24,8 @@ from pipeline import (
     fit_preview,
     get_encoding,
 )
-from pipeline._budget.fit import MIN_PREVIEW_TOKENS
-from processors import ProcessContext, Sources, Vault, folder, note
+from lamina.pipeline._budget.fit import MIN_PREVIEW_TOKENS
+from lamina.processors import ProcessContext, Sources, Vault, folder, note
 from tests.pipeline.test_budget import exact_request_tokens
 from tests.strategies import conversations, localize, serve_site, write_property_vault
 
@@ -158,7 +158,7 @@ def test_an_edited_note_under_a_budget_sends_the_changed_section(tmp_path: Path)
 
 
 def test_a_preview_keeps_the_sections_the_query_names() -> None:
-    from pipeline import TokenCounter
+    from lamina.pipeline import TokenCounter
 
     body = "# Guide\n\n" + "\n\n".join(
         f"## {name}\n\n" + f"All about {name.lower()}. " * 40

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline import Decision, DecisionAction, DecisionForm, DecisionLayer, Form, LayerName
+from lamina.pipeline import Decision, DecisionAction, DecisionForm, DecisionLayer, Form, LayerName
 
 
 def test_decision_forms_and_layers_extend_the_view_forms_and_layer_names() -> None:

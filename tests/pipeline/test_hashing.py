@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import xxhash
 
-from pipeline._hashing import joined_hash, slice_hash, text_hash
+from lamina.pipeline._hashing import joined_hash, slice_hash, text_hash
 
 
 def _reference(text: str) -> str:

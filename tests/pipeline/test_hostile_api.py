@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from lamina import Conversation
-from pipeline import (
+from lamina.pipeline import (
     ArgumentError,
     Budget,
     ConfigError,
@@ -18,7 +18,7 @@ from pipeline import (
     SystemPrompt,
     tool,
 )
-from processors import note
+from lamina.processors import note
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from pipeline import (
+from lamina.pipeline import (
     AttachmentSpec,
     Budget,
     Form,
@@ -23,8 +23,8 @@ from pipeline import (
     full_view,
     make_artifact,
 )
-from processors import NotePayload, Sources, note
-from renderers import XmlRenderer
+from lamina.processors import NotePayload, Sources, note
+from lamina.renderers import XmlRenderer
 from tests.strategies import MARKDOWN_LINE
 
 
@@ -150,7 +150,7 @@ def test_a_prefix_answers_for_the_library_asked_about(tmp_path: Path) -> None:
     """The conversation's rendered library is kept in a mutable ``LibraryPrefix``, never in
     the frozen ``Library``; asked about any library (grown, shrunk, with a block replaced),
     it gives that library's exact layer, as rendering it afresh does."""
-    from pipeline._model.library import LibraryPrefix
+    from lamina.pipeline._model.library import LibraryPrefix
 
     conv = Conversation("You are terse.", vault=_vault(tmp_path, 6))
     for i in range(6):
@@ -211,9 +211,9 @@ def test_a_prefix_extended_by_many_entries_at_once_is_extended_one_by_one(
     segments, exact count, hash and system text as extending by each in turn, whether the
     blocks start a new pre-tokenizer piece or not (then the join is counted whole); and,
     for entries with text, as rendering the library afresh."""
-    from pipeline import Form, LibraryEntry, View
-    from pipeline._model import library as library_module
-    from pipeline._model.library import LibraryPrefix
+    from lamina.pipeline import Form, LibraryEntry, View
+    from lamina.pipeline._model import library as library_module
+    from lamina.pipeline._model.library import LibraryPrefix
 
     counter = TokenCounter()
 

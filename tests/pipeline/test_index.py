@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from pipeline import Budget, Envelope, Form, Segment, check_envelope
-from pipeline._budget.index import IndexLine, index_artifact, is_omitted_only
-from pipeline._views.views import full_view
-from processors import folder
-from renderers import XmlRenderer
+from lamina.pipeline import Budget, Envelope, Form, Segment, check_envelope
+from lamina.pipeline._budget.index import IndexLine, index_artifact, is_omitted_only
+from lamina.pipeline._views.views import full_view
+from lamina.processors import folder
+from lamina.renderers import XmlRenderer
 from tests.pipeline.test_budget import exact_request_tokens
 
 _LINE = re.compile(r"^- (\S+)")

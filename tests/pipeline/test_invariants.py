@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from lamina import Conversation
-from pipeline import (
+from lamina.pipeline import (
     Envelope,
     Form,
     InvariantViolation,
@@ -17,7 +17,7 @@ from pipeline import (
     check_envelope,
     strip_reply,
 )
-from processors import note
+from lamina.processors import note
 
 
 def _rebuild(env: Envelope, index: int, segments: tuple) -> Envelope:  # type: ignore[type-arg]
@@ -117,7 +117,7 @@ def test_reply_stripping_removes_context_and_tool_blocks() -> None:
 
 
 def test_a_payload_over_its_budget_is_refused(vault: Path) -> None:
-    from pipeline import Budget
+    from lamina.pipeline import Budget
 
     conv = Conversation("sys", vault=vault, budget=Budget(context_window=5000, reserve_output=500))
     env = conv.turn("a", attach=[note("project-spec.md")])

@@ -7,7 +7,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline._text.markdown import section_spans, split_sections, trim_blank_lines
+from lamina.pipeline._text.markdown import section_spans, split_sections, trim_blank_lines
 from tests.strategies import MARKDOWN_LINE
 
 _BLANKS = st.lists(

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from pipeline import (
+from lamina.pipeline import (
     check_envelope,
     defuse_markup,
     defuse_special_tokens,
@@ -23,7 +23,7 @@ from pipeline import (
     markup_blocks,
     strip_reply,
 )
-from pipeline._model.history import stripped_with_steps
+from lamina.pipeline._model.history import stripped_with_steps
 from tests.cli import lamina
 
 # --- escaping ---------------------------------------------------------------------------

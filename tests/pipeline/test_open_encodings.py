@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import pipeline._tokens.counter as tokens_module
-import pipeline._tokens.open_encodings as open_module
+import lamina.pipeline._tokens.counter as tokens_module
+import lamina.pipeline._tokens.open_encodings as open_module
 from lamina import Conversation, parse_script
-from pipeline import (
+from lamina.pipeline import (
     Budget,
     BudgetExceeded,
     ConfigError,
@@ -28,10 +28,10 @@ from pipeline import (
     get_encoding,
     get_profile,
 )
-from pipeline._tokens.open_encodings import OPEN_SPECS, OPEN_TOKENIZERS, load_open_encoding
-from processors import ProcessContext, Sources, Vault, selection
-from renderers import openai_messages
-from renderers._openai import ChatMessage
+from lamina.pipeline._tokens.open_encodings import OPEN_SPECS, OPEN_TOKENIZERS, load_open_encoding
+from lamina.processors import ProcessContext, Sources, Vault, selection
+from lamina.renderers import openai_messages
+from lamina.renderers._openai import ChatMessage
 from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 # --- the packages' own tokenizers, as references -------------------------------------------
@@ -135,7 +135,7 @@ def test_open_encodings_load_offline_from_installed_packages() -> None:
         "import socket\n"
         "def no(*a, **k): raise SystemExit('network used')\n"
         "socket.socket.connect = no; socket.create_connection = no\n"
-        "from pipeline import TokenCounter\n"
+        "from lamina.pipeline import TokenCounter\n"
         f"print(*(TokenCounter(n).count('hello world') for n in {OPEN_TOKENIZERS!r}))\n"
     )
     env = {"PATH": "/usr/bin:/bin", "TIKTOKEN_CACHE_DIR": "", "HF_HUB_OFFLINE": "1"}

@@ -8,8 +8,8 @@ from pathlib import Path
 from fpdf import FPDF
 
 from lamina import Conversation
-from pipeline import format_pages, parse_pages
-from processors import Sources, pdf
+from lamina.pipeline import format_pages, parse_pages
+from lamina.processors import Sources, pdf
 
 
 def write_pdf(path: Path, pages: int) -> None:

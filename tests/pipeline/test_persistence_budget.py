@@ -16,7 +16,7 @@ import pytest
 import xxhash
 
 from lamina import Conversation, load_conversation, parse_script, run_saved
-from pipeline import (
+from lamina.pipeline import (
     DEFAULT_ORDER,
     Budget,
     BudgetSettings,
@@ -27,7 +27,7 @@ from pipeline import (
     TokenCounter,
     save_turn,
 )
-from renderers import openai_messages
+from lamina.renderers import openai_messages
 from tests.cli import lamina
 from tests.stores import Backend
 
@@ -174,8 +174,8 @@ def test_a_state_saved_before_budgets_were_kept_loads_without_one(
 _RESUME = """
 import itertools, json, sys
 from lamina import load_conversation
-from pipeline import LLMSummarizer, TokenCounter, open_store
-from renderers import openai_messages
+from lamina.pipeline import LLMSummarizer, TokenCounter, open_store
+from lamina.renderers import openai_messages
 
 store_path, vault = sys.argv[1], sys.argv[2]
 numbers, calls = itertools.count(1000), []

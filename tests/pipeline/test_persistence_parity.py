@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, load_conversation, parse_script, run_saved, run_script
-from pipeline import ConversationInfo
-from processors import ProcessContext, Sources, Vault
-from renderers import annotate_trace, trace_document
+from lamina.pipeline import ConversationInfo
+from lamina.processors import ProcessContext, Sources, Vault
+from lamina.renderers import annotate_trace, trace_document
 from tests.cli import lamina
 from tests.stores import BACKENDS, Backend, make_backend
 from tests.strategies import conversations, localize, serve_site, write_property_vault

@@ -10,8 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import TOKENIZERS, TokenizerUnavailable, get_encoding, next_piece_start, starts_piece
-from pipeline._tokens.open_encodings import OPEN_SPECS
+from lamina.pipeline import (
+    TOKENIZERS,
+    TokenizerUnavailable,
+    get_encoding,
+    next_piece_start,
+    starts_piece,
+)
+from lamina.pipeline._tokens.open_encodings import OPEN_SPECS
 
 # Whitespace of every kind (the old copies disagreed on \r, form feed and no-break space),
 # slashes, punctuation that absorbs newlines, contractions, digits, marks and wide text.

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from pipeline import ConfigError, Form, Policy, check_envelope
-from processors import note, selection
+from lamina.pipeline import ConfigError, Form, Policy, check_envelope
+from lamina.processors import note, selection
 
 LONG = "# Long\n\n" + "\n\n".join(
     f"## Part {i}\n\n" + " ".join(f"Sentence {i}.{j} is about sync." for j in range(40))

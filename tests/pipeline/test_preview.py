@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline._errors import ConfigError
-from pipeline._tokens.counter import TokenCounter
-from pipeline._views.preview import (
+from lamina.pipeline._errors import ConfigError
+from lamina.pipeline._tokens.counter import TokenCounter
+from lamina.pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
     cut_to_tokens,
     make_excerpt,
@@ -353,7 +353,7 @@ def test_marked_cut_counted_from_the_window_equals_encoding_it(
     text: str, limit: int, name: str
 ) -> None:
     """Where the cut is counted from the window's tokens, the count is the true one."""
-    from pipeline._views.preview import ELLIPSIS, _token_window, _tokens_up_to
+    from lamina.pipeline._views.preview import ELLIPSIS, _token_window, _tokens_up_to
 
     counter = TokenCounter(name)
     enc = counter.encoding
@@ -377,7 +377,7 @@ def test_marked_cut_counted_from_the_window_equals_encoding_it(
     boundary=st.sampled_from(["sentence", "paragraph", "line", "word"]),
 )
 def test_marked_cut_stays_within_its_limit(text: str, limit: int, boundary: str) -> None:
-    from pipeline._views.preview import _cut_with_marker
+    from lamina.pipeline._views.preview import _cut_with_marker
 
     out, cut, tokens = _cut_with_marker(text, COUNTER, limit, boundary)  # type: ignore[arg-type]
     assert tokens == COUNTER.count(out)
@@ -424,8 +424,8 @@ def test_a_preview_counted_from_a_count_by_sections_is_exact(
 ) -> None:
     """The note's count made at its sections and the preview's made from those parts are
     both what encoding gives."""
-    from pipeline import CountMemo
-    from pipeline._views.preview import count_by_sections, fitted_preview_of
+    from lamina.pipeline import CountMemo
+    from lamina.pipeline._views.preview import count_by_sections, fitted_preview_of
 
     counter = TokenCounter(name, memo=CountMemo())
     enc = counter.encoding
@@ -439,8 +439,8 @@ def test_a_preview_counted_from_a_count_by_sections_is_exact(
 def test_a_preview_after_a_count_by_sections_encodes_no_whole_section() -> None:
     """Its sections' counts come from the parts the note's count remembered: what is
     encoded again is the cut section's window and short tails, not the kept sections."""
-    from pipeline import CountMemo
-    from pipeline._views.preview import count_by_sections, fitted_preview_of
+    from lamina.pipeline import CountMemo
+    from lamina.pipeline._views.preview import count_by_sections, fitted_preview_of
 
     body = "\n\n".join(
         f"## Part {s}\n\n" + " ".join(f"Sample {s}.{k} was logged." for k in range(40))
@@ -500,7 +500,7 @@ def test_a_fitted_preview_keeps_document_order(
 ) -> None:
     """Sections chosen by priority (changed, then named by the query) are shown in the
     note's order: the properties header first, headings in turn."""
-    from pipeline._views.preview import fitted_preview_of
+    from lamina.pipeline._views.preview import fitted_preview_of
 
     body, markers = note
     old = body.replace(f"H{changed} ", f"H{changed} old ", 1)

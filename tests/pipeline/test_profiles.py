@@ -7,10 +7,10 @@ import datetime
 import cattrs
 import pytest
 
-from pipeline import Budget, BudgetSettings, TokenCounter
-from pipeline._errors import ConfigError
-from pipeline._tokens.counter import TOKENIZERS
-from pipeline._tokens.profiles import (
+from lamina.pipeline import Budget, BudgetSettings, TokenCounter
+from lamina.pipeline._errors import ConfigError
+from lamina.pipeline._tokens.counter import TOKENIZERS
+from lamina.pipeline._tokens.profiles import (
     PROFILES,
     ModelProfile,
     generic_profile,

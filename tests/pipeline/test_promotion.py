@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from pipeline import ArgumentError, Budget, Library, StageError
-from pipeline._turn.promotion import Promotion
+from lamina.pipeline import ArgumentError, Budget, Library, StageError
+from lamina.pipeline._turn.promotion import Promotion
 
 _PARTS = (f"## Part {i}\n\n" + "Sentence of the plan. " * 80 for i in range(12))
 _NOTE = "# Plan\n\n" + "\n\n".join(_PARTS)
@@ -101,8 +101,8 @@ def test_the_graph_a_turn_began_with_is_freed_before_its_request_is_joined(
 
     import attrs
 
-    import pipeline._conversation.conversation as conversation_module
-    from pipeline import Pipeline, TurnGraph
+    import lamina.pipeline._conversation.conversation as conversation_module
+    from lamina.pipeline import Pipeline, TurnGraph
 
     first: list[weakref.ref[object]] = []
     alive_at_join: list[bool] = []
@@ -154,7 +154,7 @@ def test_a_turn_without_background_promotion_leaves_it_to_the_first_use(
 
 
 def test_background_must_be_a_bool(tmp_path: Path) -> None:
-    from pipeline import ArgumentError
+    from lamina.pipeline import ArgumentError
 
     conv = Conversation("s", vault=_vault(tmp_path))
     with pytest.raises(ArgumentError, match="background"):
@@ -163,7 +163,7 @@ def test_background_must_be_a_bool(tmp_path: Path) -> None:
 
 
 def test_extending_a_library_is_appending_its_entries_one_by_one() -> None:
-    from pipeline import Form, LibraryEntry, View
+    from lamina.pipeline import Form, LibraryEntry, View
 
     def entry(i: int) -> LibraryEntry:
         view = View(f"note:n{i}.md", "note", Form.FULL, f"n{i}", f"n{i}.md", True, f"h{i}")
@@ -230,8 +230,8 @@ def test_a_turn_right_after_a_large_promotion_waits_for_its_library_not_its_rank
     """The turn after one that filled half the window asks for the library while the
     worker still ranks its new entries: the ranking stops after the entry it is on, goes
     on after that turn's library, and the requests are those waiting for all of it gives."""
-    from pipeline import TextRankSummarizer, TokenCounter, summary_pool
-    from renderers import openai_messages
+    from lamina.pipeline import TextRankSummarizer, TokenCounter, summary_pool
+    from lamina.renderers import openai_messages
 
     gate, entered = threading.Event(), threading.Event()
     ranked: list[str] = []

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from lamina import Conversation, parse_script, run_script
-from pipeline import Policy
-from processors import ProcessContext, Sources, Vault
-from renderers import trace_document
+from lamina.pipeline import Policy
+from lamina.processors import ProcessContext, Sources, Vault
+from lamina.renderers import trace_document
 from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import (
+from lamina.pipeline import (
     Budget,
     ConfigError,
     Conversation,
@@ -29,7 +29,7 @@ from pipeline import (
     markup_blocks,
     save_turn,
 )
-from renderers import XmlRenderer, build_prompt
+from lamina.renderers import XmlRenderer, build_prompt
 from tests.stores import Backend
 
 FACTS = (

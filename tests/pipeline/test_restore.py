@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, load_conversation
-from pipeline import (
+from lamina.pipeline import (
     Budget,
     BudgetPlan,
     ConfigError,
@@ -24,8 +24,8 @@ from pipeline import (
     check_envelope,
     save_turn,
 )
-from processors import note
-from renderers import trace_document
+from lamina.processors import note
+from lamina.renderers import trace_document
 from tests.pipeline.test_budget import exact_request_tokens
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vault"
@@ -423,7 +423,7 @@ def test_a_chat_decides_the_same_whatever_the_process_summarized_before() -> Non
     the same requests alone as after the same vault's chat at 4k in the same process,
     whose previews of the same notes differ (keyed by content alone, the 8k chat got the
     4k chat's summaries from the process's pool and cut differently from turn 6 on)."""
-    from pipeline import summary_pool
+    from lamina.pipeline import summary_pool
     from tests.test_real_material import KEPANO, KEPANO_CHAT
 
     def chat(window: int, reserve: int) -> list[str]:
@@ -447,8 +447,8 @@ def test_stubs_join_their_folders_index_where_it_stands() -> None:
     """A folder's stub older than the folder's library index joins the index in the
     index's place: moving the index up to the stub's place would reorder the library
     (invariant 5; found over random chats once small entries were folded into indexes)."""
-    from pipeline._budget.fit import _stub
-    from pipeline._budget.stubs import bound_stubs, fold
+    from lamina.pipeline._budget.fit import _stub
+    from lamina.pipeline._budget.stubs import bound_stubs, fold
 
     conv = Conversation("You answer.", vault=EXAMPLE)
     keys = ("meetings/2026-10-19.md", "docs/api-docs.md", "docs/auth.md", "meetings/2026-11-02.md")
@@ -534,7 +534,7 @@ def test_tiny_cuts_are_made_only_when_nothing_else_is_left(tmp_path: Path) -> No
 def test_a_fold_that_saves_a_few_tokens_an_entry_is_not_made(tmp_path: Path) -> None:
     """Two daily notes (107 tokens) folded into a new index of two lines (98) save 9: the
     fold pass passes them over, and folds them only as a last resort."""
-    from pipeline._budget.fit import _fold_count, _stub
+    from lamina.pipeline._budget.fit import _fold_count, _stub
 
     conv = Conversation("You answer.", vault=_tiny_vault(tmp_path))
     conv.turn("Days.", [note("Daily/2023-09-12.md"), note("Daily/2023-09-30.md")])
@@ -550,8 +550,8 @@ def test_a_partial_unfold_brings_back_the_most_that_fit(tmp_path: Path) -> None:
     """``fit._part_unfolded`` over an index of six daily notes, for every room: the most
     of the first entries whose growth (they whole, a smaller index of the rest) is within
     it, as a scan of every count finds them; none when not even one fits."""
-    from pipeline._budget.fit import _part_unfolded, _stub
-    from pipeline._budget.stubs import fold, refold
+    from lamina.pipeline._budget.fit import _part_unfolded, _stub
+    from lamina.pipeline._budget.stubs import fold, refold
 
     daily = tmp_path / "Daily"
     daily.mkdir()
@@ -589,7 +589,7 @@ def test_a_partial_unfold_brings_back_the_most_that_fit(tmp_path: Path) -> None:
 def test_the_budgets_bisection_finds_the_boundary(n: int, at: int, lo: int) -> None:
     """``fit._first``: the least k in lo..n where a monotone condition holds, n + 1 if none,
     as a scan finds it."""
-    from pipeline._budget.fit import _first
+    from lamina.pipeline._budget.fit import _first
 
     seen: list[int] = []
 
@@ -608,7 +608,7 @@ def _unguarded_restore(
     """``restore`` as it was before it skipped the batch with less room than it needs."""
     import math
 
-    from pipeline._budget import fit
+    from lamina.pipeline._budget import fit
 
     room = budget.limit - budget.effective(used) - fit.slack_of(turn, budget, measured)  # type: ignore[arg-type]
     if room <= 0 or not any(e.cut or e.folded for e in turn.library.entries):  # type: ignore[attr-defined]
@@ -641,7 +641,7 @@ def test_a_restore_with_less_room_than_a_batch_needs_is_not_tried(
     """Every restore decides what computing the batch first (and dropping it) decided:
     a restore gives back at most its room, so with less room than ``restore_min`` of the
     limit the batch is not computed."""
-    from pipeline._budget import fit
+    from lamina.pipeline._budget import fit
 
     real = fit.restore
     calls: list[bool] = []

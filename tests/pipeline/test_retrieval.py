@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from lamina import Conversation
-from pipeline import Form, Policy, check_envelope
-from pipeline._model.tools import chunk_source, hit, tool, tool_turn
+from lamina.pipeline import Form, Policy, check_envelope
+from lamina.pipeline._model.tools import chunk_source, hit, tool, tool_turn
 from tests.conftest import write_vault
 
 LONG = "# Manual\n\n" + "\n\n".join(

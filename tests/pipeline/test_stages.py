@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from lamina import Conversation
-from pipeline import (
+from lamina.pipeline import (
     Dedup,
     Expand,
     Pipeline,
@@ -19,7 +19,7 @@ from pipeline import (
     StageError,
     TurnGraph,
 )
-from processors import folder, note, selection
+from lamina.processors import folder, note, selection
 
 
 @attrs.frozen

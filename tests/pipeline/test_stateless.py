@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation, stateless_turn
-from pipeline import ConversationError, ConversationInfo, Pipeline, SqliteStore
+from lamina.pipeline import ConversationError, ConversationInfo, Pipeline, SqliteStore
 
 
 def test_stateless_requests_match_the_uninterrupted_conversation(vault: Path) -> None:

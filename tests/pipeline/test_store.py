@@ -9,7 +9,7 @@ import pytest
 
 from lamina import Conversation, load_conversation, rebuild_envelope
 from lamina._cli import main
-from pipeline import (
+from lamina.pipeline import (
     ConversationError,
     ConversationInfo,
     Manifest,
@@ -23,7 +23,7 @@ from pipeline import (
     UnknownConversation,
     save_turn,
 )
-from pipeline._store.records import SCHEMA_VERSION
+from lamina.pipeline._store.records import SCHEMA_VERSION
 from tests.stores import Backend
 
 

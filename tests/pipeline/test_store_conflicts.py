@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation, load_conversation
-from pipeline import (
+from lamina.pipeline import (
     ConflictError,
     ConversationError,
     ConversationInfo,

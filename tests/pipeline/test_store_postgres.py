@@ -9,7 +9,7 @@ import pytest
 
 from lamina import Conversation, load_conversation
 from lamina._cli import main
-from pipeline import (
+from lamina.pipeline import (
     ConflictError,
     ConversationInfo,
     PostgresStore,
@@ -20,7 +20,7 @@ from pipeline import (
     open_store,
     save_turn,
 )
-from pipeline._store.records import SCHEMA_VERSION
+from lamina.pipeline._store.records import SCHEMA_VERSION
 from tests.stores import Backend, PgServer
 
 

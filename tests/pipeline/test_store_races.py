@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation, export_transcript, load_conversation
-from pipeline import ConflictError, ConversationInfo, SqliteStore, open_store, save_turn
+from lamina.pipeline import ConflictError, ConversationInfo, SqliteStore, open_store, save_turn
 from tests.cli import ROOT, lamina
 from tests.stores import BACKENDS, Backend
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from lamina import Conversation, load_conversation
-from pipeline import (
+from lamina.pipeline import (
     ConversationInfo,
     ConversationState,
     Head,
@@ -21,8 +21,8 @@ from pipeline import (
     Usage,
     save_turn,
 )
-from pipeline._store.records import canonical, digest
-from pipeline._store.sql import EntryCache, SqlStore, _converter
+from lamina.pipeline._store.records import canonical, digest
+from lamina.pipeline._store.sql import EntryCache, SqlStore, _converter
 from tests.stores import Backend
 
 STAMP = {"created": "2026-01-01T00:00:00Z", "reply_created": "2026-01-01T00:00:01Z"}

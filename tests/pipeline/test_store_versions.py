@@ -17,17 +17,17 @@ import attrs
 import pytest
 
 from lamina import Conversation
-from pipeline import (
+from lamina.pipeline import (
     ConversationInfo,
     Store,
     StoreSchemaTooNew,
     StoreUnknownFields,
     save_turn,
 )
-from pipeline._conversation.batch import BatchState, DeferredTurn
-from pipeline._store import sql
-from pipeline._store.records import SCHEMA_VERSION, canonical, digest
-from pipeline._store.sql import _converter
+from lamina.pipeline._conversation.batch import BatchState, DeferredTurn
+from lamina.pipeline._store import sql
+from lamina.pipeline._store.records import SCHEMA_VERSION, canonical, digest
+from lamina.pipeline._store.sql import _converter
 from tests.stores import Backend
 
 

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from pipeline._errors import ConfigError
-from pipeline._tokens.counter import TokenCounter
-from pipeline._views.summarize import (
+from lamina.pipeline._errors import ConfigError
+from lamina.pipeline._tokens.counter import TokenCounter
+from lamina.pipeline._views.summarize import (
     LLMSummarizer,
     Summarizer,
     SummaryCache,

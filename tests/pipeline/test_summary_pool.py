@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from lamina import Conversation, load_conversation, parse_script, run_saved
-from pipeline import (
+from lamina.pipeline import (
     Budget,
     ConfigError,
     ConversationInfo,
@@ -24,7 +24,7 @@ from pipeline import (
     TokenCounter,
     summary_pool,
 )
-from renderers import openai_messages
+from lamina.renderers import openai_messages
 
 COUNTER = TokenCounter()
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import ConfigError, CountMemo, TokenCounter, get_encoding
+from lamina.pipeline import ConfigError, CountMemo, TokenCounter, get_encoding
 
 
 def test_encodings_load_from_package_data_without_network() -> None:
@@ -18,7 +18,7 @@ def test_encodings_load_from_package_data_without_network() -> None:
         "import socket\n"
         "def no(*a, **k): raise SystemExit('network used')\n"
         "socket.socket.connect = no; socket.create_connection = no\n"
-        "from pipeline import TokenCounter\n"
+        "from lamina.pipeline import TokenCounter\n"
         "o, c = TokenCounter('o200k_base'), TokenCounter('cl100k_base')\n"
         "print(o.count('hello world'), c.count('hello world'))\n"
     )
@@ -87,7 +87,7 @@ def test_count_with_sep_equals_encoding_text_and_separator(text: str, name: str)
 def test_text_hash_of_a_long_text_equals_hashing_its_bytes() -> None:
     import xxhash
 
-    from pipeline import text_hash
+    from lamina.pipeline import text_hash
 
     text = ("é漢😀 plain ascii " * 200_000)[:3_000_001]
     assert text_hash(text) == xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
@@ -95,7 +95,7 @@ def test_text_hash_of_a_long_text_equals_hashing_its_bytes() -> None:
 
 def test_count_many_on_threads_gives_the_serial_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A large batch is encoded on threads; counts, cache and meters match one-by-one."""
-    import pipeline._tokens.counter as tokens_module
+    import lamina.pipeline._tokens.counter as tokens_module
 
     rng = random.Random(5)
     texts = ["".join(rng.choice("ab .\n#é") for _ in range(rng.randint(0, 400))) for _ in range(60)]
@@ -114,7 +114,7 @@ def test_count_many_on_threads_gives_the_serial_counts(monkeypatch: pytest.Monke
 
 
 def test_the_count_memo_forgets_its_oldest_quarter(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pipeline._tokens.counter as tokens_module
+    import lamina.pipeline._tokens.counter as tokens_module
 
     monkeypatch.setattr(tokens_module, "MAX_REMEMBERED", 8)
     counter = TokenCounter()
@@ -157,7 +157,7 @@ def test_count_many_keeps_its_answers_when_remembering_forgets(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A full memo forgets while a threaded batch is remembered; answers stay exact."""
-    import pipeline._tokens.counter as tokens_module
+    import lamina.pipeline._tokens.counter as tokens_module
 
     monkeypatch.setattr(tokens_module, "MAX_REMEMBERED", 8)
     monkeypatch.setattr(tokens_module, "PARALLEL_CHARS", 1)
@@ -182,8 +182,8 @@ def test_a_long_text_counted_in_chunks_is_counted_exactly(
 ) -> None:
     """Counting encodes at most about ``ENCODE_CHUNK`` characters at once (the token list is
     nine bytes a character), cutting where a new piece starts: the sum is the true count."""
-    import pipeline._tokens.counter as tokens_module
-    from pipeline import encoded_length
+    import lamina.pipeline._tokens.counter as tokens_module
+    from lamina.pipeline import encoded_length
 
     text = "\n".join(lines)
     enc = get_encoding(name)
@@ -221,7 +221,7 @@ def test_one_counter_used_from_two_threads_stays_exact(monkeypatch: pytest.Monke
     memo forgetting all the time, every answer is still the true count."""
     import threading
 
-    import pipeline._tokens.counter as tokens_module
+    import lamina.pipeline._tokens.counter as tokens_module
 
     monkeypatch.setattr(tokens_module, "MAX_REMEMBERED", 16)
     counter = TokenCounter()

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from pipeline import AttachmentError, Budget, Form, check_envelope
-from pipeline._model.tools import ToolSources, tool, tool_artifact, tool_key, tool_turn
+from lamina.pipeline import AttachmentError, Budget, Form, check_envelope
+from lamina.pipeline._model.tools import ToolSources, tool, tool_artifact, tool_key, tool_turn
 
 SEARCH = "\n".join(f"Result {i}: the sync service retries failed pushes." for i in range(40))
 

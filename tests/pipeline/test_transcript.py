@@ -16,7 +16,7 @@ from lamina import (
     parse_transcript,
     render_transcript,
 )
-from pipeline import (
+from lamina.pipeline import (
     ChatMessage,
     ChatTranscript,
     ChatTranscriptError,
@@ -26,7 +26,7 @@ from pipeline import (
     SystemPrompt,
     save_turn,
 )
-from processors import Sources
+from lamina.processors import Sources
 from tests.conftest import write_vault
 from tests.stores import BACKENDS, Backend
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from pipeline import Budget, ViewMemo, shared_views
-from pipeline._views.preview import Preview
+from lamina.pipeline import Budget, ViewMemo, shared_views
+from lamina.pipeline._views.preview import Preview
 from tests.conftest import write_vault
 
 

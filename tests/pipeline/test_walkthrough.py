@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from lamina import Conversation
-from pipeline import Form, check_envelope, has_context_markup
-from processors import note
-from renderers import openai_messages
+from lamina.pipeline import Form, check_envelope, has_context_markup
+from lamina.processors import note
+from lamina.renderers import openai_messages
 
 
 def test_three_turn_walkthrough(vault: Path) -> None:

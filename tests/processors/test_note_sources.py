@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from pipeline import ConfigError, Form, Link, TurnWarning
-from processors import NoteOptions, ProcessContext, Sources, Vault
-from processors._notes import NotePayload, NoteProcessor, folder, note, note_section
+from lamina.pipeline import ConfigError, Form, Link, TurnWarning
+from lamina.processors import NoteOptions, ProcessContext, Sources, Vault
+from lamina.processors._notes import NotePayload, NoteProcessor, folder, note, note_section
 
 VAULT = {
     "spec.md": (

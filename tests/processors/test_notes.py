@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline._errors import AttachmentError, NoteNotFound, PathOutsideVault
-from pipeline._model.artifacts import Link, Processed
-from processors._context import ProcessContext
-from processors._notes import (
+from lamina.pipeline._errors import AttachmentError, NoteNotFound, PathOutsideVault
+from lamina.pipeline._model.artifacts import Link, Processed
+from lamina.processors._context import ProcessContext
+from lamina.processors._notes import (
     FolderProcessor,
     NotePayload,
     NoteProcessor,
@@ -20,7 +20,7 @@ from processors._notes import (
     parse_note,
     tag,
 )
-from processors._vault import Vault
+from lamina.processors._vault import Vault
 
 EXAMPLE_VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from processors import Sources
-from processors._context import NoteOptions, ProcessContext
-from processors._notes import NoteProcessor, note
-from processors._vault import Vault
+from lamina.processors import Sources
+from lamina.processors._context import NoteOptions, ProcessContext
+from lamina.processors._notes import NoteProcessor, note
+from lamina.processors._vault import Vault
 
 
 def _age(*paths: Path) -> None:

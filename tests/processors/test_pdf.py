@@ -10,9 +10,9 @@ import pypdf
 import pytest
 from fpdf import FPDF
 
-from pipeline import AttachmentError, ConfigError, PathOutsideVault, PdfError, TurnWarning
-from processors._context import ProcessContext
-from processors._pdf import (
+from lamina.pipeline import AttachmentError, ConfigError, PathOutsideVault, PdfError, TurnWarning
+from lamina.processors._context import ProcessContext
+from lamina.processors._pdf import (
     EMPTY_PAGE,
     GARBAGE_PAGE,
     NO_TEXT,
@@ -23,7 +23,7 @@ from processors._pdf import (
     parse_page_range,
     pdf,
 )
-from processors._vault import Vault
+from lamina.processors._vault import Vault
 
 PAGES = [
     "Alpha page one talks about lattices.",

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from lamina import Conversation, renderer_for
-from pipeline import (
+from lamina.pipeline import (
     AttachmentError,
     Form,
     PathOutsideVault,
@@ -28,7 +28,7 @@ from pipeline import (
     View,
     check_envelope,
 )
-from processors import (
+from lamina.processors import (
     BaseProcessor,
     ProcessContext,
     Registry,
@@ -254,7 +254,7 @@ def test_malformed_plugin_renderers_are_refused(renderers: Any, problem: str) ->
 def test_broken_plugins_are_reported_by_name_and_the_good_one_loads(broken: Path) -> None:
     registry = Registry.default()
     assert "csv" in registry
-    assert type(registry.get("note")).__module__ == "processors._notes"
+    assert type(registry.get("note")).__module__ == "lamina.processors._notes"
     errors = {e.plugin: str(e) for e in registry.plugin_errors}
     assert sorted(errors) == ["ghost", "licensed", "notes2"]
     assert "ModuleNotFoundError: No module named 'lamina_not_installed'" in errors["ghost"]
@@ -355,7 +355,7 @@ def test_a_plugin_kind_saves_resumes_exports_and_imports(
     from lamina_csv import csv_file
 
     from lamina import export_transcript, import_transcript, load_conversation, rebuild_envelope
-    from pipeline import ConversationInfo, SqliteStore, save_turn
+    from lamina.pipeline import ConversationInfo, SqliteStore, save_turn
 
     with SqliteStore(tmp_path / "a.sqlite") as store:
         store.create(ConversationInfo("c", "2026-01-01T00:00:00Z", "gpt-4o"))
@@ -449,7 +449,7 @@ def test_an_installed_broken_hook_is_a_plugin_error(site: Path) -> None:
 def test_plugins_are_scanned_once_per_process_and_again_on_request(
     site: Path, csv_vault: Path
 ) -> None:
-    from processors import plugin_scans
+    from lamina.processors import plugin_scans
 
     Conversation("s", vault=csv_vault)
     scans = plugin_scans()
@@ -481,7 +481,7 @@ def test_a_plugin_record_saved_before_kinds_owned_their_form_still_loads(
 ) -> None:
     """Stores written before: a plugin attachment kept with no script form."""
     from lamina import export_transcript, load_conversation, rebuild_envelope
-    from pipeline import AttachmentRecord, ConversationInfo, SqliteStore, save_turn
+    from lamina.pipeline import AttachmentRecord, ConversationInfo, SqliteStore, save_turn
 
     with SqliteStore(tmp_path / "old.sqlite") as store:
         store.create(ConversationInfo("old", "2026-01-01T00:00:00Z"))

@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from pipeline._errors import AttachmentError
-from pipeline._hashing import content_hash
-from processors._context import ProcessContext
-from processors._selection import SelectionPayload, SelectionProcessor, selection
+from lamina.pipeline._errors import AttachmentError
+from lamina.pipeline._hashing import content_hash
+from lamina.processors._context import ProcessContext
+from lamina.processors._selection import SelectionPayload, SelectionProcessor, selection
 
 
 def test_selection_key_is_the_first_16_hex_of_the_payload_hash() -> None:

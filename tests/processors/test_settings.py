@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import ConfigError, UnknownSetting
-from processors import (
+from lamina.pipeline import ConfigError, UnknownSetting
+from lamina.processors import (
     PdfSettings,
     ProcessContext,
     Sources,

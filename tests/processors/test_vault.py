@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline._errors import ConfigError, NoteNotFound, PathOutsideVault
-from processors._vault import Vault
+from lamina.pipeline._errors import ConfigError, NoteNotFound, PathOutsideVault
+from lamina.processors._vault import Vault
 
 
 def make_vault(root: Path, files: dict[str, str | bytes]) -> Vault:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pipeline import AttachmentError, FetchError, TurnWarning
-from processors import (
+from lamina.pipeline import AttachmentError, FetchError, TurnWarning
+from lamina.processors import (
     ProcessContext,
     Registry,
     UrlPayload,
@@ -21,7 +21,7 @@ from processors import (
     normalize_url,
     url,
 )
-from processors._web import UrlSpec
+from lamina.processors._web import UrlSpec
 
 PAGES = Path(__file__).parent / "pages"
 
@@ -311,7 +311,7 @@ def test_redirect_target_is_rechecked_for_private_network(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Treat only 127.0.0.1 as public: the first hop passes, the hop to 127.0.0.2 is refused."""
-    import processors._web as web
+    import lamina.processors._web as web
 
     real = web._is_public
     monkeypatch.setattr(web, "_is_public", lambda ip: str(ip) == "127.0.0.1" or real(ip))
@@ -392,7 +392,7 @@ def test_non_public_address_literals_are_refused(address: str) -> None:
 
 
 def test_bad_option_is_a_config_error(server: Server) -> None:
-    from pipeline import ConfigError
+    from lamina.pipeline import ConfigError
 
     ctx = ProcessContext(allow_private_network=True, options={"url_timeout": "soon"})
     with pytest.raises(ConfigError, match="url_timeout"):

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import AttachmentError, PathOutsideVault, TranscriptError
-from processors._context import ProcessContext
-from processors._vault import Vault
-from processors._youtube import (
+from lamina.pipeline import AttachmentError, PathOutsideVault, TranscriptError
+from lamina.processors._context import ProcessContext
+from lamina.processors._vault import Vault
+from lamina.processors._youtube import (
     NO_TRANSCRIPT,
     Cue,
     JsonTranscriptProvider,

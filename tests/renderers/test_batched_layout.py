@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation, load_script, run_script
-from pipeline import Budget, BudgetPlan, ConfigError, Envelope
-from renderers import Simulation, build_prompt, prompt_prefix_tokens, prompt_tokens, simulate
+from lamina.pipeline import Budget, BudgetPlan, ConfigError, Envelope
+from lamina.renderers import Simulation, build_prompt, prompt_prefix_tokens, prompt_tokens, simulate
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from pipeline import Envelope, Form, check_envelope, markup_blocks, strip_reply, tool
-from processors import ProcessContext, Sources, Vault, note, pdf, selection, url, youtube
+from lamina.pipeline import Envelope, Form, check_envelope, markup_blocks, strip_reply, tool
+from lamina.processors import ProcessContext, Sources, Vault, note, pdf, selection, url, youtube
 from tests.pipeline.test_markup import CORPUS
 from tests.strategies import serve_site
 

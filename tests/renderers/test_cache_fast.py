@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from benchmarks.cache_report import reference_report
 from lamina import Conversation, load_script, parse_script, run_script
-from pipeline import QUERY_LABEL, Budget, BudgetExceeded, Envelope, TokenCounter
-from processors import ProcessContext, Sources, Vault
-from renderers import prefix_report, prefix_reports
-from renderers._cache import _text_tokens
+from lamina.pipeline import QUERY_LABEL, Budget, BudgetExceeded, Envelope, TokenCounter
+from lamina.processors import ProcessContext, Sources, Vault
+from lamina.renderers import prefix_report, prefix_reports
+from lamina.renderers._cache import _text_tokens
 from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,9 +147,9 @@ def test_the_memo_lets_envelopes_go_and_hands_out_copies() -> None:
     """An envelope's entry goes with it; the trace's messages are the caller's to change."""
     import gc
 
-    from renderers import trace_turn
-    from renderers._cache import _MEMO
-    from renderers._openai import openai_messages
+    from lamina.renderers import trace_turn
+    from lamina.renderers._cache import _MEMO
+    from lamina.renderers._openai import openai_messages
 
     script = load_script(CHAT30)
     conv = Conversation(script.system, vault=script.vault)

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from pipeline import (
+from lamina.pipeline import (
     Budget,
     Decision,
     DecisionAction,
@@ -22,7 +22,7 @@ from pipeline import (
     SystemPrompt,
     TurnGraph,
 )
-from renderers import (
+from lamina.renderers import (
     annotate_trace,
     chatml,
     common_prefix_length,
@@ -34,7 +34,7 @@ from renderers import (
     render_report,
     trace_document,
 )
-from renderers._layouts import default_prompt
+from lamina.renderers._layouts import default_prompt
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 SYSTEM = SystemPrompt("You answer from the attached context.", "Memory: short answers.")
@@ -153,8 +153,8 @@ def test_a_handoff_in_an_agent_loop_is_its_own_break_reason() -> None:
     """An agent loop's handoff to other instructions breaks at L1's mutable part with the
     ``handoff`` reason (its typed decision), and the sentence says so; a memory change
     made by the host is still ``memory-changed``."""
-    from pipeline import AgentTurn
-    from renderers import explain_cache
+    from lamina.pipeline import AgentTurn
+    from lamina.renderers import explain_cache
 
     conv = _conv()
     _two_turns(conv)
@@ -271,7 +271,7 @@ def test_history_cut_moved() -> None:
     b=st.text(alphabet="ab é漢😀\n", max_size=5),
 )
 def test_common_prefix_bytes_equals_comparing_the_encodings(shared: str, a: str, b: str) -> None:
-    from renderers._cache import _common_prefix_bytes
+    from lamina.renderers._cache import _common_prefix_bytes
 
     left, right = shared + a, shared + b
     expected = common_prefix_length(left.encode(), right.encode())

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, load_script, run_script
-from pipeline import Budget, DecisionAction, Envelope, TokenCounter, request_tokens
-from renderers import (
+from lamina.pipeline import Budget, DecisionAction, Envelope, TokenCounter, request_tokens
+from lamina.renderers import (
     LAYOUTS,
     Block,
     Message,
@@ -25,7 +25,7 @@ from renderers import (
     prompt_tokens,
     trace_document,
 )
-from renderers._layouts import default_prompt
+from lamina.renderers._layouts import default_prompt
 from tests.cli import lamina_here
 
 ROOT = Path(__file__).resolve().parents[2]

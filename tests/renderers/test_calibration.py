@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 from lamina import Conversation, load_conversation
-from pipeline import Budget, Calibration, ConversationInfo, Envelope, SqliteStore, save_turn
-from renderers import trace_document, usage_record
+from lamina.pipeline import Budget, Calibration, ConversationInfo, Envelope, SqliteStore, save_turn
+from lamina.renderers import trace_document, usage_record
 
 MODEL = "claude-sonnet-4-6"
 TRUE_RATIO = 1.2

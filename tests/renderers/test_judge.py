@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from lamina import Conversation
-from pipeline import Budget, BudgetPlan, Envelope, Form, Segment
-from renderers import ChatTargets, judge_chat
-from renderers._judge import _is_empty_block
+from lamina.pipeline import Budget, BudgetPlan, Envelope, Form, Segment
+from lamina.renderers import ChatTargets, judge_chat
+from lamina.renderers._judge import _is_empty_block
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from lamina import Conversation
-from pipeline import Envelope, Form
-from pipeline._model.tools import hit, tool, tool_turn
-from renderers import build_prompt
+from lamina.pipeline import Envelope, Form
+from lamina.pipeline._model.tools import hit, tool, tool_turn
+from lamina.renderers import build_prompt
 from tests.conftest import write_vault
 
 LONG = "# Manual\n\n" + "\n\n".join(

@@ -7,9 +7,9 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import renderers._openai as openai_module
-from pipeline import TokenCounter, get_encoding
-from renderers import ChatMessage, chatml, common_prefix_length, common_prefix_tokens
+import lamina.renderers._openai as openai_module
+from lamina.pipeline import TokenCounter, get_encoding
+from lamina.renderers import ChatMessage, chatml, common_prefix_length, common_prefix_tokens
 
 
 @settings(max_examples=300, deadline=None)

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from pipeline import Envelope, RegistryError, SystemPrompt, TokenCounter
-from pipeline._tokens.profiles import get_profile
-from renderers import (
+from lamina.pipeline import Envelope, RegistryError, SystemPrompt, TokenCounter
+from lamina.pipeline._tokens.profiles import get_profile
+from lamina.renderers import (
     RenderedRequest,
     RequestOptions,
     RequestRegistry,
@@ -22,8 +22,8 @@ from renderers import (
     render_request,
     request_options,
 )
-from renderers._layouts import Prompt
-from renderers._providers import flat_blocks
+from lamina.renderers._layouts import Prompt
+from lamina.renderers._providers import flat_blocks
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 NOTES = (
@@ -226,7 +226,7 @@ def _output_limit(body: dict[str, object], renderer: str) -> object:
 def test_every_body_carries_the_budget_reserve_as_its_output_limit(renderer: str) -> None:
     """The reserve the budget kept free is what the request asks for (the model's max if
     smaller); without a budget, the profile's reserve."""
-    from pipeline import Budget
+    from lamina.pipeline import Budget
 
     conv = Conversation(SYSTEM, budget=Budget(20_000, 2_000))
     env = conv.turn("Hello")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from benchmarks.budget_fit import SEED, folder_workload
 from lamina import Conversation
-from pipeline import Budget, Envelope, Form, View, ViewMemo
-from pipeline._views.views import renderer_memo
-from renderers import XmlRenderer
+from lamina.pipeline import Budget, Envelope, Form, View, ViewMemo
+from lamina.pipeline._views.views import renderer_memo
+from lamina.renderers import XmlRenderer
 from tests.conftest import write_vault
 
 QUERY = "What do these notes say about the sync protocol?"

@@ -8,7 +8,7 @@ from typing import Any
 import lxml.html
 import pytest
 
-from renderers import render_replay_report, xml_safe
+from lamina.renderers import render_replay_report, xml_safe
 from tests.renderers.test_report import HOSTILE
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import lxml.html
 
 from lamina import Conversation
-from pipeline import Budget, Envelope, SystemPrompt
-from processors import note
-from renderers import prefix_reports, render_report, report_blocks, trace_document, xml_safe
+from lamina.pipeline import Budget, Envelope, SystemPrompt
+from lamina.processors import note
+from lamina.renderers import prefix_reports, render_report, report_blocks, trace_document, xml_safe
 from tests.conftest import write_vault
 
 HOSTILE = (
@@ -130,7 +130,7 @@ def test_two_hundred_turn_report_size_and_write_time(tmp_path: Path) -> None:
 def test_a_break_is_explained_from_the_library_entrys_own_chain_of_cuts() -> None:
     """The library entry's cuts (preview -> summary -> stub) make the sentence; a cut of
     this turn's item of the same key (full -> preview) is not part of it."""
-    from renderers import explain_cache
+    from lamina.renderers import explain_cache
 
     turn = {
         "turn": 4,

@@ -19,9 +19,9 @@ import pytest
 
 from lamina import Conversation, find_corpus, replay
 from lamina._replay_report import write_replay_report
-from pipeline import Policy, SystemPrompt
-from processors import note
-from renderers import render_report, report_blocks, xml_safe
+from lamina.pipeline import Policy, SystemPrompt
+from lamina.processors import note
+from lamina.renderers import render_report, report_blocks, xml_safe
 from tests.cli import ROOT, lamina
 from tests.conftest import write_vault
 from tests.lamina.test_cli_replay import HOSTILE_NAME, write_report_corpus

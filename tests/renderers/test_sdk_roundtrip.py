@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from lamina import Conversation
-from pipeline import SystemPrompt
-from pipeline._tokens.profiles import get_profile
-from renderers import RenderedRequest, gemini_cache_plan, render_request, request_options
-from renderers._layouts import build_prompt
+from lamina.pipeline import SystemPrompt
+from lamina.pipeline._tokens.profiles import get_profile
+from lamina.renderers import RenderedRequest, gemini_cache_plan, render_request, request_options
+from lamina.renderers._layouts import build_prompt
 
 anthropic = pytest.importorskip("anthropic")
 openai = pytest.importorskip("openai")

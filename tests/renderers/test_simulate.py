@@ -8,9 +8,9 @@ import pytest
 
 from lamina import Conversation, load_script, parse_script, run_script
 from lamina._cli import DEMO_SCRIPT
-from pipeline import Envelope, TokenCounter
-from renderers import CacheRules, Simulation, format_simulation, render_request, simulate
-from renderers._simulate import breakpoint_cache_costs, prefix_cache_costs
+from lamina.pipeline import Envelope, TokenCounter
+from lamina.renderers import CacheRules, Simulation, format_simulation, render_request, simulate
+from lamina.renderers._simulate import breakpoint_cache_costs, prefix_cache_costs
 
 ROOT = Path(__file__).resolve().parents[2]
 OPENAI = CacheRules("openai", "gpt-4.1", min_tokens=1024, step=128, read=0.25)

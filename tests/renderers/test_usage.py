@@ -17,7 +17,7 @@ from openai.types.responses import ResponseUsage
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
 from lamina import Conversation, load_conversation
-from pipeline import (
+from lamina.pipeline import (
     AgentTurn,
     ArgumentError,
     Budget,
@@ -38,7 +38,7 @@ from pipeline import (
     request_tokens,
     save_turn,
 )
-from renderers import (
+from lamina.renderers import (
     CACHE_MISS,
     instructions_tokens,
     render_request,
@@ -511,7 +511,7 @@ def test_tool_definitions_sent_are_in_the_predicted_input() -> None:
     """The provider counts the tools too: passed as tools=, the prediction is exact and a
     miss is not blamed on the host; without them the host-altered warning says to pass
     them."""
-    from renderers import tool_tokens
+    from lamina.renderers import tool_tokens
 
     _, envelopes = _two_turns()
     total, cached = _predicted(envelopes, "openai")
@@ -548,7 +548,7 @@ def test_anthropics_tool_prompt_is_added_as_published_for_the_tool_choice(
     system prompt is its own count for the model and tool_choice, added as it is."""
     from anthropic.types import ToolUseBlock
 
-    from renderers import tool_tokens
+    from lamina.renderers import tool_tokens
 
     _, envelopes = _two_turns()
     profile = get_profile(model)

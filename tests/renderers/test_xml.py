@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import Form, View, defuse_special_tokens, markup_blocks
-from renderers import XmlRenderer, render_xml, xml_safe
+from lamina.pipeline import Form, View, defuse_special_tokens, markup_blocks
+from lamina.renderers import XmlRenderer, render_xml, xml_safe
 
 
 def _view(body: str, form: Form = Form.FULL, **kw: object) -> View:
@@ -148,7 +148,7 @@ def test_renderings_are_memoized_and_a_new_renderer_clears_them() -> None:
 def test_ascii_text_is_made_safe_as_the_general_rule_does(text: str) -> None:
     """ASCII text takes a byte scan: only C0 controls but tab, LF and CR are replaced, and
     a safe text is returned as it is."""
-    from pipeline._text.markup import _C0, _ILLEGAL
+    from lamina.pipeline._text.markup import _C0, _ILLEGAL
 
     out = xml_safe(text)
     assert out == _ILLEGAL.sub("\ufffd", text.translate(_C0))

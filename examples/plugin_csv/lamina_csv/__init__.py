@@ -17,9 +17,16 @@ from typing import Any, Self
 import attrs
 from lxml import etree
 
-from pipeline import AttachmentError, LabelLookup, Processed, View, escape_body, make_artifact
-from processors import BaseProcessor, ProcessContext
-from renderers import render_xml, xml_safe
+from lamina.pipeline import (
+    AttachmentError,
+    LabelLookup,
+    Processed,
+    View,
+    escape_body,
+    make_artifact,
+)
+from lamina.processors import BaseProcessor, ProcessContext
+from lamina.renderers import render_xml, xml_safe
 
 __all__ = [
     "DEFAULT_ROWS",
