@@ -282,7 +282,7 @@ def test_trace_md_lists_every_decision_action() -> None:
     """The closed set hosts match on is the one the code has."""
     from lamina.pipeline import DecisionAction
 
-    pattern = r"one of a closed set \(`pipeline.DecisionAction`\):(.*?)\. Match"
+    pattern = r"one of a closed set \(`lamina.pipeline.DecisionAction`\):(.*?)\. Match"
     listed = re.search(pattern, DOCS["TRACE.md"], re.S)
     assert listed is not None
     assert re.findall(r"`([a-z-]+)`", listed.group(1)) == [str(a) for a in DecisionAction]

@@ -261,6 +261,8 @@ class PostgresStore(SqlStore):
                 raise StoreError(
                     self._label, f"not a usable URL: {self._said(exc)}"
                 ) from None
+            except UnicodeDecodeError:  # a percent-escape that is not UTF-8
+                raise StoreError(self._label, "not a usable URL: not UTF-8") from None
             with first:
                 if read_only:
                     self._check_schema(first)
