@@ -1218,6 +1218,13 @@ def _tolerant_streams() -> None:
     help="Seconds a request body may take to arrive.",
 )
 @click.option(
+    "--write-timeout",
+    type=click.FloatRange(0.1),
+    default=30.0,
+    show_default=True,
+    help="Seconds an answer may wait for the client to read any of it.",
+)
+@click.option(
     "--max-connections",
     type=click.IntRange(0),
     default=0,
@@ -1244,6 +1251,7 @@ def serve(
     allow_hosts: tuple[str, ...],
     header_timeout: float,
     body_timeout: float,
+    write_timeout: float,
     max_connections: int,
     http_parser: str,
     allow_private_network: bool,
@@ -1273,6 +1281,7 @@ def serve(
         allowed_hosts=allow_hosts,
         header_timeout=header_timeout,
         body_timeout=body_timeout,
+        write_timeout=write_timeout,
         max_connections=max_connections,
         http=http_parser,
     )

@@ -78,9 +78,12 @@ class ServerConfig:
     # address, localhost, 127.0.0.1 and ::1 (a DNS-rebound page uses its own name).
     allowed_hosts: tuple[str, ...] = attrs.field(default=(), converter=_names)
     # A connection must send its request head within header_timeout seconds and its body
-    # within body_timeout; at most max_connections are open (0: half the descriptor limit).
+    # within body_timeout, and read what it is sent: an answer that makes no progress
+    # towards the client for write_timeout seconds closes it (nginx's send_timeout); at
+    # most max_connections are open (0: half the descriptor limit).
     header_timeout: float = 10.0
     body_timeout: float = 60.0
+    write_timeout: float = 30.0
     max_connections: int = 0
     # The HTTP/1.1 parser: "httptools" (the server extra's; about a third of h11's cost a
     # request), "h11", or "auto" (httptools when installed).

@@ -22,7 +22,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lamina._hub import ServerConfig, config_from_env
 
-__all__ = ["ConnectionLimits", "GuardedH11", "Guards"]
+__all__ = ["MAX_HEAD_BYTES", "MAX_PIPELINED", "ConnectionLimits", "GuardedH11", "Guards"]
 
 Message = MutableMapping[str, Any]
 ASGIApp = Callable[
@@ -35,19 +35,31 @@ ASGIApp = Callable[
 ]
 
 
+# The most bytes a request head (request line and headers) may hold; past it the answer
+# is 431 and the connection is closed. nginx reads heads into at most 4 x 8 KiB; h11's
+# own default is 16 KiB. Lamina's requests carry a few short headers (a token, a type).
+MAX_HEAD_BYTES = 32 * 1024
+
+# The most requests one connection may have read and queued behind the one being
+# answered (pipelined); the connection closes after answering them, unread the rest.
+MAX_PIPELINED = 16
+
+
 @attrs.frozen
 class ConnectionLimits:
-    """What a connection may hold: seconds for the request head and for the body, and
-    how many connections may be open at once."""
+    """What a connection may hold: seconds for the request head, for the body and for
+    an answer to make progress towards a client that does not read, and how many
+    connections may be open at once."""
 
     header_timeout: float
     body_timeout: float
     max_connections: int
+    write_timeout: float = 30.0
 
     @classmethod
     def of(cls, config: ServerConfig) -> ConnectionLimits:
         cap = config.max_connections or _descriptor_share()
-        return cls(config.header_timeout, config.body_timeout, cap)
+        return cls(config.header_timeout, config.body_timeout, cap, config.write_timeout)
 
 
 def _descriptor_share() -> int:
@@ -182,15 +194,23 @@ class Guards:
     """Deadlines, the connection cap, TCP_NODELAY and the one-write answer, for a uvicorn
     HTTP protocol (mixed in after it). The protocol calls ``_guard()`` when made,
     ``_made(transport)`` for the transport uvicorn should use, ``_admit()`` once uvicorn
-    has the connection, and says through ``_answerable()`` whether a late request may
-    still be answered 408.
+    has the connection, ``_rest()`` when it waits for its next request, ``_write_paused()``
+    and ``_write_resumed()`` from its flow control, and says through ``_answerable()``
+    whether a late request may still be answered 408.
 
     A request's head must arrive within ``header_timeout`` seconds of its first byte (or
     of the connection), its body within ``body_timeout`` of the head; a late one is closed
-    (408 when nothing was answered yet). When ``max_connections`` are open, a new one
-    closes the oldest connection that is still waiting for a request to arrive, so
-    half-sent requests cannot lock out the rest; if none is waiting the new one gets 503.
-    Idle keep-alive connections close after uvicorn's ``timeout_keep_alive``."""
+    (408 when nothing was answered yet). An answer the client does not read (the
+    transport's buffer over its high-water mark) must make progress within
+    ``write_timeout`` seconds, else the connection is dropped (nginx's ``send_timeout``).
+
+    The cap keeps one promise: a connection the server is working for is never closed
+    to make room, and any other one may be. When ``max_connections`` are open, a new one
+    closes the connection that has waited on its client the longest, idle kept-alive
+    connections first (closing one loses no request); the others wait for a request's
+    bytes or for the client to read an answer. If every connection is being worked for,
+    the new one gets 503. Idle keep-alive connections close after uvicorn's
+    ``timeout_keep_alive``."""
 
     limits: ClassVar[ConnectionLimits | None] = None
 
@@ -202,7 +222,11 @@ class Guards:
 
     _limits: ConnectionLimits
     _deadline: asyncio.TimerHandle | None
-    _waiting_since: float  # loop time the current request began; 0: not waiting
+    _waiting_since: float  # loop time it began waiting on its client; 0: not waiting
+    _idle: bool  # waiting for its next request, none in progress
+    _stalled: asyncio.TimerHandle | None  # the write deadline, while writing is paused
+    _stalled_since: float
+    _unsent: int  # bytes buffered for the client when the write deadline was armed
     _writer: OneWrite | None
 
     def _guard(self) -> None:
@@ -212,6 +236,10 @@ class Guards:
         self._limits = limits
         self._deadline = None
         self._waiting_since = 0.0
+        self._idle = False
+        self._stalled = None
+        self._stalled_since = 0.0
+        self._unsent = 0
         self._writer = None
         self.app = _head_with_body(self.app, lambda: self._writer)
 
@@ -224,12 +252,35 @@ class Guards:
     def _admit(self) -> None:
         self._wait(self._limits.header_timeout)
         if len(self.connections) > self._limits.max_connections:
-            waiting = [c for c in self.connections if isinstance(c, Guards) and c._waiting_since]
-            oldest = min(waiting, key=lambda c: c._waiting_since, default=None)
-            if oldest is not None and oldest is not self:
-                oldest._expire()
-            else:  # every other connection is busy with a request: this one waits its turn
+            waiting = [
+                (key, c)
+                for c in self.connections
+                if isinstance(c, Guards) and c is not self and (key := c._waited()) is not None
+            ]
+            if waiting:
+                min(waiting, key=lambda kc: kc[0])[1]._evict()
+            else:  # every other connection is being worked for: this one waits its turn
                 self._refuse(b"503 Service Unavailable")
+
+    def _waited(self) -> tuple[bool, float] | None:
+        """The eviction order: (not idle, since when it waits on its client); None while
+        the server works for this connection."""
+        if self.transport.is_closing():
+            # closed, but waiting for the client to take its last answer: first to go
+            return (False, 0.0) if self.transport.get_write_buffer_size() else None
+        since = [t for t in (self._waiting_since, self._stalled_since) if t]
+        return (not self._idle, min(since)) if since else None
+
+    def _evict(self) -> None:
+        """Close this connection to make room: an idle one silently, one whose client does
+        not read at once (its unsent answer dropped), one mid-request as its deadline would."""
+        if self._stalled_since or self.transport.is_closing():
+            self._drop()
+        elif self._idle:
+            self._stop()
+            self.transport.close()
+        else:
+            self._expire()
 
     def _answerable(self) -> bool:
         """Nothing was answered on this request yet and its body has not begun."""
@@ -245,6 +296,13 @@ class Guards:
             self._deadline.cancel()
         self._deadline = None
         self._waiting_since = 0.0
+        self._idle = False
+
+    def _rest(self) -> None:
+        """Waiting for the next request (uvicorn's keep-alive timeout applies)."""
+        self._stop()
+        self._waiting_since = self.loop.time()
+        self._idle = True
 
     def _expire(self) -> None:
         self._stop()
@@ -260,13 +318,70 @@ class Guards:
             )
             self.transport.close()
 
+    # -- the write deadline ---------------------------------------------------------------
+
+    def _write_paused(self) -> None:
+        if self._stalled is None:
+            self._stalled_since = self.loop.time()
+            self._arm_write()
+
+    def _write_resumed(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+        self._stalled = None
+        self._stalled_since = 0.0
+
+    def _arm_write(self) -> None:
+        self._unsent = self.transport.get_write_buffer_size()
+        self._stalled = self.loop.call_later(self._limits.write_timeout, self._write_expired)
+
+    def _write_expired(self) -> None:
+        if self.transport.get_write_buffer_size() < self._unsent:
+            self._arm_write()  # the client reads, slowly: a new deadline for the rest
+        else:
+            self._drop()
+
+    def _drop(self) -> None:
+        """Close at once, dropping what the client never read (``close`` would wait for
+        it to drain, which it does not)."""
+        self._write_resumed()
+        self._stop()
+        self.transport.abort()
+
+
+class _StrictH11(h11.Connection):
+    """h11's server side, remembering the status its last refusal asks for (431 for a
+    head past ``MAX_HEAD_BYTES``) and refusing a request framed by both Transfer-Encoding
+    and Content-Length (RFC 9112 6.3: a smuggling attempt; h11 alone would read the body
+    as chunked and keep the connection open)."""
+
+    refusal = 400
+
+    def next_event(self) -> Any:
+        try:
+            event = super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.refusal = exc.error_status_hint
+            raise
+        if isinstance(event, h11.Request):
+            names = {name for name, _ in event.headers}
+            if b"transfer-encoding" in names and b"content-length" in names:
+                self.refusal = 400
+                raise h11.RemoteProtocolError("both Transfer-Encoding and Content-Length")
+        return event
+
 
 class GuardedH11(H11Protocol, Guards):
     """uvicorn's h11 protocol with ``Guards`` (deadlines, connection cap, TCP_NODELAY,
-    one write per answer): the protocol when httptools is not installed."""
+    one write per answer): the protocol when httptools is not installed. A request whose
+    head passes ``MAX_HEAD_BYTES`` is answered 431. h11 reads one request at a time; a
+    connection that keeps one waiting behind each answer is closed after answering
+    ``MAX_PIPELINED`` of them in a row."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.conn = _StrictH11(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self._pipelined = 0  # requests in a row that arrived before the last was answered
         self._guard()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -284,15 +399,38 @@ class GuardedH11(H11Protocol, Guards):
         elif after is not h11.IDLE and after is not h11.SEND_BODY:
             self._stop()  # the whole request is here (or the connection is done)
 
+    def send_400_response(self, msg: str) -> None:
+        conn = self.conn
+        if isinstance(conn, _StrictH11) and conn.refusal == 431:
+            self._refuse(b"431 Request Header Fields Too Large")
+        else:
+            super().send_400_response(msg)
+
     def on_response_complete(self) -> None:
         if self._writer is not None:
             self._writer.flush()
         super().on_response_complete()
         if self.conn.their_state is h11.IDLE:
-            self._stop()  # idle: uvicorn's keep-alive timeout applies
+            self._rest()
+            self._pipelined = 0
+        elif self.cycle is not None and not self.cycle.response_complete:
+            # The next request was already here: pipelined. After MAX_PIPELINED of them
+            # in a row, as on httptools, this one's answer is the connection's last.
+            self._pipelined += 1
+            if self._pipelined >= MAX_PIPELINED:
+                self.cycle.keep_alive = False
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._write_paused()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._write_resumed()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop()
+        self._write_resumed()
         super().connection_lost(exc)
 
     def _answerable(self) -> bool:
