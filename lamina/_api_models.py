@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import attrs
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
-from lamina.pipeline import BudgetPlan
+from lamina.pipeline import BudgetPlan, LoadLimits
 
 __all__ = [
     "ConversationCreate",
@@ -31,6 +31,29 @@ __all__ = [
 
 Provider = Literal["openai", "openai-responses", "anthropic", "gemini"]
 LayoutName = Literal["default", "append-only", "naive"]
+
+
+_MAX_DEPTH = LoadLimits().max_depth
+
+
+def _shallow(value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` if it nests at most as deep as Lamina loads JSON anywhere (64 levels),
+    walked without recursion: deeper, it is refused here, naming its field, on the
+    HotLane and FastAPI's route alike, before any recursive code meets it."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            raise ValueError(f"nested deeper than {_MAX_DEPTH} levels")
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return value
+
+
+# A JSON object a request carries through as it is (an attachment form, tool arguments).
+Shallow = Annotated[dict[str, Any], AfterValidator(_shallow)]
 
 
 class _In(BaseModel):
@@ -112,14 +135,14 @@ class NoteIn(_In):
 
 class ToolCallIn(_In):
     name: str = Field(min_length=1, max_length=200)
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: Shallow = Field(default_factory=dict)
     result: str = ""
 
 
 class TurnIn(_In):
     parent: HeadIn
     user: str
-    attach: list[dict[str, Any]] = Field(
+    attach: list[Shallow] = Field(
         default_factory=list, description='Script forms, e.g. {"note": "a.md"}.'
     )
     tools: list[ToolCallIn] = Field(default_factory=list)

@@ -197,9 +197,10 @@ class HotLane:
     """``POST /v1/conversations/{id}/turns`` and ``.../reply``, the two routes a host
     calls every turn, without FastAPI's per-request machinery (routing over every route,
     dependency solving, validating the answer again): the same JSON parse and request
-    validation, the same work, the same answer, in about 0.2 ms less CPU. A request
-    that does not parse or validate (or is not JSON) goes on to the FastAPI route, which
-    answers it as every other route does."""
+    validation, the same work, the same answer, in about 0.2 ms less CPU. It takes only
+    a body sent as ``Content-Type: application/json`` that parses and validates; any
+    other (no type, another type or parameter, a parse failure, ``RecursionError``
+    included) goes on to the FastAPI route, which answers it as every other route does."""
 
     PATH = re.compile(r"/v1/conversations/([^/]+)/([a-z]+)")
 
@@ -212,7 +213,7 @@ class HotLane:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope["root_path"]:
             found = self.PATH.fullmatch(scope["path"])  # decoded, as Starlette's routes see it
             lane = None if found is None else self.lanes.get(found.group(2))
-        if found is None or lane is None or _header(scope, b"content-type") not in _JSON_TYPES:
+        if found is None or lane is None or _header(scope, b"content-type") != b"application/json":
             await self.app(scope, receive, send)
             return
         message = await receive()  # BodyLimit hands the whole body in one message
@@ -220,7 +221,9 @@ class HotLane:
             return  # the client left
         try:
             body = lane.model.model_validate(json.loads(message.get("body", b"")))
-        except (ValueError, ValidationError):  # FastAPI's route answers it (400, 422)
+        except (ValueError, ValidationError, RecursionError):
+            # FastAPI's route answers it (400, 422): deep JSON that this parse took may
+            # not parse deeper in FastAPI's stack, and the models refuse it past 64 levels
             await self.app(scope, _replay(message, receive), send)
             return
         try:
@@ -228,9 +231,6 @@ class HotLane:
         except LaminaError as exc:
             response = _lamina_error(exc)
         await response(scope, receive, send)
-
-
-_JSON_TYPES = (b"application/json", b"")
 
 
 def _replay(first: Message, receive: Receive) -> Receive:
@@ -367,6 +367,8 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400:  # FastAPI's "There was an error parsing the body"
+            return _error(400, "the body is not valid JSON, or nests too deeply", "body")
         return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)

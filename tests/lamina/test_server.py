@@ -493,6 +493,55 @@ def test_the_hot_lane_answers_what_the_fastapi_routes_answer(client: httpx.Clien
     assert answers[0] == answers[1]
 
 
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+# Bodies the HotLane must not take itself: each is FastAPI's to answer.
+HOSTILE_TURNS = {
+    "deep list": _nested(20_000),
+    "deep args": '{"parent": {"turn": 0, "hash": ""}, "user": "x", "tools": [{"name": "t", '
+    '"args": {"a": %s}}]}' % _nested(975),
+    "args past 64": '{"parent": {"turn": 0, "hash": ""}, "user": "x", "tools": [{"name": "t", '
+    '"args": {"a": %s}}]}' % _nested(70),
+    "deep attach": '{"parent": {"turn": 0, "hash": ""}, "user": "x", "attach": [{"a": %s}]}'
+    % _nested(900),
+    "not JSON": '{"parent": ',
+    "not an object": "[1, 2]",
+}
+
+
+def test_the_hot_lane_leaves_every_body_it_does_not_take_to_fastapi(client: httpx.Client) -> None:
+    """The same hostile bodies as ``application/json`` (the HotLane's) and with a charset
+    (FastAPI's route): the same status and error, never a 500; deep tool arguments are
+    refused naming their field. A body with no Content-Type or another type is refused
+    as FastAPI refuses it (422), and nothing is saved."""
+    cid = create(client)["id"]
+    url = f"/v1/conversations/{cid}"
+    answers: dict[str, list[tuple[int, Any]]] = {}
+    for name, text in {**HOSTILE_TURNS, "reply": _nested(20_000)}.items():
+        route = "reply" if name == "reply" else "turns"
+        for content_type in ("application/json", "application/json; charset=utf-8"):
+            response = client.post(
+                f"{url}/{route}", content=text.encode(), headers={"Content-Type": content_type}
+            )
+            answers.setdefault(name, []).append((response.status_code, response.json()))
+    for name, (lane, route) in answers.items():
+        assert lane == route, name
+        assert lane[0] in (400, 422), (name, lane)
+    assert answers["deep list"][0] == (
+        400,
+        {"error": "the body is not valid JSON, or nests too deeply", "field": "body", "status": 400},
+    )
+    assert answers["args past 64"][0][1]["field"] == "tools[0].args"
+    assert answers["deep attach"][0][1]["field"] == "attach[0]"
+    fine = json.dumps({"parent": EMPTY, "user": "hi"}).encode()
+    for headers in ({}, {"Content-Type": "text/plain"}):
+        untyped = client.post(f"{url}/turns", content=fine, headers=headers)
+        assert untyped.status_code == 422, untyped.text
+    assert client.get(url).json()["head"] == EMPTY
+
+
 def test_defer_library_is_a_conversation_setting(tmp_path: Path) -> None:
     """``defer_library`` (default true, like the library) picks the layout a
     conversation's turns are built with: each turn's messages are those the library builds
