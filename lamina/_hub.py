@@ -25,6 +25,7 @@ from lamina._api_models import ConversationCreate, ReplyIn, TurnIn
 from lamina._budgets import NeedsWindow, budget_of
 from lamina._host import Conversation, export_transcript, load_conversation, rebuild_envelope
 from lamina.pipeline import (
+    AttachmentError,
     AttachmentRecord,
     AttachmentSpec,
     Budget,
@@ -150,6 +151,13 @@ class ConversationHub:
         self._mutex = threading.Lock()
         # Client-only conversations overlay their notes on an empty folder.
         self._empty = tempfile.TemporaryDirectory(prefix="lamina-serve-")
+        # The server's own folders, which its answers never name (longest first).
+        folders = [Path(self._empty.name)] if config.vault is None else [
+            config.vault,
+            Path(self._empty.name),
+        ]
+        names = {str(p) for f in folders for p in (f, f.absolute(), f.resolve())}
+        self.roots = tuple(sorted(names, key=len, reverse=True))
 
     def close(self) -> None:
         self.store.close()
@@ -211,7 +219,17 @@ class ConversationHub:
         tools = [tool(c.name, c.args, c.result) for c in body.tools]
         conv = warm.conv
         previous = self._previous(conversation_id, warm, parent.turn)
-        envelope = tool_turn(conv, body.user, specs, tools=tools, vault_changes=changes)
+        try:
+            envelope = tool_turn(conv, body.user, specs, tools=tools, vault_changes=changes)
+        except AttachmentError as exc:  # named by the field of the attachment it names
+            named = [
+                i
+                for i, spec in enumerate(specs)
+                if spec.describe() in (exc.spec, f"{spec.kind} {exc.spec}")
+            ]
+            if not named:
+                raise
+            raise FieldError(f"attach[{named[0]}]", str(exc)) from None
         records = tuple(attachment_record(a, conv) for a in body.attach)
         try:
             save_turn(self.store, conversation_id, conv, envelope, records, parent=parent)
@@ -505,8 +523,15 @@ def _budget(settings: ConversationCreate) -> Budget | None:
     except ConfigError as exc:
         if exc.setting.startswith("plan"):
             raise FieldError(exc.setting, str(exc)) from None
-        field = "model" if model is not None and "model" in exc.setting else "window"
-        raise FieldError(field, str(exc)) from None
+        name = exc.setting.removeprefix("budget.")
+        field = _BUDGET_FIELDS.get(name, "model" if model is not None else "window")
+        problem = str(exc).removeprefix(f"{exc.setting}: ")
+        raise FieldError(field, f"{field}: {problem}") from None
+
+
+# The budget's settings a request sets, by the request field that sets them; any other
+# budget setting comes from the model's profile (with a model) or the window.
+_BUDGET_FIELDS = {"context_window": "window", "reserve_output": "reserve", "recall": "recall"}
 
 
 def _now() -> str:

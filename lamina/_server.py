@@ -16,7 +16,7 @@ import json
 import os
 import re
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -98,12 +98,22 @@ def _error(status: int, message: str, field: str = "", head: Head | None = None)
     return _JSON(body, status_code=status, headers=headers)
 
 
-def _lamina_error(exc: LaminaError) -> JSONResponse:
+def _hidden(text: str, roots: Sequence[str]) -> str:
+    """``text`` without the server's own folders (``roots``, longest first): a path inside
+    one is given relative to it, the folder itself is not named. A client learns which
+    note is missing, never where the server keeps its files."""
+    for root in roots:
+        text = text.replace(root + os.sep, "").replace(" " + root, "").replace(root, "")
+    return text
+
+
+def _lamina_error(exc: LaminaError, roots: Sequence[str] = ()) -> JSONResponse:
     """A LaminaError as one JSON sentence with its field; the status says whose fault."""
+    said = _hidden(str(exc), roots)
     if isinstance(exc, FieldError):
-        return _error(exc.status, str(exc), exc.field)
+        return _error(exc.status, said, exc.field)
     if isinstance(exc, StaleHead):
-        return _error(409, str(exc), "parent", exc.head)
+        return _error(409, said, "parent", exc.head)
     if isinstance(exc, ConflictError):
         head = Head(exc.head_turn, exc.head_hash)
         message = (
@@ -114,18 +124,18 @@ def _lamina_error(exc: LaminaError) -> JSONResponse:
     if isinstance(exc, UnknownConversation):
         return _error(404, "no conversation with this id", "conversation_id")
     if isinstance(exc, ConversationError):
-        return _error(409, str(exc))
+        return _error(409, said)
     if isinstance(exc, BudgetExceeded):
-        return _error(422, str(exc).splitlines()[0], "attach")
+        return _error(422, said.splitlines()[0], "attach")
     if isinstance(exc, AttachmentError):
-        return _error(422, str(exc), "attach")
+        return _error(422, said, "attach")
     if isinstance(exc, ConfigError):
-        return _error(422, str(exc), exc.setting)
+        return _error(422, said, exc.setting)
     if isinstance(exc, ArgumentError):
-        return _error(422, str(exc), exc.argument)
+        return _error(422, said, exc.argument)
     if isinstance(exc, StoreError):
         return _error(503, "the store cannot be used right now; try again")
-    return _error(422, str(exc))
+    return _error(422, said)
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -204,9 +214,10 @@ class HotLane:
 
     PATH = re.compile(r"/v1/conversations/([^/]+)/([a-z]+)")
 
-    def __init__(self, app: ASGIApp, lanes: Mapping[str, Lane]) -> None:
+    def __init__(self, app: ASGIApp, lanes: Mapping[str, Lane], roots: Sequence[str]) -> None:
         self.app = app
         self.lanes = lanes
+        self.roots = roots
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         found = lane = None
@@ -229,7 +240,7 @@ class HotLane:
         try:
             response = _raw(await lane.answer(found.group(1), body))
         except LaminaError as exc:
-            response = _lamina_error(exc)
+            response = _lamina_error(exc, self.roots)
         await response(scope, receive, send)
 
 
@@ -354,7 +365,7 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(LaminaError)
     async def lamina_error(_: Request, exc: LaminaError) -> JSONResponse:
-        return _lamina_error(exc)
+        return _lamina_error(exc, hub.roots)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -478,7 +489,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         return "ok"
 
     lanes = {"turns": Lane(TurnIn, turn_body), "reply": Lane(ReplyIn, reply_body)}
-    app.add_middleware(HotLane, lanes=lanes)  # innermost: after the body and auth checks
+    app.add_middleware(HotLane, lanes=lanes, roots=hub.roots)  # innermost: after the body and auth checks
     app.add_middleware(BodyLimit, cap=config.max_body_bytes)
     if config.token is not None:
         app.add_middleware(BearerAuth, token=config.token)
