@@ -79,6 +79,9 @@ def replay_command(
     the file is byte-identical for every engine and worker count. --report writes one
     self-contained HTML page: per config a chart over the corpus (tokens sent, cached
     share, cost per conversation) and links to its worst conversations' own reports.
+
+    Exit status 0 when at least one conversation replayed without an error, 1 when none
+    did (results and summary are written either way), 2 for a usage or config error.
     """
     if not corpus and store_path is None:
         raise ConfigError("corpus", "give a corpus folder or list file, or --store")
@@ -143,3 +146,7 @@ def replay_command(
         f"({rate:.1f} conversations/s, engine {runner.name})",
         highlight=False,
     )
+    if not any(not r.errors for r in run.results):
+        # Every result is written and summarized; a script still learns the run failed.
+        err.print("lamina replay: no conversation replayed without an error", highlight=False)
+        raise click.exceptions.Exit(1)

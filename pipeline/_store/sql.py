@@ -130,6 +130,14 @@ _DECODED: dict[str, type] = {
 # stay small (a SQLite row over ~1 KB spills into an overflow page of its own).
 _CHUNK_SPLIT = 8
 _CHUNK_MAX = 32
+# What a read takes from a store before it refuses it as corrupt (``StoreCorrupt``), so
+# hostile bytes cost bounded memory and time: a snapshot inflates to at most
+# ``MAX_SNAPSHOT_BYTES`` (the largest a test builds is a few MB: a whole PDF's text in one
+# library entry); a manifest expands to at most ``MAX_MANIFEST_SEGMENTS`` segments (a
+# 1,600-note folder turn lists about 2,000) through nodes of at most ``_CHUNK_MAX`` items;
+# a turn row counts at most the entry rows the conversation holds.
+MAX_SNAPSHOT_BYTES = 64 << 20
+MAX_MANIFEST_SEGMENTS = 200_000
 _T = TypeVar("_T")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 # A stored key no field takes is refused (``StoreUnknownFields``), never dropped: a record
@@ -302,6 +310,52 @@ def _chunks(items: Sequence[_T], key: Callable[[_T], str]) -> list[tuple[_T, ...
     if run:
         out.append(tuple(run))
     return out
+
+
+class _Malformed(ValueError):
+    """A stored value of the wrong shape; the read that met it says where (one line)."""
+
+
+def _parsed(wanted: str, body: bytes) -> Any:
+    """A snapshot's JSON, or ``_Malformed`` (nested past what Python parses, too)."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise _Malformed(f"snapshot {wanted} is not JSON: {type(exc).__name__}") from None
+
+
+def _check_node(wanted: str, part: str, value: Any) -> None:
+    """A manifest node as ``_chunked`` writes them: at most ``_CHUNK_MAX`` items, each a
+    snapshot hash (``chunks``) or a segment (``segments``); cattrs alone would make a
+    string of anything asked to be one."""
+    if part == "chunks":
+        ok = all(type(h) is str and len(h) == 32 for h in value)
+    elif part == "segments":
+        ok = all(isinstance(item, SegmentManifest) for item in value)
+    else:
+        return
+    if not (ok and 0 < len(value) <= _CHUNK_MAX):
+        raise _Malformed(f"{part} node {wanted} is not one of {_CHUNK_MAX} or fewer items")
+
+
+def _within(count: int, what: str) -> None:
+    """Refuse a manifest past ``MAX_MANIFEST_SEGMENTS`` before it is expanded further."""
+    if count > MAX_MANIFEST_SEGMENTS:
+        raise _Malformed(f"{what} {count:,} items, past {MAX_MANIFEST_SEGMENTS:,}")
+
+
+def _lengths(raw: Any) -> dict[str, int]:
+    """A turn row's ``parts``: each split part's entry count, a non-negative integer."""
+    try:
+        lengths = json.loads(raw)
+    except (ValueError, TypeError, RecursionError):
+        raise _Malformed("parts is not JSON") from None
+    if not isinstance(lengths, dict):
+        raise _Malformed(f"parts is a {type(lengths).__name__}, not an object")
+    for part, n in lengths.items():
+        if type(n) is not int or n < 0:
+            raise _Malformed(f"part {part}: the count {n!r} is not a non-negative integer")
+    return lengths
 
 
 class _Snapshots:
@@ -532,8 +586,8 @@ class SqlStore:
         cache = self.entry_cache
         out: dict[str, Any] = {}
         missing: list[str] = []
-        for h in wanted:
-            found = cache.get(h)
+        for h, part in wanted.items():
+            found = cache.get(f"{part} {h}")  # one snapshot may be asked for as two kinds
             if found is None:
                 missing.append(h)
             else:
@@ -549,8 +603,9 @@ class SqlStore:
                 body = self._unzip(h, bodies.get(h))
                 part = wanted[h]
                 type_ = _DECODED[part]
-                value: Any = _converter.structure(json.loads(body), type_)
-                cache.put(h, value, len(bytes(bodies[h])))
+                value: Any = _converter.structure(_parsed(h, body), type_)
+                _check_node(h, part, value)
+                cache.put(f"{part} {h}", value, len(bytes(bodies[h])))
                 # A save then reuses the address, if the value encodes to these very bytes
                 # (an entry written by an older Lamina may not: it is encoded anew).
                 if part in _PART_TYPES and part != "state" and canonical(
@@ -561,16 +616,27 @@ class SqlStore:
         return out
 
     def _decode(self, wanted: str, stored: Any) -> Any:
-        return json.loads(self._unzip(wanted, stored))
+        try:
+            return _parsed(wanted, self._unzip(wanted, stored))
+        except _Malformed as exc:
+            raise StoreCorrupt(self._label, str(exc)) from None
 
     def _unzip(self, wanted: str, stored: Any) -> bytes:
-        """A stored body's canonical JSON, checked against its hash."""
+        """A stored body's canonical JSON, checked against its hash; inflated no further
+        than ``MAX_SNAPSHOT_BYTES``."""
         if stored is None:
             raise StoreCorrupt(self._label, f"snapshot {wanted} is missing")
         try:
-            body = zlib.decompress(bytes(stored))
+            inflate = zlib.decompressobj()
+            body = inflate.decompress(bytes(stored), MAX_SNAPSHOT_BYTES)
         except (zlib.error, TypeError) as exc:
             raise StoreCorrupt(self._label, f"snapshot {wanted} is damaged: {exc}") from None
+        if inflate.unconsumed_tail:
+            raise StoreCorrupt(
+                self._label, f"snapshot {wanted} inflates past {MAX_SNAPSHOT_BYTES:,} bytes"
+            )
+        if not inflate.eof:
+            raise StoreCorrupt(self._label, f"snapshot {wanted} is damaged: truncated")
         if digest(body) != wanted:
             raise StoreCorrupt(self._label, f"snapshot {wanted} does not match its hash")
         return body
@@ -821,17 +887,33 @@ class SqlStore:
         if row is None:
             return Head(), {}
         k, state_hash, parts = row
-        current = self._current(db, conversation_id, json.loads(parts), k)
-        return Head(k, self._state_hash(k, state_hash, parts, current)), current
+        lengths = self._lengths(conversation_id, k, parts)
+        current = self._current(db, conversation_id, lengths, k)
+        return Head(k, self._state_hash(conversation_id, k, state_hash, lengths, current)), current
+
+    def _lengths(self, conversation_id: str, turn: int, raw: Any) -> dict[str, int]:
+        try:
+            return _lengths(raw)
+        except _Malformed as exc:
+            raise StoreCorrupt(self._label, f"{conversation_id!r} turn {turn}: {exc}") from None
 
     def _state_hash(
-        self, k: int, state_hash: str, parts: str, current: Mapping[str, Mapping[int, str]]
+        self,
+        conversation_id: str,
+        k: int,
+        state_hash: str,
+        lengths: Mapping[str, int],
+        current: Mapping[str, Mapping[int, str]],
     ) -> str:
         ordered: dict[str, list[str]] = {}
-        for part, length in json.loads(parts).items():
-            if sorted(current[part])[:length] != list(range(length)):
-                raise StoreCorrupt(self._label, f"turn {k}: {part} entries are missing")
-            ordered[part] = [current[part][i] for i in range(length)]
+        for part, length in lengths.items():
+            # counted against the rows first: a hostile count builds nothing
+            held = current[part]
+            if length > len(held) or sorted(held)[:length] != list(range(length)):
+                raise StoreCorrupt(
+                    self._label, f"{conversation_id!r} turn {k}: part {part}: entries are missing"
+                )
+            ordered[part] = [held[i] for i in range(length)]
         return head_hash(state_hash, ordered)
 
     def head(self, conversation_id: str) -> Head:
@@ -922,8 +1004,12 @@ class SqlStore:
             return StoreUnknownFields(
                 self._label, sorted(set(unknown)), written, SCHEMA_VERSION, conversation_id, turn
             )
+        if isinstance(exc, StoreCorrupt):  # met by a read that knew no conversation or turn
+            reason = str(exc).removeprefix(f"store {self._label}: ")
+        else:
+            reason = (str(exc).strip().splitlines() or [""])[0] or type(exc).__name__
         return StoreCorrupt(
-            self._label, f"{conversation_id!r} turn {turn}: {what} does not load: {exc}"
+            self._label, f"{conversation_id!r} turn {turn}: {what} does not load: {reason}"
         )
 
     def load(self, conversation_id: str, turn: int | None = None) -> ConversationState:
@@ -954,14 +1040,9 @@ class SqlStore:
                 )
             k, state_hash, parts, written = row
             self._check_turn(conversation_id, k, written)
-            current = self._current(db, conversation_id, json.loads(parts), k)
-            try:
-                head = Head(k, self._state_hash(k, state_hash, parts, current))
-            except StoreCorrupt:
-                raise StoreCorrupt(
-                    self._label, f"{conversation_id!r} turn {k}: entries are missing"
-                ) from None
-            lengths = json.loads(parts)
+            lengths = self._lengths(conversation_id, k, parts)
+            current = self._current(db, conversation_id, lengths, k)
+            head = Head(k, self._state_hash(conversation_id, k, state_hash, lengths, current))
             unknown = sorted(p for p in lengths if p not in _PART_TYPES or p == "state")
             if unknown:  # a newer Lamina's part: its entries would be dropped
                 raise StoreUnknownFields(
@@ -980,8 +1061,6 @@ class SqlStore:
                     for part, length in lengths.items()
                 }
                 state = _joined(found[state_hash], split)
-            except StoreCorrupt:
-                raise
             except Exception as exc:  # cattrs raises many kinds; all mean it is unusable
                 raise self._unreadable(exc, conversation_id, k, written, "state") from None
         return state, head
@@ -997,8 +1076,8 @@ class SqlStore:
             if row is None or row[0] is None:
                 return None
             self._check_turn(conversation_id, turn, row[1])
-            plain = self._get_snapshot(db, row[0])
             try:
+                plain = self._get_snapshot(db, row[0])
                 if "report_hash" in plain:
                     plain["report"] = self._get_snapshot(db, plain.pop("report_hash"))
                 index: list[list[str] | None] = []
@@ -1006,24 +1085,26 @@ class SqlStore:
                     index.append(layer.pop("index", None))
                     if index[-1] is not None:
                         layer.setdefault("segments", [])
-                nodes = self._entries(db, {h: "chunks" for top in index if top for h in top})
+                tops = [h for top in index if top for h in top]
+                _within(len(tops), "the index lists")
+                nodes = self._entries(db, {h: "chunks" for h in tops})
+                _within(sum(len(nodes[h]) for h in tops), "its chunks list")
                 leaves = [
                     None if top is None else [h for node in top for h in nodes[node]]
                     for top in index
                 ]
                 found = self._entries(db, {h: "segments" for hs in leaves if hs for h in hs})
+                _within(sum(len(found[h]) for hs in leaves if hs for h in hs), "it lists")
                 manifest: Manifest = _converter.structure(plain, Manifest)
-            except StoreCorrupt:
-                raise
+                # A layer saved before chunks keeps its segments inline.
+                layers = tuple(
+                    layer
+                    if hashes is None
+                    else attrs.evolve(layer, segments=tuple(s for h in hashes for s in found[h]))
+                    for layer, hashes in zip(manifest.layers, leaves, strict=True)
+                )
             except Exception as exc:
                 raise self._unreadable(exc, conversation_id, turn, row[1], "manifest") from None
-        # A layer saved before chunks keeps its segments inline.
-        layers = tuple(
-            layer
-            if hashes is None
-            else attrs.evolve(layer, segments=tuple(s for h in hashes for s in found[h]))
-            for layer, hashes in zip(manifest.layers, leaves, strict=True)
-        )
         return attrs.evolve(manifest, layers=layers)
 
     def find_attachment(self, kind: str, label: str) -> AttachmentRecord | None:
