@@ -149,12 +149,15 @@ def render_transcript(transcript: ChatTranscript, kinds: AttachmentKinds | None 
     without it a category is the kind's own name (``lamina.render_transcript`` fills it).
     """
     kinds = kinds or NoKinds()
+    tags, settings = _split_settings(transcript.tags)
     header: dict[str, Any] = {
         "conversation_id": transcript.conversation_id,
         "model": transcript.model,
         "created": transcript.created,
-        "tags": list(transcript.tags),
+        "tags": tags,
     }
+    if settings:
+        header["settings"] = settings
     if transcript.title:
         header["title"] = transcript.title
     if transcript.system != SystemPrompt():
@@ -258,6 +261,34 @@ def _tags(value: Any) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
+# A tag an application keeps its settings in: ``name:{JSON object}`` (``lamina serve``
+# keeps a conversation's creation body as ``lamina-serve:{...}``).
+_SETTINGS_TAG = re.compile(r"([a-z][a-z0-9-]*):(\{.*\})", re.DOTALL)
+
+
+def _split_settings(tags: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """The tags a person gave, and the settings tags as a ``settings:`` header mapping
+    (application name -> its settings' JSON text, kept as written so they read back
+    exactly), where a reader looks for them."""
+    plain: list[str] = []
+    settings: dict[str, str] = {}
+    for tag in tags:
+        found = _SETTINGS_TAG.fullmatch(tag)
+        if found is None or found.group(1) in settings:
+            plain.append(tag)
+        else:
+            settings[found.group(1)] = found.group(2)
+    return plain, settings
+
+
+def _settings_tags(value: Any) -> tuple[str, ...]:
+    """A ``settings:`` header mapping back into the tags it was kept in."""
+    if not isinstance(value, Mapping):
+        return ()
+    tags = (f"{_scalar(name)}:{_scalar(text)}" for name, text in value.items())
+    return tuple(tag for tag in tags if _SETTINGS_TAG.fullmatch(tag))
+
+
 def _system(value: Any, path: str) -> SystemPrompt:
     if value is None:
         return SystemPrompt()
@@ -338,7 +369,7 @@ def parse_transcript(
         conversation_id=_scalar(meta.get("conversation_id")),
         model=_scalar(meta.get("model", meta.get("modelKey"))),
         created=_created(meta, path),
-        tags=_tags(meta.get("tags")),
+        tags=_tags(meta.get("tags")) + _settings_tags(meta.get("settings")),
         title=_scalar(meta.get("title", meta.get("topic"))),
         system=_system(meta.get("system"), path),
         messages=tuple(messages),

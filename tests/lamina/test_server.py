@@ -542,6 +542,19 @@ def test_the_hot_lane_leaves_every_body_it_does_not_take_to_fastapi(client: http
     assert client.get(url).json()["head"] == EMPTY
 
 
+def test_the_transcript_keeps_the_creation_body_under_settings(client: httpx.Client) -> None:
+    """``GET .../transcript`` shows the server's creation body as a ``settings:`` entry
+    (not a tag a person gave), and importing the transcript keeps it exactly."""
+    from lamina.pipeline import parse_transcript
+
+    cid = create(client, window=3000, reserve=300, defer_library=False)["id"]
+    turn(client, cid, EMPTY, user="hi")
+    markdown = client.get(f"/v1/conversations/{cid}/transcript").json()["markdown"]
+    settings = '{"window":3000,"reserve":300,"defer_library":false}'
+    assert "\ntags: []\nsettings:\n  lamina-serve: '" + settings + "'\n" in markdown
+    assert parse_transcript(markdown, "chat.md").tags == ("lamina-serve:" + settings,)
+
+
 def test_defer_library_is_a_conversation_setting(tmp_path: Path) -> None:
     """``defer_library`` (default true, like the library) picks the layout a
     conversation's turns are built with: each turn's messages are those the library builds
