@@ -489,7 +489,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         return "ok"
 
     lanes = {"turns": Lane(TurnIn, turn_body), "reply": Lane(ReplyIn, reply_body)}
-    app.add_middleware(HotLane, lanes=lanes, roots=hub.roots)  # innermost: after the body and auth checks
+    # innermost: after the body and auth checks
+    app.add_middleware(HotLane, lanes=lanes, roots=hub.roots)
     app.add_middleware(BodyLimit, cap=config.max_body_bytes)
     if config.token is not None:
         app.add_middleware(BearerAuth, token=config.token)

@@ -127,7 +127,14 @@ def test_replay_records_a_corrupt_conversation_and_goes_on(saved: Path, tmp_path
     config.write_text("name: default\n", encoding="utf-8")
     out = tmp_path / "r.jsonl"
     ran = lamina(
-        "replay", str(path), "--config", str(config), "--engine", "serial", "--out", str(out),
+        "replay",
+        str(path),
+        "--config",
+        str(config),
+        "--engine",
+        "serial",
+        "--out",
+        str(out),
         cwd=tmp_path,
     )
     assert ran.returncode == 0, ran.stderr
@@ -150,8 +157,15 @@ def test_replay_exits_1_when_no_conversation_replays(tmp_path: Path) -> None:
     config.write_text("name: default\n", encoding="utf-8")
     out = tmp_path / "r.jsonl"
     ran = lamina(
-        "replay", str(tmp_path / "other.sqlite"), "--config", str(config), "--engine", "serial",
-        "--out", str(out), cwd=tmp_path,
+        "replay",
+        str(tmp_path / "other.sqlite"),
+        "--config",
+        str(config),
+        "--engine",
+        "serial",
+        "--out",
+        str(out),
+        cwd=tmp_path,
     )
     assert ran.returncode == 1, ran.stderr
     assert "no conversation replayed without an error" in ran.stderr
