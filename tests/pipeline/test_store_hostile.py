@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sqlite3
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,6 +119,17 @@ def test_report_resume_and_export_print_the_line_and_exit_2(
         assert len(lines) == 1 and re.search(reason, lines[0]), (name, ran.stderr)
 
 
+def _replay(corpus: Path, folder: Path) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
+    """``lamina replay CORPUS`` under the default config (serial): the run and its results."""
+    config = folder / "c.yaml"
+    config.write_text("name: default\n", encoding="utf-8")
+    out = folder / "r.jsonl"
+    args = ("--config", str(config), "--engine", "serial", "--out", str(out))
+    ran = lamina("replay", str(corpus), *args, cwd=folder)
+    results = list(map(json.loads, out.open())) if out.exists() else []
+    return ran, results
+
+
 def test_replay_records_a_corrupt_conversation_and_goes_on(saved: Path, tmp_path: Path) -> None:
     """One sound conversation, one whose turn row lies: both have a result line, the
     second with the store's one line as its error; the run exits 0 (one succeeded)."""
@@ -123,23 +137,10 @@ def test_replay_records_a_corrupt_conversation_and_goes_on(saved: Path, tmp_path
     hostile_stores.saved_chat(path, "bad", turns=2)
     hostile_stores.saved_chat(path, "good", turns=2)
     hostile_stores.parts_not_counts(path, 2, "bad")
-    config = tmp_path / "c.yaml"
-    config.write_text("name: default\n", encoding="utf-8")
-    out = tmp_path / "r.jsonl"
-    ran = lamina(
-        "replay",
-        str(path),
-        "--config",
-        str(config),
-        "--engine",
-        "serial",
-        "--out",
-        str(out),
-        cwd=tmp_path,
-    )
+    ran, lines = _replay(path, tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert "Traceback" not in ran.stderr
-    results = {r["conversation"].rpartition("#")[2]: r for r in map(json.loads, out.open())}
+    results = {r["conversation"].rpartition("#")[2]: r for r in lines}
     assert results["good"]["status"] == "ok", results["good"]
     assert results["bad"]["status"] == "error"
     (error,) = results["bad"]["errors"]
@@ -149,25 +150,9 @@ def test_replay_records_a_corrupt_conversation_and_goes_on(saved: Path, tmp_path
 def test_replay_exits_1_when_no_conversation_replays(tmp_path: Path) -> None:
     """A corpus whose only conversation fails (a SQLite file that is not a Lamina store)
     is reported as that conversation's error, and the run exits 1 (docs/REPLAY.md)."""
-    import sqlite3
-
     with sqlite3.connect(tmp_path / "other.sqlite") as db:
         db.execute("CREATE TABLE notes (id INTEGER)")
-    config = tmp_path / "c.yaml"
-    config.write_text("name: default\n", encoding="utf-8")
-    out = tmp_path / "r.jsonl"
-    ran = lamina(
-        "replay",
-        str(tmp_path / "other.sqlite"),
-        "--config",
-        str(config),
-        "--engine",
-        "serial",
-        "--out",
-        str(out),
-        cwd=tmp_path,
-    )
+    ran, results = _replay(tmp_path / "other.sqlite", tmp_path)
     assert ran.returncode == 1, ran.stderr
     assert "no conversation replayed without an error" in ran.stderr
-    (result,) = map(json.loads, out.open())
-    assert result["status"] == "error"
+    assert [r["status"] for r in results] == ["error"]
