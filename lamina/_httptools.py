@@ -12,7 +12,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from lamina._protocols import MAX_HEAD_BYTES, MAX_PIPELINED, Guards
+from lamina._protocols import MAX_HEAD_BYTES, MAX_PIPELINED, GuardedProtocol
 
 __all__ = ["GuardedHttpTools"]
 
@@ -30,7 +30,7 @@ class _Refused(Exception):
     error, which uvicorn answers through ``send_400_response``)."""
 
 
-class GuardedHttpTools(HttpToolsProtocol, Guards):
+class GuardedHttpTools(GuardedProtocol, HttpToolsProtocol):
     """uvicorn's httptools protocol with ``Guards`` (deadlines, connection cap,
     TCP_NODELAY, one write per answer), driven by the parser's callbacks.
 
@@ -142,19 +142,6 @@ class GuardedHttpTools(HttpToolsProtocol, Guards):
             # a pipelined request, partly here: its deadline starts now
             head = self._phase is _Phase.HEAD
             self._wait(self._limits.header_timeout if head else self._limits.body_timeout)
-
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        self._write_paused()
-
-    def resume_writing(self) -> None:
-        super().resume_writing()
-        self._write_resumed()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._stop()
-        self._write_resumed()
-        super().connection_lost(exc)
 
     def _answering(self) -> bool:
         """A response to an earlier request on this connection is still being made."""

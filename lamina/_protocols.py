@@ -22,7 +22,14 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lamina._hub import ServerConfig, config_from_env
 
-__all__ = ["MAX_HEAD_BYTES", "MAX_PIPELINED", "ConnectionLimits", "GuardedH11", "Guards"]
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "MAX_PIPELINED",
+    "ConnectionLimits",
+    "GuardedH11",
+    "GuardedProtocol",
+    "Guards",
+]
 
 Message = MutableMapping[str, Any]
 ASGIApp = Callable[
@@ -349,6 +356,24 @@ class Guards:
         self.transport.abort()
 
 
+class GuardedProtocol(asyncio.Protocol, Guards):
+    """``Guards``' hooks into the transport's flow control and the connection's end, for
+    a uvicorn protocol listed after it (``class P(GuardedProtocol, UvicornProtocol)``)."""
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._write_paused()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._write_resumed()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop()
+        self._write_resumed()
+        super().connection_lost(exc)
+
+
 class _StrictH11(h11.Connection):
     """h11's server side, remembering the status its last refusal asks for (431 for a
     head past ``MAX_HEAD_BYTES``) and refusing a request framed by both Transfer-Encoding
@@ -371,7 +396,7 @@ class _StrictH11(h11.Connection):
         return event
 
 
-class GuardedH11(H11Protocol, Guards):
+class GuardedH11(GuardedProtocol, H11Protocol):
     """uvicorn's h11 protocol with ``Guards`` (deadlines, connection cap, TCP_NODELAY,
     one write per answer): the protocol when httptools is not installed. A request whose
     head passes ``MAX_HEAD_BYTES`` is answered 431. h11 reads one request at a time; a
@@ -419,19 +444,6 @@ class GuardedH11(H11Protocol, Guards):
             self._pipelined += 1
             if self._pipelined >= MAX_PIPELINED:
                 self.cycle.keep_alive = False
-
-    def pause_writing(self) -> None:
-        super().pause_writing()
-        self._write_paused()
-
-    def resume_writing(self) -> None:
-        super().resume_writing()
-        self._write_resumed()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._stop()
-        self._write_resumed()
-        super().connection_lost(exc)
 
     def _answerable(self) -> bool:
         return self.conn.our_state is h11.IDLE and self.conn.their_state is not h11.SEND_BODY
