@@ -50,6 +50,18 @@ def _fresh(url: str) -> tuple[int, float]:
     return status, time.monotonic() - started
 
 
+def _served(url: str, within: float = 3.0) -> tuple[int, float]:
+    """``_fresh`` again after a 503 (the server was answering every other connection's
+    request), for up to ``within`` seconds: the status and the time until served."""
+    started = time.monotonic()
+    status = 503
+    while status == 503 and time.monotonic() - started < within:
+        status, _ = _fresh(url)
+        if status == 503:
+            time.sleep(0.25)
+    return status, time.monotonic() - started
+
+
 def _connect(url: str, receive_buffer: int = 0) -> socket.socket:
     s = socket.socket()
     if receive_buffer:
@@ -157,7 +169,8 @@ def test_pipelined_requests_nobody_reads_leave_the_server_answering(
     tmp_path: Path, parser: str
 ) -> None:
     """8 connections each pipeline 20,000 unauthenticated ``GET /v1/health`` (0.9 MB)
-    with a 4 KB receive buffer and never read: fresh clients are served within 3 s, and
+    with a 4 KB receive buffer and never read: fresh clients are served within 3 s (503
+    while every connection's queued requests are being answered), and
     each hostile connection is closed within 15 s (httptools after answering the requests
     it queued, at most MAX_PIPELINED behind the first; h11, one request at a time, at the
     write deadline)."""
@@ -169,7 +182,9 @@ def test_pipelined_requests_nobody_reads_leave_the_server_answering(
             with contextlib.suppress(OSError):
                 s.sendall(HEALTH * 20_000)
             s.setblocking(False)
-        served = [_fresh(url) for _ in range(3)]
+        # While all 8 are answering the requests they queued the cap is held by work in
+        # progress (503), which is bounded: a new client is served within 3 s.
+        served = [_served(url) for _ in range(3)]
         started = time.monotonic()
         open_ = list(hostile)
         while open_ and time.monotonic() - started < 15:
