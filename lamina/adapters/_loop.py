@@ -24,12 +24,15 @@ __all__ = ["Call", "LoopAdapter", "LoopState"]
 
 @attrs.frozen
 class Call:
-    """A tool call as a framework holds it: id, name, arguments, and its result text."""
+    """A tool call as a framework holds it: id, name, arguments, and its result text;
+    ``sent`` the arguments' text as the framework serializes them on the wire ("":
+    Lamina's canonical JSON, which is what it sends)."""
 
     id: str
     name: str
     args: Any
     result: str
+    sent: str = ""
 
 
 class LoopState:
@@ -66,6 +69,9 @@ class LoopState:
         self._results: dict[str, str] = {}
         self._finished = True
         self.tools: list[Mapping[str, Any]] = []
+        self.text_apart = False
+        """Whether the framework sends a step's text as a message of its own before its
+        calls (``AgentTurn.text_apart``: the Agents SDK over Chat Completions)."""
 
     @property
     def envelope(self) -> Envelope | None:
@@ -126,12 +132,12 @@ class LoopState:
         """The fitted loop for these (text, calls) model steps of the current turn."""
         if self.agent is None:
             raise ConversationError("no turn was started")
-        agent = attrs.evolve(self.agent, steps=())
+        agent = attrs.evolve(self.agent, steps=(), text_apart=self.text_apart)
         for text, calls in steps:
             made: list[AgentCall] = []
             for call in calls:
                 result = self._results.setdefault(call.id, call.result)
-                made.append(agent_call(call.name, call.args, result, id=call.id))
+                made.append(agent_call(call.name, call.args, result, id=call.id, sent=call.sent))
             agent = agent.step(*made, text=text)
         loop = agent.fit()
         self.loops.append(loop)

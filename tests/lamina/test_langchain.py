@@ -28,6 +28,7 @@ from lamina import Conversation
 from lamina.adapters.langchain import LaminaMiddleware, to_messages
 from lamina.pipeline import Budget, DecisionAction, read_usage
 from lamina.renderers import agent_request, render_request, tool_tokens, usage_record
+from tests.lamina.wire import chat_tokens
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(400))
@@ -256,3 +257,31 @@ def test_each_model_call_is_read_back_from_langchains_own_usage() -> None:
         (0, 300), (1024, 600), (2048, 900)
     ]
     assert [(u.turn, u.call) for u in records] == [(1, 1), (1, 2), (1, 3)]
+
+
+def test_tool_call_arguments_are_counted_as_langchain_serializes_them() -> None:
+    """LangChain sends a call's arguments as ``json.dumps`` writes them (``{"q": "r0-0"}``,
+    with spaces): every request's count is the OpenAI chat body LangChain sends, counted
+    message by message (it was Lamina's compact JSON, 1-2 tokens short a call)."""
+    budget = Budget(context_window=8000, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    lamina = LaminaMiddleware(conv)
+    model = Scripted(messages=_script(2))
+    model.received.clear()
+    agent = create_agent(model, tools=[search], middleware=[lamina])
+    for i in range(2):
+        state = agent.invoke({"messages": [{"role": "user", "content": f"Question {i}?"}]})
+        lamina.finish(state["messages"][-1].text)
+    assert len(model.received) == len(lamina.loops) == 6
+    defs = [convert_to_openai_tool(search)["function"]]
+    sent = [convert_to_openai_messages(r) for r in model.received]
+
+    def arguments(messages: list[dict[str, Any]]) -> list[str]:
+        return [c["function"]["arguments"] for m in messages for c in m.get("tool_calls") or ()]
+
+    assert arguments(sent[-1]) == ['{"q": "r1-0"}', '{"q": "r1-1"}']
+    for messages, loop in zip(sent, lamina.loops, strict=True):
+        ours = agent_request(loop, "openai").body["messages"]
+        assert _normal(messages) == _normal(ours)
+        assert arguments(messages) == arguments(ours)
+        assert chat_tokens(messages, defs, budget.framing, conv.counter) == loop.tokens

@@ -58,3 +58,23 @@ def search_or_answer(body: dict[str, Any], n: int) -> dict[str, Any]:
             "tool_calls": [{"id": f"c{n}", "type": "function", "function": call}],
         }
     return {"role": "assistant", "content": f"Answer {n}."}
+
+
+def chat_tokens(
+    messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]], framing: Any, counter: Any
+) -> int:
+    """An OpenAI chat body as sent, counted message by message with ``framing`` (a
+    message's framing and content; a tool call's framing, name and arguments text as
+    sent) plus its tool definitions (OpenAI's counting)."""
+    from lamina.renderers import tool_tokens
+
+    total = framing.priming
+    for m in messages:
+        content = m.get("content")
+        text = content if isinstance(content, str) else ""
+        total += framing.per_message + counter.count(text)
+        for c in m.get("tool_calls") or ():
+            total += framing.tool_call + counter.count(
+                c["function"]["name"] + c["function"]["arguments"]
+            )
+    return total + tool_tokens(list(tools), "openai", counter)
