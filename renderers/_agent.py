@@ -44,7 +44,7 @@ def _openai_chat(steps: tuple[LoopStep, ...]) -> list[dict[str, Any]]:
         ]
         if step.text_apart and step.text:  # the text as a message of its own, then the calls
             out.append({"role": "assistant", "content": step.text})
-            out.append({"role": "assistant", "tool_calls": calls})
+            out.append({"role": "assistant", "content": None, "tool_calls": calls})
         else:
             out.append({"role": "assistant", "content": step.text or None, "tool_calls": calls})
         out.extend({"role": "tool", "tool_call_id": c.id, "content": c.content} for c in step.calls)

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from agents import Agent, ModelResponse, RunConfig, Runner, Usage, function_tool
 from agents.models.interface import Model
+from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 from agents.models.openai_responses import OpenAIResponsesModel
 from openai import AsyncOpenAI
 from openai.types.responses import (
@@ -45,7 +46,13 @@ from lamina.renderers import (
     trace_document,
     usage_record,
 )
-from tests.lamina.wire import responses_reply, served_prefix
+from tests.lamina.wire import (
+    chat_reply,
+    chat_tokens,
+    responses_reply,
+    search_or_answer,
+    served_prefix,
+)
 from tests.stores import Backend
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
@@ -788,3 +795,37 @@ def test_each_call_of_an_agent_loop_has_its_own_usage_read_back(tmp_path: Path) 
     assert calibration is not None and calibration.samples == 6
     assert 0.05 <= calibration.margin <= 0.15
     store.close()
+
+
+def test_interim_text_over_chat_completions_is_counted_as_its_own_message() -> None:
+    """The SDK's Chat Completions model sends a step's interim text ("Let me search") and
+    its call as two assistant messages: every body it sends, counted message by message,
+    is Lamina's count of that call's loop (it counted one message: 3 tokens short per
+    step with text), and Lamina's own chat rendering of the loop is that body."""
+    bodies: list[dict[str, Any]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        n = len(bodies)
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        return httpx.Response(200, json=chat_reply(n, search_or_answer(body, n), usage))
+
+    client = AsyncOpenAI(
+        api_key="offline", http_client=httpx.AsyncClient(transport=httpx.MockTransport(handle))
+    )
+    model = OpenAIChatCompletionsModel("gpt-4.1", openai_client=client)
+    budget = Budget(context_window=8000, reserve_output=300)
+    conv = Conversation(STABLE, vault=VAULT, budget=budget)
+    session = LaminaSession(conv)
+    agent = Agent(name="notes", model=model, tools=[search], instructions="Cite your notes.")
+    outputs = _runs(session, agent, range(2))
+    assert outputs == ["Answer 3.", "Answer 6."]
+    assert len(bodies) == len(session.loops) == 6
+    for body, loop in zip(bodies, session.loops, strict=True):
+        tools = [t["function"] for t in body.get("tools", [])]
+        assert chat_tokens(body["messages"], tools, budget.framing, conv.counter) == loop.tokens
+        assert body["messages"] == agent_request(loop, "openai").body["messages"]
+    roles = [m["role"] for m in bodies[2]["messages"][-6:]]
+    assert roles == ["assistant", "assistant", "tool"] * 2
+    assert [s.text_apart for s in session.loops[2].steps] == [True, True]

@@ -37,7 +37,7 @@ from lamina.renderers import (
     tool_tokens,
     usage_record,
 )
-from tests.lamina.wire import search_or_answer, served_prefix
+from tests.lamina.wire import chat_reply, search_or_answer, served_prefix
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 
@@ -223,13 +223,6 @@ def _searching_agent(model: Any, history: LaminaHistory) -> Agent[None, str]:
     return agent
 
 
-def _chat_reply(n: int, message: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's chat completion ``n`` holding ``message``."""
-    choice = {"index": 0, "message": message, "finish_reason": "stop"}
-    reply = {"id": f"r{n}", "object": "chat.completion", "created": 0, "model": "gpt-4o"}
-    return {**reply, "choices": [choice], "usage": usage}
-
-
 def _chat_model(handle: Callable[[httpx.Request], httpx.Response]) -> OpenAIChatModel:
     """pydantic-ai's own OpenAI chat model whose requests ``handle`` answers in process."""
     transport = httpx.AsyncClient(transport=httpx.MockTransport(handle))
@@ -246,7 +239,7 @@ def _wire_model(bodies: list[dict[str, Any]]) -> OpenAIChatModel:
         bodies.append(body)
         n = len(bodies)
         usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-        return httpx.Response(200, json=_chat_reply(n, search_or_answer(body, n), usage))
+        return httpx.Response(200, json=chat_reply(n, search_or_answer(body, n), usage))
 
     return _chat_model(handle)
 
@@ -314,7 +307,7 @@ def _billing_model(
         usage = {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7,
                  "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
         billed.append(usage)
-        return httpx.Response(200, json=_chat_reply(n, search_or_answer(body, n), usage))
+        return httpx.Response(200, json=chat_reply(n, search_or_answer(body, n), usage))
 
     return _chat_model(handle)
 

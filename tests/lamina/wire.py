@@ -47,6 +47,13 @@ def responses_reply(
             "tool_choice": "auto", "tools": [], "usage": usage}  # fmt: skip
 
 
+def chat_reply(n: int, message: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's chat completion ``n`` holding ``message``."""
+    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    reply = {"id": f"r{n}", "object": "chat.completion", "created": 0, "model": "gpt-4o"}
+    return {**reply, "choices": [choice], "usage": usage}
+
+
 def search_or_answer(body: dict[str, Any], n: int) -> dict[str, Any]:
     """A chat model's assistant message ``n``: a search call until the body holds two,
     then the answer (text with each)."""
