@@ -28,7 +28,7 @@ from lamina import Conversation
 from lamina.adapters.langchain import LaminaMiddleware, to_messages
 from lamina.pipeline import Budget, DecisionAction, read_usage
 from lamina.renderers import agent_request, render_request, tool_tokens, usage_record
-from tests.lamina.wire import chat_tokens
+from tests.lamina.wire import anthropic_blocks, anthropic_served, chat_tokens
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(400))
@@ -206,23 +206,30 @@ def test_a_system_prompt_rewritten_between_calls_is_sent_as_l1s_mutable_part() -
     assert [h.assistant for h in conv.history] == ["Answer 0."]
 
 
-def _anthropic_model(billed: list[dict[str, Any]]) -> ChatAnthropic:
+def _anthropic_model(
+    billed: list[dict[str, Any]], bodies: list[dict[str, Any]] | None = None
+) -> ChatAnthropic:
     """LangChain's own ChatAnthropic on Anthropic's SDK with an in-process transport: it
-    searches twice, then answers; each reply's usage (Anthropic's raw form, cache reads
-    and writes apart from ``input_tokens``) is kept in ``billed``."""
+    searches twice a run, then answers; each reply's usage (Anthropic's raw form, cache
+    reads and writes apart from ``input_tokens``) is kept in ``billed``, each request body
+    in ``bodies``."""
 
     def handle(request: httpx2.Request) -> httpx2.Response:
+        body = json.loads(request.content)
+        if bodies is not None:
+            bodies.append(body)
+        searches = sum(1 for b in anthropic_blocks(body) if b["type"] == "tool_use")
         n = len(billed) + 1
         usage = {"input_tokens": 40 + n, "output_tokens": 9, "cache_read_input_tokens":
                  1024 * (n - 1), "cache_creation_input_tokens": 300 * n}  # fmt: skip
         billed.append(usage)
         content: list[dict[str, Any]] = [{"type": "text", "text": f"Step {n}."}]
-        if n < 3:
+        if searches < 2:
             content.append({"type": "tool_use", "id": f"t{n}", "name": "search",
                             "input": {"q": f"q{n}"}})  # fmt: skip
         reply = {"id": f"m{n}", "type": "message", "role": "assistant",
                  "model": "claude-sonnet-4-6", "content": content, "usage": usage,
-                 "stop_reason": "tool_use" if n < 3 else "end_turn",
+                 "stop_reason": "tool_use" if searches < 2 else "end_turn",
                  "stop_sequence": None}  # fmt: skip
         return httpx2.Response(200, json=reply)
 
@@ -285,3 +292,31 @@ def test_tool_call_arguments_are_counted_as_langchain_serializes_them() -> None:
         assert _normal(messages) == _normal(ours)
         assert arguments(messages) == arguments(ours)
         assert chat_tokens(messages, defs, budget.framing, conv.counter) == loop.tokens
+
+
+def test_anthropic_loop_requests_end_with_a_breakpoint_the_next_call_reads() -> None:
+    """Two runs of three calls through LangChain's ChatAnthropic: every request it sends is
+    Lamina's Anthropic body (tool_use and tool_result blocks included), ends with a
+    ``cache_control`` breakpoint on its last block, carries at most 4, and the next call
+    of the loop reads the whole of it from the cache (before, calls 2 and 3 read only up
+    to the turn's user message: the loop's steps carried no breakpoint)."""
+    billed: list[dict[str, Any]] = []
+    bodies: list[dict[str, Any]] = []
+    conv = Conversation(RULES, vault=VAULT)
+    lamina = LaminaMiddleware(conv, "anthropic", "claude-sonnet-4-6")
+    agent = create_agent(_anthropic_model(billed, bodies), tools=[search], middleware=[lamina])
+    for i in range(2):
+        lamina.attach({"note": "project-spec.md"})
+        state = agent.invoke({"messages": [{"role": "user", "content": f"Question {i}?"}]})
+        lamina.finish(state["messages"][-1].text)
+    assert len(bodies) == len(lamina.loops) == 6
+    for body, loop in zip(bodies, lamina.loops, strict=True):
+        ours = agent_request(loop, "anthropic", "claude-sonnet-4-6").body
+        assert (body["system"], body["messages"]) == (ours["system"], ours["messages"])
+        assert "cache_control" in anthropic_blocks(body)[-1]
+        assert 1 <= json.dumps(body).count("cache_control") <= 4
+    counter = conv.counter
+    for n in (1, 2, 4, 5):  # calls 2 and 3 of each run
+        whole = anthropic_served(bodies[n - 1], bodies[n - 1 : n], counter)
+        assert whole > 0
+        assert anthropic_served(bodies[n], bodies[:n], counter) == whole

@@ -85,3 +85,51 @@ def chat_tokens(
                 c["function"]["name"] + c["function"]["arguments"]
             )
     return total + tool_tokens(list(tools), "openai", counter)
+
+
+def anthropic_blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """An Anthropic body's blocks in request order: the system's, then each message's."""
+    system = body.get("system") or []
+    return [*system, *(b for m in body["messages"] for b in m["content"])]
+
+
+def anthropic_served(
+    body: dict[str, Any], earlier: Sequence[dict[str, Any]], counter: Any, least: int = 1024
+) -> int:
+    """The tokens Anthropic serves from its cache for ``body``: the longest prefix, up to a
+    block boundary within 20 blocks before one of its breakpoints, that an earlier body
+    wrote (its own prefix up to one of its breakpoints, of at least ``least`` tokens).
+    Blocks are counted by their text (a ``tool_use`` by name and input)."""
+
+    def plain(block: dict[str, Any]) -> str:
+        return json.dumps({k: v for k, v in block.items() if k != "cache_control"}, sort_keys=True)
+
+    def text(block: dict[str, Any]) -> str:
+        if block.get("type") == "tool_use":
+            return str(block["name"]) + json.dumps(block["input"])
+        content = block.get("content", block.get("text", ""))
+        return content if isinstance(content, str) else "".join(map(text, content))
+
+    def prefixes(blocks: list[dict[str, Any]]) -> list[tuple[str, int]]:
+        out, key, tokens = [], "", 0
+        for block in blocks:
+            key += plain(block)
+            tokens += counter.count(text(block))
+            out.append((key, tokens))
+        return out
+
+    written = set()
+    for before in earlier:
+        blocks = anthropic_blocks(before)
+        for i, (key, tokens) in enumerate(prefixes(blocks)):
+            if "cache_control" in blocks[i] and tokens >= least:
+                written.add(key)
+    blocks = anthropic_blocks(body)
+    mine = prefixes(blocks)
+    served = 0
+    for i, block in enumerate(blocks):
+        if "cache_control" in block:
+            for key, tokens in mine[max(0, i - 20) : i + 1]:
+                if key in written:
+                    served = max(served, tokens)
+    return served
