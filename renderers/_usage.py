@@ -16,6 +16,7 @@ import attrs
 
 from lamina.pipeline import (
     ConfigError,
+    DecisionAction,
     Envelope,
     Loop,
     LoopStep,
@@ -132,6 +133,7 @@ _LAYERS = {
     "system-changed": "L1",
     "memory-changed": "L1",
     "handoff": "L1",
+    "instructions-changed": "the framework's instructions after L2",
     "history-cut-moved": "L4",
 }
 
@@ -318,9 +320,38 @@ def _loop_hit(
         + loop_tokens(old[:shared], counter, framing)
     )
     best += tools
+    return _served(best, provider, profile, counter, ttl)
+
+
+def _served(tokens: int, provider: str, profile: ModelProfile, counter: TokenCounter,
+            ttl: Ttl | None) -> int:  # fmt: skip
+    """What a prefix-caching provider serves of a shared prefix of ``tokens``: within its
+    minimum, in its steps."""
     rules = request_options(provider, profile.name, profile=profile, counter=counter, ttl=ttl)
     step, least = rules.rules.step, rules.rules.min_tokens
-    return best - best % step if best >= least else 0
+    return tokens - tokens % step if tokens >= least else 0
+
+
+def _instructions_changed(envelope: Envelope) -> bool:
+    return any(d.action is DecisionAction.INSTRUCTIONS_CHANGED for d in envelope.report.decisions)
+
+
+def _system_hit(
+    current: Envelope,
+    tools: int,
+    provider: str,
+    profile: ModelProfile,
+    counter: TokenCounter,
+    ttl: Ttl | None,
+) -> int:
+    """The cached prefix when a framework's own instructions changed (they follow Lamina's
+    system message): the tool definitions and the system message, for a prefix-caching
+    provider."""
+    framing = profile.framing
+    system = current.as_sent().system_text
+    text = system.strip() if framing.trim else system
+    return _served(tools + framing.per_message + counter.count(text), provider, profile,
+                   counter, ttl)  # fmt: skip
 
 
 def usage_record(
@@ -422,6 +453,8 @@ def usage_record(
     hit = cost.cached_tokens + added if cost.cached_tokens > 0 else 0
     if before is not None and looped:
         hit = _loop_hit(before, last, hit, added, provider, profile, count, ttl)
+    if hit and provider != "anthropic" and _instructions_changed(current):
+        hit = min(hit, _system_hit(current, tools_local, provider, profile, count, ttl))
     predicted_cached = profile.effective_tokens(hit) + prompt if hit else 0
     warning, cause = None, ""
     # Local counts of a non-local tokenizer run low, so only a shortfall of half is a miss.

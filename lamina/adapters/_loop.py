@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -13,9 +14,12 @@ from lamina.pipeline import (
     ConfigError,
     Conversation,
     ConversationError,
+    Decision,
+    DecisionAction,
     Envelope,
     Loop,
     SystemPrompt,
+    TurnWarning,
     agent_call,
 )
 
@@ -70,6 +74,7 @@ class LoopState:
         self._finished = True
         self.tools: list[Mapping[str, Any]] = []
         self.text_apart = False
+        self._instructions: tuple[str, ...] | None = None
         """Whether the framework sends a step's text as a message of its own before its
         calls (``AgentTurn.text_apart``: the Agents SDK over Chat Completions)."""
 
@@ -166,6 +171,36 @@ class LoopState:
         if self.agent is not None and self.agent.tools_tokens != tools_tokens:
             self.agent = attrs.evolve(self.agent, tools_tokens=tools_tokens)
         return self.fit(steps)
+
+    def instructions_sent(self, texts: Sequence[str]) -> None:
+        """The instructions the framework sent itself beside the last fitted request (after
+        Lamina's system message: pydantic-ai's ``instructions``). When they differ from the
+        request before's, that request's envelope report gets an ``instructions-changed``
+        decision and warning: the prefix broke after the system message, which the
+        envelopes alone do not show (``classify_break``, the trace and the usage read-back
+        say so)."""
+        now = tuple(texts)
+        before, self._instructions = self._instructions, now
+        if before is None or before == now or not self.loops:
+            return
+        loop = self.loops[-1]
+        changed = sum(1 for a, b in itertools.zip_longest(before, now) if a != b)
+        reason = (
+            f"the framework's own instructions changed since the previous request ({changed} "
+            f"of {len(now)} sent after the system message differ): the history after them "
+            f"is sent uncached"
+        )
+        decision = Decision(
+            "agent", "framework:instructions", "text", "text", reason, layer="L1",
+            action=DecisionAction.INSTRUCTIONS_CHANGED,
+        )  # fmt: skip
+        report = loop.envelope.report
+        report = attrs.evolve(
+            report,
+            decisions=(*report.decisions, decision),
+            warnings=(*report.warnings, TurnWarning("instructions-changed", "", reason)),
+        )
+        self.loops[-1] = attrs.evolve(loop, envelope=attrs.evolve(loop.envelope, report=report))
 
     def handoff(self, system: str) -> None:
         """The framework's prompt changed within the turn (a handoff to an agent with other

@@ -223,4 +223,5 @@ class LaminaHistory(LoopAdapter):
             tools=self._tools(ctx),
         )
         self.instructions.append(instructions)
+        self.state.instructions_sent(instructions)
         return [*envelope_messages(loop.envelope), *_loop_messages(loop)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -29,9 +30,10 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from lamina import Conversation
 from lamina.adapters.pydantic_ai import LaminaHistory
-from lamina.pipeline import Budget, ConfigError, TurnUsage, read_usage
+from lamina.pipeline import Budget, ConfigError, DecisionAction, TurnUsage, read_usage
 from lamina.renderers import (
     agent_request,
+    classify_break,
     instructions_tokens,
     render_request,
     tool_tokens,
@@ -203,6 +205,7 @@ def test_instructions_system_prompt_and_tools_are_counted_and_kept() -> None:
 
 
 INSTRUCTIONS = " ".join(["Answer in one short paragraph."] * 20)
+RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(150))
 
 
 def _searching_agent(model: Any, history: LaminaHistory) -> Agent[None, str]:
@@ -355,10 +358,10 @@ def test_each_request_of_a_run_is_read_back_from_pydantic_ais_own_usage() -> Non
 
 
 def _read_back_runs(
-    agent: Agent[Any, str], history: LaminaHistory, deps: Any = None
+    agent: Agent[Any, str], history: LaminaHistory, deps: Any = None, attach: bool = True
 ) -> tuple[list[ModelResponse], AgentRunResult[str]]:
-    """Two runs of an agent through ``agent.iter``: each model request's response, as it
-    came, and the last run's result."""
+    """Two runs of an agent through ``agent.iter`` (each with the spec note attached, or
+    none): each model request's response, as it came, and the last run's result."""
     responses: list[ModelResponse] = []
 
     async def run(question: str) -> AgentRunResult[str]:
@@ -370,7 +373,8 @@ def _read_back_runs(
         return running.result
 
     for i in range(2):
-        history.attach({"note": "project-spec.md"})
+        if attach:
+            history.attach({"note": "project-spec.md"})
         result = asyncio.run(run(f"Question {i}: what does the sync engine do?"))
         history.finish(result.output)
     return responses, result
@@ -488,3 +492,50 @@ def test_static_and_dynamic_instructions_are_counted_as_the_messages_sent() -> N
     assert all(u.warning is None for u in records)
     joined = instructions_tokens(["\n\n".join(sent)], conv.counter)
     assert joined < instructions_tokens(sent, conv.counter)  # the processor alone counts short
+
+
+def test_a_changed_dynamic_instruction_is_a_reported_break() -> None:
+    """An ``@agent.instructions`` function whose text changes every request (here it counts
+    them) breaks the prefix after Lamina's system message: each request after the first
+    carries an ``instructions-changed`` decision and warning, ``classify_break`` names it,
+    and the read-back predicts the prefix the provider served (tools and system message)
+    with no cache-miss warning. (Before, nothing said why, and the loop's calls predicted
+    the whole earlier request cached.)"""
+    bodies: list[dict[str, Any]] = []
+    billed: list[dict[str, Any]] = []
+    budget = Budget(context_window=16000, reserve_output=300)
+    conv = Conversation(RULES, vault=VAULT, budget=budget)
+    history = LaminaHistory(conv)
+    agent = Agent(_billing_model(bodies, billed, conv.counter, budget),
+                  capabilities=[history.capability()])  # fmt: skip
+    sent: list[int] = []
+
+    @agent.instructions
+    def progress() -> str:
+        sent.append(len(sent) + 1)
+        return f"This is request {len(sent)} of the run. " + INSTRUCTIONS
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        """Search the project notes."""
+        return _result(q)
+
+    responses, _ = _read_back_runs(agent, history, attach=False)
+    assert len(responses) == len(history.loops) == len(bodies) == 6
+    assert len(set(history.instructions)) == 6
+    envelopes = [loop.envelope for loop in history.loops]
+    changed = [
+        [d.action for d in env.report.decisions if d.action is DecisionAction.INSTRUCTIONS_CHANGED]
+        for env in envelopes
+    ]
+    assert changed == [[]] + [[DecisionAction.INSTRUCTIONS_CHANGED]] * 5
+    assert all(
+        any(w.code == "instructions-changed" for w in env.report.warnings) for env in envelopes[1:]
+    )
+    breaks = [classify_break(a, b) for a, b in itertools.pairwise(envelopes)]
+    assert all("instructions-changed" in reasons for reasons in breaks)
+    records = _read_back(history, responses)
+    cached = [b["prompt_tokens_details"]["cached_tokens"] for b in billed]
+    assert all(c > 0 for c in cached[1:])  # the tools and the system message, every call
+    assert [u.predicted_cached for u in records] == cached
+    assert all(u.warning is None for u in records)
