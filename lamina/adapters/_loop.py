@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -145,6 +146,8 @@ class LoopState:
                 made.append(agent_call(call.name, call.args, result, id=call.id, sent=call.sent))
             agent = agent.step(*made, text=text)
         loop = agent.fit()
+        if self.tools:
+            loop = attrs.evolve(loop, tools=json.dumps(self.tools, sort_keys=True))
         self.loops.append(loop)
         return loop
 

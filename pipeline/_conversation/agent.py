@@ -151,6 +151,11 @@ class Loop:
     decisions: tuple[Decision, ...] = ()
     tokens: int = 0
     report: BudgetReport | None = None
+    tools: str = ""
+    """The tool definitions sent with the request as canonical JSON, when an adapter knows
+    them ("" otherwise): they lead every provider's cached prefix, so a call whose tools
+    differ from the call before's (a handoff to an agent with other tools) reads nothing
+    that call left."""
 
 
 def _stub(call: AgentCall) -> str:
