@@ -163,7 +163,7 @@ def _blocks(body: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _block_text(block: Mapping[str, Any]) -> str:
     if block.get("type") == "tool_use":
-        return block["name"] + json.dumps(block["input"], separators=(",", ":"))
+        return str(block["name"]) + json.dumps(block["input"], separators=(",", ":"))
     content = block.get("content", block.get("text", ""))
     return content if isinstance(content, str) else "".join(_block_text(c) for c in content)
 
