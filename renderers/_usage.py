@@ -356,22 +356,12 @@ def _instructions_changed(envelope: Envelope) -> bool:
     return any(d.action is DecisionAction.INSTRUCTIONS_CHANGED for d in envelope.report.decisions)
 
 
-def _system_hit(
-    current: Envelope,
-    tools: int,
-    provider: str,
-    profile: ModelProfile,
-    counter: TokenCounter,
-    ttl: Ttl | None,
-) -> int:
-    """The cached prefix when a framework's own instructions changed (they follow Lamina's
-    system message): the tool definitions and the system message, for a prefix-caching
-    provider."""
+def _system_tokens(current: Envelope, profile: ModelProfile, counter: TokenCounter) -> int:
+    """The system message's tokens as sent: what stays cached, after the tool definitions,
+    when a framework's own instructions that follow it changed."""
     framing = profile.framing
     system = current.as_sent().system_text
-    text = system.strip() if framing.trim else system
-    return _served(tools + framing.per_message + counter.count(text), provider, profile,
-                   counter, ttl)  # fmt: skip
+    return framing.per_message + counter.count(system.strip() if framing.trim else system)
 
 
 def usage_record(
@@ -488,7 +478,8 @@ def usage_record(
     if handed is not None:
         hit = max(hit, cached_after(handed))
     if hit and provider != "anthropic" and _instructions_changed(current):
-        hit = min(hit, _system_hit(current, tools_local, provider, profile, count, ttl))
+        kept = tools_local + _system_tokens(current, profile, count)
+        hit = min(hit, _served(kept, provider, profile, count, ttl))
     predicted_cached = profile.effective_tokens(hit) + prompt if hit else 0
     warning, cause = None, ""
     # Local counts of a non-local tokenizer run low, so only a shortfall of half is a miss.

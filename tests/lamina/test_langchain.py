@@ -115,13 +115,19 @@ def test_anthropic_messages_carry_every_breakpoint_lamina_sets() -> None:
     assert json.dumps(payload).count("cache_control") == json.dumps(body).count("cache_control")
 
 
+def _scripted_agent(conv: Conversation, turns: int) -> tuple[LaminaMiddleware, Scripted, Any]:
+    """A create_agent run's parts: Lamina's middleware on ``conv``, the scripted model
+    (two searches a turn, then the answer) and the agent."""
+    lamina = LaminaMiddleware(conv)
+    model = Scripted(messages=_script(turns))
+    model.received.clear()
+    return lamina, model, create_agent(model, tools=[search], middleware=[lamina])
+
+
 def test_ten_turn_agent_under_a_small_budget() -> None:
     budget = Budget(context_window=2400, reserve_output=300)
     conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
-    lamina = LaminaMiddleware(conv)
-    model = Scripted(messages=_script(10))
-    model.received.clear()
-    agent = create_agent(model, tools=[search], middleware=[lamina])
+    lamina, model, agent = _scripted_agent(conv, 10)
     for i in range(10):
         if i % 3 == 0:
             lamina.attach({"note": "project-spec.md"})
@@ -272,10 +278,7 @@ def test_tool_call_arguments_are_counted_as_langchain_serializes_them() -> None:
     message by message (it was Lamina's compact JSON, 1-2 tokens short a call)."""
     budget = Budget(context_window=8000, reserve_output=300)
     conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
-    lamina = LaminaMiddleware(conv)
-    model = Scripted(messages=_script(2))
-    model.received.clear()
-    agent = create_agent(model, tools=[search], middleware=[lamina])
+    lamina, model, agent = _scripted_agent(conv, 2)
     for i in range(2):
         state = agent.invoke({"messages": [{"role": "user", "content": f"Question {i}?"}]})
         lamina.finish(state["messages"][-1].text)

@@ -46,13 +46,7 @@ from lamina.renderers import (
     trace_document,
     usage_record,
 )
-from tests.lamina.wire import (
-    chat_reply,
-    chat_tokens,
-    responses_reply,
-    search_or_answer,
-    served_prefix,
-)
+from tests.lamina.wire import chat_tokens, recording_chat, responses_reply, served_prefix
 from tests.stores import Backend
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
@@ -827,17 +821,8 @@ def test_interim_text_over_chat_completions_is_counted_as_its_own_message() -> N
     is Lamina's count of that call's loop (it counted one message: 3 tokens short per
     step with text), and Lamina's own chat rendering of the loop is that body."""
     bodies: list[dict[str, Any]] = []
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        bodies.append(body)
-        n = len(bodies)
-        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-        return httpx.Response(200, json=chat_reply(n, search_or_answer(body, n), usage))
-
-    client = AsyncOpenAI(
-        api_key="offline", http_client=httpx.AsyncClient(transport=httpx.MockTransport(handle))
-    )
+    transport = httpx.MockTransport(recording_chat(bodies))
+    client = AsyncOpenAI(api_key="offline", http_client=httpx.AsyncClient(transport=transport))
     model = OpenAIChatCompletionsModel("gpt-4.1", openai_client=client)
     budget = Budget(context_window=8000, reserve_output=300)
     conv = Conversation(STABLE, vault=VAULT, budget=budget)

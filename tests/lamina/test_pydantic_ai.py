@@ -39,7 +39,7 @@ from lamina.renderers import (
     tool_tokens,
     usage_record,
 )
-from tests.lamina.wire import chat_reply, search_or_answer, served_prefix
+from tests.lamina.wire import chat_reply, recording_chat, search_or_answer, served_prefix
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 
@@ -236,15 +236,7 @@ def _chat_model(handle: Callable[[httpx.Request], httpx.Response]) -> OpenAIChat
 def _wire_model(bodies: list[dict[str, Any]]) -> OpenAIChatModel:
     """pydantic-ai's own OpenAI chat model on an in-process transport: each request body is
     recorded as the framework would send it; the model searches twice, then answers."""
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        bodies.append(body)
-        n = len(bodies)
-        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-        return httpx.Response(200, json=chat_reply(n, search_or_answer(body, n), usage))
-
-    return _chat_model(handle)
+    return _chat_model(recording_chat(bodies))
 
 
 def test_the_request_pydantic_ai_sends_is_counted_exactly_and_fits() -> None:

@@ -5,8 +5,10 @@ serves."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import httpx
 
 Units = Sequence[tuple[str, int]]
 """A request body as the provider bills it: its pieces (tools, instructions, each input
@@ -52,6 +54,20 @@ def chat_reply(n: int, message: dict[str, Any], usage: dict[str, Any]) -> dict[s
     choice = {"index": 0, "message": message, "finish_reason": "stop"}
     reply = {"id": f"r{n}", "object": "chat.completion", "created": 0, "model": "gpt-4o"}
     return {**reply, "choices": [choice], "usage": usage}
+
+
+def recording_chat(bodies: list[dict[str, Any]]) -> Callable[[httpx.Request], httpx.Response]:
+    """An in-process OpenAI chat endpoint: each request body is kept in ``bodies``; the
+    reply is ``search_or_answer``'s."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        n = len(bodies)
+        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+        return httpx.Response(200, json=chat_reply(n, search_or_answer(body, n), usage))
+
+    return handle
 
 
 def search_or_answer(body: dict[str, Any], n: int) -> dict[str, Any]:
