@@ -151,7 +151,7 @@ def agent_request(
         options = request_options(
             "anthropic", model, profile=profile, counter=counter, max_tokens=max_tokens, ttl=ttl
         )
-        body = _mark_last_block(body, options)
+        body = _mark_last_block(body, options, len(loop.steps))
     return RenderedRequest(base.provider, base.path, body)
 
 
@@ -168,13 +168,17 @@ def _block_text(block: Mapping[str, Any]) -> str:
     return content if isinstance(content, str) else "".join(_block_text(c) for c in content)
 
 
-def _mark_last_block(body: dict[str, Any], options: RequestOptions) -> dict[str, Any]:
+def _mark_last_block(body: dict[str, Any], options: RequestOptions, steps: int) -> dict[str, Any]:
     """An agent loop's Anthropic request with a breakpoint on its last block, so the next
     step's request (this one plus a call and its result) reads all of it from the cache:
     the envelope's breakpoints stop at the turn's user message, and a loop's requests grow
-    past it. Kept only when the request reaches the model's minimum; past the provider's
-    limit of breakpoints the earliest go (a later one's look-back covers them)."""
+    past it. Kept only when the request reaches the model's minimum. Past the provider's
+    limit, a request with ``steps`` first gives up the turn's user message's (the loop's
+    first call wrote that prefix, and the last block's 20-block look-back finds it), then
+    the earliest (a later one's look-back covers them): L1's stable part stays marked while
+    it can, for the request after a handoff."""
     rules = options.rules
+    own = len(body["messages"]) - 2 * steps  # the envelope's messages come first
     body = json.loads(json.dumps(body))  # the blocks are marked in a copy
     blocks = _blocks(body)
     total = sum(options.counter.count(_block_text(b)) for b in blocks)
@@ -184,8 +188,11 @@ def _mark_last_block(body: dict[str, Any], options: RequestOptions) -> dict[str,
     if options.ttl == "1h":
         cache["ttl"] = "1h"
     blocks[-1]["cache_control"] = cache
+    turn = body["messages"][own - 1]["content"] if steps and own > 0 else []
     marked = [b for b in blocks if "cache_control" in b]
-    for block in marked[: max(0, len(marked) - rules.breakpoints)]:
+    first = [b for b in turn if "cache_control" in b]
+    order = [*first, *(b for b in marked if all(b is not t for t in first))]
+    for block in order[: max(0, len(marked) - rules.breakpoints)]:
         del block["cache_control"]
     return body
 

@@ -323,3 +323,36 @@ def test_anthropic_loop_requests_end_with_a_breakpoint_the_next_call_reads() -> 
         whole = anthropic_served(bodies[n - 1], bodies[n - 1 : n], counter)
         assert whole > 0
         assert anthropic_served(bodies[n], bodies[:n], counter) == whole
+
+
+def test_past_four_breakpoints_a_loop_keeps_l1s_stable_part_marked() -> None:
+    """With a prompt rewritten between calls (L1's mutable part: a handoff) the turn's own
+    request of run 2 uses all four breakpoints (L1's stable part, the system, the history,
+    the turn); its loop's calls give up the turn's user message's (the first call wrote
+    that prefix) and keep L1's stable part's, which the request after a handoff reads."""
+    billed: list[dict[str, Any]] = []
+    bodies: list[dict[str, Any]] = []
+    conv = Conversation(RULES, vault=VAULT)
+    lamina = LaminaMiddleware(conv, "anthropic", "claude-sonnet-4-6")
+
+    @dynamic_prompt
+    def prompt(request: ModelRequest) -> str:
+        found = any(isinstance(m, ToolMessage) for m in request.messages)
+        return "Answer from what you found." if found else "Search first."
+
+    model = _anthropic_model(billed, bodies)
+    agent = create_agent(model, tools=[search], middleware=[prompt, lamina])
+    for i in range(2):
+        lamina.attach({"note": "project-spec.md"})
+        state = agent.invoke({"messages": [{"role": "user", "content": f"Question {i}?"}]})
+        lamina.finish(state["messages"][-1].text)
+    assert len(bodies) == 6
+    marks = [json.dumps(body).count("cache_control") for body in bodies]
+    assert marks[3:] == [4, 4, 4]
+    for body in bodies:
+        assert "cache_control" in body["system"][0]  # L1's stable part
+        assert "cache_control" in anthropic_blocks(body)[-1]
+    for steps, body in ((1, bodies[4]), (2, bodies[5])):
+        user = body["messages"][-1 - 2 * steps]  # the turn's, before the steps' messages
+        assert user["role"] == "user" and user["content"][-1]["type"] == "text"
+        assert not any("cache_control" in b for b in user["content"])
