@@ -130,9 +130,12 @@ class LoopState:
         return self.agent is not None and not self._finished
 
     def is_current(self, text: str) -> bool:
-        """Whether ``text`` is this turn's query or the user message Lamina rendered for it."""
+        """Whether ``text`` is this turn's query or the user message Lamina rendered for it,
+        as built or as sent (``Envelope.as_sent``: context deferred into it)."""
         env = self.envelope
-        return not self._finished and env is not None and text in (self.query, env.user_text)
+        if self._finished or env is None:
+            return False
+        return text in (self.query, env.user_text, env.as_sent().user_text)
 
     def fit(self, steps: Sequence[tuple[str, Iterable[Call]]]) -> Loop:
         """The fitted loop for these (text, calls) model steps of the current turn."""

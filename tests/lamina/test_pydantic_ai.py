@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
 import pytest
+from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 from pydantic_ai import Agent, AgentRunResult, CallToolsNode, RunContext
 from pydantic_ai.capabilities import ProcessHistory
@@ -24,8 +26,10 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
+from pydantic_ai.models.anthropic import AnthropicModel, AnthropicModelSettings
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from lamina import Conversation
@@ -39,7 +43,14 @@ from lamina.renderers import (
     tool_tokens,
     usage_record,
 )
-from tests.lamina.wire import chat_reply, recording_chat, search_or_answer, served_prefix
+from tests.lamina.wire import (
+    anthropic_blocks,
+    anthropic_served,
+    chat_reply,
+    recording_chat,
+    search_or_answer,
+    served_prefix,
+)
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 
@@ -531,3 +542,67 @@ def test_a_changed_dynamic_instruction_is_a_reported_break() -> None:
     assert all(c > 0 for c in cached[1:])  # the tools and the system message, every call
     assert [u.predicted_cached for u in records] == cached
     assert all(u.warning is None for u in records)
+
+
+def _anthropic_model(bodies: list[dict[str, Any]]) -> AnthropicModel:
+    """pydantic-ai's own Anthropic model on Anthropic's SDK with an in-process transport:
+    each request body is recorded; it searches twice a run (text with each call), then
+    answers."""
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        n = len(bodies)
+        searches = sum(1 for b in anthropic_blocks(body) if b.get("type") == "tool_use")
+        content: list[dict[str, Any]] = [{"type": "text", "text": f"Step {n}."}]
+        if searches < 2:
+            content.append({"type": "tool_use", "id": f"t{n}", "name": "search",
+                            "input": {"q": f"q{n}"}})  # fmt: skip
+        return httpx2.Response(200, json={
+            "id": f"m{n}", "type": "message", "role": "assistant", "model": "claude-sonnet-4-6",
+            "content": content, "usage": {"input_tokens": 5, "output_tokens": 5},
+            "stop_reason": "tool_use" if searches < 2 else "end_turn", "stop_sequence": None,
+        })  # fmt: skip
+
+    transport = httpx2.AsyncClient(transport=httpx2.MockTransport(handle))
+    client = AsyncAnthropic(api_key="offline", http_client=transport)
+    return AnthropicModel("claude-sonnet-4-6", provider=AnthropicProvider(anthropic_client=client))
+
+
+def test_anthropic_loop_requests_are_cached_with_pydantic_ais_own_settings() -> None:
+    """pydantic-ai's Anthropic model with the settings docs/ADAPTERS.md gives
+    (``anthropic_cache_instructions`` and ``anthropic_cache_messages``): every request of
+    two runs of three calls marks the system message's end and its last block (the turn's
+    prompt, then the loop's last tool result), and the next call of a loop reads the whole
+    request before it. (Before, the loop calls of a turn with deferred context were built
+    as a new turn: pydantic-ai hands back the user message as sent, which was not taken
+    for the turn's, so the conversation got a turn with no answer and a system-changed
+    break.)"""
+    bodies: list[dict[str, Any]] = []
+    conv = Conversation(RULES, vault=VAULT)
+    history = LaminaHistory(conv, provider="anthropic")
+    settings = AnthropicModelSettings(
+        max_tokens=1024, anthropic_cache_instructions=True, anthropic_cache_messages=True
+    )
+    agent = Agent(_anthropic_model(bodies), capabilities=[history.capability()],
+                  model_settings=settings)  # fmt: skip
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        """Search the project notes."""
+        return _result(q)
+
+    for i in range(2):
+        history.attach({"note": "project-spec.md"})
+        history.finish(agent.run_sync(f"Question {i}?").output)
+    assert len(bodies) == len(history.loops) == 6
+    assert [h.user for h in conv.history] == ["Question 0?", "Question 1?"]
+    assert history.loops[4].envelope == history.loops[3].envelope == history.loops[5].envelope
+    for body in bodies:
+        assert "cache_control" in body["system"][-1]
+        assert "cache_control" in anthropic_blocks(body)[-1]
+        assert json.dumps(body).count("cache_control") == 2
+    for n in (1, 2, 4, 5):
+        whole = anthropic_served(bodies[n - 1], bodies[n - 1 : n], conv.counter)
+        assert whole > 0
+        assert anthropic_served(bodies[n], bodies[:n], conv.counter) == whole
