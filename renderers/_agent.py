@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lamina.pipeline import AgentTurn, ConfigError, Loop, LoopStep, ModelProfile, TokenCounter
-from lamina.renderers._providers import RenderedRequest, Ttl
+from lamina.renderers._providers import RenderedRequest, RequestOptions, Ttl, request_options
 from lamina.renderers._requests import render_request
 
 __all__ = [
@@ -42,7 +42,11 @@ def _openai_chat(steps: tuple[LoopStep, ...]) -> list[dict[str, Any]]:
             {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.args}}
             for c in step.calls
         ]
-        out.append({"role": "assistant", "content": step.text or None, "tool_calls": calls})
+        if step.text_apart and step.text:  # the text as a message of its own, then the calls
+            out.append({"role": "assistant", "content": step.text})
+            out.append({"role": "assistant", "content": None, "tool_calls": calls})
+        else:
+            out.append({"role": "assistant", "content": step.text or None, "tool_calls": calls})
         out.extend({"role": "tool", "tool_call_id": c.id, "content": c.content} for c in step.calls)
     return out
 
@@ -143,7 +147,54 @@ def agent_request(
     field = _FORMATS[renderer][0]
     body = dict(base.body)
     body[field] = [*body[field], *extra]
+    if renderer == "anthropic":
+        options = request_options(
+            "anthropic", model, profile=profile, counter=counter, max_tokens=max_tokens, ttl=ttl
+        )
+        body = _mark_last_block(body, options, len(loop.steps))
     return RenderedRequest(base.provider, base.path, body)
+
+
+def _blocks(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An Anthropic body's blocks in request order: the system's, then each message's."""
+    system = body.get("system") or []
+    return [*system, *(b for m in body["messages"] for b in m["content"])]
+
+
+def _block_text(block: Mapping[str, Any]) -> str:
+    if block.get("type") == "tool_use":
+        return str(block["name"]) + json.dumps(block["input"], separators=(",", ":"))
+    content = block.get("content", block.get("text", ""))
+    return content if isinstance(content, str) else "".join(_block_text(c) for c in content)
+
+
+def _mark_last_block(body: dict[str, Any], options: RequestOptions, steps: int) -> dict[str, Any]:
+    """An agent loop's Anthropic request with a breakpoint on its last block, so the next
+    step's request (this one plus a call and its result) reads all of it from the cache:
+    the envelope's breakpoints stop at the turn's user message, and a loop's requests grow
+    past it. Kept only when the request reaches the model's minimum. Past the provider's
+    limit, a request with ``steps`` first gives up the turn's user message's (the loop's
+    first call wrote that prefix, and the last block's 20-block look-back finds it), then
+    the earliest (a later one's look-back covers them): L1's stable part stays marked while
+    it can, for the request after a handoff."""
+    rules = options.rules
+    own = len(body["messages"]) - 2 * steps  # the envelope's messages come first
+    body = json.loads(json.dumps(body))  # the blocks are marked in a copy
+    blocks = _blocks(body)
+    total = sum(options.counter.count(_block_text(b)) for b in blocks)
+    if not blocks or "cache_control" in blocks[-1] or total < rules.min_tokens:
+        return body
+    cache: dict[str, str] = {"type": "ephemeral"}
+    if options.ttl == "1h":
+        cache["ttl"] = "1h"
+    blocks[-1]["cache_control"] = cache
+    turn = body["messages"][own - 1]["content"] if steps and own > 0 else []
+    marked = [b for b in blocks if "cache_control" in b]
+    first = [b for b in turn if "cache_control" in b]
+    order = [*first, *(b for b in marked if all(b is not t for t in first))]
+    for block in order[: max(0, len(marked) - rules.breakpoints)]:
+        del block["cache_control"]
+    return body
 
 
 ANTHROPIC_TOOL_PROMPT = 346

@@ -106,6 +106,21 @@ def _l2_reasons(previous: Envelope, current: Envelope) -> list[str]:
 
 
 def classify_break(previous: Envelope | None, current: Envelope) -> tuple[str, ...]:
+    """Why ``current`` does not extend what ``previous`` made cacheable (``_classify``),
+    with ``instructions-changed`` before any history reason when a framework's own
+    instructions, sent after the system message, changed (a decision the adapter records:
+    the envelopes alone do not show it)."""
+    reasons = _classify(previous, current)
+    if previous is None or not any(
+        d.action is DecisionAction.INSTRUCTIONS_CHANGED for d in current.report.decisions
+    ):
+        return reasons
+    later = ("history-cut-moved", "library-settled")
+    head = tuple(r for r in reasons if r not in later)
+    return (*head, "instructions-changed", *(r for r in reasons if r in later))
+
+
+def _classify(previous: Envelope | None, current: Envelope) -> tuple[str, ...]:
     """Why ``current`` does not extend what ``previous`` made cacheable, earliest first:
     ``first-turn``, ``system-changed``, ``memory-changed`` (``handoff`` when an agent
     loop's handoff changed it, or ``previous`` was sent after one and ``current`` has no

@@ -83,6 +83,11 @@ def _sentence(code: str, turn: Mapping[str, Any]) -> str:
             "The agent loop handed off to an agent with other instructions, which replace the "
             "system prompt's mutable part; the library and history after it are sent uncached."
         )
+    if kind == "instructions-changed":
+        return (
+            "The instructions the agent framework sends after the system message changed "
+            "(a dynamic @agent.instructions function); the history after them is sent uncached."
+        )
     if kind == "artifact-changed":
         return (
             f"{key} changed since the library took it (its freshness policy sent the new text), "

@@ -16,6 +16,7 @@ import attrs
 
 from lamina.pipeline import (
     ConfigError,
+    DecisionAction,
     Envelope,
     Loop,
     LoopStep,
@@ -37,7 +38,7 @@ from lamina.renderers._agent import (
     instructions_tokens,
     tool_tokens,
 )
-from lamina.renderers._cache import classify_break
+from lamina.renderers._cache import classify_break, prefix_report
 from lamina.renderers._layouts import Layout, build_prompt
 from lamina.renderers._providers import DEFAULT_MODELS, Ttl, request_options
 from lamina.renderers._requests import RequestRegistry, render_request
@@ -132,6 +133,7 @@ _LAYERS = {
     "system-changed": "L1",
     "memory-changed": "L1",
     "handoff": "L1",
+    "instructions-changed": "the framework's instructions after L2",
     "history-cut-moved": "L4",
 }
 
@@ -299,11 +301,12 @@ def _loop_hit(
     """The cached prefix of a loop's call after the request before it, built from the same
     envelope (the same turn, no handoff or cut in between): a prefix-caching provider
     (OpenAI, Gemini) reads that request's tool definitions and a framework's instructions
-    (``tools``: what the framework adds), messages and the
-    loop steps the two share whole, within its rules; Anthropic reads up to the envelope's
-    breakpoints, as the simulator has it (``hit``: the loop carries none). Else ``hit``."""
+    (``tools``: what the framework adds), messages and the loop steps the two share whole,
+    within its rules; Anthropic reads the whole of that request (its last block carries a
+    breakpoint, ``agent_request``) when this one repeats all its steps, else up to the
+    envelope's breakpoints, as the simulator has it (``hit``). Else ``hit``."""
     before, after = _envelope(previous), _envelope(current)
-    if provider == "anthropic" or not (
+    if not (
         before.turn == after.turn and before.layers == after.layers and before.batch == after.batch
     ):
         return hit
@@ -311,6 +314,8 @@ def _loop_hit(
     shared = 0
     while shared < min(len(old), len(new)) and old[shared] == new[shared]:
         shared += 1
+    if provider == "anthropic" and shared < len(old):
+        return hit
     framing = profile.framing
     best = (
         request_tokens(before, counter, framing)
@@ -318,9 +323,45 @@ def _loop_hit(
         + loop_tokens(old[:shared], counter, framing)
     )
     best += tools
+    return _served(best, provider, profile, counter, ttl)
+
+
+def _served(tokens: int, provider: str, profile: ModelProfile, counter: TokenCounter,
+            ttl: Ttl | None) -> int:  # fmt: skip
+    """What a prefix-caching provider serves of a shared prefix of ``tokens``: within its
+    minimum, in its steps."""
     rules = request_options(provider, profile.name, profile=profile, counter=counter, ttl=ttl)
     step, least = rules.rules.step, rules.rules.min_tokens
-    return best - best % step if best >= least else 0
+    return tokens - tokens % step if tokens >= least else 0
+
+
+def _mutable(request: Request) -> str:
+    segment = _envelope(request).l1.get("system:mutable")
+    return "" if segment is None else segment.text
+
+
+def _same_agent(requests: Sequence[Request]) -> Request | None:
+    """The last request before the previous one that sent the current one's L1 mutable
+    part when the previous one sent another (a handoff between them: triage, then the
+    researcher again), whose prefix may still be cached: None when there is none."""
+    if len(requests) < 3:
+        return None
+    mine, before = _mutable(requests[-1]), _mutable(requests[-2])
+    if mine == before:
+        return None
+    return next((r for r in reversed(requests[:-2]) if _mutable(r) == mine), None)
+
+
+def _instructions_changed(envelope: Envelope) -> bool:
+    return any(d.action is DecisionAction.INSTRUCTIONS_CHANGED for d in envelope.report.decisions)
+
+
+def _system_tokens(current: Envelope, profile: ModelProfile, counter: TokenCounter) -> int:
+    """The system message's tokens as sent: what stays cached, after the tool definitions,
+    when a framework's own instructions that follow it changed."""
+    framing = profile.framing
+    system = current.as_sent().system_text
+    return framing.per_message + counter.count(system.strip() if framing.trim else system)
 
 
 def usage_record(
@@ -393,16 +434,6 @@ def usage_record(
     provider = expected.provider
     observed = attrs.evolve(observed, provider=provider)
     count = counter or TokenCounter(profile.tokenizer)
-    sim = simulate(
-        [_envelope(r) for r in requests[-2:]],
-        counter=count,
-        providers=(provider,),
-        models={provider: profile.name},
-        layouts=(layout,),
-        ttl=ttl,
-        profiles={provider: profile},
-    )
-    cost = sim.series[0].turns[-1]
     if tools is None and sent is not None:
         tools, sent_choice = _sent_tools(sent)
         tool_choice = sent_choice if tool_choice is None else tool_choice
@@ -419,9 +450,36 @@ def usage_record(
     exact_input = _counted(requests, layout, count, profile) + added
     predicted_input = profile.effective_tokens(exact_input) + prompt
     local = (counted + added if counted is not None else exact_input) + prompt
-    hit = cost.cached_tokens + added if cost.cached_tokens > 0 else 0
-    if before is not None and looped:
-        hit = _loop_hit(before, last, hit, added, provider, profile, count, ttl)
+
+    def cached_after(earlier: Request) -> int:
+        """What ``earlier`` left cached that this request reads (the simulator's rules,
+        the loop's own calls)."""
+        if isinstance(earlier, Loop) and isinstance(last, Loop) and earlier.tools != last.tools:
+            return 0  # other tool definitions: they lead the prefix
+        if provider != "anthropic" and layout == "default":
+            # The tools, then the token prefix the two requests share, in the provider's
+            # steps (the simulator rounds the messages' prefix alone).
+            shared = prefix_report(_envelope(earlier), current, count).common_prefix_tokens
+            hit = _served(added + shared, provider, profile, count, ttl) if shared else 0
+        else:
+            sim = simulate(
+                [_envelope(earlier), current], counter=count, providers=(provider,),
+                models={provider: profile.name}, layouts=(layout,), ttl=ttl,
+                profiles={provider: profile},
+            )  # fmt: skip
+            cached = sim.series[0].turns[-1].cached_tokens
+            hit = cached + added if cached > 0 else 0
+        if isinstance(earlier, Loop) or isinstance(last, Loop):
+            hit = _loop_hit(earlier, last, hit, added, provider, profile, count, ttl)
+        return hit
+
+    hit = 0 if before is None else cached_after(before)
+    handed = None if layout != "default" else _same_agent(requests)
+    if handed is not None:
+        hit = max(hit, cached_after(handed))
+    if hit and provider != "anthropic" and _instructions_changed(current):
+        kept = tools_local + _system_tokens(current, profile, count)
+        hit = min(hit, _served(kept, provider, profile, count, ttl))
     predicted_cached = profile.effective_tokens(hit) + prompt if hit else 0
     warning, cause = None, ""
     # Local counts of a non-local tokenizer run low, so only a shortfall of half is a miss.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -13,9 +15,12 @@ from lamina.pipeline import (
     ConfigError,
     Conversation,
     ConversationError,
+    Decision,
+    DecisionAction,
     Envelope,
     Loop,
     SystemPrompt,
+    TurnWarning,
     agent_call,
 )
 
@@ -24,12 +29,15 @@ __all__ = ["Call", "LoopAdapter", "LoopState"]
 
 @attrs.frozen
 class Call:
-    """A tool call as a framework holds it: id, name, arguments, and its result text."""
+    """A tool call as a framework holds it: id, name, arguments, and its result text;
+    ``sent`` the arguments' text as the framework serializes them on the wire ("":
+    Lamina's canonical JSON, which is what it sends)."""
 
     id: str
     name: str
     args: Any
     result: str
+    sent: str = ""
 
 
 class LoopState:
@@ -66,6 +74,10 @@ class LoopState:
         self._results: dict[str, str] = {}
         self._finished = True
         self.tools: list[Mapping[str, Any]] = []
+        self.text_apart = False
+        self._instructions: tuple[str, ...] | None = None
+        """Whether the framework sends a step's text as a message of its own before its
+        calls (``AgentTurn.text_apart``: the Agents SDK over Chat Completions)."""
 
     @property
     def envelope(self) -> Envelope | None:
@@ -118,22 +130,27 @@ class LoopState:
         return self.agent is not None and not self._finished
 
     def is_current(self, text: str) -> bool:
-        """Whether ``text`` is this turn's query or the user message Lamina rendered for it."""
+        """Whether ``text`` is this turn's query or the user message Lamina rendered for it,
+        as built or as sent (``Envelope.as_sent``: context deferred into it)."""
         env = self.envelope
-        return not self._finished and env is not None and text in (self.query, env.user_text)
+        if self._finished or env is None:
+            return False
+        return text in (self.query, env.user_text, env.as_sent().user_text)
 
     def fit(self, steps: Sequence[tuple[str, Iterable[Call]]]) -> Loop:
         """The fitted loop for these (text, calls) model steps of the current turn."""
         if self.agent is None:
             raise ConversationError("no turn was started")
-        agent = attrs.evolve(self.agent, steps=())
+        agent = attrs.evolve(self.agent, steps=(), text_apart=self.text_apart)
         for text, calls in steps:
             made: list[AgentCall] = []
             for call in calls:
                 result = self._results.setdefault(call.id, call.result)
-                made.append(agent_call(call.name, call.args, result, id=call.id))
+                made.append(agent_call(call.name, call.args, result, id=call.id, sent=call.sent))
             agent = agent.step(*made, text=text)
         loop = agent.fit()
+        if self.tools:
+            loop = attrs.evolve(loop, tools=json.dumps(self.tools, sort_keys=True))
         self.loops.append(loop)
         return loop
 
@@ -160,6 +177,36 @@ class LoopState:
         if self.agent is not None and self.agent.tools_tokens != tools_tokens:
             self.agent = attrs.evolve(self.agent, tools_tokens=tools_tokens)
         return self.fit(steps)
+
+    def instructions_sent(self, texts: Sequence[str]) -> None:
+        """The instructions the framework sent itself beside the last fitted request (after
+        Lamina's system message: pydantic-ai's ``instructions``). When they differ from the
+        request before's, that request's envelope report gets an ``instructions-changed``
+        decision and warning: the prefix broke after the system message, which the
+        envelopes alone do not show (``classify_break``, the trace and the usage read-back
+        say so)."""
+        now = tuple(texts)
+        before, self._instructions = self._instructions, now
+        if before is None or before == now or not self.loops:
+            return
+        loop = self.loops[-1]
+        changed = sum(1 for a, b in itertools.zip_longest(before, now) if a != b)
+        reason = (
+            f"the framework's own instructions changed since the previous request ({changed} "
+            f"of {len(now)} sent after the system message differ): the history after them "
+            f"is sent uncached"
+        )
+        decision = Decision(
+            "agent", "framework:instructions", "text", "text", reason, layer="L1",
+            action=DecisionAction.INSTRUCTIONS_CHANGED,
+        )  # fmt: skip
+        report = loop.envelope.report
+        report = attrs.evolve(
+            report,
+            decisions=(*report.decisions, decision),
+            warnings=(*report.warnings, TurnWarning("instructions-changed", "", reason)),
+        )
+        self.loops[-1] = attrs.evolve(loop, envelope=attrs.evolve(loop.envelope, report=report))
 
     def handoff(self, system: str) -> None:
         """The framework's prompt changed within the turn (a handoff to an agent with other

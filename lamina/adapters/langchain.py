@@ -32,29 +32,45 @@ from langchain_core.messages import (
     BaseMessage,
     HumanMessage,
     SystemMessage,
+    ToolCall,
     ToolMessage,
 )
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
 from lamina.pipeline import Conversation, ConversationError, Envelope, Loop
-from lamina.renderers import render_request, tool_tokens
+from lamina.renderers import agent_request, render_request, tool_tokens
 
 __all__ = ["LaminaMiddleware", "to_messages"]
 
 
-def _envelope_messages(envelope: Envelope, provider: str, model: str | None) -> list[AnyMessage]:
-    """The envelope's messages; for Anthropic, Lamina's own body's content blocks, so
-    every ``cache_control`` breakpoint it sets (system, history, turn) is carried."""
+def _anthropic_messages(source: Envelope | Loop, model: str | None) -> list[AnyMessage]:
+    """Lamina's own Anthropic body as content blocks, so every ``cache_control``
+    breakpoint it sets (system, history, turn, an agent loop's last block) is carried;
+    a loop's ``tool_use`` blocks are the AIMessage's tool calls too."""
+    if isinstance(source, Loop):
+        body = agent_request(source, "anthropic", model).body
+    else:
+        body = render_request(source, "anthropic", model).body
     out: list[AnyMessage] = []
-    if provider == "anthropic":
-        body = render_request(envelope, "anthropic", model).body
-        if body.get("system"):
-            out.append(SystemMessage(content=body["system"]))
-        for m in body["messages"]:
-            make = AIMessage if m["role"] == "assistant" else HumanMessage
-            out.append(make(content=m["content"]))
-        return out
+    if body.get("system"):
+        out.append(SystemMessage(content=body["system"]))
+    for m in body["messages"]:
+        if m["role"] == "assistant":
+            calls = [
+                {"name": b["name"], "args": b["input"], "id": b["id"]}
+                for b in m["content"]
+                if b["type"] == "tool_use"
+            ]
+            out.append(AIMessage(content=m["content"], tool_calls=calls))
+        else:
+            out.append(HumanMessage(content=m["content"]))
+    return out
+
+
+def _envelope_messages(envelope: Envelope) -> list[AnyMessage]:
+    """The envelope's messages as sent: system, history, then this turn's user text."""
+    out: list[AnyMessage] = []
     envelope = envelope.as_sent()
     if envelope.system_text:
         out.append(SystemMessage(content=envelope.system_text))
@@ -68,9 +84,11 @@ def to_messages(
     source: Envelope | Loop, provider: str = "openai", model: str | None = None
 ) -> list[AnyMessage]:
     """Lamina's request as LangChain messages (``provider`` decides the content shape)."""
+    if provider == "anthropic":
+        return _anthropic_messages(source, model)
     loop = source if isinstance(source, Loop) else None
     envelope = source.envelope if isinstance(source, Loop) else source
-    out = _envelope_messages(envelope, provider, model)
+    out = _envelope_messages(envelope)
     for step in loop.steps if loop is not None else ():
         calls = [{"name": c.name, "args": json.loads(c.args), "id": c.id} for c in step.calls]
         out.append(AIMessage(content=step.text, tool_calls=calls))
@@ -82,13 +100,20 @@ def _text(message: BaseMessage) -> str:
     return message.content if isinstance(message.content, str) else message.text
 
 
-def _steps(messages: Sequence[AnyMessage]) -> list[tuple[str, list[Call]]]:
+def _sent(call: ToolCall, provider: str) -> str:
+    return "" if provider == "anthropic" else json.dumps(call["args"], ensure_ascii=False)
+
+
+def _steps(messages: Sequence[AnyMessage], provider: str) -> list[tuple[str, list[Call]]]:
+    """(text, calls) per AIMessage with calls; the arguments' text as LangChain sends them
+    in OpenAI's format (``json.dumps`` with its default spaces: ``{"q": "x"}``, a token
+    or two more than compact JSON); Anthropic's are ``tool_use`` input objects."""
     results = {m.tool_call_id: _text(m) for m in messages if isinstance(m, ToolMessage)}
     steps: list[tuple[str, list[Call]]] = []
     for m in messages:
         if isinstance(m, AIMessage) and m.tool_calls:
             calls = [
-                Call(str(c["id"]), c["name"], c["args"], results[str(c["id"])])
+                Call(str(c["id"]), c["name"], c["args"], results[str(c["id"])], _sent(c, provider))
                 for c in m.tool_calls
                 if str(c["id"]) in results
             ]
@@ -130,7 +155,7 @@ class LaminaMiddleware(LoopAdapter, AgentMiddleware):
         added = tool_tokens(defs, self.provider, self.conversation.counter)
         loop = self.state.fit_query(
             _text(messages[start]),
-            _steps(messages[start + 1 :]),
+            _steps(messages[start + 1 :], self.provider),
             tools_tokens=added,
             system=system,
             tools=defs,

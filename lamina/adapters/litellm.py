@@ -31,7 +31,7 @@ import attrs
 import litellm
 
 from lamina.pipeline import AgentTurn, Envelope, Loop
-from lamina.renderers import loop_messages, render_request, tool_tokens
+from lamina.renderers import agent_request, loop_messages, render_request, tool_tokens
 
 __all__ = ["completion", "split_model", "to_messages", "with_tools"]
 
@@ -49,19 +49,37 @@ Request = Envelope | Sequence[Envelope] | AgentTurn | Loop
 
 def to_messages(request: Request, model: str) -> list[dict[str, Any]]:
     """Lamina's request for the last envelope (or the agent loop's next request) as
-    LiteLLM (OpenAI-format) messages."""
-    if isinstance(request, AgentTurn | Loop):
-        loop = request.fit() if isinstance(request, AgentTurn) else request
-        return [*_envelope_messages([loop.envelope], model), *loop_messages(loop, "openai")]
-    return _envelope_messages([request] if isinstance(request, Envelope) else list(request), model)
-
-
-def _envelope_messages(envs: list[Envelope], model: str) -> list[dict[str, Any]]:
+    LiteLLM (OpenAI-format) messages. For Anthropic, a loop's request carries the
+    breakpoint Lamina puts on its last block (``agent_request``) as the last tool
+    message's ``cache_control``, which LiteLLM sets on that ``tool_result`` block."""
+    if not isinstance(request, AgentTurn | Loop):
+        envs = [request] if isinstance(request, Envelope) else list(request)
+        provider, name = split_model(model)
+        if provider != "anthropic":
+            messages: list[dict[str, Any]] = render_request(envs, "openai").body["messages"]
+            return messages
+        return _anthropic_messages(render_request(envs, "anthropic", name).body)
+    loop = request.fit() if isinstance(request, AgentTurn) else request
+    steps = loop_messages(loop, "openai")
     provider, name = split_model(model)
     if provider != "anthropic":
-        messages: list[dict[str, Any]] = render_request(envs, "openai").body["messages"]
-        return messages
-    body = render_request(envs, "anthropic", name).body
+        return [*to_messages(loop.envelope, model), *steps]
+    body = agent_request(loop, "anthropic", name).body
+    own = len(body["messages"]) - 2 * len(loop.steps)  # the envelope's messages
+    marks = {
+        block["tool_use_id"]: block["cache_control"]
+        for message in body["messages"][own:]
+        for block in message["content"]
+        if block["type"] == "tool_result" and "cache_control" in block
+    }
+    for message in steps:
+        if message["role"] == "tool" and message["tool_call_id"] in marks:
+            message["cache_control"] = marks[message["tool_call_id"]]
+    return [*_anthropic_messages({**body, "messages": body["messages"][:own]}), *steps]
+
+
+def _anthropic_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """An Anthropic body's system and messages as OpenAI-format messages of its blocks."""
     system = [{"role": "system", "content": body["system"]}] if "system" in body else []
     return [*system, *({"role": m["role"], "content": m["content"]} for m in body["messages"])]
 

@@ -40,6 +40,9 @@ from agents import Agent, FunctionTool
 from agents.handoffs import Handoff, handoff
 from agents.items import TResponseInputItem
 from agents.memory import SessionABC
+from agents.models._openai_shared import get_use_responses_by_default
+from agents.models.interface import Model
+from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 from agents.run import CallModelData, ModelInputData
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
@@ -136,8 +139,23 @@ def _tool_definitions(agent: Agent[Any]) -> list[dict[str, Any]]:
     return defs
 
 
+def _over_chat_completions(agent: Agent[Any]) -> bool:
+    """Whether the agent's model speaks Chat Completions: an ``OpenAIChatCompletionsModel``,
+    or a model name under the SDK's default API (``set_default_openai_api``)."""
+    if isinstance(agent.model, Model):
+        return isinstance(agent.model, OpenAIChatCompletionsModel)
+    return not get_use_responses_by_default()
+
+
 class LaminaSession(LoopAdapter, SessionABC):
-    """Conversation history for the Agents SDK, backed by a Lamina conversation and store."""
+    """Conversation history for the Agents SDK, backed by a Lamina conversation and store.
+
+    ``chat_completions`` says whether the model is called over Chat Completions, where the
+    SDK sends a step's interim text ("Let me search...") and its calls as two assistant
+    messages (counted so: ``LoopStep.text_apart``); None reads it from each agent's model
+    (an ``OpenAIChatCompletionsModel``, or a name under the SDK's default API). Pass it
+    when the model is set elsewhere (``RunConfig(model=...)``, another ``Model`` class).
+    """
 
     def __init__(
         self,
@@ -145,10 +163,12 @@ class LaminaSession(LoopAdapter, SessionABC):
         store: Store | None = None,
         conversation_id: str = "",
         tool_headroom: int | None = None,
+        chat_completions: bool | None = None,
     ) -> None:
         self.state = LoopState(conversation, tool_headroom)
         self.store = store
         self.session_id = conversation_id
+        self.chat_completions = chat_completions
 
     def call_model_input_filter(self, data: CallModelData[Any]) -> ModelInputData:
         """``RunConfig(call_model_input_filter=...)``: Lamina's instructions and input.
@@ -165,6 +185,8 @@ class LaminaSession(LoopAdapter, SessionABC):
             )
         defs = _tool_definitions(data.agent)
         added = tool_tokens(defs, "openai-responses", self.conversation.counter)
+        chat = self.chat_completions
+        self.state.text_apart = _over_chat_completions(data.agent) if chat is None else chat
         loop = self.state.fit_query(
             _text(items[start]),
             _steps(items[start + 1 :]),

@@ -207,7 +207,8 @@ class LaminaHistory(LoopAdapter):
         if start is None:
             return messages
         prompt = next(p for p in messages[start].parts if isinstance(p, UserPromptPart))
-        own = {loop.envelope.system_text for loop in self.state.loops[-1:]}
+        # Lamina's own system message as it sent it (as_sent: what envelope_messages gave).
+        own = {loop.envelope.as_sent().system_text for loop in self.state.loops[-1:]}
         system = "\n\n".join(
             p.content
             for m in messages[: start + 1]
@@ -223,4 +224,5 @@ class LaminaHistory(LoopAdapter):
             tools=self._tools(ctx),
         )
         self.instructions.append(instructions)
+        self.state.instructions_sent(instructions)
         return [*envelope_messages(loop.envelope), *_loop_messages(loop)]

@@ -79,13 +79,16 @@ CallForm = Literal["full", "excerpt", "stub"]
 
 @attrs.frozen
 class AgentCall:
-    """One tool call the model made and what it returned (``args`` is canonical JSON)."""
+    """One tool call the model made and what it returned (``args`` is canonical JSON, the
+    call's key; ``sent`` the arguments as the framework serializes them on the wire, where
+    that differs: LangChain's ``json.dumps`` with spaces. "" sends ``args``)."""
 
     name: str
     args: str
     result: str
     id: str = ""
     recoverable: bool = True
+    sent: str = ""
 
     @property
     def key(self) -> str:
@@ -99,10 +102,12 @@ def agent_call(
     *,
     id: str = "",
     recoverable: bool = True,
+    sent: str = "",
 ) -> AgentCall:
-    """A recorded call: ``agent_call("search", {"q": "sync"}, "...results...")``."""
+    """A recorded call: ``agent_call("search", {"q": "sync"}, "...results...")``; ``sent``
+    is the arguments' text as the framework sends it, when not Lamina's canonical JSON."""
     tool_artifact(name, args or {}, result)  # validates the name and the arguments
-    return AgentCall(name, canonical_args(args or {}), result, id, recoverable)
+    return AgentCall(name, canonical_args(args or {}), result, id, recoverable, sent)
 
 
 @attrs.frozen
@@ -115,7 +120,8 @@ class AgentStep:
 
 @attrs.frozen
 class LoopCall:
-    """A call as it is sent: its id, name, args and the result content in some form."""
+    """A call as it is sent: its id, name, args (as the framework sends them) and the
+    result content in some form."""
 
     id: str
     name: str
@@ -127,8 +133,13 @@ class LoopCall:
 
 @attrs.frozen
 class LoopStep:
+    """One model turn as sent: its text, its calls, and whether the text goes out as an
+    assistant message of its own before the call message (``text_apart``: the Agents SDK
+    over Chat Completions) rather than in it: one more message's framing."""
+
     text: str
     calls: tuple[LoopCall, ...]
+    text_apart: bool = False
 
 
 @attrs.frozen
@@ -140,6 +151,11 @@ class Loop:
     decisions: tuple[Decision, ...] = ()
     tokens: int = 0
     report: BudgetReport | None = None
+    tools: str = ""
+    """The tool definitions sent with the request as canonical JSON, when an adapter knows
+    them ("" otherwise): they lead every provider's cached prefix, so a call whose tools
+    differ from the call before's (a handoff to an agent with other tools) reads nothing
+    that call left."""
 
 
 def _stub(call: AgentCall) -> str:
@@ -173,6 +189,10 @@ class AgentTurn:
     tools_tokens: int = 0
     """What the request's tool definitions add (``lamina.renderers.tool_tokens``): counted in
     every request of the loop."""
+    text_apart: bool = False
+    """Whether the framework sends a step's text as an assistant message of its own before
+    the call message (``LoopStep.text_apart``), as the Agents SDK does over Chat
+    Completions: counted so."""
     fitting: TurnFitting | None = attrs.field(default=None, eq=False, repr=False)
     """The turn as its budget fitted it (graph, draft, count): the loop's overflow goes on
     with the turn's own cut order over it. None: only tool results are cut."""
@@ -338,12 +358,14 @@ class AgentTurn:
             row = []
             for call in step.calls:
                 content, repeated = self._full(call)
-                row.append(LoopCall(call.id, call.name, call.args, content, "full", repeated))
+                args = call.sent or call.args
+                row.append(LoopCall(call.id, call.name, args, content, "full", repeated))
             rows.append(tuple(row))
         base = self.base_tokens()
         costs = tuple(tuple(self._call_tokens(c) for c in row) for row in rows)
-        per_message = self._framing().per_message
-        texts = sum(per_message + self.counter.count(s.text) for s in self.steps)
+        framing = self._framing()
+        apart = self.text_apart
+        texts = sum(_text_tokens(s.text, apart, self.counter, framing) for s in self.steps)
         layers = tuple((str(layer.name), layer.tokens) for layer in self.sent.layers)
         used = base + self.tools_tokens + texts + sum(map(sum, costs))
         start = _LoopState(tuple(rows), costs, base, used, layers, self.tools_tokens)
@@ -376,7 +398,8 @@ class AgentTurn:
 
     def _shown(self, state: _LoopState) -> tuple[LoopStep, ...]:
         return tuple(
-            LoopStep(s.text, row) for s, row in zip(self.steps, state.rows, strict=True)
+            LoopStep(s.text, row, self.text_apart)
+            for s, row in zip(self.steps, state.rows, strict=True)
         )
 
     def _cut(
@@ -460,14 +483,22 @@ def loop_tokens(
     steps: Iterable[LoopStep], counter: TokenCounter, framing: Framing = OPENAI_FRAMING
 ) -> int:
     """Tokens an agent loop's steps add to the turn's request (``request_tokens`` counts
-    the envelope, ``tool_tokens`` the definitions): per step its message framing and text,
+    the envelope, ``tool_tokens`` the definitions): per step its message framing and text
+    (two messages' framing when the text is sent apart),
     per call its framing, name and arguments, and its result message. ``Loop.tokens`` is
     the three together, with the budget's framing."""
     total = 0
     for step in steps:
-        total += framing.per_message + counter.count(step.text)
+        total += _text_tokens(step.text, step.text_apart, counter, framing)
         total += sum(_call_tokens(call, counter, framing) for call in step.calls)
     return total
+
+
+def _text_tokens(text: str, apart: bool, counter: TokenCounter, framing: Framing) -> int:
+    """A step's message framing and text: one message with its calls, or two when the text
+    goes out apart (``LoopStep.text_apart``)."""
+    messages = 2 if apart and text else 1
+    return messages * framing.per_message + counter.count(text)
 
 
 def _with_handoff(envelope: Envelope, reason: str) -> BuildReport:

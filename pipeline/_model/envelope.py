@@ -214,6 +214,10 @@ class DecisionAction(enum.StrEnum):
     HANDOFF = "handoff"
     """An agent loop went on with another agent's instructions (a handoff): L1's mutable
     part is the new agent's from that request of the turn on."""
+    INSTRUCTIONS_CHANGED = "instructions-changed"
+    """The instructions a framework sends itself beside Lamina's system message (pydantic-ai's
+    ``@agent.instructions``) differ from the previous request's: the prefix breaks after
+    the system message, though the envelope is unchanged."""
 
 
 class DecisionForm(enum.StrEnum):

@@ -28,6 +28,7 @@ from lamina import Conversation
 from lamina.adapters.langchain import LaminaMiddleware, to_messages
 from lamina.pipeline import Budget, DecisionAction, read_usage
 from lamina.renderers import agent_request, render_request, tool_tokens, usage_record
+from tests.lamina.wire import anthropic_blocks, anthropic_served, chat_tokens
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(400))
@@ -114,13 +115,19 @@ def test_anthropic_messages_carry_every_breakpoint_lamina_sets() -> None:
     assert json.dumps(payload).count("cache_control") == json.dumps(body).count("cache_control")
 
 
+def _scripted_agent(conv: Conversation, turns: int) -> tuple[LaminaMiddleware, Scripted, Any]:
+    """A create_agent run's parts: Lamina's middleware on ``conv``, the scripted model
+    (two searches a turn, then the answer) and the agent."""
+    lamina = LaminaMiddleware(conv)
+    model = Scripted(messages=_script(turns))
+    model.received.clear()
+    return lamina, model, create_agent(model, tools=[search], middleware=[lamina])
+
+
 def test_ten_turn_agent_under_a_small_budget() -> None:
     budget = Budget(context_window=2400, reserve_output=300)
     conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
-    lamina = LaminaMiddleware(conv)
-    model = Scripted(messages=_script(10))
-    model.received.clear()
-    agent = create_agent(model, tools=[search], middleware=[lamina])
+    lamina, model, agent = _scripted_agent(conv, 10)
     for i in range(10):
         if i % 3 == 0:
             lamina.attach({"note": "project-spec.md"})
@@ -205,23 +212,30 @@ def test_a_system_prompt_rewritten_between_calls_is_sent_as_l1s_mutable_part() -
     assert [h.assistant for h in conv.history] == ["Answer 0."]
 
 
-def _anthropic_model(billed: list[dict[str, Any]]) -> ChatAnthropic:
+def _anthropic_model(
+    billed: list[dict[str, Any]], bodies: list[dict[str, Any]] | None = None
+) -> ChatAnthropic:
     """LangChain's own ChatAnthropic on Anthropic's SDK with an in-process transport: it
-    searches twice, then answers; each reply's usage (Anthropic's raw form, cache reads
-    and writes apart from ``input_tokens``) is kept in ``billed``."""
+    searches twice a run, then answers; each reply's usage (Anthropic's raw form, cache
+    reads and writes apart from ``input_tokens``) is kept in ``billed``, each request body
+    in ``bodies``."""
 
     def handle(request: httpx2.Request) -> httpx2.Response:
+        body = json.loads(request.content)
+        if bodies is not None:
+            bodies.append(body)
+        searches = sum(1 for b in anthropic_blocks(body) if b["type"] == "tool_use")
         n = len(billed) + 1
         usage = {"input_tokens": 40 + n, "output_tokens": 9, "cache_read_input_tokens":
                  1024 * (n - 1), "cache_creation_input_tokens": 300 * n}  # fmt: skip
         billed.append(usage)
         content: list[dict[str, Any]] = [{"type": "text", "text": f"Step {n}."}]
-        if n < 3:
+        if searches < 2:
             content.append({"type": "tool_use", "id": f"t{n}", "name": "search",
                             "input": {"q": f"q{n}"}})  # fmt: skip
         reply = {"id": f"m{n}", "type": "message", "role": "assistant",
                  "model": "claude-sonnet-4-6", "content": content, "usage": usage,
-                 "stop_reason": "tool_use" if n < 3 else "end_turn",
+                 "stop_reason": "tool_use" if searches < 2 else "end_turn",
                  "stop_sequence": None}  # fmt: skip
         return httpx2.Response(200, json=reply)
 
@@ -256,3 +270,89 @@ def test_each_model_call_is_read_back_from_langchains_own_usage() -> None:
         (0, 300), (1024, 600), (2048, 900)
     ]
     assert [(u.turn, u.call) for u in records] == [(1, 1), (1, 2), (1, 3)]
+
+
+def test_tool_call_arguments_are_counted_as_langchain_serializes_them() -> None:
+    """LangChain sends a call's arguments as ``json.dumps`` writes them (``{"q": "r0-0"}``,
+    with spaces): every request's count is the OpenAI chat body LangChain sends, counted
+    message by message (it was Lamina's compact JSON, 1-2 tokens short a call)."""
+    budget = Budget(context_window=8000, reserve_output=300)
+    conv = Conversation("You answer from search results.", vault=VAULT, budget=budget)
+    lamina, model, agent = _scripted_agent(conv, 2)
+    for i in range(2):
+        state = agent.invoke({"messages": [{"role": "user", "content": f"Question {i}?"}]})
+        lamina.finish(state["messages"][-1].text)
+    assert len(model.received) == len(lamina.loops) == 6
+    defs = [convert_to_openai_tool(search)["function"]]
+    sent = [convert_to_openai_messages(r) for r in model.received]
+
+    def arguments(messages: list[dict[str, Any]]) -> list[str]:
+        return [c["function"]["arguments"] for m in messages for c in m.get("tool_calls") or ()]
+
+    assert arguments(sent[-1]) == ['{"q": "r1-0"}', '{"q": "r1-1"}']
+    for messages, loop in zip(sent, lamina.loops, strict=True):
+        ours = agent_request(loop, "openai").body["messages"]
+        assert _normal(messages) == _normal(ours)
+        assert arguments(messages) == arguments(ours)
+        assert chat_tokens(messages, defs, budget.framing, conv.counter) == loop.tokens
+
+
+def test_anthropic_loop_requests_end_with_a_breakpoint_the_next_call_reads() -> None:
+    """Two runs of three calls through LangChain's ChatAnthropic: every request it sends is
+    Lamina's Anthropic body (tool_use and tool_result blocks included), ends with a
+    ``cache_control`` breakpoint on its last block, carries at most 4, and the next call
+    of the loop reads the whole of it from the cache (before, calls 2 and 3 read only up
+    to the turn's user message: the loop's steps carried no breakpoint)."""
+    billed: list[dict[str, Any]] = []
+    bodies: list[dict[str, Any]] = []
+    conv = Conversation(RULES, vault=VAULT)
+    lamina = LaminaMiddleware(conv, "anthropic", "claude-sonnet-4-6")
+    agent = create_agent(_anthropic_model(billed, bodies), tools=[search], middleware=[lamina])
+    for i in range(2):
+        lamina.attach({"note": "project-spec.md"})
+        state = agent.invoke({"messages": [{"role": "user", "content": f"Question {i}?"}]})
+        lamina.finish(state["messages"][-1].text)
+    assert len(bodies) == len(lamina.loops) == 6
+    for body, loop in zip(bodies, lamina.loops, strict=True):
+        ours = agent_request(loop, "anthropic", "claude-sonnet-4-6").body
+        assert (body["system"], body["messages"]) == (ours["system"], ours["messages"])
+        assert "cache_control" in anthropic_blocks(body)[-1]
+        assert 1 <= json.dumps(body).count("cache_control") <= 4
+    counter = conv.counter
+    for n in (1, 2, 4, 5):  # calls 2 and 3 of each run
+        whole = anthropic_served(bodies[n - 1], bodies[n - 1 : n], counter)
+        assert whole > 0
+        assert anthropic_served(bodies[n], bodies[:n], counter) == whole
+
+
+def test_past_four_breakpoints_a_loop_keeps_l1s_stable_part_marked() -> None:
+    """With a prompt rewritten between calls (L1's mutable part: a handoff) the turn's own
+    request of run 2 uses all four breakpoints (L1's stable part, the system, the history,
+    the turn); its loop's calls give up the turn's user message's (the first call wrote
+    that prefix) and keep L1's stable part's, which the request after a handoff reads."""
+    billed: list[dict[str, Any]] = []
+    bodies: list[dict[str, Any]] = []
+    conv = Conversation(RULES, vault=VAULT)
+    lamina = LaminaMiddleware(conv, "anthropic", "claude-sonnet-4-6")
+
+    @dynamic_prompt
+    def prompt(request: ModelRequest) -> str:
+        found = any(isinstance(m, ToolMessage) for m in request.messages)
+        return "Answer from what you found." if found else "Search first."
+
+    model = _anthropic_model(billed, bodies)
+    agent = create_agent(model, tools=[search], middleware=[prompt, lamina])
+    for i in range(2):
+        lamina.attach({"note": "project-spec.md"})
+        state = agent.invoke({"messages": [{"role": "user", "content": f"Question {i}?"}]})
+        lamina.finish(state["messages"][-1].text)
+    assert len(bodies) == 6
+    marks = [json.dumps(body).count("cache_control") for body in bodies]
+    assert marks[3:] == [4, 4, 4]
+    for body in bodies:
+        assert "cache_control" in body["system"][0]  # L1's stable part
+        assert "cache_control" in anthropic_blocks(body)[-1]
+    for steps, body in ((1, bodies[4]), (2, bodies[5])):
+        user = body["messages"][-1 - 2 * steps]  # the turn's, before the steps' messages
+        assert user["role"] == "user" and user["content"][-1]["type"] == "text"
+        assert not any("cache_control" in b for b in user["content"])

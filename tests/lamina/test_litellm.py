@@ -79,6 +79,9 @@ def test_a_tool_loop_through_litellm_keeps_lamina_blocks_and_pairs_each_call() -
     assert body["system"] == mine["system"]
     assert any("cache_control" in block for block in body["system"])
     assert body["messages"][: len(mine["messages"]) - 2] == mine["messages"][:-2]
+    assert body["messages"][-1] == mine["messages"][-1]  # with the loop's breakpoint
+    assert "cache_control" in body["messages"][-1]["content"][-1]
+    assert 1 <= json.dumps(body).count("cache_control") <= 4
     tool_use = body["messages"][-2]["content"][-1]
     tool_result = body["messages"][-1]["content"][0]
     assert (tool_use["type"], tool_use["id"], tool_use["name"], tool_use["input"]) == (

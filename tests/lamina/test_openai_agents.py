@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import json
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import httpx
 import pytest
 from agents import Agent, ModelResponse, RunConfig, Runner, Usage, function_tool
 from agents.models.interface import Model
+from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 from agents.models.openai_responses import OpenAIResponsesModel
 from openai import AsyncOpenAI
 from openai.types.responses import (
@@ -45,7 +46,7 @@ from lamina.renderers import (
     trace_document,
     usage_record,
 )
-from tests.lamina.wire import responses_reply, served_prefix
+from tests.lamina.wire import chat_tokens, recording_chat, responses_reply, served_prefix
 from tests.stores import Backend
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
@@ -212,6 +213,7 @@ def test_a_turn_ends_only_with_the_runs_final_output(style: str, tmp_path: Path)
     async def run() -> list[str]:
         outputs = []
         for i in range(3):
+            session.attach({"note": "project-spec.md"})
             result = await Runner.run(agent, f"Question {i}?", session=session, run_config=config)
             outputs.append(str(result.final_output))
         return outputs
@@ -684,12 +686,37 @@ def test_a_loaded_conversation_goes_on_with_another_agent(backend: Backend) -> N
         assert again.system.mutable == "Memory: the user prefers short answers."
 
 
-def _billing_model(bodies: list[dict[str, Any]], budget: Budget, counter: Any) -> Any:
+def _search_twice(body: dict[str, Any], n: int) -> tuple[str, tuple[str, dict[str, Any]] | None]:
+    """Searches twice (text with each call), then answers."""
+    searches = sum(1 for i in body["input"] if i.get("type") == "function_call")
+    if searches < 2:
+        return f"Searching ({n}).", ("search", {"q": f"q{n}"})
+    return f"Answer {n}.", None
+
+
+def _hand_off_then_search(
+    body: dict[str, Any], n: int
+) -> tuple[str, tuple[str, dict[str, Any]] | None]:
+    """Hands off to the researcher, which searches once, then answers."""
+    names = [i.get("name") for i in body["input"] if i.get("type") == "function_call"]
+    if not names:
+        return "Passing you on.", ("transfer_to_researcher", {})
+    if "search" not in names:
+        return "Searching.", ("search", {"q": f"q{n}"})
+    return f"Found it ({n}).", None
+
+
+Reply = Callable[[dict[str, Any], int], tuple[str, tuple[str, dict[str, Any]] | None]]
+
+
+def _billing_model(
+    bodies: list[dict[str, Any]], budget: Budget, counter: Any, reply: Reply = _search_twice
+) -> Any:
     """The SDK's Responses model on an in-process transport that bills like a provider
     with a prefix cache: input is the body as sent, counted item by item (``_wire_tokens``);
     cached is the leading run of tools, instructions and input items an earlier body
-    shares whole, in 128-token steps from 1,024 (OpenAI's rules). The model searches twice
-    (text with each call), then answers."""
+    shares whole, in 128-token steps from 1,024 (OpenAI's rules). The model answers as
+    ``reply`` says."""
     framing = budget.framing
 
     def units(body: dict[str, Any]) -> list[tuple[str, int]]:
@@ -709,9 +736,7 @@ def _billing_model(bodies: list[dict[str, Any]], budget: Budget, counter: Any) -
         cached = served_prefix(units(body), [units(b) for b in bodies])
         bodies.append(body)
         n = len(bodies)
-        searches = sum(1 for i in body["input"] if i.get("type") == "function_call")
-        text = f"Answer {n}." if searches >= 2 else f"Searching ({n})."
-        call = ("search", {"q": f"q{n}"}) if searches < 2 else None
+        text, call = reply(body, n)
         usage = {"input_tokens": _wire_tokens(body, budget, counter), "output_tokens": 5,
                  "total_tokens": 0, "input_tokens_details": {"cached_tokens": cached},
                  "output_tokens_details": {"reasoning_tokens": 0}}  # fmt: skip
@@ -788,3 +813,69 @@ def test_each_call_of_an_agent_loop_has_its_own_usage_read_back(tmp_path: Path) 
     assert calibration is not None and calibration.samples == 6
     assert 0.05 <= calibration.margin <= 0.15
     store.close()
+
+
+def test_interim_text_over_chat_completions_is_counted_as_its_own_message() -> None:
+    """The SDK's Chat Completions model sends a step's interim text ("Let me search") and
+    its call as two assistant messages: every body it sends, counted message by message,
+    is Lamina's count of that call's loop (it counted one message: 3 tokens short per
+    step with text), and Lamina's own chat rendering of the loop is that body."""
+    bodies: list[dict[str, Any]] = []
+    transport = httpx.MockTransport(recording_chat(bodies))
+    client = AsyncOpenAI(api_key="offline", http_client=httpx.AsyncClient(transport=transport))
+    model = OpenAIChatCompletionsModel("gpt-4.1", openai_client=client)
+    budget = Budget(context_window=8000, reserve_output=300)
+    conv = Conversation(STABLE, vault=VAULT, budget=budget)
+    session = LaminaSession(conv)
+    agent = Agent(name="notes", model=model, tools=[search], instructions="Cite your notes.")
+    outputs = _runs(session, agent, range(2))
+    assert outputs == ["Answer 3.", "Answer 6."]
+    assert len(bodies) == len(session.loops) == 6
+    for body, loop in zip(bodies, session.loops, strict=True):
+        tools = [t["function"] for t in body.get("tools", [])]
+        assert chat_tokens(body["messages"], tools, budget.framing, conv.counter) == loop.tokens
+        assert body["messages"] == agent_request(loop, "openai").body["messages"]
+    roles = [m["role"] for m in bodies[2]["messages"][-6:]]
+    assert roles == ["assistant", "assistant", "tool"] * 2
+    assert [s.text_apart for s in session.loops[2].steps] == [True, True]
+
+
+def test_the_first_call_after_a_handoff_predicts_what_that_agent_left_cached() -> None:
+    """Triage hands off to a researcher with long instructions in each of three runs: the
+    researcher's first call of runs 2 and 3 is served the prefix its calls of the run
+    before left cached (its tools and instructions), which the triage call just before
+    it does not share (other tools, other instructions after a short stable part); the
+    first handoff is served nothing (the tools lead the prefix). Each call's predicted
+    cached tokens is what the provider served (before: 0 on the researcher's first calls
+    of runs 2 and 3, where 1,920 were served)."""
+    budget = Budget(context_window=8000, reserve_output=300)
+    conv = Conversation(STABLE, vault=VAULT, budget=budget)
+    session = LaminaSession(conv)
+    bodies: list[dict[str, Any]] = []
+    model = _billing_model(bodies, budget, conv.counter, _hand_off_then_search)
+    long = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(150))
+    researcher = Agent(name="researcher", model=model, tools=[search],
+                       instructions=f"{RESEARCH}\n{long}")  # fmt: skip
+    triage = Agent(name="triage", model=model, handoffs=[researcher], instructions=TRIAGE)
+    config = RunConfig(
+        call_model_input_filter=session.call_model_input_filter, tracing_disabled=True
+    )
+
+    async def run() -> list[Any]:
+        responses = []
+        for i in range(3):
+            result = await Runner.run(triage, f"Question {i}?", session=session, run_config=config)
+            responses.extend(result.raw_responses)
+        return responses
+
+    responses = asyncio.run(run())
+    assert len(responses) == len(session.loops) == 9
+    records = [
+        usage_record(session.loops[: n + 1], r.usage, "openai-responses", "gpt-4.1",
+                     sent=bodies[n])
+        for n, r in enumerate(responses)
+    ]  # fmt: skip
+    served = [u.observed.cached_tokens for u in records]
+    assert served[4] > 0 and served[7] > 0  # the researcher's first call, runs 2 and 3
+    assert [u.predicted_cached for u in records] == served
+    assert all(u.warning is None for u in records)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
+import httpx2
 import pytest
+from anthropic import AsyncAnthropic
 from openai import AsyncOpenAI
 from pydantic_ai import Agent, AgentRunResult, CallToolsNode, RunContext
 from pydantic_ai.capabilities import ProcessHistory
@@ -23,21 +26,31 @@ from pydantic_ai.messages import (
     ToolReturnPart,
     UserPromptPart,
 )
+from pydantic_ai.models.anthropic import AnthropicModel, AnthropicModelSettings
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.anthropic import AnthropicProvider
 from pydantic_ai.providers.openai import OpenAIProvider
 
 from lamina import Conversation
 from lamina.adapters.pydantic_ai import LaminaHistory
-from lamina.pipeline import Budget, ConfigError, TurnUsage, read_usage
+from lamina.pipeline import Budget, ConfigError, DecisionAction, TurnUsage, read_usage
 from lamina.renderers import (
     agent_request,
+    classify_break,
     instructions_tokens,
     render_request,
     tool_tokens,
     usage_record,
 )
-from tests.lamina.wire import search_or_answer, served_prefix
+from tests.lamina.wire import (
+    anthropic_blocks,
+    anthropic_served,
+    chat_reply,
+    recording_chat,
+    search_or_answer,
+    served_prefix,
+)
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 
@@ -203,6 +216,7 @@ def test_instructions_system_prompt_and_tools_are_counted_and_kept() -> None:
 
 
 INSTRUCTIONS = " ".join(["Answer in one short paragraph."] * 20)
+RULES = "\n".join(f"Rule {i}: cite the note and the section you used." for i in range(150))
 
 
 def _searching_agent(model: Any, history: LaminaHistory) -> Agent[None, str]:
@@ -223,13 +237,6 @@ def _searching_agent(model: Any, history: LaminaHistory) -> Agent[None, str]:
     return agent
 
 
-def _chat_reply(n: int, message: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI's chat completion ``n`` holding ``message``."""
-    choice = {"index": 0, "message": message, "finish_reason": "stop"}
-    reply = {"id": f"r{n}", "object": "chat.completion", "created": 0, "model": "gpt-4o"}
-    return {**reply, "choices": [choice], "usage": usage}
-
-
 def _chat_model(handle: Callable[[httpx.Request], httpx.Response]) -> OpenAIChatModel:
     """pydantic-ai's own OpenAI chat model whose requests ``handle`` answers in process."""
     transport = httpx.AsyncClient(transport=httpx.MockTransport(handle))
@@ -240,15 +247,7 @@ def _chat_model(handle: Callable[[httpx.Request], httpx.Response]) -> OpenAIChat
 def _wire_model(bodies: list[dict[str, Any]]) -> OpenAIChatModel:
     """pydantic-ai's own OpenAI chat model on an in-process transport: each request body is
     recorded as the framework would send it; the model searches twice, then answers."""
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        bodies.append(body)
-        n = len(bodies)
-        usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-        return httpx.Response(200, json=_chat_reply(n, search_or_answer(body, n), usage))
-
-    return _chat_model(handle)
+    return _chat_model(recording_chat(bodies))
 
 
 def test_the_request_pydantic_ai_sends_is_counted_exactly_and_fits() -> None:
@@ -314,7 +313,7 @@ def _billing_model(
         usage = {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7,
                  "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
         billed.append(usage)
-        return httpx.Response(200, json=_chat_reply(n, search_or_answer(body, n), usage))
+        return httpx.Response(200, json=chat_reply(n, search_or_answer(body, n), usage))
 
     return _chat_model(handle)
 
@@ -362,10 +361,10 @@ def test_each_request_of_a_run_is_read_back_from_pydantic_ais_own_usage() -> Non
 
 
 def _read_back_runs(
-    agent: Agent[Any, str], history: LaminaHistory, deps: Any = None
+    agent: Agent[Any, str], history: LaminaHistory, deps: Any = None, attach: bool = True
 ) -> tuple[list[ModelResponse], AgentRunResult[str]]:
-    """Two runs of an agent through ``agent.iter``: each model request's response, as it
-    came, and the last run's result."""
+    """Two runs of an agent through ``agent.iter`` (each with the spec note attached, or
+    none): each model request's response, as it came, and the last run's result."""
     responses: list[ModelResponse] = []
 
     async def run(question: str) -> AgentRunResult[str]:
@@ -377,7 +376,8 @@ def _read_back_runs(
         return running.result
 
     for i in range(2):
-        history.attach({"note": "project-spec.md"})
+        if attach:
+            history.attach({"note": "project-spec.md"})
         result = asyncio.run(run(f"Question {i}: what does the sync engine do?"))
         history.finish(result.output)
     return responses, result
@@ -495,3 +495,114 @@ def test_static_and_dynamic_instructions_are_counted_as_the_messages_sent() -> N
     assert all(u.warning is None for u in records)
     joined = instructions_tokens(["\n\n".join(sent)], conv.counter)
     assert joined < instructions_tokens(sent, conv.counter)  # the processor alone counts short
+
+
+def test_a_changed_dynamic_instruction_is_a_reported_break() -> None:
+    """An ``@agent.instructions`` function whose text changes every request (here it counts
+    them) breaks the prefix after Lamina's system message: each request after the first
+    carries an ``instructions-changed`` decision and warning, ``classify_break`` names it,
+    and the read-back predicts the prefix the provider served (tools and system message)
+    with no cache-miss warning. (Before, nothing said why, and the loop's calls predicted
+    the whole earlier request cached.)"""
+    bodies: list[dict[str, Any]] = []
+    billed: list[dict[str, Any]] = []
+    budget = Budget(context_window=16000, reserve_output=300)
+    conv = Conversation(RULES, vault=VAULT, budget=budget)
+    history = LaminaHistory(conv)
+    agent = Agent(_billing_model(bodies, billed, conv.counter, budget),
+                  capabilities=[history.capability()])  # fmt: skip
+    sent: list[int] = []
+
+    @agent.instructions
+    def progress() -> str:
+        sent.append(len(sent) + 1)
+        return f"This is request {len(sent)} of the run. " + INSTRUCTIONS
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        """Search the project notes."""
+        return _result(q)
+
+    responses, _ = _read_back_runs(agent, history, attach=False)
+    assert len(responses) == len(history.loops) == len(bodies) == 6
+    assert len(set(history.instructions)) == 6
+    envelopes = [loop.envelope for loop in history.loops]
+    changed = [
+        [d.action for d in env.report.decisions if d.action is DecisionAction.INSTRUCTIONS_CHANGED]
+        for env in envelopes
+    ]
+    assert changed == [[]] + [[DecisionAction.INSTRUCTIONS_CHANGED]] * 5
+    assert all(
+        any(w.code == "instructions-changed" for w in env.report.warnings) for env in envelopes[1:]
+    )
+    breaks = [classify_break(a, b) for a, b in itertools.pairwise(envelopes)]
+    assert all("instructions-changed" in reasons for reasons in breaks)
+    records = _read_back(history, responses)
+    cached = [b["prompt_tokens_details"]["cached_tokens"] for b in billed]
+    assert all(c > 0 for c in cached[1:])  # the tools and the system message, every call
+    assert [u.predicted_cached for u in records] == cached
+    assert all(u.warning is None for u in records)
+
+
+def _anthropic_model(bodies: list[dict[str, Any]]) -> AnthropicModel:
+    """pydantic-ai's own Anthropic model on Anthropic's SDK with an in-process transport:
+    each request body is recorded; it searches twice a run (text with each call), then
+    answers."""
+
+    def handle(request: httpx2.Request) -> httpx2.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        n = len(bodies)
+        searches = sum(1 for b in anthropic_blocks(body) if b.get("type") == "tool_use")
+        content: list[dict[str, Any]] = [{"type": "text", "text": f"Step {n}."}]
+        if searches < 2:
+            content.append({"type": "tool_use", "id": f"t{n}", "name": "search",
+                            "input": {"q": f"q{n}"}})  # fmt: skip
+        return httpx2.Response(200, json={
+            "id": f"m{n}", "type": "message", "role": "assistant", "model": "claude-sonnet-4-6",
+            "content": content, "usage": {"input_tokens": 5, "output_tokens": 5},
+            "stop_reason": "tool_use" if searches < 2 else "end_turn", "stop_sequence": None,
+        })  # fmt: skip
+
+    transport = httpx2.AsyncClient(transport=httpx2.MockTransport(handle))
+    client = AsyncAnthropic(api_key="offline", http_client=transport)
+    return AnthropicModel("claude-sonnet-4-6", provider=AnthropicProvider(anthropic_client=client))
+
+
+def test_anthropic_loop_requests_are_cached_with_pydantic_ais_own_settings() -> None:
+    """pydantic-ai's Anthropic model with the settings docs/ADAPTERS.md gives
+    (``anthropic_cache_instructions`` and ``anthropic_cache_messages``): every request of
+    two runs of three calls marks the system message's end and its last block (the turn's
+    prompt, then the loop's last tool result), and the next call of a loop reads the whole
+    request before it. (Before, the loop calls of a turn with deferred context were built
+    as a new turn: pydantic-ai hands back the user message as sent, which was not taken
+    for the turn's, so the conversation got a turn with no answer and a system-changed
+    break.)"""
+    bodies: list[dict[str, Any]] = []
+    conv = Conversation(RULES, vault=VAULT)
+    history = LaminaHistory(conv, provider="anthropic")
+    settings = AnthropicModelSettings(
+        max_tokens=1024, anthropic_cache_instructions=True, anthropic_cache_messages=True
+    )
+    agent = Agent(_anthropic_model(bodies), capabilities=[history.capability()],
+                  model_settings=settings)  # fmt: skip
+
+    @agent.tool_plain
+    def search(q: str) -> str:
+        """Search the project notes."""
+        return _result(q)
+
+    for i in range(2):
+        history.attach({"note": "project-spec.md"})
+        history.finish(agent.run_sync(f"Question {i}?").output)
+    assert len(bodies) == len(history.loops) == 6
+    assert [h.user for h in conv.history] == ["Question 0?", "Question 1?"]
+    assert history.loops[4].envelope == history.loops[3].envelope == history.loops[5].envelope
+    for body in bodies:
+        assert "cache_control" in body["system"][-1]
+        assert "cache_control" in anthropic_blocks(body)[-1]
+        assert json.dumps(body).count("cache_control") == 2
+    for n in (1, 2, 4, 5):
+        whole = anthropic_served(bodies[n - 1], bodies[n - 1 : n], conv.counter)
+        assert whole > 0
+        assert anthropic_served(bodies[n], bodies[:n], conv.counter) == whole
