@@ -46,7 +46,7 @@ from lamina.pipeline import (
     SourceResolver,
     SqliteStore,
 )
-from lamina.renderers import PREVIOUS_NOT_REBUILT
+from lamina.renderers import PREVIOUS_NOT_REBUILT, SENT_BANDS, settle_turns, sent_rows
 
 __all__ = ["main"]
 
@@ -160,11 +160,19 @@ def _conversation(
     budget: Budget | None = None,
     *,
     allow_private_network: bool = False,
+    defer_library: bool | None = None,
 ) -> Conversation:
+    """The script's conversation; ``defer_library`` (the flag) overrides the script's."""
     root = Path(vault) if vault else script.vault
     _check_vault(root, vault, script.path)
     sources = _sources(root, allow_private_network)
-    conv = Conversation(script.system, sources=sources, tokenizer=tokenizer or "", budget=budget)
+    conv = Conversation(
+        script.system,
+        sources=sources,
+        tokenizer=tokenizer or "",
+        budget=budget,
+        defer_library=script.defer_library if defer_library is None else defer_library,
+    )
     # A broken plugin is skipped by the registry; say so, one line each, and carry on.
     for error in getattr(getattr(conv.sources, "registry", None), "plugin_errors", ()):
         click.echo(f"lamina: warning: {' '.join(str(error).split())}", err=True)
@@ -232,6 +240,23 @@ def messages_option(fn: F) -> F:
     )(fn)
 
 
+def verbose_option(fn: F) -> F:
+    """--verbose: add the budget's plan (shares, floors, slack) to each turn."""
+    return click.option(
+        "--verbose", "-v", is_flag=True, help="Also print each turn's budget plan."
+    )(fn)
+
+
+def layout_option(fn: F) -> F:
+    """--defer-library/--no-defer-library: the layout the requests are sent in."""
+    return click.option(
+        "--defer-library/--no-defer-library",
+        default=None,
+        help="Defer the library's growth to the next prefix break (the default), or grow it "
+        "every turn (the seed's layout); overrides the script's defer_library.",
+    )(fn)
+
+
 def budget_options(fn: F) -> F:
     """--window, --reserve and --model: the whole-payload token budget."""
     fn = click.option("--model", help="Model profile for the budget (window, reserve, framing).")(
@@ -262,7 +287,7 @@ def _trace(
     """The JSON trace, with per-turn "cache" reports and, given a provider, "request"."""
     from lamina.renderers import annotate_trace, trace_document
 
-    trace = trace_document(envelopes, conv.counter, timings=timings)
+    trace = trace_document(envelopes, conv.counter, budget=conv.budget, timings=timings)
     return annotate_trace(
         trace,
         envelopes,
@@ -336,6 +361,44 @@ def _plural(n: int, word: str) -> str:
     return f"{n:,} {word}" if n == 1 else f"{n:,} {word}s"
 
 
+def _request_line(turn: Mapping[str, Any], budget: pipeline.BudgetReport | None) -> str:
+    """The request as sent in one line: its bands adding up to its one total, and the
+    room the budget's limit leaves beside it."""
+    total = int(turn["tokens_total"])
+    bands = turn.get("sent") or {}
+    parts = "  ".join(f"{name}={int(bands[name])}" for name in SENT_BANDS if name in bands)
+    line = f"request: {parts}  = {total} tokens sent"
+    if budget is not None:
+        line += (
+            f"; limit {budget.limit} (window {budget.window} - reserve "
+            f"{budget.reserve_output}), headroom {budget.limit - total}"
+        )
+    return line
+
+
+def _sent_table(env: Envelope, *, decisions: Mapping[str, Sequence[str]] | None = None) -> Table:
+    """The request's blocks as sent, band by band (``renderers.sent_rows``); a long history
+    is one row (`lamina inspect` lists every message)."""
+    columns = ["band", "key", "form", "tokens", *(["decisions"] if decisions is not None else [])]
+    table = Table(show_lines=False)
+    for col in columns:
+        table.add_column(col, justify="right" if col == "tokens" else "left")
+    rows = sent_rows(env)
+    history = [r for r in rows if r.band == "L4"]
+    for band in SENT_BANDS[:-1]:
+        mine = [r for r in rows if r.band == band]
+        if band == "L4" and len(history) > 4 and decisions is None:
+            tokens = sum(r.tokens or 0 for r in history)
+            table.add_row("L4", f"({len(history)} history messages)", "text", str(tokens))
+            continue
+        for r in mine:
+            notes = [] if decisions is None else ["; ".join(decisions.get(r.key, []))]
+            table.add_row(band, r.key, r.form, "-" if r.tokens is None else str(r.tokens), *notes)
+        if not mine and band != "deferred":
+            table.add_row(band, "(empty)", "", "0", *([""] if decisions is not None else []))
+    return table
+
+
 def _show(
     console: Console,
     envelopes: Sequence[Envelope],
@@ -343,48 +406,22 @@ def _show(
     full: bool,
     trace: Mapping[str, Any],
     messages_shown: str = "all",
+    verbose: bool = False,
 ) -> None:
-    """Each turn's layers, budget, decisions, request and cached prefix with the reason it
-    is not more; then a summary of the chat. ``messages_shown``: the request's messages for
-    "all" turns, the "last" one only, or "none"."""
-    from lamina.renderers import explain_cache, openai_messages
-
+    """Each turn's request as sent (its bands and blocks), the budget's room, decisions,
+    messages and the cached prefix with the reason it is not more; then a summary of the
+    chat. ``messages_shown``: the request's messages for "all" turns, the "last" one only,
+    or "none"; ``verbose`` adds the budget's plan."""
     turns: Sequence[Mapping[str, Any]] = trace["turns"]
-    previous_turn: Mapping[str, Any] | None = None
     for index, (env, turn) in enumerate(zip(envelopes, turns, strict=True)):
-        messages = openai_messages(env)
-        total = conv.count_request(env)
+        total = int(turn["tokens_total"])
         console.rule(_heading(env))
-        table = Table(show_lines=False)
-        for col in ("layer", "key", "form", "tokens"):
-            table.add_column(col, justify="right" if col == "tokens" else "left")
-        for layer in env.layers:
-            if str(layer.name) == "L4" and len(layer.segments) > 4:
-                # History is one row: `lamina inspect` lists every message.
-                count = len(layer.segments)
-                table.add_row("L4", f"({count} history messages)", "text", str(layer.tokens))
-                continue
-            for seg in layer.segments:
-                table.add_row(str(layer.name), seg.key, str(seg.form), str(seg.tokens))
-            if not layer.segments:
-                table.add_row(str(layer.name), "(empty)", "", "0")
-        console.print(table)
-        layers = "  ".join(f"{layer.name}={layer.tokens}" for layer in env.layers)
-        console.print(
-            f"layers: {layers}  request={total} tokens (the layers plus per-message framing, "
-            "as the budget counts them)",
-            soft_wrap=True,
-        )
+        console.print(_sent_table(env))
         budget = env.report.budget
-        if budget is not None:
-            console.print(
-                f"budget: {budget.effective} of {budget.limit} tokens used (window "
-                f"{budget.window} - reserve {budget.reserve_output}); headroom {budget.headroom}",
-                soft_wrap=True,
-            )
-            if budget.plan:
-                plan = ", ".join(f"{name} {value}" for name, value in budget.plan)
-                console.print(f"budget plan: {plan}", markup=False, soft_wrap=True)
+        console.print(_request_line(turn, budget), markup=False, soft_wrap=True)
+        if verbose and budget is not None and budget.plan:
+            plan = ", ".join(f"{name} {value}" for name, value in budget.plan)
+            console.print(f"budget plan: {plan}", markup=False, soft_wrap=True)
         for d in env.report.decisions:
             console.print(
                 f"  decision {d.stage}: {d.target} {d.from_form} -> {d.to_form} ({d.reason})",
@@ -394,8 +431,10 @@ def _show(
         _warn(env)
         last = index == len(envelopes) - 1
         if messages_shown == "all" or (messages_shown == "last" and last):
+            from lamina.renderers import openai_messages
+
             console.print("[bold]request[/bold]")
-            for m in messages:
+            for m in openai_messages(env):
                 content = m["content"]
                 lines = content.splitlines()
                 if not full and len(lines) > 24:
@@ -405,16 +444,16 @@ def _show(
                     )
                 console.print(f"[cyan]{m['role']}[/cyan]:")
                 console.print(content, markup=False, highlight=False, soft_wrap=True)
-        cached = min(int((turn.get("cache") or {}).get("common_prefix_tokens", 0)), total)
+        cache = turn.get("cache") or {}
+        cached = min(int(cache.get("common_prefix_tokens", 0)), total)
         share = f"{cached / total:.0%}" if total else "0%"
         console.print(
             f"[bold green]cached prefix[/bold green]: {cached} of {total} tokens repeat the "
             f"previous turn's request ({share}, predicted)",
             soft_wrap=True,
         )
-        for sentence in explain_cache(turn, previous_turn):
-            console.print(f"  why: {sentence}", markup=False, soft_wrap=True)
-        previous_turn = turn
+        if cache.get("sentence"):
+            console.print(f"  why: {cache['sentence']}", markup=False, soft_wrap=True)
     _summary(console, envelopes, turns)
 
 
@@ -452,7 +491,33 @@ def _summary(
     )
 
 
+def _baseline(
+    console: Console, envelopes: Sequence[Envelope], conv: pipeline.Conversation
+) -> None:
+    """The same turns in each layout (OpenAI's cache rules, ``lamina simulate``): the
+    claim beside its baseline."""
+    from lamina.renderers import NAIVE_NOTE, format_baseline, simulate
+
+    sim = simulate(envelopes, counter=conv.counter, budget=conv.budget, providers=("openai",))
+    console.rule("[bold]Against other layouts[/bold]")
+    console.print(
+        "The same turns sent in each layout, with OpenAI's cache rules (`lamina simulate` "
+        "shows every provider); cost is the input cost with cache prices over the naive "
+        "layout's input sent uncached:",
+        soft_wrap=True,
+    )
+    console.print(format_baseline(sim), markup=False, highlight=False, soft_wrap=True)
+    console.print(
+        "default is what Lamina sends; append-only keeps each attachment in the user message "
+        "that brought it, so it caches the most but cannot shrink under a budget. "
+        + NAIVE_NOTE,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="lamina", message="%(prog)s %(version)s")
 def cli() -> None:
     """Lamina: build each LLM chat turn's prompt from typed context artifacts."""
 
@@ -473,6 +538,7 @@ def cli() -> None:
     help="Where to write the HTML report (default: lamina-demo-report.html in the temp folder).",
 )
 @budget_options
+@verbose_option
 def demo(
     vault: str | None,
     as_json: bool,
@@ -483,6 +549,7 @@ def demo(
     reserve: int | None,
     model: str | None,
     recall: float | None,
+    verbose: bool,
 ) -> None:
     """Six turns over the example vault: the layer walkthrough, a turn over budget, then
     the steady state.
@@ -497,7 +564,8 @@ def demo(
     """
     with demo_data() as shipped:
         _demo(
-            shipped, vault, as_json, full, tokenizer, report_path, window, reserve, model, recall
+            shipped, vault, as_json, full, tokenizer, report_path, window, reserve, model, recall,
+            verbose,
         )
 
 
@@ -512,6 +580,7 @@ def _demo(
     reserve: int | None,
     model: str | None,
     recall: float | None,
+    verbose: bool = False,
 ) -> None:
     root = Path(vault) if vault else shipped / "vault"
     budget = _budget(window, reserve, model, recall) or DEMO_BUDGET
@@ -527,7 +596,8 @@ def _demo(
         click.echo(_json(trace))
     else:
         _intro(Console(), budget)
-        _show(Console(), envelopes, conv, full, trace)
+        _show(Console(), envelopes, conv, full, trace, verbose=verbose)
+        _baseline(Console(), envelopes, conv)
     out = Path(report_path) if report_path else Path(tempfile.gettempdir()) / DEMO_REPORT
     written = _write_report(out, trace, envelopes, "Lamina demo")
     if not as_json:
@@ -558,6 +628,8 @@ def _demo(
     "--timings", is_flag=True, help="Add per-phase timings and cache meters (not stable)."
 )
 @budget_options
+@layout_option
+@verbose_option
 @network_option
 def run(
     script_path: str,
@@ -574,6 +646,8 @@ def run(
     reserve: int | None,
     model: str | None,
     recall: float | None,
+    defer_library: bool | None,
+    verbose: bool,
     allow_private_network: bool,
 ) -> None:
     """Run a scripted conversation (JSON or YAML); with --store, persist as it goes.
@@ -585,6 +659,7 @@ def run(
     SCRIPT (YAML shown; JSON has the same keys):
       system: You are terse.           # or {stable: ..., mutable: ...}
       vault: vault                     # notes folder, relative to the script
+      defer_library: true              # false: grow the library every turn (the seed's layout)
       turns:
         - user: Summarize this         # the turn's query (L5)
           attach:                      # this turn's context (L3), any of:
@@ -607,6 +682,7 @@ def run(
         tokenizer,
         _budget(window, reserve, model, recall),
         allow_private_network=allow_private_network,
+        defer_library=defer_library,
     )
     if store_path is None:
         if conversation_id is not None:
@@ -639,7 +715,7 @@ def run(
     if as_json:
         click.echo(_json(trace))
     else:
-        _show(Console(), envelopes, conv, full, trace, messages)
+        _show(Console(), envelopes, conv, full, trace, messages, verbose)
 
 
 @cli.command()
@@ -658,6 +734,7 @@ def run(
     help="Add each turn's request body for this provider to the JSON trace.",
 )
 @budget_options
+@verbose_option
 @network_option
 def resume(
     store_path: str,
@@ -672,6 +749,7 @@ def resume(
     reserve: int | None,
     model: str | None,
     recall: float | None,
+    verbose: bool,
     allow_private_network: bool,
 ) -> None:
     """Continue a saved chat with more scripted turns (turn numbers continue).
@@ -706,11 +784,12 @@ def resume(
     elif saved_turns and document["turns"]:
         # Not the chat's first request: say the one before it is not known.
         document["turns"][0]["cache"]["break_reason"] = PREVIOUS_NOT_REBUILT
+        settle_turns(document["turns"])
     trace = {"conversation_id": conversation_id, **document}
     if as_json:
         click.echo(_json(trace))
     else:
-        _show(Console(), envelopes, conv, full, trace, messages)
+        _show(Console(), envelopes, conv, full, trace, messages, verbose)
 
 
 @cli.command("export")
@@ -808,6 +887,8 @@ def simulate(
                      the same tokens uncached (1.000 = no saving; cache writes can cost more)
       cost/naive     this layout's input cost relative to the naive layout's input
                      sent uncached
+      largest        the largest request's input tokens
+      over           (with --window or --model) requests over the limit (window - reserve)
     """
     from lamina.renderers import format_simulation
     from lamina.renderers import simulate as run_simulation
@@ -820,7 +901,7 @@ def simulate(
         _budget(window, reserve, model, recall),
         allow_private_network=allow_private_network,
     )
-    sim = run_simulation(run_script(script, conv), counter=conv.counter)
+    sim = run_simulation(run_script(script, conv), counter=conv.counter, budget=conv.budget)
     if as_json:
         click.echo(json.dumps(sim.to_json(), indent=2))
     else:
@@ -828,9 +909,10 @@ def simulate(
         click.echo(
             "\ninput and cached are tokens over all turns; cached% = cached / input; "
             "cost/uncached = input cost with cache prices / the same tokens uncached; "
-            "cost/naive = cost / the naive layout's input uncached (naive re-sends every "
-            "attachment each turn). "
-            "`lamina simulate --help` says more."
+            "cost/naive = cost / the naive layout's input uncached; largest = the largest "
+            "request's input tokens"
+            + ("; over = requests over the limit (window - reserve)" if sim.limit else "")
+            + ". `lamina simulate --help` says more."
         )
 
 
@@ -1015,40 +1097,36 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _inspect_turn(
-    console: Console, env: Envelope, conv: pipeline.Conversation, width: int = 48
+    console: Console, env: Envelope, turn: Mapping[str, Any], width: int = 48, verbose: bool = False
 ) -> None:
-    """One turn: every artifact with its layer, form, tokens and decisions; a window bar."""
+    """One turn as sent: every block with its band, form, tokens and decisions; a bar of
+    the bands against the limit (or the request, without a budget)."""
     decisions: dict[str, list[str]] = {}
     for d in env.report.decisions:
         decisions.setdefault(d.target, []).append(f"{d.stage}: {d.from_form}->{d.to_form}")
-    table = Table(title=f"turn {env.turn}: {_clip(env.query, 60)}", show_lines=False)
-    for col in ("layer", "key", "form", "tokens", "decisions"):
-        table.add_column(col, justify="right" if col == "tokens" else "left")
-    for layer in env.layers:
-        for seg in layer.segments:
-            table.add_row(
-                str(layer.name),
-                seg.key,
-                str(seg.form),
-                str(seg.tokens),
-                "; ".join(decisions.get(seg.key, [])),
-            )
+    table = _sent_table(env, decisions=decisions)
+    table.title = f"turn {env.turn}: {_clip(env.query, 60)}"
+    listed = {r.key for r in sent_rows(env)}
     for target, notes in decisions.items():
-        if all(layer.get(target) is None for layer in env.layers):
+        if target not in listed:
             table.add_row("-", target, "(not sent)", "0", "; ".join(notes))
     console.print(table)
-    total = conv.count_request(env)
+    total = int(turn["tokens_total"])
     budget = env.report.budget
-    window = budget.limit if budget is not None else total
-    marks = "12345"
+    scale = budget.limit if budget is not None else total
+    bands = turn.get("sent") or {}
     bar = ""
-    for mark, layer in zip(marks, env.layers, strict=True):
-        bar += mark * round(width * layer.tokens / window) if window else ""
+    for mark, name in zip("12D345f", SENT_BANDS, strict=True):
+        bar += mark * round(width * max(int(bands.get(name, 0)), 0) / scale) if scale else ""
     bar = bar[:width].ljust(width, ".")
-    label = f"limit {window}" if budget is not None else f"request {total}"
-    shares = "  ".join(f"L{i}={layer.tokens}" for i, layer in enumerate(env.layers, 1))
-    console.print(f"[{bar}] {total} of {label} tokens  ({shares}; digits = layer)", markup=False)
-    if budget is not None and budget.plan:
+    label = f"limit {scale}" if budget is not None else f"request {total}"
+    console.print(
+        f"[{bar}] {total} of {label} tokens sent  (digits = layer, D = context in earlier "
+        "user messages, f = framing)",
+        markup=False,
+    )
+    console.print(_request_line(turn, budget), markup=False, soft_wrap=True)
+    if verbose and budget is not None and budget.plan:
         plan = ", ".join(f"{name} {value}" for name, value in budget.plan)
         console.print(f"budget plan: {plan}", markup=False, soft_wrap=True)
     if env.batch is not None:
@@ -1079,6 +1157,8 @@ def _batch_line(env: Envelope) -> str:
 )
 @tokenizer_option
 @budget_options
+@layout_option
+@verbose_option
 @network_option
 def inspect(
     script_path: str,
@@ -1088,24 +1168,29 @@ def inspect(
     reserve: int | None,
     model: str | None,
     recall: float | None,
+    defer_library: bool | None,
+    verbose: bool,
     allow_private_network: bool,
 ) -> None:
     """Per turn: every artifact's layer, form, tokens and decisions, and how the window is spent."""
     script = load_script(script_path)
     budget = _budget(window, reserve, model, recall)
     conv = _conversation(
-        script, vault, tokenizer, budget, allow_private_network=allow_private_network
+        script,
+        vault,
+        tokenizer,
+        budget,
+        allow_private_network=allow_private_network,
+        defer_library=defer_library,
     )
     console = Console()
     envelopes = run_script(script, conv)
-    from lamina.renderers import explain_cache
-
     turns = _trace(envelopes, conv)["turns"]
-    for index, (env, turn) in enumerate(zip(envelopes, turns, strict=True)):
-        _inspect_turn(console, env, conv)
-        for sentence in explain_cache(turn, turns[index - 1] if index else None):
-            console.print(f"cache: {sentence}", markup=False,
-                          soft_wrap=True)
+    for env, turn in zip(envelopes, turns, strict=True):
+        _inspect_turn(console, env, turn, verbose=verbose)
+        sentence = (turn.get("cache") or {}).get("sentence")
+        if sentence:
+            console.print(f"cache: {sentence}", markup=False, soft_wrap=True)
 
 
 # The replay engine lives in its own modules; only its command is here.

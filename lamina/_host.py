@@ -7,9 +7,11 @@ registered processor's renderers, so ``Conversation("...", vault="notes")`` just
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 import lamina.pipeline as pipeline
 from lamina.pipeline import (
@@ -23,7 +25,7 @@ from lamina.pipeline import (
     SourceResolver,
 )
 from lamina.processors import Registry, Sources, Vault
-from lamina.renderers import XmlRenderer
+from lamina.renderers import XmlRenderer, cached_prefix
 
 __all__ = [
     "Conversation",
@@ -89,6 +91,31 @@ class Conversation(pipeline.Conversation):
         **options: Any,
     ) -> None:
         super().__init__(system, **_edges(vault, sources, renderer), **options)
+        self._sent: Envelope | None = None  # the last request, for the next one's cache
+
+    def turn(
+        self,
+        text: str,
+        attach: Iterable[pipeline.AttachmentSpec | Mapping[str, Any]] = (),
+        *,
+        vault_changes: Mapping[str, str] | None = None,
+        tools: Iterable[pipeline.AttachmentSpec] = (),
+        background: bool = True,
+    ) -> Envelope:
+        """``lamina.pipeline.Conversation.turn``, its envelope's ``cache`` filled in: the
+        prefix it repeats of the last request this object built, as sent, the break's
+        code and its sentence (``renderers.cached_prefix``).
+
+        >>> env.cache.tokens, env.cache.reason, env.cache.sentence  # doctest: +SKIP
+        (1327, None, "The request extends turn 1's byte for byte: ...")
+        """
+        built = super().turn(
+            text, attach, vault_changes=vault_changes, tools=tools, background=background
+        )
+        previous = getattr(self, "_sent", None)  # None on a restored conversation
+        cache = cached_prefix(previous, built, self.counter, budget=self.budget)
+        self._sent = attrs.evolve(built, cache=cache)
+        return self._sent
 
     @classmethod
     def restore(

@@ -60,6 +60,8 @@ class Script:
     system: SystemPrompt
     turns: tuple[ScriptTurn, ...]
     vault: Path | None = None
+    # ``defer_library: false``: grow the library every turn (the seed's layout).
+    defer_library: bool = True
 
 
 # Files a user may hand `lamina run` by mistake: attachments, not scripts.
@@ -105,7 +107,7 @@ def parse_script(data: Any, path: str = "<script>", base: Path | None = None) ->
     """Validate the script structure (attachments are checked by ``run_script``)."""
     if not isinstance(data, Mapping):
         raise ScriptError(path, "", "a script must be a mapping with a 'turns' list")
-    unknown = sorted(set(data) - {"system", "vault", "turns"})
+    unknown = sorted(set(data) - {"system", "vault", "turns", "defer_library"})
     if unknown:
         raise ScriptError(path, unknown[0], "unknown top-level field")
     system_raw = data.get("system", "")
@@ -125,7 +127,10 @@ def parse_script(data: Any, path: str = "<script>", base: Path | None = None) ->
     if not isinstance(turns_raw, list) or not turns_raw:
         raise ScriptError(path, "turns", "must be a non-empty list")
     turns = tuple(_turn(t, path, f"turns[{i}]") for i, t in enumerate(turns_raw))
-    return Script(path, system, turns, vault)
+    defer = data.get("defer_library", True)
+    if not isinstance(defer, bool):
+        raise ScriptError(path, "defer_library", "must be true or false")
+    return Script(path, system, turns, vault, defer)
 
 
 def _turn(raw: Any, path: str, where: str) -> ScriptTurn:

@@ -49,8 +49,15 @@ from lamina.renderers._requests import (
     annotate_trace,
     render_request,
 )
-from lamina.renderers._simulate import Simulation, format_simulation, simulate
-from lamina.renderers._trace import TRACE_VERSION, trace_document, trace_turn
+from lamina.renderers._sent import SENT_BANDS, SentRow, sent_bands, sent_rows, settle_turns
+from lamina.renderers._simulate import (
+    NAIVE_NOTE,
+    Simulation,
+    format_baseline,
+    format_simulation,
+    simulate,
+)
+from lamina.renderers._trace import TRACE_VERSION, cached_prefix, trace_document, trace_turn
 from lamina.renderers._usage import CACHE_MISS, trace_usage, usage_record
 from lamina.renderers._xml import XmlRenderer, render_xml, xml_safe
 
@@ -61,9 +68,11 @@ __all__ = [
     "DEFAULT_MODELS",
     "LAYOUTS",
     "LOW_CACHE_SHARE",
+    "NAIVE_NOTE",
     "PREVIOUS_NOT_REBUILT",
     "PROVIDER_COLOURS",
     "REPORT_LAYERS",
+    "SENT_BANDS",
     "TRACE_VERSION",
     "Block",
     "CacheRules",
@@ -80,6 +89,7 @@ __all__ = [
     "RequestOptions",
     "RequestRegistry",
     "RequestRenderer",
+    "SentRow",
     "Simulation",
     "XmlRenderer",
     "agent_request",
@@ -87,6 +97,7 @@ __all__ = [
     "anthropic_breakpoints",
     "anthropic_tool_prompt",
     "build_prompt",
+    "cached_prefix",
     "cache_rules",
     "chatml",
     "chatml_prefix_tokens",
@@ -94,6 +105,7 @@ __all__ = [
     "common_prefix_length",
     "common_prefix_tokens",
     "explain_cache",
+    "format_baseline",
     "format_simulation",
     "gemini_cache_plan",
     "instructions_tokens",
@@ -111,6 +123,9 @@ __all__ = [
     "render_xml",
     "report_blocks",
     "request_options",
+    "sent_bands",
+    "sent_rows",
+    "settle_turns",
     "simulate",
     "tool_tokens",
     "trace_document",

@@ -14,10 +14,13 @@ from typing import Any
 
 from lamina.renderers._cache import PREVIOUS_NOT_REBUILT
 
-__all__ = ["LOW_CACHE_SHARE", "explain_cache"]
+__all__ = ["LOW_CACHE_SHARE", "explain_cache", "extends_previous"]
 
 # Below this share of the request repeated, a turn without a break is explained too.
 LOW_CACHE_SHARE = 0.5
+
+# The actions of a library entry's own chain (a reference to it from L3 is not one).
+_LIBRARY_STEPS = frozenset({"compacted", "evicted", "restored", "indexed", "excerpted"})
 
 _UNCACHED_AFTER = "so the request is sent uncached from there on"
 
@@ -28,7 +31,7 @@ def _decisions(turn: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     budget = turn.get("budget") or {}
     chain: list[Mapping[str, Any]] = []
     for d in budget.get("decisions", ()):
-        if d.get("target") != key:
+        if d.get("target") != key or d.get("action") not in _LIBRARY_STEPS:
             continue
         if chain and d.get("from") != chain[-1].get("to"):
             break
@@ -60,7 +63,7 @@ def _cut(turn: Mapping[str, Any], key: str, verb: str) -> str:
     )
 
 
-def _sentence(code: str, turn: Mapping[str, Any]) -> str:
+def _sentence(code: str, turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str:
     kind, _, key = code.partition(":")
     if kind == "first-turn":
         return "First request of the chat: nothing is cached yet."
@@ -107,10 +110,7 @@ def _sentence(code: str, turn: Mapping[str, Any]) -> str:
             "again from its new start, uncached."
         )
     if kind == "library-settled":
-        return (
-            "The library's deferred growth entered the system message (the extended request "
-            "would not have fit the window), so the history is sent again after it, uncached."
-        )
+        return _settled(turn, previous)
     if kind == "unknown":
         return (
             "The system message changed in a way no Lamina decision explains (was the request "
@@ -119,9 +119,39 @@ def _sentence(code: str, turn: Mapping[str, Any]) -> str:
     return f"The cached prefix broke ({code}), {_UNCACHED_AFTER}."
 
 
-def _keys(turn: Mapping[str, Any], layer: str) -> dict[str, str]:
-    segments = ((turn.get("layers") or {}).get(layer) or {}).get("segments", ())
-    return {str(s["key"]): str(s.get("form", "")) for s in segments}
+def _settled(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str:
+    """Why a batched request settled when nothing in the envelope as built broke, and
+    what that changed: the library the system message holds, the earlier user messages
+    sent as their bare queries again; the cached figure says where the change begins."""
+    why = str((turn.get("batch") or {}).get("settled") or "")
+    if why == "over-budget":
+        cause = " because the extended request would not have fit the window"
+    elif why == "no-batch":
+        cause = " because there was no batch to extend (a state saved without one, or an agent loop)"
+    else:
+        cause = ""
+    grown = [k for k in _settled_keys(turn) if k not in _settled_keys(previous or {})]
+    changes = ["the earlier user messages that carried context are sent as their bare queries"]
+    if grown:
+        changes.insert(
+            0,
+            f"the library in the system message took {len(grown)} "
+            f"entr{'y' if len(grown) == 1 else 'ies'} ({_names(grown)})",
+        )
+    cached = int((turn.get("cache") or {}).get("common_prefix_tokens", 0))
+    return (
+        f"The library's deferred growth settled{cause}: {' and '.join(changes)}, so the request "
+        f"repeats the one before only up to there ({cached:,} of "
+        f"{int(turn.get('tokens_total', 0)):,} tokens)."
+    )
+
+
+def _settled_keys(turn: Mapping[str, Any]) -> list[str]:
+    """The keys of the library entries the turn's system message holds as sent."""
+    segments = ((turn.get("layers") or {}).get("L2") or {}).get("segments", ())
+    keys = [str(s["key"]) for s in segments]
+    batch = turn.get("batch")
+    return keys if batch is None else keys[: int(batch.get("settled_entries", len(keys)))]
 
 
 def _names(keys: Sequence[str], most: int = 3) -> str:
@@ -129,20 +159,47 @@ def _names(keys: Sequence[str], most: int = 3) -> str:
     return shown if len(keys) <= most else f"{shown} and {len(keys) - most} more"
 
 
+def _band(turn: Mapping[str, Any], name: str) -> int:
+    """A band of the request as sent (``renderers._sent``), else its layer's tokens."""
+    sent = turn.get("sent")
+    if sent is not None:
+        return int(sent.get(name, 0))
+    return int(((turn.get("layers") or {}).get(name) or {}).get("tokens", 0))
+
+
+def extends_previous(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> bool:
+    """Whether the turn's cached prefix is the whole request before it but its framing
+    (the reply priming): the request grew by appending, however little of it is cached."""
+    if previous is None or (turn.get("cache") or {}).get("break_reason"):
+        return False
+    cached = int((turn.get("cache") or {}).get("common_prefix_tokens", 0))
+    before = int(previous.get("tokens_total", 0))
+    return before > 0 and cached >= before - max(_band(previous, "framing"), 0)
+
+
 def _low_cache(turn: Mapping[str, Any], previous: Mapping[str, Any]) -> str:
-    """Why a turn that broke nothing repeats little of the request before it."""
-    new = [k for k in _keys(turn, "L2") if k not in _keys(previous, "L2")]
+    """Why a turn that broke nothing repeats little of itself: it appended to a short
+    request, or the system message grew, or most of it is new context."""
+    total = int(turn.get("tokens_total", 0))
+    cached = int((turn.get("cache") or {}).get("common_prefix_tokens", 0))
+    if extends_previous(turn, previous):
+        return (
+            f"The request extends turn {previous.get('turn')}'s byte for byte: it repeats "
+            f"{cached:,} of that request's {int(previous.get('tokens_total', 0)):,} tokens; "
+            f"the {total - cached:,} new tokens follow it (the reply and this turn's message: "
+            f"{_band(turn, 'L3'):,} tokens of context, {_band(turn, 'L5'):,} of query)."
+        )
+    before = _settled_keys(previous)
+    new = [k for k in _settled_keys(turn) if k not in before]
     if new:
         return (
-            f"The library grew by {len(new)} entr{'y' if len(new) == 1 else 'ies'} ({_names(new)}) "
-            f"that turn {previous.get('turn')} attached; "
-            f"{'it is' if len(new) == 1 else 'they are'} added at the end of the system "
-            "message, so the history after it is sent again uncached. A turn that adds nothing "
-            "to the library keeps the whole earlier prefix."
+            f"The library in the system message grew by {len(new)} "
+            f"entr{'y' if len(new) == 1 else 'ies'} ({_names(new)}); "
+            f"{'it is' if len(new) == 1 else 'they are'} added at its end, so the history "
+            "after it is sent again uncached. A turn that adds nothing to the system message "
+            "keeps the whole earlier prefix."
         )
-    layers = turn.get("layers") or {}
-    l3 = int((layers.get("L3") or {}).get("tokens", 0))
-    total = int(turn.get("tokens_total", 0))
+    l3 = _band(turn, "L3")
     if total and l3 >= total / 2:
         return (
             f"Most of this request is new context: {l3:,} of {total:,} tokens are this turn's "
@@ -163,7 +220,7 @@ def explain_cache(
     cache = turn.get("cache") or {}
     reason = cache.get("break_reason")
     if reason:
-        return (_sentence(str(reason), turn),)
+        return (_sentence(str(reason), turn, previous),)
     if previous is None:
         return ()
     total = int(turn.get("tokens_total", 0))

@@ -17,7 +17,7 @@ from lxml import etree
 from lxml.builder import ElementMaker  # type: ignore[import-not-found]
 
 from lamina.pipeline import Envelope
-from lamina.renderers._explain import explain_cache
+from lamina.renderers._explain import explain_cache, extends_previous
 from lamina.renderers._xml import xml_safe
 
 __all__ = ["REPORT_LAYERS", "render_report", "report_blocks"]
@@ -41,10 +41,12 @@ class _Builder:
 
 E = _Builder()
 
-# (trace name, label, fill colour); "framing" is the request's per-message overhead.
+# (trace name, label, fill colour): the bands of a request as sent (``renderers._sent``);
+# "deferred" is context riding in earlier user messages, "framing" what no block holds.
 REPORT_LAYERS: tuple[tuple[str, str, str], ...] = (
     ("L1", "L1 system", "#4e79a7"),
     ("L2", "L2 library", "#59a14f"),
+    ("deferred", "context in earlier messages", "#76b7b2"),
     ("L3", "L3 turn", "#f28e2b"),
     ("L4", "L4 history", "#b07aa1"),
     ("L5", "L5 query", "#e15759"),
@@ -208,8 +210,13 @@ def _budgets(turns: Sequence[Mapping[str, Any]]) -> list[tuple[int, int, int, in
 
 
 def _layer_tokens(turn: Mapping[str, Any]) -> list[tuple[str, str, str, int]]:
+    """The request's bands as sent (a trace without them, another layout's: the layers)."""
+    sent = turn.get("sent")
     layers = turn["layers"]
-    counts = [int(layers.get(name, {}).get("tokens", 0)) for name, _, _ in REPORT_LAYERS[:-1]]
+    counts = [
+        int(sent.get(name, 0)) if sent is not None else int(layers.get(name, {}).get("tokens", 0))
+        for name, _, _ in REPORT_LAYERS[:-1]
+    ]
     framing = max(int(turn["tokens_total"]) - sum(counts), 0)
     return [
         (name, label, colour, count)
@@ -364,6 +371,55 @@ def _warning_text(warning: object) -> str:
     return str(warning)
 
 
+def _messages(turn: Mapping[str, Any]) -> etree._Element:
+    """The request's messages as sent, in order: role, size and what each carries (the
+    system message the library's settled entries, an earlier user message its deferred
+    context); a run of plain history messages is one line, so the page stays linear."""
+    batch = turn.get("batch") or {}
+    layers = turn.get("layers") or {}
+    library = len((layers.get("L2") or {}).get("segments", ()))
+    settled = int(batch.get("settled_entries", library))
+    deferred = {int(n) for n in batch.get("deferred_turns", ())}
+    users = [int(str(s["key"]).split(":")[1]) for s in (layers.get("L4") or {}).get("segments", ())
+             if str(s["key"]).endswith(":user")]
+    messages = turn.get("messages") or []
+    items: list[etree._Element] = []
+    plain: list[int] = []  # sizes of the current run of plain history messages
+
+    def flush() -> None:
+        if plain:
+            items.append(E.li({"data-role": "history"}, f"{len(plain)} history "
+                              f"message{'s' if len(plain) != 1 else ''} (L4: earlier queries "
+                              f"and replies) · {_n(sum(plain))} characters"))
+            plain.clear()
+
+    seen_users = 0
+    for i, m in enumerate(messages):
+        role, content = str(m.get("role", "")), str(m.get("content", ""))
+        if role == "system":
+            what = f"L1 and the library ({settled} of {library} entries)" if library else "L1"
+        elif i == len(messages) - 1:
+            what = "this turn's context (L3) and query (L5)"
+        else:
+            number = users[seen_users] if role == "user" and seen_users < len(users) else None
+            seen_users += role == "user"
+            if number is None or number not in deferred:
+                plain.append(len(content))
+                continue
+            what = f"turn {number}'s message with the context it attached (deferred)"
+        flush()
+        items.append(E.li({"data-role": role}, E.b(role), f" · {_n(len(content))} characters · "
+                          f"{what}: ", E.span({"class": "muted"}, _t(_first(content)))))
+    flush()
+    return E.details({"class": "messages"}, E.summary(f"messages as sent ({len(messages)})"),
+                     E.ol(*items))
+
+
+def _first(text: str, limit: int = 100) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rsplit(" ", 1)[0] + " …"
+
+
 def _query(turn: Mapping[str, Any], blocks: Mapping[tuple[int, str, str], str]) -> str:
     text = blocks.get((int(turn["turn"]), "L5", "query"))
     if text is None:
@@ -381,6 +437,8 @@ def _artifacts(
     """Rows of this turn's segments; carried layers list only what changed since the last turn."""
     number = int(turn["turn"])
     rows: list[etree._Element] = []
+    # The library entries past the settled ones ride in earlier user messages.
+    settled = int((turn.get("batch") or {}).get("settled_entries", 1 << 30))
     for name, _label, colour in REPORT_LAYERS[:-1]:
         layer = turn["layers"].get(name) or {"segments": []}
         before: dict[str, tuple[str, str]] = {}
@@ -415,7 +473,8 @@ def _artifacts(
                 E.td(E.span({"class": "swatch", "style": f"background:{colour}"}), name),
                 key_cell,
                 E.td(_t(seg.get("source_type", ""))),
-                E.td(_t(seg["form"])),
+                E.td(_t(seg["form"] + (" (sent in an earlier user message)"
+                                       if name == "L2" and i >= settled else ""))),
                 E.td({"class": "num"}, _n(int(seg["tokens"]))),
             ))
         if same_count:
@@ -445,7 +504,7 @@ def _turn_section(
     budget = turn.get("budget")
     if budget is not None:
         limit = int(budget["window"]) - int(budget["reserve_output"])
-        facts.append(f"budget used {_n(int(budget['used']))} of {_n(limit)}")
+        facts.append(f"limit {_n(limit)}, headroom {_n(limit - total)}")
         saved = sum(int(d.get("tokens_saved", 0)) for d in budget.get("decisions", []))
         if saved:
             facts.append(f"{len(budget['decisions'])} decisions saved {_n(saved)}")
@@ -459,12 +518,20 @@ def _turn_section(
     )
     why = explain_cache(turn, previous)
     if why:
-        label = "The cached prefix broke: " if _breaks(turn) is not None else "Little cached: "
+        if previous is None:
+            label = ""
+        elif _breaks(turn) is not None:
+            label = "The cached prefix broke: "
+        elif extends_previous(turn, previous):
+            label = "Extends the request before: "
+        else:
+            label = "Little cached: "
         section.append(E.p({"class": "broke" if _breaks(turn) else "low"}, label,
                            _t(" ".join(why))))
     for warning in turn.get("warnings") or ():
         section.append(E.p({"class": "warn"}, "warning: ", _t(_warning_text(warning))))
     section.append(_artifacts(turn, previous, blocks, shown))
+    section.append(_messages(turn))
     request = turn.get("request")
     if request is not None:
         section.append(E.details(E.summary("request body"),

@@ -9,6 +9,7 @@ import attrs
 
 from lamina.pipeline import Budget, Envelope, ModelProfile, RegistryError, TokenCounter
 from lamina.renderers._layouts import Layout, Prompt, build_prompt
+from lamina.renderers._sent import settle_turns
 from lamina.renderers._providers import (
     RenderedRequest,
     RequestOptions,
@@ -139,6 +140,7 @@ def annotate_trace(
             prompt = build_prompt(envelopes[: i + 1], layout, counter)
             turn["tokens_total"] = prompt_tokens(prompt, counter, budget)
         if layout != "default":
+            turn.pop("sent", None)  # the bands are the default layout's request
             shared = prompt_prefix_tokens(previous, prompt, counter, budget)
             kept = previous is not None and _extends(previous, prompt)
             turn["cache"] = {
@@ -157,6 +159,7 @@ def annotate_trace(
             ).body
     if layout != "default":
         document["layout"] = layout
+    settle_turns(document["turns"])
     return document
 
 

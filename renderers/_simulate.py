@@ -35,7 +35,9 @@ __all__ = [
     "Series",
     "Simulation",
     "TurnCost",
+    "NAIVE_NOTE",
     "breakpoint_cache_costs",
+    "format_baseline",
     "format_simulation",
     "prefix_cache_costs",
     "shared_prefix_costs",
@@ -95,13 +97,34 @@ class Series:
         """Cost over the same requests sent uncached."""
         return self.cost / self.input_tokens if self.input_tokens else 1.0
 
+    @property
+    def largest(self) -> int:
+        """The largest request's input tokens."""
+        return max((t.input_tokens for t in self.turns), default=0)
+
+    def over(self, limit: int) -> int:
+        """How many requests have more input tokens than ``limit`` (window - reserve)."""
+        return sum(t.input_tokens > limit for t in self.turns)
+
+
+NAIVE_NOTE = (
+    "naive: the yardstick, not a layout Lamina sends: each request is the system prompt, "
+    "the bare history and every attachment so far in full in the last user message. It "
+    "holds the same context as the default without a budget, minus the library heading and "
+    "reference lines (so it can send a little less), but that message changes every turn, "
+    "so hardly anything past the system prompt is cached. It carries the budget's cuts the "
+    "envelopes hold but is not fitted to the window, so a long chat overflows it."
+)
+
 
 @attrs.frozen
 class Simulation:
     """All series; ``baseline`` is the naive layout's uncached input per provider, the
-    common yardstick for comparing layouts."""
+    common yardstick for comparing layouts. ``limit`` (window - reserve, from the budget)
+    makes each layout's requests over it and its largest request part of the figures."""
 
     series: tuple[Series, ...]
+    limit: int | None = None
 
     def get(self, layout: str, provider: str) -> Series:
         for s in self.series:
@@ -127,6 +150,8 @@ class Simulation:
                 "cached_share": round(s.cached_share, 4),
                 "relative_cost": round(s.relative_cost, 4),
                 "cost_vs_naive": _round(self.vs_naive(s.layout, s.provider)),
+                "largest_request": s.largest,
+                **({} if self.limit is None else {"over_limit": s.over(self.limit)}),
                 "turns": [
                     {
                         "turn": t.turn,
@@ -139,7 +164,8 @@ class Simulation:
                     for t in s.turns
                 ],
             }
-        return {"lamina_simulation": 1, "layouts": out}
+        limit = {} if self.limit is None else {"limit": self.limit}
+        return {"lamina_simulation": 1, **limit, "layouts": out}
 
 
 def _round(x: float | None) -> float | None:
@@ -278,24 +304,54 @@ def simulate(
                 attrs.evolve(c, turn=e.turn) for c, e in zip(costs, envelopes, strict=True)
             )
             series.append(Series(layout, provider, options.model, turns))
-    return Simulation(tuple(series))
+    return Simulation(tuple(series), None if budget is None else budget.limit)
 
 
 def format_simulation(sim: Simulation) -> str:
-    """A plain-text table: per layout and provider, cached share and relative costs."""
+    """A plain-text table: per layout and provider, cached share and relative costs; with
+    a limit, each layout's largest request and how many requests pass it."""
     head = f"{'layout':<12} {'provider':<10} {'model':<18} {'input':>9} {'cached':>9} "
-    head += f"{'cached%':>8} {'cost/uncached':>14} {'cost/naive':>11}"
+    head += f"{'cached%':>8} {'cost/uncached':>14} {'cost/naive':>11} {'largest':>8}"
+    if sim.limit is not None:
+        head += f" {'over':>5}"
     lines = [
         "cached: what each provider's rules would serve from its cache (simulated: minimum "
         "prefix, 128-token steps, Anthropic's breakpoints)",
+        *(
+            [f"over: requests over the limit of {sim.limit:,} tokens (window - reserve)"]
+            if sim.limit is not None
+            else []
+        ),
         head,
         "-" * len(head),
     ]
     for s in sim.series:
         naive = sim.vs_naive(s.layout, s.provider)
-        lines.append(
+        line = (
             f"{s.layout:<12} {s.provider:<10} {s.model:<18} {s.input_tokens:>9} "
             f"{s.cached_tokens:>9} {s.cached_share:>8.1%} {s.relative_cost:>14.3f} "
-            f"{'-' if naive is None else f'{naive:.3f}':>11}"
+            f"{'-' if naive is None else f'{naive:.3f}':>11} {s.largest:>8}"
+        )
+        if sim.limit is not None:
+            line += f" {s.over(sim.limit):>5}"
+        lines.append(line)
+    if any(s.layout == "naive" for s in sim.series):
+        lines += ["", NAIVE_NOTE]
+    return "\n".join(lines)
+
+
+def format_baseline(sim: Simulation, provider: str = "openai") -> str:
+    """One line per layout under ``provider``: tokens sent, requests over the limit, the
+    largest request, the input cost relative to naive sent uncached (the claim beside its
+    baseline)."""
+    lines = []
+    for s in (s for s in sim.series if s.provider == provider and s.layout != "batched"):
+        over = "" if sim.limit is None else f", {s.over(sim.limit)} of {len(s.turns)} over the limit"
+        naive = sim.vs_naive(s.layout, provider)
+        cost = "" if naive is None else f", cost {naive:.3f} of naive uncached"
+        lines.append(
+            f"  {s.layout:<12} {s.input_tokens:>7,} tokens sent, {s.cached_share:.0%} cached "
+            f"({provider}'s rules), "
+            f"largest request {s.largest:,}{over}{cost}"
         )
     return "\n".join(lines)

@@ -5,11 +5,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lamina.pipeline import Calibration, Envelope, TokenCounter, TurnUsage, request_tokens
-from lamina.renderers._cache import sent_messages
+from lamina.pipeline import (
+    Budget,
+    CachedPrefix,
+    Calibration,
+    Envelope,
+    TokenCounter,
+    TurnUsage,
+    request_tokens,
+)
+from lamina.renderers._cache import PREVIOUS_NOT_REBUILT, prefix_reports, sent_messages
+from lamina.renderers._sent import sent_bands, settle_turns
 from lamina.renderers._usage import trace_usage
 
-__all__ = ["TRACE_VERSION", "trace_document", "trace_turn"]
+__all__ = ["TRACE_VERSION", "cached_prefix", "trace_document", "trace_turn"]
 
 TRACE_VERSION = 1
 
@@ -44,13 +53,21 @@ def trace_turn(
     tokens_total: int | None = None,
     timings: bool = False,
     usage: TurnUsage | None = None,
+    budget: Budget | None = None,
 ) -> dict[str, Any]:
-    """One turn of the trace (`docs/TRACE.md`); ``usage`` adds the ``"usage"``
-    block (the provider's figures beside Lamina's prediction)."""
+    """One turn of the trace (`docs/TRACE.md`), without its ``"cache"`` (which compares
+    it with the turn before: ``trace_document``); ``usage`` adds the ``"usage"`` block
+    (the provider's figures beside Lamina's prediction). ``tokens_total`` is the request
+    as sent, counted with ``budget``'s framing when given."""
+    if tokens_total is None:
+        tokens_total = (
+            request_tokens(envelope, counter) if budget is None else budget.used(envelope, counter)
+        )
     out: dict[str, Any] = {
         "turn": envelope.turn,
         "prefix_hash": envelope.prefix_hash,
-        "tokens_total": request_tokens(envelope, counter) if tokens_total is None else tokens_total,
+        "tokens_total": tokens_total,
+        "sent": sent_bands(envelope, tokens_total),
         "layers": {
             str(layer.name): {
                 "hash": layer.hash,
@@ -88,13 +105,14 @@ def trace_turn(
         out["timings"] = _timings(envelope)
     if usage is not None:
         out["usage"] = trace_usage(usage)
-    budget = envelope.report.budget
-    if budget is not None:
+    report = envelope.report.budget
+    if report is not None:
         out["budget"] = {
-            "window": budget.window,
-            "reserve_output": budget.reserve_output,
-            "used": budget.used,
-            "plan": dict(budget.plan),
+            "window": report.window,
+            "reserve_output": report.reserve_output,
+            "used": report.used,
+            "sent": report.sent,
+            "plan": dict(report.plan),
             "decisions": [
                 {
                     "target": d.target,
@@ -104,7 +122,7 @@ def trace_turn(
                     "reason": d.reason,
                     "action": str(d.action),
                 }
-                for d in budget.decisions
+                for d in report.decisions
             ],
         }
     return out
@@ -112,13 +130,17 @@ def trace_turn(
 
 def trace_document(
     envelopes: Sequence[Envelope],
-    counter: TokenCounter,
+    counter: TokenCounter | None = None,
     *,
+    budget: Budget | None = None,
     timings: bool = False,
     usage: Sequence[TurnUsage] = (),
     calibration: Sequence[Calibration] = (),
 ) -> dict[str, Any]:
-    """The trace of a run; ``timings`` adds per-phase times and cache meters (not stable);
+    """The trace of a run, each turn with its ``"cache"`` (the prefix it repeats of the turn
+    before, as sent). ``counter`` and ``budget`` count as the conversation did (its
+    ``counter``, ``budget``); without a counter, the budget's tokenizer, else o200k_base.
+    ``timings`` adds per-phase times and cache meters (not stable);
     ``usage`` (e.g. ``Conversation.usage``) adds each recorded turn's ``"usage"`` block (the
     n-th envelope of a turn gets its n-th read-back by call: an agent loop's envelopes,
     one per call, get their call's) and ``calibration`` (``Conversation.state.calibration``)
@@ -126,13 +148,26 @@ def trace_document(
     by_turn: dict[int, list[TurnUsage]] = {}
     for u in sorted(usage, key=lambda u: (u.turn, u.call)):
         by_turn.setdefault(u.turn, []).append(u)
+    if counter is None:
+        counter = TokenCounter((budget.tokenizer if budget is not None else None) or "o200k_base")
     seen: dict[int, int] = {}
     turns = []
-    for e in envelopes:
+    reports = prefix_reports(envelopes, counter, budget=budget)
+    for e, report in zip(envelopes, reports, strict=True):
         n = seen[e.turn] = seen.get(e.turn, -1) + 1
         recorded = by_turn.get(e.turn, ())
         found = recorded[n] if n < len(recorded) else None
-        turns.append(trace_turn(e, counter, timings=timings, usage=found))
+        turn = trace_turn(e, counter, timings=timings, usage=found, budget=budget)
+        turn["cache"] = report.trace()
+        if not turns and e.turn > 1:  # the request before it is not in the list
+            known = e.cache
+            turn["cache"] = (
+                {"common_prefix_tokens": 0, "break_reason": PREVIOUS_NOT_REBUILT}
+                if known is None
+                else {"common_prefix_tokens": known.tokens, "break_reason": known.reason}
+            )
+        turns.append(turn)
+    settle_turns(turns)
     out: dict[str, Any] = {
         "lamina_trace": TRACE_VERSION,
         "tokenizer": counter.name,
@@ -144,3 +179,24 @@ def trace_document(
             for c in calibration
         ]
     return out
+
+
+def cached_prefix(
+    previous: Envelope | None,
+    current: Envelope,
+    counter: TokenCounter,
+    *,
+    budget: Budget | None = None,
+) -> CachedPrefix:
+    """``current``'s cached prefix against the request before it (``previous``; None on
+    the first turn, or where it is not known), as sent and as its trace turn tells it:
+    the tokens, the break's code and its sentence (``Envelope.cache``)."""
+    shown = [current] if previous is None else [previous, current]
+    turn = trace_document(shown, counter, budget=budget)["turns"][-1]
+    cache = turn["cache"]
+    return CachedPrefix(
+        tokens=int(cache["common_prefix_tokens"]),
+        total=int(turn["tokens_total"]),
+        reason=cache["break_reason"],
+        sentence=cache["sentence"],
+    )

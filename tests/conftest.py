@@ -106,3 +106,41 @@ def new_backend(
         return make_backend(name, folder, server)
 
     return make
+
+
+# The fast subset (`pytest -m "not slow"`, README "Set up"): every test but those that
+# start a real component (PostgreSQL, a server on 127.0.0.1, node, chromium, a wheel
+# build), draw many examples (hypothesis) or measure (benchmarks, the hostile corpora).
+# One rule over the collected items, so a new test of those kinds is slow without a mark.
+_SLOW_FOLDERS = frozenset({"benchmarks", "hostile"})
+_SLOW_FILES = frozenset(
+    {
+        "test_install.py",
+        "test_real_material.py",
+        "test_report_browser.py",
+        "test_hosts.py",
+        "test_server.py",
+        "test_server_protocol.py",
+        "test_api_properties.py",
+        "test_store_postgres.py",
+    }
+)
+
+
+def _slow(item: pytest.Item) -> bool:
+    path = Path(str(item.fspath))
+    callspec = getattr(item, "callspec", None)
+    params = callspec.id.split("-") if callspec is not None else []
+    postgres = "pg_server" in getattr(item, "fixturenames", ()) or "postgres" in params
+    return (
+        path.parent.name in _SLOW_FOLDERS
+        or path.name in _SLOW_FILES
+        or postgres
+        or bool(getattr(getattr(item, "obj", None), "is_hypothesis_test", False))
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _slow(item) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)

@@ -117,11 +117,11 @@ def test_timings_are_opt_in(script: Path) -> None:
 
 
 def test_inspect_shows_every_artifact_and_the_window_bar(script: Path) -> None:
-    out = lamina("inspect", str(script), "--window", "4000")
+    out = lamina("inspect", str(script), "--window", "4000", "--verbose")
     assert out.returncode == 0, out.stderr
     assert "note:project-spec.md" in out.stdout and "reference" in out.stdout
-    assert "of limit 3000 tokens" in out.stdout
-    # The budget's plan (shares, floors, restores), with its floor in tokens.
+    assert "of limit 3000 tokens sent" in out.stdout
+    # With --verbose, the budget's plan (shares, floors, restores), its floor in tokens.
     assert "budget plan: library_floor 0.25, history_turns 2," in out.stdout
     assert "library_floor_tokens 750, slack_tokens 600" in out.stdout
 

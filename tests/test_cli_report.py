@@ -64,19 +64,31 @@ def test_demo_introduces_itself_explains_each_small_prefix_and_says_what_next(
     out = lamina("demo", "--report", str(tmp_path / "r.html")).stdout
     text = " ".join(out.split())
     assert text.startswith("Lamina demo: six turns of a chat over a small notes vault.")
-    assert "(the layers plus per-message framing, as the budget counts them)" in text
-    assert "why: First request of the chat: nothing is cached yet." in text
+    # One total per request: the bands as sent add up to it, and no second figure.
     assert (
-        "why: The library grew by 1 entry (note:project-spec.md) that turn 1 attached; it "
-        "is added at the end of the system message, so the history after it is sent again "
-        "uncached." in text
+        "request: L1=28 L2=0 deferred=0 L3=1284 L4=0 L5=4 framing=14 = 1330 tokens sent; "
+        "limit 3800 (window 4800 - reserve 1000), headroom 2470" in text
     )
+    assert "tokens used" not in text and "budget plan" not in text
+    assert "why: First request of the chat: nothing is cached yet." in text
+    # Turn 2 appends to turn 1's request (the library's growth is deferred): said so,
+    # not that the library was added to the system message.
+    assert (
+        "why: The request extends turn 1's byte for byte: it repeats 1,327 of that "
+        "request's 1,330 tokens; the 1,668 new tokens follow it" in text
+    )
+    assert "The library grew by 1 entry" not in text
     # The budget's cut is explained from its typed decisions, not shown as a code.
     assert "why: The budget cut library entry note:" in text
     assert "l2-compacted:" not in text and "l2-evicted:" not in text
     summary = text.split("─ Summary ─", 1)[1]
     assert summary.lstrip("─ ").startswith("6 turns: ")
     assert "1 prefix break (turn 4)" in summary
+    # The claim beside its baseline: each layout's tokens, requests over, largest, cost.
+    baseline = summary.split("─ Against other layouts ─", 1)[1]
+    assert "default 17,663 tokens sent" in baseline
+    assert "append-only 23,520 tokens sent" in baseline and "3 of 6 over the limit" in baseline
+    assert "naive: the yardstick" in baseline
     assert "lamina demo --full" in text.split("─ Next ─", 1)[1]
 
 

@@ -456,6 +456,11 @@ class Conversation:
         batch = None
         if self.defer_library and budget is None:
             envelope, batch = self._batched(envelope, graph.library)
+        fitted = envelope.report.budget
+        if fitted is not None:  # the request as sent beside the envelope as built
+            sent = fitted.used if envelope.batch is None else envelope.batch.tokens
+            report = attrs.evolve(envelope.report, budget=attrs.evolve(fitted, sent=sent))
+            envelope = attrs.evolve(envelope, report=report)
         last = envelope.batch
         # Kept for the next turn without this turn's user message (see batch_turn).
         self._batch = batch

@@ -21,6 +21,7 @@ __all__ = [
     "Blocks",
     "BudgetReport",
     "BuildReport",
+    "CachedPrefix",
     "Decision",
     "DecisionAction",
     "DecisionForm",
@@ -280,6 +281,10 @@ class BudgetReport:
     # The budget's plan (shares, floors, slack, restores) as (name, value) pairs, with the
     # floors in tokens for this limit: how the window was to be shared.
     plan: tuple[tuple[str, str], ...] = ()
+    # The request as sent (``Envelope.as_sent``: a batched request's deferred context
+    # included), in the budget's count; ``used`` is the envelope as built, which the
+    # fitting reads. None where the conversation did not count what it sent.
+    sent: int | None = None
 
     @property
     def headroom(self) -> int:
@@ -343,6 +348,20 @@ class Batch:
 
 
 @attrs.frozen
+class CachedPrefix:
+    """How much of a request repeats the request before it byte for byte (what a
+    provider's prompt cache can serve), both as sent: ``tokens`` of the request's
+    ``total``, in the request's own count; ``reason`` the break's code
+    (``docs/CACHE.md``; None when the request extends the one before) and ``sentence``
+    what it means for people ("" when there is nothing to say)."""
+
+    tokens: int
+    total: int
+    reason: str | None
+    sentence: str = ""
+
+
+@attrs.frozen
 class Envelope:
     """L1..L5 as typed segments, with the texts the request messages are made of.
 
@@ -371,6 +390,9 @@ class Envelope:
     )
     # How the request is sent when the library's growth is deferred (None: as built).
     batch: Batch | None = attrs.field(default=None, kw_only=True)
+    # The cached prefix against the request before (``lamina.Conversation`` fills it in;
+    # None from the core's ``Conversation``, which renders no request to compare).
+    cache: CachedPrefix | None = attrs.field(default=None, kw_only=True, eq=False)
 
     def as_sent(self) -> Envelope:
         """The request as sent, as an envelope of its messages: L1 and the settled L2, no

@@ -181,7 +181,7 @@ def test_cli_run_shows_the_prefix_inside_the_request() -> None:
     as "a little"."""
     ran = lamina_here("run", str(CHAT30), "--window", "6000")
     assert ran.returncode == 0, ran.stderr
-    requests = [int(m) for m in re.findall(r"request=(\d+) tokens", ran.stdout)]
+    requests = [int(m) for m in re.findall(r"= (\d+) tokens sent", ran.stdout)]
     lines = re.findall(r"cached prefix: (\d+) of (\d+) tokens", ran.stdout)
     assert len(lines) == len(requests) == 30
     for (cached, total), request in zip(lines, requests, strict=True):
