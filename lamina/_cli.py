@@ -46,7 +46,7 @@ from lamina.pipeline import (
     SourceResolver,
     SqliteStore,
 )
-from lamina.renderers import PREVIOUS_NOT_REBUILT, SENT_BANDS, settle_turns, sent_rows
+from lamina.renderers import PREVIOUS_NOT_REBUILT, SENT_BANDS, sent_rows, settle_turns
 
 __all__ = ["main"]
 

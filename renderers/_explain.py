@@ -127,7 +127,9 @@ def _settled(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str
     if why == "over-budget":
         cause = " because the extended request would not have fit the window"
     elif why == "no-batch":
-        cause = " because there was no batch to extend (a state saved without one, or an agent loop)"
+        cause = (
+            " because there was no batch to extend (a state saved without one, or an agent loop)"
+        )
     else:
         cause = ""
     grown = [k for k in _settled_keys(turn) if k not in _settled_keys(previous or {})]

@@ -9,7 +9,6 @@ import attrs
 
 from lamina.pipeline import Budget, Envelope, ModelProfile, RegistryError, TokenCounter
 from lamina.renderers._layouts import Layout, Prompt, build_prompt
-from lamina.renderers._sent import settle_turns
 from lamina.renderers._providers import (
     RenderedRequest,
     RequestOptions,
@@ -20,6 +19,7 @@ from lamina.renderers._providers import (
     openai_responses_request,
     request_options,
 )
+from lamina.renderers._sent import settle_turns
 
 __all__ = ["RequestRegistry", "RequestRenderer", "annotate_trace", "render_request"]
 

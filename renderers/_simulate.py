@@ -31,11 +31,11 @@ from lamina.renderers._providers import (
 )
 
 __all__ = [
+    "NAIVE_NOTE",
     "PROVIDERS",
     "Series",
     "Simulation",
     "TurnCost",
-    "NAIVE_NOTE",
     "breakpoint_cache_costs",
     "format_baseline",
     "format_simulation",
@@ -346,7 +346,9 @@ def format_baseline(sim: Simulation, provider: str = "openai") -> str:
     baseline)."""
     lines = []
     for s in (s for s in sim.series if s.provider == provider and s.layout != "batched"):
-        over = "" if sim.limit is None else f", {s.over(sim.limit)} of {len(s.turns)} over the limit"
+        over = (
+            "" if sim.limit is None else f", {s.over(sim.limit)} of {len(s.turns)} over the limit"
+        )
         naive = sim.vs_naive(s.layout, provider)
         cost = "" if naive is None else f", cost {naive:.3f} of naive uncached"
         lines.append(

@@ -151,7 +151,7 @@ def trace_document(
     if counter is None:
         counter = TokenCounter((budget.tokenizer if budget is not None else None) or "o200k_base")
     seen: dict[int, int] = {}
-    turns = []
+    turns: list[dict[str, Any]] = []
     reports = prefix_reports(envelopes, counter, budget=budget)
     for e, report in zip(envelopes, reports, strict=True):
         n = seen[e.turn] = seen.get(e.turn, -1) + 1

@@ -49,7 +49,11 @@ def _section(doc: str, heading: str) -> str:
     return doc.split(heading, 1)[1].split("\n## ", 1)[0]
 
 
-def test_quickstart_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_quickstart_runs(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It runs, and prints the second turn's cache figure: the tokens it repeats of the
+    first request as sent, no break, and the sentence that says so."""
     (code,) = re.findall(r"## Quickstart for host apps\n\n```python\n(.*?)```", README, re.S)
     monkeypatch.chdir(ROOT)
     scope: dict[str, object] = {}
@@ -57,7 +61,13 @@ def test_quickstart_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     env = scope["env"]
     assert scope["messages"][0]["role"] == "system"  # type: ignore[index]
     assert "system" in scope["body"]  # type: ignore[operator]
-    assert env.l3.keys()[0] == "note:project-spec.md"  # type: ignore[attr-defined]
+    assert env.l3.keys()[0] == "note:docs/api-docs.md"  # type: ignore[attr-defined]
+    cache = env.cache  # type: ignore[attr-defined]
+    assert 0 < cache.tokens < cache.total and cache.reason is None
+    assert capsys.readouterr().out == f"{cache.tokens} None {cache.sentence}\n"
+    assert cache.sentence.startswith(
+        f"The request extends turn 1's byte for byte: it repeats {cache.tokens:,} of"
+    )
 
 
 def test_exactly_two_setup_commands_and_ci_runs_the_test_one() -> None:

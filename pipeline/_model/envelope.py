@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 import attrs
@@ -361,6 +361,34 @@ class CachedPrefix:
     sentence: str = ""
 
 
+@attrs.define(eq=False)
+class _Later:
+    """A ``CachedPrefix`` made on its first read, once: comparing a request with the one
+    before renders and counts both, which a host that never reads ``Envelope.cache`` should
+    not pay for. Two threads reading at once may both make it; the value is the same."""
+
+    make: Callable[[], CachedPrefix] | None
+    value: CachedPrefix | None = None
+
+    def get(self) -> CachedPrefix:
+        value = self.value
+        if value is None:
+            make = self.make
+            if make is None:  # another thread made it (``value`` is set before ``make`` goes)
+                value = self.value
+            else:
+                value = make()
+                self.value, self.make = value, None
+        assert value is not None
+        return value
+
+
+def _later(value: CachedPrefix | Callable[[], CachedPrefix] | _Later | None) -> (
+    CachedPrefix | _Later | None
+):
+    return _Later(value) if callable(value) and not isinstance(value, _Later) else value
+
+
 @attrs.frozen
 class Envelope:
     """L1..L5 as typed segments, with the texts the request messages are made of.
@@ -390,9 +418,18 @@ class Envelope:
     )
     # How the request is sent when the library's growth is deferred (None: as built).
     batch: Batch | None = attrs.field(default=None, kw_only=True)
-    # The cached prefix against the request before (``lamina.Conversation`` fills it in;
-    # None from the core's ``Conversation``, which renders no request to compare).
-    cache: CachedPrefix | None = attrs.field(default=None, kw_only=True, eq=False)
+    # The cached prefix against the request before (``lamina.Conversation`` fills it in,
+    # made when first read: ``cache``; None from the core's ``Conversation``, which renders
+    # no request to compare). Given as the value or a function that makes it.
+    _cache: CachedPrefix | _Later | None = attrs.field(
+        default=None, kw_only=True, eq=False, repr=False, converter=_later, alias="cache"
+    )
+
+    @property
+    def cache(self) -> CachedPrefix | None:
+        """How much of this request repeats the one before, as sent (``CachedPrefix``)."""
+        c = self._cache
+        return c.get() if isinstance(c, _Later) else c
 
     def as_sent(self) -> Envelope:
         """The request as sent, as an envelope of its messages: L1 and the settled L2, no
