@@ -324,10 +324,12 @@ def _intro(console: Console, budget: Budget) -> None:
     """What the demo is about to show, before its first turn."""
     console.print(
         "[bold]Lamina demo[/bold]: six turns of a chat over a small notes vault. Each turn "
-        "shows the five layers of the request Lamina builds (L1 system, L2 the library of "
-        "context attached earlier, L3 this turn's context, L4 history, L5 the question), "
-        "their tokens, what the budget decided and how much of the request repeats the "
-        "previous one (what a provider's prompt cache serves at a discount). "
+        "shows the request Lamina sends, band by band (L1 system, L2 the library of context "
+        "attached earlier, deferred: context still in the earlier user message that attached "
+        "it until the library next grows, L3 this turn's context, L4 history, L5 the "
+        "question, framing), their tokens, what the budget decided and how much of the "
+        "request repeats the previous one (what a provider's prompt cache serves at a "
+        "discount). "
         f"The window is {budget.context_window:,} tokens with {budget.reserve_output:,} kept "
         "for the reply, small on purpose, so turn 4 shows the budget at work.\n",
         soft_wrap=True,
@@ -376,6 +378,13 @@ def _request_line(turn: Mapping[str, Any], budget: pipeline.BudgetReport | None)
     return line
 
 
+def _plan(console: Console, budget: pipeline.BudgetReport | None) -> None:
+    """The budget's plan (shares, floors, slack, restores), for --verbose."""
+    if budget is not None and budget.plan:
+        plan = ", ".join(f"{name} {value}" for name, value in budget.plan)
+        console.print(f"budget plan: {plan}", markup=False, soft_wrap=True)
+
+
 def _sent_table(env: Envelope, *, decisions: Mapping[str, Sequence[str]] | None = None) -> Table:
     """The request's blocks as sent, band by band (``renderers.sent_rows``); a long history
     is one row (`lamina inspect` lists every message)."""
@@ -419,9 +428,8 @@ def _show(
         console.print(_sent_table(env))
         budget = env.report.budget
         console.print(_request_line(turn, budget), markup=False, soft_wrap=True)
-        if verbose and budget is not None and budget.plan:
-            plan = ", ".join(f"{name} {value}" for name, value in budget.plan)
-            console.print(f"budget plan: {plan}", markup=False, soft_wrap=True)
+        if verbose:
+            _plan(console, budget)
         for d in env.report.decisions:
             console.print(
                 f"  decision {d.stage}: {d.target} {d.from_form} -> {d.to_form} ({d.reason})",
@@ -1003,6 +1011,7 @@ def bench(
 )
 @tokenizer_option
 @budget_options
+@layout_option
 @network_option
 def report(
     script_path: str | None,
@@ -1016,6 +1025,7 @@ def report(
     reserve: int | None,
     model: str | None,
     recall: float | None,
+    defer_library: bool | None,
     allow_private_network: bool,
 ) -> None:
     """Write one self-contained HTML page of a conversation: how the window filled per
@@ -1037,6 +1047,7 @@ def report(
             tokenizer,
             _budget(window, reserve, model, recall),
             allow_private_network=allow_private_network,
+            defer_library=defer_library,
         )
         envelopes = run_script(script, conv)
         trace = _trace(envelopes, conv, provider=provider, model=model)
@@ -1126,9 +1137,8 @@ def _inspect_turn(
         markup=False,
     )
     console.print(_request_line(turn, budget), markup=False, soft_wrap=True)
-    if verbose and budget is not None and budget.plan:
-        plan = ", ".join(f"{name} {value}" for name, value in budget.plan)
-        console.print(f"budget plan: {plan}", markup=False, soft_wrap=True)
+    if verbose:
+        _plan(console, budget)
     if env.batch is not None:
         console.print(_batch_line(env), markup=False, soft_wrap=True)
     for warning in env.report.warnings:
@@ -1172,7 +1182,8 @@ def inspect(
     verbose: bool,
     allow_private_network: bool,
 ) -> None:
-    """Per turn: every artifact's layer, form, tokens and decisions, and how the window is spent."""
+    """Per turn, as sent: every block's band, form, tokens and decisions, and how the window
+    is spent."""
     script = load_script(script_path)
     budget = _budget(window, reserve, model, recall)
     conv = _conversation(

@@ -99,7 +99,7 @@ def test_run_with_a_window_adds_the_budget_and_fits(script: Path) -> None:
         assert turn["budget"]["window"] == 900 and turn["budget"]["reserve_output"] == 100
         assert turn["budget"]["used"] <= 800
         assert "timings" not in turn
-        assert set(turn["cache"]) == {"common_prefix_tokens", "break_reason"}
+        assert set(turn["cache"]) == {"common_prefix_tokens", "break_reason", "sentence"}
 
 
 def test_a_window_smaller_than_the_query_fails_loudly(script: Path) -> None:

@@ -162,7 +162,7 @@ def _options(command: str) -> dict[str, click.Option]:
         opt: p
         for p in cli.commands[command].params
         if isinstance(p, click.Option)
-        for opt in p.opts
+        for opt in (*p.opts, *p.secondary_opts)
     }
 
 

@@ -239,6 +239,9 @@ def test_each_request_extends_the_last_or_settles_with_a_reason(
                 assert env.batch.reason in {"system-changed", "history-changed", "over-budget"}
             if budget is not None:
                 assert conv.count_request(env) == env.batch.tokens <= budget.limit
+                # The report's second figure is the request as sent, beside ``used``.
+                assert env.report.budget is not None
+                assert env.report.budget.sent == env.batch.tokens
             check_envelope(env, prev_env)
             if restored is not None:
                 again = restored.turn(f"question {i}", attach)

@@ -9,7 +9,14 @@ import pytest
 from lamina import Conversation, load_script, parse_script, run_script
 from lamina._cli import DEMO_SCRIPT
 from lamina.pipeline import Envelope, TokenCounter
-from lamina.renderers import CacheRules, Simulation, format_simulation, render_request, simulate
+from lamina.renderers import (
+    NAIVE_NOTE,
+    CacheRules,
+    Simulation,
+    format_simulation,
+    render_request,
+    simulate,
+)
 from lamina.renderers._simulate import breakpoint_cache_costs, prefix_cache_costs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,6 +152,8 @@ def test_json_and_table(demo: tuple[Simulation, list[Envelope]]) -> None:
         data["layouts"]["naive"]["gemini"]["relative_cost"]
     )
     table = format_simulation(sim)
-    assert table.count("\n") == 3 + 12 - 1  # the label, the head, its rule, 12 rows
+    # the label, the head, its rule, 12 rows, a blank line and the naive row's note
+    assert table.count("\n") == 3 + 12 - 1 + 2
+    assert table.endswith(NAIVE_NOTE)
     assert table.startswith("cached: what each provider's rules would serve")
     assert "append-only" in table
