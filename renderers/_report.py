@@ -545,14 +545,18 @@ def _window_heading(turns: Sequence[Mapping[str, Any]]) -> list[etree._Element]:
     if any(t.get("budget") is not None for t in turns):
         return [
             E.h2("How the window filled"),
-            E.p({"class": "note"}, "Tokens of each request per layer, stacked; framing is the "
-                "per-message overhead the provider adds. The red band is the output reserved "
+            E.p({"class": "note"}, "Tokens of each request as sent per layer, stacked: context "
+                "in earlier messages is what earlier user messages still carry while the "
+                "library's growth waits; framing is what no block holds (per-message "
+                "overhead, headings, labels). The red band is the output reserved "
                 "for the reply: a request must stay under the dashed limit."),
         ]
     return [
         E.h2("Tokens per layer"),
-        E.p({"class": "note"}, "Tokens of each request per layer, stacked; framing is the "
-            "per-message overhead the provider adds. This chat ran without a budget, so no "
+        E.p({"class": "note"}, "Tokens of each request as sent per layer, stacked: context "
+            "in earlier messages is what earlier user messages still carry while the "
+            "library's growth waits; framing is what no block holds (per-message overhead, "
+            "headings, labels). This chat ran without a budget, so no "
             "window or limit is drawn (the --window or --model option sets one)."),
     ]
 
