@@ -45,7 +45,13 @@ from lamina.pipeline import (
     tool_turn,
 )
 from lamina.processors import ProcessContext, Sources, Vault
-from lamina.renderers import PREVIOUS_NOT_REBUILT, prefix_report, render_request, trace_turn
+from lamina.renderers import (
+    PREVIOUS_NOT_REBUILT,
+    explain_cache,
+    prefix_report,
+    render_request,
+    trace_turn,
+)
 
 __all__ = ["ConversationHub", "FieldError", "ServerConfig", "StaleHead"]
 
@@ -241,6 +247,7 @@ class ConversationHub:
         out = self._trace(conversation_id, warm, envelope, previous)
         if previous is None and parent.turn:  # not the first request: say what is unknown
             out["cache"]["break_reason"] = PREVIOUS_NOT_REBUILT
+            out["cache"]["sentence"] = " ".join(explain_cache(out))
         return out, warm.head
 
     def reply(self, conversation_id: str, body: ReplyIn) -> Head:
@@ -312,6 +319,8 @@ class ConversationHub:
         counter = warm.conv.counter
         out = trace_turn(envelope, counter)
         out["cache"] = prefix_report(previous, envelope, counter).trace()
+        before = None if previous is None else trace_turn(previous, counter)
+        out["cache"]["sentence"] = " ".join(explain_cache(out, before))
         provider = warm.settings.provider
         if provider is not None:
             out["request"] = self._request(

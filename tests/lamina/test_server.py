@@ -230,7 +230,11 @@ def test_after_a_restart_a_turn_whose_parent_cannot_be_rebuilt_still_goes_throug
         page.shutdown()
     assert rebuilt.status_code == 409  # turn 1 itself cannot be shown again ...
     assert second["head"]["turn"] == 2  # ... but the conversation goes on
-    assert second["cache"] == {"common_prefix_tokens": 0, "break_reason": "previous-not-rebuilt"}
+    assert {k: v for k, v in second["cache"].items() if k != "sentence"} == {
+        "common_prefix_tokens": 0,
+        "break_reason": "previous-not-rebuilt",
+    }
+    assert second["cache"]["sentence"].startswith("The previous request (turn 1) could not")
 
 
 @pytest.mark.parametrize("commit", ["a7b9f6f", "87f7834"])
@@ -246,9 +250,13 @@ def test_a_turn_on_a_store_an_older_lamina_wrote_compares_with_the_request_it_se
         built = turn(c, cid, head, user="Turn 31: and the spec?")
         told = c.get(f"/v1/conversations/{cid}/turns/30/trace")
     spec = "l2-compacted:note:project-spec.md"  # restored to full: the CLI's "why"
+    restored = (
+        "Library entry note:project-spec.md was restored from summary to full now that the "
+        "window has room again, so the request is sent uncached from there on."
+    )
     assert built["cache"] == {
-        "a7b9f6f": {"common_prefix_tokens": 2948, "break_reason": None},
-        "87f7834": {"common_prefix_tokens": 161, "break_reason": spec},
+        "a7b9f6f": {"common_prefix_tokens": 2948, "break_reason": None, "sentence": ""},
+        "87f7834": {"common_prefix_tokens": 161, "break_reason": spec, "sentence": restored},
     }[commit]
     assert told.status_code == 200, told.text
 
