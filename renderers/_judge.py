@@ -16,7 +16,8 @@ tuned"). It reports:
    leaves less a fixed ``FREE_MARGIN`` of the limit;
 4. the text-free share: stubs plus index blocks over the window, the largest in a turn;
 5. ``no-prose``: a preview, summary or excerpt whose body holds no prose (only headings,
-   frontmatter, embeds or an omitted-sections line);
+   frontmatter, embeds or an omitted-sections line), unless the entry's full form seen in
+   the chat holds none either (a note of properties and embeds has no text to lose);
 6. ``open-frontmatter``: a cut form that opens frontmatter (``---``) and never closes it;
 7. ``over-limit``: a request as sent over the limit;
 8. ``stub-reference``: a reference in this turn's context to a library stub.
@@ -219,6 +220,7 @@ def judge_chat(
     is never reported as left cut."""
     sizes: dict[tuple[str, str], int] = {}
     visible: set[tuple[str, str]] = set()  # full copies in the request as sent
+    no_prose: set[tuple[str, str]] = set()  # entries whose full form holds no prose either
     findings: list[ChatFinding] = []
     uses: list[float] = []
     text_free = 0.0
@@ -237,6 +239,8 @@ def judge_chat(
             if seg.form is Form.FULL:
                 sizes.setdefault((seg.key, seg.content_hash), seg.tokens)
                 visible.add((seg.key, seg.content_hash))
+                if not _has_prose(_body(seg)):
+                    no_prose.add((seg.key, seg.content_hash))
         stubs = {s.key for s in env.l2.segments if _is_stub(s)}
 
         def find(check: str, key: str, detail: str, turn: int = env.turn) -> None:
@@ -246,7 +250,11 @@ def judge_chat(
             if seg.form is Form.REFERENCE and not seg.unsent and seg.key in stubs:
                 find("stub-reference", seg.key, "refers to a library stub")
         for seg in sent:
-            if seg.form in _CUT_FORMS and not _has_prose(_body(seg)):
+            if (
+                seg.form in _CUT_FORMS
+                and (seg.key, seg.content_hash) not in no_prose
+                and not _has_prose(_body(seg))
+            ):
                 find("no-prose", seg.key, f"a {seg.form} of {seg.tokens} tokens without prose")
             if _open_frontmatter(seg):
                 find("open-frontmatter", seg.key, f"a {seg.form} opens frontmatter, never closes")

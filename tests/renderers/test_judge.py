@@ -149,3 +149,18 @@ def test_over_limit_and_text_free_share_are_read_from_the_request() -> None:
     assert j.count("over-limit") == 1
     assert j.text_free_share == 0.1
     assert "1 over-limit findings" in j.misses()
+
+
+def test_a_cut_form_without_prose_is_found_unless_its_full_form_has_none_either() -> None:
+    """A summary holding only headings is a no-prose finding when the note's full form,
+    seen earlier in the chat, held text; not when it held only properties and embeds."""
+    conv, envs = _budgeted_spec_chat()
+
+    def note(key: str, form: Form, body: str) -> Segment:
+        return Segment(key, form, "note", "h", f'<note key="{key}">\n{body}\n</note>', 10)
+
+    full = (note("note:a.md", Form.FULL, "# A\n\nIt says."), note("note:b.md", Form.FULL, "# B"))
+    cut = (note("note:a.md", Form.SUMMARY, "# A"), note("note:b.md", Form.SUMMARY, "# B"))
+    chat = [_rebuilt(envs[-1], full), attrs.evolve(_rebuilt(envs[-1], cut), turn=5)]
+    j = judge_chat(chat, conv.counter, budget=conv.budget)
+    assert [(f.turn, f.key) for f in j.findings if f.check == "no-prose"] == [(5, "note:a.md")]
