@@ -47,6 +47,7 @@ __all__ = [
     "Chat",
     "VaultShape",
     "chats",
+    "full_sizes",
     "judge_vault_chat",
     "main",
     "measure",
@@ -159,6 +160,27 @@ def _label(attach: tuple[Attach, ...]) -> str:
     return f"the notes of {kind} {value}"
 
 
+def full_sizes(vault: Path, envelopes: Sequence[Any]) -> dict[str, int]:
+    """The tokens of the full block of every note the chat shows cut, from one unbudgeted
+    turn attaching them all (the judge knows a full size otherwise only when the chat
+    showed the note whole; a folder's notes may never be)."""
+    from lamina import Conversation
+    from lamina.pipeline import Form
+
+    keys = sorted(
+        {
+            s.key
+            for env in envelopes
+            for s in (*env.l2.segments, *env.l3.segments)
+            if s.form is not Form.FULL and s.key.startswith("note:") and "#" not in s.key
+        }
+    )
+    if not keys:
+        return {}
+    env = Conversation(SYSTEM, vault=vault).turn("sizes", [{"note": k[5:]} for k in keys])
+    return {s.key: s.tokens for s in env.l3.segments if s.form is Form.FULL}
+
+
 def judge_vault_chat(vault: Path, chat: Chat, window: int) -> dict[str, Any]:
     """One chat at one window: the judgement's measures, its findings' counts and time."""
     from lamina import Conversation
@@ -173,7 +195,8 @@ def judge_vault_chat(vault: Path, chat: Chat, window: int) -> dict[str, Any]:
         envs.append(conv.turn(query, list(attach)))
         conv.reply(f"Answer {i + 1}: {REPLY}")
     seconds = time.perf_counter() - start
-    j = judge_chat(envs, conv.counter, budget=conv.budget)
+    sizes = full_sizes(vault, envs)
+    j = judge_chat(envs, conv.counter, budget=conv.budget, full_sizes=sizes)
     targets = ChatTargets(window_use=FOLDER_USE) if chat.name == "folder" else ChatTargets()
     return {
         "chat": chat.name,
