@@ -528,7 +528,9 @@ def fit_preview(
     that differ from ``old``, the version the model saw before; then those whose heading,
     then whose text, holds one of ``words``; then document order) while they fit; the next
     one is cut at a sentence end to fill the rest; the others are counted in a last line.
-    The chosen sections are shown in document order. Deterministic; any ``max_tokens``
+    The chosen sections are shown in document order. A preview holds text: properties
+    (frontmatter) or a bare heading that do not fit whole are left out, and when they
+    alone would be chosen the text takes their room. Deterministic; any ``max_tokens``
     gives a preview, so sizes step finely.
     """
     return fitted_preview_of(body, counter, max_tokens, words=words, old=old).text
@@ -601,6 +603,12 @@ def _newlines_gap(
     return more - one
 
 
+def _bare(section: str) -> bool:
+    """A section of properties and headings only (no line of text)."""
+    rest = section[frontmatter_end(section) :]
+    return all(not line.strip() or line.startswith("#") for line in rest.split("\n"))
+
+
 def fitted_preview_of(
     body: str,
     counter: TokenCounter,
@@ -622,6 +630,7 @@ def fitted_preview_of(
             i,
         ),
     )
+    bare = [_bare(t) for t in texts]
     small = _small(counter)
     budget = max_tokens
     while True:
@@ -634,7 +643,14 @@ def fitted_preview_of(
                 picked.append((i, texts[i], n))
                 left -= n + 2
                 continue
-            if left >= 16 or not picked:  # a preview holds text, not only the omitted line
+            if bare[i] and not all(bare):
+                continue  # properties or a heading that do not fit give way to text
+            if left < 16 and all(bare[j] for j, _, _ in picked):
+                # Nothing but properties and headings (or nothing) chosen: a preview holds
+                # text, not only those and its omitted line, so the text takes their room.
+                left += sum(k + 2 for _, _, k in picked)
+                picked = []
+            if left >= 16 or not picked:
                 text, cut, k = _cut_note_text(texts[i], counter, max(left, 16) - 2, "sentence")
                 picked.append((i, text, k))
             break

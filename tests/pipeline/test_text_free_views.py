@@ -80,6 +80,17 @@ def test_a_headless_preview_closes_or_skips_frontmatter() -> None:
         assert not _open(text) and _prose(text), (limit, text)
 
 
+def test_properties_that_fit_give_way_to_text_when_no_section_fits_beside_them() -> None:
+    """Release notes: short properties, a bare heading, then sections each larger than the
+    room left: the preview holds the start of a section's text, not properties, a heading
+    and an omitted line."""
+    short = "---\ntags: [desktop, insider]\ndate: 2025-10-21\n---"
+    note = f"{short}\n\n# Improved\n\n## Desktop\n\n{PROSE * 3}\n\n## Mobile\n\n{PROSE * 3}"
+    for tokens in (40, 50, 60):
+        preview = fit_preview(note, COUNTER, tokens)
+        assert _prose(preview) and COUNTER.count(preview) <= tokens, (tokens, preview)
+
+
 def test_a_note_of_only_properties_is_cut_at_a_line_and_closed() -> None:
     preview = fit_preview(PROPERTIES, COUNTER, 40)
     assert preview.startswith("---\n") and frontmatter_end(preview) > 0, preview
