@@ -20,7 +20,7 @@ and the chat's wall time; the targets' misses and the JSON are written too.
 
 Held out: ``Obsidian-TTRPG-Community/Pathfinder-2E-SRD-Markdown`` (checked out as
 ``pathfinder2e-srd``, 11,181 notes) is for final checks only. Tune on the others
-(``obsidianmd/obsidian-help``, 6,280 notes in 40 languages; ``Obsidian-TTRPG-Community/
+(``obsidianmd/obsidian-help``, 6,280 notes in 34 languages; ``Obsidian-TTRPG-Community/
 Starfinder-SRD-Markdown``, 5,288 notes with tags), ``examples/vault`` and kepano; run the
 held-out vault once a change is done, and report it apart (docs/BENCHMARKS.md).
 
