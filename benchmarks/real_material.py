@@ -1,5 +1,5 @@
 """Real material: budgeted chats over whole vaults the budget was not tuned on, judged by
-``lamina.renderers.judge_chat`` (fixed criteria, issue #34 item 6).
+``lamina.renderers.judge_chat`` (fixed criteria, the project's targets).
 
 Vaults are given as paths (arguments, or ``LAMINA_VAULTS`` separated by the path list
 separator), never committed: the repository holds only ``examples/vault`` and
@@ -62,7 +62,7 @@ HELD_OUT = ("pathfinder2e-srd",)
 SYSTEM = "You answer from the attached notes."
 REPLY = "the notes say several things about this. " * 8
 FOLDER_USE = 0.85
-"""The window-use target of the single large-folder chat (issue #34 item 6)."""
+"""The window-use target of the single large-folder chat (the project's target)."""
 
 Attach = dict[str, str]
 

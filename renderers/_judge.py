@@ -62,8 +62,8 @@ class ChatFinding:
 
 @attrs.frozen
 class ChatTargets:
-    """The bounds of a healthy budgeted chat (the defaults are the project's targets, issue
-    #34); a test may hold one chat to a documented other bound (a single large-folder turn:
+    """The bounds of a healthy budgeted chat (the defaults are the project's targets); a
+    test may hold one chat to a documented other bound (a single large-folder turn:
     window use 0.85)."""
 
     window_use: float = 0.90

@@ -1,7 +1,7 @@
 """Real-material checks: whole budgeted chats over examples/vault and a public vault
 (kepano/kepano-obsidian, MIT, in tests/data), judged by ``lamina.renderers.judge_chat``, whose
-criteria are fixed (none read from the budget's settings), against the targets of issue
-#34: window use >= 90% in the turns that cut (>= 85% in a single large-folder turn), a
+criteria are fixed (none read from the budget's settings), against the project's
+targets: window use >= 90% in the turns that cut (>= 85% in a single large-folder turn), a
 cached-prefix share of at least 80% of the chat's bound (only what each turn adds
 uncached), nothing left cut (an entry shown only cut whose full form fits the request's
 free room less 5% of the limit), stubs plus index blocks <= 10% of the window, no block
