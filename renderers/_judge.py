@@ -11,9 +11,9 @@ tuned"). It reports:
 1. window use: the request as sent over the limit, averaged over the turns that cut;
 2. the cached-prefix share of all input tokens, and its bound: the share when only what
    each turn adds (its context, the query and the last reply) is uncached;
-3. ``left-cut``: an entry the request shows only cut (preview, summary or stub, with no
-   full copy anywhere in it) while the growth to its full form fits the room the request
-   leaves less a fixed ``FREE_MARGIN`` of the limit;
+3. ``left-cut``: an entry the request shows only cut (preview, summary, stub or a line
+   of an index, with no full copy anywhere in it) while the growth to its full form fits
+   the room the request leaves less a fixed ``FREE_MARGIN`` of the limit;
 4. the text-free share: stubs plus index blocks over the window, the largest in a turn;
 5. ``no-prose``: a preview, summary or excerpt whose body holds no prose (only headings,
    frontmatter, embeds or an omitted-sections line), unless the entry's full form seen in
@@ -48,6 +48,7 @@ _OMITTED = re.compile(r"\[\.\.\. \d+ more sections? omitted \.\.\.\]")
 _EMBED_OR_LINK = re.compile(r"!?\[\[[^\]]*\]\]|!\[[^\]]*\]\([^)]*\)")
 _LETTER = re.compile(r"[^\W\d_]")
 _FENCE = "---"
+_SIZE = re.compile(r"\d+ tokens")
 
 
 @attrs.frozen
@@ -179,6 +180,20 @@ def _has_prose(lines: Sequence[str]) -> bool:
     return False
 
 
+def _index_lines(segment: Segment) -> list[tuple[str, int]]:
+    """The items an index block lists with their size in full: ``- key | title | N
+    tokens`` lines (a count-only index lists none)."""
+    out: list[tuple[str, int]] = []
+    for line in _body(segment):
+        if not line.startswith("- "):
+            continue
+        fields = line[2:].split(" | ")
+        size = next((f for f in fields[1:] if _SIZE.fullmatch(f)), None)
+        if size is not None:
+            out.append((fields[0], int(size.split()[0])))
+    return out
+
+
 def _is_stub(segment: Segment) -> bool:
     """A library entry kept only as its reference (evicted)."""
     return segment.form is Form.REFERENCE
@@ -270,6 +285,16 @@ def judge_chat(
             share = sum(s.tokens for s in sent if _is_text_free(s)) / report.window
             text_free = max(text_free, share)
         room = report.limit - used - FREE_MARGIN * report.limit
+        whole = {key for key, _ in visible}
+        for seg in sent:
+            for key, full in _index_lines(seg) if seg.source_type == "index" else ():
+                if key not in whole and full <= room:
+                    find(
+                        "left-cut",
+                        key,
+                        f"an index line in {seg.key}; its full {full} fits the {room:.0f} "
+                        f"free beyond {FREE_MARGIN:.0%} of the limit",
+                    )
         for seg in (*shown, *env.l3.segments):
             shown_cut = seg.form in _CUT_FORMS or (
                 seg.form is Form.REFERENCE and (seg.unsent or seg.key in stubs)

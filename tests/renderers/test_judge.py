@@ -164,3 +164,27 @@ def test_a_cut_form_without_prose_is_found_unless_its_full_form_has_none_either(
     chat = [_rebuilt(envs[-1], full), attrs.evolve(_rebuilt(envs[-1], cut), turn=5)]
     j = judge_chat(chat, conv.counter, budget=conv.budget)
     assert [(f.turn, f.key) for f in j.findings if f.check == "no-prose"] == [(5, "note:a.md")]
+
+
+def test_an_item_listed_only_in_an_index_is_left_cut_when_its_full_size_fits() -> None:
+    """An index lists two items with their sizes in full; with 900 tokens free beyond 5% of
+    the limit the 900-token one is left cut, the 901-token one is not."""
+    conv, envs = _budgeted_spec_chat()
+    lines = "\n".join(
+        [
+            "2 items of folder:f were attached but not sent for lack of room.",
+            "- note:f/a.md | 900 tokens",
+            "- note:f/b.md | B | 901 tokens",
+        ]
+    )
+    index = Segment(
+        "index:folder:f",
+        Form.FULL,
+        "index",
+        "i",
+        f'<index key="index:folder:f">\n{lines}\n</index>',
+        30,
+    )
+    env = _rebuilt(envs[-1], (index,), limit=2000, effective=1000)
+    j = judge_chat([env], conv.counter, budget=conv.budget)
+    assert [f.key for f in j.findings if f.check == "left-cut"] == ["note:f/a.md"]
