@@ -529,8 +529,9 @@ def fit_preview(
     then whose text, holds one of ``words``; then document order) while they fit; the next
     one is cut at a sentence end to fill the rest; the others are counted in a last line.
     The chosen sections are shown in document order. A preview holds text: properties
-    (frontmatter) or a bare heading that do not fit whole are left out, and when they
-    alone would be chosen the text takes their room. Deterministic; any ``max_tokens``
+    (frontmatter) or a bare heading that do not fit whole are left out, when they alone
+    would be chosen the text takes their room, and a section cut where only its heading
+    would fit shows the start of its text instead. Deterministic; any ``max_tokens``
     gives a preview, so sizes step finely.
     """
     return fitted_preview_of(body, counter, max_tokens, words=words, old=old).text
@@ -651,7 +652,11 @@ def fitted_preview_of(
                 left += sum(k + 2 for _, _, k in picked)
                 picked = []
             if left >= 16 or not picked:
-                text, cut, k = _cut_note_text(texts[i], counter, max(left, 16) - 2, "sentence")
+                room = max(left, 16) - 2
+                text, cut, k = _cut_note_text(texts[i], counter, room, "sentence")
+                if sections[i][0] is not None and _bare(text):  # room for its heading only
+                    body_text = trim_blank_lines(sections[i][1])
+                    text, cut, k = _cut_note_text(body_text, counter, room, "sentence")
                 picked.append((i, text, k))
             break
         # Chosen by priority, shown in document order (properties first, headings in turn).

@@ -91,6 +91,16 @@ def test_properties_that_fit_give_way_to_text_when_no_section_fits_beside_them()
         assert _prose(preview) and COUNTER.count(preview) <= tokens, (tokens, preview)
 
 
+def test_a_section_cut_where_only_its_heading_fits_shows_its_text() -> None:
+    """A long heading and long sections at 30 tokens: the text's first words, not the
+    heading cut short and an omitted line."""
+    heading = "## Finding notes by their tags, nested tags and the tag pane of the sidebar"
+    note = f"{heading}\n\n{PROSE * 3}\n\n## Other\n\n{PROSE * 3}\n\n## More\n\n{PROSE}"
+    for tokens in (24, 30, 36):
+        preview = fit_preview(note, COUNTER, tokens)
+        assert _prose(preview), (tokens, preview)
+
+
 def test_a_note_of_only_properties_is_cut_at_a_line_and_closed() -> None:
     preview = fit_preview(PROPERTIES, COUNTER, 40)
     assert preview.startswith("---\n") and frontmatter_end(preview) > 0, preview
