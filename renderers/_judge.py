@@ -287,12 +287,12 @@ def judge_chat(
         room = report.limit - used - FREE_MARGIN * report.limit
         whole = {key for key, _ in visible}
         for seg in sent:
-            for key, full in _index_lines(seg) if seg.source_type == "index" else ():
-                if key not in whole and full <= room:
+            for key, listed in _index_lines(seg) if seg.source_type == "index" else ():
+                if key not in whole and listed <= room:
                     find(
                         "left-cut",
                         key,
-                        f"an index line in {seg.key}; its full {full} fits the {room:.0f} "
+                        f"an index line in {seg.key}; its full {listed} fits the {room:.0f} "
                         f"free beyond {FREE_MARGIN:.0%} of the limit",
                     )
         for seg in (*shown, *env.l3.segments):
