@@ -18,7 +18,8 @@ tuned"). It reports:
 5. ``no-prose``: a preview, summary or excerpt whose body holds no prose (only headings,
    frontmatter, embeds or an omitted-sections line), unless the entry's full form seen in
    the chat holds none either (a note of properties and embeds has no text to lose);
-6. ``open-frontmatter``: a cut form that opens frontmatter (``---``) and never closes it;
+6. ``open-frontmatter``: a cut form that opens frontmatter (a ``---`` line followed by a
+   property, not a blank line: that is a rule) and never closes it;
 7. ``over-limit``: a request as sent over the limit;
 8. ``stub-reference``: a reference in this turn's context to a library stub.
 
@@ -157,8 +158,9 @@ def _open_frontmatter(segment: Segment) -> bool:
     body = _body(segment)
     return (
         segment.form in _CUT_FORMS
-        and bool(body)
+        and len(body) > 1
         and body[0].strip() == _FENCE
+        and body[1].strip() != ""  # a rule followed by a blank line is no frontmatter
         and all(line.strip() != _FENCE for line in body[1:])
     )
 
@@ -168,7 +170,7 @@ def _has_prose(lines: Sequence[str]) -> bool:
     heading, frontmatter (a leading block fenced by ``---``, or one never closed), an
     omitted-sections line, or only embeds and wiki links."""
     rest = list(lines)
-    if rest and rest[0].strip() == _FENCE:
+    if len(rest) > 1 and rest[0].strip() == _FENCE and rest[1].strip():
         closing = next((i for i, line in enumerate(rest[1:], 1) if line.strip() == _FENCE), None)
         rest = rest[closing + 1 :] if closing is not None else []
     for line in rest:

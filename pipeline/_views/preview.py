@@ -318,10 +318,10 @@ def _cut_with_marker(
 
 def frontmatter_end(text: str) -> int:
     """Where the frontmatter block that opens ``text`` (a ``---`` line, properties, a
-    closing ``---`` line) ends, after its closing line; 0 when ``text`` opens none, or
-    never closes the one it opens."""
-    if not text.startswith(FRONTMATTER + "\n"):
-        return 0
+    closing ``---`` line) ends, after its closing line; 0 when ``text`` opens none (a
+    ``---`` line followed by a blank line is a rule), or never closes the one it opens."""
+    if not text.startswith(FRONTMATTER + "\n") or text.startswith("\n", len(FRONTMATTER) + 1):
+        return 0  # none, or a rule (a blank line follows it)
     close = text.find("\n" + FRONTMATTER, len(FRONTMATTER))
     while close != -1:
         end = close + 1 + len(FRONTMATTER)

@@ -56,6 +56,7 @@ def test_frontmatter_end_is_after_its_closing_line_and_0_when_open() -> None:
     assert frontmatter_end("---\na: 1\nText.") == 0
     assert frontmatter_end("Text.\n---\n") == 0
     assert frontmatter_end("---\na: ---x\n---") == len("---\na: ---x\n---")
+    assert frontmatter_end("---\n\nA rule, then text.\n---\nMore.") == 0
 
 
 @settings(max_examples=60, deadline=None)

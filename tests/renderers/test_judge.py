@@ -47,6 +47,7 @@ def test_a_preview_that_opens_frontmatter_and_never_closes_it_is_found() -> None
     assert not _open_frontmatter(
         _segment('<note key="note:a.md">\n---\ntitle: A\n</note>', Form.FULL)
     )
+    assert not _open_frontmatter(_segment('<note key="note:a.md">\n---\n\nA rule.\n</note>'))
 
 
 def test_unbudgeted_chat_cuts_nothing_and_counts_its_cache_and_its_bound() -> None:
