@@ -19,7 +19,13 @@ from lamina.renderers._cache import (
     prompt_tokens,
 )
 from lamina.renderers._explain import LOW_CACHE_SHARE, explain_cache
-from lamina.renderers._judge import ChatFinding, ChatJudgement, ChatTargets, judge_chat
+from lamina.renderers._judge import (
+    FREE_MARGIN,
+    ChatFinding,
+    ChatJudgement,
+    ChatTargets,
+    judge_chat,
+)
 from lamina.renderers._layouts import LAYOUTS, Block, Layout, Message, Prompt, build_prompt
 from lamina.renderers._openai import (
     ChatMessage,
@@ -66,6 +72,7 @@ __all__ = [
     "ANTHROPIC_TOOL_PROMPT",
     "CACHE_MISS",
     "DEFAULT_MODELS",
+    "FREE_MARGIN",
     "LAYOUTS",
     "LOW_CACHE_SHARE",
     "NAIVE_NOTE",

@@ -1,17 +1,30 @@
-"""How a whole budgeted chat went: one judgement over its envelopes.
+"""How a whole budgeted chat went: one judgement over its envelopes, by fixed criteria.
 
 The budget decides turn by turn; whether the conversation kept what it knew and kept its
 cache shows only over the whole chat. ``judge_chat`` measures, from the envelopes alone
 (and the request's own count), on each request as sent (``Envelope.as_sent``: a batched
 request holds the context of the turns since it settled, and cut entries sent whole
-again): how full the window was in the turns that cut, the share of input tokens in a
-repeated prefix, entries the model sees only cut while their full form would fit the
-room the budget's plan leaves ("left-cut"; those that would fit only by taking the slack
-the plan keeps for the next turns' growth are counted apart, "in-slack", not a miss),
-the library entries the budget's in-place restore schedule says come back in that turn
-("restore-due"), references that point at a stub, blocks that hold nothing but an
-omitted-sections line, and how much of the window the stubs took. ``ChatTargets`` holds
-the bounds a healthy chat meets; ``ChatJudgement.misses`` names the ones it does not.
+again). Nothing it checks is read from the budget's settings or plan, so no knob of the
+budget makes it pass more easily (docs/BUDGET.md; STYLE.md, "Judges that cannot be
+tuned"). It reports:
+
+1. window use: the request as sent over the limit, averaged over the turns that cut;
+2. the cached-prefix share of all input tokens, and its bound: the share when only what
+   each turn adds (its context, the query and the last reply) is uncached;
+3. ``left-cut``: an entry the request shows only cut (preview, summary, stub or a line
+   of an index, with no full copy anywhere in it) while the growth to its full form fits
+   the room the request leaves less a fixed ``FREE_MARGIN`` of the limit;
+4. the text-free share: stubs plus index blocks over the window, the largest in a turn;
+5. ``no-prose``: a preview, summary or excerpt whose body holds no prose (only headings,
+   frontmatter, embeds or an omitted-sections line), unless the entry's full form seen in
+   the chat holds none either (a note of properties and embeds has no text to lose);
+6. ``open-frontmatter``: a cut form that opens frontmatter (a ``---`` line followed by a
+   property, not a blank line: that is a rule) and never closes it;
+7. ``over-limit``: a request as sent over the limit;
+8. ``stub-reference``: a reference in this turn's context to a library stub.
+
+``ChatTargets`` holds the project's fixed bounds; ``ChatJudgement.misses`` names the ones a
+chat does not meet.
 """
 
 from __future__ import annotations
@@ -21,21 +34,22 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from lamina.pipeline import (
-    RESTORED_INTRO,
-    Budget,
-    BudgetReport,
-    Envelope,
-    Form,
-    Segment,
-    TokenCounter,
-)
+from lamina.pipeline import Budget, Envelope, Form, Segment, TokenCounter
 from lamina.renderers._cache import prefix_reports, prompt_tokens
 from lamina.renderers._layouts import default_prompt
 
-__all__ = ["ChatFinding", "ChatJudgement", "ChatTargets", "judge_chat"]
+__all__ = ["FREE_MARGIN", "ChatFinding", "ChatJudgement", "ChatTargets", "judge_chat"]
 
+FREE_MARGIN = 0.05
+"""The share of the limit a request may leave free before an entry it shows only cut, whose
+full form would fit the rest, counts as left cut (the next turn's growth needs some room)."""
+
+_CUT_FORMS = frozenset({Form.PREVIEW, Form.SUMMARY, Form.EXCERPT})
 _OMITTED = re.compile(r"\[\.\.\. \d+ more sections? omitted \.\.\.\]")
+_EMBED_OR_LINK = re.compile(r"!?\[\[[^\]]*\]\]|!\[[^\]]*\]\([^)]*\)")
+_LETTER = re.compile(r"[^\W\d_]")
+_FENCE = "---"
+_SIZE = re.compile(r"\d+ tokens")
 
 
 @attrs.frozen
@@ -50,38 +64,53 @@ class ChatFinding:
 
 @attrs.frozen
 class ChatTargets:
-    """The bounds of a healthy budgeted chat (the defaults are the project's targets)."""
+    """The bounds of a healthy budgeted chat (the defaults are the project's targets); a
+    test may hold one chat to a documented other bound (a single large-folder turn:
+    window use 0.85)."""
 
     window_use: float = 0.90
-    """Mean window use (request over the budget's limit) in the turns that cut, at least."""
-    cached_share: float = 0.60
-    """Share of all input tokens that repeat the previous request's prefix, at least."""
-    stub_share: float = 0.10
-    """Stubs' tokens over the window, in every turn, at most."""
+    """Mean window use (request as sent over the limit) in the turns that cut, at least."""
+    cached_of_bound: float = 0.80
+    """Cached-prefix share over its bound (``ChatJudgement.cached_bound``), at least."""
+    text_free_share: float = 0.10
+    """Stubs plus index blocks over the window, in every turn, at most."""
 
 
 @attrs.frozen
 class ChatJudgement:
-    """The measures of one chat; ``findings`` lists each entry left cut, reference to a
-    stub and empty block with its turn."""
+    """The measures of one chat; ``findings`` lists each entry left cut, block without
+    prose, open frontmatter, request over the limit and reference to a stub, by turn."""
 
     turns: int
     cut_turns: int
     window_use: float
-    """Mean of used / limit over the turns with budget decisions (1.0 when none cut)."""
+    """Mean of sent / limit over the turns with budget decisions (1.0 when none cut)."""
     input_tokens: int
     cached_tokens: int
-    stub_share: float
-    """The largest share of the window stubs took in one turn."""
+    bound_tokens: int
+    """The cached tokens when each request leaves uncached only what its turn adds."""
+    text_free_share: float
+    """The largest share of the window stubs and index blocks took in one turn."""
     findings: tuple[ChatFinding, ...] = ()
 
     @property
     def cached_share(self) -> float:
         return self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
 
+    @property
+    def cached_bound(self) -> float:
+        """The cached-prefix share when only each turn's context, query and last reply are
+        uncached (the first request is uncached whole)."""
+        return self.bound_tokens / self.input_tokens if self.input_tokens else 0.0
+
+    @property
+    def cached_of_bound(self) -> float:
+        """The cached share over its bound (1.0 when the bound is 0: nothing could be)."""
+        return self.cached_share / self.cached_bound if self.cached_bound else 1.0
+
     def count(self, check: str) -> int:
-        """How many findings of ``check`` ("left-cut", "in-slack", "restore-due",
-        "stub-reference", "empty-block")."""
+        """How many findings of ``check`` ("left-cut", "no-prose", "open-frontmatter",
+        "over-limit", "stub-reference")."""
         return sum(1 for f in self.findings if f.check == check)
 
     def misses(self, targets: ChatTargets | None = None) -> tuple[str, ...]:
@@ -90,11 +119,17 @@ class ChatJudgement:
         out: list[str] = []
         if self.cut_turns and self.window_use < t.window_use:
             out.append(f"window use in turns that cut {self.window_use:.0%} < {t.window_use:.0%}")
-        if self.cached_share < t.cached_share:
-            out.append(f"cached-prefix share {self.cached_share:.0%} < {t.cached_share:.0%}")
-        if self.stub_share > t.stub_share:
-            out.append(f"stubs took {self.stub_share:.0%} of the window > {t.stub_share:.0%}")
-        for check in ("left-cut", "restore-due", "stub-reference", "empty-block"):
+        if self.cached_of_bound < t.cached_of_bound:
+            out.append(
+                f"cached-prefix share {self.cached_share:.0%} is {self.cached_of_bound:.0%} of "
+                f"its bound {self.cached_bound:.0%} < {t.cached_of_bound:.0%}"
+            )
+        if self.text_free_share > t.text_free_share:
+            out.append(
+                f"stubs and indexes took {self.text_free_share:.0%} of the window > "
+                f"{t.text_free_share:.0%}"
+            )
+        for check in ("left-cut", "no-prose", "open-frontmatter", "over-limit", "stub-reference"):
             if self.count(check):
                 out.append(f"{self.count(check)} {check} findings")
         return tuple(out)
@@ -103,11 +138,62 @@ class ChatJudgement:
         """One line of the measures, for reports and test messages."""
         return (
             f"{self.turns} turns, {self.cut_turns} cut; window use {self.window_use:.1%}; "
-            f"cached {self.cached_share:.1%} of {self.input_tokens:,}; stubs "
-            f"{self.stub_share:.1%}; left cut {self.count('left-cut')} (in the slack "
-            f"{self.count('in-slack')}, restore due {self.count('restore-due')}), stub references "
-            f"{self.count('stub-reference')}, empty blocks {self.count('empty-block')}"
+            f"cached {self.cached_share:.1%} of {self.input_tokens:,} (bound "
+            f"{self.cached_bound:.1%}, {self.cached_of_bound:.0%} of it); stubs+indexes "
+            f"{self.text_free_share:.1%}; left cut {self.count('left-cut')}, no prose "
+            f"{self.count('no-prose')}, open frontmatter {self.count('open-frontmatter')}, "
+            f"over limit {self.count('over-limit')}, stub references "
+            f"{self.count('stub-reference')}"
         )
+
+
+def _body(segment: Segment) -> list[str]:
+    """The lines between a block's opening and closing tag lines."""
+    lines = segment.text.strip().split("\n")
+    return lines[1:-1] if len(lines) >= 2 else []
+
+
+def _open_frontmatter(segment: Segment) -> bool:
+    """A cut form whose body opens frontmatter and never closes it."""
+    body = _body(segment)
+    return (
+        segment.form in _CUT_FORMS
+        and len(body) > 1
+        and body[0].strip() == _FENCE
+        and body[1].strip() != ""  # a rule followed by a blank line is no frontmatter
+        and all(line.strip() != _FENCE for line in body[1:])
+    )
+
+
+def _has_prose(lines: Sequence[str]) -> bool:
+    """Whether ``lines`` hold a line of prose: a line with a letter that is not a
+    heading, frontmatter (a leading block fenced by ``---``, or one never closed), an
+    omitted-sections line, or only embeds and wiki links."""
+    rest = list(lines)
+    if len(rest) > 1 and rest[0].strip() == _FENCE and rest[1].strip():
+        closing = next((i for i, line in enumerate(rest[1:], 1) if line.strip() == _FENCE), None)
+        rest = rest[closing + 1 :] if closing is not None else []
+    for line in rest:
+        text = line.strip()
+        if not text or text.startswith("#") or _OMITTED.fullmatch(text):
+            continue
+        if _LETTER.search(_EMBED_OR_LINK.sub("", text)):
+            return True
+    return False
+
+
+def _index_lines(segment: Segment) -> list[tuple[str, int]]:
+    """The items an index block lists with their size in full: ``- key | title | N
+    tokens`` lines (a count-only index lists none)."""
+    out: list[tuple[str, int]] = []
+    for line in _body(segment):
+        if not line.startswith("- "):
+            continue
+        fields = line[2:].split(" | ")
+        size = next((f for f in fields[1:] if _SIZE.fullmatch(f)), None)
+        if size is not None:
+            out.append((fields[0], int(size.split()[0])))
+    return out
 
 
 def _is_stub(segment: Segment) -> bool:
@@ -115,71 +201,27 @@ def _is_stub(segment: Segment) -> bool:
     return segment.form is Form.REFERENCE
 
 
-def _is_empty_block(segment: Segment) -> bool:
-    """A block whose body is only an omitted-sections line."""
-    if segment.form is Form.REFERENCE:
-        return False
-    lines = segment.text.strip().split("\n")
-    return len(lines) >= 2 and _OMITTED.fullmatch("\n".join(lines[1:-1]).strip()) is not None
+def _is_text_free(segment: Segment) -> bool:
+    """A stub or an index block: it names entries without their text."""
+    return _is_stub(segment) or segment.source_type == "index"
 
 
-def _changed_at(before: Envelope | None, env: Envelope) -> int:
-    """The first position at which ``env``'s library differs from ``before``'s (where the
-    system message, and so the cached prefix, breaks); its length when it only grew."""
-    if before is None:
-        return 0
-    old, new = before.l2.segments, env.l2.segments
-    for i, (a, b) in enumerate(zip(old, new, strict=False)):
-        if (a.key, a.content_hash, a.form, a.tokens) != (b.key, b.content_hash, b.form, b.tokens):
-            return i
-    return min(len(old), len(new))
+def _added_tokens(env: Envelope) -> int:
+    """What this turn adds to the conversation: its context, its query and the reply to
+    the previous turn (the last history message, when the assistant's)."""
+    history = env.l4.segments
+    reply = history[-1].tokens if history and history[-1].role == "assistant" else 0
+    return env.l3.tokens + env.l5.tokens + reply
 
 
-def _restore_due(
-    env: Envelope,
-    report: BudgetReport,
-    fitting: Sequence[tuple[Segment, int]],
-    room: int,
-    restore_min: float,
-    changed: int,
-) -> list[ChatFinding]:
-    """The library entries left cut that the budget's restore schedule says come back in
-    this turn: those whose full forms fit the headroom less the plan's slack together
-    (largest growth first, as the budget takes them) when they give back at least
-    ``restore_min`` of the limit (a batch restore is due), or, in a turn that changed
-    the library anyway (the prefix breaks there: a refill is due), those from the first
-    entry it changed (``changed``) on. The schedule waits for the rest on purpose
-    (docs/BUDGET.md, "Cuts are reversible")."""
-    if not fitting or room <= 0:
-        return []
-
-    def take(candidates: Sequence[tuple[Segment, int]]) -> tuple[list[tuple[Segment, int]], int]:
-        taken: list[tuple[Segment, int]] = []
-        gained = 0
-        for seg, grow in sorted(candidates, key=lambda f: -f[1]):  # largest first, as the budget
-            if gained + grow <= room:
-                taken.append((seg, grow))
-                gained += grow
-        return taken, gained
-
-    taken, gained = take(fitting)
-    if gained < restore_min * report.limit:
-        # No batch restore is due; where the library changed anyway, a refill is, of the
-        # entries from the first one changed on (earlier ones would break it sooner).
-        broke = any(str(d.layer) in ("L1", "L2") for d in report.decisions)
-        order = {seg.key: i for i, seg in enumerate(env.l2.segments)}
-        after = [(seg, grow) for seg, grow in fitting if order[seg.key] >= changed]
-        taken = take(after)[0] if broke else []
-    return [
-        ChatFinding(
-            env.turn,
-            "restore-due",
-            seg.key,
-            f"{seg.form} of {seg.tokens} tokens; its full form needs {grow} more, within the "
-            f"{room} free beyond the slack, and the schedule restores in this turn",
-        )
-        for seg, grow in taken
-    ]
+def _sent_tokens(env: Envelope, budget: Budget | None) -> int:
+    """The request as sent, in the budget report's unit (its effective count)."""
+    report = env.report.budget
+    assert report is not None
+    batch = env.batch
+    if batch is not None and batch.tokens:
+        return budget.effective(batch.tokens) if budget is not None else batch.tokens
+    return report.effective
 
 
 def judge_chat(
@@ -192,97 +234,91 @@ def judge_chat(
     """Judge a chat from its envelopes in order (``budget``: the chat framing requests are
     counted with). An entry's full size is the tokens of its first full block seen in the
     chat (same key and content), else ``full_sizes[key]``; an entry of unknown full size
-    is never reported as left cut, nor one no budget decision cut (a large note carried
-    into the library as its preview by design)."""
+    is never reported as left cut."""
     sizes: dict[tuple[str, str], int] = {}
-    cut: set[str] = set()  # keys a budget decision cut and no library has held whole since
     visible: set[tuple[str, str]] = set()  # full copies in the request as sent
+    no_prose: set[tuple[str, str]] = set()  # entries whose full form holds no prose either
     findings: list[ChatFinding] = []
     uses: list[float] = []
-    stub_share = 0.0
+    text_free = 0.0
     reports = prefix_reports(envelopes, counter, budget=budget)
-    total = sum(prompt_tokens(default_prompt(e), counter, budget) for e in envelopes)
-    cached = sum(r.common_prefix_tokens for r in reports)
-    previous: Envelope | None = None
+    totals = [prompt_tokens(default_prompt(e), counter, budget) for e in envelopes]
+    later = zip(totals[1:], envelopes[1:], strict=True)  # the first request adds everything
+    bound = sum(max(0, total - _added_tokens(env)) for total, env in later)
     for env in envelopes:
-        before, previous = previous, env
         batch = env.batch
         if batch is None or batch.reason:
             visible = set()  # a request as built: only what it holds itself
         shown = env.l2.segments if batch is None else env.l2.segments[: batch.settled]
         restored = () if batch is None else batch.restored
-        for seg in (*shown, *env.l3.segments, *restored):
+        sent = (*shown, *env.l3.segments, *restored)
+        for seg in sent:
             if seg.form is Form.FULL:
                 sizes.setdefault((seg.key, seg.content_hash), seg.tokens)
                 visible.add((seg.key, seg.content_hash))
-        cut.difference_update(s.key for s in shown if s.form is Form.FULL)
-        report = env.report.budget
-        if report is not None:
-            cut.update(d.target for d in report.decisions if d.to_form != "full")
+                if not _has_prose(_body(seg)):
+                    no_prose.add((seg.key, seg.content_hash))
         stubs = {s.key for s in env.l2.segments if _is_stub(s)}
+
+        def find(check: str, key: str, detail: str, turn: int = env.turn) -> None:
+            findings.append(ChatFinding(turn, check, key, detail))
+
         for seg in env.l3.segments:
             if seg.form is Form.REFERENCE and not seg.unsent and seg.key in stubs:
-                findings.append(
-                    ChatFinding(env.turn, "stub-reference", seg.key, "refers to a library stub")
-                )
-        for seg in (*env.l2.segments, *env.l3.segments):
-            if _is_empty_block(seg):
-                findings.append(
-                    ChatFinding(env.turn, "empty-block", seg.key, "only an omitted-sections line")
-                )
+                find("stub-reference", seg.key, "refers to a library stub")
+        for seg in sent:
+            if (
+                seg.form in _CUT_FORMS
+                and (seg.key, seg.content_hash) not in no_prose
+                and not _has_prose(_body(seg))
+            ):
+                find("no-prose", seg.key, f"a {seg.form} of {seg.tokens} tokens without prose")
+            if _open_frontmatter(seg):
+                find("open-frontmatter", seg.key, f"a {seg.form} opens frontmatter, never closes")
+        report = env.report.budget
         if report is None:
             continue
-        sent = report.effective
-        if batch is not None and batch.tokens:
-            sent = budget.effective(batch.tokens) if budget is not None else batch.tokens
+        used = _sent_tokens(env, budget)
+        if used > report.limit:
+            find("over-limit", "", f"{used} tokens sent over the limit {report.limit}")
         if report.decisions:
-            uses.append(sent / report.limit if report.limit else 1.0)
+            uses.append(used / report.limit if report.limit else 1.0)
         if report.window:
-            stub_tokens = sum(s.tokens for s in env.l2.segments if _is_stub(s))
-            stub_share = max(stub_share, stub_tokens / report.window)
-        plan = dict(report.plan)
-        slack = int(plan.get("slack_tokens", "0"))
-        free = report.limit - sent
-        library = {seg.key for seg in shown}
-        intro = 2 if restored else counter.count(RESTORED_INTRO) + 4
-        fitting: list[tuple[Segment, int]] = []
+            share = sum(s.tokens for s in sent if _is_text_free(s)) / report.window
+            text_free = max(text_free, share)
+        room = report.limit - used - FREE_MARGIN * report.limit
+        whole = {key for key, _ in visible}
+        for seg in sent:
+            for key, listed in _index_lines(seg) if seg.source_type == "index" else ():
+                if key not in whole and listed <= room:
+                    find(
+                        "left-cut",
+                        key,
+                        f"an index line in {seg.key}; its full {listed} fits the {room:.0f} "
+                        f"free beyond {FREE_MARGIN:.0%} of the limit",
+                    )
         for seg in (*shown, *env.l3.segments):
-            shown_cut = seg.form in (Form.PREVIEW, Form.SUMMARY) or (
+            shown_cut = seg.form in _CUT_FORMS or (
                 seg.form is Form.REFERENCE and (seg.unsent or seg.key in stubs)
             )
-            if not shown_cut or seg.key not in cut or (seg.key, seg.content_hash) in visible:
+            if not shown_cut or (seg.key, seg.content_hash) in visible:
                 continue
             full = sizes.get((seg.key, seg.content_hash), (full_sizes or {}).get(seg.key))
-            if full is None:
-                continue
-            # A library entry is sent whole again beside its cut form (under the intro
-            # line, with a separator); this turn's item grows in place.
-            cost = full + intro if seg.key in library else full - seg.tokens
-            check = "left-cut" if cost <= free - slack else "in-slack" if cost <= free else ""
-            if check:
-                findings.append(
-                    ChatFinding(
-                        env.turn,
-                        check,
-                        seg.key,
-                        f"{seg.form} of {seg.tokens} tokens; its full {full} needs {cost} "
-                        f"and {free} are free ({slack} of them the plan's slack)",
-                    )
+            if full is not None and full - seg.tokens <= room:
+                find(
+                    "left-cut",
+                    seg.key,
+                    f"{seg.form} of {seg.tokens} tokens; its full {full} needs "
+                    f"{full - seg.tokens} more and {room:.0f} are free beyond "
+                    f"{FREE_MARGIN:.0%} of the limit",
                 )
-            room = report.headroom - slack  # in place, as built: the restore schedule's
-            if full - seg.tokens <= room and seg.key in library:
-                fitting.append((seg, full - seg.tokens))
-        restore_min = float(plan.get("restore_min", "0"))
-        changed = _changed_at(before, env)
-        findings.extend(
-            _restore_due(env, report, fitting, report.headroom - slack, restore_min, changed)
-        )
     return ChatJudgement(
         turns=len(envelopes),
         cut_turns=len(uses),
         window_use=sum(uses) / len(uses) if uses else 1.0,
-        input_tokens=total,
-        cached_tokens=cached,
-        stub_share=stub_share,
+        input_tokens=sum(totals),
+        cached_tokens=sum(r.common_prefix_tokens for r in reports),
+        bound_tokens=bound,
+        text_free_share=text_free,
         findings=tuple(findings),
     )

@@ -1,9 +1,14 @@
 """Real-material checks: whole budgeted chats over examples/vault and a public vault
-(kepano/kepano-obsidian, MIT, in tests/data), judged by ``lamina.renderers.judge_chat`` against
-the project's targets: mean window use >= 90% in the turns that cut, cached-prefix share
->= 60% on the documentation-vault chats, no entry the model sees only cut while its full
-form fits the room beyond the plan's slack (and none that the budget's restore schedule
-gives back), no reference to a stub, no empty block, stubs <= 10% of the window.
+(kepano/kepano-obsidian, MIT, in tests/data), judged by ``lamina.renderers.judge_chat``, whose
+criteria are fixed (none read from the budget's settings), against the project's
+targets: window use >= 90% in the turns that cut (>= 85% in a single large-folder turn), a
+cached-prefix share of at least 80% of the chat's bound (only what each turn adds
+uncached), nothing left cut (an entry shown only cut whose full form fits the request's
+free room less 5% of the limit), stubs plus index blocks <= 10% of the window, no block
+without prose, no open frontmatter, never over the limit, no reference to a stub.
+
+Larger vaults (thousands of notes, tags, many languages) are measured by
+``benchmarks/real_material.py`` on vaults fetched outside the repository.
 
 A target main does not meet yet is marked ``xfail(strict=False)`` with the value
 measured when it was written; drop the mark once the budget meets it."""
@@ -13,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples" / "vault"
 KEPANO = ROOT / "tests" / "data" / "kepano-obsidian"
 TARGETS = ChatTargets()
+FOLDER_USE = 0.85
 
 Turn = tuple[str, list[dict[str, str]]]
 
@@ -85,31 +92,28 @@ CHATS: dict[str, Callable[[], Judged]] = {
     "kepano-16k": _chat(KEPANO, KEPANO_CHAT, 16000, 2000),
     "kepano-8k": _chat(KEPANO, KEPANO_CHAT, 8000, 1000),
     "kepano-4k": _chat(KEPANO, KEPANO_CHAT, 4000, 600),
+    # One turn attaching the vault's largest folder (52 templates) in a window it overflows.
+    "kepano-folder-2k": _chat(
+        KEPANO, [("What are these templates for?", [{"folder": "Templates"}])], 2000, 400
+    ),
 }
-# The cached-share target is for documentation chats with room (the small case attaches
-# anew every turn in a 3,000-token window: nothing there can stay cached).
-CACHED_CHATS = ("chat30-6000", "kepano-16k", "kepano-8k")
+FOLDER_CHATS = ("kepano-folder-2k",)
+"""Single large-folder turns: their window-use target is 85%, not 90%."""
 
-# Measured on main after the index collapse, the budget's restores, small entries folded
-# into their group's index, last cuts sized to the need, re-attached cut entries restored
-# in place, the slack sized from the conversation's growth and restores batched from 40%
-# of the limit (or where the prefix breaks anyway). Earlier: before the index collapse
-# kepano-8k stubs took 45.5% of the window and 695 turn-entries were left cut, kepano-4k
-# stubs 58.3%; before the restores the small case left the spec a summary with 1,740
-# tokens free; with a flat 20% slack, window use in the turns that cut was 89.1%
-# (small), 87.0% (chat30), 78.9% (kepano-8k, whose turn 9 folded the library from 5,439
-# to 427 tokens) and 89.7% (kepano-4k), with 53, 49 and 22 turn-entries left cut.
-# "left_cut" counts any entry the model sees only cut (no full copy anywhere in the
-# request as sent) while its full form fits what the request leaves free beyond the plan's
-# slack; before restores by appending, with the judge reading requests as sent, it was 15
-# (chat30) and 1 (kepano-8k) turn-entries; reading requests as built, 49, 19 and 1 (27
-# and 16 at 8k and 4k before cuts saving under 16 tokens were refused). Those that fit
-# only in the slack are counted apart ("in-slack": 4 / 11 / 1 turn-entries on chat30,
-# kepano-8k and 4k; with no slack none, at 55.2%, 37.2% and 14.9% cached instead of
-# 73.5%, 62.3% and 33.8%).
-# With the library's growth deferred to the next prefix break (the default layout since),
-# kepano-8k's cached share is 61.5% (49.3%).
-_NOT_YET: dict[tuple[str, str], str] = {}
+# Measured on main's budget (f806add) by the fixed judge, with the views' text-free fixes
+# (in brackets: with main's views, before them). Under the judge before (left cut beyond
+# the plan's slack, a 60% cached share on three chats) every chat met every target. With
+# main's views, 50 blocks left frontmatter open at 4k, 3 at 8k and 4 in the folder turn.
+_NOT_YET: dict[tuple[str, str], str] = {
+    ("small-3000", "cached_share"): "34.8% cached, 52% of its bound 67.0% (the same)",
+    ("chat30-6000", "left-cut"): "1 turn-entry (1)",
+    ("kepano-8k", "cached_share"): "62.2% cached, 78% of its bound 79.5% (62.3%, 78%)",
+    ("kepano-4k", "cached_share"): "34.5% cached, 52% of its bound 66.0% (33.8%, 51%)",
+    ("kepano-4k", "left-cut"): "3 turn-entries (1)",
+    ("kepano-4k", "no-prose"): "60 previews of properties-only templates (68)",
+    ("kepano-folder-2k", "no-prose"): "4 (4)",
+    ("kepano-folder-2k", "text_free"): "24.1% of the window (24.1%)",
+}
 
 
 @cache
@@ -117,62 +121,57 @@ def judged(name: str) -> ChatJudgement:
     return CHATS[name]()[1]
 
 
-def _cases(check: str, chats: tuple[str, ...] = tuple(CHATS)) -> list[object]:
-    return [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(strict=False, reason=f"main measured {_NOT_YET[name, check]}")
-            if (name, check) in _NOT_YET
-            else (),
-            id=name,
-        )
-        for name in chats
-    ]
+def _marks(name: str, check: str) -> Any:
+    """An xfail naming main's measured value, for a target main does not meet yet."""
+    if (name, check) not in _NOT_YET:
+        return ()
+    return pytest.mark.xfail(strict=False, reason=f"main measured {_NOT_YET[name, check]}")
+
+
+def _cases(check: str) -> list[Any]:
+    return [pytest.param(name, marks=_marks(name, check), id=name) for name in CHATS]
 
 
 @pytest.mark.parametrize("name", _cases("window_use"))
 def test_window_is_used_in_turns_that_cut(name: str) -> None:
     j = judged(name)
-    assert j.cut_turns == 0 or j.window_use >= TARGETS.window_use, j.summary()
+    target = FOLDER_USE if name in FOLDER_CHATS else TARGETS.window_use
+    assert j.cut_turns == 0 or j.window_use >= target, j.summary()
 
 
-@pytest.mark.parametrize("name", _cases("cached_share", CACHED_CHATS))
-def test_cached_prefix_share(name: str) -> None:
+def test_the_single_folder_turn_cuts() -> None:
+    """The large-folder chat is a turn that cuts, so its window-use target is tested."""
+    assert all(judged(name).cut_turns == 1 for name in FOLDER_CHATS)
+
+
+@pytest.mark.parametrize("name", _cases("cached_share"))
+def test_cached_prefix_share_is_at_least_80pc_of_its_bound(name: str) -> None:
     j = judged(name)
-    assert j.cached_share >= TARGETS.cached_share, j.summary()
+    assert j.cached_of_bound >= TARGETS.cached_of_bound, j.summary()
 
 
-@pytest.mark.parametrize("name", _cases("left_cut"))
-def test_no_entry_left_cut_while_its_full_form_fits(name: str) -> None:
+FINDINGS = ("left-cut", "no-prose", "open-frontmatter", "over-limit", "stub-reference")
+
+
+@pytest.mark.parametrize(
+    ("name", "check"),
+    [
+        pytest.param(name, check, marks=_marks(name, check), id=f"{name}-{check}")
+        for check in FINDINGS
+        for name in CHATS
+    ],
+)
+def test_no_finding(name: str, check: str) -> None:
+    """Nothing left cut while its full form fits, no block without prose, no frontmatter
+    left open, no request over the limit, no reference to a stub."""
     j = judged(name)
-    assert j.count("left-cut") == 0, [f for f in j.findings if f.check == "left-cut"][:5]
+    assert j.count(check) == 0, [f for f in j.findings if f.check == check][:5]
 
 
-@pytest.mark.parametrize("name", _cases("restore_due"))
-def test_no_entry_left_cut_that_the_restore_schedule_gives_back(name: str) -> None:
-    """Of the entries left cut while their full form fits: none whose full form fits the
-    headroom less the slack in a turn where the schedule restores (the prefix broke, or
-    the restore gives back ``restore_min`` of the limit)."""
+@pytest.mark.parametrize("name", _cases("text_free"))
+def test_stubs_and_indexes_stay_a_small_share_of_the_window(name: str) -> None:
     j = judged(name)
-    assert j.count("restore-due") == 0, [f for f in j.findings if f.check == "restore-due"][:5]
-
-
-@pytest.mark.parametrize("name", _cases("stub_reference"))
-def test_no_reference_to_a_stub(name: str) -> None:
-    j = judged(name)
-    assert j.count("stub-reference") == 0, j.findings
-
-
-@pytest.mark.parametrize("name", _cases("empty_block"))
-def test_no_empty_block(name: str) -> None:
-    j = judged(name)
-    assert j.count("empty-block") == 0, j.findings
-
-
-@pytest.mark.parametrize("name", _cases("stub_share"))
-def test_stubs_stay_a_small_share_of_the_window(name: str) -> None:
-    j = judged(name)
-    assert j.stub_share <= TARGETS.stub_share, j.summary()
+    assert j.text_free_share <= TARGETS.text_free_share, j.summary()
 
 
 def test_the_public_vault_is_small_and_licensed() -> None:

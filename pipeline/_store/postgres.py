@@ -117,9 +117,23 @@ MIGRATIONS: tuple[str, ...] = (_SCHEMA_V1, HEAD_COLUMN, TURN_VERSION_COLUMN)
 _MIGRATION_LOCK = 0x6C616D696E61
 # A text PostgreSQL cannot hold (NUL, lone surrogates) is kept as this mark + its JSON.
 _ESCAPED = "\ufdd0"
-# A password in a URL's query: its value runs to the next ``&key=`` (a raw ``&`` inside a
-# password stays masked), case-insensitive like a person writes it.
-_QUERY_SECRET = re.compile(r"((?:^|[?&])(?:ssl)?password=)(.*?)(?=&[A-Za-z_]+=|$)", re.I | re.S)
+# A password in a URL's query: its value runs to the next ``&keyword=`` of libpq's
+# connection keywords (a raw ``&`` inside a password, ``password=ab&c=d``, stays masked),
+# case-insensitive like a person writes it.
+_KEYWORDS = (
+    "host", "hostaddr", "port", "dbname", "user", "password", "passfile", "channel_binding",
+    "connect_timeout", "client_encoding", "options", "application_name",
+    "fallback_application_name", "keepalives", "keepalives_idle", "keepalives_interval",
+    "keepalives_count", "tcp_user_timeout", "replication", "gssencmode", "sslmode", "requiressl",
+    "sslcompression", "sslcert", "sslkey", "sslpassword", "sslcertmode", "sslrootcert", "sslcrl",
+    "sslcrldir", "sslsni", "sslnegotiation", "requirepeer", "ssl_min_protocol_version",
+    "ssl_max_protocol_version", "min_protocol_version", "max_protocol_version", "krbsrvname",
+    "gsslib", "gssdelegation", "service", "target_session_attrs", "load_balance_hosts",
+    "require_auth",
+)
+_QUERY_SECRET = re.compile(
+    r"((?:^|[?&])(?:ssl)?password=)(.*?)(?=&(?:" + "|".join(_KEYWORDS) + r")=|$)", re.I | re.S
+)
 # ``password=...`` in a driver's message (a conninfo string): to a space, quote or ``&``.
 _SAID_SECRET = re.compile(r"(\b(?:ssl)?password\s*=\s*)('[^']*'|[^\s&\"]*)", re.I)
 # user:password@ in any URL a message quotes (up to the last @ of the word).

@@ -1,7 +1,9 @@
 """Deterministic carry-forward forms cut by tokens: structure + preview, and marked excerpts.
 
-Every cut keeps a true prefix (and, for excerpts, a true suffix) of the input and moves
-back to a sentence, paragraph, line or word end, looking back no further than half of
+Every cut keeps a true prefix (and, for excerpts, a true suffix) of the input, or of a
+note's text after its frontmatter when no text past it would fit (a preview never leaves
+frontmatter open, nor holds only its omitted-sections line), and moves back to a
+sentence, paragraph, line or word end, looking back no further than half of
 the limit (the anchor allowed half or 80%; half keeps more text when no boundary is near).
 Only the characters near the cut are ever encoded, so a 1 MB input costs what its kept
 part costs.
@@ -34,6 +36,8 @@ from lamina.pipeline._tokens.counter import (
 __all__ = [
     "ELLIPSIS",
     "EXCERPT_MIN_TOKENS",
+    "FRONTMATTER",
+    "OMITTED_LINE",
     "Boundary",
     "Excerpt",
     "Preview",
@@ -42,6 +46,7 @@ __all__ = [
     "fit_preview",
     "fitted_preview_of",
     "focus_words",
+    "frontmatter_end",
     "make_excerpt",
     "make_preview",
 ]
@@ -51,6 +56,8 @@ Boundary = Literal["sentence", "paragraph", "line", "word"]
 # ASCII on purpose: one "…" in a preview makes CPython store the whole system message
 # (library included) at two bytes per character instead of one.
 ELLIPSIS = "..."
+FRONTMATTER = "---"
+"""The line that opens and closes a note's properties (frontmatter) in its rendered body."""
 EXCERPT_MIN_TOKENS = 32
 """Below this an excerpt cannot hold its own marker line, so ``make_excerpt`` refuses."""
 
@@ -309,6 +316,46 @@ def _cut_with_marker(
         limit = max(limit - (n - max_tokens), 1)
 
 
+def frontmatter_end(text: str) -> int:
+    """Where the frontmatter block that opens ``text`` (a ``---`` line, properties, a
+    closing ``---`` line) ends, after its closing line; 0 when ``text`` opens none (a
+    ``---`` line followed by a blank line is a rule), or never closes the one it opens."""
+    if not text.startswith(FRONTMATTER + "\n") or text.startswith("\n", len(FRONTMATTER) + 1):
+        return 0  # none, or a rule (a blank line follows it)
+    close = text.find("\n" + FRONTMATTER, len(FRONTMATTER))
+    while close != -1:
+        end = close + 1 + len(FRONTMATTER)
+        if end == len(text) or text[end] == "\n":
+            return end
+        close = text.find("\n" + FRONTMATTER, end)
+    return 0
+
+
+def _cut_note_text(
+    text: str, counter: TokenCounter, max_tokens: int, boundary: Boundary
+) -> tuple[str, bool, int]:
+    """``_cut_with_marker`` of a section that may open with frontmatter, never leaving it
+    open: a cut that keeps no text past the frontmatter starts after it instead (its text
+    cut to ``max_tokens``); properties alone are cut at a line and closed again."""
+    out, cut, n = _cut_with_marker(text, counter, max_tokens, boundary)
+    end = frontmatter_end(text)
+    if not cut or not end or out[end:].replace(ELLIPSIS, "").strip():
+        return out, cut, n
+    rest = trim_blank_lines(text[end:])
+    if rest:
+        out, _, n = _cut_with_marker(rest, counter, max_tokens, boundary)
+        return out, True, n
+    fences = _count(counter, f"{FRONTMATTER}\n\n{FRONTMATTER}")
+    inner = text[len(FRONTMATTER) + 1 : end - len(FRONTMATTER) - 1]
+    kept = _cut_with_marker(inner, counter, max(max_tokens - fences, 1), "line")[0]
+    closed = f"{FRONTMATTER}\n{kept}\n{FRONTMATTER}"
+    return closed, True, _count(counter, closed)
+
+
+OMITTED_LINE = re.compile(r"\[\.\.\. \d+ more sections? omitted \.\.\.\]")
+"""The line that counts the sections a preview left out (``_omitted_line``)."""
+
+
 def _omitted_line(n: int) -> str:
     return f"[... {n} more section{'s' if n != 1 else ''} omitted ...]"
 
@@ -336,9 +383,7 @@ def make_preview(
         )
     sections = split_sections(body)
     if sections[0][0] is None and len(sections) == 1:
-        text, cut, n = _cut_with_marker(
-            trim_blank_lines(body), counter, headless_tokens, "sentence"
-        )
+        text, cut, n = _cut_note_text(trim_blank_lines(body), counter, headless_tokens, "sentence")
         return Preview(text, 1, 1, cut, n, ((len(text), n),))
     kept = sections[:max_sections]
     dropped = len(sections) - len(kept)
@@ -352,7 +397,7 @@ def make_preview(
             any_cut = any_cut or head_cut
         trimmed = trim_blank_lines(section_body)
         if trimmed:
-            text, cut, n = _cut_with_marker(trimmed, counter, section_tokens, "sentence")
+            text, cut, n = _cut_note_text(trimmed, counter, section_tokens, "sentence")
             lines.append((text, n))
             any_cut = any_cut or cut
         blocks.append(_joined_count(lines, "\n", counter))
@@ -483,7 +528,10 @@ def fit_preview(
     that differ from ``old``, the version the model saw before; then those whose heading,
     then whose text, holds one of ``words``; then document order) while they fit; the next
     one is cut at a sentence end to fill the rest; the others are counted in a last line.
-    The chosen sections are shown in document order. Deterministic; any ``max_tokens``
+    The chosen sections are shown in document order. A preview holds text: properties
+    (frontmatter) or a bare heading that do not fit whole are left out, when they alone
+    would be chosen the text takes their room, and a section cut where only its heading
+    would fit shows the start of its text instead. Deterministic; any ``max_tokens``
     gives a preview, so sizes step finely.
     """
     return fitted_preview_of(body, counter, max_tokens, words=words, old=old).text
@@ -556,6 +604,12 @@ def _newlines_gap(
     return more - one
 
 
+def _bare(section: str) -> bool:
+    """A section of properties and headings only (no line of text)."""
+    rest = section[frontmatter_end(section) :]
+    return all(not line.strip() or line.startswith("#") for line in rest.split("\n"))
+
+
 def fitted_preview_of(
     body: str,
     counter: TokenCounter,
@@ -577,6 +631,7 @@ def fitted_preview_of(
             i,
         ),
     )
+    bare = [_bare(t) for t in texts]
     small = _small(counter)
     budget = max_tokens
     while True:
@@ -589,8 +644,19 @@ def fitted_preview_of(
                 picked.append((i, texts[i], n))
                 left -= n + 2
                 continue
-            if left >= 16:
-                text, cut, k = _cut_with_marker(texts[i], counter, left - 2, "sentence")
+            if bare[i] and not all(bare):
+                continue  # properties or a heading that do not fit give way to text
+            if left < 16 and all(bare[j] for j, _, _ in picked):
+                # Nothing but properties and headings (or nothing) chosen: a preview holds
+                # text, not only those and its omitted line, so the text takes their room.
+                left += sum(k + 2 for _, _, k in picked)
+                picked = []
+            if left >= 16 or not picked:
+                room = max(left, 16) - 2
+                text, cut, k = _cut_note_text(texts[i], counter, room, "sentence")
+                if sections[i][0] is not None and _bare(text):  # room for its heading only
+                    body_text = trim_blank_lines(sections[i][1])
+                    text, cut, k = _cut_note_text(body_text, counter, room, "sentence")
                 picked.append((i, text, k))
             break
         # Chosen by priority, shown in document order (properties first, headings in turn).

@@ -24,7 +24,12 @@ from lamina.pipeline._errors import ConfigError
 from lamina.pipeline._hashing import text_hash
 from lamina.pipeline._text.markdown import split_sections, trim_blank_lines
 from lamina.pipeline._tokens.counter import TokenCounter
-from lamina.pipeline._views.preview import cut_to_tokens
+from lamina.pipeline._views.preview import (
+    FRONTMATTER,
+    OMITTED_LINE,
+    cut_to_tokens,
+    frontmatter_end,
+)
 
 __all__ = [
     "Complete",
@@ -122,7 +127,7 @@ def _paragraphs(body: str) -> list[str]:
             flush()
             fence = m.group(1)
             continue
-        if not line.strip():
+        if not line.strip() or OMITTED_LINE.fullmatch(line.strip()):  # a count, not prose
             flush()
         elif _LIST_ITEM.match(line):
             flush()
@@ -134,11 +139,12 @@ def _paragraphs(body: str) -> list[str]:
 
 
 def _sentences(text: str) -> tuple[list[str], list[_Sentence]]:
-    """Headings and sentences (with their heading and paragraph) in document order."""
+    """Headings and sentences (with their heading and paragraph) in document order; a
+    note's frontmatter (its properties) holds none."""
     headings: list[str] = []
     sentences: list[_Sentence] = []
     paragraph = 0
-    for heading, body in split_sections(text):
+    for heading, body in split_sections(text[frontmatter_end(text) :]):
         if heading is not None:
             headings.append(heading)
         for para in _paragraphs(body):
@@ -325,7 +331,7 @@ class TextRankSummarizer:
         ranking = self._ranking(text)
         headings, scores = ranking.headings, ranking.scores
         if not len(ranking):
-            return SummaryResult(cut_to_tokens(text, self.counter, target_tokens, boundary="word"))
+            return SummaryResult(self._cut(text, target_tokens))
         chosen: set[int] = set()
         used_headings: set[int] = set()
         spent = 0
@@ -347,7 +353,21 @@ class TextRankSummarizer:
             if self.counter.count(out) <= target_tokens:
                 return SummaryResult(out)
             chosen.discard(max(chosen, key=lambda i: (round(scores[i], 12) * -1, i)))
-        return SummaryResult(cut_to_tokens(text, self.counter, target_tokens, boundary="word"))
+        return SummaryResult(self._cut(text, target_tokens))
+
+    def _cut(self, text: str, target_tokens: int) -> str:
+        """``text`` cut at a word within ``target_tokens``, when no sentence fits: the text
+        after its frontmatter, or properties alone cut at a line and closed again (a
+        summary never leaves frontmatter open)."""
+        end = frontmatter_end(text)
+        prose = text[end:].strip()
+        if not end or prose:
+            return cut_to_tokens(prose or text, self.counter, target_tokens, boundary="word")
+        closing = "\n" + FRONTMATTER
+        room = target_tokens - self.counter.count(closing)
+        head = cut_to_tokens(text[: end - len(closing)], self.counter, room, boundary="line")
+        out = head + closing
+        return out if self.counter.count(out) <= target_tokens else ""
 
 
 _TEXTRANK_DEFAULTS = tuple(f.default for f in attrs.fields(TextRankSummarizer)[1:])

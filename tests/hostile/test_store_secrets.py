@@ -44,6 +44,7 @@ def _leaks(message: str) -> bool:
 )
 @given(middle=MIDDLE, form=st.sampled_from(FORMS))
 @example(middle="%99", form="query-raw")  # a percent-escape that is not UTF-8
+@example(middle="&a=", form="query-raw")  # a raw & in a query password
 def test_no_error_message_holds_the_password(tmp_path: Path, middle: str, form: str) -> None:
     """No server listens on the socket folder: every open fails, one way or another."""
     url = _url(form, HEAD + middle + TAIL, tmp_path)

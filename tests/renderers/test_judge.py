@@ -1,32 +1,57 @@
-"""The chat judge: each check finds what it names, in the turn where it happens."""
+"""The chat judge: each check finds what it names, in the turn where it happens, by fixed
+criteria that no budget setting moves."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
+
 from lamina import Conversation
-from lamina.pipeline import Budget, BudgetPlan, Envelope, Form, Segment
-from lamina.renderers import ChatTargets, judge_chat
-from lamina.renderers._judge import _is_empty_block
+from lamina.pipeline import Budget, BudgetPlan, Envelope, Form, Layer, LayerName, Segment
+from lamina.renderers import FREE_MARGIN, judge_chat
+from lamina.renderers._judge import _has_prose, _open_frontmatter
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"
 
 
-def _segment(text: str, form: Form = Form.PREVIEW) -> Segment:
-    return Segment("note:a.md", form, "note", "h", text, 10)
+def _segment(text: str, form: Form = Form.PREVIEW, tokens: int = 10) -> Segment:
+    return Segment("note:a.md", form, "note", "h", text, tokens)
 
 
-def test_a_block_holding_only_its_omitted_line_is_empty() -> None:
-    assert _is_empty_block(
-        _segment('<note key="note:a.md">\n[... 2 more sections omitted ...]\n</note>')
+def _body(segment: Segment) -> list[str]:
+    return segment.text.split("\n")[1:-1]
+
+
+def test_a_block_of_headings_frontmatter_embeds_or_an_omitted_line_has_no_prose() -> None:
+    for body in [
+        "[... 2 more sections omitted ...]",
+        "# A\n\n## B\n\n[... 1 more section omitted ...]",
+        "---\ntags: [a]\n---\n![[A.base]]",
+        "---\ntitle: open\nauthor: never closed",
+    ]:
+        assert not _has_prose(body.split("\n")), body
+    for body in [
+        "# A\n\nIt is the feeling I look to give.",
+        "---\ntags: [a]\n---\n- a list item says something",
+        "界面的语言",
+    ]:
+        assert _has_prose(body.split("\n")), body
+
+
+def test_a_preview_that_opens_frontmatter_and_never_closes_it_is_found() -> None:
+    assert _open_frontmatter(_segment('<note key="note:a.md">\n---\ntitle: A\nurl: x\n</note>'))
+    assert not _open_frontmatter(
+        _segment('<note key="note:a.md">\n---\ntitle: A\n---\nText.\n</note>')
     )
-    assert not _is_empty_block(
-        _segment('<note key="note:a.md">\n# A\n\n[... 1 more section omitted ...]\n</note>')
+    assert not _open_frontmatter(
+        _segment('<note key="note:a.md">\n---\ntitle: A\n</note>', Form.FULL)
     )
-    assert not _is_empty_block(_segment('<reference key="note:a.md"/>', Form.REFERENCE))
+    assert not _open_frontmatter(_segment('<note key="note:a.md">\n---\n\nA rule.\n</note>'))
 
 
-def test_unbudgeted_chat_cuts_nothing_and_counts_its_cache() -> None:
+def test_unbudgeted_chat_cuts_nothing_and_counts_its_cache_and_its_bound() -> None:
+    """The bound leaves uncached only what the second turn adds: its query and the reply."""
     conv = Conversation("Answer.", vault=VAULT)
     envs = [conv.turn("Spec?", [{"note": "project-spec.md"}])]
     conv.reply("It is a spec.")
@@ -35,6 +60,12 @@ def test_unbudgeted_chat_cuts_nothing_and_counts_its_cache() -> None:
     assert (j.turns, j.cut_turns, j.window_use, j.findings) == (2, 0, 1.0, ())
     assert 0 < j.cached_tokens < j.input_tokens
     assert j.input_tokens == sum(conv.count_request(e) for e in envs)
+    second = envs[1]
+    reply = second.l4.segments[-1]
+    assert reply.role == "assistant"
+    added = second.l3.tokens + second.l5.tokens + reply.tokens
+    assert j.bound_tokens == conv.count_request(second) - added
+    assert j.cached_of_bound == j.cached_share / j.cached_bound
 
 
 def _spec_chat(conv: Conversation) -> list[Envelope]:
@@ -51,40 +82,110 @@ def _spec_chat(conv: Conversation) -> list[Envelope]:
     return envs
 
 
-def test_an_entry_the_budget_cut_is_found_while_its_full_form_would_fit() -> None:
-    """The spec is cut to make room for the API notes, then a short question leaves most
-    of the window free: the spec, still cut, is a finding of that turn."""
+def _budgeted_spec_chat() -> tuple[Conversation, list[Envelope]]:
     conv = Conversation(
         "Answer.", vault=VAULT, budget=Budget(context_window=3000, reserve_output=400)
     )
-    envs = _spec_chat(conv)
-    j = judge_chat(envs, conv.counter, budget=conv.budget)
-    cut = [f for f in j.findings if f.check == "left-cut"]
-    for f in cut:  # each finding is a cut segment of its turn whose full form fits
-        env = envs[f.turn - 1]
-        assert env.report.budget is not None
-        segments = (*env.l2.segments, *env.l3.segments)
-        assert any(s.key == f.key and s.form is not Form.FULL for s in segments)
-        need = int(f.detail.split(" needs ")[1].split()[0])
-        assert 0 <= need <= env.report.budget.headroom
-    assert j.cut_turns >= 1
-    misses = j.misses(ChatTargets(window_use=0.0, cached_share=0.0, stub_share=1.0))
-    assert misses == ((f"{len(cut)} left-cut findings",) if cut else ())
+    return conv, _spec_chat(conv)
 
 
-def test_an_entry_the_restore_schedule_gives_back_is_due_when_restores_are_off() -> None:
-    """With restores off, the API notes cut while the spec is re-sent stay a summary when
-    a short question leaves room for them beyond the slack: a restore-due finding of that
-    turn; with restores on, the budget gives them back and nothing is found."""
+def _rebuilt(env: Envelope, library: tuple[Segment, ...], **report: int) -> Envelope:
+    """``env`` with ``library`` as its L2, sent as built, its budget report changed."""
+    budget = env.report.budget
+    assert budget is not None and env.l3.segments == ()
+    l2 = Layer(LayerName.L2, library, sum(s.tokens for s in library))
+    return attrs.evolve(
+        env,
+        layers=(env.l1, l2, env.l3, env.l4, env.l5),
+        report=attrs.evolve(env.report, budget=attrs.evolve(budget, **report)),
+        batch=None,
+    )
 
-    def chat(restore: bool) -> list[str]:
-        plan = BudgetPlan(restore=restore, slack=0.01)
-        budget = Budget(context_window=3400, reserve_output=400, plan=plan)
-        # Each request as built (a batch would still hold the API notes in full).
-        conv = Conversation("Answer.", vault=VAULT, budget=budget, defer_library=False)
-        envs = _spec_chat(conv)
-        j = judge_chat(envs, conv.counter, budget=budget)
-        return [f"{f.turn} {f.key}" for f in j.findings if f.check == "restore-due"]
 
-    assert chat(False) == ["4 note:docs/api-docs.md"]
-    assert chat(True) == []
+def test_an_entry_shown_only_cut_is_left_cut_when_its_growth_fits_the_room_less_5pc() -> None:
+    """A 10-token preview in a request sending 1,000 of a 2,000 limit: the room is 1,000
+    less 5% of 2,000, so a full form of 910 tokens is left cut and one of 911 is not."""
+    conv, envs = _budgeted_spec_chat()
+    preview = _segment('<note key="note:a.md" form="preview">\nSome text.\n</note>')
+    env = _rebuilt(envs[-1], (preview,), limit=2000, effective=1000)
+
+    def left_cut(full: int) -> list[str]:
+        j = judge_chat([env], conv.counter, budget=conv.budget, full_sizes={"note:a.md": full})
+        return [f.key for f in j.findings if f.check == "left-cut"]
+
+    assert 2000 * FREE_MARGIN == 100
+    assert left_cut(910) == ["note:a.md"]
+    assert left_cut(911) == []
+
+
+def test_the_judgement_reads_no_budget_setting() -> None:
+    """Judging the same chat with another plan, both in the budget given and in each
+    report's plan (slack, restores, floors), gives the same judgement: only the chat
+    framing is read from the budget."""
+    conv, envs = _budgeted_spec_chat()
+    preview = _segment('<note key="note:a.md" form="preview">\nSome text.\n</note>')
+    envs.append(_rebuilt(envs[-1], (preview,), limit=2000, effective=1000))
+    assert conv.budget is not None
+    other = attrs.evolve(conv.budget, plan=BudgetPlan(restore=False, slack=0.4, restore_min=0.9))
+    plan = (("slack_tokens", "1000"), ("restore_min", "0.9"), ("library_floor_tokens", "0"))
+    replanned = [
+        attrs.evolve(e, report=attrs.evolve(e.report, budget=attrs.evolve(b, plan=plan)))
+        for e in envs
+        if (b := e.report.budget) is not None
+    ]
+    assert len(replanned) == len(envs)
+    sizes = {"note:a.md": 900}
+    expected = judge_chat(envs, conv.counter, budget=conv.budget, full_sizes=sizes)
+    assert expected.count("left-cut") == 1
+    assert judge_chat(replanned, conv.counter, budget=other, full_sizes=sizes) == expected
+
+
+def test_over_limit_and_text_free_share_are_read_from_the_request() -> None:
+    """A request whose limit is below what it sends is over the limit; a 100-token stub in
+    a 1,000-token window is a 10% text-free share."""
+    conv, envs = _budgeted_spec_chat()
+    stub = Segment("note:z.md", Form.REFERENCE, "note", "z", '<reference key="note:z.md"/>', 100)
+    env = _rebuilt(envs[-1], (stub,), window=1000, limit=1000, effective=1001)
+    j = judge_chat([env], conv.counter, budget=conv.budget)
+    assert j.count("over-limit") == 1
+    assert j.text_free_share == 0.1
+    assert "1 over-limit findings" in j.misses()
+
+
+def test_a_cut_form_without_prose_is_found_unless_its_full_form_has_none_either() -> None:
+    """A summary holding only headings is a no-prose finding when the note's full form,
+    seen earlier in the chat, held text; not when it held only properties and embeds."""
+    conv, envs = _budgeted_spec_chat()
+
+    def note(key: str, form: Form, body: str) -> Segment:
+        return Segment(key, form, "note", "h", f'<note key="{key}">\n{body}\n</note>', 10)
+
+    full = (note("note:a.md", Form.FULL, "# A\n\nIt says."), note("note:b.md", Form.FULL, "# B"))
+    cut = (note("note:a.md", Form.SUMMARY, "# A"), note("note:b.md", Form.SUMMARY, "# B"))
+    chat = [_rebuilt(envs[-1], full), attrs.evolve(_rebuilt(envs[-1], cut), turn=5)]
+    j = judge_chat(chat, conv.counter, budget=conv.budget)
+    assert [(f.turn, f.key) for f in j.findings if f.check == "no-prose"] == [(5, "note:a.md")]
+
+
+def test_an_item_listed_only_in_an_index_is_left_cut_when_its_full_size_fits() -> None:
+    """An index lists two items with their sizes in full; with 900 tokens free beyond 5% of
+    the limit the 900-token one is left cut, the 901-token one is not."""
+    conv, envs = _budgeted_spec_chat()
+    lines = "\n".join(
+        [
+            "2 items of folder:f were attached but not sent for lack of room.",
+            "- note:f/a.md | 900 tokens",
+            "- note:f/b.md | B | 901 tokens",
+        ]
+    )
+    index = Segment(
+        "index:folder:f",
+        Form.FULL,
+        "index",
+        "i",
+        f'<index key="index:folder:f">\n{lines}\n</index>',
+        30,
+    )
+    env = _rebuilt(envs[-1], (index,), limit=2000, effective=1000)
+    j = judge_chat([env], conv.counter, budget=conv.budget)
+    assert [f.key for f in j.findings if f.check == "left-cut"] == ["note:f/a.md"]

@@ -1,0 +1,83 @@
+"""``benchmarks/real_material.py`` on the two vaults in the repository, end to end, so the
+benchmark run on fetched vaults cannot rot."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.real_material import HELD_OUT, MAX_GROUP, chats, vault_shape
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples" / "vault"
+KEPANO = ROOT / "tests" / "data" / "kepano-obsidian"
+
+
+def test_the_chats_come_from_the_vaults_largest_groups_and_notes() -> None:
+    """Folders and tags of at most MAX_GROUP notes, none inside another chosen, largest
+    first; the largest notes by bytes; the same script every time."""
+    shape = vault_shape(KEPANO)
+    assert shape.notes == len(list(KEPANO.rglob("*.md")))
+    assert shape.folders[0] == ("Templates", 52)
+    for groups in (shape.folders, shape.tags):
+        counts = [n for _, n in groups]
+        assert counts == sorted(counts, reverse=True) and all(2 <= n <= MAX_GROUP for n in counts)
+        names = [g for g, _ in groups]
+        assert not any(a.startswith(b + "/") for a in names for b in names)
+    sizes = [(KEPANO / p).stat().st_size for p, _ in shape.largest]
+    assert sizes == [n for _, n in shape.largest] == sorted(sizes, reverse=True)
+    assert chats(shape) == chats(vault_shape(KEPANO))
+    mixed, folder = chats(shape)
+    assert (mixed.name, len(mixed.turns), folder.name, len(folder.turns)) == (
+        "mixed",
+        16,
+        "folder",
+        1,
+    )
+    attached = [a for _, attach in mixed.turns for a in attach]
+    assert {k for a in attached for k in a} == {"folder", "tag", "note"}
+    assert len(attached) > len({json.dumps(a) for a in attached})  # re-attachments
+
+
+def test_the_script_judges_each_chat_and_window_and_writes_json(tmp_path: Path) -> None:
+    out = tmp_path / "real.json"
+    env = {**os.environ, "LAMINA_VAULTS": os.pathsep.join([str(EXAMPLES), str(KEPANO)])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.real_material", "--windows", "4096", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "kepano-obsidian: 103 notes" in proc.stdout and "stub+idx" in proc.stdout
+    doc = json.loads(out.read_text(encoding="utf-8"))
+    assert [v["vault"] for v in doc["vaults"]] == ["vault", "kepano-obsidian"]
+    assert not any(v["held_out"] for v in doc["vaults"]) and HELD_OUT
+    for vault in doc["vaults"]:
+        assert [(r["chat"], r["window"]) for r in vault["rows"]] == [
+            ("mixed", 4096),
+            ("folder", 4096),
+        ]
+        for row in vault["rows"]:
+            assert row["over_limit"] == 0 and row["input_tokens"] > 0
+            assert 0 < row["window_use"] <= 1.0 and 0 <= row["cached_share"] <= 1.0
+            assert row["turns"] == (16 if row["chat"] == "mixed" else 1)
+            assert isinstance(row["misses"], list)
+
+
+def test_the_script_refuses_to_run_without_vaults() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LAMINA_VAULTS"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.real_material"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "LAMINA_VAULTS" in proc.stderr
