@@ -113,13 +113,14 @@ class Conversation(pipeline.Conversation):
             text, attach, vault_changes=vault_changes, tools=tools, background=background
         )
         previous = getattr(self, "_sent", None)  # None on a restored conversation
-        counter, budget = self.counter, self.budget
+        budget = self.budget
         # The envelope as built is kept, not the copy handed out: the cache report's
         # memo of what it renders to is by identity, so the next turn counts only what
-        # it adds. The figure is made when first read (a host may never ask).
+        # it adds. The figure is made when first read (a host may never ask); so is the
+        # counter asked for, since asking waits for this turn's promotion.
         self._sent = built
         return attrs.evolve(
-            built, cache=lambda: cached_prefix(previous, built, counter, budget=budget)
+            built, cache=lambda: cached_prefix(previous, built, self.counter, budget=budget)
         )
 
     @classmethod

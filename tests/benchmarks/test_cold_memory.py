@@ -16,8 +16,11 @@ from lamina.renderers import openai_messages
 
 def test_a_cold_build_holds_its_payload_about_three_times_at_most(tmp_path: Path) -> None:
     """The notes as read, their blocks and the joined user message are three copies; the
-    graph, the views and the parsed links come on top (200 KB of notes: 3.34x). A fourth
-    copy of the payload, held anywhere through the turn or its promotion, shows here."""
+    graph, the views and the parsed links come on top (200 KB of notes: 3.34x). The host
+    facade keeps the turn's envelope as built for the next turn's ``env.cache`` (the prefix
+    it repeats), so its blocks outlive the returned copy through the promotion: 3.99x.
+    A fifth copy of the payload, held anywhere through the turn or its promotion, shows
+    here."""
     workload = cold_workload(SEED, 200_000)
     write_vault(workload, tmp_path)
     turn = workload.turns[0]
@@ -43,4 +46,4 @@ def test_a_cold_build_holds_its_payload_about_three_times_at_most(tmp_path: Path
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 3.6 * payload, peak / payload
+    assert peak < 4.4 * payload, peak / payload
