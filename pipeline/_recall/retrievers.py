@@ -128,8 +128,8 @@ def _analysed(text: str) -> tuple[int, dict[str, int]]:
 class Bm25Retriever:
     """Okapi BM25 (k1 1.5, b 0.75, Lucene's idf) over Snowball-stemmed words, from posting
     lists kept in memory: adding an item costs a look-up of its words' counts, a query
-    the postings of its ``MAX_TERMS`` rarest words. Scores depend only on the set indexed: each item's score
-    adds the terms in one order, and the sums of lengths are integers.
+    the postings of its ``MAX_TERMS`` rarest words. Scores depend only on the set indexed:
+    each item's score adds the terms in one order, and the sums of lengths are integers.
 
     A score is a relevance: BM25 over the sum of the searched terms' idf, which is what an
     item of average length holding each of them once scores. So 0.5 says the item matches

@@ -61,6 +61,8 @@ PASSAGE_CHARS = 1_200
 and a message that asks is paired with the next one only if both fit."""
 SEARCH_K = 1_024
 """The most ranked passages a turn considers."""
+NEIGHBOUR = 0.5
+"""A history passage is at least this relevant, relative to the passage next to it."""
 HISTORY_BLOCK = "history"
 """The key (after ``recalled:``) of the block that holds the recalled history passages."""
 
@@ -296,6 +298,27 @@ def _whole(entry: LibraryEntry) -> View | None:
     return whole
 
 
+def _with_neighbours(
+    hits: list[tuple[str, float]], history: Mapping[str, _Unit]
+) -> list[tuple[str, float]]:
+    """``hits`` with each history passage's relevance at least ``NEIGHBOUR`` of the
+    passage before or after it (``history`` is in conversation order): a chat stays on a
+    topic for a few messages, and the answer to a matched remark is often the one next to
+    it. Best first, ties by key."""
+    relevance = dict(hits)
+    keys = list(history)
+    at = {key: i for i, key in enumerate(keys)}
+    for key, score in hits:
+        i = at.get(key)
+        if i is None:
+            continue
+        spread = score * NEIGHBOUR
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(keys) and relevance.get(keys[j], 0.0) < spread:
+                relevance[keys[j]] = spread
+    return sorted(relevance.items(), key=lambda h: (-h[1], h[0]))
+
+
 @attrs.frozen
 class _Measured:
     """A turn measured for memory: its units, and what the choice is applied with."""
@@ -337,7 +360,7 @@ def _measure(turn: TurnGraph) -> _Measured | None:
     measured = turn.measured if turn.measured is not None else draft(turn)
     report = turn.budget_report
     used = report.used if report is not None else budget.used(measured, counter)
-    hits = memo.search(items, turn.query, SEARCH_K)
+    hits = _with_neighbours(memo.search(items, turn.query, SEARCH_K), history)
     sizes = _turn_tokens(measured, budget.per_message_tokens)
     last = turn.history[-1].turn
     start = turn.history_view.start

@@ -18,8 +18,9 @@ The objective, per turn: maximize the value of what memory sends, within the roo
 
 One greedy keeps it: the suffix ladder's forms (each start) are reduced to their upper
 convex hull, whose steps are merged with the passages best value per token first, and
-taken while they fit; passages inside the chosen suffix are then dropped and the room
-they held filled by the next best.
+taken while they fit; the suffix then takes the most valuable of all its forms that the
+room left allows (a hull step too big to fit may hide one), and passages inside the
+chosen suffix are dropped, the room they held filled by the next best.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ __all__ = [
 
 RECENCY = 0.2
 """Value per token of a turn in the recent suffix beyond its relevance to the query."""
-PRICE = 0.15
+PRICE = 0.3
 """The least relevance a passage must have to be sent: the value an uncached token costs."""
 BREAK = 0.1
 """Value lost per token that a moved suffix start leaves out of the cached prefix."""
@@ -141,6 +142,13 @@ def choose(units: MemoryUnits) -> MemoryChoice:
             room -= tokens
             cap -= tokens
             taken.append(what)
+    # A step of the hull that did not fit may hide a form between its ends that does:
+    # the suffix takes the most valuable form the room left allows.
+    fits = [f for f in units.suffix if f.tokens <= suffix.tokens + room]
+    best = max(fits, key=lambda f: (f.value, -f.tokens))
+    if best.value > suffix.value:
+        room += suffix.tokens - best.tokens
+        suffix = best
     kept = [p for p in taken if p.turn < suffix.start]
     if len(kept) < len(taken):  # passages the suffix holds: their room goes to the next best
         freed = sum(p.tokens for p in taken) - sum(p.tokens for p in kept)
