@@ -351,7 +351,7 @@ def memory_units(turn: TurnGraph) -> MemoryUnits | None:
 def _measure(turn: TurnGraph) -> _Measured | None:
     budget = turn.ctx.budget
     memo = turn.ctx.recall
-    if budget is None or memo is None or budget.recall_share <= 0 or len(turn.history) < 2:
+    if budget is None or memo is None or budget.recall_share <= 0 or not turn.history:
         return None
     items, history = memo.items(turn)
     if not items:
@@ -405,7 +405,10 @@ def _measure(turn: TurnGraph) -> _Measured | None:
             passages.append(Passage(key, unit.last, cost, score))
         spent += cost
     cap = math.floor(budget.limit * budget.recall_share)
-    units = MemoryUnits(max(0, room - overhead), tuple(forms), tuple(passages), cap)
+    slack = int(dict(report.plan).get("slack_tokens", "0")) if report is not None else 0
+    units = MemoryUnits(
+        max(0, room - overhead), tuple(forms), tuple(passages), max(0, cap - overhead), slack
+    )
     return _Measured(units, items, history, used, measured, overhead)
 
 
@@ -465,14 +468,15 @@ class Recall:
             turn = attrs.evolve(turn, history_view=view)
             measured = draft(turn, measured)
             used = budget.used(measured, counter)
+        cap = math.floor(budget.limit * budget.recall_share)
         while chosen:
-            out, after = _with_recalled(turn, measured, memo, chosen, found)
+            out, after, recalled = _with_recalled(turn, measured, memo, chosen, found)
             now = budget.used(after, counter)
-            if budget.effective(now) <= budget.limit:
+            if budget.effective(now) <= budget.limit and recalled <= cap:
                 made = [_recalled_decision(self.name, p.key) for p in chosen]
                 return _reported(out, after, now, budget, [*decisions, *made])
             # The exact count says no: the least relevant passages go, about the excess.
-            excess = budget.effective(now) - budget.limit
+            excess = max(budget.effective(now) - budget.limit, recalled - cap)
             chosen = _without_least(chosen, excess)
         if decisions:
             return _reported(turn, measured, used, budget, decisions)
@@ -508,9 +512,10 @@ def _with_recalled(
     memo: RecallMemo,
     chosen: Sequence[Passage],
     found: _Measured,
-) -> tuple[TurnGraph, Draft]:
+) -> tuple[TurnGraph, Draft, int]:
     """``turn`` with the ``chosen`` passages after its own items: the history ones in one
-    block in conversation order, then each library entry's block; and its draft."""
+    block in conversation order, then each library entry's block; its draft, and the
+    recalled blocks' tokens."""
     history = sorted(
         (found.history[p.key] for p in chosen if p.key in found.history), key=lambda u: u.order
     )
@@ -541,7 +546,7 @@ def _with_recalled(
     placements = tuple(block.placement for block in blocks)
     out = attrs.evolve(turn, graph=graph, items=(*turn.items, *placements))
     known = attrs.evolve(measured, items=(*measured.items, *blocks))
-    return out, draft(out, known)
+    return out, draft(out, known), sum(block.segment.tokens for block in blocks)
 
 
 def _history_cut(turn: TurnGraph) -> bool:

@@ -76,13 +76,17 @@ class SuffixForm:
 @attrs.frozen
 class MemoryUnits:
     """A turn's memory as a solver takes it: the suffix ladder (fewest tokens first; its
-    last form is the suffix as the turn found it) and the passages, best first."""
+    last form is the suffix as the turn found it) and the passages, best first; ``room``
+    is what they may take together."""
 
     room: int
     suffix: tuple[SuffixForm, ...]
     passages: tuple[Passage, ...]
     cap: int
     """The most tokens the passages may take together (the budget's ``recall_share``)."""
+    slack: int = 0
+    """What the next turns add to history: a start that moves leaves it free, so the
+    prefix it breaks is not broken again at once."""
 
 
 @attrs.frozen
@@ -120,7 +124,8 @@ def _steps(
     for i, (a, b) in enumerate(itertools.pairwise(hull)):
         yield (-_slope(a, b), i, b.tokens - a.tokens, b)
     for j, passage in enumerate(passages):
-        yield (-passage.relevance, len(hull) + j, passage.tokens, passage)
+        if passage.relevance >= PRICE:
+            yield (-passage.relevance, len(hull) + j, passage.tokens, passage)
 
 
 def choose(units: MemoryUnits) -> MemoryChoice:
@@ -149,13 +154,19 @@ def choose(units: MemoryUnits) -> MemoryChoice:
     if best.value > suffix.value:
         room += suffix.tokens - best.tokens
         suffix = best
+    if suffix is not units.suffix[-1] and units.slack:
+        # A moved start breaks the prefix: it leaves the slack free for the next turns.
+        left = [f for f in units.suffix if f.tokens <= suffix.tokens + room - units.slack]
+        best = max(left, key=lambda f: (f.value, -f.tokens), default=units.suffix[0])
+        room += suffix.tokens - best.tokens
+        suffix = best
     kept = [p for p in taken if p.turn < suffix.start]
     if len(kept) < len(taken):  # passages the suffix holds: their room goes to the next best
         freed = sum(p.tokens for p in taken) - sum(p.tokens for p in kept)
         room, cap = room + freed, cap + freed
         chosen = {p.key for p in kept}
         for passage in units.passages:
-            if passage.key in chosen or passage.turn >= suffix.start:
+            if passage.key in chosen or passage.turn >= suffix.start or passage.relevance < PRICE:
                 continue
             if passage.tokens <= min(room, cap):
                 room -= passage.tokens
