@@ -59,7 +59,7 @@ __all__ = ["HISTORY_BLOCK", "PASSAGE_CHARS", "Recall", "RecallMemo", "memory_uni
 PASSAGE_CHARS = 1_200
 """The longest passage (about 300 tokens): a longer message is split at sentence ends,
 and a message that asks is paired with the next one only if both fit."""
-SEARCH_K = 1_024
+SEARCH_K = 512
 """The most ranked passages a turn considers."""
 NEIGHBOUR = 0.5
 """A history passage is at least this relevant, relative to the passage next to it."""
@@ -313,6 +313,8 @@ def _with_neighbours(
         if i is None:
             continue
         spread = score * NEIGHBOUR
+        if spread < PRICE:
+            break  # best first: no later hit lifts a neighbour to its price either
         for j in (i - 1, i + 1):
             if 0 <= j < len(keys) and relevance.get(keys[j], 0.0) < spread:
                 relevance[keys[j]] = spread
