@@ -3,7 +3,6 @@ objective; passages come back turn-scoped, within the cap, the same after a relo
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,7 +29,6 @@ from lamina.pipeline import (
     markup_blocks,
     save_turn,
 )
-from lamina.renderers import XmlRenderer, build_prompt
 from lamina.pipeline._recall.units import (
     BREAK,
     PRICE,
@@ -40,6 +38,7 @@ from lamina.pipeline._recall.units import (
     SuffixForm,
     choose,
 )
+from lamina.renderers import XmlRenderer, build_prompt
 from tests.stores import COMMITS, Backend, legacy_store
 
 FACTS = (
