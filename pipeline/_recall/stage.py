@@ -255,18 +255,28 @@ class RecallMemo:
         kept = self._blocks.get(item.key)  # a dict read is atomic; writes take the lock
         if kept is not None and kept[0] is item.text:
             return kept[1]
-        artifact = recalled_artifact(item)
-        view = full_view(artifact)
-        counter = turn.ctx.counter
-        text = turn.ctx.renderer.render(view)
-        tokens = counter.count(text)
-        with_sep = count_with_sep_from(text, tokens, BLOCK_SEP, counter.count)
-        block = ItemBlock(
-            Placement(artifact.key), artifact, Segment.of_view(view, text, tokens), with_sep
-        )
+        block = _measured_block(item, turn)
         with self._lock:
             self._blocks[item.key] = (item.text, block)
         return block
+
+
+def _history_item(text: str) -> RecallItem:
+    """The item of the one block that holds the recalled history passages."""
+    return RecallItem(HISTORY_BLOCK, 0, text, "earlier messages")
+
+
+def _measured_block(item: RecallItem, turn: TurnGraph) -> ItemBlock:
+    """``item``'s recalled block, rendered and counted (with the blank line after it)."""
+    artifact = recalled_artifact(item)
+    view = full_view(artifact)
+    counter = turn.ctx.counter
+    text = turn.ctx.renderer.render(view)
+    tokens = counter.count(text)
+    with_sep = count_with_sep_from(text, tokens, BLOCK_SEP, counter.count)
+    return ItemBlock(
+        Placement(artifact.key), artifact, Segment.of_view(view, text, tokens), with_sep
+    )
 
 
 def _cost(block: ItemBlock) -> int:
@@ -416,9 +426,7 @@ def _measure(turn: TurnGraph) -> _Measured | None:
 
 def _history_overhead(turn: TurnGraph) -> int:
     """The tokens of an empty history block and the blank line after it."""
-    item = RecallItem(HISTORY_BLOCK, 0, "", "earlier messages")
-    text = turn.ctx.renderer.render(full_view(recalled_artifact(item)))
-    return turn.ctx.counter.count(text) + 2
+    return _cost(_measured_block(_history_item(""), turn))
 
 
 @attrs.frozen
@@ -524,19 +532,7 @@ def _with_recalled(
     blocks: list[ItemBlock] = []
     if history:
         text = "\n".join(u.item.text for u in history)
-        item = RecallItem(HISTORY_BLOCK, 0, text, "earlier messages")
-        artifact = recalled_artifact(item)
-        view = full_view(artifact)
-        counter = turn.ctx.counter
-        rendered = turn.ctx.renderer.render(view)
-        tokens = counter.count(rendered)
-        with_sep = count_with_sep_from(rendered, tokens, BLOCK_SEP, counter.count)
-        blocks.append(
-            ItemBlock(
-                Placement(artifact.key), artifact, Segment.of_view(view, rendered, tokens),
-                with_sep,
-            )
-        )
+        blocks.append(_measured_block(_history_item(text), turn))
     library = sorted(
         (found.items[p.key] for p in chosen if p.key not in found.history),
         key=lambda i: (i.turn, i.key),
