@@ -361,6 +361,7 @@ def memory_units(turn: TurnGraph) -> MemoryUnits | None:
 
 
 def _measure(turn: TurnGraph) -> _Measured | None:
+    """``turn`` measured for memory (``memory_units``), with what applying a choice needs."""
     budget = turn.ctx.budget
     memo = turn.ctx.recall
     if budget is None or memo is None or budget.recall_share <= 0 or not turn.history:
