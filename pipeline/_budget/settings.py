@@ -18,7 +18,10 @@ from lamina.pipeline._tokens.profiles import OPENAI_FRAMING
 if TYPE_CHECKING:
     from lamina.pipeline._budget.fit import Budget
 
-__all__ = ["BudgetPlan", "BudgetSettings"]
+__all__ = ["RECALL_SHARE", "BudgetPlan", "BudgetSettings"]
+
+RECALL_SHARE = 0.9
+"""The default ``recall_share``: recall is on for a new budget, its objective deciding."""
 
 
 def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], object], None]:
@@ -132,9 +135,11 @@ class BudgetSettings:
     default_system: str | None = OPENAI_FRAMING.default_system
     """What the chat template sends as the system message when the request has none
     (Qwen2.5's default prompt; "" for Llama 3.1's date header); None: nothing."""
-    recall_share: float = attrs.field(default=0.0, validator=_fraction)
-    """The share of the limit that recall may fill with dropped history and cut library
-    entries the query matches (the ``recall`` stage); 0 turns recall off (no index)."""
+    recall_share: float = attrs.field(default=RECALL_SHARE, validator=_fraction)
+    """The most of the limit that recalled passages (dropped history, cut library entries
+    the query matches) may take; within it the ``recall`` stage's objective decides how
+    much, for each query. 0 turns recall off (no index): stores read a budget saved
+    without this field with 0, so a stored conversation keeps what it was made with."""
     stub_share: float = attrs.field(default=0.1, validator=_fraction)
     """The share of the window that library stubs and their indexes may take; past it the
     oldest folder's or source's stubs collapse into one index block (``stubs``)."""

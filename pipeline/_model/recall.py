@@ -72,7 +72,8 @@ class Recalled:
         return self.text
 
     def attributes(self) -> tuple[tuple[str, str], ...]:
-        return (("turn", str(self.turn)),)
+        # Recalled history passages share one block; each line names its turn.
+        return (("turn", str(self.turn)),) if self.turn else ()
 
     def replace_text(self, fn: Callable[[str], str]) -> Self:
         return attrs.evolve(self, text=fn(self.text))

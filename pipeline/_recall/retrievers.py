@@ -9,12 +9,13 @@ for about 4 us each and answers in 100-150 us; the in-memory posting lists of
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import re
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from lamina.pipeline._model.recall import RecallItem
 
@@ -53,7 +54,8 @@ def query_terms(query: str) -> list[str]:
 
 class Fts5Retriever:
     """BM25 over an in-memory FTS5 table (``porter unicode61``): items are added one by one,
-    scores depend only on the set indexed, ties are left to the caller (by key)."""
+    scores depend only on the set indexed, ties are left to the caller (by key). Scores are
+    relevances as ``Bm25Retriever`` gives them: BM25 over the searched terms' idf."""
 
     def __init__(self) -> None:
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
@@ -64,6 +66,7 @@ class Fts5Retriever:
         self._lock = threading.Lock()
         # How many items hold each word (as written, lowercased): picks the query's rarest.
         self._df: dict[str, int] = {}
+        self._rows = 0
 
     def index(self, items: Sequence[RecallItem]) -> None:
         with self._lock:
@@ -74,6 +77,7 @@ class Fts5Retriever:
                 "INSERT INTO items (key, body) VALUES (?, ?)",
                 [(item.key, item.text) for item in items],
             )
+            self._rows += len(items)
 
     def search(self, query: str, k: int) -> Sequence[tuple[str, float]]:
         df = self._df
@@ -88,55 +92,101 @@ class Fts5Retriever:
                 "ORDER BY bm25(items), key LIMIT ?",
                 (match, k),
             ).fetchall()
-        return [(str(key), -float(score)) for key, score in rows]
+            n = self._rows
+        # FTS5's idf per term (k1 1.2: an average item holding a term once scores its idf).
+        weight = sum(max(1e-6, math.log((n - df[t] + 0.5) / (df[t] + 0.5))) for t in terms)
+        return [(str(key), -float(score) / weight) for key, score in rows]
+
+
+_STEMMER_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=1)
+def _stemmer() -> Callable[[list[str]], list[str]]:
+    import Stemmer  # PyStemmer; imported when recall first builds an index
+
+    stem: Callable[[list[str]], list[str]] = Stemmer.Stemmer("english").stemWords
+    return stem
+
+
+def _stem(words: list[str]) -> list[str]:
+    with _STEMMER_LOCK:  # a Stemmer is not safe to share between threads
+        return _stemmer()(words)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _analysed(text: str) -> tuple[int, dict[str, int]]:
+    """``text``'s length in words and its stemmed words' counts (a fact about the text,
+    remembered for the process: a restored conversation indexes its history again)."""
+    words = _stem(_WORD.findall(text.lower()))
+    counts: dict[str, int] = {}
+    for word in words:
+        counts[word] = counts.get(word, 0) + 1
+    return len(words), counts  # shared: never changed
 
 
 class Bm25Retriever:
     """Okapi BM25 (k1 1.5, b 0.75, Lucene's idf) over Snowball-stemmed words, from posting
-    lists kept in memory: adding an item costs its words, a query the postings of its
-    ``MAX_TERMS`` rarest words. Scores depend only on the set indexed: each item's score
-    adds the terms in one order, and the sums of lengths are integers."""
+    lists kept in memory: adding an item costs a look-up of its words' counts, a query
+    the postings of its ``MAX_TERMS`` rarest words. Scores depend only on the set indexed:
+    each item's score adds the terms in one order, and the sums of lengths are integers.
+
+    A score is a relevance: BM25 over the sum of the searched terms' idf, which is what an
+    item of average length holding each of them once scores. So 0.5 says the item matches
+    about half the query's weight, whatever the query (a short item, or one repeating a
+    word, may pass 1)."""
 
     K1 = 1.5
     B = 0.75
 
     def __init__(self) -> None:
-        import Stemmer  # PyStemmer; imported when recall first builds an index
-
-        self._stem = Stemmer.Stemmer("english").stemWords
-        self._postings: dict[str, dict[str, int]] = {}
+        self._docs: dict[str, dict[str, int]] = {}
         self._lengths: dict[str, int] = {}
         self._total = 0
+        # Posting lists are made for a word when a query first asks for it (a scan of the
+        # items' counts), then kept up to date: indexing a restored history costs a
+        # look-up per item, not a write per word.
+        self._postings: dict[str, dict[str, int]] = {}
         self._lock = threading.Lock()
 
     def index(self, items: Sequence[RecallItem]) -> None:
         with self._lock:
+            postings = self._postings
             for item in items:
-                words = self._stem(_WORD.findall(item.text.lower()))
-                self._lengths[item.key] = len(words)
-                self._total += len(words)
-                counts: dict[str, int] = {}
-                for word in words:
-                    counts[word] = counts.get(word, 0) + 1
-                for word, n in counts.items():
-                    self._postings.setdefault(word, {})[item.key] = n
+                length, counts = _analysed(item.text)
+                self._docs[item.key] = counts
+                self._lengths[item.key] = length
+                self._total += length
+                if postings:
+                    for word in postings.keys() & counts.keys():
+                        postings[word][item.key] = counts[word]
+
+    def _posting(self, term: str) -> dict[str, int]:
+        posting = self._postings.get(term)
+        if posting is None:
+            posting = {key: n for key, counts in self._docs.items() if (n := counts.get(term))}
+            self._postings[term] = posting
+        return posting
 
     def search(self, query: str, k: int) -> Sequence[tuple[str, float]]:
         with self._lock:
             n = len(self._lengths)
             if not n or k <= 0:
                 return []
-            postings = self._postings
-            found = {
-                (len(postings[t]), t) for t in self._stem(query_terms(query)) if t in postings
-            }
+            found = set()
+            for term in _stem(query_terms(query)):
+                posting = self._posting(term)
+                if posting:
+                    found.add((len(posting), term))
             average = self._total / n
             lengths = self._lengths
             scores: dict[str, float] = {}
+            weight = 0.0
             for df, term in sorted(found)[:MAX_TERMS]:
                 idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-                for key, tf in postings[term].items():
+                weight += idf
+                for key, tf in self._postings[term].items():
                     norm = self.K1 * (1.0 - self.B + self.B * lengths[key] / average)
                     scores[key] = scores.get(key, 0.0) + idf * tf * (self.K1 + 1.0) / (tf + norm)
         best = heapq.nsmallest(k, [(-score, key) for key, score in scores.items()])
-        return [(key, -score) for score, key in best]
+        return [(key, -score / weight) for score, key in best]

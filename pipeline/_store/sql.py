@@ -24,6 +24,7 @@ import cattrs
 import xxhash
 from cattrs.gen import make_dict_structure_fn
 
+from lamina.pipeline._budget.settings import BudgetSettings
 from lamina.pipeline._conversation.batch import DeferredTurn
 from lamina.pipeline._conversation.conversation import ConversationState
 from lamina.pipeline._conversation.usage import TurnUsage
@@ -158,6 +159,20 @@ def _structure_decision(value: Any, _: Any) -> Decision:
 
 
 _converter.register_structure_hook(Decision, _structure_decision)
+# Budgets saved before recall was on by default have no ``recall_share``: they were made
+# with recall off, and keep it off (a missing field would take the new default).
+_budget_settings = make_dict_structure_fn(
+    BudgetSettings, _converter, _cattrs_forbid_extra_keys=True
+)
+
+
+def _structure_budget(value: Any, _: Any) -> BudgetSettings:
+    if isinstance(value, Mapping) and "recall_share" not in value:
+        value = {**value, "recall_share": 0.0}
+    return _budget_settings(value, BudgetSettings)
+
+
+_converter.register_structure_hook(BudgetSettings, _structure_budget)
 
 
 class Cursor(Protocol):
