@@ -638,14 +638,17 @@ def _pct(value: float | None) -> str:
 
 
 def _memory_table(memory: dict[str, Any], console: Console) -> None:
-    """The memory point: answer-bearing messages reached, cached shares and warm times."""
+    """The memory point: answer-bearing messages reached, cached shares and CPU times."""
+    if "skipped" in memory:
+        console.print(f"memory: skipped ({memory['skipped']})")
+        return
     title = (
-        f"memory: {memory['messages']} messages, {memory['tokens']:,} tokens, "
-        f"{memory['questions']} questions; recall share {memory['share']:.0%} of the limit"
+        f"memory: {memory['data']}: {memory['messages']} messages, {memory['tokens']:,} "
+        f"tokens, {memory['questions']} questions; recall share {memory['share']:.0%}"
     )
     table = Table(title=title)
-    columns = ("window", "reached: recall", "off", "trim_messages", "cached: on", "off",
-               "warm p50: on", "off", "cpu p50: on", "off")  # fmt: skip
+    columns = ("window", "reached: recall", "off", "trim_messages", "bm25", "cached: on",
+               "off", "turn cpu p50: on", "off", "restore cpu p50: on", "off")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="right")
     for w in memory["windows"]:
@@ -654,12 +657,13 @@ def _memory_table(memory: dict[str, Any], console: Console) -> None:
             _pct(w["reached_on"]),
             _pct(w["reached_off"]),
             _pct(w["trim_messages"]),
+            _pct(w["bm25"]),
             _pct(w.get("cached_share_on")),
             _pct(w.get("cached_share_off")),
-            _ms(w["warm_p50_on_s"]),
-            _ms(w["warm_p50_off_s"]),
             _ms(w["warm_cpu_p50_on_s"]),
             _ms(w["warm_cpu_p50_off_s"]),
+            _ms(w["restore_cpu_p50_on_s"]),
+            _ms(w["restore_cpu_p50_off_s"]),
         )
     console.print(table)
 

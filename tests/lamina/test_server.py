@@ -419,7 +419,7 @@ def test_recall_is_a_conversation_setting_and_matches_run(
     built, _ = run_turns(client, conv["id"], EMPTY, turns)
     last = built[-1]
     recalled = [s["key"] for s in last["layers"]["L3"]["segments"]]
-    assert any(k.startswith("recalled:history:1:") for k in recalled), recalled
+    assert "recalled:history" in recalled, recalled
     script = tmp_path / "recall.json"
     script.write_text(json.dumps({"system": "You are terse.", "turns": turns}), encoding="utf-8")
     ran = lamina("run", str(script), "--json", "--window", "1500", "--reserve", "300",

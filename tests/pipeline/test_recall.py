@@ -131,11 +131,9 @@ def test_a_query_that_matches_nothing_sends_what_recall_off_sends() -> None:
     assert not [d for d in on.report.decisions if d.stage == "recall"]
 
 
-def test_recall_is_on_for_a_new_budget_and_off_for_one_stored_before_it(
-    backend: Backend,
-) -> None:
-    """A store written before recall existed keeps its conversations' recall off."""
-    assert Budget(context_window=8_000).recall_share > 0
+def test_a_budget_stored_before_recall_existed_keeps_recall_off(backend: Backend) -> None:
+    """A store written before the field existed keeps its conversations' recall off."""
+    assert Budget(context_window=8_000).recall_share == 0.0  # off unless a host sets it
     cid = legacy_store(COMMITS[0], backend)
     with backend.open(read_only=True) as store:
         state = store.load(cid)
