@@ -381,8 +381,9 @@ DEFAULT_ORDER: tuple[Cut, ...] = (
 )
 """The current-first order one cut at a time (the default policy plans it in rounds)."""
 
-CutPolicy = Literal["current-first", "prefix-first"]
+CutPolicy = Literal["objective", "current-first", "prefix-first"]
 CUT_POLICIES: dict[str, tuple[Cut, ...]] = {
+    "objective": DEFAULT_ORDER,
     "current-first": DEFAULT_ORDER,
     "prefix-first": PREFIX_FIRST_ORDER,
 }
@@ -554,6 +555,10 @@ class Enforce:
         budget = turn.ctx.budget
         if budget is None:
             return turn
+        if budget.policy == "objective" and budget.order is DEFAULT_ORDER:
+            from lamina.pipeline._budget.objective import Solve
+
+            return Solve()(turn)
         if _planned(budget):
             # The library as the model last saw it: an edited note's preview leads with
             # what changed since.
@@ -714,7 +719,7 @@ def _settle(
 
 
 def _planned(budget: Budget) -> bool:
-    return budget.policy == "current-first" and budget.order is DEFAULT_ORDER
+    return budget.policy in ("objective", "current-first") and budget.order is DEFAULT_ORDER
 
 
 def turn_plans(budget: Budget) -> tuple[engine.Plan[_Fitting], ...]:

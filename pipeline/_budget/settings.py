@@ -119,7 +119,7 @@ class BudgetSettings:
     history_step: int = attrs.field(default=4, validator=_at_least(1))
     reply_tokens: int = attrs.field(default=400, validator=_at_least(1))
     summary_tokens: int = attrs.field(default=256, validator=_at_least(1))
-    policy: str = "current-first"
+    policy: str = "objective"
     tokenizer: str | None = None
     """The profile's tokenizer (``for_model``); a ``Conversation`` without ``tokenizer=``
     counts with it, so an open model's budget is counted with its own encoding."""
@@ -136,6 +136,27 @@ class BudgetSettings:
     """The share of the limit that recall may fill with dropped history and cut library
     entries the query matches (the ``recall`` stage); 0 turns recall off (no index)."""
     stub_share: float = attrs.field(default=0.1, validator=_fraction)
+    headroom: float = attrs.field(default=0.05, validator=_fraction)
+    """The share of the limit a turn that changes forms leaves free, so the next turns'
+    queries and replies fit without changing them again (the objective policy)."""
+    cache_weight: float = attrs.field(default=0.3, validator=_real)
+    """What a token read from the provider's cache is worth, against a token of text the
+    model can use: the price a change pays for each token after it (the objective)."""
+    text_free_share: float = attrs.field(default=0.1, validator=_fraction)
+    """The share of the window that forms without prose (index lines, stubs) may take
+    where the objective has a choice."""
+    source_weights: tuple[tuple[str, float], ...] = attrs.field(
+        default=(), converter=lambda v: tuple(sorted((str(k), float(w)) for k, w in dict(v).items()))
+    )
+    """Weights of units by source type (``note``, ``file``, ``history``, ...; 1 unless
+    set): what the objective values a form of that source at."""
+
+    def source_weight(self, source: str) -> float:
+        """The weight of ``source`` (``source_weights``; 1 unless set)."""
+        for name, weight in self.source_weights:
+            if name == source:
+                return weight
+        return 1.0
     """The share of the window that library stubs and their indexes may take; past it the
     oldest folder's or source's stubs collapse into one index block (``stubs``)."""
 

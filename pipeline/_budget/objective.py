@@ -1,0 +1,501 @@
+"""The budget stage: a turn's units as ladders of forms, one solve, measured exactly.
+
+1. Every unit the request can carry becomes a ladder (``solver.Ladder``): L1's mutable
+   part, each library entry (whole, preview, summary, excerpts, stub, its line in its
+   group's index; an index unfolds into its entries), history older than the last turn
+   (kept as a recent contiguous suffix), each item attached this turn (full, previews,
+   excerpts, its line in its group's index or a not-sent reference). A rung's tokens are
+   its block's count (a fitted preview's, its limit); its value is what it tells the
+   model (``_value``).
+2. ``solver.solve`` picks one rung a ladder: the most value less the cache price of the
+   tokens after the first changed prefix unit, within the limit less what is fixed (the
+   query, the last turn, L1's stable part, framing).
+3. The choice is applied and the request drafted and measured exactly; if the estimate
+   was short, the room shrinks by the overshoot and the same ladders are solved again
+   (``MAX_ROUNDS``). Every changed unit is one decision.
+
+Restores, cuts, folds into an index and unfolds are all outcomes of the one solve against
+the rungs last turn sent: nothing runs as a pass of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+from lamina.pipeline._budget.index import INDEX_SOURCE, _groups, _with_index, is_index, is_omitted_only
+from lamina.pipeline._budget.solver import Ladder, Rung, solve
+from lamina.pipeline._budget.stubs import fold, stub_group
+from lamina.pipeline._errors import BudgetExceeded
+from lamina.pipeline._hashing import text_hash
+from lamina.pipeline._model.envelope import (
+    NOT_SENT,
+    BudgetReport,
+    Decision,
+    DecisionAction,
+    Form,
+    View,
+)
+from lamina.pipeline._model.library import Library, LibraryEntry
+from lamina.pipeline._model.recall import RecallItem, Retriever
+from lamina.pipeline._model.tools import chunk_source
+from lamina.pipeline._turn.assemble import draft, fitted_preview, summary_target, visible_history
+from lamina.pipeline._turn.draft import Draft
+from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
+from lamina.pipeline._views.preview import (
+    EXCERPT_MIN_TOKENS,
+    fitted_preview_of,
+    make_excerpt,
+    make_preview,
+)
+from lamina.pipeline._views.views import body_preview, reference_view
+
+if TYPE_CHECKING:
+    from lamina.pipeline._budget.fit import Budget
+
+__all__ = ["MAX_ROUNDS", "MIN_PREVIEW_TOKENS", "Solve"]
+
+MAX_ROUNDS = 6
+"""Solves a turn makes at most: each after the first shrinks the room by what the last
+measured request was over (separators and framing the rungs' counts do not hold)."""
+
+MIN_PREVIEW_TOKENS = 64
+"""The smallest preview block of an item: below it a preview holds a heading at most."""
+
+_SEP = 2
+"""Tokens a block costs beside its own (the blank line between blocks)."""
+
+_READ = 1500
+"""Characters of a unit's text its relevance is read from (its title and opening)."""
+"""Tokens a block costs beside its own (the blank line between blocks)."""
+
+
+@attrs.frozen
+class _Choice:
+    """One rung of a unit: what applying it changes, and its label for decisions."""
+
+    form: str
+    entry: LibraryEntry | None = None
+    placement: Placement | None = None
+    start: int = 0
+    text: str = ""
+    unfold: tuple[LibraryEntry, ...] = ()
+
+
+@attrs.frozen
+class _Unit:
+    """A unit (``kind``: l1, library, history, item), its key, rungs and their choices."""
+
+    kind: str
+    key: str
+    ladder: Ladder
+    choices: tuple[_Choice, ...]
+
+
+def _value(weight: float, whole: int, tokens: int, *, text_free: bool) -> float:
+    """What a form tells the model: ``weight`` times the square root of the text it
+    carries times the unit's whole size, so value grows with text but less per token
+    (a preview is worth more per token than the whole, and far more than a stub); a
+    text-free form (a line, a stub) is worth a quarter of its own tokens."""
+    if text_free:
+        return 0.25 * weight * tokens
+    return weight * math.sqrt(max(0, tokens) * max(1, whole))
+
+
+def _words(retriever: Retriever | None, query: str, items: Sequence[RecallItem]) -> dict[str, float]:
+    """Each key's relevance to ``query`` in [0, 1] (its score over the best), by
+    ``retriever`` over ``items`` (this turn's units' texts)."""
+    if retriever is None or not items or not query.strip():
+        return {}
+    retriever.index(items)
+    found = retriever.search(query, len(items))
+    top = max((score for _, score in found), default=0.0)
+    if top <= 0:
+        return {}
+    return {key: max(0.0, score) / top for key, score in found}
+
+
+def _relevance(turn: TurnGraph, factory: Callable[[], Retriever] | None) -> dict[str, float]:
+    """Each unit's relevance to the query (library entries, this turn's items, history
+    turns), by a fresh retriever from ``factory`` over their titles and openings."""
+    if factory is None or not turn.query.strip():
+        return {}
+    items: list[RecallItem] = []
+    for entry in turn.library.entries:
+        view = entry.whole_view
+        items.append(RecallItem(entry.key, entry.turn, f"{view.title}\n{view.body[:_READ]}"))
+    for item in turn.items:
+        artifact = turn.artifact(item.key)
+        items.append(RecallItem(item.key, turn.ctx.turn, f"{artifact.title}\n{artifact.payload.body()[:_READ]}"))
+    for entry, reply in visible_history(turn)[:-1]:
+        items.append(RecallItem(f"history:{entry.turn}", entry.turn, f"{entry.user}\n{reply or ''}"))
+    return _words(factory(), turn.query, items)
+
+
+def _weight(budget: Budget, source: str, age: int, relevance: float, *, now: bool) -> float:
+    """A unit's weight: its source's (``Budget.source_weights``), recency (halving over
+    about four turns, never below half), attached-now (x1.5) and relevance (up to x2)."""
+    recency = 1.5 if now else 0.5 + 0.5 * 0.85 ** max(0, age)
+    return budget.source_weight(source) * recency * (1.0 + relevance)
+
+
+def _entry(turn: TurnGraph, view: View, of: LibraryEntry) -> LibraryEntry:
+    """``view`` as a library entry in the place of ``of`` (keeping its whole form)."""
+    ctx = turn.ctx
+    text = ctx.renderer.render(view)
+    whole = None if view == of.whole_view else of.whole_view
+    return LibraryEntry(view, text, ctx.counter.count(text), of.turn, of.full_tokens, whole=whole)
+
+
+def _index_line_tokens(turn: TurnGraph, key: str, title: str, full: int) -> int:
+    from lamina.pipeline._budget.index import IndexLine
+
+    return turn.ctx.counter.count(IndexLine(key, title, full).render()) + 1
+
+
+def _library_unit(
+    turn: TurnGraph, entry: LibraryEntry, weight: float, *, referenced: bool, sent: bool
+) -> _Unit:
+    """A library entry's ladder: its whole form, the form it has now, the policy's
+    preview, a summary, excerpts (non-recoverable), a stub and its index line; an index
+    also unfolded into the entries it lists."""
+    ctx = turn.ctx
+    budget = ctx.budget
+    assert budget is not None
+    whole = entry.whole_view
+    choices: list[_Choice] = []
+    rungs: list[Rung] = []
+    full = max(entry.full_tokens, entry.tokens)
+
+    def add(form: str, new: LibraryEntry | None, *, text_free: bool = False, tokens: int | None = None, value: float | None = None, unfold: tuple[LibraryEntry, ...] = ()) -> None:
+        size = (new.tokens if new is not None else 0) + _SEP if tokens is None else tokens
+        if new is not None and new.view.form is Form.PREVIEW and is_omitted_only(new.view.body):
+            return  # a preview holding no section is never sent
+        worth = _value(weight, full, size, text_free=text_free) if value is None else value
+        choices.append(_Choice(form, new, unfold=unfold))
+        rungs.append(Rung(size, worth, text_free))
+
+    current_free = entry.form is Form.REFERENCE or entry.view.source_type == INDEX_SOURCE
+    choices.append(_Choice("index" if entry.folded else str(entry.form), entry))
+    rungs.append(Rung(entry.tokens + _SEP, _value(weight, full, entry.tokens, text_free=current_free), current_free))
+    previous = 0
+    if entry.view.source_type == INDEX_SOURCE:
+        if entry.folded and not sent:
+            back = tuple(_entry(turn, e.whole_view, e) for e in entry.folded)
+            if not any(e.key in turn.library or e.key in {i.key for i in turn.items} for e in back):
+                size = sum(e.tokens + _SEP for e in back)
+                value = sum(_value(weight, e.tokens, e.tokens, text_free=False) for e in back)
+                add("full", None, tokens=size, value=value, unfold=back)
+        return _Unit("library", entry.key, Ladder(tuple(rungs), previous), tuple(choices))
+    if entry.cut:
+        add("full", _entry(turn, whole, entry))
+    if not whole.recoverable:
+        body = whole.body
+        limit = full // 2
+        while limit >= EXCERPT_MIN_TOKENS:
+            key = ("l2-excerpt", text_hash(body), ctx.counter.name, limit)
+            text = ctx.views.get(key, lambda: make_excerpt(body, ctx.counter, limit).text)
+            add("excerpt", _entry(turn, attrs.evolve(whole, form=Form.EXCERPT, body=text), entry))
+            limit //= 2
+        return _Unit("library", entry.key, Ladder(tuple(rungs), previous), tuple(choices))
+    if whole.form is Form.FULL:
+        preview = body_preview(whole.body, ctx.counter, ctx.policy, ctx.views)
+        if preview.text != whole.body:
+            add("preview", _entry(turn, attrs.evolve(whole, form=Form.PREVIEW, body=preview.text), entry))
+        empty = ctx.counter.count(ctx.renderer.render(attrs.evolve(whole, form=Form.PREVIEW, body="")))
+        limit = (full - empty) // 2
+        while limit >= MIN_PREVIEW_TOKENS:
+            key = ("l2-fit", text_hash(whole.body), ctx.counter.name, limit)
+            text = ctx.views.get(key, lambda: fitted_preview_of(whole.body, ctx.counter, limit).text)
+            if not text.strip():
+                break
+            add("preview", _entry(turn, attrs.evolve(whole, form=Form.PREVIEW, body=text), entry))
+            limit //= 2
+    source = whole.body if whole.form is not Form.FULL else None
+    if full > 2 * budget.summary_tokens:
+        body = source if source is not None else body_preview(whole.body, ctx.counter, ctx.policy, ctx.views).text
+        memo = f"{whole.content_hash}:l2:{text_hash(body)}"
+        summary = ctx.summaries.summarize(ctx.summarizer, memo, body, summary_target(turn, body))
+        if summary.text.strip():
+            add("summary", _entry(turn, attrs.evolve(whole, form=Form.SUMMARY, body=summary.text), entry))
+    if not referenced:
+        stub = attrs.evolve(whole, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
+        add("evicted", _entry(turn, stub, entry), text_free=True)
+        line = _index_line_tokens(turn, entry.key, whole.title, full)
+        add("index", None, text_free=True, tokens=line)
+    return _Unit("library", entry.key, Ladder(tuple(rungs), previous), tuple(choices))
+
+
+def _item_unit(turn: TurnGraph, index: int, item: Placement, size: int, weight: float, grouped: bool) -> _Unit | None:
+    """An item attached this turn: the form it has now, previews fitted to halving sizes
+    down to ``MIN_PREVIEW_TOKENS`` (recoverable) or excerpts (not), then its line in its
+    group's index, else a not-sent reference. None for what has one form only."""
+    artifact = turn.artifact(item.key)
+    if item.form is Form.REFERENCE or is_index(artifact) or chunk_source(item.key) is not None:
+        return None
+    if item.form not in (Form.FULL, Form.PREVIEW, Form.EXCERPT):
+        return None
+    choices = [_Choice(str(item.form), placement=item)]
+    rungs = [Rung(size + _SEP, _value(weight, size, size, text_free=False))]
+    least = MIN_PREVIEW_TOKENS if artifact.recoverable else EXCERPT_MIN_TOKENS
+    limits = []
+    limit = size // 2
+    while limit >= least:
+        limits.append(limit)
+        limit //= 2
+    if artifact.recoverable and limits and limits[-1] > least:
+        limits.append(least)
+    for limit in limits:
+        form = Form.PREVIEW if artifact.recoverable else Form.EXCERPT
+        placement = attrs.evolve(item, form=form, limit=limit)
+        if form is Form.PREVIEW:
+            view = fitted_preview(turn, placement)
+            if not view.body.strip() or is_omitted_only(view.body):
+                break  # a preview holding no section is never sent (nor a smaller one)
+        choices.append(_Choice(str(form), placement=placement))
+        rungs.append(Rung(limit + _SEP, _value(weight, size, limit, text_free=False)))
+    if artifact.recoverable:
+        if grouped:
+            line = _index_line_tokens(turn, item.key, artifact.title, size)
+            choices.append(_Choice("index"))
+            rungs.append(Rung(line, _value(weight, size, line, text_free=True), True))
+        else:
+            marks = (*item.marks, (NOT_SENT, "true"))
+            ref = turn.ctx.renderer.render(reference_view(artifact, marks))
+            tokens = turn.ctx.counter.count(ref) + _SEP
+            choices.append(_Choice("reference", placement=attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0)))
+            rungs.append(Rung(tokens, _value(weight, size, tokens, text_free=True), True))
+    return _Unit("item", item.key, Ladder(tuple(rungs)), tuple(choices))
+
+
+def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float]) -> _Unit | None:
+    """History before the last turn as a recent contiguous suffix: keep the last ``k``
+    of its turns, for each ``k``; the value of a turn is its tokens weighed by recency
+    and relevance, so the oldest go first."""
+    budget = turn.ctx.budget
+    assert budget is not None
+    shown = visible_history(turn)[:-1]
+    if not shown:
+        return None
+    sizes: dict[int, int] = {}
+    for seg in measured.l4.segments:
+        parts = seg.key.split(":")
+        if len(parts) > 2 and parts[1].isdigit():
+            sizes[int(parts[1])] = sizes.get(int(parts[1]), 0) + seg.tokens + budget.per_message_tokens
+    turns = [entry.turn for entry, _ in shown]
+    rungs: list[Rung] = []
+    choices: list[_Choice] = []
+    tokens = 0
+    value = 0.0
+    rungs.append(Rung(0, 0.0))
+    choices.append(_Choice("dropped", start=turns[-1] + 1 if turns else turn.history_view.start))
+    for t in reversed(turns):
+        size = sizes.get(t, 0)
+        w = 0.8 * _weight(budget, "history", turn.ctx.turn - t, relevance.get(f"history:{t}", 0.0), now=False)
+        tokens += size
+        value += w * size
+        rungs.append(Rung(tokens, value))
+        choices.append(_Choice("text", start=t))
+    # Last turn's request showed all of these (its own turn aside): the last rung.
+    return _Unit("history", "history", Ladder(tuple(rungs), len(rungs) - 1), tuple(choices))
+
+
+def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
+    """L1's mutable part: whole, its preview, then halving excerpts."""
+    text = turn.system.mutable
+    counter = turn.ctx.counter
+    tokens = counter.count(text)
+    if tokens <= EXCERPT_MIN_TOKENS:
+        return None
+    choices = [_Choice("text", text=text)]
+    rungs = [Rung(tokens, _value(1.5, tokens, tokens, text_free=False))]
+    preview = make_preview(text, counter, section_tokens=turn.ctx.policy.section_tokens).text
+    size = counter.count(preview)
+    if size < tokens:
+        choices.append(_Choice("preview", text=preview))
+        rungs.append(Rung(size, _value(1.5, tokens, size, text_free=False)))
+    limit = tokens // 2
+    while limit >= EXCERPT_MIN_TOKENS:
+        cut = make_excerpt(text, counter, limit).text
+        choices.append(_Choice("excerpt", text=cut))
+        rungs.append(Rung(counter.count(cut), _value(1.5, tokens, limit, text_free=False)))
+        limit //= 2
+    return _Unit("l1", "system:mutable", Ladder(tuple(rungs), 0), tuple(choices))
+
+
+def _units(
+    turn: TurnGraph, measured: Draft, budget: Budget, relevance: dict[str, float]
+) -> list[_Unit]:
+    """The turn's units in prefix order: L1's mutable part, the library, history, then
+    this turn's items (after every cached unit)."""
+    units: list[_Unit] = []
+    l1 = _l1_unit(turn, measured)
+    if l1 is not None:
+        units.append(l1)
+    referenced = {i.key for i in turn.items if i.form is Form.REFERENCE}
+    sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
+    now = turn.ctx.turn
+    for entry in turn.library.entries:
+        w = _weight(budget, entry.view.source_type, now - entry.turn, relevance.get(entry.key, 0.0), now=False)
+        units.append(_library_unit(turn, entry, w, referenced=entry.key in referenced, sent=entry.key in sent))
+    history = _history_unit(turn, measured, relevance)
+    if history is not None:
+        units.append(history)
+    sizes = {s.key: s.tokens for s in measured.l3.segments}
+    grouped = {m.key for members in _groups(turn).values() for m in members}
+    for i, item in enumerate(turn.items):
+        artifact = turn.artifact(item.key)
+        w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0), now=True)
+        unit = _item_unit(turn, i, item, sizes.get(item.key, 0), w, item.key in grouped)
+        if unit is not None:
+            units.append(unit)
+    return units
+
+
+_ACTIONS = {
+    "preview": DecisionAction.COMPACTED,
+    "summary": DecisionAction.COMPACTED,
+    "excerpt": DecisionAction.EXCERPTED,
+    "evicted": DecisionAction.EVICTED,
+    "index": DecisionAction.INDEXED,
+    "reference": DecisionAction.NOT_SENT,
+    "dropped": DecisionAction.HISTORY_CUT,
+}
+
+_LAYERS = {"l1": "L1", "library": "L2", "history": "L4", "item": "L3"}
+
+
+def _decision(unit: _Unit, old: _Choice, new: _Choice, saved: int) -> Decision:
+    layer = _LAYERS[unit.kind]
+    grows = saved < 0
+    action = DecisionAction.RESTORED if grows and unit.kind != "item" else _ACTIONS.get(new.form, DecisionAction.COMPACTED)
+    if unit.kind == "history":
+        action = DecisionAction.HISTORY_CUT
+        return Decision("budget", f"history:{old.start}-{new.start - 1}", "text", "dropped",
+                        "the oldest history turns dropped (the objective keeps a recent suffix)",
+                        saved, layer=layer, action=action)  # fmt: skip
+    why = "given back (room and value outweigh the cache it breaks)" if grows else "cut (the objective's best use of the room)"
+    to = new.form if new.form in ("full", "preview", "summary", "excerpt", "evicted", "index", "reference", "text") else "full"
+    return Decision("budget", unit.key, old.form, to, f"{unit.kind} {why}: {old.form} -> {new.form}", saved, layer=layer, action=action)
+
+
+def _apply(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> tuple[TurnGraph, list[Decision]]:
+    """``turn`` with each unit in its chosen form, and a decision per changed unit."""
+    library = turn.library
+    items = list(turn.items)
+    at = {item.key: i for i, item in enumerate(items)}
+    history = turn.history_view
+    system = turn.system
+    decisions: list[Decision] = []
+    folds: dict[str, list[LibraryEntry]] = {}
+    indexed: set[str] = set()
+    unfolds: list[tuple[str, tuple[LibraryEntry, ...]]] = []
+    for unit, c in zip(units, choice, strict=True):
+        ladder = unit.ladder
+        base = ladder.previous if ladder.previous is not None else 0
+        if c == base:
+            continue
+        old, new = unit.choices[base], unit.choices[c]
+        saved = ladder.rungs[base].tokens - ladder.rungs[c].tokens
+        decisions.append(_decision(unit, old, new, saved))
+        if unit.kind == "l1":
+            system = SystemPrompt(system.stable, new.text)
+        elif unit.kind == "history":
+            history = HistoryView(new.start, history.shortened)
+        elif unit.kind == "library":
+            current = library.get(unit.key)
+            assert current is not None
+            if new.unfold:
+                unfolds.append((unit.key, new.unfold))
+            elif new.form == "index":
+                stub = attrs.evolve(current.whole_view, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
+                folds.setdefault(stub_group(current.whole_view), []).append(_entry(turn, stub, current))
+            else:
+                assert new.entry is not None
+                library = library.replace(new.entry)
+        elif new.form == "index":
+            indexed.add(unit.key)
+        else:
+            assert new.placement is not None
+            items[at[unit.key]] = new.placement
+    for key, back in unfolds:
+        library = library.unfold(key, list(back))
+    for group, stubs in folds.items():
+        library, _, _ = fold(turn, library, group, stubs)
+    out = attrs.evolve(turn, library=library, items=tuple(items), history_view=history, system=system)
+    if indexed:
+        groups = _groups(out)
+        for group, members in groups.items():
+            gone = {m.key for m in members} & indexed
+            if gone:
+                out = _with_index(out, group, members, gone)
+    return out, decisions
+
+
+def _bm25() -> Retriever:
+    from lamina.pipeline._recall.retrievers import Bm25Retriever
+
+    return Bm25Retriever()
+
+
+@attrs.frozen
+class Solve:
+    """The budget stage: one objective over the turn's ladders, one solve, measured."""
+
+    name: str = "budget"
+    after: tuple[str, ...] = ("reference",)
+    before: tuple[str, ...] = ("promote",)
+    retriever: Callable[[], Retriever] | None = _bm25
+    """What ranks units by relevance to the query (lexical BM25 by default; a host's
+    embeddings through the same ``Retriever`` protocol); None: no relevance."""
+
+    def __call__(self, turn: TurnGraph) -> TurnGraph:
+        budget = turn.ctx.budget
+        if budget is None:
+            return turn
+        turn = attrs.evolve(turn, seen=turn.library)
+        measured = draft(turn)
+        used = budget.used(measured, turn.ctx.counter)
+        before = measured.layer_tokens()
+        fits = budget.effective(used) <= budget.limit
+        if fits and not any(e.cut or e.folded for e in turn.library.entries):
+            report = budget.report(used, before, before, ())
+            return attrs.evolve(turn, budget_report=report, measured=measured)
+        units = _units(turn, measured, budget, _relevance(turn, self.retriever))
+        ladders = [u.ladder for u in units]
+        now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
+        fixed = used - now
+        limit = math.floor(budget.limit / (1.0 + budget.safety_margin))
+        # The request fits the limit less the headroom, or stays as it is if it fits.
+        limit = max(limit - math.floor(budget.limit * budget.headroom), used if fits else 0)
+        text_free = math.floor(budget.context_window * budget.text_free_share)
+        price = budget.cache_weight
+        short = 0
+        best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
+        for _ in range(MAX_ROUNDS):
+            solution = solve(ladders, limit - fixed - short, cache_price=price, text_free=text_free)
+            if solution is None:
+                break
+            out, decisions = _apply(turn, units, solution.choice)
+            drafted = draft(out, measured)
+            spent = budget.used(drafted, turn.ctx.counter)
+            over = budget.effective(spent) - budget.limit
+            if over <= 0:
+                best = (out, drafted, spent, decisions)
+                break
+            short += over + max(8, short // 2)
+        if best is None:
+            report = budget.report(used, before, measured.layer_tokens(), ())
+            raise BudgetExceeded(
+                f"turn {turn.ctx.turn}: {budget.effective(used)} tokens do not fit the limit of "
+                f"{budget.limit} (window {budget.context_window} - reserve "
+                f"{budget.reserve_output}) even in the smallest forms",
+                report,
+            )
+        out, drafted, spent, decisions = best
+        report = budget.report(spent, before, drafted.layer_tokens(), decisions)
+        decided = attrs.evolve(out, budget_report=report, measured=drafted)
+        return decided.decide(*report.decisions)
