@@ -26,9 +26,17 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from lamina.pipeline._budget.index import INDEX_SOURCE, _groups, _with_index, is_index, is_omitted_only
+from lamina.pipeline._budget.index import (
+    INDEX_SOURCE,
+    _groups,
+    _Member,
+    _with_index,
+    index_artifact,
+    is_index,
+    is_omitted_only,
+)
 from lamina.pipeline._budget.solver import Ladder, Rung, solve
-from lamina.pipeline._budget.stubs import fold, stub_group
+from lamina.pipeline._budget.stubs import _Renderer, fold, stub_group
 from lamina.pipeline._errors import BudgetExceeded
 from lamina.pipeline._hashing import text_hash
 from lamina.pipeline._model.envelope import (
@@ -83,6 +91,8 @@ class _Choice:
     start: int = 0
     text: str = ""
     unfold: tuple[LibraryEntry, ...] = ()
+    guess: bool = False
+    """A fitted preview whose tokens are its limit until it is made (``_made``)."""
 
 
 @attrs.frozen
@@ -156,80 +166,133 @@ def _index_line_tokens(turn: TurnGraph, key: str, title: str, full: int) -> int:
     return turn.ctx.counter.count(IndexLine(key, title, full).render()) + 1
 
 
-def _library_unit(
-    turn: TurnGraph, entry: LibraryEntry, weight: float, *, referenced: bool, sent: bool
-) -> _Unit:
-    """A library entry's ladder: its whole form, the form it has now, the policy's
-    preview, a summary, excerpts (non-recoverable), a stub and its index line; an index
-    also unfolded into the entries it lists."""
+@attrs.frozen
+class _Form:
+    """A library entry's form as its ladder needs it: the choice, its tokens, whether it
+    is text-free, and a value of its own (an unfold's: its entries'), else None."""
+
+    choice: _Choice
+    tokens: int
+    text_free: bool = False
+    value: float | None = None
+
+
+def _library_forms(
+    turn: TurnGraph, entry: LibraryEntry, *, referenced: bool, sent: bool
+) -> tuple[_Form, ...]:
+    """A library entry's forms: the one it has now first, its whole form, the policy's
+    preview and previews fitted to halving sizes, a summary, excerpts (non-recoverable),
+    a stub, its index line and its count in the index; an index's, unfolded into its
+    entries and kept as a count. Remembered by the entry's text (the ladder's values
+    change with the query; the forms do not)."""
+    ctx = turn.ctx
+    if entry.view.source_type == INDEX_SOURCE:
+        return _index_forms(turn, entry, sent=sent)
+    key = ("l2-forms", entry.key, text_hash(entry.text), entry.whole_view.content_hash,
+           ctx.counter.name, referenced)  # fmt: skip
+    return ctx.views.get(key, lambda: _entry_forms(turn, entry, referenced=referenced))
+
+
+def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
+    forms = [_Form(_Choice("index", entry), entry.tokens + _SEP, True)]
+    if not entry.folded or sent:
+        return tuple(forms)
+    taken = {i.key for i in turn.items}
+    if not any(e.key in turn.library or e.key in taken for e in entry.folded):
+        back = tuple(_entry(turn, e.whole_view, e) for e in entry.folded)
+        size = sum(e.tokens + _SEP for e in back)
+        forms.append(_Form(_Choice("full", unfold=back), size, value=-1.0))
+    if "\n" in entry.view.body:
+        counted = _Renderer(turn).entry(
+            entry.view.locator, (), (), 0, len(entry.folded), entry.turn, entry.folded
+        )
+        forms.append(_Form(_Choice("count", counted), counted.tokens + _SEP, True, 0.0))
+    return tuple(forms)
+
+
+def _entry_forms(turn: TurnGraph, entry: LibraryEntry, *, referenced: bool) -> tuple[_Form, ...]:
     ctx = turn.ctx
     budget = ctx.budget
     assert budget is not None
     whole = entry.whole_view
-    choices: list[_Choice] = []
-    rungs: list[Rung] = []
     full = max(entry.full_tokens, entry.tokens)
+    forms = [_Form(_Choice(str(entry.form), entry), entry.tokens + _SEP, entry.form is Form.REFERENCE)]
 
-    def add(form: str, new: LibraryEntry | None, *, text_free: bool = False, tokens: int | None = None, value: float | None = None, unfold: tuple[LibraryEntry, ...] = ()) -> None:
-        size = (new.tokens if new is not None else 0) + _SEP if tokens is None else tokens
-        if new is not None and new.view.form is Form.PREVIEW and is_omitted_only(new.view.body):
+    def add(form: str, view: View) -> None:
+        if view.form is Form.PREVIEW and (not view.body.strip() or is_omitted_only(view.body)):
             return  # a preview holding no section is never sent
-        worth = _value(weight, full, size, text_free=text_free) if value is None else value
-        choices.append(_Choice(form, new, unfold=unfold))
-        rungs.append(Rung(size, worth, text_free))
+        new = _entry(turn, view, entry)
+        forms.append(_Form(_Choice(form, new), new.tokens + _SEP))
 
-    current_free = entry.form is Form.REFERENCE or entry.view.source_type == INDEX_SOURCE
-    choices.append(_Choice("index" if entry.folded else str(entry.form), entry))
-    rungs.append(Rung(entry.tokens + _SEP, _value(weight, full, entry.tokens, text_free=current_free), current_free))
-    previous = 0
-    if entry.view.source_type == INDEX_SOURCE:
-        if entry.folded and not sent:
-            back = tuple(_entry(turn, e.whole_view, e) for e in entry.folded)
-            if not any(e.key in turn.library or e.key in {i.key for i in turn.items} for e in back):
-                size = sum(e.tokens + _SEP for e in back)
-                value = sum(_value(weight, e.tokens, e.tokens, text_free=False) for e in back)
-                add("full", None, tokens=size, value=value, unfold=back)
-        return _Unit("library", entry.key, Ladder(tuple(rungs), previous), tuple(choices))
     if entry.cut:
-        add("full", _entry(turn, whole, entry))
+        add("full", whole)
     if not whole.recoverable:
         body = whole.body
         limit = full // 2
         while limit >= EXCERPT_MIN_TOKENS:
-            key = ("l2-excerpt", text_hash(body), ctx.counter.name, limit)
-            text = ctx.views.get(key, lambda: make_excerpt(body, ctx.counter, limit).text)
-            add("excerpt", _entry(turn, attrs.evolve(whole, form=Form.EXCERPT, body=text), entry))
+            memo = ("l2-excerpt", text_hash(body), ctx.counter.name, limit)
+            text = ctx.views.get(memo, lambda: make_excerpt(body, ctx.counter, limit).text)
+            add("excerpt", attrs.evolve(whole, form=Form.EXCERPT, body=text))
             limit //= 2
-        return _Unit("library", entry.key, Ladder(tuple(rungs), previous), tuple(choices))
+        return tuple(forms)
     if whole.form is Form.FULL:
         preview = body_preview(whole.body, ctx.counter, ctx.policy, ctx.views)
         if preview.text != whole.body:
-            add("preview", _entry(turn, attrs.evolve(whole, form=Form.PREVIEW, body=preview.text), entry))
-        empty = ctx.counter.count(ctx.renderer.render(attrs.evolve(whole, form=Form.PREVIEW, body="")))
-        limit = (full - empty) // 2
+            add("preview", attrs.evolve(whole, form=Form.PREVIEW, body=preview.text))
+        empty = ctx.renderer.render(attrs.evolve(whole, form=Form.PREVIEW, body=""))
+        limit = (full - ctx.counter.count(empty)) // 2
         while limit >= MIN_PREVIEW_TOKENS:
-            key = ("l2-fit", text_hash(whole.body), ctx.counter.name, limit)
-            text = ctx.views.get(key, lambda: fitted_preview_of(whole.body, ctx.counter, limit).text)
-            if not text.strip():
-                break
-            add("preview", _entry(turn, attrs.evolve(whole, form=Form.PREVIEW, body=text), entry))
+            memo = ("l2-fit", text_hash(whole.body), ctx.counter.name, limit)
+            text = ctx.views.get(memo, lambda: fitted_preview_of(whole.body, ctx.counter, limit).text)
+            add("preview", attrs.evolve(whole, form=Form.PREVIEW, body=text))
             limit //= 2
-    source = whole.body if whole.form is not Form.FULL else None
     if full > 2 * budget.summary_tokens:
-        body = source if source is not None else body_preview(whole.body, ctx.counter, ctx.policy, ctx.views).text
-        memo = f"{whole.content_hash}:l2:{text_hash(body)}"
-        summary = ctx.summaries.summarize(ctx.summarizer, memo, body, summary_target(turn, body))
+        body = whole.body
+        if whole.form is Form.FULL:
+            body = body_preview(whole.body, ctx.counter, ctx.policy, ctx.views).text
+        memo_key = f"{whole.content_hash}:l2:{text_hash(body)}"
+        summary = ctx.summaries.summarize(ctx.summarizer, memo_key, body, summary_target(turn, body))
         if summary.text.strip():
-            add("summary", _entry(turn, attrs.evolve(whole, form=Form.SUMMARY, body=summary.text), entry))
+            add("summary", attrs.evolve(whole, form=Form.SUMMARY, body=summary.text))
     if not referenced:
         stub = attrs.evolve(whole, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
-        add("evicted", _entry(turn, stub, entry), text_free=True)
+        new = _entry(turn, stub, entry)
+        forms.append(_Form(_Choice("evicted", new), new.tokens + _SEP, True))
         line = _index_line_tokens(turn, entry.key, whole.title, full)
-        add("index", None, text_free=True, tokens=line)
-    return _Unit("library", entry.key, Ladder(tuple(rungs), previous), tuple(choices))
+        forms.append(_Form(_Choice("index"), line, True))
+        forms.append(_Form(_Choice("count"), 0, True, 0.0))
+    return tuple(forms)
 
 
-def _item_unit(turn: TurnGraph, index: int, item: Placement, size: int, weight: float, grouped: bool) -> _Unit | None:
+def _library_unit(
+    turn: TurnGraph, entry: LibraryEntry, weight: float, *, referenced: bool, sent: bool
+) -> _Unit:
+    """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``."""
+    forms = _library_forms(turn, entry, referenced=referenced, sent=sent)
+    full = max(entry.full_tokens, entry.tokens)
+    rungs = []
+    for form in forms:
+        if form.value is None:
+            value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free)
+        elif form.value < 0:  # an unfold: what its entries are worth
+            back = form.choice.unfold
+            value = sum(_value(weight, e.tokens, e.tokens, text_free=False) for e in back)
+        else:
+            value = form.value
+        rungs.append(Rung(form.tokens, value, form.text_free))
+    return _Unit("library", entry.key, Ladder(tuple(rungs), 0), tuple(f.choice for f in forms))
+
+
+def _item_unit(
+    turn: TurnGraph,
+    item: Placement,
+    size: int,
+    weight: float,
+    exact: dict[tuple[str, int], int | None],
+    *,
+    grouped: bool,
+    counted: bool,
+) -> _Unit | None:
     """An item attached this turn: the form it has now, previews fitted to halving sizes
     down to ``MIN_PREVIEW_TOKENS`` (recoverable) or excerpts (not), then its line in its
     group's index, else a not-sent reference. None for what has one form only."""
@@ -251,17 +314,23 @@ def _item_unit(turn: TurnGraph, index: int, item: Placement, size: int, weight: 
     for limit in limits:
         form = Form.PREVIEW if artifact.recoverable else Form.EXCERPT
         placement = attrs.evolve(item, form=form, limit=limit)
-        if form is Form.PREVIEW:
-            view = fitted_preview(turn, placement)
-            if not view.body.strip() or is_omitted_only(view.body):
+        tokens: int | None = limit
+        guess = form is Form.PREVIEW and (item.key, limit) not in exact
+        if form is Form.PREVIEW and not guess:
+            tokens = exact[item.key, limit]
+            if tokens is None:
                 break  # a preview holding no section is never sent (nor a smaller one)
-        choices.append(_Choice(str(form), placement=placement))
-        rungs.append(Rung(limit + _SEP, _value(weight, size, limit, text_free=False)))
+        assert tokens is not None
+        choices.append(_Choice(str(form), placement=placement, guess=guess))
+        rungs.append(Rung(tokens + _SEP, _value(weight, size, tokens, text_free=False)))
     if artifact.recoverable:
         if grouped:
             line = _index_line_tokens(turn, item.key, artifact.title, size)
             choices.append(_Choice("index"))
             rungs.append(Rung(line, _value(weight, size, line, text_free=True), True))
+            if counted:  # only when the lines alone do not fit: counted in the index
+                choices.append(_Choice("count"))
+                rungs.append(Rung(0, 0.0, True))
         else:
             marks = (*item.marks, (NOT_SENT, "true"))
             ref = turn.ctx.renderer.render(reference_view(artifact, marks))
@@ -326,11 +395,11 @@ def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
     return _Unit("l1", "system:mutable", Ladder(tuple(rungs), 0), tuple(choices))
 
 
-def _units(
+def _cached_units(
     turn: TurnGraph, measured: Draft, budget: Budget, relevance: dict[str, float]
 ) -> list[_Unit]:
-    """The turn's units in prefix order: L1's mutable part, the library, history, then
-    this turn's items (after every cached unit)."""
+    """The units of the cached prefix, in its order: L1's mutable part, the library,
+    history."""
     units: list[_Unit] = []
     l1 = _l1_unit(turn, measured)
     if l1 is not None:
@@ -339,17 +408,37 @@ def _units(
     sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
     now = turn.ctx.turn
     for entry in turn.library.entries:
-        w = _weight(budget, entry.view.source_type, now - entry.turn, relevance.get(entry.key, 0.0), now=False)
-        units.append(_library_unit(turn, entry, w, referenced=entry.key in referenced, sent=entry.key in sent))
+        w = _weight(budget, entry.view.source_type, now - entry.turn,
+                    relevance.get(entry.key, 0.0), now=False)  # fmt: skip
+        units.append(_library_unit(turn, entry, w, referenced=entry.key in referenced,
+                                   sent=entry.key in sent))  # fmt: skip
     history = _history_unit(turn, measured, relevance)
     if history is not None:
         units.append(history)
+    return units
+
+
+def _item_units(
+    turn: TurnGraph,
+    measured: Draft,
+    budget: Budget,
+    relevance: dict[str, float],
+    exact: dict[tuple[str, int], int | None],
+    *,
+    counted: bool,
+) -> list[_Unit]:
+    """The units of this turn's items, after every cached unit."""
+    units: list[_Unit] = []
     sizes = {s.key: s.tokens for s in measured.l3.segments}
     grouped = {m.key for members in _groups(turn).values() for m in members}
     for i, item in enumerate(turn.items):
         artifact = turn.artifact(item.key)
         w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0), now=True)
-        unit = _item_unit(turn, i, item, sizes.get(item.key, 0), w, item.key in grouped)
+        w *= 1.0 - i / (1000.0 * (len(turn.items) + 1))  # ties: the first placed first
+        unit = _item_unit(
+            turn, item, sizes.get(item.key, 0), w, exact,
+            grouped=item.key in grouped, counted=counted,
+        )  # fmt: skip
         if unit is not None:
             units.append(unit)
     return units
@@ -390,8 +479,8 @@ def _apply(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> tu
     history = turn.history_view
     system = turn.system
     decisions: list[Decision] = []
-    folds: dict[str, list[LibraryEntry]] = {}
-    indexed: set[str] = set()
+    folds: dict[str, tuple[list[LibraryEntry], list[LibraryEntry]]] = {}
+    indexed: dict[str, bool] = {}
     unfolds: list[tuple[str, tuple[LibraryEntry, ...]]] = []
     for unit, c in zip(units, choice, strict=True):
         ladder = unit.ladder
@@ -400,7 +489,8 @@ def _apply(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> tu
             continue
         old, new = unit.choices[base], unit.choices[c]
         saved = ladder.rungs[base].tokens - ladder.rungs[c].tokens
-        decisions.append(_decision(unit, old, new, saved))
+        if unit.kind != "item" or new.form not in ("index", "count"):
+            decisions.append(_decision(unit, old, new, saved))
         if unit.kind == "l1":
             system = SystemPrompt(system.stable, new.text)
         elif unit.kind == "history":
@@ -410,29 +500,67 @@ def _apply(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> tu
             assert current is not None
             if new.unfold:
                 unfolds.append((unit.key, new.unfold))
-            elif new.form == "index":
+            elif new.form in ("index", "count") and new.entry is None:
                 stub = attrs.evolve(current.whole_view, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
-                folds.setdefault(stub_group(current.whole_view), []).append(_entry(turn, stub, current))
+                lines, counts = folds.setdefault(stub_group(current.whole_view), ([], []))
+                (lines if new.form == "index" else counts).append(_entry(turn, stub, current))
             else:
                 assert new.entry is not None
                 library = library.replace(new.entry)
-        elif new.form == "index":
-            indexed.add(unit.key)
+        elif new.form in ("index", "count"):
+            indexed[unit.key] = new.form == "index"
         else:
             assert new.placement is not None
             items[at[unit.key]] = new.placement
     for key, back in unfolds:
         library = library.unfold(key, list(back))
-    for group, stubs in folds.items():
-        library, _, _ = fold(turn, library, group, stubs)
+    for group, (lines, counts) in folds.items():
+        library, _, _ = fold(turn, library, group, lines, counts)
     out = attrs.evolve(turn, library=library, items=tuple(items), history_view=history, system=system)
-    if indexed:
-        groups = _groups(out)
-        for group, members in groups.items():
-            gone = {m.key for m in members} & indexed
-            if gone:
-                out = _with_index(out, group, members, gone)
+    for group, members in _groups(out).items():
+        gone = [m.key for m in members if m.key in indexed]
+        if gone:
+            out, made = _indexed(out, group, members, gone, sum(indexed[k] for k in gone))
+            decisions.append(made)
     return out, decisions
+
+
+def _indexed(
+    turn: TurnGraph, group: str, members: Sequence[_Member], gone: Sequence[str], listed: int
+) -> tuple[TurnGraph, Decision]:
+    """``turn`` with the items ``gone`` (in placement order) in ``group``'s index: the
+    first ``listed`` as lines, the rest counted; and the group's one decision."""
+    out = _with_index(turn, group, members, set(gone[:listed]) or set(gone), len(gone) - listed if listed else 0)
+    if not listed:
+        key = f"{INDEX_SOURCE}:{group}"
+        out = out.with_artifact(index_artifact(group, (), len(gone)))
+        out = attrs.evolve(out, items=tuple(i for i in out.items if i.key not in set(gone) or i.key == key))
+    elif listed < len(gone):
+        rest = set(gone[listed:])
+        out = attrs.evolve(out, items=tuple(i for i in out.items if i.key not in rest))
+    why = "no form of each fits" if listed == len(gone) else f"{len(gone) - listed} counted: the lines do not all fit"
+    reason = f"{len(gone)} item{'s' if len(gone) != 1 else ''} of {group} listed in its index ({why})"
+    return out, Decision("budget", group, "items", "index", reason, layer="L3", action=DecisionAction.INDEXED)
+
+
+def _made(
+    turn: TurnGraph,
+    units: Sequence[_Unit],
+    choice: Sequence[int],
+    exact: dict[tuple[str, int], int | None],
+) -> bool:
+    """Make the guessed previews ``choice`` takes (their exact tokens into ``exact``;
+    None for one that holds no section); whether there were any."""
+    made = False
+    for unit, c in zip(units, choice, strict=True):
+        chosen = unit.choices[c]
+        if chosen.guess and chosen.placement is not None:
+            view = fitted_preview(turn, chosen.placement)
+            empty = not view.body.strip() or is_omitted_only(view.body)
+            tokens = turn.ctx.counter.count(turn.ctx.renderer.render(view))
+            exact[unit.key, chosen.placement.limit] = None if empty else tokens
+            made = True
+    return made
 
 
 def _bm25() -> Retriever:
@@ -464,21 +592,38 @@ class Solve:
         if fits and not any(e.cut or e.folded for e in turn.library.entries):
             report = budget.report(used, before, before, ())
             return attrs.evolve(turn, budget_report=report, measured=measured)
-        units = _units(turn, measured, budget, _relevance(turn, self.retriever))
-        ladders = [u.ladder for u in units]
+        relevance = _relevance(turn, self.retriever)
+        exact: dict[tuple[str, int], int | None] = {}
+        cached = _cached_units(turn, measured, budget, relevance)
+        units = cached + _item_units(turn, measured, budget, relevance, exact, counted=False)
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
         fixed = used - now
         limit = math.floor(budget.limit / (1.0 + budget.safety_margin))
         # The request fits the limit less the headroom, or stays as it is if it fits.
         limit = max(limit - math.floor(budget.limit * budget.headroom), used if fits else 0)
         text_free = math.floor(budget.context_window * budget.text_free_share)
-        price = budget.cache_weight
         short = 0
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
-        for _ in range(MAX_ROUNDS):
-            solution = solve(ladders, limit - fixed - short, cache_price=price, text_free=text_free)
+        counted = False
+        rounds = making = 0
+        while rounds < MAX_ROUNDS:
+            ladders = [u.ladder for u in units]
+            room = limit - fixed - short
+            solution = solve(ladders, room, cache_price=budget.cache_weight, text_free=text_free)
+            if solution is None and not counted:
+                # Not even every item's index line fits: the lines may be counted instead.
+                counted = True
+                units = cached + _item_units(turn, measured, budget, relevance, exact, counted=True)
+                continue
             if solution is None:
                 break
+            if making < 3 and _made(turn, units, solution.choice, exact):
+                making += 1
+                units = cached + _item_units(
+                    turn, measured, budget, relevance, exact, counted=counted
+                )
+                continue  # a guessed preview was made: solve again with its tokens
+            rounds += 1
             out, decisions = _apply(turn, units, solution.choice)
             drafted = draft(out, measured)
             spent = budget.used(drafted, turn.ctx.counter)

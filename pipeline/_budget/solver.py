@@ -32,7 +32,7 @@ import attrs
 
 __all__ = ["MAX_BREAKS", "Ladder", "Rung", "Solution", "objective", "solve"]
 
-MAX_BREAKS = 48
+MAX_BREAKS = 16
 """The most break points tried: the latest ones, where a break costs least, and then
 evenly spread ones (a 1,600-entry library would otherwise be solved 1,600 times)."""
 
@@ -96,85 +96,91 @@ def _smallest(rungs: Sequence[Rung]) -> int:
     return min(range(len(rungs)), key=lambda i: (rungs[i].tokens, -rungs[i].value, i))
 
 
-def _fill(
+def _bare(rung: Rung) -> int:
+    return rung.tokens if rung.text_free else 0
+
+
+@attrs.frozen
+class _Step:
+    """One step up a ladder's hull: its slope (value less price, per token), the ladder
+    and the rung it climbs to."""
+
+    slope: float
+    ladder: int
+    rung: int
+
+
+def _climb(
     ladders: Sequence[Ladder],
-    free: Sequence[int],
-    prices: Sequence[float],
-    room: int,
-    text_free: int,
+    steps: Sequence[_Step],
     choice: list[int],
-    hulls: dict[tuple[int, float], list[int]],
-) -> bool:
-    """Choose rungs for the ``free`` ladders (in place in ``choice``) within ``room`` and
-    the ``text_free`` share; False if not even their smallest rungs fit ``room``."""
-    used = 0
-    bare = 0
-    for j in free:
-        choice[j] = _smallest(ladders[j].rungs)
-        r = ladders[j].rungs[choice[j]]
-        used += r.tokens
-        bare += r.tokens if r.text_free else 0
-    if used > room:
-        return False
-    steps: list[tuple[float, int, int, int]] = []
-    for j in free:
-        rungs, price = ladders[j].rungs, prices[j]
-        hull = hulls.get((j, price))
-        if hull is None:
-            hull = hulls[j, price] = _hull(rungs, price)
-        if hull and hull[0] != choice[j]:
-            hull = [choice[j], *(i for i in hull if rungs[i].tokens > rungs[choice[j]].tokens)]
-        for k, (a, b) in enumerate(zip(hull, hull[1:], strict=False)):
-            ra, rb = rungs[a], rungs[b]
-            gain = (rb.value - price * rb.tokens) - (ra.value - price * ra.tokens)
-            slope = gain / max(1, rb.tokens - ra.tokens)
-            steps.append((-slope, j, k, b))
-    steps.sort()
+    fixed: Sequence[bool],
+    room: int,
+    bare: int,
+    text_free: int,
+) -> int:
+    """Take ``steps`` (best slope first) while they fit ``room`` and the text-free
+    share, from ``choice`` (in place); a step that does not fit ends its ladder's climb.
+    The tokens used after."""
     stopped: set[int] = set()
-    for neg, j, _, b in steps:
-        if j in stopped or neg >= 0:
+    used = 0
+    for step in steps:
+        j = step.ladder
+        if fixed[j] or j in stopped:
             continue
-        old, new = ladders[j].rungs[choice[j]], ladders[j].rungs[b]
+        old, new = ladders[j].rungs[choice[j]], ladders[j].rungs[step.rung]
         if new.tokens <= old.tokens:
             continue  # a later step of a ladder already climbed past this one
         grow = new.tokens - old.tokens
-        bare_grow = (new.tokens if new.text_free else 0) - (old.tokens if old.text_free else 0)
+        bare_grow = _bare(new) - _bare(old)
         if used + grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
             stopped.add(j)
             continue
-        choice[j], used, bare = b, used + grow, bare + bare_grow
-    for j in free:  # any rung, on the hull or not, that still fits and is worth more
+        choice[j], used, bare = step.rung, used + grow, bare + bare_grow
+    return used
+
+
+def _topped(
+    ladders: Sequence[Ladder],
+    free: Sequence[int],
+    prices: Sequence[float],
+    choice: list[int],
+    room: int,
+    bare: int,
+    text_free: int,
+) -> None:
+    """Each free ladder given the rung, on its hull or not, worth most that still fits
+    (in place): the greedy's last pass."""
+    for j in free:
         rungs, price = ladders[j].rungs, prices[j]
         best = choice[j]
+        now = rungs[choice[j]]
         for i, r in enumerate(rungs):
-            cur = rungs[best]
-            grow = r.tokens - rungs[choice[j]].tokens
-            bare_grow = (r.tokens if r.text_free else 0) - (
-                rungs[choice[j]].tokens if rungs[choice[j]].text_free else 0
-            )
-            if used + grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
+            grow = r.tokens - now.tokens
+            bare_grow = _bare(r) - _bare(now)
+            if grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
                 continue
+            cur = rungs[best]
             if r.value - price * r.tokens > cur.value - price * cur.tokens:
                 best = i
-        old, new = rungs[choice[j]], rungs[best]
-        used += new.tokens - old.tokens
-        bare += (new.tokens if new.text_free else 0) - (old.tokens if old.text_free else 0)
+        new = rungs[best]
+        room -= new.tokens - now.tokens
+        bare += _bare(new) - _bare(now)
         choice[j] = best
-    return True
 
 
-def _breaks(prefix: Sequence[int]) -> list[int]:
+def _breaks(prefix: Sequence[int]) -> set[int]:
     """Candidate break points (positions in ``prefix``, plus ``len(prefix)``: no break),
     at most ``MAX_BREAKS``: the latest half, then evenly spread earlier ones."""
     n = len(prefix)
     every = list(range(n + 1))
     if len(every) <= MAX_BREAKS:
-        return every
+        return set(every)
     late = every[-(MAX_BREAKS // 2) :]
     early = every[: -(MAX_BREAKS // 2)]
     step = len(early) / (MAX_BREAKS - len(late))
     spread = sorted({early[int(k * step)] for k in range(MAX_BREAKS - len(late))})
-    return [*spread, *late]
+    return {*spread, *late}
 
 
 def objective(
@@ -196,32 +202,74 @@ def solve(
     """The choice of one rung a ladder that maximizes the objective (module docstring)
     within ``room`` tokens, text-free rungs within ``text_free`` where they are a choice;
     None when not even the smallest rungs fit."""
+    n = len(ladders)
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
-    best: tuple[float, int, list[int]] | None = None
-    hulls: dict[tuple[int, float], list[int]] = {}
-    for b in _breaks(prefix):
-        fixed = prefix[:b]
-        choice = [0] * len(ladders)
-        used = 0
-        for j in fixed:
+    at = [n] * n  # each ladder's place in the prefix (n: not in it)
+    for p, j in enumerate(prefix):
+        at[j] = p
+    prices = [cache_price if at[j] < n else 0.0 for j in range(n)]
+    start = [_smallest(ladder.rungs) for ladder in ladders]
+    steps: list[_Step] = []
+    for j, ladder in enumerate(ladders):
+        rungs, price = ladder.rungs, prices[j]
+        hull = _hull(rungs, price)
+        for a, b in zip(hull, hull[1:], strict=False):
+            ra, rb = rungs[a], rungs[b]
+            gain = (rb.value - price * rb.tokens) - (ra.value - price * ra.tokens)
+            if gain > 0:
+                steps.append(_Step(gain / max(1, rb.tokens - ra.tokens), j, b))
+    steps.sort(key=lambda s: (-s.slope, s.ladder, s.rung))
+    start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))
+    start_bare = sum(_bare(ladders[j].rungs[start[j]]) for j in range(n))
+    best: tuple[float, int] | None = None
+    fixed_used = fixed_bare = 0
+    fixed_start = fixed_start_bare = 0
+    candidates = _breaks(prefix)
+    for b in range(len(prefix) + 1):
+        if b > 0:
+            j = prefix[b - 1]
+            previous = ladders[j].previous
+            assert previous is not None
+            fixed_used += ladders[j].rungs[previous].tokens
+            fixed_bare += _bare(ladders[j].rungs[previous])
+            fixed_start += ladders[j].rungs[start[j]].tokens
+            fixed_start_bare += _bare(ladders[j].rungs[start[j]])
+        if b not in candidates:
+            continue
+        used = fixed_used + start_used - fixed_start
+        if fixed_used > room:
+            break  # a later break fixes more: it cannot fit either
+        if used > room:
+            continue
+        choice = list(start)
+        for j in prefix[:b]:
             previous = ladders[j].previous
             assert previous is not None
             choice[j] = previous
-            used += ladders[j].rungs[previous].tokens
-        if used > room:
-            break  # a later break fixes more: it cannot fit either
-        held = set(fixed)
-        tail = set(prefix[b:])
-        free = [j for j in range(len(ladders)) if j not in held]
-        prices = [cache_price if j in tail else 0.0 for j in range(len(ladders))]
-        if not _fill(ladders, free, prices, room - used, text_free, choice, hulls):
-            continue
+        bare = fixed_bare + start_bare - fixed_start_bare
+        fixed = [p < b for p in at]
+        _climb(ladders, steps, choice, fixed, room - used, bare, text_free)
         score, _ = objective(ladders, choice, cache_price)
         if best is None or score >= best[0]:
-            best = (score, b, choice)
+            best = (score, b)
     if best is None:
         return None
-    choice = best[2]
+    b = best[1]
+    choice = list(start)
+    for j in prefix[:b]:
+        previous = ladders[j].previous
+        assert previous is not None
+        choice[j] = previous
+    held = set(prefix[:b])
+    free = [j for j in range(n) if j not in held]
+    used = sum(ladders[j].rungs[choice[j]].tokens for j in range(n))
+    bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
+    fixed = [j in held for j in range(n)]
+    grown = _climb(ladders, steps, choice, fixed, room - used, bare, text_free)
+    used += grown
+    bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
+    tail = [cache_price if at[j] >= b and at[j] < n else 0.0 for j in range(n)]
+    _topped(ladders, free, tail, choice, room - used, bare, text_free)
     score, broken = objective(ladders, choice, cache_price)
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
