@@ -35,7 +35,7 @@ from lamina.pipeline._budget.index import (
     is_index,
     is_omitted_only,
 )
-from lamina.pipeline._budget.solver import Ladder, Rung, solve
+from lamina.pipeline._budget.solver import Ladder, Rung, Solution, solve
 from lamina.pipeline._budget.stubs import _Renderer, fold, stub_group
 from lamina.pipeline._errors import BudgetExceeded
 from lamina.pipeline._hashing import text_hash
@@ -75,6 +75,10 @@ MIN_PREVIEW_TOKENS = 64
 
 _SEP = 2
 """Tokens a block costs beside its own (the blank line between blocks)."""
+
+_STEPS = 8
+"""An item's previews (or excerpts) are fitted to sevenths, sixths ... of its size: the
+steps the room is shared in."""
 
 _READ = 1500
 """Characters of a unit's text its relevance is read from (its title and opening)."""
@@ -188,9 +192,11 @@ def _library_forms(
     ctx = turn.ctx
     if entry.view.source_type == INDEX_SOURCE:
         return _index_forms(turn, entry, sent=sent)
+    if referenced:  # a reference this turn must find its entry as it is
+        return (_Form(_Choice(str(entry.form), entry), entry.tokens + _SEP),)
     key = ("l2-forms", entry.key, text_hash(entry.text), entry.whole_view.content_hash,
-           ctx.counter.name, referenced)  # fmt: skip
-    return ctx.views.get(key, lambda: _entry_forms(turn, entry, referenced=referenced))
+           ctx.counter.name)  # fmt: skip
+    return ctx.views.get(key, lambda: _entry_forms(turn, entry))
 
 
 def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
@@ -210,7 +216,7 @@ def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_
     return tuple(forms)
 
 
-def _entry_forms(turn: TurnGraph, entry: LibraryEntry, *, referenced: bool) -> tuple[_Form, ...]:
+def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
     ctx = turn.ctx
     budget = ctx.budget
     assert budget is not None
@@ -254,13 +260,12 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry, *, referenced: bool) -> t
         summary = ctx.summaries.summarize(ctx.summarizer, memo_key, body, summary_target(turn, body))
         if summary.text.strip():
             add("summary", attrs.evolve(whole, form=Form.SUMMARY, body=summary.text))
-    if not referenced:
-        stub = attrs.evolve(whole, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
-        new = _entry(turn, stub, entry)
-        forms.append(_Form(_Choice("evicted", new), new.tokens + _SEP, True))
-        line = _index_line_tokens(turn, entry.key, whole.title, full)
-        forms.append(_Form(_Choice("index"), line, True))
-        forms.append(_Form(_Choice("count"), 0, True, 0.0))
+    stub = attrs.evolve(whole, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
+    new = _entry(turn, stub, entry)
+    forms.append(_Form(_Choice("evicted", new), new.tokens + _SEP, True))
+    line = _index_line_tokens(turn, entry.key, whole.title, full)
+    forms.append(_Form(_Choice("index"), line, True))
+    forms.append(_Form(_Choice("count"), 0, True, 0.0))
     return tuple(forms)
 
 
@@ -289,6 +294,7 @@ def _item_unit(
     size: int,
     weight: float,
     exact: dict[tuple[str, int], int | None],
+    extra: dict[str, set[int]],
     *,
     grouped: bool,
     counted: bool,
@@ -304,12 +310,13 @@ def _item_unit(
     choices = [_Choice(str(item.form), placement=item)]
     rungs = [Rung(size + _SEP, _value(weight, size, size, text_free=False))]
     least = MIN_PREVIEW_TOKENS if artifact.recoverable else EXCERPT_MIN_TOKENS
-    limits = []
-    limit = size // 2
-    while limit >= least:
-        limits.append(limit)
-        limit //= 2
-    if artifact.recoverable and limits and limits[-1] > least:
+    # Eighths of the item, then halving down to the least: fine steps where the room is.
+    limits = sorted({size * k // _STEPS for k in range(_STEPS - 1, 0, -1)}, reverse=True)
+    while limits and limits[-1] // 2 >= least:
+        limits.append(limits[-1] // 2)
+    limits = [limit for limit in limits if limit >= least]
+    limits = sorted({*limits, *(x for x in extra.get(item.key, ()) if least <= x < size)}, reverse=True)
+    if artifact.recoverable and (not limits or limits[-1] > least) and size > least:
         limits.append(least)
     for limit in limits:
         form = Form.PREVIEW if artifact.recoverable else Form.EXCERPT
@@ -424,6 +431,7 @@ def _item_units(
     budget: Budget,
     relevance: dict[str, float],
     exact: dict[tuple[str, int], int | None],
+    extra: dict[str, set[int]],
     *,
     counted: bool,
 ) -> list[_Unit]:
@@ -436,7 +444,7 @@ def _item_units(
         w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0), now=True)
         w *= 1.0 - i / (1000.0 * (len(turn.items) + 1))  # ties: the first placed first
         unit = _item_unit(
-            turn, item, sizes.get(item.key, 0), w, exact,
+            turn, item, sizes.get(item.key, 0), w, exact, extra,
             grouped=item.key in grouped, counted=counted,
         )  # fmt: skip
         if unit is not None:
@@ -563,6 +571,30 @@ def _made(
     return made
 
 
+def _sized(
+    units: Sequence[_Unit], solution: Solution, room: int, extra: dict[str, set[int]]
+) -> bool:
+    """A preview sized to the room ``solution`` leaves (into ``extra``) for the item it
+    cut whose next rung up does not fit, the one of most value per token: the greedy's
+    fractional step, made whole. Whether one was added."""
+    left = room - solution.tokens
+    best: tuple[float, _Unit, int] | None = None
+    for unit, c in zip(units, solution.choice, strict=True):
+        if unit.kind != "item" or c == 0 or left < MIN_PREVIEW_TOKENS // 2:
+            continue
+        chosen, top = unit.ladder.rungs[c], unit.ladder.rungs[0]
+        if unit.choices[c].placement is None or unit.choices[c].placement.form is Form.REFERENCE:
+            continue
+        slope = (top.value - chosen.value) / max(1, top.tokens - chosen.tokens)
+        if best is None or slope > best[0]:
+            best = (slope, unit, chosen.tokens - _SEP + left)
+    if best is None:
+        return False
+    _, unit, limit = best
+    extra.setdefault(unit.key, set()).add(limit)
+    return True
+
+
 def _bm25() -> Retriever:
     from lamina.pipeline._recall.retrievers import Bm25Retriever
 
@@ -594,8 +626,9 @@ class Solve:
             return attrs.evolve(turn, budget_report=report, measured=measured)
         relevance = _relevance(turn, self.retriever)
         exact: dict[tuple[str, int], int | None] = {}
+        extra: dict[str, set[int]] = {}
         cached = _cached_units(turn, measured, budget, relevance)
-        units = cached + _item_units(turn, measured, budget, relevance, exact, counted=False)
+        units = cached + _item_units(turn, measured, budget, relevance, exact, extra, counted=False)
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
         fixed = used - now
         limit = math.floor(budget.limit / (1.0 + budget.safety_margin))
@@ -613,14 +646,20 @@ class Solve:
             if solution is None and not counted:
                 # Not even every item's index line fits: the lines may be counted instead.
                 counted = True
-                units = cached + _item_units(turn, measured, budget, relevance, exact, counted=True)
+                units = cached + _item_units(turn, measured, budget, relevance, exact, extra, counted=True)
                 continue
             if solution is None:
                 break
-            if making < 3 and _made(turn, units, solution.choice, exact):
+            if not making and _sized(units, solution, room, extra):
                 making += 1
                 units = cached + _item_units(
-                    turn, measured, budget, relevance, exact, counted=counted
+                    turn, measured, budget, relevance, exact, extra, counted=counted
+                )
+                continue  # the room left is given to one preview, fitted to it
+            if making < 4 and _made(turn, units, solution.choice, exact):
+                making += 1
+                units = cached + _item_units(
+                    turn, measured, budget, relevance, exact, extra, counted=counted
                 )
                 continue  # a guessed preview was made: solve again with its tokens
             rounds += 1
