@@ -112,11 +112,10 @@ class _Unit:
 def _value(weight: float, whole: int, tokens: int, *, text_free: bool) -> float:
     """What a form tells the model: ``weight`` times the square root of the text it
     carries times the unit's whole size, so value grows with text but less per token
-    (a preview is worth more per token than the whole, and far more than a stub); a
-    text-free form (a line, a stub) is worth a quarter of its own tokens."""
-    if text_free:
-        return 0.25 * weight * tokens
-    return weight * math.sqrt(max(0, tokens) * max(1, whole))
+    (a preview is worth more per token than the whole); a text-free form (a line, a
+    stub: a title and how to ask for it) is worth half of that."""
+    worth = weight * math.sqrt(max(0, tokens) * max(1, whole))
+    return worth / 2 if text_free else worth
 
 
 def _words(retriever: Retriever | None, query: str, items: Sequence[RecallItem]) -> dict[str, float]:

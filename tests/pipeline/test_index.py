@@ -228,18 +228,21 @@ def test_library_index_lines_give_the_full_size(tmp_path: Path) -> None:
 
 
 def test_an_index_too_large_for_the_window_leaves_out_its_last_lines(tmp_path: Path) -> None:
-    """300 notes in a 3,000-token window: the index is never cut to a preview; it lists
-    what fits, in order, and says how many more it has; it is not carried into L2."""
+    """300 notes in a 3,000-token window (their lines alone do not fit): the index is
+    never cut to a preview; it lists what fits, in order, and counts the rest; with the
+    notes sent as blocks it accounts for all 300; it is not carried into L2."""
     _folders_vault(tmp_path, 1, 300)
     conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(3_000, 400))
     env = conv.turn("What is in the folder?", [folder("f00")])
     check_envelope(env)
-    [index] = env.l3.segments
-    assert index.key == "index:folder:f00" and index.form is Form.FULL
+    index = next(s for s in env.l3.segments if s.key == "index:folder:f00")
+    assert index.form is Form.FULL
     listed = [m.group(1) for x in index.text.split("\n") if (m := _LINE.match(x))]
-    assert listed == [f"note:f00/note-{i:03d}.md" for i in range(len(listed))]
+    assert listed == sorted(listed)
     more = re.search(r"\[\.\.\. (\d+) more items of folder:f00 not listed \.\.\.\]", index.text)
-    assert more is not None and len(listed) + int(more.group(1)) == 300
+    blocks = {s.key for s in env.l3.segments if s.key.startswith("note:")}
+    assert not blocks & set(listed)
+    assert more is not None and len(listed) + int(more.group(1)) + len(blocks) == 300
     conv.reply("Noted.")
     assert "index:folder:f00" not in conv.library
 
