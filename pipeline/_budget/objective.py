@@ -347,9 +347,10 @@ def _item_unit(
 
 
 def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float]) -> _Unit | None:
-    """History before the last turn as a recent contiguous suffix: keep the last ``k``
-    of its turns, for each ``k``; the value of a turn is its tokens weighed by recency
-    and relevance, so the oldest go first."""
+    """History before the last turn as a recent contiguous suffix, cut from its oldest
+    end ``Budget.history_step`` turns at a time (so the cut point, and the cached prefix
+    with it, moves once in several turns); a turn's value is its tokens weighed by
+    recency and relevance, so the oldest go first."""
     budget = turn.ctx.budget
     assert budget is not None
     shown = visible_history(turn)[:-1]
@@ -359,23 +360,26 @@ def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float])
     for seg in measured.l4.segments:
         parts = seg.key.split(":")
         if len(parts) > 2 and parts[1].isdigit():
-            sizes[int(parts[1])] = sizes.get(int(parts[1]), 0) + seg.tokens + budget.per_message_tokens
+            at = int(parts[1])
+            sizes[at] = sizes.get(at, 0) + seg.tokens + budget.per_message_tokens
     turns = [entry.turn for entry, _ in shown]
+    worth = {
+        t: 0.8 * sizes.get(t, 0) * _weight(
+            budget, "history", turn.ctx.turn - t, relevance.get(f"history:{t}", 0.0), now=False
+        )
+        for t in turns
+    }  # fmt: skip
     rungs: list[Rung] = []
     choices: list[_Choice] = []
-    tokens = 0
-    value = 0.0
-    rungs.append(Rung(0, 0.0))
-    choices.append(_Choice("dropped", start=turns[-1] + 1 if turns else turn.history_view.start))
-    for t in reversed(turns):
-        size = sizes.get(t, 0)
-        w = 0.8 * _weight(budget, "history", turn.ctx.turn - t, relevance.get(f"history:{t}", 0.0), now=False)
-        tokens += size
-        value += w * size
-        rungs.append(Rung(tokens, value))
-        choices.append(_Choice("text", start=t))
-    # Last turn's request showed all of these (its own turn aside): the last rung.
-    return _Unit("history", "history", Ladder(tuple(rungs), len(rungs) - 1), tuple(choices))
+    for cut in range(0, len(turns) + budget.history_step, budget.history_step):
+        kept = turns[min(cut, len(turns)) :]
+        start = kept[0] if kept else turns[-1] + 1
+        rungs.append(Rung(sum(sizes.get(t, 0) for t in kept), sum(worth[t] for t in kept)))
+        choices.append(_Choice("text" if cut == 0 else "dropped", start=start))
+        if not kept:
+            break
+    # Last turn's request showed all of these (its own turn aside): the first rung.
+    return _Unit("history", "history", Ladder(tuple(rungs), 0), tuple(choices))
 
 
 def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
