@@ -598,6 +598,14 @@ def _sized(
     return True
 
 
+def _headroom(report: BudgetReport, budget: Budget) -> BudgetReport:
+    """``report`` whose plan gives the headroom as the room kept free (``slack_tokens``:
+    what a batch's restore by appending leaves free)."""
+    free = str(math.floor(budget.limit * budget.headroom))
+    plan = tuple((k, free if k == "slack_tokens" else v) for k, v in report.plan)
+    return attrs.evolve(report, plan=plan)
+
+
 def _bm25() -> Retriever:
     from lamina.pipeline._recall.retrievers import Bm25Retriever
 
@@ -625,7 +633,7 @@ class Solve:
         before = measured.layer_tokens()
         fits = budget.effective(used) <= budget.limit
         if fits and not any(e.cut or e.folded for e in turn.library.entries):
-            report = budget.report(used, before, before, ())
+            report = _headroom(budget.report(used, before, before, ()), budget)
             return attrs.evolve(turn, budget_report=report, measured=measured)
         relevance = _relevance(turn, self.retriever)
         exact: dict[tuple[str, int], int | None] = {}
@@ -683,6 +691,6 @@ class Solve:
                 report,
             )
         out, drafted, spent, decisions = best
-        report = budget.report(spent, before, drafted.layer_tokens(), decisions)
+        report = _headroom(budget.report(spent, before, drafted.layer_tokens(), decisions), budget)
         decided = attrs.evolve(out, budget_report=report, measured=drafted)
         return decided.decide(*report.decisions)
