@@ -49,6 +49,7 @@ from lamina.pipeline._model.envelope import (
     View,
 )
 from lamina.pipeline._model.library import Library, LibraryEntry
+from lamina.pipeline._model.recall import Retriever
 from lamina.pipeline._model.tools import chunk_source
 from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._tokens.profiles import (
@@ -550,6 +551,8 @@ class Enforce:
     name: str = "budget"
     after: tuple[str, ...] = ("reference",)
     before: tuple[str, ...] = ("promote",)
+    retriever: Callable[[], Retriever] | None = None
+    """What ranks units by relevance to the query for the objective policy."""
 
     def __call__(self, turn: TurnGraph) -> TurnGraph:
         budget = turn.ctx.budget
@@ -558,7 +561,7 @@ class Enforce:
         if budget.policy == "objective" and budget.order is DEFAULT_ORDER:
             from lamina.pipeline._budget.objective import Solve
 
-            return Solve()(turn)
+            return Solve(retriever=self.retriever)(turn)
         if _planned(budget):
             # The library as the model last saw it: an edited note's preview leads with
             # what changed since.

@@ -59,7 +59,7 @@ from lamina.pipeline._views.preview import (
     make_excerpt,
     make_preview,
 )
-from lamina.pipeline._views.views import body_preview, reference_view
+from lamina.pipeline._views.views import body_preview, full_view, reference_view
 
 if TYPE_CHECKING:
     from lamina.pipeline._budget.fit import Budget
@@ -191,8 +191,6 @@ def _library_forms(
     ctx = turn.ctx
     if entry.view.source_type == INDEX_SOURCE:
         return _index_forms(turn, entry, sent=sent)
-    if referenced:  # a reference this turn must find its entry as it is
-        return (_Form(_Choice(str(entry.form), entry), entry.tokens + _SEP),)
     key = ("l2-forms", entry.key, text_hash(entry.text), entry.whole_view.content_hash,
            ctx.counter.name)  # fmt: skip
     return ctx.views.get(key, lambda: _entry_forms(turn, entry))
@@ -203,7 +201,8 @@ def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_
     if not entry.folded or sent:
         return tuple(forms)
     taken = {i.key for i in turn.items}
-    if not any(e.key in turn.library or e.key in taken for e in entry.folded):
+    keys = [e.key for e in entry.folded]
+    if len(set(keys)) == len(keys) and not any(k in turn.library or k in taken for k in keys):
         back = tuple(_entry(turn, e.whole_view, e) for e in entry.folded)
         size = sum(e.tokens + _SEP for e in back)
         forms.append(_Form(_Choice("full", unfold=back), size, value=-1.0))
@@ -269,13 +268,20 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
 
 
 def _library_unit(
-    turn: TurnGraph, entry: LibraryEntry, weight: float, *, referenced: bool, sent: bool
+    turn: TurnGraph, entry: LibraryEntry, weight: float, head: int, *, referenced: bool,
+    sent: bool,
 ) -> _Unit:
-    """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``."""
+    """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``; its
+    line or count in its group's index also costs ``head`` (its share of a new index's
+    head)."""
     forms = _library_forms(turn, entry, referenced=referenced, sent=sent)
+    if sent:  # sent again in L3 this turn: the library does not give it back (not twice)
+        forms = tuple(f for f in forms if f is forms[0] or f.tokens < forms[0].tokens)
     full = max(entry.full_tokens, entry.tokens)
     rungs = []
     for form in forms:
+        if form.choice.form in ("index", "count") and form.choice.entry is None:
+            form = attrs.evolve(form, tokens=form.tokens + head)
         if form.value is None:
             value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free)
         elif form.value < 0:  # an unfold: what its entries are worth
@@ -297,6 +303,7 @@ def _item_unit(
     *,
     grouped: bool,
     counted: bool,
+    head: int = 0,
 ) -> _Unit | None:
     """An item attached this turn: the form it has now, previews fitted to halving sizes
     down to ``MIN_PREVIEW_TOKENS`` (recoverable) or excerpts (not), then its line in its
@@ -333,10 +340,10 @@ def _item_unit(
         if grouped:
             line = _index_line_tokens(turn, item.key, artifact.title, size)
             choices.append(_Choice("index"))
-            rungs.append(Rung(line, _value(weight, size, line, text_free=True), True))
+            rungs.append(Rung(line + head, _value(weight, size, line, text_free=True), True))
             if counted:  # only when the lines alone do not fit: counted in the index
                 choices.append(_Choice("count"))
-                rungs.append(Rung(0, 0.0, True))
+                rungs.append(Rung(head, 0.0, True))
         else:
             marks = (*item.marks, (NOT_SENT, "true"))
             ref = turn.ctx.renderer.render(reference_view(artifact, marks))
@@ -417,15 +424,49 @@ def _cached_units(
     referenced = {i.key for i in turn.items if i.form is Form.REFERENCE}
     sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
     now = turn.ctx.turn
+    heads: dict[str, int] = {}
     for entry in turn.library.entries:
         w = _weight(budget, entry.view.source_type, now - entry.turn,
                     relevance.get(entry.key, 0.0), now=False)  # fmt: skip
-        units.append(_library_unit(turn, entry, w, referenced=entry.key in referenced,
+        head = heads.get(stub_group(entry.whole_view), 0)
+        if entry.key in referenced:  # re-attached: what the user asks for now
+            w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
+        units.append(_library_unit(turn, entry, w, head, referenced=entry.key in referenced,
                                    sent=entry.key in sent))  # fmt: skip
     history = _history_unit(turn, measured, relevance)
     if history is not None:
         units.append(history)
     return units
+
+
+def _library_heads(turn: TurnGraph) -> dict[str, int]:
+    """Each group without a library index: its share, per entry, of a new index's head."""
+    members: dict[str, int] = {}
+    for entry in turn.library.entries:
+        if entry.view.source_type != INDEX_SOURCE:
+            group = stub_group(entry.whole_view)
+            members[group] = members.get(group, 0) + 1
+    heads: dict[str, int] = {}
+    for group, n in members.items():
+        if f"{INDEX_SOURCE}:{group}" not in turn.library:
+            index = _Renderer(turn).entry(group, (), (), 0, n, turn.ctx.turn, ())
+            heads[group] = -(-(index.tokens + _SEP) // n)
+    return heads
+
+
+def _item_heads(turn: TurnGraph, groups: dict[str, list[_Member]]) -> dict[str, int]:
+    """Each item of a group without an index this turn: its share of the index's head."""
+    ctx = turn.ctx
+    present = {item.key for item in turn.items}
+    heads: dict[str, int] = {}
+    for group, members in groups.items():
+        if f"{INDEX_SOURCE}:{group}" in present or not members:
+            continue
+        head = ctx.counter.count(ctx.renderer.render(full_view(index_artifact(group, ()))))
+        share = -(-(head + _SEP) // len(members))
+        for m in members:
+            heads[m.key] = share
+    return heads
 
 
 def _item_units(
@@ -441,14 +482,16 @@ def _item_units(
     """The units of this turn's items, after every cached unit."""
     units: list[_Unit] = []
     sizes = {s.key: s.tokens for s in measured.l3.segments}
-    grouped = {m.key for members in _groups(turn).values() for m in members}
+    groups = _groups(turn)
+    grouped = {m.key for members in groups.values() for m in members}
+    heads: dict[str, int] = {}
     for i, item in enumerate(turn.items):
         artifact = turn.artifact(item.key)
         w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0), now=True)
         w *= 1.0 - i / (1000.0 * (len(turn.items) + 1))  # ties: the first placed first
         unit = _item_unit(
             turn, item, sizes.get(item.key, 0), w, exact, extra,
-            grouped=item.key in grouped, counted=counted,
+            grouped=item.key in grouped, counted=counted, head=heads.get(item.key, 0),
         )  # fmt: skip
         if unit is not None:
             units.append(unit)
@@ -523,7 +566,19 @@ def _apply(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> tu
         else:
             assert new.placement is not None
             items[at[unit.key]] = new.placement
+    changed = {d.target for d in decisions if d.layer == "L2"}
+    for i, item in enumerate(items):
+        if item.form is Form.REFERENCE and item.key in changed and (NOT_SENT, "true") not in item.marks:
+            # A reference must find its entry as it was: the item is listed as not sent.
+            items[i] = attrs.evolve(item, marks=(*item.marks, (NOT_SENT, "true")))
+            reason = "re-attached item not sent: its library entry was cut for lack of room"
+            decisions.append(Decision("budget", item.key, "reference", "reference", reason,
+                                      layer="L3", action=DecisionAction.NOT_SENT))  # fmt: skip
     for key, back in unfolds:
+        if key.removeprefix(f"{INDEX_SOURCE}:") in folds:
+            # Its group folds entries this turn: they join the index where it stands.
+            decisions = [d for d in decisions if d.target != key]
+            continue
         library = library.unfold(key, list(back))
     for group, (lines, counts) in folds.items():
         library, _, _ = fold(turn, library, group, lines, counts)
@@ -565,12 +620,16 @@ def _made(
     made = False
     for unit, c in zip(units, choice, strict=True):
         chosen = unit.choices[c]
-        if chosen.guess and chosen.placement is not None:
-            view = fitted_preview(turn, chosen.placement)
-            empty = not view.body.strip() or is_omitted_only(view.body)
-            tokens = turn.ctx.counter.count(turn.ctx.renderer.render(view))
-            exact[unit.key, chosen.placement.limit] = None if empty else tokens
-            made = True
+        if not chosen.guess or chosen.placement is None:
+            continue
+        made = True
+        for other in unit.choices:  # the smaller ones too: the next solve may take them
+            placement = other.placement
+            if other.guess and placement is not None and placement.limit <= chosen.placement.limit:
+                view = fitted_preview(turn, placement)
+                empty = not view.body.strip() or is_omitted_only(view.body)
+                tokens = turn.ctx.counter.count(turn.ctx.renderer.render(view))
+                exact[unit.key, placement.limit] = None if empty else tokens
     return made
 
 
@@ -606,12 +665,6 @@ def _headroom(report: BudgetReport, budget: Budget) -> BudgetReport:
     return attrs.evolve(report, plan=plan)
 
 
-def _bm25() -> Retriever:
-    from lamina.pipeline._recall.retrievers import Bm25Retriever
-
-    return Bm25Retriever()
-
-
 @attrs.frozen
 class Solve:
     """The budget stage: one objective over the turn's ladders, one solve, measured."""
@@ -619,9 +672,10 @@ class Solve:
     name: str = "budget"
     after: tuple[str, ...] = ("reference",)
     before: tuple[str, ...] = ("promote",)
-    retriever: Callable[[], Retriever] | None = _bm25
-    """What ranks units by relevance to the query (lexical BM25 by default; a host's
-    embeddings through the same ``Retriever`` protocol); None: no relevance."""
+    retriever: Callable[[], Retriever] | None = None
+    """What ranks units by relevance to the query (the default pipeline gives it BM25,
+    ``Bm25Retriever``; a host's embeddings go through the same ``Retriever`` protocol);
+    None: no relevance."""
 
     def __call__(self, turn: TurnGraph) -> TurnGraph:
         budget = turn.ctx.budget
@@ -667,7 +721,7 @@ class Solve:
                     turn, measured, budget, relevance, exact, extra, counted=counted
                 )
                 continue  # the room left is given to one preview, fitted to it
-            if making < 4 and _made(turn, units, solution.choice, exact):
+            if _made(turn, units, solution.choice, exact):
                 making += 1
                 units = cached + _item_units(
                     turn, measured, budget, relevance, exact, extra, counted=counted

@@ -258,27 +258,28 @@ _EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def _chat30(turns: int, first: int = 0) -> list[Envelope]:
     """chat30 at a 6,000-token window: turns ``first`` to ``turns`` (numbered from 0) of
-    one conversation."""
+    one conversation, on the cascade (``current-first``), whose restores by appending
+    these tests pin."""
     from lamina import load_script, run_script
 
     script = load_script(_EXAMPLES / "chat30.yaml")
-    budget = Budget(context_window=6000, reserve_output=1500)
+    budget = Budget(context_window=6000, reserve_output=1500, policy="current-first")
     conv = Conversation(script.system, vault=script.vault, budget=budget)
     return run_script(attrs.evolve(script, turns=script.turns[:turns]), conv)[first:]
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 6,000: the first turn that settles with room beyond the headroom sends
-    the library entries the budget had cut whole in its user message, under the intro,
-    before the query; the system message keeps their cut forms (a restore by appending
-    rewrites nothing). The next turn extends it and sends none again."""
+    """chat30 at 6,000: turn 17 settles with room beyond the slack, and the three library
+    entries the budget had cut to summaries go whole in its user message, under the intro,
+    before the query; the system message keeps their summaries (a restore by appending
+    rewrites nothing). Turn 18 extends it and sends none again."""
     from lamina.pipeline import RESTORED_INTRO
 
-    envs = _chat30(30)
-    at = next(i for i, e in enumerate(envs) if e.batch is not None and e.batch.restored)
-    t17, t18 = envs[at], envs[at + 1]
+    t17, t18 = _chat30(18, 16)
     assert t17.batch is not None and t18.batch is not None
-    assert (t18.batch.reason, t18.batch.restored) == ("", ())
+    keys = ["note:docs/auth.md", "pdf:media/sync-design-review.pdf", "note:meetings/2026-11-02.md"]
+    assert [s.key for s in t17.batch.restored] == keys
+    assert (t17.batch.reason, t18.batch.reason, t18.batch.restored) == ("over-budget", "", ())
     messages = _messages(t17)
     (_, system), (role, user) = messages[0], messages[-1]
     assert role == "user"
@@ -287,7 +288,7 @@ def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
     assert blocks.endswith(RESTORED_INTRO + "\n\n" + whole)
     for seg in t17.batch.restored:
         cut = t17.l2.get(seg.key)
-        assert cut is not None and str(cut.form) != "full" and cut.text in system
+        assert cut is not None and str(cut.form) == "summary" and cut.text in system
         assert seg.text not in system
     assert t17.batch.tokens <= Budget(context_window=6000, reserve_output=1500).limit
     assert _messages(t18)[: len(messages)] == messages
@@ -300,7 +301,7 @@ def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> Non
     from lamina.pipeline import open_store
 
     script = load_script(_EXAMPLES / "chat30.yaml")
-    budget = Budget(context_window=6000, reserve_output=1500)
+    budget = Budget(context_window=6000, reserve_output=1500, policy="current-first")
     live = Conversation(script.system, vault=script.vault, budget=budget)
     want = _chat30(18, 16)
     with open_store(str(tmp_path / "s.db")) as store:
