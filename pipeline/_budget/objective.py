@@ -575,13 +575,11 @@ def _apply(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> tu
             decisions.append(Decision("budget", item.key, "reference", "reference", reason,
                                       layer="L3", action=DecisionAction.NOT_SENT))  # fmt: skip
     for key, back in unfolds:
-        if key.removeprefix(f"{INDEX_SOURCE}:") in folds:
-            # Its group folds entries this turn: they join the index where it stands.
-            decisions = [d for d in decisions if d.target != key]
-            continue
         library = library.unfold(key, list(back))
     for group, (lines, counts) in folds.items():
         library, _, _ = fold(turn, library, group, lines, counts)
+    for key, back in unfolds:
+        library = _in_place(library, key, [e.key for e in back])
     out = attrs.evolve(turn, library=library, items=tuple(items), history_view=history, system=system)
     for group, members in _groups(out).items():
         gone = [m.key for m in members if m.key in indexed]
@@ -589,6 +587,22 @@ def _apply(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> tu
             out, made = _indexed(out, group, members, gone, sum(indexed[k] for k in gone))
             decisions.append(made)
     return out, decisions
+
+
+def _in_place(library: Library, key: str, unfolded: Sequence[str]) -> Library:
+    """``library`` with the index ``key`` (made again this turn by a fold of its group,
+    after it was unfolded) where the old one stood: before the first of the entries it
+    unfolded that is still there, so no key moves past another."""
+    index = library.get(key)
+    anchor = next((k for k in unfolded if k in library and k != key), None)
+    if index is None or anchor is None:
+        return library
+    keys = library.keys()
+    if keys.index(key) < keys.index(anchor):
+        return library
+    rest = [e for e in library.entries if e.key != key]
+    at = next(i for i, e in enumerate(rest) if e.key == anchor)
+    return Library((*rest[:at], index, *rest[at:]))
 
 
 def _indexed(
