@@ -50,6 +50,7 @@ from lamina.pipeline._model.envelope import (
 from lamina.pipeline._model.library import Library, LibraryEntry
 from lamina.pipeline._model.recall import RecallItem, Retriever
 from lamina.pipeline._model.tools import chunk_source
+from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._turn.assemble import draft, fitted_preview, summary_target, visible_history
 from lamina.pipeline._turn.draft import Draft
 from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
@@ -59,7 +60,7 @@ from lamina.pipeline._views.preview import (
     make_excerpt,
     make_preview,
 )
-from lamina.pipeline._views.views import body_preview, full_view, reference_view
+from lamina.pipeline._views.views import ViewMemo, body_preview, full_view, reference_view
 
 if TYPE_CHECKING:
     from lamina.pipeline._budget.fit import Budget
@@ -118,7 +119,9 @@ def _value(weight: float, whole: int, tokens: int, *, text_free: bool) -> float:
     return worth / 2 if text_free else worth
 
 
-def _words(retriever: Retriever | None, query: str, items: Sequence[RecallItem]) -> dict[str, float]:
+def _words(
+    retriever: Retriever | None, query: str, items: Sequence[RecallItem]
+) -> dict[str, float]:
     """Each key's relevance to ``query`` in [0, 1] (its score over the best), by
     ``retriever`` over ``items`` (this turn's units' texts)."""
     if retriever is None or not items or not query.strip():
@@ -142,9 +145,15 @@ def _relevance(turn: TurnGraph, factory: Callable[[], Retriever] | None) -> dict
         items.append(RecallItem(entry.key, entry.turn, f"{view.title}\n{view.body[:_READ]}"))
     for item in turn.items:
         artifact = turn.artifact(item.key)
-        items.append(RecallItem(item.key, turn.ctx.turn, f"{artifact.title}\n{artifact.payload.body()[:_READ]}"))
-    for entry, reply in visible_history(turn)[:-1]:
-        items.append(RecallItem(f"history:{entry.turn}", entry.turn, f"{entry.user}\n{reply or ''}"))
+        items.append(
+            RecallItem(
+                item.key, turn.ctx.turn, f"{artifact.title}\n{artifact.payload.body()[:_READ]}"
+            )
+        )
+    for said, reply in visible_history(turn)[:-1]:
+        items.append(
+            RecallItem(f"history:{said.turn}", said.turn, f"{said.user}\n{reply or ''}")
+        )
     return _words(factory(), turn.query, items)
 
 
@@ -178,6 +187,18 @@ class _Form:
     tokens: int
     text_free: bool = False
     value: float | None = None
+
+
+def _excerpt(views: ViewMemo, memo: tuple[object, ...], body: str, counter: TokenCounter,
+             limit: int) -> str:  # fmt: skip
+    """``body``'s excerpt of ``limit`` tokens, remembered under ``memo``."""
+    return views.get(memo, lambda: make_excerpt(body, counter, limit).text)
+
+
+def _fitted(views: ViewMemo, memo: tuple[object, ...], body: str, counter: TokenCounter,
+            limit: int) -> str:  # fmt: skip
+    """``body``'s preview fitted to ``limit`` tokens, remembered under ``memo``."""
+    return views.get(memo, lambda: fitted_preview_of(body, counter, limit).text)
 
 
 def _library_forms(
@@ -220,7 +241,9 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
     assert budget is not None
     whole = entry.whole_view
     full = max(entry.full_tokens, entry.tokens)
-    forms = [_Form(_Choice(str(entry.form), entry), entry.tokens + _SEP, entry.form is Form.REFERENCE)]
+    forms = [
+        _Form(_Choice(str(entry.form), entry), entry.tokens + _SEP, entry.form is Form.REFERENCE)
+    ]
 
     def add(form: str, view: View) -> None:
         if view.form is Form.PREVIEW and (not view.body.strip() or is_omitted_only(view.body)):
@@ -235,7 +258,7 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
         limit = full // 2
         while limit >= EXCERPT_MIN_TOKENS:
             memo = ("l2-excerpt", text_hash(body), ctx.counter.name, limit)
-            text = ctx.views.get(memo, lambda: make_excerpt(body, ctx.counter, limit).text)
+            text = _excerpt(ctx.views, memo, body, ctx.counter, limit)
             add("excerpt", attrs.evolve(whole, form=Form.EXCERPT, body=text))
             limit //= 2
         return tuple(forms)
@@ -247,7 +270,7 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
         limit = (full - ctx.counter.count(empty)) // 2
         while limit >= MIN_PREVIEW_TOKENS:
             memo = ("l2-fit", text_hash(whole.body), ctx.counter.name, limit)
-            text = ctx.views.get(memo, lambda: fitted_preview_of(whole.body, ctx.counter, limit).text)
+            text = _fitted(ctx.views, memo, whole.body, ctx.counter, limit)
             add("preview", attrs.evolve(whole, form=Form.PREVIEW, body=text))
             limit //= 2
     if full > 2 * budget.summary_tokens:
@@ -255,7 +278,9 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
         if whole.form is Form.FULL:
             body = body_preview(whole.body, ctx.counter, ctx.policy, ctx.views).text
         memo_key = f"{whole.content_hash}:l2:{text_hash(body)}"
-        summary = ctx.summaries.summarize(ctx.summarizer, memo_key, body, summary_target(turn, body))
+        summary = ctx.summaries.summarize(
+            ctx.summarizer, memo_key, body, summary_target(turn, body)
+        )
         if summary.text.strip():
             add("summary", attrs.evolve(whole, form=Form.SUMMARY, body=summary.text))
     stub = attrs.evolve(whole, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
@@ -268,7 +293,12 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
 
 
 def _library_unit(
-    turn: TurnGraph, entry: LibraryEntry, weight: float, head: int, *, referenced: bool,
+    turn: TurnGraph,
+    entry: LibraryEntry,
+    weight: float,
+    head: int,
+    *,
+    referenced: bool,
     sent: bool,
 ) -> _Unit:
     """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``; its
@@ -321,7 +351,9 @@ def _item_unit(
     while limits and limits[-1] // 2 >= least:
         limits.append(limits[-1] // 2)
     limits = [limit for limit in limits if limit >= least]
-    limits = sorted({*limits, *(x for x in extra.get(item.key, ()) if least <= x < size)}, reverse=True)
+    limits = sorted(
+        {*limits, *(x for x in extra.get(item.key, ()) if least <= x < size)}, reverse=True
+    )
     if artifact.recoverable and (not limits or limits[-1] > least) and size > least:
         limits.append(least)
     for limit in limits:
@@ -348,7 +380,12 @@ def _item_unit(
             marks = (*item.marks, (NOT_SENT, "true"))
             ref = turn.ctx.renderer.render(reference_view(artifact, marks))
             tokens = turn.ctx.counter.count(ref) + _SEP
-            choices.append(_Choice("reference", placement=attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0)))
+            choices.append(
+                _Choice(
+                    "reference",
+                    placement=attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0),
+                )
+            )
             rungs.append(Rung(tokens, _value(weight, size, tokens, text_free=True), True))
     return _Unit("item", item.key, Ladder(tuple(rungs)), tuple(choices))
 
@@ -514,18 +551,42 @@ _LAYERS = {"l1": "L1", "library": "L2", "history": "L4", "item": "L3"}
 def _decision(unit: _Unit, old: _Choice, new: _Choice, saved: int) -> Decision:
     layer = _LAYERS[unit.kind]
     grows = saved < 0
-    action = DecisionAction.RESTORED if grows and unit.kind != "item" else _ACTIONS.get(new.form, DecisionAction.COMPACTED)
+    action = (
+        DecisionAction.RESTORED
+        if grows and unit.kind != "item"
+        else _ACTIONS.get(new.form, DecisionAction.COMPACTED)
+    )
     if unit.kind == "history":
         action = DecisionAction.HISTORY_CUT
         return Decision("budget", f"history:{old.start}-{new.start - 1}", "text", "dropped",
                         "the oldest history turns dropped (the objective keeps a recent suffix)",
                         saved, layer=layer, action=action)  # fmt: skip
-    why = "given back (room and value outweigh the cache it breaks)" if grows else "cut (the objective's best use of the room)"
-    to = new.form if new.form in ("full", "preview", "summary", "excerpt", "evicted", "index", "reference", "text") else "full"
-    return Decision("budget", unit.key, old.form, to, f"{unit.kind} {why}: {old.form} -> {new.form}", saved, layer=layer, action=action)
+    why = (
+        "given back (room and value outweigh the cache it breaks)"
+        if grows
+        else "cut (the objective's best use of the room)"
+    )
+    to = (
+        new.form
+        if new.form
+        in ("full", "preview", "summary", "excerpt", "evicted", "index", "reference", "text")
+        else "full"
+    )
+    return Decision(
+        "budget",
+        unit.key,
+        old.form,
+        to,
+        f"{unit.kind} {why}: {old.form} -> {new.form}",
+        saved,
+        layer=layer,
+        action=action,
+    )
 
 
-def _apply(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> tuple[TurnGraph, list[Decision]]:
+def _apply(
+    turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]
+) -> tuple[TurnGraph, list[Decision]]:
     """``turn`` with each unit in its chosen form, and a decision per changed unit."""
     library = turn.library
     items = list(turn.items)
@@ -555,7 +616,9 @@ def _apply(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> tu
             if new.unfold:
                 unfolds.append((unit.key, new.unfold))
             elif new.form in ("index", "count") and new.entry is None:
-                stub = attrs.evolve(current.whole_view, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
+                stub = attrs.evolve(
+                    current.whole_view, form=Form.REFERENCE, body="", marks=(("evicted", "true"),)
+                )
                 lines, counts = folds.setdefault(stub_group(current.whole_view), ([], []))
                 (lines if new.form == "index" else counts).append(_entry(turn, stub, current))
             else:
@@ -568,7 +631,11 @@ def _apply(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> tu
             items[at[unit.key]] = new.placement
     changed = {d.target for d in decisions if d.layer == "L2"}
     for i, item in enumerate(items):
-        if item.form is Form.REFERENCE and item.key in changed and (NOT_SENT, "true") not in item.marks:
+        if (
+            item.form is Form.REFERENCE
+            and item.key in changed
+            and (NOT_SENT, "true") not in item.marks
+        ):
             # A reference must find its entry as it was: the item is listed as not sent.
             items[i] = attrs.evolve(item, marks=(*item.marks, (NOT_SENT, "true")))
             reason = "re-attached item not sent: its library entry was cut for lack of room"
@@ -580,7 +647,9 @@ def _apply(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> tu
         library, _, _ = fold(turn, library, group, lines, counts)
     for key, back in unfolds:
         library = _in_place(library, key, [e.key for e in back])
-    out = attrs.evolve(turn, library=library, items=tuple(items), history_view=history, system=system)
+    out = attrs.evolve(
+        turn, library=library, items=tuple(items), history_view=history, system=system
+    )
     for group, members in _groups(out).items():
         gone = [m.key for m in members if m.key in indexed]
         if gone:
@@ -610,17 +679,29 @@ def _indexed(
 ) -> tuple[TurnGraph, Decision]:
     """``turn`` with the items ``gone`` (in placement order) in ``group``'s index: the
     first ``listed`` as lines, the rest counted; and the group's one decision."""
-    out = _with_index(turn, group, members, set(gone[:listed]) or set(gone), len(gone) - listed if listed else 0)
+    out = _with_index(
+        turn, group, members, set(gone[:listed]) or set(gone), len(gone) - listed if listed else 0
+    )
     if not listed:
         key = f"{INDEX_SOURCE}:{group}"
         out = out.with_artifact(index_artifact(group, (), len(gone)))
-        out = attrs.evolve(out, items=tuple(i for i in out.items if i.key not in set(gone) or i.key == key))
+        out = attrs.evolve(
+            out, items=tuple(i for i in out.items if i.key not in set(gone) or i.key == key)
+        )
     elif listed < len(gone):
         rest = set(gone[listed:])
         out = attrs.evolve(out, items=tuple(i for i in out.items if i.key not in rest))
-    why = "no form of each fits" if listed == len(gone) else f"{len(gone) - listed} counted: the lines do not all fit"
-    reason = f"{len(gone)} item{'s' if len(gone) != 1 else ''} of {group} listed in its index ({why})"
-    return out, Decision("budget", group, "items", "index", reason, layer="L3", action=DecisionAction.INDEXED)
+    why = (
+        "no form of each fits"
+        if listed == len(gone)
+        else f"{len(gone) - listed} counted: the lines do not all fit"
+    )
+    reason = (
+        f"{len(gone)} item{'s' if len(gone) != 1 else ''} of {group} listed in its index ({why})"
+    )
+    return out, Decision(
+        "budget", group, "items", "index", reason, layer="L3", action=DecisionAction.INDEXED
+    )
 
 
 def _made(
@@ -659,7 +740,8 @@ def _sized(
         if unit.kind != "item" or c == 0 or left < MIN_PREVIEW_TOKENS // 2:
             continue
         chosen, top = unit.ladder.rungs[c], unit.ladder.rungs[0]
-        if unit.choices[c].placement is None or unit.choices[c].placement.form is Form.REFERENCE:
+        placement = unit.choices[c].placement
+        if placement is None or placement.form is Form.REFERENCE:
             continue
         slope = (top.value - chosen.value) / max(1, top.tokens - chosen.tokens)
         if best is None or slope > best[0]:
@@ -725,7 +807,9 @@ class Solve:
             if solution is None and not counted:
                 # Not even every item's index line fits: the lines may be counted instead.
                 counted = True
-                units = cached + _item_units(turn, measured, budget, relevance, exact, extra, counted=True)
+                units = cached + _item_units(
+                    turn, measured, budget, relevance, exact, extra, counted=True
+                )
                 continue
             if solution is None:
                 break

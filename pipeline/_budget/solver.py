@@ -26,6 +26,7 @@ The solve is a function of the ladders alone: no clock, no dict order, ties by p
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import attrs
@@ -190,8 +191,8 @@ def objective(
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
     broken = next((p for p, j in enumerate(prefix) if choice[j] != ladders[j].previous), None)
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
-    uncached = 0 if broken is None else sum(
-        ladders[j].rungs[choice[j]].tokens for j in prefix[broken:]
+    uncached = (
+        0 if broken is None else sum(ladders[j].rungs[choice[j]].tokens for j in prefix[broken:])
     )
     return value - cache_price * uncached, None if broken is None else prefix[broken]
 
@@ -213,7 +214,7 @@ def solve(
     for j, ladder in enumerate(ladders):
         rungs, price = ladder.rungs, prices[j]
         hull = _hull(rungs, price)
-        for a, b in zip(hull, hull[1:], strict=False):
+        for a, b in itertools.pairwise(hull):
             ra, rb = rungs[a], rungs[b]
             gain = (rb.value - price * rb.tokens) - (ra.value - price * ra.tokens)
             if gain > 0:

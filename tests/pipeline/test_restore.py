@@ -275,7 +275,10 @@ def test_cuts_are_states_over_random_chats(turns: list[list[str]], window: int) 
                 grow = whole - entry.tokens
                 # 2 tokens: a block's join with its neighbours may move by a piece.
                 assert not (budget.limit * plan.restore_min <= grow <= room - 2), (
-                    entry.key, window, turns, [(d.action.value, d.target) for d in report.decisions]
+                    entry.key,
+                    window,
+                    turns,
+                    [(d.action.value, d.target) for d in report.decisions],
                 )
         conv.reply("Noted.")
         previous = env
@@ -323,7 +326,9 @@ def test_stubs_folded_into_a_library_index_come_back_when_room_frees_up(
     restored from SQLite does the same."""
     from tests.test_real_material import KEPANO, KEPANO_CHAT
 
-    budget = Budget(8000, reserve_output=1000, plan=BudgetPlan(restore_min=0.15), policy="current-first")
+    budget = Budget(
+        8000, reserve_output=1000, plan=BudgetPlan(restore_min=0.15), policy="current-first"
+    )
     live = Conversation("You answer from the attached notes.", vault=KEPANO, budget=budget)
     previous: Envelope | None = None
     with SqliteStore(tmp_path / "chat.db") as store:
@@ -388,7 +393,9 @@ def test_an_index_unfolds_as_far_as_room_allows() -> None:
 
     def chat() -> tuple[list[Envelope], Conversation]:
         conv = Conversation(
-            "You answer from the attached notes.", vault=KEPANO, budget=Budget(4000, 600, policy="current-first")
+            "You answer from the attached notes.",
+            vault=KEPANO,
+            budget=Budget(4000, 600, policy="current-first"),
         )
         envs: list[Envelope] = []
         for i, (query, attach) in enumerate(KEPANO_CHAT):
@@ -471,7 +478,9 @@ def test_stubs_join_their_folders_index_where_it_stands() -> None:
     assert bounded is not None
     collapsed, decisions = bounded
     assert collapsed.keys() == (
-        "note:docs/api-docs.md", "note:docs/auth.md", "index:folder:meetings"
+        "note:docs/api-docs.md",
+        "note:docs/auth.md",
+        "index:folder:meetings",
     )
     index = collapsed.get("index:folder:meetings")
     assert index is not None
@@ -501,7 +510,9 @@ def test_a_cut_that_saves_a_few_tokens_is_not_made(tmp_path: Path) -> None:
     """Three small notes in the library at their floor, then a large note that must be
     cut: no note becomes a stub that saves a token or two (the 35-token note's stub is 34,
     a daily note's 46 of 53); the large note's preview takes the cut instead."""
-    conv = Conversation("You answer.", vault=_tiny_vault(tmp_path), budget=Budget(560, 0))
+    conv = Conversation(
+        "You answer.", vault=_tiny_vault(tmp_path), budget=Budget(560, 0, policy="current-first")
+    )
     small = ("Daily/2023-09-12.md", "Daily/2023-09-30.md", "Categories/Clippings.md")
     conv.turn("Days.", [note(k) for k in small])
     conv.reply("Noted.")
@@ -521,7 +532,9 @@ def test_tiny_cuts_are_made_only_when_nothing_else_is_left(tmp_path: Path) -> No
     turn, the window tight), they still give way rather than the turn failing: the daily
     notes go into their folder's index (which keeps only its count, stubs being over their
     share) and the category note to a stub."""
-    conv = Conversation("You answer.", vault=_tiny_vault(tmp_path), budget=Budget(250, 0, policy="current-first"))
+    conv = Conversation(
+        "You answer.", vault=_tiny_vault(tmp_path), budget=Budget(250, 0, policy="current-first")
+    )
     small = ("Daily/2023-09-12.md", "Daily/2023-09-30.md", "Categories/Clippings.md")
     conv.turn("Days.", [note(k) for k in small])
     conv.reply("Noted.")
@@ -661,7 +674,9 @@ def test_a_restore_with_less_room_than_a_batch_needs_is_not_tried(
 
     with monkeypatch.context() as patch:
         patch.setattr(fit, "restore", both)
-        budget = Budget(window, window // 6, plan=BudgetPlan(restore_min=restore_min), policy="current-first")
+        budget = Budget(
+            window, window // 6, plan=BudgetPlan(restore_min=restore_min), policy="current-first"
+        )
         conv = Conversation("You answer.", vault=EXAMPLE, budget=budget)
         for i, keys in enumerate(turns):
             conv.turn(f"Question {i}.", [note(k) for k in keys])

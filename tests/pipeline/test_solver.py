@@ -95,19 +95,21 @@ def test_never_over_the_room_and_never_worse_than_last_turn(
         assert smallest > room
         return
     assert done.tokens <= room
-    assert done.tokens == sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, done.choice))
+    assert done.tokens == sum(
+        ladder.rungs[c].tokens for ladder, c in zip(ladders, done.choice, strict=True)
+    )
     keep = [
         ladder.previous
         if ladder.previous is not None
         else min(range(len(ladder.rungs)), key=lambda i: ladder.rungs[i].tokens)
         for ladder in ladders
     ]
-    if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, keep)) <= room:
+    if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, keep, strict=True)) <= room:
         assert done.objective >= objective(ladders, keep, price)[0] - 1e-6
     best = max(
         objective(ladders, choice, price)[0]
         for choice in itertools.product(*(range(len(ladder.rungs)) for ladder in ladders))
-        if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice)) <= room
+        if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True)) <= room
     )
     top = max(r.value for ladder in ladders for r in ladder.rungs)
     assert done.objective >= best - top - price * 500 * len(ladders) - 1e-6
