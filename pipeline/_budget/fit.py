@@ -49,6 +49,7 @@ from lamina.pipeline._model.envelope import (
     View,
 )
 from lamina.pipeline._model.library import Library, LibraryEntry
+from lamina.pipeline._model.recall import Retriever
 from lamina.pipeline._model.tools import chunk_source
 from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._tokens.profiles import (
@@ -381,8 +382,9 @@ DEFAULT_ORDER: tuple[Cut, ...] = (
 )
 """The current-first order one cut at a time (the default policy plans it in rounds)."""
 
-CutPolicy = Literal["current-first", "prefix-first"]
+CutPolicy = Literal["objective", "current-first", "prefix-first"]
 CUT_POLICIES: dict[str, tuple[Cut, ...]] = {
+    "objective": DEFAULT_ORDER,
     "current-first": DEFAULT_ORDER,
     "prefix-first": PREFIX_FIRST_ORDER,
 }
@@ -549,11 +551,17 @@ class Enforce:
     name: str = "budget"
     after: tuple[str, ...] = ("reference",)
     before: tuple[str, ...] = ("promote",)
+    retriever: Callable[[], Retriever] | None = None
+    """What ranks units by relevance to the query for the objective policy."""
 
     def __call__(self, turn: TurnGraph) -> TurnGraph:
         budget = turn.ctx.budget
         if budget is None:
             return turn
+        if budget.policy == "objective" and budget.order is DEFAULT_ORDER:
+            from lamina.pipeline._budget.objective import Solve
+
+            return Solve(retriever=self.retriever)(turn)
         if _planned(budget):
             # The library as the model last saw it: an edited note's preview leads with
             # what changed since.
@@ -714,7 +722,7 @@ def _settle(
 
 
 def _planned(budget: Budget) -> bool:
-    return budget.policy == "current-first" and budget.order is DEFAULT_ORDER
+    return budget.policy in ("objective", "current-first") and budget.order is DEFAULT_ORDER
 
 
 def turn_plans(budget: Budget) -> tuple[engine.Plan[_Fitting], ...]:

@@ -61,6 +61,12 @@ def _flag(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
         raise ConfigError(f"budget.plan.{attribute.name}", f"must be True or False, got {value!r}")
 
 
+def _weights(value: object) -> tuple[tuple[str, float], ...]:
+    """Source weights as sorted (source, weight) pairs, from a mapping or pairs."""
+    pairs = dict(value)  # type: ignore[call-overload]
+    return tuple(sorted((str(k), float(w)) for k, w in pairs.items()))
+
+
 def _plan(_: object, attribute: attrs.Attribute[BudgetPlan], value: object) -> None:
     if not isinstance(value, BudgetPlan):
         raise ConfigError("budget.plan", f"must be a BudgetPlan, got {type(value).__name__}")
@@ -142,9 +148,28 @@ class BudgetSettings:
     much, for each query. 0 turns recall off (no index): stores read a budget saved
     without this field with 0, so a stored conversation keeps what it was made with."""
     stub_share: float = attrs.field(default=0.1, validator=_fraction)
+    headroom: float = attrs.field(default=0.05, validator=_fraction)
+    """The share of the limit a turn that changes forms leaves free, so the next turns'
+    queries and replies fit without changing them again (the objective policy)."""
+    cache_weight: float = attrs.field(default=0.3, validator=_real)
+    """What a token read from the provider's cache is worth, against a token of text the
+    model can use: the price a change pays for each token after it (the objective)."""
+    text_free_share: float = attrs.field(default=0.1, validator=_fraction)
+    """The share of the window that forms without prose (index lines, stubs) may take
+    where the objective has a choice."""
+    source_weights: tuple[tuple[str, float], ...] = attrs.field(default=(), converter=_weights)
+    """Weights of units by source type (``note``, ``file``, ``history``, ...; 1 unless
+    set): what the objective values a form of that source at."""
+
+    def source_weight(self, source: str) -> float:
+        """The weight of ``source`` (``source_weights``; 1 unless set)."""
+        for name, weight in self.source_weights:
+            if name == source:
+                return weight
+        return 1.0
+
     """The share of the window that library stubs and their indexes may take; past it the
     oldest folder's or source's stubs collapse into one index block (``stubs``)."""
-
 
     plan: BudgetPlan = attrs.field(factory=_default_plan, validator=_plan)
     """The shares, floors and restore schedule of the current-first policy."""

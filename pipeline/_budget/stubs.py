@@ -164,23 +164,32 @@ def bound_stubs(
 
 
 def fold(
-    turn: TurnGraph, library: Library, group: str, stubs: Sequence[LibraryEntry]
+    turn: TurnGraph,
+    library: Library,
+    group: str,
+    stubs: Sequence[LibraryEntry],
+    counted: Sequence[LibraryEntry] = (),
 ) -> tuple[Library, LibraryEntry, int]:
     """``library`` with the entries of ``stubs``' keys (their stub forms, each keeping its
-    whole, in library order, all of ``group``) listed in the group's library index: the
-    index there is extended, else a new one takes the place of the first. The library,
-    the index and the tokens the index grew by (all of it when new)."""
+    whole, in library order, all of ``group``) listed in the group's library index, and
+    those of ``counted`` only counted there: the index there is extended, else a new one
+    takes the place of the first. The library, the index and the tokens the index grew
+    by (all of it when new)."""
     key = f"{INDEX_SOURCE}:{group}"
     index = library.get(key)
     kept, items, unlisted = _listed(index) if index is not None else ((), 0, 0)
     lines = [IndexLine(e.key, e.view.title, e.full_tokens) for e in stubs]
-    folded = (*(index.folded if index is not None else ()), *stubs)
-    since = min(e.turn for e in (*stubs, *(() if index is None else (index,))))
-    new = _Renderer(turn).entry(group, lines, kept, items, unlisted, since, folded)
-    gone = {e.key for e in stubs}
+    folded = (*(index.folded if index is not None else ()), *stubs, *counted)
+    moved = (*stubs, *counted)
+    since = min(e.turn for e in (*moved, *(() if index is None else (index,))))
+    new = _Renderer(turn).entry(
+        group, lines, kept, items, unlisted + len(counted), since, folded
+    )
+    gone = {e.key for e in moved}
+    first = min((library.keys().index(e.key) for e in moved), default=0)
     entries: list[LibraryEntry] = []
-    for entry in library.entries:
-        if entry.key == key or (entry.key in gone and index is None and stubs[0].key == entry.key):
+    for i, entry in enumerate(library.entries):
+        if entry.key == key or (entry.key in gone and index is None and i == first):
             entries.append(new)
         elif entry.key not in gone:
             entries.append(entry)

@@ -30,6 +30,9 @@ from tests.pipeline.test_budget import exact_request_tokens
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vault"
 SMALL = Budget(3000, reserve_output=400)
+# The cascade (``policy="current-first"``), kept until it is deleted: the tests of its
+# restore schedule, floors and slack run on it.
+CASCADE = Budget(3000, reserve_output=400, policy="current-first")
 CUTS = {
     DecisionAction.COMPACTED,
     DecisionAction.EVICTED,
@@ -57,7 +60,7 @@ def test_a_cut_goes_no_deeper_than_needed_and_comes_back_when_room_frees() -> No
     to a summary; the spec attached again, in a turn that must cut anyway, comes back
     whole in the library and the item refers to it (not sent again in L3 beside its
     preview); the next turn keeps it so, without a cut or a restore."""
-    conv = Conversation("You answer.", vault=EXAMPLE, budget=SMALL)
+    conv = Conversation("You answer.", vault=EXAMPLE, budget=CASCADE)
     first = _turn(conv, "The spec.", "project-spec.md")
     assert [s.form for s in first.l3.segments] == [Form.FULL]
     second = _turn(conv, "The API notes.", "docs/api-docs.md")
@@ -141,7 +144,7 @@ def test_a_large_attachment_leaves_the_library_its_floor_and_it_comes_back(
 ) -> None:
     """A 2-hour transcript arriving in a chat with a 22-entry library at 16k: the library
     keeps its floor (not all stubs), and the next short turn restores entries."""
-    budget = Budget(16_000, reserve_output=2_000)
+    budget = Budget(16_000, reserve_output=2_000, policy="current-first")
     conv = Conversation("You answer.", vault=big_vault, budget=budget)
     previous: Envelope | None = None
     for start in range(0, 22, 4):
@@ -176,7 +179,7 @@ def test_the_plan_is_validated_and_reported() -> None:
         BudgetPlan(restore=1)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"budget\.plan"):
         Budget(3000, plan={"slack": 0.1})  # type: ignore[arg-type]
-    conv = Conversation("You answer.", vault=EXAMPLE, budget=SMALL)
+    conv = Conversation("You answer.", vault=EXAMPLE, budget=CASCADE)
     env = conv.turn("The spec.", [note("project-spec.md")])
     plan = trace_document([env], conv.counter)["turns"][0]["budget"]["plan"]
     assert plan == {
@@ -199,7 +202,7 @@ def test_the_slack_follows_the_conversations_growth() -> None:
     ``slack_turns=0``, the flat share."""
 
     def slack(plan: BudgetPlan, turns: int) -> list[int]:
-        budget = Budget(3000, reserve_output=400, plan=plan)
+        budget = Budget(3000, reserve_output=400, plan=plan, policy="current-first")
         conv = Conversation("You answer.", vault=EXAMPLE, budget=budget)
         out = []
         for i in range(turns):
@@ -272,7 +275,10 @@ def test_cuts_are_states_over_random_chats(turns: list[list[str]], window: int) 
                 grow = whole - entry.tokens
                 # 2 tokens: a block's join with its neighbours may move by a piece.
                 assert not (budget.limit * plan.restore_min <= grow <= room - 2), (
-                    entry.key, window, turns, [(d.action.value, d.target) for d in report.decisions]
+                    entry.key,
+                    window,
+                    turns,
+                    [(d.action.value, d.target) for d in report.decisions],
                 )
         conv.reply("Noted.")
         previous = env
@@ -320,7 +326,9 @@ def test_stubs_folded_into_a_library_index_come_back_when_room_frees_up(
     restored from SQLite does the same."""
     from tests.test_real_material import KEPANO, KEPANO_CHAT
 
-    budget = Budget(8000, reserve_output=1000, plan=BudgetPlan(restore_min=0.15))
+    budget = Budget(
+        8000, reserve_output=1000, plan=BudgetPlan(restore_min=0.15), policy="current-first"
+    )
     live = Conversation("You answer from the attached notes.", vault=KEPANO, budget=budget)
     previous: Envelope | None = None
     with SqliteStore(tmp_path / "chat.db") as store:
@@ -468,7 +476,9 @@ def test_stubs_join_their_folders_index_where_it_stands() -> None:
     assert bounded is not None
     collapsed, decisions = bounded
     assert collapsed.keys() == (
-        "note:docs/api-docs.md", "note:docs/auth.md", "index:folder:meetings"
+        "note:docs/api-docs.md",
+        "note:docs/auth.md",
+        "index:folder:meetings",
     )
     index = collapsed.get("index:folder:meetings")
     assert index is not None
@@ -498,7 +508,9 @@ def test_a_cut_that_saves_a_few_tokens_is_not_made(tmp_path: Path) -> None:
     """Three small notes in the library at their floor, then a large note that must be
     cut: no note becomes a stub that saves a token or two (the 35-token note's stub is 34,
     a daily note's 46 of 53); the large note's preview takes the cut instead."""
-    conv = Conversation("You answer.", vault=_tiny_vault(tmp_path), budget=Budget(560, 0))
+    conv = Conversation(
+        "You answer.", vault=_tiny_vault(tmp_path), budget=Budget(560, 0, policy="current-first")
+    )
     small = ("Daily/2023-09-12.md", "Daily/2023-09-30.md", "Categories/Clippings.md")
     conv.turn("Days.", [note(k) for k in small])
     conv.reply("Noted.")
@@ -518,7 +530,9 @@ def test_tiny_cuts_are_made_only_when_nothing_else_is_left(tmp_path: Path) -> No
     turn, the window tight), they still give way rather than the turn failing: the daily
     notes go into their folder's index (which keeps only its count, stubs being over their
     share) and the category note to a stub."""
-    conv = Conversation("You answer.", vault=_tiny_vault(tmp_path), budget=Budget(250, 0))
+    conv = Conversation(
+        "You answer.", vault=_tiny_vault(tmp_path), budget=Budget(250, 0, policy="current-first")
+    )
     small = ("Daily/2023-09-12.md", "Daily/2023-09-30.md", "Categories/Clippings.md")
     conv.turn("Days.", [note(k) for k in small])
     conv.reply("Noted.")
@@ -658,7 +672,9 @@ def test_a_restore_with_less_room_than_a_batch_needs_is_not_tried(
 
     with monkeypatch.context() as patch:
         patch.setattr(fit, "restore", both)
-        budget = Budget(window, window // 6, plan=BudgetPlan(restore_min=restore_min))
+        budget = Budget(
+            window, window // 6, plan=BudgetPlan(restore_min=restore_min), policy="current-first"
+        )
         conv = Conversation("You answer.", vault=EXAMPLE, budget=budget)
         for i, keys in enumerate(turns):
             conv.turn(f"Question {i}.", [note(k) for k in keys])

@@ -1,0 +1,848 @@
+"""The budget stage: a turn's units as ladders of forms, one solve, measured exactly.
+
+1. Every unit the request can carry becomes a ladder (``solver.Ladder``): L1's mutable
+   part, each library entry (whole, preview, summary, excerpts, stub, its line in its
+   group's index; an index unfolds into its entries), history older than the last turn
+   (kept as a recent contiguous suffix), each item attached this turn (full, previews,
+   excerpts, its line in its group's index or a not-sent reference). A rung's tokens are
+   its block's count (a fitted preview's, its limit); its value is what it tells the
+   model (``_value``).
+2. ``solver.solve`` picks one rung a ladder: the most value less the cache price of the
+   tokens after the first changed prefix unit, within the limit less what is fixed (the
+   query, the last turn, L1's stable part, framing).
+3. The choice is applied and the request drafted and measured exactly; if the estimate
+   was short, the room shrinks by the overshoot and the same ladders are solved again
+   (``MAX_ROUNDS``). Every changed unit is one decision.
+
+Restores, cuts, folds into an index and unfolds are all outcomes of the one solve against
+the rungs last turn sent: nothing runs as a pass of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+
+from lamina.pipeline._budget.index import (
+    INDEX_SOURCE,
+    _groups,
+    _Member,
+    _with_index,
+    index_artifact,
+    is_index,
+    is_omitted_only,
+)
+from lamina.pipeline._budget.solver import Ladder, Rung, Solution, solve
+from lamina.pipeline._budget.stubs import _Renderer, fold, stub_group
+from lamina.pipeline._errors import BudgetExceeded
+from lamina.pipeline._hashing import text_hash
+from lamina.pipeline._model.envelope import (
+    NOT_SENT,
+    BudgetReport,
+    Decision,
+    DecisionAction,
+    Form,
+    View,
+)
+from lamina.pipeline._model.library import Library, LibraryEntry
+from lamina.pipeline._model.recall import RecallItem, Retriever
+from lamina.pipeline._model.tools import chunk_source
+from lamina.pipeline._tokens.counter import TokenCounter
+from lamina.pipeline._turn.assemble import draft, fitted_preview, summary_target, visible_history
+from lamina.pipeline._turn.draft import Draft
+from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
+from lamina.pipeline._views.preview import (
+    EXCERPT_MIN_TOKENS,
+    fitted_preview_of,
+    make_excerpt,
+    make_preview,
+)
+from lamina.pipeline._views.views import ViewMemo, body_preview, full_view, reference_view
+
+if TYPE_CHECKING:
+    from lamina.pipeline._budget.fit import Budget
+
+__all__ = ["MAX_ROUNDS", "MIN_PREVIEW_TOKENS", "Solve"]
+
+MAX_ROUNDS = 6
+"""Solves a turn makes at most: each after the first shrinks the room by what the last
+measured request was over (separators and framing the rungs' counts do not hold)."""
+
+MIN_PREVIEW_TOKENS = 64
+"""The smallest preview block of an item: below it a preview holds a heading at most."""
+
+_SEP = 2
+"""Tokens a block costs beside its own (the blank line between blocks)."""
+
+_STEPS = 8
+"""An item's previews (or excerpts) are fitted to sevenths, sixths ... of its size: the
+steps the room is shared in."""
+
+_READ = 1500
+"""Characters of a unit's text its relevance is read from (its title and opening)."""
+"""Tokens a block costs beside its own (the blank line between blocks)."""
+
+
+@attrs.frozen
+class _Choice:
+    """One rung of a unit: what applying it changes, and its label for decisions."""
+
+    form: str
+    entry: LibraryEntry | None = None
+    placement: Placement | None = None
+    start: int = 0
+    text: str = ""
+    unfold: tuple[LibraryEntry, ...] = ()
+    guess: bool = False
+    """A fitted preview whose tokens are its limit until it is made (``_made``)."""
+
+
+@attrs.frozen
+class _Unit:
+    """A unit (``kind``: l1, library, history, item), its key, rungs and their choices."""
+
+    kind: str
+    key: str
+    ladder: Ladder
+    choices: tuple[_Choice, ...]
+
+
+def _value(weight: float, whole: int, tokens: int, *, text_free: bool) -> float:
+    """What a form tells the model: ``weight`` times the square root of the text it
+    carries times the unit's whole size, so value grows with text but less per token
+    (a preview is worth more per token than the whole); a text-free form (a line, a
+    stub: a title and how to ask for it) is worth half of that."""
+    worth = weight * math.sqrt(max(0, tokens) * max(1, whole))
+    return worth / 2 if text_free else worth
+
+
+def _words(
+    retriever: Retriever | None, query: str, items: Sequence[RecallItem]
+) -> dict[str, float]:
+    """Each key's relevance to ``query`` in [0, 1] (its score over the best), by
+    ``retriever`` over ``items`` (this turn's units' texts)."""
+    if retriever is None or not items or not query.strip():
+        return {}
+    retriever.index(items)
+    found = retriever.search(query, len(items))
+    top = max((score for _, score in found), default=0.0)
+    if top <= 0:
+        return {}
+    return {key: max(0.0, score) / top for key, score in found}
+
+
+def _relevance(turn: TurnGraph, factory: Callable[[], Retriever] | None) -> dict[str, float]:
+    """Each unit's relevance to the query (library entries, this turn's items, history
+    turns), by a fresh retriever from ``factory`` over their titles and openings."""
+    if factory is None or not turn.query.strip():
+        return {}
+    items: list[RecallItem] = []
+    for entry in turn.library.entries:
+        view = entry.whole_view
+        items.append(RecallItem(entry.key, entry.turn, f"{view.title}\n{view.body[:_READ]}"))
+    for item in turn.items:
+        artifact = turn.artifact(item.key)
+        items.append(
+            RecallItem(
+                item.key, turn.ctx.turn, f"{artifact.title}\n{artifact.payload.body()[:_READ]}"
+            )
+        )
+    for said, reply in visible_history(turn)[:-1]:
+        items.append(
+            RecallItem(f"history:{said.turn}", said.turn, f"{said.user}\n{reply or ''}")
+        )
+    return _words(factory(), turn.query, items)
+
+
+def _weight(budget: Budget, source: str, age: int, relevance: float, *, now: bool) -> float:
+    """A unit's weight: its source's (``Budget.source_weights``), recency (halving over
+    about four turns, never below half), attached-now (x1.5) and relevance (up to x2)."""
+    recency = 1.5 if now else 0.5 + 0.5 * 0.85 ** max(0, age)
+    return budget.source_weight(source) * recency * (1.0 + relevance)
+
+
+def _entry(turn: TurnGraph, view: View, of: LibraryEntry) -> LibraryEntry:
+    """``view`` as a library entry in the place of ``of`` (keeping its whole form)."""
+    ctx = turn.ctx
+    text = ctx.renderer.render(view)
+    whole = None if view == of.whole_view else of.whole_view
+    return LibraryEntry(view, text, ctx.counter.count(text), of.turn, of.full_tokens, whole=whole)
+
+
+def _index_line_tokens(turn: TurnGraph, key: str, title: str, full: int) -> int:
+    from lamina.pipeline._budget.index import IndexLine
+
+    return turn.ctx.counter.count(IndexLine(key, title, full).render()) + 1
+
+
+@attrs.frozen
+class _Form:
+    """A library entry's form as its ladder needs it: the choice, its tokens, whether it
+    is text-free, and a value of its own (an unfold's: its entries'), else None."""
+
+    choice: _Choice
+    tokens: int
+    text_free: bool = False
+    value: float | None = None
+
+
+def _excerpt(views: ViewMemo, memo: tuple[object, ...], body: str, counter: TokenCounter,
+             limit: int) -> str:  # fmt: skip
+    """``body``'s excerpt of ``limit`` tokens, remembered under ``memo``."""
+    return views.get(memo, lambda: make_excerpt(body, counter, limit).text)
+
+
+def _fitted(views: ViewMemo, memo: tuple[object, ...], body: str, counter: TokenCounter,
+            limit: int) -> str:  # fmt: skip
+    """``body``'s preview fitted to ``limit`` tokens, remembered under ``memo``."""
+    return views.get(memo, lambda: fitted_preview_of(body, counter, limit).text)
+
+
+def _library_forms(
+    turn: TurnGraph, entry: LibraryEntry, *, referenced: bool, sent: bool
+) -> tuple[_Form, ...]:
+    """A library entry's forms: the one it has now first, its whole form, the policy's
+    preview and previews fitted to halving sizes, a summary, excerpts (non-recoverable),
+    a stub, its index line and its count in the index; an index's, unfolded into its
+    entries and kept as a count. Remembered by the entry's text (the ladder's values
+    change with the query; the forms do not)."""
+    ctx = turn.ctx
+    if entry.view.source_type == INDEX_SOURCE:
+        return _index_forms(turn, entry, sent=sent)
+    key = ("l2-forms", entry.key, text_hash(entry.text), entry.whole_view.content_hash,
+           ctx.counter.name)  # fmt: skip
+    return ctx.views.get(key, lambda: _entry_forms(turn, entry))
+
+
+def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
+    forms = [_Form(_Choice("index", entry), entry.tokens + _SEP, True)]
+    if not entry.folded or sent:
+        return tuple(forms)
+    taken = {i.key for i in turn.items}
+    keys = [e.key for e in entry.folded]
+    if len(set(keys)) == len(keys) and not any(k in turn.library or k in taken for k in keys):
+        back = tuple(_entry(turn, e.whole_view, e) for e in entry.folded)
+        size = sum(e.tokens + _SEP for e in back)
+        forms.append(_Form(_Choice("full", unfold=back), size, value=-1.0))
+    if "\n" in entry.view.body:
+        counted = _Renderer(turn).entry(
+            entry.view.locator, (), (), 0, len(entry.folded), entry.turn, entry.folded
+        )
+        forms.append(_Form(_Choice("count", counted), counted.tokens + _SEP, True, 0.0))
+    return tuple(forms)
+
+
+def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
+    ctx = turn.ctx
+    budget = ctx.budget
+    assert budget is not None
+    whole = entry.whole_view
+    full = max(entry.full_tokens, entry.tokens)
+    forms = [
+        _Form(_Choice(str(entry.form), entry), entry.tokens + _SEP, entry.form is Form.REFERENCE)
+    ]
+
+    def add(form: str, view: View) -> None:
+        if view.form is Form.PREVIEW and (not view.body.strip() or is_omitted_only(view.body)):
+            return  # a preview holding no section is never sent
+        new = _entry(turn, view, entry)
+        forms.append(_Form(_Choice(form, new), new.tokens + _SEP))
+
+    if entry.cut:
+        add("full", whole)
+    if not whole.recoverable:
+        body = whole.body
+        limit = full // 2
+        while limit >= EXCERPT_MIN_TOKENS:
+            memo = ("l2-excerpt", text_hash(body), ctx.counter.name, limit)
+            text = _excerpt(ctx.views, memo, body, ctx.counter, limit)
+            add("excerpt", attrs.evolve(whole, form=Form.EXCERPT, body=text))
+            limit //= 2
+        return tuple(forms)
+    if whole.form is Form.FULL:
+        preview = body_preview(whole.body, ctx.counter, ctx.policy, ctx.views)
+        if preview.text != whole.body:
+            add("preview", attrs.evolve(whole, form=Form.PREVIEW, body=preview.text))
+        empty = ctx.renderer.render(attrs.evolve(whole, form=Form.PREVIEW, body=""))
+        limit = (full - ctx.counter.count(empty)) // 2
+        while limit >= MIN_PREVIEW_TOKENS:
+            memo = ("l2-fit", text_hash(whole.body), ctx.counter.name, limit)
+            text = _fitted(ctx.views, memo, whole.body, ctx.counter, limit)
+            add("preview", attrs.evolve(whole, form=Form.PREVIEW, body=text))
+            limit //= 2
+    if full > 2 * budget.summary_tokens:
+        body = whole.body
+        if whole.form is Form.FULL:
+            body = body_preview(whole.body, ctx.counter, ctx.policy, ctx.views).text
+        memo_key = f"{whole.content_hash}:l2:{text_hash(body)}"
+        summary = ctx.summaries.summarize(
+            ctx.summarizer, memo_key, body, summary_target(turn, body)
+        )
+        if summary.text.strip():
+            add("summary", attrs.evolve(whole, form=Form.SUMMARY, body=summary.text))
+    stub = attrs.evolve(whole, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
+    new = _entry(turn, stub, entry)
+    forms.append(_Form(_Choice("evicted", new), new.tokens + _SEP, True))
+    line = _index_line_tokens(turn, entry.key, whole.title, full)
+    forms.append(_Form(_Choice("index"), line, True))
+    forms.append(_Form(_Choice("count"), 0, True, 0.0))
+    return tuple(forms)
+
+
+def _library_unit(
+    turn: TurnGraph,
+    entry: LibraryEntry,
+    weight: float,
+    head: int,
+    *,
+    referenced: bool,
+    sent: bool,
+) -> _Unit:
+    """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``; its
+    line or count in its group's index also costs ``head`` (its share of a new index's
+    head)."""
+    forms = _library_forms(turn, entry, referenced=referenced, sent=sent)
+    if sent:  # sent again in L3 this turn: the library does not give it back (not twice)
+        forms = tuple(f for f in forms if f is forms[0] or f.tokens < forms[0].tokens)
+    full = max(entry.full_tokens, entry.tokens)
+    rungs = []
+    for form in forms:
+        if form.choice.form in ("index", "count") and form.choice.entry is None:
+            form = attrs.evolve(form, tokens=form.tokens + head)
+        if form.value is None:
+            value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free)
+        elif form.value < 0:  # an unfold: what its entries are worth
+            back = form.choice.unfold
+            value = sum(_value(weight, e.tokens, e.tokens, text_free=False) for e in back)
+        else:
+            value = form.value
+        rungs.append(Rung(form.tokens, value, form.text_free))
+    return _Unit("library", entry.key, Ladder(tuple(rungs), 0), tuple(f.choice for f in forms))
+
+
+def _item_unit(
+    turn: TurnGraph,
+    item: Placement,
+    size: int,
+    weight: float,
+    exact: dict[tuple[str, int], int | None],
+    extra: dict[str, set[int]],
+    *,
+    grouped: bool,
+    counted: bool,
+    head: int = 0,
+) -> _Unit | None:
+    """An item attached this turn: the form it has now, previews fitted to halving sizes
+    down to ``MIN_PREVIEW_TOKENS`` (recoverable) or excerpts (not), then its line in its
+    group's index, else a not-sent reference. None for what has one form only."""
+    artifact = turn.artifact(item.key)
+    if item.form is Form.REFERENCE or is_index(artifact) or chunk_source(item.key) is not None:
+        return None
+    if item.form not in (Form.FULL, Form.PREVIEW, Form.EXCERPT):
+        return None
+    choices = [_Choice(str(item.form), placement=item)]
+    rungs = [Rung(size + _SEP, _value(weight, size, size, text_free=False))]
+    least = MIN_PREVIEW_TOKENS if artifact.recoverable else EXCERPT_MIN_TOKENS
+    # Eighths of the item, then halving down to the least: fine steps where the room is.
+    limits = sorted({size * k // _STEPS for k in range(_STEPS - 1, 0, -1)}, reverse=True)
+    while limits and limits[-1] // 2 >= least:
+        limits.append(limits[-1] // 2)
+    limits = [limit for limit in limits if limit >= least]
+    limits = sorted(
+        {*limits, *(x for x in extra.get(item.key, ()) if least <= x < size)}, reverse=True
+    )
+    if artifact.recoverable and (not limits or limits[-1] > least) and size > least:
+        limits.append(least)
+    for limit in limits:
+        form = Form.PREVIEW if artifact.recoverable else Form.EXCERPT
+        placement = attrs.evolve(item, form=form, limit=limit)
+        tokens: int | None = limit
+        guess = form is Form.PREVIEW and (item.key, limit) not in exact
+        if form is Form.PREVIEW and not guess:
+            tokens = exact[item.key, limit]
+            if tokens is None:
+                break  # a preview holding no section is never sent (nor a smaller one)
+        assert tokens is not None
+        choices.append(_Choice(str(form), placement=placement, guess=guess))
+        rungs.append(Rung(tokens + _SEP, _value(weight, size, tokens, text_free=False)))
+    if artifact.recoverable:
+        if grouped:
+            line = _index_line_tokens(turn, item.key, artifact.title, size)
+            choices.append(_Choice("index"))
+            rungs.append(Rung(line + head, _value(weight, size, line, text_free=True), True))
+            if counted:  # only when the lines alone do not fit: counted in the index
+                choices.append(_Choice("count"))
+                rungs.append(Rung(head, 0.0, True))
+        else:
+            marks = (*item.marks, (NOT_SENT, "true"))
+            ref = turn.ctx.renderer.render(reference_view(artifact, marks))
+            tokens = turn.ctx.counter.count(ref) + _SEP
+            choices.append(
+                _Choice(
+                    "reference",
+                    placement=attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0),
+                )
+            )
+            rungs.append(Rung(tokens, _value(weight, size, tokens, text_free=True), True))
+    return _Unit("item", item.key, Ladder(tuple(rungs)), tuple(choices))
+
+
+def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float]) -> _Unit | None:
+    """History before the last turn as a recent contiguous suffix, cut from its oldest
+    end ``Budget.history_step`` turns at a time (so the cut point, and the cached prefix
+    with it, moves once in several turns); a turn's value is its tokens weighed by
+    recency and relevance, so the oldest go first."""
+    budget = turn.ctx.budget
+    assert budget is not None
+    shown = visible_history(turn)[:-1]
+    if not shown:
+        return None
+    sizes: dict[int, int] = {}
+    for seg in measured.l4.segments:
+        parts = seg.key.split(":")
+        if len(parts) > 2 and parts[1].isdigit():
+            at = int(parts[1])
+            sizes[at] = sizes.get(at, 0) + seg.tokens + budget.per_message_tokens
+    turns = [entry.turn for entry, _ in shown]
+    worth = {
+        t: 0.8 * sizes.get(t, 0) * _weight(
+            budget, "history", turn.ctx.turn - t, relevance.get(f"history:{t}", 0.0), now=False
+        )
+        for t in turns
+    }  # fmt: skip
+    rungs: list[Rung] = []
+    choices: list[_Choice] = []
+    for cut in range(0, len(turns) + budget.history_step, budget.history_step):
+        kept = turns[min(cut, len(turns)) :]
+        start = kept[0] if kept else turns[-1] + 1
+        rungs.append(Rung(sum(sizes.get(t, 0) for t in kept), sum(worth[t] for t in kept)))
+        choices.append(_Choice("text" if cut == 0 else "dropped", start=start))
+        if not kept:
+            break
+    # Last turn's request showed all of these (its own turn aside): the first rung.
+    return _Unit("history", "history", Ladder(tuple(rungs), 0), tuple(choices))
+
+
+def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
+    """L1's mutable part: whole, its preview, then halving excerpts."""
+    text = turn.system.mutable
+    counter = turn.ctx.counter
+    tokens = counter.count(text)
+    if tokens <= EXCERPT_MIN_TOKENS:
+        return None
+    choices = [_Choice("text", text=text)]
+    rungs = [Rung(tokens, _value(1.5, tokens, tokens, text_free=False))]
+    preview = make_preview(text, counter, section_tokens=turn.ctx.policy.section_tokens).text
+    size = counter.count(preview)
+    if size < tokens:
+        choices.append(_Choice("preview", text=preview))
+        rungs.append(Rung(size, _value(1.5, tokens, size, text_free=False)))
+    limit = tokens // 2
+    while limit >= EXCERPT_MIN_TOKENS:
+        cut = make_excerpt(text, counter, limit).text
+        choices.append(_Choice("excerpt", text=cut))
+        rungs.append(Rung(counter.count(cut), _value(1.5, tokens, limit, text_free=False)))
+        limit //= 2
+    return _Unit("l1", "system:mutable", Ladder(tuple(rungs), 0), tuple(choices))
+
+
+def _cached_units(
+    turn: TurnGraph, measured: Draft, budget: Budget, relevance: dict[str, float]
+) -> list[_Unit]:
+    """The units of the cached prefix, in its order: L1's mutable part, the library,
+    history."""
+    units: list[_Unit] = []
+    l1 = _l1_unit(turn, measured)
+    if l1 is not None:
+        units.append(l1)
+    referenced = {i.key for i in turn.items if i.form is Form.REFERENCE}
+    sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
+    now = turn.ctx.turn
+    heads: dict[str, int] = {}
+    for entry in turn.library.entries:
+        w = _weight(budget, entry.view.source_type, now - entry.turn,
+                    relevance.get(entry.key, 0.0), now=False)  # fmt: skip
+        head = heads.get(stub_group(entry.whole_view), 0)
+        if entry.key in referenced:  # re-attached: what the user asks for now
+            w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
+        units.append(_library_unit(turn, entry, w, head, referenced=entry.key in referenced,
+                                   sent=entry.key in sent))  # fmt: skip
+    history = _history_unit(turn, measured, relevance)
+    if history is not None:
+        units.append(history)
+    return units
+
+
+def _library_heads(turn: TurnGraph) -> dict[str, int]:
+    """Each group without a library index: its share, per entry, of a new index's head."""
+    members: dict[str, int] = {}
+    for entry in turn.library.entries:
+        if entry.view.source_type != INDEX_SOURCE:
+            group = stub_group(entry.whole_view)
+            members[group] = members.get(group, 0) + 1
+    heads: dict[str, int] = {}
+    for group, n in members.items():
+        if f"{INDEX_SOURCE}:{group}" not in turn.library:
+            index = _Renderer(turn).entry(group, (), (), 0, n, turn.ctx.turn, ())
+            heads[group] = -(-(index.tokens + _SEP) // n)
+    return heads
+
+
+def _item_heads(turn: TurnGraph, groups: dict[str, list[_Member]]) -> dict[str, int]:
+    """Each item of a group without an index this turn: its share of the index's head."""
+    ctx = turn.ctx
+    present = {item.key for item in turn.items}
+    heads: dict[str, int] = {}
+    for group, members in groups.items():
+        if f"{INDEX_SOURCE}:{group}" in present or not members:
+            continue
+        head = ctx.counter.count(ctx.renderer.render(full_view(index_artifact(group, ()))))
+        share = -(-(head + _SEP) // len(members))
+        for m in members:
+            heads[m.key] = share
+    return heads
+
+
+def _item_units(
+    turn: TurnGraph,
+    measured: Draft,
+    budget: Budget,
+    relevance: dict[str, float],
+    exact: dict[tuple[str, int], int | None],
+    extra: dict[str, set[int]],
+    *,
+    counted: bool,
+) -> list[_Unit]:
+    """The units of this turn's items, after every cached unit."""
+    units: list[_Unit] = []
+    sizes = {s.key: s.tokens for s in measured.l3.segments}
+    groups = _groups(turn)
+    grouped = {m.key for members in groups.values() for m in members}
+    heads: dict[str, int] = {}
+    for i, item in enumerate(turn.items):
+        artifact = turn.artifact(item.key)
+        w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0), now=True)
+        w *= 1.0 - i / (1000.0 * (len(turn.items) + 1))  # ties: the first placed first
+        unit = _item_unit(
+            turn, item, sizes.get(item.key, 0), w, exact, extra,
+            grouped=item.key in grouped, counted=counted, head=heads.get(item.key, 0),
+        )  # fmt: skip
+        if unit is not None:
+            units.append(unit)
+    return units
+
+
+_ACTIONS = {
+    "preview": DecisionAction.COMPACTED,
+    "summary": DecisionAction.COMPACTED,
+    "excerpt": DecisionAction.EXCERPTED,
+    "evicted": DecisionAction.EVICTED,
+    "index": DecisionAction.INDEXED,
+    "reference": DecisionAction.NOT_SENT,
+    "dropped": DecisionAction.HISTORY_CUT,
+}
+
+_LAYERS = {"l1": "L1", "library": "L2", "history": "L4", "item": "L3"}
+
+
+def _decision(unit: _Unit, old: _Choice, new: _Choice, saved: int) -> Decision:
+    layer = _LAYERS[unit.kind]
+    grows = saved < 0
+    action = (
+        DecisionAction.RESTORED
+        if grows and unit.kind != "item"
+        else _ACTIONS.get(new.form, DecisionAction.COMPACTED)
+    )
+    if unit.kind == "history":
+        action = DecisionAction.HISTORY_CUT
+        return Decision("budget", f"history:{old.start}-{new.start - 1}", "text", "dropped",
+                        "the oldest history turns dropped (the objective keeps a recent suffix)",
+                        saved, layer=layer, action=action)  # fmt: skip
+    why = (
+        "given back (room and value outweigh the cache it breaks)"
+        if grows
+        else "cut (the objective's best use of the room)"
+    )
+    to = (
+        new.form
+        if new.form
+        in ("full", "preview", "summary", "excerpt", "evicted", "index", "reference", "text")
+        else "full"
+    )
+    return Decision(
+        "budget",
+        unit.key,
+        old.form,
+        to,
+        f"{unit.kind} {why}: {old.form} -> {new.form}",
+        saved,
+        layer=layer,
+        action=action,
+    )
+
+
+def _apply(
+    turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]
+) -> tuple[TurnGraph, list[Decision]]:
+    """``turn`` with each unit in its chosen form, and a decision per changed unit."""
+    library = turn.library
+    items = list(turn.items)
+    at = {item.key: i for i, item in enumerate(items)}
+    history = turn.history_view
+    system = turn.system
+    decisions: list[Decision] = []
+    folds: dict[str, tuple[list[LibraryEntry], list[LibraryEntry]]] = {}
+    indexed: dict[str, bool] = {}
+    unfolds: list[tuple[str, tuple[LibraryEntry, ...]]] = []
+    for unit, c in zip(units, choice, strict=True):
+        ladder = unit.ladder
+        base = ladder.previous if ladder.previous is not None else 0
+        if c == base:
+            continue
+        old, new = unit.choices[base], unit.choices[c]
+        saved = ladder.rungs[base].tokens - ladder.rungs[c].tokens
+        if unit.kind != "item" or new.form not in ("index", "count"):
+            decisions.append(_decision(unit, old, new, saved))
+        if unit.kind == "l1":
+            system = SystemPrompt(system.stable, new.text)
+        elif unit.kind == "history":
+            history = HistoryView(new.start, history.shortened)
+        elif unit.kind == "library":
+            current = library.get(unit.key)
+            assert current is not None
+            if new.unfold:
+                unfolds.append((unit.key, new.unfold))
+            elif new.form in ("index", "count") and new.entry is None:
+                stub = attrs.evolve(
+                    current.whole_view, form=Form.REFERENCE, body="", marks=(("evicted", "true"),)
+                )
+                lines, counts = folds.setdefault(stub_group(current.whole_view), ([], []))
+                (lines if new.form == "index" else counts).append(_entry(turn, stub, current))
+            else:
+                assert new.entry is not None
+                library = library.replace(new.entry)
+        elif new.form in ("index", "count"):
+            indexed[unit.key] = new.form == "index"
+        else:
+            assert new.placement is not None
+            items[at[unit.key]] = new.placement
+    changed = {d.target for d in decisions if d.layer == "L2"}
+    for i, item in enumerate(items):
+        if (
+            item.form is Form.REFERENCE
+            and item.key in changed
+            and (NOT_SENT, "true") not in item.marks
+        ):
+            # A reference must find its entry as it was: the item is listed as not sent.
+            items[i] = attrs.evolve(item, marks=(*item.marks, (NOT_SENT, "true")))
+            reason = "re-attached item not sent: its library entry was cut for lack of room"
+            decisions.append(Decision("budget", item.key, "reference", "reference", reason,
+                                      layer="L3", action=DecisionAction.NOT_SENT))  # fmt: skip
+    for key, back in unfolds:
+        library = library.unfold(key, list(back))
+    for group, (lines, counts) in folds.items():
+        library, _, _ = fold(turn, library, group, lines, counts)
+    for key, back in unfolds:
+        library = _in_place(library, key, [e.key for e in back])
+    out = attrs.evolve(
+        turn, library=library, items=tuple(items), history_view=history, system=system
+    )
+    for group, members in _groups(out).items():
+        gone = [m.key for m in members if m.key in indexed]
+        if gone:
+            out, made = _indexed(out, group, members, gone, sum(indexed[k] for k in gone))
+            decisions.append(made)
+    return out, decisions
+
+
+def _in_place(library: Library, key: str, unfolded: Sequence[str]) -> Library:
+    """``library`` with the index ``key`` (made again this turn by a fold of its group,
+    after it was unfolded) where the old one stood: before the first of the entries it
+    unfolded that is still there, so no key moves past another."""
+    index = library.get(key)
+    anchor = next((k for k in unfolded if k in library and k != key), None)
+    if index is None or anchor is None:
+        return library
+    keys = library.keys()
+    if keys.index(key) < keys.index(anchor):
+        return library
+    rest = [e for e in library.entries if e.key != key]
+    at = next(i for i, e in enumerate(rest) if e.key == anchor)
+    return Library((*rest[:at], index, *rest[at:]))
+
+
+def _indexed(
+    turn: TurnGraph, group: str, members: Sequence[_Member], gone: Sequence[str], listed: int
+) -> tuple[TurnGraph, Decision]:
+    """``turn`` with the items ``gone`` (in placement order) in ``group``'s index: the
+    first ``listed`` as lines, the rest counted; and the group's one decision."""
+    out = _with_index(
+        turn, group, members, set(gone[:listed]) or set(gone), len(gone) - listed if listed else 0
+    )
+    if not listed:
+        key = f"{INDEX_SOURCE}:{group}"
+        out = out.with_artifact(index_artifact(group, (), len(gone)))
+        out = attrs.evolve(
+            out, items=tuple(i for i in out.items if i.key not in set(gone) or i.key == key)
+        )
+    elif listed < len(gone):
+        rest = set(gone[listed:])
+        out = attrs.evolve(out, items=tuple(i for i in out.items if i.key not in rest))
+    why = (
+        "no form of each fits"
+        if listed == len(gone)
+        else f"{len(gone) - listed} counted: the lines do not all fit"
+    )
+    reason = (
+        f"{len(gone)} item{'s' if len(gone) != 1 else ''} of {group} listed in its index ({why})"
+    )
+    return out, Decision(
+        "budget", group, "items", "index", reason, layer="L3", action=DecisionAction.INDEXED
+    )
+
+
+def _made(
+    turn: TurnGraph,
+    units: Sequence[_Unit],
+    choice: Sequence[int],
+    exact: dict[tuple[str, int], int | None],
+) -> bool:
+    """Make the guessed previews ``choice`` takes (their exact tokens into ``exact``;
+    None for one that holds no section); whether there were any."""
+    made = False
+    for unit, c in zip(units, choice, strict=True):
+        chosen = unit.choices[c]
+        if not chosen.guess or chosen.placement is None:
+            continue
+        made = True
+        for other in unit.choices:  # the smaller ones too: the next solve may take them
+            placement = other.placement
+            if other.guess and placement is not None and placement.limit <= chosen.placement.limit:
+                view = fitted_preview(turn, placement)
+                empty = not view.body.strip() or is_omitted_only(view.body)
+                tokens = turn.ctx.counter.count(turn.ctx.renderer.render(view))
+                exact[unit.key, placement.limit] = None if empty else tokens
+    return made
+
+
+def _sized(
+    units: Sequence[_Unit], solution: Solution, room: int, extra: dict[str, set[int]]
+) -> bool:
+    """A preview sized to the room ``solution`` leaves (into ``extra``) for the item it
+    cut whose next rung up does not fit, the one of most value per token: the greedy's
+    fractional step, made whole. Whether one was added."""
+    left = room - solution.tokens
+    best: tuple[float, _Unit, int] | None = None
+    for unit, c in zip(units, solution.choice, strict=True):
+        if unit.kind != "item" or c == 0 or left < MIN_PREVIEW_TOKENS // 2:
+            continue
+        chosen, top = unit.ladder.rungs[c], unit.ladder.rungs[0]
+        placement = unit.choices[c].placement
+        if placement is None or placement.form is Form.REFERENCE:
+            continue
+        slope = (top.value - chosen.value) / max(1, top.tokens - chosen.tokens)
+        if best is None or slope > best[0]:
+            best = (slope, unit, chosen.tokens - _SEP + left)
+    if best is None:
+        return False
+    _, unit, limit = best
+    extra.setdefault(unit.key, set()).add(limit)
+    return True
+
+
+def _headroom(report: BudgetReport, budget: Budget) -> BudgetReport:
+    """``report`` whose plan gives the headroom as the room kept free (``slack_tokens``:
+    what a batch's restore by appending leaves free)."""
+    free = str(math.floor(budget.limit * budget.headroom))
+    plan = tuple((k, free if k == "slack_tokens" else v) for k, v in report.plan)
+    return attrs.evolve(report, plan=plan)
+
+
+@attrs.frozen
+class Solve:
+    """The budget stage: one objective over the turn's ladders, one solve, measured."""
+
+    name: str = "budget"
+    after: tuple[str, ...] = ("reference",)
+    before: tuple[str, ...] = ("promote",)
+    retriever: Callable[[], Retriever] | None = None
+    """What ranks units by relevance to the query (the default pipeline gives it BM25,
+    ``Bm25Retriever``; a host's embeddings go through the same ``Retriever`` protocol);
+    None: no relevance."""
+
+    def __call__(self, turn: TurnGraph) -> TurnGraph:
+        budget = turn.ctx.budget
+        if budget is None:
+            return turn
+        turn = attrs.evolve(turn, seen=turn.library)
+        measured = draft(turn)
+        used = budget.used(measured, turn.ctx.counter)
+        before = measured.layer_tokens()
+        fits = budget.effective(used) <= budget.limit
+        if fits and not any(e.cut or e.folded for e in turn.library.entries):
+            report = _headroom(budget.report(used, before, before, ()), budget)
+            return attrs.evolve(turn, budget_report=report, measured=measured)
+        relevance = _relevance(turn, self.retriever)
+        exact: dict[tuple[str, int], int | None] = {}
+        extra: dict[str, set[int]] = {}
+        cached = _cached_units(turn, measured, budget, relevance)
+        units = cached + _item_units(turn, measured, budget, relevance, exact, extra, counted=False)
+        now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
+        fixed = used - now
+        limit = math.floor(budget.limit / (1.0 + budget.safety_margin))
+        # The request fits the limit less the headroom, or stays as it is if it fits.
+        limit = max(limit - math.floor(budget.limit * budget.headroom), used if fits else 0)
+        text_free = math.floor(budget.context_window * budget.text_free_share)
+        short = 0
+        best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
+        counted = False
+        rounds = making = 0
+        while rounds < MAX_ROUNDS:
+            ladders = [u.ladder for u in units]
+            room = limit - fixed - short
+            solution = solve(ladders, room, cache_price=budget.cache_weight, text_free=text_free)
+            if solution is None and not counted:
+                # Not even every item's index line fits: the lines may be counted instead.
+                counted = True
+                units = cached + _item_units(
+                    turn, measured, budget, relevance, exact, extra, counted=True
+                )
+                continue
+            if solution is None:
+                break
+            if not making and _sized(units, solution, room, extra):
+                making += 1
+                units = cached + _item_units(
+                    turn, measured, budget, relevance, exact, extra, counted=counted
+                )
+                continue  # the room left is given to one preview, fitted to it
+            if _made(turn, units, solution.choice, exact):
+                making += 1
+                units = cached + _item_units(
+                    turn, measured, budget, relevance, exact, extra, counted=counted
+                )
+                continue  # a guessed preview was made: solve again with its tokens
+            rounds += 1
+            out, decisions = _apply(turn, units, solution.choice)
+            drafted = draft(out, measured)
+            spent = budget.used(drafted, turn.ctx.counter)
+            over = budget.effective(spent) - budget.limit
+            if over <= 0:
+                best = (out, drafted, spent, decisions)
+                break
+            short += over + max(8, short // 2)
+        if best is None:
+            report = budget.report(used, before, measured.layer_tokens(), ())
+            raise BudgetExceeded(
+                f"turn {turn.ctx.turn}: {budget.effective(used)} tokens do not fit the limit of "
+                f"{budget.limit} (window {budget.context_window} - reserve "
+                f"{budget.reserve_output}) even in the smallest forms",
+                report,
+            )
+        out, drafted, spent, decisions = best
+        report = _headroom(budget.report(spent, before, drafted.layer_tokens(), decisions), budget)
+        decided = attrs.evolve(out, budget_report=report, measured=drafted)
+        return decided.decide(*report.decisions)

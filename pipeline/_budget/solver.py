@@ -1,0 +1,277 @@
+"""The budget's one objective and its one solver, over ladders of forms.
+
+Every unit a request can carry (L1's mutable part, a library entry, history, an item
+attached this turn) is a ``Ladder`` of ``Rung``\\ s: its forms, each with its exact tokens
+and the value of what it tells the model. The solver picks one rung a ladder to
+
+    maximize   sum(value of the chosen rungs) - cache_price * (prefix tokens after the break)
+    subject to sum(tokens of the chosen rungs) <= room
+               sum(tokens of the chosen text-free rungs) <= text_free (where a choice is left)
+
+where the break is the first prefix ladder whose rung differs from last turn's: from
+there on the provider reads the request uncached. Only the *first* change matters, so
+the solve is exact in the break point:
+
+1. For each candidate break ``b`` in prefix order (and "no break"), the prefix ladders
+   before ``b`` keep last turn's rungs; the rest are free, and the prefix ones among them
+   pay ``cache_price`` a token (a shear of their value: their hulls keep their vertices).
+2. The free ladders are a multiple-choice knapsack, solved by greedy on each ladder's
+   upper convex hull: every ladder starts at its smallest rung, and hull steps are taken
+   by falling value per token while they fit (a step that does not fit ends its ladder's
+   climb); a last pass gives each ladder the best rung, hull or not, that still fits.
+3. The best objective over the candidates wins; ties go to the later break (more cached).
+
+The solve is a function of the ladders alone: no clock, no dict order, ties by position.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import attrs
+
+__all__ = ["MAX_BREAKS", "Ladder", "Rung", "Solution", "objective", "solve"]
+
+MAX_BREAKS = 16
+"""The most break points tried: the latest ones, where a break costs least, and then
+evenly spread ones (a 1,600-entry library would otherwise be solved 1,600 times)."""
+
+
+@attrs.frozen
+class Rung:
+    """One form of a unit: its tokens and its value; ``text_free`` for forms without prose
+    (an index line, a stub, a count)."""
+
+    tokens: int
+    value: float
+    text_free: bool = False
+
+
+@attrs.frozen
+class Ladder:
+    """A unit's forms (any order) and the rung last turn's request sent (``previous``;
+    None for a unit new this turn, which sits after every cached unit)."""
+
+    rungs: tuple[Rung, ...]
+    previous: int | None = None
+
+
+@attrs.frozen
+class Solution:
+    """One rung a ladder (``choice``), its tokens, value, first changed prefix ladder
+    (``broken_at``; None: the whole prefix stays cached) and objective."""
+
+    choice: tuple[int, ...]
+    tokens: int
+    value: float
+    broken_at: int | None
+    objective: float
+
+
+def _hull(rungs: Sequence[Rung], price: float) -> list[int]:
+    """Indices of ``rungs`` on the upper convex hull of (tokens, value - price * tokens),
+    from the smallest rung up, each step of positive and falling slope."""
+    order = sorted(range(len(rungs)), key=lambda i: (rungs[i].tokens, -rungs[i].value, i))
+    points: list[int] = []
+    for i in order:
+        r = rungs[i]
+        v = r.value - price * r.tokens
+        if points and rungs[points[-1]].tokens == r.tokens:
+            continue  # same size, lower value (sorted)
+        if points and v <= rungs[points[-1]].value - price * rungs[points[-1]].tokens:
+            continue  # larger and worth no more
+        while len(points) >= 2:
+            a, b = rungs[points[-2]], rungs[points[-1]]
+            va, vb = a.value - price * a.tokens, b.value - price * b.tokens
+            # b is under the chord a -> r: drop it (slopes must fall)
+            if (vb - va) * (r.tokens - a.tokens) <= (v - va) * (b.tokens - a.tokens):
+                points.pop()
+            else:
+                break
+        points.append(i)
+    return points
+
+
+def _smallest(rungs: Sequence[Rung]) -> int:
+    return min(range(len(rungs)), key=lambda i: (rungs[i].tokens, -rungs[i].value, i))
+
+
+def _bare(rung: Rung) -> int:
+    return rung.tokens if rung.text_free else 0
+
+
+@attrs.frozen
+class _Step:
+    """One step up a ladder's hull: its slope (value less price, per token), the ladder
+    and the rung it climbs to."""
+
+    slope: float
+    ladder: int
+    rung: int
+
+
+def _climb(
+    ladders: Sequence[Ladder],
+    steps: Sequence[_Step],
+    choice: list[int],
+    fixed: Sequence[bool],
+    room: int,
+    bare: int,
+    text_free: int,
+) -> int:
+    """Take ``steps`` (best slope first) while they fit ``room`` and the text-free
+    share, from ``choice`` (in place); a step that does not fit ends its ladder's climb.
+    The tokens used after."""
+    stopped: set[int] = set()
+    used = 0
+    for step in steps:
+        j = step.ladder
+        if fixed[j] or j in stopped:
+            continue
+        old, new = ladders[j].rungs[choice[j]], ladders[j].rungs[step.rung]
+        if new.tokens <= old.tokens:
+            continue  # a later step of a ladder already climbed past this one
+        grow = new.tokens - old.tokens
+        bare_grow = _bare(new) - _bare(old)
+        if used + grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
+            stopped.add(j)
+            continue
+        choice[j], used, bare = step.rung, used + grow, bare + bare_grow
+    return used
+
+
+def _topped(
+    ladders: Sequence[Ladder],
+    free: Sequence[int],
+    prices: Sequence[float],
+    choice: list[int],
+    room: int,
+    bare: int,
+    text_free: int,
+) -> None:
+    """Each free ladder given the rung, on its hull or not, worth most that still fits
+    (in place): the greedy's last pass."""
+    for j in free:
+        rungs, price = ladders[j].rungs, prices[j]
+        best = choice[j]
+        now = rungs[choice[j]]
+        for i, r in enumerate(rungs):
+            grow = r.tokens - now.tokens
+            bare_grow = _bare(r) - _bare(now)
+            if grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
+                continue
+            cur = rungs[best]
+            if r.value - price * r.tokens > cur.value - price * cur.tokens:
+                best = i
+        new = rungs[best]
+        room -= new.tokens - now.tokens
+        bare += _bare(new) - _bare(now)
+        choice[j] = best
+
+
+def _breaks(prefix: Sequence[int]) -> set[int]:
+    """Candidate break points (positions in ``prefix``, plus ``len(prefix)``: no break),
+    at most ``MAX_BREAKS``: the latest half, then evenly spread earlier ones."""
+    n = len(prefix)
+    every = list(range(n + 1))
+    if len(every) <= MAX_BREAKS:
+        return set(every)
+    late = every[-(MAX_BREAKS // 2) :]
+    early = every[: -(MAX_BREAKS // 2)]
+    step = len(early) / (MAX_BREAKS - len(late))
+    spread = sorted({early[int(k * step)] for k in range(MAX_BREAKS - len(late))})
+    return {*spread, *late}
+
+
+def objective(
+    ladders: Sequence[Ladder], choice: Sequence[int], cache_price: float
+) -> tuple[float, int | None]:
+    """The objective of ``choice`` and its first changed prefix ladder (None: none)."""
+    prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
+    broken = next((p for p, j in enumerate(prefix) if choice[j] != ladders[j].previous), None)
+    value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
+    uncached = (
+        0 if broken is None else sum(ladders[j].rungs[choice[j]].tokens for j in prefix[broken:])
+    )
+    return value - cache_price * uncached, None if broken is None else prefix[broken]
+
+
+def solve(
+    ladders: Sequence[Ladder], room: int, *, cache_price: float = 0.0, text_free: int = 0
+) -> Solution | None:
+    """The choice of one rung a ladder that maximizes the objective (module docstring)
+    within ``room`` tokens, text-free rungs within ``text_free`` where they are a choice;
+    None when not even the smallest rungs fit."""
+    n = len(ladders)
+    prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
+    at = [n] * n  # each ladder's place in the prefix (n: not in it)
+    for p, j in enumerate(prefix):
+        at[j] = p
+    prices = [cache_price if at[j] < n else 0.0 for j in range(n)]
+    start = [_smallest(ladder.rungs) for ladder in ladders]
+    steps: list[_Step] = []
+    for j, ladder in enumerate(ladders):
+        rungs, price = ladder.rungs, prices[j]
+        hull = _hull(rungs, price)
+        for a, b in itertools.pairwise(hull):
+            ra, rb = rungs[a], rungs[b]
+            gain = (rb.value - price * rb.tokens) - (ra.value - price * ra.tokens)
+            if gain > 0:
+                steps.append(_Step(gain / max(1, rb.tokens - ra.tokens), j, b))
+    steps.sort(key=lambda s: (-s.slope, s.ladder, s.rung))
+    start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))
+    start_bare = sum(_bare(ladders[j].rungs[start[j]]) for j in range(n))
+    best: tuple[float, int] | None = None
+    fixed_used = fixed_bare = 0
+    fixed_start = fixed_start_bare = 0
+    candidates = _breaks(prefix)
+    for b in range(len(prefix) + 1):
+        if b > 0:
+            j = prefix[b - 1]
+            previous = ladders[j].previous
+            assert previous is not None
+            fixed_used += ladders[j].rungs[previous].tokens
+            fixed_bare += _bare(ladders[j].rungs[previous])
+            fixed_start += ladders[j].rungs[start[j]].tokens
+            fixed_start_bare += _bare(ladders[j].rungs[start[j]])
+        if b not in candidates:
+            continue
+        used = fixed_used + start_used - fixed_start
+        if fixed_used > room:
+            break  # a later break fixes more: it cannot fit either
+        if used > room:
+            continue
+        choice = list(start)
+        for j in prefix[:b]:
+            previous = ladders[j].previous
+            assert previous is not None
+            choice[j] = previous
+        bare = fixed_bare + start_bare - fixed_start_bare
+        fixed = [p < b for p in at]
+        _climb(ladders, steps, choice, fixed, room - used, bare, text_free)
+        score, _ = objective(ladders, choice, cache_price)
+        if best is None or score >= best[0]:
+            best = (score, b)
+    if best is None:
+        return None
+    b = best[1]
+    choice = list(start)
+    for j in prefix[:b]:
+        previous = ladders[j].previous
+        assert previous is not None
+        choice[j] = previous
+    held = set(prefix[:b])
+    free = [j for j in range(n) if j not in held]
+    used = sum(ladders[j].rungs[choice[j]].tokens for j in range(n))
+    bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
+    fixed = [j in held for j in range(n)]
+    grown = _climb(ladders, steps, choice, fixed, room - used, bare, text_free)
+    used += grown
+    bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
+    tail = [cache_price if at[j] >= b and at[j] < n else 0.0 for j in range(n)]
+    _topped(ladders, free, tail, choice, room - used, bare, text_free)
+    score, broken = objective(ladders, choice, cache_price)
+    tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
+    value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
+    return Solution(tuple(choice), tokens, value, broken, score)

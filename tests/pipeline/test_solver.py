@@ -1,0 +1,145 @@
+"""The budget's solver on hand-built ladders, and its promises over random ones."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lamina.pipeline._budget.solver import Ladder, Rung, objective, solve
+
+FULL, PREVIEW, STUB = Rung(1000, 1000.0), Rung(300, 550.0), Rung(40, 20.0, text_free=True)
+
+
+def test_everything_fits_nothing_changes() -> None:
+    ladders = [Ladder((FULL, PREVIEW, STUB), previous=0), Ladder((FULL, PREVIEW, STUB))]
+    done = solve(ladders, 5000, cache_price=0.5, text_free=400)
+    assert done is not None
+    assert done.choice == (0, 0) and done.broken_at is None and done.tokens == 2000
+
+
+def test_a_cut_falls_where_it_breaks_least() -> None:
+    """Three library entries sent whole last turn and a new item: the room for the item
+    comes from the last entry, not the first (a cut at the front uncaches all)."""
+    ladders = [Ladder((FULL, PREVIEW, STUB), previous=0) for _ in range(3)]
+    ladders.append(Ladder((FULL, PREVIEW)))
+    done = solve(ladders, 3000, cache_price=0.3, text_free=400)
+    assert done is not None
+    assert done.choice[:2] == (0, 0) and done.broken_at == 2
+    assert done.tokens <= 3000
+
+
+def test_restore_when_the_room_is_back() -> None:
+    """An entry cut last turn comes back whole once it fits, worth its price."""
+    ladders = [Ladder((FULL, PREVIEW, STUB), previous=1), Ladder((Rung(200, 200.0),))]
+    done = solve(ladders, 1500, cache_price=0.3, text_free=400)
+    assert done is not None and done.choice == (0, 0)
+
+
+def test_no_restore_that_the_cache_price_outweighs() -> None:
+    """A small gain at the front of a long cached prefix is not worth the break."""
+    small = Ladder((Rung(60, 60.0), Rung(50, 55.0)), previous=1)
+    long_prefix = [Ladder((FULL,), previous=0) for _ in range(5)]
+    done = solve([small, *long_prefix], 10_000, cache_price=0.3, text_free=400)
+    assert done is not None and done.choice[0] == 1 and done.broken_at is None
+
+
+def test_text_free_forms_share_one_bound() -> None:
+    """Stubs take no more than the text-free share when a choice is left."""
+    ladders = [Ladder((Rung(0, 0.0), STUB)) for _ in range(10)]
+    done = solve(ladders, 10_000, text_free=100)
+    assert done is not None
+    assert sum(ladders[j].rungs[c].tokens for j, c in enumerate(done.choice)) <= 100
+
+
+def test_none_when_even_the_smallest_forms_do_not_fit() -> None:
+    assert solve([Ladder((PREVIEW, FULL))], 299) is None
+
+
+def test_greedy_takes_the_best_slope_first() -> None:
+    """Two items share 1,300 tokens: both as previews and one whole beats one whole alone."""
+    ladders = [Ladder((FULL, PREVIEW)), Ladder((FULL, PREVIEW))]
+    done = solve(ladders, 1300)
+    assert done is not None and sorted(done.choice) == [0, 1] and done.tokens == 1300
+
+
+@st.composite
+def _ladders(draw: st.DrawFn) -> tuple[list[Ladder], int, float]:
+    n = draw(st.integers(1, 5))
+    ladders = []
+    for _ in range(n):
+        rungs = tuple(
+            Rung(t, draw(st.floats(0, 1000)), draw(st.booleans()))
+            for t in draw(st.lists(st.integers(0, 500), min_size=1, max_size=4))
+        )
+        previous = draw(st.one_of(st.none(), st.integers(0, len(rungs) - 1)))
+        ladders.append(Ladder(rungs, previous))
+    room = draw(st.integers(0, 1500))
+    return ladders, room, draw(st.floats(0, 2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ladders())
+def test_never_over_the_room_and_never_worse_than_last_turn(
+    case: tuple[list[Ladder], int, float],
+) -> None:
+    """Never over the room; when last turn's choice (new units at their smallest) fits,
+    the solution's objective is at least that choice's; None only when even the smallest
+    rungs do not fit; and the exhaustive optimum is never more than one rung's value
+    better (the greedy's bound on a multiple-choice knapsack)."""
+    ladders, room, price = case
+    done = solve(ladders, room, cache_price=price, text_free=10_000)
+    smallest = sum(min(r.tokens for r in ladder.rungs) for ladder in ladders)
+    if done is None:
+        assert smallest > room
+        return
+    assert done.tokens <= room
+    assert done.tokens == sum(
+        ladder.rungs[c].tokens for ladder, c in zip(ladders, done.choice, strict=True)
+    )
+    keep = [
+        ladder.previous
+        if ladder.previous is not None
+        else min(range(len(ladder.rungs)), key=lambda i: ladder.rungs[i].tokens)
+        for ladder in ladders
+    ]
+    if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, keep, strict=True)) <= room:
+        assert done.objective >= objective(ladders, keep, price)[0] - 1e-6
+    best = max(
+        objective(ladders, choice, price)[0]
+        for choice in itertools.product(*(range(len(ladder.rungs)) for ladder in ladders))
+        if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True)) <= room
+    )
+    top = max(r.value for ladder in ladders for r in ladder.rungs)
+    assert done.objective >= best - top - price * 500 * len(ladders) - 1e-6
+
+
+@settings(max_examples=100, deadline=None)
+@given(_ladders())
+def test_the_same_ladders_give_the_same_choice(case: tuple[list[Ladder], int, float]) -> None:
+    ladders, room, price = case
+    assert solve(ladders, room, cache_price=price) == solve(list(ladders), room, cache_price=price)
+
+
+@pytest.mark.parametrize(("window", "reserve"), [(6000, 1500), (3000, 400)])
+def test_the_objective_policy_fits_a_whole_chat_and_keeps_the_invariants(
+    window: int, reserve: int
+) -> None:
+    """chat30 under ``policy="objective"``: every request fits, each envelope passes the
+    invariants against the one before, and the turns that cut use most of the limit."""
+    from lamina import Conversation, load_script, run_script
+    from lamina.pipeline import Budget, check_envelope
+    from lamina.renderers import judge_chat
+
+    script = load_script(Path(__file__).resolve().parents[2] / "examples" / "chat30.yaml")
+    budget = Budget(context_window=window, reserve_output=reserve, policy="objective")
+    conv = Conversation(script.system, vault=script.vault, budget=budget)
+    envs = run_script(script, conv)
+    for previous, env in zip([None, *envs], envs, strict=False):
+        check_envelope(env, previous)
+        assert env.report.budget is not None and env.report.budget.used <= budget.limit
+    judged = judge_chat(envs, conv.counter, budget=budget)
+    assert judged.cut_turns > 0 and judged.window_use >= 0.9
