@@ -24,7 +24,7 @@ Held out: ``Obsidian-TTRPG-Community/Pathfinder-2E-SRD-Markdown`` (checked out a
 Starfinder-SRD-Markdown``, 5,288 notes with tags), ``examples/vault`` and kepano; run the
 held-out vault once a change is done, and report it apart (docs/BENCHMARKS.md).
 
-Run: ``python -m benchmarks.real_material /work/vaults/obsidian-help --out real.json``.
+Run: ``python -m benchmarks.real_material path/to/obsidian-help --out real.json``.
 """
 
 from __future__ import annotations
