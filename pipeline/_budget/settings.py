@@ -148,6 +148,8 @@ class BudgetSettings:
     much, for each query. 0 turns recall off (no index): stores read a budget saved
     without this field with 0, so a stored conversation keeps what it was made with."""
     stub_share: float = attrs.field(default=0.1, validator=_fraction)
+    """The share of the window that library stubs and their indexes may take; past it the
+    oldest folder's or source's stubs collapse into one index block (``stubs``)."""
     headroom: float = attrs.field(default=0.05, validator=_fraction)
     """The share of the limit a turn that changes forms leaves free, so the next turns'
     queries and replies fit without changing them again (the objective policy)."""
@@ -167,9 +169,6 @@ class BudgetSettings:
             if name == source:
                 return weight
         return 1.0
-
-    """The share of the window that library stubs and their indexes may take; past it the
-    oldest folder's or source's stubs collapse into one index block (``stubs``)."""
 
     plan: BudgetPlan = attrs.field(factory=_default_plan, validator=_plan)
     """The shares, floors and restore schedule of the current-first policy."""
