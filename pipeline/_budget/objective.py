@@ -60,7 +60,7 @@ from lamina.pipeline._views.preview import (
     make_excerpt,
     make_preview,
 )
-from lamina.pipeline._views.views import ViewMemo, body_preview, full_view, reference_view
+from lamina.pipeline._views.views import ViewMemo, body_preview, reference_view
 
 if TYPE_CHECKING:
     from lamina.pipeline._budget.fit import Budget
@@ -474,36 +474,6 @@ def _cached_units(
     if history is not None:
         units.append(history)
     return units
-
-
-def _library_heads(turn: TurnGraph) -> dict[str, int]:
-    """Each group without a library index: its share, per entry, of a new index's head."""
-    members: dict[str, int] = {}
-    for entry in turn.library.entries:
-        if entry.view.source_type != INDEX_SOURCE:
-            group = stub_group(entry.whole_view)
-            members[group] = members.get(group, 0) + 1
-    heads: dict[str, int] = {}
-    for group, n in members.items():
-        if f"{INDEX_SOURCE}:{group}" not in turn.library:
-            index = _Renderer(turn).entry(group, (), (), 0, n, turn.ctx.turn, ())
-            heads[group] = -(-(index.tokens + _SEP) // n)
-    return heads
-
-
-def _item_heads(turn: TurnGraph, groups: dict[str, list[_Member]]) -> dict[str, int]:
-    """Each item of a group without an index this turn: its share of the index's head."""
-    ctx = turn.ctx
-    present = {item.key for item in turn.items}
-    heads: dict[str, int] = {}
-    for group, members in groups.items():
-        if f"{INDEX_SOURCE}:{group}" in present or not members:
-            continue
-        head = ctx.counter.count(ctx.renderer.render(full_view(index_artifact(group, ()))))
-        share = -(-(head + _SEP) // len(members))
-        for m in members:
-            heads[m.key] = share
-    return heads
 
 
 def _item_units(
