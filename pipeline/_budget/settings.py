@@ -129,7 +129,7 @@ class BudgetSettings:
     history_step: int = attrs.field(default=4, validator=_at_least(1))
     reply_tokens: int = attrs.field(default=400, validator=_at_least(1))
     summary_tokens: int = attrs.field(default=256, validator=_at_least(1))
-    policy: str = "current-first"
+    policy: str = "objective"
     tokenizer: str | None = None
     """The profile's tokenizer (``for_model``); a ``Conversation`` without ``tokenizer=``
     counts with it, so an open model's budget is counted with its own encoding."""
