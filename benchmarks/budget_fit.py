@@ -4,7 +4,7 @@ Two measurements, each beside its comparator in the same run:
 
 - ``folder``: one turn attaching a folder of N generated notes under a window; the budget
   stage's time per item, and the budgeted build's time over the same turn without a
-  budget (the policy whose cost grows with items shows in the per-item column). Then the
+  budget (a cost that grows with items shows in the per-item column). Then the
   warm turn: the same turn built again by a new conversation (as a stateless server
   does), with the process's preview memo as it is sized now and, as the comparator, held
   at its old fixed 1,024 entries (``warm_s``, ``warm_fixed_s``, their ratio and hits).
@@ -20,7 +20,7 @@ Two measurements, each beside its comparator in the same run:
   each one's render memo hits; median of ``RENDER_REPS``, alternating; CPU seconds).
 - ``share``: a seeded chat (one or two new notes a turn, some re-attached) under a small
   window; the share of this turn's attachment tokens that reach the model in full or as
-  a preview, per cut policy.
+  a preview.
 """
 
 from __future__ import annotations
@@ -40,10 +40,9 @@ FOLDER_SIZES = {"small": (400,), "medium": (400, 1600), "large": (400, 1600, 640
 FOLDER_WINDOWS = (32_000, 200_000)
 SHARE_WINDOWS = (8_000, 16_000)
 SHARE_TURNS = 18
-POLICIES = ("current-first", "prefix-first")
-# The old policy re-measures the whole request after every cut: beyond this many notes it
-# takes minutes (the issue measured 794 s for 1,600 notes at 200k), so it is not run.
-PREFIX_FIRST_MAX_NOTES = 400
+POLICIES = ("objective",)
+"""The budget's one policy, named in each point (the cascade's were compared here before
+it was deleted)."""
 # The shared preview memo's old fixed size, the warm turn's comparator.
 FIXED_MEMO = 1024
 # Later turns of the folder's conversation timed for ``warm_turn_p50_s``.
@@ -110,9 +109,7 @@ def folder_points(scale: str) -> list[dict[str, Any]]:
             plain, _, _ = _turn(vault, None)
             for window in FOLDER_WINDOWS:
                 for policy in POLICIES:
-                    if policy == "prefix-first" and n > PREFIX_FIRST_MAX_NOTES:
-                        continue
-                    budget = Budget(window, window // 8, policy=policy)
+                    budget = Budget(window, window // 8)
                     point: dict[str, Any] = {
                         "notes": n, "window": window, "policy": policy, "no_budget_s": plain,
                     }  # fmt: skip
@@ -134,7 +131,7 @@ def folder_points(scale: str) -> list[dict[str, Any]]:
                             index=any(s.source_type == "index" for s in fitted.l3.segments),
                             **_findable(fitted, n),
                         )
-                        if policy == "current-first":
+                        if policy == "objective":
                             warm, hits = _warm(vault, budget, None)
                             fixed, fixed_hits = _warm(vault, budget, FIXED_MEMO)
                             point.update(
@@ -308,7 +305,7 @@ def share_points() -> list[dict[str, Any]]:
         write_vault(workload, vault)
         for window in SHARE_WINDOWS:
             for policy in POLICIES:
-                budget = Budget(window, window // 8, policy=policy)
+                budget = Budget(window, window // 8)
                 conv = Conversation("You are terse.", vault=vault, budget=budget)
                 point = {"window": window, "policy": policy, "turns": len(workload.turns)}
                 point.update(_attachment_share(conv, workload))

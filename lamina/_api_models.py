@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-import attrs
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
-from lamina.pipeline import BudgetPlan, LoadLimits
+from lamina._budgets import OBJECTIVE_FIELDS
+from lamina.pipeline import LoadLimits
 
 __all__ = [
     "ConversationCreate",
@@ -98,12 +98,10 @@ class ConversationCreate(_In):
         description="Share of the window recall may fill with dropped history and cut "
         "library entries the query matches (needs a window or a model; 0: off).",
     )
-    plan: dict[str, Any] | None = Field(
+    objective: dict[str, Any] | None = Field(
         default=None,
-        description="The budget plan's fields to set (needs a window or a model), the "
-        "others keep their defaults: "
-        + ", ".join(f.name for f in attrs.fields(BudgetPlan))
-        + " (pipeline.BudgetPlan).",
+        description="The budget objective's settings to set (needs a window or a model), "
+        "the others keep their defaults: " + ", ".join(OBJECTIVE_FIELDS) + " (docs/BUDGET.md).",
     )
     tokenizer: str = Field(
         default="",

@@ -1,17 +1,15 @@
-"""The one rule that turns a window, a reserve, a model, a recall share and a budget
-plan into a ``Budget``: the CLI's flags, the server's conversation settings and replay
-configs all read it, so the default reserve is the same everywhere."""
+"""The one rule that turns a window, a reserve, a model, a recall share and the
+objective's settings into a ``Budget``: the CLI's flags, the server's conversation
+settings and replay configs all read it, so the default reserve is the same everywhere."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
+from lamina.pipeline import Budget, BudgetSettings, ConfigError
 
-from lamina.pipeline import Budget, BudgetPlan, ConfigError
-
-__all__ = ["NeedsWindow", "budget_of", "plan_of"]
+__all__ = ["OBJECTIVE_FIELDS", "NeedsWindow", "budget_of", "objective_of"]
 
 
 class NeedsWindow(ConfigError):
@@ -21,33 +19,32 @@ class NeedsWindow(ConfigError):
         super().__init__(setting, "needs a window or a model")
 
 
-def plan_of(values: object, where: str = "plan") -> BudgetPlan:
-    """A ``BudgetPlan`` from a mapping of some of its fields (the others keep their
-    defaults), read over ``attrs.fields(BudgetPlan)`` so a field added or renamed there
-    is taken here as it is. An unknown key or a bad value is a ``ConfigError`` naming
-    ``where.<field>``; a whole number is taken for a fractional field."""
+OBJECTIVE_FIELDS = ("headroom", "cache_weight", "text_free_share", "source_weights")
+"""The budget objective's settings a CLI config or the server may set (``BudgetSettings``)."""
+
+
+def objective_of(values: object, where: str = "objective") -> dict[str, Any]:
+    """The objective's settings from a mapping of some of ``OBJECTIVE_FIELDS`` (the others
+    keep their defaults), each checked by ``BudgetSettings``' own validators. An unknown
+    key or a bad value is a ``ConfigError`` naming ``where.<field>``."""
     if not isinstance(values, Mapping):
         raise ConfigError(where, f"must be a mapping, got {type(values).__name__}")
-    fields = {f.name: f for f in attrs.fields(attrs.resolve_types(BudgetPlan))}
     for key in sorted(values, key=str):
-        if key not in fields:
-            known = ", ".join(fields)
-            raise ConfigError(f"{where}.{key}", f"unknown key (known: {known})")
-    given: dict[str, Any] = {
-        key: float(value)
-        if fields[key].type is float and type(value) is int
-        else value
-        for key, value in values.items()
-    }
+        if key not in OBJECTIVE_FIELDS:
+            raise ConfigError(
+                f"{where}.{key}", f"unknown key (known: {', '.join(OBJECTIVE_FIELDS)})"
+            )
+    given = dict(values)
     try:
-        return BudgetPlan(**given)
-    except ConfigError as exc:  # the validators name budget.plan.<field>
+        BudgetSettings(context_window=2, reserve_output=0, **given)
+    except ConfigError as exc:  # the validators name budget.<field>
         field = exc.setting.rpartition(".")[2]
+        raise ConfigError(f"{where}.{field}", str(exc).removeprefix(f"{exc.setting}: ")) from None
+    except (TypeError, ValueError) as exc:  # source_weights that are not name: weight pairs
         raise ConfigError(
-            f"{where}.{field}", str(exc).removeprefix(f"{exc.setting}: ")
+            f"{where}.source_weights", f"must map source types to weights ({exc})"
         ) from None
-    except TypeError as exc:  # a field without a default, not given
-        raise ConfigError(where, str(exc)) from None
+    return given
 
 
 def budget_of(
@@ -55,14 +52,14 @@ def budget_of(
     reserve: int | None = None,
     model: str | None = None,
     recall: float | None = None,
-    plan: Mapping[str, Any] | BudgetPlan | None = None,
+    objective: Mapping[str, Any] | None = None,
 ) -> Budget | None:
     """The model's profile and/or the window, with the reserve (by default 4,096 tokens
-    for the reply, or a quarter of a small window), recall's share and the budget plan's
-    fields given (``plan_of``); None when neither a window nor a model is given."""
+    for the reply, or a quarter of a small window), recall's share and the objective's
+    settings given (``objective_of``); None when neither a window nor a model is given."""
     overrides: dict[str, Any] = {}
-    if plan is not None:
-        overrides["plan"] = plan if isinstance(plan, BudgetPlan) else plan_of(plan)
+    if objective is not None:
+        overrides.update(objective_of(objective))
     if window is not None:
         overrides["context_window"] = window
     if reserve is not None:
@@ -72,7 +69,7 @@ def budget_of(
     if model is not None:
         return Budget.for_model(model, **overrides)
     if window is None:
-        for setting, value in (("reserve", reserve), ("recall", recall), ("plan", plan)):
+        for setting, value in (("reserve", reserve), ("recall", recall), ("objective", objective)):
             if value is not None:
                 raise NeedsWindow(setting)
         return None

@@ -241,9 +241,9 @@ def messages_option(fn: F) -> F:
 
 
 def verbose_option(fn: F) -> F:
-    """--verbose: add the budget's plan (shares, floors, slack) to each turn."""
+    """--verbose: add the budget's settings (the objective's, the headroom) to each turn."""
     return click.option(
-        "--verbose", "-v", is_flag=True, help="Also print each turn's budget plan."
+        "--verbose", "-v", is_flag=True, help="Also print each turn's budget settings."
     )(fn)
 
 
@@ -379,10 +379,10 @@ def _request_line(turn: Mapping[str, Any], budget: pipeline.BudgetReport | None)
 
 
 def _plan(console: Console, budget: pipeline.BudgetReport | None) -> None:
-    """The budget's plan (shares, floors, slack, restores), for --verbose."""
+    """The budget's settings (the objective's, the headroom in tokens), for --verbose."""
     if budget is not None and budget.plan:
         plan = ", ".join(f"{name} {value}" for name, value in budget.plan)
-        console.print(f"budget plan: {plan}", markup=False, soft_wrap=True)
+        console.print(f"budget settings: {plan}", markup=False, soft_wrap=True)
 
 
 def _sent_table(env: Envelope, *, decisions: Mapping[str, Sequence[str]] | None = None) -> Table:
@@ -420,7 +420,7 @@ def _show(
     """Each turn's request as sent (its bands and blocks), the budget's room, decisions,
     messages and the cached prefix with the reason it is not more; then a summary of the
     chat. ``messages_shown``: the request's messages for "all" turns, the "last" one only,
-    or "none"; ``verbose`` adds the budget's plan."""
+    or "none"; ``verbose`` adds the budget's settings."""
     turns: Sequence[Mapping[str, Any]] = trace["turns"]
     for index, (env, turn) in enumerate(zip(envelopes, turns, strict=True)):
         total = int(turn["tokens_total"])

@@ -11,11 +11,10 @@ from typing import Any
 
 import attrs
 
-from lamina._budgets import budget_of, plan_of
+from lamina._budgets import budget_of, objective_of
 from lamina.pipeline import (
     TOKENIZERS,
     Budget,
-    BudgetPlan,
     ConfigError,
     LoadError,
     Policy,
@@ -42,18 +41,18 @@ _PROVIDERS = tuple(DEFAULT_MODELS)
 @attrs.frozen
 class BudgetConfig:
     """A budget by model profile and/or window; None fields keep the profile's values
-    (``plan``: the budget plan, None: ``BudgetPlan``'s defaults)."""
+    (``objective``: the objective's settings, ``objective_of``; empty: the defaults)."""
 
     model: str | None = None
     window: int | None = None
     reserve: int | None = None
-    plan: BudgetPlan | None = None
+    objective: tuple[tuple[str, Any], ...] = ()
 
     def budget(self) -> Budget:
         """The budget by the CLI's rule (``budget_of``)."""
         if self.model is None and self.window is None:
             raise ConfigError("budget", "needs a model or a window")
-        budget = budget_of(self.window, self.reserve, self.model, plan=self.plan)
+        budget = budget_of(self.window, self.reserve, self.model, objective=dict(self.objective))
         assert budget is not None  # a window or a model always gives one
         return budget
 
@@ -88,9 +87,10 @@ class SummarizerConfig:
                 f"{' and the options' if self.options else ''} failed: "
                 f"{type(exc).__name__}: {' '.join(str(exc).split())}",
             ) from None
-        if not (callable(getattr(made, "summarize", None)) and isinstance(
-            getattr(made, "id", None), str
-        )):
+        if not (
+            callable(getattr(made, "summarize", None))
+            and isinstance(getattr(made, "id", None), str)
+        ):
             raise ConfigError(
                 "summarizer",
                 f"{self.name} returned {type(made).__name__}, not a summarizer "
@@ -228,9 +228,7 @@ def parse_config(data: Any, name: str = "config", *, where: str = "config") -> R
         raise ConfigError(f"{where}.name", f"must be a non-empty string, got {name!r}")
     layout = data.get("layout", "default")
     if layout not in LAYOUTS:
-        raise ConfigError(
-            f"{where}.layout", f"must be one of {', '.join(LAYOUTS)}, got {layout!r}"
-        )
+        raise ConfigError(f"{where}.layout", f"must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     policy_fields = dict(_mapping(data.get("policy", {}), f"{where}.policy"))
     _known(policy_fields, {a.name for a in attrs.fields(Policy)}, f"{where}.policy")
     for key in ("freshness", "reattach"):
@@ -271,13 +269,14 @@ def _budget(value: Any, where: str) -> BudgetConfig | None:
     if value is None or value is False:
         return None
     data = _mapping(value, where)
-    _known(data, {"model", "window", "reserve", "plan"}, where)
+    _known(data, {"model", "window", "reserve", "objective"}, where)
     model = data.get("model")
     if model is not None and not isinstance(model, str):
         raise ConfigError(f"{where}.model", f"must be a model name, got {model!r}")
     window = _int(data.get("window"), f"{where}.window")
-    plan = None if data.get("plan") is None else plan_of(data["plan"], f"{where}.plan")
-    return BudgetConfig(model, window, _int(data.get("reserve"), f"{where}.reserve"), plan)
+    given = data.get("objective")
+    objective = () if given is None else tuple(objective_of(given, f"{where}.objective").items())
+    return BudgetConfig(model, window, _int(data.get("reserve"), f"{where}.reserve"), objective)
 
 
 def _summarizer(value: Any, where: str) -> SummarizerConfig:

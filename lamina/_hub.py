@@ -158,10 +158,14 @@ class ConversationHub:
         # Client-only conversations overlay their notes on an empty folder.
         self._empty = tempfile.TemporaryDirectory(prefix="lamina-serve-")
         # The server's own folders, which its answers never name (longest first).
-        folders = [Path(self._empty.name)] if config.vault is None else [
-            config.vault,
-            Path(self._empty.name),
-        ]
+        folders = (
+            [Path(self._empty.name)]
+            if config.vault is None
+            else [
+                config.vault,
+                Path(self._empty.name),
+            ]
+        )
         names = {str(p) for f in folders for p in (f, f.absolute(), f.resolve())}
         self.roots = tuple(sorted(names, key=len, reverse=True))
 
@@ -414,9 +418,7 @@ class ConversationHub:
             )
             conv.saved_head = Head()
         else:
-            conv = load_conversation(
-                self.store, conversation_id, turn=head.turn, sources=sources
-            )
+            conv = load_conversation(self.store, conversation_id, turn=head.turn, sources=sources)
         warm = _Warm(conv, settings, sources)
         self._keep(conversation_id, warm)
         return warm
@@ -523,14 +525,16 @@ def _settings(info: ConversationInfo) -> ConversationCreate:
 
 def _budget(settings: ConversationCreate) -> Budget | None:
     """The CLI's budget rule (``budget_of``) on a conversation's settings, its errors named
-    by the request's field (``plan.<field>`` for the budget plan's)."""
+    by the request's field (``objective.<field>`` for the objective's settings)."""
     model = settings.model
     try:
-        return budget_of(settings.window, settings.reserve, model, settings.recall, settings.plan)
+        return budget_of(
+            settings.window, settings.reserve, model, settings.recall, settings.objective
+        )
     except NeedsWindow as exc:
         raise FieldError(exc.setting, "needs a window or a model") from None
     except ConfigError as exc:
-        if exc.setting.startswith("plan"):
+        if exc.setting.startswith("objective"):
             raise FieldError(exc.setting, str(exc)) from None
         name = exc.setting.removeprefix("budget.")
         field = _BUDGET_FIELDS.get(name, "model" if model is not None else "window")

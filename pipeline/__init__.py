@@ -1,20 +1,6 @@
 """Lamina's core: typed artifacts, the turn graph, stages, layers and the envelope."""
 
-from lamina.pipeline._budget.fit import (
-    CUT_POLICIES,
-    DEFAULT_ORDER,
-    PREFIX_FIRST_ORDER,
-    Budget,
-    Cut,
-    Enforce,
-    compact_l1_mutable,
-    compact_l2,
-    compact_l3,
-    drop_history,
-    excerpt_non_recoverable,
-    shorten_replies,
-)
-from lamina.pipeline._budget.settings import BudgetPlan, BudgetSettings
+from lamina.pipeline._budget.objective import Solve
 from lamina.pipeline._conversation.agent import (
     CALL_OVERHEAD,
     QUESTION_AGAIN,
@@ -219,6 +205,7 @@ from lamina.pipeline._tokens.profiles import (
     provider_of,
 )
 from lamina.pipeline._turn.assemble import assemble, shorten_reply, visible_history
+from lamina.pipeline._turn.budget import Budget, BudgetSettings
 from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnContext, TurnGraph
 from lamina.pipeline._turn.measure import MESSAGE_OVERHEAD, REPLY_PRIMING, request_tokens
 from lamina.pipeline._views.preview import (
@@ -261,14 +248,11 @@ __all__ = [
     "APPEND_REFERENCES_INTRO",
     "CALIBRATION_WINDOW",
     "CALL_OVERHEAD",
-    "CUT_POLICIES",
-    "DEFAULT_ORDER",
     "EXCERPT_MIN_TOKENS",
     "LIBRARY_HEADING",
     "MARGIN_BOUNDS",
     "MESSAGE_OVERHEAD",
     "NOT_SENT_INTRO",
-    "PREFIX_FIRST_ORDER",
     "PROFILES",
     "QUERY_LABEL",
     "QUESTION_AGAIN",
@@ -293,7 +277,6 @@ __all__ = [
     "Boundary",
     "Budget",
     "BudgetExceeded",
-    "BudgetPlan",
     "BudgetReport",
     "BudgetSettings",
     "BuildReport",
@@ -311,13 +294,11 @@ __all__ = [
     "ConversationInfo",
     "ConversationState",
     "CountMemo",
-    "Cut",
     "Decision",
     "DecisionAction",
     "DecisionForm",
     "DecisionLayer",
     "Dedup",
-    "Enforce",
     "Envelope",
     "Excerpt",
     "Expand",
@@ -382,6 +363,7 @@ __all__ = [
     "Segment",
     "SegmentManifest",
     "SegmentRenderer",
+    "Solve",
     "SourceResolver",
     "SqliteStore",
     "Stage",
@@ -434,18 +416,13 @@ __all__ = [
     "chunk_artifact",
     "chunk_key",
     "chunk_source",
-    "compact_l1_mutable",
-    "compact_l2",
-    "compact_l3",
     "content_hash",
     "cut_to_tokens",
     "defuse_markup",
     "defuse_special_tokens",
-    "drop_history",
     "encoded_length",
     "escape_attribute",
     "escape_body",
-    "excerpt_non_recoverable",
     "excerpt_view",
     "export_transcript",
     "fence_after",
@@ -492,7 +469,6 @@ __all__ = [
     "segment_reference",
     "shared_counts",
     "shared_views",
-    "shorten_replies",
     "shorten_reply",
     "split_sections",
     "starts_piece",

@@ -121,9 +121,9 @@ def test_inspect_shows_every_artifact_and_the_window_bar(script: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "note:project-spec.md" in out.stdout and "reference" in out.stdout
     assert "of limit 3000 tokens sent" in out.stdout
-    # With --verbose, the budget's plan (shares, floors, restores), its floor in tokens.
-    assert "budget plan: library_floor 0.25, history_turns 2," in out.stdout
-    assert "library_floor_tokens 750, slack_tokens 600" in out.stdout
+    # With --verbose, the budget's settings and its headroom in tokens.
+    assert "budget settings: headroom 0.05, cache_weight 0.3, text_free_share 0.1" in out.stdout
+    assert "headroom_tokens 150" in out.stdout
 
 
 def test_demo_shows_every_builtin_source_type() -> None:

@@ -18,7 +18,7 @@ from lamina.pipeline._errors import BudgetExceeded, StageError
 from lamina.pipeline._model.envelope import BudgetReport, Decision
 
 if TYPE_CHECKING:
-    from lamina.pipeline._budget.fit import Budget
+    from lamina.pipeline._turn.budget import Budget
 
 __all__ = ["MAX_IDLE_ROUNDS", "Measured", "Plan", "fit"]
 

@@ -1,30 +1,23 @@
-"""Index blocks: what the budget lists, one line an item, instead of sending a block.
+"""Index blocks: one line an item (key, title, size in full) instead of its block.
 
-A folder or tag group of this turn's items that does not fit is collapsed into one index
-(``index:<group>``), from its last items back, as far as the excess needs; a preview
-that would hold nothing but its omitted-sections line is never sent as a block: it joins
-its group's index (an embedded section joins its note's line), or, outside any group,
-goes as a not-sent reference. Each line names the item's key, title and size in full, so
-the model can ask for it. The index itself is never previewed or summarized; only as a
-last resort are its last lines left out, and then it says how many.
+A folder or tag group of this turn's items, or of the library's cut entries, may go as
+one index (``index:<group>``): the objective (``objective``) chooses that form for the
+members it lists, like any other form of theirs. A preview that would hold nothing but
+its omitted-sections line (``is_omitted_only``) is never sent as a block. Each line lets
+the model ask for the item; the index itself is never previewed or summarized.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 import attrs
 
 from lamina.pipeline._model.artifacts import Artifact, make_artifact
-from lamina.pipeline._model.envelope import NOT_SENT, Decision, DecisionAction, Form
-from lamina.pipeline._turn.draft import Draft
 from lamina.pipeline._turn.graph import Placement, TurnGraph
 from lamina.pipeline._views.views import full_view
-
-if TYPE_CHECKING:
-    from lamina.pipeline._budget.fit import Budget
 
 __all__ = [
     "INDEX_SOURCE",
@@ -33,8 +26,6 @@ __all__ = [
     "index_artifact",
     "is_index",
     "is_omitted_only",
-    "plan_index",
-    "settle_empty",
 ]
 
 INDEX_SOURCE = "index"
@@ -239,145 +230,3 @@ def _with_index(
             continue
         items.append(item)
     return attrs.evolve(turn, graph=graph, items=tuple(items))
-
-
-def _indexed(group: str, count: int, why: str) -> Decision:
-    reason = f"{count} item{'s' if count != 1 else ''} of {group} listed in its index ({why})"
-    return Decision(
-        "budget", group, "items", "index", reason, layer="L3", action=DecisionAction.INDEXED
-    )
-
-
-def _empty(env: Draft) -> list[str]:
-    """This turn's previews whose block holds only its omitted-sections line (between
-    its tag lines), as measured."""
-    segments = (block.segment for block in env.items)
-    return [
-        s.key
-        for s in segments
-        if s.form is Form.PREVIEW
-        and s.text.count("\n") == 2
-        and is_omitted_only(s.text.split("\n")[1])
-    ]
-
-
-def _unsent(turn: TurnGraph, keys: Iterable[str]) -> tuple[TurnGraph, list[Decision]]:
-    """``keys`` as not-sent references (outside any group: no index to join)."""
-    wanted = set(keys)
-    items = list(turn.items)
-    decisions: list[Decision] = []
-    for i, item in enumerate(items):
-        if item.key not in wanted:
-            continue
-        marks = (*item.marks, (NOT_SENT, "true"))
-        items[i] = attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0)
-        reason = "L3 preview would hold no section: not sent (a not-sent reference says so)"
-        decisions.append(
-            Decision(
-                "budget", item.key, "preview", "reference", reason, layer="L3",
-                action=DecisionAction.NOT_SENT,
-            )
-        )  # fmt: skip
-    return attrs.evolve(turn, items=tuple(items)), decisions
-
-
-def settle_empty(turn: TurnGraph, env: Draft) -> tuple[TurnGraph, list[Decision]] | None:
-    """Every preview that would hold only its omitted-sections line, out of the blocks:
-    into its group's index (an embed joins its note's line), else a not-sent reference.
-    None when there is none. Each saves tokens: a line or a bare reference is smaller
-    than the block it replaces."""
-    empty = _empty(env)
-    if not empty:
-        return None
-    groups = _groups(turn)
-    where = {m.key: group for group, members in groups.items() for m in members}
-    decisions: list[Decision] = []
-    by_group: dict[str, set[str]] = {}
-    for key in empty:
-        group = where.get(key)
-        if group is not None:
-            by_group.setdefault(group, set()).add(key)
-    for group, gone in by_group.items():
-        turn = _with_index(turn, group, groups[group], gone)
-        decisions.append(_indexed(group, len(gone), "their previews held no section"))
-    loose = [key for key in empty if key not in where]
-    if loose:
-        turn, unsent = _unsent(turn, loose)
-        decisions.extend(unsent)
-    return turn, decisions
-
-
-def plan_index(
-    turn: TurnGraph, env: Draft, over: int, budget: Budget
-) -> tuple[TurnGraph, list[Decision]] | None:
-    """The budget's index cut: previews that hold nothing go first (``settle_empty``);
-    else the largest group still sending items lists its last ones in its index until
-    the excess is covered (the first ones keep their blocks); else the largest index
-    leaves out its last lines (it says how many)."""
-    settled = settle_empty(turn, env)
-    if settled is not None:
-        return settled
-    sizes = {s.key: s.tokens for s in env.l3.segments}
-    present = {item.key for item in turn.items}
-    groups = _groups(turn)
-    best: tuple[int, str, list[_Member]] | None = None
-    for group, members in groups.items():
-        sent = [m for m in members if m.key in present]
-        size = sum(sizes.get(m.key, 0) for m in sent)
-        if sent and (best is None or size > best[0]):
-            best = (size, group, sent)
-    if best is not None:
-        _, group, sent = best
-        gone = _tail(turn, group, sent, sizes, over)
-        out = _with_index(turn, group, groups[group], gone)
-        return out, [_indexed(group, len(gone), "no form of each fits")]
-    return _unlist(turn, env, over, groups)
-
-
-def _tail(
-    turn: TurnGraph, group: str, sent: list[_Member], sizes: dict[str, int], over: int
-) -> set[str]:
-    """The last of ``sent`` (a group's items still sent) whose listing saves ``over``: each
-    saves its block less its line; a new index costs its head too. An embed goes with
-    its note, so a note's line is never split from its embeds."""
-    ctx = turn.ctx
-    counter = ctx.counter
-    head = ctx.renderer.render(full_view(index_artifact(group, ())))
-    saved = 0 if _listed(turn, group) else -counter.count(head) - 2
-    gone: set[str] = set()
-    for m in reversed(sent):
-        gone.add(m.key)
-        line = IndexLine(m.key, turn.artifact(m.key).title, _full_tokens(turn, m.key))
-        saved += sizes.get(m.key, 0) - counter.count(line.render()) - 1
-        if saved >= over and m.host is None:
-            break
-    return gone
-
-
-def _unlist(
-    turn: TurnGraph, env: Draft, over: int, groups: dict[str, list[_Member]]
-) -> tuple[TurnGraph, list[Decision]] | None:
-    """The largest index leaves out its last lines, enough to cover ``over`` (estimated
-    from its lines' average size), at least one; None when no index has a line left."""
-    sizes = {s.key: s.tokens for s in env.l3.segments}
-    best: tuple[int, str, ItemIndex] | None = None
-    for item in turn.items:
-        artifact = turn.artifact(item.key)
-        if is_index(artifact) and isinstance(artifact.payload, ItemIndex):
-            payload = artifact.payload
-            if payload.lines and (best is None or sizes.get(item.key, 0) > best[0]):
-                best = (sizes.get(item.key, 0), item.key, payload)
-    if best is None:
-        return None
-    size, key, payload = best
-    per_line = max(1, size // (len(payload.lines) + 2))
-    drop = min(len(payload.lines), max(1, -(-over // per_line)))
-    kept = payload.lines[: len(payload.lines) - drop]
-    dropped = sum(1 + len(line.embeds) for line in payload.lines[len(kept) :])
-    new = index_artifact(payload.group, kept, payload.unlisted + dropped, payload.where)
-    out = turn.with_artifact(new)
-    reason = f"index of {payload.group} lists {dropped} items fewer (its lines do not all fit)"
-    decision = Decision(
-        "budget", key, "index", "index", reason, layer="L3", action=DecisionAction.INDEXED
-    )
-    return out, [decision]

@@ -39,9 +39,9 @@ from lamina.pipeline._budget.solver import Ladder, Rung, Solution, solve
 from lamina.pipeline._budget.stubs import _Renderer, fold, stub_group
 from lamina.pipeline._errors import BudgetExceeded
 from lamina.pipeline._hashing import text_hash
+from lamina.pipeline._model.artifacts import TurnWarning
 from lamina.pipeline._model.envelope import (
     NOT_SENT,
-    BudgetReport,
     Decision,
     DecisionAction,
     Form,
@@ -63,9 +63,9 @@ from lamina.pipeline._views.preview import (
 from lamina.pipeline._views.views import ViewMemo, body_preview, reference_view
 
 if TYPE_CHECKING:
-    from lamina.pipeline._budget.fit import Budget
+    from lamina.pipeline._turn.budget import Budget
 
-__all__ = ["MAX_ROUNDS", "MIN_PREVIEW_TOKENS", "Solve"]
+__all__ = ["MAX_ROUNDS", "MIN_PREVIEW_TOKENS", "Solve", "TurnFitting", "shrink", "turn_fitting"]
 
 MAX_ROUNDS = 6
 """Solves a turn makes at most: each after the first shrinks the room by what the last
@@ -83,7 +83,6 @@ steps the room is shared in."""
 
 _READ = 1500
 """Characters of a unit's text its relevance is read from (its title and opening)."""
-"""Tokens a block costs beside its own (the blank line between blocks)."""
 
 
 @attrs.frozen
@@ -98,6 +97,9 @@ class _Choice:
     unfold: tuple[LibraryEntry, ...] = ()
     guess: bool = False
     """A fitted preview whose tokens are its limit until it is made (``_made``)."""
+    failures: tuple[str, ...] = ()
+    """Why a summarizer's chunks failed (a summary made in their place): reported as
+    the turn's warnings when this form is sent."""
 
 
 @attrs.frozen
@@ -151,9 +153,7 @@ def _relevance(turn: TurnGraph, factory: Callable[[], Retriever] | None) -> dict
             )
         )
     for said, reply in visible_history(turn)[:-1]:
-        items.append(
-            RecallItem(f"history:{said.turn}", said.turn, f"{said.user}\n{reply or ''}")
-        )
+        items.append(RecallItem(f"history:{said.turn}", said.turn, f"{said.user}\n{reply or ''}"))
     return _words(factory(), turn.query, items)
 
 
@@ -245,11 +245,11 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
         _Form(_Choice(str(entry.form), entry), entry.tokens + _SEP, entry.form is Form.REFERENCE)
     ]
 
-    def add(form: str, view: View) -> None:
+    def add(form: str, view: View, failures: tuple[str, ...] = ()) -> None:
         if view.form is Form.PREVIEW and (not view.body.strip() or is_omitted_only(view.body)):
             return  # a preview holding no section is never sent
         new = _entry(turn, view, entry)
-        forms.append(_Form(_Choice(form, new), new.tokens + _SEP))
+        forms.append(_Form(_Choice(form, new, failures=failures), new.tokens + _SEP))
 
     if entry.cut:
         add("full", whole)
@@ -282,7 +282,8 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
             ctx.summarizer, memo_key, body, summary_target(turn, body)
         )
         if summary.text.strip():
-            add("summary", attrs.evolve(whole, form=Form.SUMMARY, body=summary.text))
+            summary_view = attrs.evolve(whole, form=Form.SUMMARY, body=summary.text)
+            add("summary", summary_view, tuple(summary.failures))
     stub = attrs.evolve(whole, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
     new = _entry(turn, stub, entry)
     forms.append(_Form(_Choice("evicted", new), new.tokens + _SEP, True))
@@ -564,6 +565,7 @@ def _apply(
     history = turn.history_view
     system = turn.system
     decisions: list[Decision] = []
+    warnings: list[TurnWarning] = []
     folds: dict[str, tuple[list[LibraryEntry], list[LibraryEntry]]] = {}
     indexed: dict[str, bool] = {}
     unfolds: list[tuple[str, tuple[LibraryEntry, ...]]] = []
@@ -576,6 +578,7 @@ def _apply(
         saved = ladder.rungs[base].tokens - ladder.rungs[c].tokens
         if unit.kind != "item" or new.form not in ("index", "count"):
             decisions.append(_decision(unit, old, new, saved))
+        warnings += (TurnWarning("summary-failed", unit.key, f"summary: {f}") for f in new.failures)
         if unit.kind == "l1":
             system = SystemPrompt(system.stable, new.text)
         elif unit.kind == "history":
@@ -618,7 +621,12 @@ def _apply(
     for key, back in unfolds:
         library = _in_place(library, key, [e.key for e in back])
     out = attrs.evolve(
-        turn, library=library, items=tuple(items), history_view=history, system=system
+        turn,
+        library=library,
+        items=tuple(items),
+        history_view=history,
+        system=system,
+        warnings=(*turn.warnings, *warnings),
     )
     for group, members in _groups(out).items():
         gone = [m.key for m in members if m.key in indexed]
@@ -723,14 +731,6 @@ def _sized(
     return True
 
 
-def _headroom(report: BudgetReport, budget: Budget) -> BudgetReport:
-    """``report`` whose plan gives the headroom as the room kept free (``slack_tokens``:
-    what a batch's restore by appending leaves free)."""
-    free = str(math.floor(budget.limit * budget.headroom))
-    plan = tuple((k, free if k == "slack_tokens" else v) for k, v in report.plan)
-    return attrs.evolve(report, plan=plan)
-
-
 @attrs.frozen
 class Solve:
     """The budget stage: one objective over the turn's ladders, one solve, measured."""
@@ -753,7 +753,7 @@ class Solve:
         before = measured.layer_tokens()
         fits = budget.effective(used) <= budget.limit
         if fits and not any(e.cut or e.folded for e in turn.library.entries):
-            report = _headroom(budget.report(used, before, before, ()), budget)
+            report = budget.report(used, before, before, ())
             return attrs.evolve(turn, budget_report=report, measured=measured)
         relevance = _relevance(turn, self.retriever)
         exact: dict[tuple[str, int], int | None] = {}
@@ -813,6 +813,51 @@ class Solve:
                 report,
             )
         out, drafted, spent, decisions = best
-        report = _headroom(budget.report(spent, before, drafted.layer_tokens(), decisions), budget)
+        report = budget.report(spent, before, drafted.layer_tokens(), decisions)
         decided = attrs.evolve(out, budget_report=report, measured=drafted)
         return decided.decide(*report.decisions)
+
+
+@attrs.frozen
+class TurnFitting:
+    """A turn as the budget fitted it: its graph, draft and the request's exact tokens (an
+    agent loop keeps it to give the turn's room to its steps)."""
+
+    turn: TurnGraph
+    draft: Draft
+    used: int
+
+    def layer_tokens(self) -> tuple[tuple[str, int], ...]:
+        return self.draft.layer_tokens()
+
+
+def turn_fitting(turn: TurnGraph, measured: Draft, budget: Budget) -> TurnFitting:
+    """The fitting of a turn already measured (``measured``)."""
+    return TurnFitting(turn, measured, budget.used(measured, turn.ctx.counter))
+
+
+def shrink(
+    fitting: TurnFitting, over: int, retriever: Callable[[], Retriever] | None = None
+) -> tuple[TurnFitting, list[Decision]] | None:
+    """``fitting`` solved again within ``over`` tokens less (the same objective under a
+    smaller limit: an agent loop's steps need the room), or None when it cannot shrink."""
+    budget = fitting.turn.ctx.budget
+    if budget is None or over <= 0:
+        return None
+    # The limit that leaves the turn ``over`` tokens smaller, headroom included.
+    target = fitting.used - over
+    window = budget.context_window
+    reserve = window - math.floor((target + budget.headroom_tokens) * (1.0 + budget.safety_margin))
+    if reserve >= window or target <= 0:
+        return None
+    smaller = attrs.evolve(budget, reserve_output=max(budget.reserve_output, reserve))
+    turn = attrs.evolve(fitting.turn, ctx=attrs.evolve(fitting.turn.ctx, budget=smaller))
+    try:
+        out = Solve(retriever=retriever)(turn)
+    except BudgetExceeded:
+        return None
+    report, measured = out.budget_report, out.measured
+    if measured is None or report is None or report.used >= fitting.used:
+        return None
+    out = attrs.evolve(out, ctx=fitting.turn.ctx)
+    return TurnFitting(out, measured, report.used), list(report.decisions)

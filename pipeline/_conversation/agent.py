@@ -9,9 +9,9 @@ When the turn ends, L4 keeps the bare query and the final answer only.
 Every request of the loop also carries the tool definitions (``tools_tokens``: counted in
 the budget like the envelope), and the turn is fitted leaving ``tool_headroom`` tokens
 free, so the first calls fit without a cut. Once the loop's own cuts (stub old results,
-excerpt the largest) are spent, it goes on with the turn's cut order (``turn_plans``:
-library, history, this turn's items...) over the turn as fitted, before it stubs a
-result the model has not seen yet.
+excerpt the largest) are spent, the turn as fitted is solved again by the budget's
+objective within the room the loop needs (``objective.shrink``: library, history, this
+turn's items), before it stubs a result the model has not seen yet.
 
 A handoff within the turn to an agent with other instructions (``with_system``) sends
 them as L1's mutable part from the next request on, after the same stable part, counted
@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 
 from lamina.pipeline._budget import engine
+from lamina.pipeline._budget.objective import TurnFitting, shrink, turn_fitting
 from lamina.pipeline._errors import ConfigError, ConversationError
 from lamina.pipeline._model.envelope import (
     BudgetReport,
@@ -47,9 +48,9 @@ from lamina.pipeline._turn.measure import request_tokens
 from lamina.pipeline._views.preview import EXCERPT_MIN_TOKENS, cut_to_tokens
 
 if TYPE_CHECKING:
-    from lamina.pipeline._budget.fit import Budget, TurnFitting
     from lamina.pipeline._conversation.conversation import Conversation
     from lamina.pipeline._model.artifacts import AttachmentSpec
+    from lamina.pipeline._turn.budget import Budget
     from lamina.pipeline._turn.graph import SystemPrompt
 
 __all__ = [
@@ -194,8 +195,8 @@ class AgentTurn:
     the call message (``LoopStep.text_apart``), as the Agents SDK does over Chat
     Completions: counted so."""
     fitting: TurnFitting | None = attrs.field(default=None, eq=False, repr=False)
-    """The turn as its budget fitted it (graph, draft, count): the loop's overflow goes on
-    with the turn's own cut order over it. None: only tool results are cut."""
+    """The turn as its budget fitted it (graph, draft, count): the loop's overflow solves it
+    again in less room (``objective.shrink``). None: only tool results are cut."""
     handoff: Envelope | None = attrs.field(default=None, eq=False, repr=False)
     """After a handoff to an agent with other instructions (``with_system``): the envelope
     the loop's requests are built from (L1 holds the new instructions). None: ``envelope``,
@@ -233,8 +234,6 @@ class AgentTurn:
         )
         fitting = None
         if budget is not None:
-            from lamina.pipeline._budget.fit import turn_fitting
-
             measured = graph.measured if graph.measured is not None else draft(graph)
             fitting = turn_fitting(graph, measured, budget)
         return cls(
@@ -275,7 +274,7 @@ class AgentTurn:
         """The loop after a handoff to an agent with other instructions: its next requests
         send ``system`` as L1 (the same stable part, the new agent's instructions as the
         mutable part: the library and history after it change no byte), counted and
-        fitted like the first agent's (the turn's cut order may compact it). A
+        fitted like the first agent's (the budget may compact it). A
         ``handoff`` decision (L1) in that envelope's report says why the prefix broke;
         ``envelope`` (the turn as built, what is saved) is unchanged."""
         base = self.sent
@@ -290,8 +289,6 @@ class AgentTurn:
         )
         fitting = self.fitting
         if fitting is not None and self.budget is not None:
-            from lamina.pipeline._budget.fit import turn_fitting
-
             if fitting.turn.promoted is not None:
                 fitting.turn.promoted.result()  # the library's memos are shared: wait for it
             graph = attrs.evolve(fitting.turn, system=system)
@@ -346,9 +343,9 @@ class AgentTurn:
 
     def fit(self) -> Loop:
         """The loop as sent, fitted by the fitting engine: old results stubbed, then the
-        largest cut (a result of the newest step is only excerpted), then the turn's own
-        cut order over the turn as fitted, then any result stubbed, until it fits (each
-        cut moves the count by what it changed).
+        largest cut (a result of the newest step is only excerpted), then the turn as fitted
+        solved again in less room, then any result stubbed, until it fits (each cut moves
+        the count by what it changed).
 
         Raises ``BudgetExceeded`` (with a report) when nothing is left to cut; a
         non-recoverable result is cut to a marked excerpt, never stubbed.
@@ -385,9 +382,7 @@ class AgentTurn:
             functools.partial(self._cut_largest, stub_newest=False),
         ]
         if self.fitting is not None and self.steps:
-            from lamina.pipeline._budget.fit import turn_plans
-
-            plans.extend(_lift(plan, self.fitting) for plan in turn_plans(budget))
+            plans.append(_shrunk(self.fitting))
         plans.append(functools.partial(self._cut_largest, stub_newest=True))
         done, report = engine.fit(start, plans, budget, too_big, before=start.layer_tokens())
         envelope = self.sent
@@ -540,15 +535,15 @@ class _LoopState:
         return (*layers, *tools, ("loop", self.used - self.base - self.tools))
 
 
-def _lift(plan: engine.Plan[TurnFitting], fitting: TurnFitting) -> engine.Plan[_LoopState]:
-    """One of the turn's plans over the loop's state: it cuts the turn (from ``fitting``,
-    the turn as fitted, the first time) and the loop's count moves by what it saved."""
+def _shrunk(fitting: TurnFitting) -> engine.Plan[_LoopState]:
+    """The turn solved again in less room, over the loop's state (from ``fitting``, the turn
+    as fitted, the first time): the loop's count moves by what it saved."""
 
     def run(state: _LoopState, over: int) -> tuple[_LoopState, list[Decision]] | None:
         turn = state.fitting if state.fitting is not None else fitting
         if turn.turn.promoted is not None:
             turn.turn.promoted.result()  # the library's memos are shared: wait for it
-        step = plan(turn, over)
+        step = shrink(turn, over)
         if step is None:
             return None
         new, made = step

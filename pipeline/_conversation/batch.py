@@ -438,7 +438,7 @@ def batch_turn(
     attachment's message is not held past its turn twice).
 
     Restore by appending: where the request leaves ``room(used)`` tokens free (beyond the
-    budget's slack), cut entries of the library the system message holds are sent whole
+    budget's headroom), cut entries of the library the system message holds are sent whole
     again in this turn's user message (``wholes``: their whole forms that may fit, the
     conversation's; ``choose_restores``), once a batch: the model sees them in
     full and the cached prefix is not rewritten."""

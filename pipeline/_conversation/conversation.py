@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from lamina.pipeline._budget.settings import BudgetSettings
 from lamina.pipeline._conversation.batch import NO_BATCH, BatchState, batch_turn
 from lamina.pipeline._conversation.usage import Calibration, TurnUsage
 from lamina.pipeline._errors import (
@@ -42,6 +41,7 @@ from lamina.pipeline._recall.stage import RecallMemo
 from lamina.pipeline._stages.builtin import Pipeline
 from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._turn.assemble import assemble
+from lamina.pipeline._turn.budget import BudgetSettings
 from lamina.pipeline._turn.graph import HistoryView, SystemPrompt, TurnContext, TurnGraph
 from lamina.pipeline._turn.history import HistorySegments
 from lamina.pipeline._turn.measure import request_tokens
@@ -56,8 +56,8 @@ from lamina.pipeline._views.views import (
 )
 
 if TYPE_CHECKING:
-    from lamina.pipeline._budget.fit import Budget
     from lamina.pipeline._store.records import Head
+    from lamina.pipeline._turn.budget import Budget
 
 __all__ = [
     "Conversation",
@@ -485,16 +485,14 @@ class Conversation:
         """``envelope`` with the request it is sent as (``batch_turn``): the batch goes on
         unless the prefix breaks anyway or the extended request would not fit the budget;
         cut entries of ``library`` (the turn's, as built) whose whole forms fit what the
-        request leaves free beyond the budget's slack are sent whole again."""
+        request leaves free beyond the budget's headroom are sent whole again."""
         budget = self.budget
         settle = NO_BATCH if self._batch is None and envelope.turn > 1 else ""
-        report = envelope.report.budget
-        slack = 0 if report is None else int(dict(report.plan).get("slack_tokens", "0"))
 
         def room(used: int) -> int:
-            if budget is None or not (budget.plan.restore and budget.plan.restore_append):
+            if budget is None:
                 return 0
-            return budget.limit - budget.effective(used) - slack
+            return budget.limit - budget.effective(used) - budget.headroom_tokens
 
         # An entry recalled into this turn's message is not sent whole beside it.
         recalled = {
@@ -574,7 +572,7 @@ class Conversation:
 
 def _check_settings(system: object, tokenizer: object, policy: object, budget: object) -> None:
     """The constructor's arguments, checked before anything is built from them."""
-    from lamina.pipeline._budget.fit import Budget
+    from lamina.pipeline._turn.budget import Budget
 
     if not isinstance(system, str | SystemPrompt):
         got = type(system).__name__

@@ -52,7 +52,7 @@ from lamina.pipeline._turn.graph import Placement, TurnGraph
 from lamina.pipeline._views.views import full_view
 
 if TYPE_CHECKING:
-    from lamina.pipeline._budget.fit import Budget
+    from lamina.pipeline._turn.budget import Budget
 
 __all__ = ["HISTORY_BLOCK", "PASSAGE_CHARS", "Recall", "RecallMemo", "memory_units"]
 
@@ -418,7 +418,7 @@ def _measure(turn: TurnGraph) -> _Measured | None:
             passages.append(Passage(key, unit.last, cost, score))
         spent += cost
     cap = math.floor(budget.limit * budget.recall_share)
-    slack = int(dict(report.plan).get("slack_tokens", "0")) if report is not None else 0
+    slack = budget.headroom_tokens
     units = MemoryUnits(
         max(0, room - overhead), tuple(forms), tuple(passages), max(0, cap - overhead), slack
     )

@@ -24,7 +24,6 @@ import cattrs
 import xxhash
 from cattrs.gen import make_dict_structure_fn
 
-from lamina.pipeline._budget.settings import BudgetSettings
 from lamina.pipeline._conversation.batch import DeferredTurn
 from lamina.pipeline._conversation.conversation import ConversationState
 from lamina.pipeline._conversation.usage import TurnUsage
@@ -57,6 +56,7 @@ from lamina.pipeline._store.records import (
     head_hash,
     now_stamp,
 )
+from lamina.pipeline._turn.budget import BudgetSettings
 from lamina.pipeline._views.summarize import SummaryKey, SummaryResult
 
 __all__ = [
@@ -166,9 +166,15 @@ _budget_settings = make_dict_structure_fn(
 )
 
 
+_CASCADE_FIELDS = ("policy", "plan", "stub_share")
+"""Settings of the cut cascade the objective replaced: a budget saved with them is read
+without them (the objective decides what they did)."""
+
+
 def _structure_budget(value: Any, _: Any) -> BudgetSettings:
-    if isinstance(value, Mapping) and "recall_share" not in value:
-        value = {**value, "recall_share": 0.0}
+    if isinstance(value, Mapping):
+        value = {k: v for k, v in value.items() if k not in _CASCADE_FIELDS}
+        value.setdefault("recall_share", 0.0)
     return _budget_settings(value, BudgetSettings)
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import attrs
 import pytest
 
 from lamina import BudgetConfig, ProviderPricing, load_config, parse_config
-from lamina.pipeline import Budget, BudgetPlan, ConfigError, Policy
+from lamina.pipeline import Budget, ConfigError, Policy
 
 
 def test_a_yaml_config_sets_every_dimension(tmp_path: Path) -> None:
@@ -90,61 +89,40 @@ def test_an_unreadable_config_names_its_file(tmp_path: Path) -> None:
         load_config(path)
 
 
-def test_a_budget_plan_is_set_by_its_fields_and_the_others_keep_their_defaults(
+def test_the_objectives_settings_are_set_by_name_and_the_others_keep_their_defaults(
     tmp_path: Path,
 ) -> None:
-    path = tmp_path / "floors.yaml"
+    path = tmp_path / "objective.yaml"
     path.write_text(
         "budget:\n"
         "  window: 8000\n"
-        "  plan: {library_floor: 0.4, history_turns: 3, slack: 0, restore: false}\n",
+        "  objective: {headroom: 0.1, cache_weight: 1, source_weights: {web: 0.5}}\n",
         encoding="utf-8",
     )
     config = load_config(path)
-    plan = BudgetPlan(library_floor=0.4, history_turns=3, slack=0.0, restore=False)
-    assert config.budget == BudgetConfig(None, 8000, None, plan)
-    assert config.budget.budget().plan == plan
-    assert config.budget.budget().plan.restore_min == BudgetPlan().restore_min
-    assert dict(config.budget.budget().plan.fields())["slack"] == "0.0"  # a float, as stored
-    assert parse_config({"budget": {"window": 8000}}).budget.budget().plan == BudgetPlan()
-
-
-def _changed(field: attrs.Attribute[object]) -> object:
-    """A valid value other than the field's default, from its type alone."""
-    default = field.default
-    if isinstance(default, bool):
-        return not default
-    if isinstance(default, int):
-        return default + 1
-    assert isinstance(default, float)
-    return round(default / 2, 3)
-
-
-@pytest.mark.parametrize("field", attrs.fields(BudgetPlan), ids=lambda f: f.name)
-def test_every_field_of_the_budget_plan_can_be_set(field: attrs.Attribute[object]) -> None:
-    """Read over BudgetPlan's own fields: a field added or renamed there is settable here."""
-    value = _changed(field)
-    data = {"budget": {"model": "gpt-4o", "plan": {field.name: value}}}
-    budget = parse_config(data).budget
-    assert budget is not None
-    assert getattr(budget.budget().plan, field.name) == value != field.default
+    assert config.budget is not None
+    budget = config.budget.budget()
+    assert (budget.headroom, budget.cache_weight) == (0.1, 1.0)
+    assert budget.source_weight("web") == 0.5 and budget.source_weight("note") == 1.0
+    assert budget.text_free_share == Budget(8000, 2000).text_free_share
+    plain = parse_config({"budget": {"window": 8000}}).budget
+    assert plain is not None and plain.budget() == Budget(8000, 2000)
 
 
 @pytest.mark.parametrize(
-    ("plan", "culprit"),
+    ("objective", "culprit"),
     [
-        ({"floor": 0.3}, "config.budget.plan.floor: unknown key (known: library_floor, "),
-        ({"library_floor": 1.5}, "config.budget.plan.library_floor: must be in [0, 1)"),
-        ({"slack": -0.1}, "config.budget.plan.slack: must be in [0, 1)"),
-        ({"restore_min": float("nan")}, "config.budget.plan.restore_min: must be in [0, 1)"),
-        ({"history_turns": 2.5}, "config.budget.plan.history_turns: must be an integer"),
-        ({"history_turns": -1}, "config.budget.plan.history_turns: must be at least 0"),
-        ({"restore": "yes"}, "config.budget.plan.restore: must be True or False"),
-        ({"library_floor": "0.3"}, "config.budget.plan.library_floor: must be a number"),
-        ([0.3], "config.budget.plan: must be a mapping, got list"),
+        ({"floor": 0.3}, "config.budget.objective.floor: unknown key (known: headroom, "),
+        ({"headroom": 1.5}, "config.budget.objective.headroom: must be in [0, 1)"),
+        ({"text_free_share": -0.1}, "config.budget.objective.text_free_share: must be in [0, 1)"),
+        ({"cache_weight": "high"}, "config.budget.objective.cache_weight: must be a number"),
+        ({"source_weights": 3}, "config.budget.objective.source_weights: must map source types"),
+        ([0.3], "config.budget.objective: must be a mapping, got list"),
     ],
 )
-def test_a_bad_budget_plan_is_refused_naming_its_field(plan: object, culprit: str) -> None:
+def test_a_bad_objective_setting_is_refused_naming_its_field(
+    objective: object, culprit: str
+) -> None:
     with pytest.raises(ConfigError) as caught:
-        parse_config({"budget": {"window": 8000, "plan": plan}})
+        parse_config({"budget": {"window": 8000, "objective": objective}})
     assert str(caught.value).startswith(culprit)

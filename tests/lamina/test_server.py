@@ -431,28 +431,23 @@ def test_recall_is_a_conversation_setting_and_matches_run(
     assert refused.status_code in (400, 422) and "recall" in refused.text
 
 
-def test_the_budget_plan_is_a_conversation_setting(client: httpx.Client) -> None:
-    """A conversation's ``plan`` sets the budget plan's fields its turns are fitted with
-    (the trace reports it); an unknown key or a bad value is 422 naming ``plan.<field>``,
-    and a plan without a window or model is refused by name."""
-    settings = {"library_floor": 0.4, "history_turns": 3, "restore": False}
-    cid = create(client, window=3000, reserve=400, plan=settings)["id"]
+def test_the_budget_objective_is_a_conversation_setting(client: httpx.Client) -> None:
+    """A conversation's ``objective`` sets the budget objective's settings its turns are
+    fitted with (the trace reports them); an unknown key or a bad value is 422 naming
+    ``objective.<field>``, and settings without a window or model are refused by name."""
+    cid = create(client, window=3000, reserve=400, objective={"headroom": 0.1})["id"]
     built = turn(client, cid, EMPTY, user="hello", attach=[{"note": "project-spec.md"}])
     plan = built["budget"]["plan"]
-    assert (plan["library_floor"], plan["history_turns"], plan["restore"]) == (
-        "0.4", "3", "False"
-    )
-    assert plan["slack"] == "0.2"  # not given: the default
+    assert (plan["headroom"], plan["headroom_tokens"]) == ("0.1", "260")
+    assert plan["cache_weight"] == "0.3"  # not given: the default
     head = reply(client, cid, built["head"], "ok")
     again = turn(client, cid, head, user="and again")
-    # The same plan; its slack in tokens follows the conversation's growth turn by turn.
-    steady = {k: v for k, v in plan.items() if k != "slack_tokens"}
-    assert {k: v for k, v in again["budget"]["plan"].items() if k != "slack_tokens"} == steady
+    assert again["budget"]["plan"] == plan
     for body, field in (
-        ({"window": 3000, "plan": {"floor": 0.3}}, "plan.floor"),
-        ({"window": 3000, "plan": {"library_floor": 1.5}}, "plan.library_floor"),
-        ({"window": 3000, "plan": {"restore": "no"}}, "plan.restore"),
-        ({"plan": {"slack": 0.1}}, "plan"),
+        ({"window": 3000, "objective": {"floor": 0.3}}, "objective.floor"),
+        ({"window": 3000, "objective": {"headroom": 1.5}}, "objective.headroom"),
+        ({"window": 3000, "objective": {"cache_weight": "no"}}, "objective.cache_weight"),
+        ({"objective": {"headroom": 0.1}}, "objective"),
     ):
         refused = client.post("/v1/conversations", json=body)
         assert refused.status_code == 422, refused.text

@@ -215,11 +215,13 @@ def test_llm_summaries_that_fail_or_overrun_still_fit_and_are_reported(tmp_path:
 
     (tmp_path / "big.md").write_text(_note(1, size=200))
     summarizer = LLMSummarizer(complete, TokenCounter(), chunk_tokens=500, timeout=0.1)
-    budget = Budget(600, 100, policy="prefix-first")  # it summarizes this turn's items
+    budget = Budget(600, 100)
     conv = Conversation(vault=tmp_path, budget=budget, summarizer=summarizer)
-    env = conv.turn("summarize", attach=[note("big.md")])
+    conv.turn("read this", attach=[note("big.md")])
+    conv.reply("done")
+    env = conv.turn("summarize")  # the library's big.md is summarized
     assert exact_request_tokens(env) <= 500
-    assert env.l3.segments[0].form in (Form.SUMMARY, Form.REFERENCE)
+    assert env.l2.segments[0].form in (Form.SUMMARY, Form.REFERENCE)
     assert any(w.code == "summary-failed" for w in env.report.warnings), env.report.warnings
 
 
@@ -253,16 +255,15 @@ def _recount(env: Envelope, per_message: int, priming: int, lead: str, trim: boo
 @given(
     script=conversations,
     window=st.integers(min_value=600, max_value=6000),
-    policy=st.sampled_from(["current-first", "prefix-first"]),
     template=st.booleans(),
 )
 def test_the_engines_running_count_equals_a_full_recount(
-    script: dict[str, Any], window: int, policy: str, template: bool, prop_vault: tuple[Path, str]
+    script: dict[str, Any], window: int, template: bool, prop_vault: tuple[Path, str]
 ) -> None:
     """Each cut moves the count by its blocks' delta; the final count is the whole
     request's, with or without a chat template's lead and trimming."""
     framing = {"content_lead": "\n\n", "trim_content": True} if template else {}
-    budget = Budget(window, window // 5, 5, 4, history_step=3, policy=policy, **framing)
+    budget = Budget(window, window // 5, 5, 4, history_step=3, **framing)
     envelopes, _ = _run(script, prop_vault, budget)
     lead = "\n\n" if template else ""
     for env in envelopes:
@@ -271,24 +272,3 @@ def test_the_engines_running_count_equals_a_full_recount(
         assert env.report.budget.used == _recount(env, 5, 4, lead, template)
 
 
-def test_a_cut_that_never_saves_raises_instead_of_looping() -> None:
-    from lamina.pipeline import Decision, DecisionAction, StageError
-    from lamina.pipeline._budget.engine import MAX_IDLE_ROUNDS
-
-    calls = []
-
-    def idle_cut(turn: Any, env: Any) -> Any:
-        calls.append(1)
-        made = Decision(
-            "budget", "x", "text", "text", "a cut that saves nothing",
-            action=DecisionAction.COMPACTED,
-        )  # fmt: skip
-        return turn, made
-
-    budget = Budget(context_window=40, reserve_output=0, policy="prefix-first", order=(idle_cut,))
-    conv = Conversation("You are terse.", budget=budget)
-    with pytest.raises(StageError, match="saved no token") as raised:
-        conv.turn("a question long enough to be over a forty-token window " * 3)
-    assert raised.value.stage == "budget"
-    assert len(calls) == MAX_IDLE_ROUNDS + 1
-    assert conv.history == ()  # the failed turn left the conversation as it was

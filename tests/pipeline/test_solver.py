@@ -128,14 +128,14 @@ def test_the_same_ladders_give_the_same_choice(case: tuple[list[Ladder], int, fl
 def test_the_objective_policy_fits_a_whole_chat_and_keeps_the_invariants(
     window: int, reserve: int
 ) -> None:
-    """chat30 under ``policy="objective"``: every request fits, each envelope passes the
+    """chat30 under the default budget: every request fits, each envelope passes the
     invariants against the one before, and the turns that cut use most of the limit."""
     from lamina import Conversation, load_script, run_script
     from lamina.pipeline import Budget, check_envelope
     from lamina.renderers import judge_chat
 
     script = load_script(Path(__file__).resolve().parents[2] / "examples" / "chat30.yaml")
-    budget = Budget(context_window=window, reserve_output=reserve, policy="objective")
+    budget = Budget(context_window=window, reserve_output=reserve)
     conv = Conversation(script.system, vault=script.vault, budget=budget)
     envs = run_script(script, conv)
     for previous, env in zip([None, *envs], envs, strict=False):

@@ -39,14 +39,14 @@ def _note(i: int, size: int) -> str:
 
 
 BIG = _note(1, 40)
-# Turn 3 attaches big.md again while the library holds its preview: the prefix-first
-# budget cuts the L3 copy to a summary.
+# Turn 3 attaches big.md again while the library holds its preview: the budget cuts
+# the library's copy to a summary.
 TURNS = [
     {"user": "q1", "attach": [{"note": "big.md"}], "reply": "answer 1"},
     {"user": "q2", "attach": [{"note": "other.md"}], "reply": "answer 2"},
     {"user": "q3", "attach": [{"note": "big.md"}], "reply": "answer 3"},
 ]
-SUMMARIZING = Budget(1500, 200, policy="prefix-first")
+SUMMARIZING = Budget(1500, 200)
 
 
 @pytest.fixture

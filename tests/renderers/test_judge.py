@@ -8,7 +8,7 @@ from pathlib import Path
 import attrs
 
 from lamina import Conversation
-from lamina.pipeline import Budget, BudgetPlan, Envelope, Form, Layer, LayerName, Segment
+from lamina.pipeline import Budget, Envelope, Form, Layer, LayerName, Segment
 from lamina.renderers import FREE_MARGIN, judge_chat
 from lamina.renderers._judge import _has_prose, _open_frontmatter
 
@@ -119,15 +119,15 @@ def test_an_entry_shown_only_cut_is_left_cut_when_its_growth_fits_the_room_less_
 
 
 def test_the_judgement_reads_no_budget_setting() -> None:
-    """Judging the same chat with another plan, both in the budget given and in each
-    report's plan (slack, restores, floors), gives the same judgement: only the chat
-    framing is read from the budget."""
+    """Judging the same chat with other settings, both in the budget given and in each
+    report's plan (headroom, cache weight, text-free share), gives the same judgement:
+    only the chat framing is read from the budget."""
     conv, envs = _budgeted_spec_chat()
     preview = _segment('<note key="note:a.md" form="preview">\nSome text.\n</note>')
     envs.append(_rebuilt(envs[-1], (preview,), limit=2000, effective=1000))
     assert conv.budget is not None
-    other = attrs.evolve(conv.budget, plan=BudgetPlan(restore=False, slack=0.4, restore_min=0.9))
-    plan = (("slack_tokens", "1000"), ("restore_min", "0.9"), ("library_floor_tokens", "0"))
+    other = attrs.evolve(conv.budget, headroom=0.4, cache_weight=2.0, text_free_share=0.5)
+    plan = (("headroom_tokens", "1000"), ("headroom", "0.4"), ("text_free_share", "0.5"))
     replanned = [
         attrs.evolve(e, report=attrs.evolve(e.report, budget=attrs.evolve(b, plan=plan)))
         for e in envs

@@ -1,4 +1,4 @@
-"""The current-first budget: this turn's attachments keep the best form that fits."""
+"""The budget and this turn's attachments: each keeps the best form that fits."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from lamina.pipeline import (
     fit_preview,
     get_encoding,
 )
-from lamina.pipeline._budget.fit import MIN_PREVIEW_TOKENS
+from lamina.pipeline._budget.objective import MIN_PREVIEW_TOKENS
 from lamina.processors import ProcessContext, Sources, Vault, folder, note
 from tests.pipeline.test_budget import exact_request_tokens
 from tests.strategies import conversations, localize, serve_site, write_property_vault
@@ -123,8 +123,6 @@ def test_the_three_turn_example_sends_auth_md_in_full() -> None:
     body = (EXAMPLE / "docs" / "auth.md").read_text(encoding="utf-8").strip()
     assert body.splitlines()[-1] in env.user_text
     assert exact_request_tokens(env) <= 3000
-    old = _three_turns(Budget(3400, 400, policy="prefix-first"))
-    assert old.l3.get("note:docs/auth.md").form is Form.REFERENCE  # what the issue saw
 
 
 def _sectioned(changed: str = "") -> str:
