@@ -12,6 +12,7 @@ from lamina.pipeline._conversation.agent import (
     LoopStep,
     agent_call,
     loop_tokens,
+    tool_turn,
 )
 from lamina.pipeline._conversation.batch import (
     APPEND_REFERENCES_INTRO,
@@ -129,7 +130,6 @@ from lamina.pipeline._model.tools import (
     tool,
     tool_artifact,
     tool_key,
-    tool_turn,
 )
 from lamina.pipeline._recall.retrievers import Bm25Retriever, Fts5Retriever
 from lamina.pipeline._recall.stage import Recall, RecallMemo

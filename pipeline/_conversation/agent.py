@@ -65,6 +65,7 @@ __all__ = [
     "LoopStep",
     "agent_call",
     "loop_tokens",
+    "tool_turn",
 ]
 
 CALL_OVERHEAD = OPENAI_FRAMING.tool_call
@@ -464,7 +465,6 @@ class AgentTurn:
         return None
 
 
-
 def _call_tokens(call: LoopCall, counter: TokenCounter, framing: Framing) -> int:
     return (
         framing.tool_call
@@ -569,3 +569,20 @@ def loop_budget(budget: Budget, tools_tokens: int, headroom: int | None) -> Budg
     extra = tools_tokens + min(wanted, (room - tools_tokens) // 4)
     reserve = budget.reserve_output + math.ceil(extra * (1.0 + budget.safety_margin))
     return attrs.evolve(budget, reserve_output=min(reserve, budget.context_window - 1))
+
+
+def tool_turn(
+    conv: Conversation,
+    text: str,
+    attach: Iterable[Any] = (),
+    *,
+    tools: Iterable[ToolUse] = (),
+    hits: Iterable[Hit] = (),
+    vault_changes: Mapping[str, str] | None = None,
+) -> Envelope:
+    """One turn with single-shot tool results and retrieval hits besides the attachments."""
+    found = tuple(hits)
+    specs: list[AttachmentSpec] = [*tools]
+    if found:
+        specs.append(Hits(found))
+    return conv.turn(text, attach, vault_changes=vault_changes, tools=specs)

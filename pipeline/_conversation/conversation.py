@@ -56,7 +56,7 @@ from lamina.pipeline._views.views import (
 )
 
 if TYPE_CHECKING:
-    from lamina.pipeline._store.records import Head
+    from lamina.pipeline._model.history import Head
     from lamina.pipeline._turn.budget import Budget
 
 __all__ = [

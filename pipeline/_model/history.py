@@ -14,7 +14,13 @@ from lamina.pipeline._text.markup import (
     markup_blocks,
 )
 
-__all__ = ["TOOL_TAGS", "HistoryEntry", "has_context_markup", "strip_reply"]
+__all__ = [
+    "TOOL_TAGS",
+    "Head",
+    "HistoryEntry",
+    "has_context_markup",
+    "strip_reply",
+]
 
 
 @attrs.frozen
@@ -107,3 +113,16 @@ def stripped_with_steps(text: str) -> tuple[str, int]:
 def has_context_markup(text: str) -> bool:
     """True when ``text`` still holds a Lamina context block or a tool payload."""
     return bool(markup_blocks(text))
+
+
+@attrs.frozen
+class Head:
+    """Where a stored conversation stands: its last turn and that turn's state hash.
+
+    A save names the head it continues (``parent``); the empty conversation is
+    ``Head(0, "")``. The hash covers the whole saved state (its content-addressed parts),
+    so two writers that both continue turn N from different states never look alike.
+    """
+
+    turn: int = 0
+    hash: str = ""

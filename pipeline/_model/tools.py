@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import attrs
 
@@ -29,10 +29,6 @@ from lamina.pipeline._model.artifacts import (
 from lamina.pipeline._model.envelope import TOOL_SOURCE
 from lamina.pipeline._model.kinds import AttachmentKinds
 from lamina.pipeline._model.recall import RECALL_SOURCE
-
-if TYPE_CHECKING:
-    from lamina.pipeline._conversation.conversation import Conversation
-    from lamina.pipeline._model.envelope import Envelope
 
 __all__ = [
     "TOOL_SOURCE",
@@ -52,7 +48,6 @@ __all__ = [
     "tool",
     "tool_artifact",
     "tool_key",
-    "tool_turn",
 ]
 
 _CHUNK_KEY = re.compile(r"^(?P<source>[a-z][\w-]*:.+)#L(?P<start>\d+)-(?P<end>\d+)$")
@@ -327,20 +322,3 @@ class ToolSources:
 
     def for_turn(self) -> ToolSources:
         return ToolSources(resolver_for_turn(self.inner))
-
-
-def tool_turn(
-    conv: Conversation,
-    text: str,
-    attach: Iterable[Any] = (),
-    *,
-    tools: Iterable[ToolUse] = (),
-    hits: Iterable[Hit] = (),
-    vault_changes: Mapping[str, str] | None = None,
-) -> Envelope:
-    """One turn with single-shot tool results and retrieval hits besides the attachments."""
-    found = tuple(hits)
-    specs: list[AttachmentSpec] = [*tools]
-    if found:
-        specs.append(Hits(found))
-    return conv.turn(text, attach, vault_changes=vault_changes, tools=specs)

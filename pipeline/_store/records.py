@@ -37,6 +37,7 @@ from lamina.pipeline._model.envelope import (
     LayerName,
     Segment,
 )
+from lamina.pipeline._model.history import Head
 from lamina.pipeline._model.kinds import AttachmentKinds, NoKinds
 from lamina.pipeline._model.library import LibraryEntry
 from lamina.pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
@@ -83,19 +84,6 @@ def now_stamp() -> str:
 
 
 # --- records ---------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Head:
-    """Where a stored conversation stands: its last turn and that turn's state hash.
-
-    A save names the head it continues (``parent``); the empty conversation is
-    ``Head(0, "")``. The hash covers the whole saved state (its content-addressed parts),
-    so two writers that both continue turn N from different states never look alike.
-    """
-
-    turn: int = 0
-    hash: str = ""
 
 
 @attrs.frozen

@@ -262,8 +262,7 @@ _EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def _chat30(turns: int, first: int = 0) -> list[Envelope]:
     """chat30 at a 6,000-token window: turns ``first`` to ``turns`` (numbered from 0) of
-    one conversation, on the cascade (``current-first``), whose restores by appending
-    these tests pin."""
+    one conversation, whose restores by appending these tests pin."""
     from lamina import load_script, run_script
 
     script = load_script(_EXAMPLES / "chat30.yaml")
