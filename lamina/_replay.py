@@ -14,7 +14,7 @@ import json
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
@@ -38,9 +38,6 @@ from lamina.pipeline import (
 )
 from lamina.processors import ProcessContext, Registry, Sources, Vault
 from lamina.renderers import simulate
-
-if TYPE_CHECKING:
-    from lamina._summary import RunSummary
 
 __all__ = [
     "InvariantFailure",
@@ -383,12 +380,6 @@ class ReplayRun:
     def write(self, path: str | Path) -> None:
         """The results file: one JSON line per conversation and config."""
         write_atomic(path, "".join(line + "\n" for line in self.lines()))
-
-    def summary(self) -> RunSummary:
-        """Per config totals, percentiles and winners (``lamina._summary``)."""
-        from lamina._summary import summarize
-
-        return summarize(self)
 
 
 def sort_results(

@@ -17,6 +17,7 @@ from lamina._corpus import find_corpus
 from lamina._engines import ENGINES, make_engine
 from lamina._replay import ReplayResult, replay
 from lamina._replay_report import write_replay_report
+from lamina._summary import summarize
 from lamina.pipeline import ConfigError
 
 __all__ = ["replay_command"]
@@ -124,7 +125,7 @@ def replay_command(
     if out is not None:
         run.write(out)
         Path(f"{out}.partial").unlink(missing_ok=True)
-    summary = run.summary()
+    summary = summarize(run)
     if as_json:
         click.echo(json.dumps(summary.to_json(), indent=2, sort_keys=True))
     else:

@@ -19,6 +19,7 @@ from lamina._config import ReplayConfig
 from lamina._corpus import Corpus, Recording
 from lamina._files import write_atomic
 from lamina._replay import ReplayError, ReplayResult, ReplayRun, _conversation, _run_turns, _script
+from lamina._summary import summarize
 from lamina.pipeline import ConfigError, Envelope
 from lamina.renderers import (
     annotate_trace,
@@ -144,7 +145,7 @@ def write_replay_report(
         links[name] = items
     html = render_replay_report(
         [r.to_json() for r in run.results],
-        run.summary().to_json(),
+        summarize(run).to_json(),
         links,
         title=f"Lamina replay: {run.conversations} conversations x {len(run.configs)} configs",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from lamina.processors._registry import Processor
+    from lamina.processors._processor import Processor
 
 __all__ = ["builtin_processors"]
 

@@ -107,6 +107,10 @@ def _check(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str:
         assert (steps[0]["from"], steps[-1]["to"]) == (m[2], m[3]) and m[3] != "reference"
         assert not _extended(turn, previous)
         return "restored"
+    if sentence.startswith("The budget dropped or shortened older history messages"):
+        assert any(d["action"] == "history-cut" for d in decisions)
+        assert not _extended(turn, previous)
+        return "history-cut"
     raise AssertionError(f"turn {turn['turn']}: a sentence no test reads: {sentence}")
 
 
@@ -121,9 +125,9 @@ def test_each_cache_sentence_holds_against_the_counts(runs: Runs) -> None:
         previous = turn
     assert kinds[0] == "first"
     if layout == "deferred":  # every kind a deferred chat has is read at least once
-        assert {"extends", "settled", "cut", "restored", "none"} <= set(kinds), kinds
+        assert {"extends", "settled", "cut", "none"} <= set(kinds), kinds
     else:
-        assert {"library-grew", "cut", "restored", "none"} <= set(kinds), kinds
+        assert {"library-grew", "cut", "none"} <= set(kinds), kinds
         assert "extends" not in kinds and "settled" not in kinds
 
 
@@ -146,11 +150,11 @@ def test_deferred_context_is_its_own_band() -> None:
     grown = json.loads(_run("--json", "--no-defer-library").stdout)["turns"]
     assert all(t["sent"]["deferred"] == 0 for t in grown)
     assert all("batch" not in t for t in grown)
-    turn = deferred[14]  # turn 15: 4,241 tokens sent while its layers add to 2,402
-    assert turn["tokens_total"] == 4241 and turn["sent"]["deferred"] == 1660
+    turn = deferred[14]  # turn 15: 4,427 tokens sent while its layers add to 2,615
+    assert turn["tokens_total"] == 4427 and turn["sent"]["deferred"] == 1681
     built = sum(layer["tokens"] for layer in turn["layers"].values())
-    assert built == 2402 < sum(turn["sent"].values()) == 4241
-    assert turn["budget"]["used"] != turn["budget"]["sent"] == 4241
+    assert built == 2615 < sum(turn["sent"].values()) == 4427
+    assert turn["budget"]["used"] != turn["budget"]["sent"] == 4427
 
 
 def test_the_script_field_and_the_flag_choose_the_layout(tmp_path: Any) -> None:
@@ -166,10 +170,10 @@ def test_the_script_field_and_the_flag_choose_the_layout(tmp_path: Any) -> None:
     assert bad.returncode == 2 and "defer_library" in bad.stderr and "true or false" in bad.stderr
 
 
-def test_verbose_adds_the_budget_plan() -> None:
+def test_verbose_adds_the_budget_settings() -> None:
     script = str(ROOT / "examples" / "chat30.yaml")
     out = lamina_here("inspect", script, "--vault", VAULT, "--window", "6000", "--verbose")
-    plans = [line for line in out.stdout.splitlines() if line.startswith("budget plan: ")]
+    plans = [line for line in out.stdout.splitlines() if line.startswith("budget settings: ")]
     assert len(plans) == 30
 
 

@@ -139,10 +139,10 @@ RESUMED = {
     "04fd623": _SAME,
     "4f04b07": _SAME,
     "a7b9f6f": _SAME,
+    # The cascade that wrote 87f7834 would restore project-spec.md here (161 of 4,142
+    # cached); the objective keeps its summary, which is worth less than the prefix.
     "87f7834": (
-        "cached prefix: 161 of 4142 tokens repeat the previous turn's request (4%, predicted)",
-        "  why: Library entry note:project-spec.md was restored from summary to full now "
-        "that the window has room again, so the request is sent uncached from there on.",
+        "cached prefix: 2738 of 2815 tokens repeat the previous turn's request (97%, predicted)",
     ),
 }
 

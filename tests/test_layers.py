@@ -44,27 +44,14 @@ def _unit(name: str) -> tuple[str, list[str]]:
     return names[0], names[1:]
 
 
-def _type_only(tree: ast.Module) -> set[int]:
-    """Ids of the import nodes under ``if TYPE_CHECKING:``."""
-    return {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
-        for inner in ast.walk(node)
-    }
-
-
-def _imports(path: Path, *, typing: bool = True) -> Iterator[tuple[str, int]]:
-    """Absolute names of every module ``path`` imports, with the line; ``typing=False``
-    leaves out the imports made only for type checking."""
+def _imports(path: Path) -> Iterator[tuple[str, int]]:
+    """Absolute names of every module ``path`` imports, with the line (those made only for
+    type checking too)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     package = _module_name(path)
     if path.name != "__init__.py":
         package = package.rpartition(".")[0]
-    skip = set() if typing else _type_only(tree)
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno
@@ -122,10 +109,8 @@ def test_no_package_imports_another_packages_private_module() -> None:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_the_concern_folders_of_a_package_do_not_import_in_a_circle(package: str) -> None:
-    """Inside a package, its first-level modules and folders form a graph without cycles.
-
-    Imports made only for type annotations do not count here: they run no code.
-    """
+    """Inside a package, its first-level modules and folders form a graph without cycles,
+    imports made only for type annotations included: they are dependencies too."""
     graph: nx.DiGraph = nx.DiGraph()
     for path in _files(package):
         parts = path.relative_to(ROOT).with_suffix("").parts
@@ -133,7 +118,7 @@ def test_the_concern_folders_of_a_package_do_not_import_in_a_circle(package: str
             continue
         unit = parts[1]
         graph.add_node(unit)
-        for name, _ in _imports(path, typing=False):
+        for name, _ in _imports(path):
             top, names = _unit(name)
             if top == package and names and names[0] != unit:
                 graph.add_edge(unit, names[0])

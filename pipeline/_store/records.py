@@ -41,7 +41,7 @@ from lamina.pipeline._model.history import Head
 from lamina.pipeline._model.kinds import AttachmentKinds, NoKinds
 from lamina.pipeline._model.library import LibraryEntry
 from lamina.pipeline._views.summarize import SummaryBacking, SummaryKey, SummaryResult
-from lamina.pipeline._views.views import full_view
+from lamina.pipeline._views.views import full_view, reference_view
 
 __all__ = [
     "BATCH_NOT_REBUILT",
@@ -641,10 +641,11 @@ def _replay(
 def _resent(
     replay: _Replay, report: BuildReport, before: Mapping[str, LibraryEntry]
 ) -> list[Segment]:
-    """This turn's items the stored ``report`` says were sent in full beside their library
-    entry, rendered as the reference stage marks them: a pinned change ``newer``, a
-    re-sent one with its entry's form (``library``, from the library before the turn).
-    A newer budget may send such an item otherwise, so no replay holds these texts."""
+    """This turn's items as the reference stage may have sent them: a plain reference to
+    the library, and those the stored ``report`` says were sent in full beside their
+    library entry, marked a pinned change ``newer`` or a re-sent one with its entry's form
+    (``library``, from the library before the turn). A newer budget may send such an item
+    otherwise, so no replay holds these texts."""
     actions = {
         d.target: d.action
         for d in report.decisions
@@ -652,23 +653,22 @@ def _resent(
     }
     conv = replay.conversation
     found: list[Segment] = []
-    for form in replay.forms if actions else ():
+    for form in replay.forms:
         try:
             artifacts = conv.process(form).artifacts
         except LaminaError:
             continue
         for artifact in artifacts:
             action, entry = actions.get(artifact.key), before.get(artifact.key)
+            views = [reference_view(artifact)] if artifact.key in before else []
             if action is DecisionAction.PINNED:
-                marks: tuple[tuple[str, str], ...] = (("newer", "true"),)
+                views.append(full_view(artifact, (("newer", "true"),)))
             elif action is DecisionAction.RESENT and entry is not None:
-                marks = (("library", str(entry.view.form)),)
-            else:
-                continue
-            view = full_view(artifact, marks)
-            try:
-                text = conv.renderer.render(view)
-            except LaminaError:
-                continue
-            found.append(Segment.of_view(view, text, conv.counter.count(text)))
+                views.append(full_view(artifact, (("library", str(entry.view.form)),)))
+            for view in views:
+                try:
+                    text = conv.renderer.render(view)
+                except LaminaError:
+                    continue
+                found.append(Segment.of_view(view, text, conv.counter.count(text)))
     return found

@@ -30,6 +30,7 @@ from lamina import (
     run_saved,
 )
 from lamina._engines import LOCAL_CLUSTER_CONFIG
+from lamina._summary import summarize
 from lamina.pipeline import ConversationInfo, SqliteStore
 from lamina.processors import Sources
 from tests.conftest import write_vault
@@ -193,7 +194,7 @@ def test_a_corrupt_conversation_is_reported_and_the_rest_complete(tmp_path: Path
     assert missing.provider("openai") is not None  # the turn before the failure is costed
     others = [r for r in run.results if r.conversation.startswith("c")]
     assert len(others) == 12 and all(r.ok for r in others)
-    summary = run.summary().to_json()
+    summary = summarize(run).to_json()
     assert summary["compared"] == 6
     assert summary["configs"]["pin"]["errors"] == 2
 
