@@ -844,13 +844,13 @@ def shrink(
     budget = fitting.turn.ctx.budget
     if budget is None or over <= 0:
         return None
-    # The limit that leaves the turn ``over`` tokens smaller, headroom included.
+    # The limit the turn must fit: ``over`` tokens less, no headroom (the loop's steps
+    # take that room now).
     target = fitting.used - over
-    window = budget.context_window
-    reserve = window - math.floor((target + budget.headroom_tokens) * (1.0 + budget.safety_margin))
-    if reserve >= window or target <= 0:
+    reserve = budget.context_window - math.ceil(target * (1.0 + budget.safety_margin))
+    if reserve >= budget.context_window or target <= 0:
         return None
-    smaller = attrs.evolve(budget, reserve_output=max(budget.reserve_output, reserve))
+    smaller = attrs.evolve(budget, reserve_output=max(budget.reserve_output, reserve), headroom=0.0)
     turn = attrs.evolve(fitting.turn, ctx=attrs.evolve(fitting.turn.ctx, budget=smaller))
     try:
         out = Solve(retriever=retriever)(turn)

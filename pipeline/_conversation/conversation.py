@@ -494,11 +494,12 @@ class Conversation:
                 return 0
             return budget.limit - budget.effective(used) - budget.headroom_tokens
 
-        # An entry recalled into this turn's message is not sent whole beside it.
+        # An entry this turn's message sends (attached again, or recalled) is not sent
+        # whole beside it.
         recalled = {
             s.key.removeprefix(f"{RECALL_SOURCE}:")
             for s in envelope.l3.segments
-            if s.source_type == RECALL_SOURCE
+            if s.source_type == RECALL_SOURCE or s.form is not Form.REFERENCE
         }
 
         def wholes(

@@ -197,9 +197,9 @@ def test_the_first_tool_calls_fit_in_every_window(tmp_path: Path) -> None:
 
 def test_an_overflowing_loop_cuts_the_turn_in_the_turns_order(tmp_path: Path) -> None:
     """A turn that fits with 40 tokens to spare and no headroom: the loop excerpts the new
-    result as far as it goes, then cuts the turn with the turn's own order (the oldest
-    library entry first, as the turn's budget does), never stubs the result the model has
-    not seen, and sends the cut turn's envelope."""
+    result as far as it goes, then the turn is solved again in less room (the newest
+    library entry goes first: a cut there breaks the least of the cached prefix), never
+    stubs the result the model has not seen, and sends the cut turn's envelope."""
     vault = _big_vault(tmp_path)
 
     def agent_in(window: int) -> AgentTurn:
@@ -220,7 +220,7 @@ def test_an_overflowing_loop_cuts_the_turn_in_the_turns_order(tmp_path: Path) ->
     stages = [d.stage for d in loop.decisions]
     assert stages == sorted(stages, key=["agent", "budget"].index), "the loop's cuts first"
     turn_cuts = [d for d in loop.decisions if d.stage == "budget"]
-    assert (turn_cuts[0].layer, turn_cuts[0].target) == ("L2", "note:n0.md")
+    assert (turn_cuts[0].layer, turn_cuts[0].target) == ("L2", "note:n1.md")
     assert loop.steps[-1].calls[-1].form == "excerpt"
     assert loop.envelope is not agent.envelope
     assert loop.envelope.l2.tokens < agent.envelope.l2.tokens
@@ -249,9 +249,9 @@ def test_a_handoff_sends_the_new_instructions_counted_and_fitted_like_the_turns(
     tmp_path: Path,
 ) -> None:
     """After ``with_system`` the loop sends the new agent's instructions as L1's mutable
-    part; longer ones than the turn was fitted for are fitted in the turn's own cut order
-    (the oldest library entry first), the count equals a recount, a ``handoff`` decision
-    (L1) explains the break, and the turn's own envelope is unchanged."""
+    part; longer ones than the turn was fitted for are fitted by solving the turn again
+    (the newest library entry gives way), the count equals a recount, a ``handoff``
+    decision (L1) explains the break, and the turn's own envelope is unchanged."""
     vault = _big_vault(tmp_path)
     roomy = Budget(context_window=100_000, reserve_output=300)
     conv = Conversation(SystemPrompt("You answer.", "Route."), vault=vault, budget=roomy)
@@ -271,7 +271,7 @@ def test_a_handoff_sends_the_new_instructions_counted_and_fitted_like_the_turns(
     assert sent is not None and sent.text == LONG_INSTRUCTIONS, "whole: the library gave way"
     assert loop.envelope.system_text.startswith("You answer.\n\nDig through the notes")
     cuts = [d for d in loop.decisions if d.stage == "budget"]
-    assert (cuts[0].layer, cuts[0].target) == ("L2", "note:n0.md")
+    assert (cuts[0].layer, cuts[0].target) == ("L2", "note:n1.md")
     assert loop.tokens == budget.used(loop.envelope, handed.counter) + handed.loop_tokens(
         loop.steps
     )

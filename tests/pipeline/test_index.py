@@ -213,28 +213,32 @@ def test_library_index_lines_give_the_full_size(tmp_path: Path) -> None:
     for f in range(3):
         env = conv.turn(f"Folder {f}?", [folder(f"f{f:02d}")])
         conv.reply("Noted.")
-    assert [s.key for s in env.l2.segments] == ["index:folder:f00", "index:folder:f01"]
-    index = env.l2.segments[1]
-    line = next(x for x in index.text.split("\n") if x.startswith("- note:f01/note-007.md"))
+    index = env.l2.get("index:folder:f00")
+    assert index is not None
+    line = next(x for x in index.text.split("\n") if x.startswith("- note:f00/"))
+    key = line.removeprefix("- ").split(" ")[0]
     size = int(re.search(r" \| (\d+) tokens", line).group(1))  # type: ignore[union-attr]
     whole = Conversation("You are terse.", vault=tmp_path)
-    full = whole.turn("Read it.", [{"note": "f01/note-007.md"}]).l3.get("note:f01/note-007.md")
+    full = whole.turn("Read it.", [{"note": key.removeprefix("note:")}]).l3.get(key)
     assert full is not None and full.form is Form.FULL and size == full.tokens
 
 
 def test_an_index_too_large_for_the_window_leaves_out_its_last_lines(tmp_path: Path) -> None:
-    """300 notes in a 3,000-token window: the index is never cut to a preview; it lists
-    what fits, in order, and says how many more it has; it is not carried into L2."""
+    """300 notes in a 3,000-token window: the index is never cut to a preview; each note
+    is sent as a preview or listed, in order, or counted in the index's last line; the
+    index is not carried into L2."""
     _folders_vault(tmp_path, 1, 300)
     conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(3_000, 400))
     env = conv.turn("What is in the folder?", [folder("f00")])
     check_envelope(env)
-    [index] = env.l3.segments
-    assert index.key == "index:folder:f00" and index.form is Form.FULL
+    index = env.l3.get("index:folder:f00")
+    assert index is not None and index.form is Form.FULL
     listed = [m.group(1) for x in index.text.split("\n") if (m := _LINE.match(x))]
-    assert listed == [f"note:f00/note-{i:03d}.md" for i in range(len(listed))]
+    assert listed == sorted(listed)
+    sent = {s.key for s in env.l3.segments if s.form is Form.PREVIEW}
+    assert sent.isdisjoint(listed)
     more = re.search(r"\[\.\.\. (\d+) more items of folder:f00 not listed \.\.\.\]", index.text)
-    assert more is not None and len(listed) + int(more.group(1)) == 300
+    assert len(listed) + len(sent) + (int(more.group(1)) if more else 0) == 300
     conv.reply("Noted.")
     assert "index:folder:f00" not in conv.library
 
