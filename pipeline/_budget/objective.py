@@ -33,7 +33,6 @@ from lamina.pipeline._budget.index import (
     _with_index,
     index_artifact,
     is_index,
-    is_omitted_only,
 )
 from lamina.pipeline._budget.solver import Ladder, Rung, Solution, solve
 from lamina.pipeline._budget.stubs import _Renderer, fold, stub_group
@@ -57,6 +56,7 @@ from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt, Tu
 from lamina.pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
     fitted_preview_of,
+    has_prose,
     make_excerpt,
     make_preview,
 )
@@ -83,7 +83,9 @@ steps the room is shared in."""
 
 _READ = 1500
 """Characters of a unit's text its relevance is read from (its title and opening)."""
-"""Tokens a block costs beside its own (the blank line between blocks)."""
+
+_CUT = frozenset({Form.PREVIEW, Form.SUMMARY, Form.EXCERPT})
+"""The forms that hold part of a unit's text: one holding no prose is never sent."""
 
 
 @attrs.frozen
@@ -246,8 +248,8 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
     ]
 
     def add(form: str, view: View) -> None:
-        if view.form is Form.PREVIEW and (not view.body.strip() or is_omitted_only(view.body)):
-            return  # a preview holding no section is never sent
+        if view.form in _CUT and not has_prose(view.body):
+            return  # a cut form holding no prose is never sent
         new = _entry(turn, view, entry)
         forms.append(_Form(_Choice(form, new), new.tokens + _SEP))
 
@@ -692,7 +694,7 @@ def _made(
             placement = other.placement
             if other.guess and placement is not None and placement.limit <= chosen.placement.limit:
                 view = fitted_preview(turn, placement)
-                empty = not view.body.strip() or is_omitted_only(view.body)
+                empty = not has_prose(view.body)
                 tokens = turn.ctx.counter.count(turn.ctx.renderer.render(view))
                 exact[unit.key, placement.limit] = None if empty else tokens
     return made
