@@ -34,7 +34,7 @@ from lamina.pipeline._budget.index import (
     index_artifact,
     is_index,
 )
-from lamina.pipeline._budget.solver import Ladder, Rung, Solution, solve
+from lamina.pipeline._budget.solver import Ladder, Rung, Solution, objective, solve
 from lamina.pipeline._budget.stubs import _Renderer, fold, stub_group
 from lamina.pipeline._errors import BudgetExceeded
 from lamina.pipeline._hashing import text_hash
@@ -60,7 +60,7 @@ from lamina.pipeline._views.preview import (
     make_excerpt,
     make_preview,
 )
-from lamina.pipeline._views.views import ViewMemo, body_preview, reference_view
+from lamina.pipeline._views.views import ViewMemo, body_preview, full_view, reference_view
 
 if TYPE_CHECKING:
     from lamina.pipeline._budget.fit import Budget
@@ -220,7 +220,12 @@ def _library_forms(
 
 
 def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
-    forms = [_Form(_Choice("index", entry), entry.tokens + _SEP, True)]
+    """A library index's forms: as it is, unfolded into its entries (their value), its
+    count only, and absent (its entries forgotten)."""
+    forms = [
+        _Form(_Choice("index", entry), entry.tokens + _SEP, True),
+        _Form(_Choice("absent"), 0, False, 0.0),
+    ]
     if not entry.folded or sent:
         return tuple(forms)
     taken = {i.key for i in turn.items}
@@ -291,6 +296,7 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
     line = _index_line_tokens(turn, entry.key, whole.title, full)
     forms.append(_Form(_Choice("index"), line, True))
     forms.append(_Form(_Choice("count"), 0, True, 0.0))
+    forms.append(_Form(_Choice("absent"), 0, False, 0.0))
     return tuple(forms)
 
 
@@ -298,22 +304,26 @@ def _library_unit(
     turn: TurnGraph,
     entry: LibraryEntry,
     weight: float,
-    head: int,
+    head: int | None,
     *,
     referenced: bool,
     sent: bool,
 ) -> _Unit:
-    """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``; its
-    line or count in its group's index also costs ``head`` (its share of a new index's
-    head)."""
+    """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``. Its
+    line in its group's index also costs ``head`` (its share of a new index's head); None:
+    its group has an index, which its count joins at no cost (else no count: absent is
+    as small and breaks no block)."""
     forms = _library_forms(turn, entry, referenced=referenced, sent=sent)
     if sent:  # sent again in L3 this turn: the library does not give it back (not twice)
         forms = tuple(f for f in forms if f is forms[0] or f.tokens < forms[0].tokens)
     full = max(entry.full_tokens, entry.tokens)
     rungs = []
+    choices = []
     for form in forms:
-        if form.choice.form in ("index", "count") and form.choice.entry is None:
-            form = attrs.evolve(form, tokens=form.tokens + head)
+        if form.choice.entry is None and form.choice.form == "count" and head is not None:
+            continue
+        if form.choice.entry is None and form.choice.form == "index":
+            form = attrs.evolve(form, tokens=form.tokens + (head or 0))
         if form.value is None:
             value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free)
         elif form.value < 0:  # an unfold: what its entries are worth
@@ -322,7 +332,8 @@ def _library_unit(
         else:
             value = form.value
         rungs.append(Rung(form.tokens, value, form.text_free))
-    return _Unit("library", entry.key, Ladder(tuple(rungs), 0), tuple(f.choice for f in forms))
+        choices.append(form.choice)
+    return _Unit("library", entry.key, Ladder(tuple(rungs), 0), tuple(choices))
 
 
 def _item_unit(
@@ -451,6 +462,25 @@ def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
     return _Unit("l1", "system:mutable", Ladder(tuple(rungs), 0), tuple(choices))
 
 
+def _heads(turn: TurnGraph) -> dict[str, int | None]:
+    """Each library group's share of a new index's head per entry (its head's tokens over
+    the group's entries: a line's part of the block it would start), None for a group
+    that has its index already."""
+    members: dict[str, int] = {}
+    for entry in turn.library.entries:
+        if entry.view.source_type != INDEX_SOURCE:
+            group = stub_group(entry.whole_view)
+            members[group] = members.get(group, 0) + 1
+    heads: dict[str, int | None] = {}
+    for group, n in members.items():
+        if f"{INDEX_SOURCE}:{group}" in turn.library:
+            heads[group] = None
+        else:
+            made = _Renderer(turn).entry(group, (), (), 0, 0, turn.ctx.turn, ())
+            heads[group] = -(-(made.tokens + _SEP) // n)
+    return heads
+
+
 def _cached_units(
     turn: TurnGraph, measured: Draft, budget: Budget, relevance: dict[str, float]
 ) -> list[_Unit]:
@@ -463,11 +493,11 @@ def _cached_units(
     referenced = {i.key for i in turn.items if i.form is Form.REFERENCE}
     sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
     now = turn.ctx.turn
-    heads: dict[str, int] = {}
+    heads = _heads(turn)
     for entry in turn.library.entries:
         w = _weight(budget, entry.view.source_type, now - entry.turn,
                     relevance.get(entry.key, 0.0), now=False)  # fmt: skip
-        head = heads.get(stub_group(entry.whole_view), 0)
+        head = heads.get(stub_group(entry.whole_view))
         if entry.key in referenced:  # re-attached: what the user asks for now
             w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
         units.append(_library_unit(turn, entry, w, head, referenced=entry.key in referenced,
@@ -494,6 +524,12 @@ def _item_units(
     groups = _groups(turn)
     grouped = {m.key for members in groups.values() for m in members}
     heads: dict[str, int] = {}
+    ctx = turn.ctx
+    for group, members in groups.items():
+        # Each member's share of its group's index head (the lines' block it would start).
+        head = ctx.counter.count(ctx.renderer.render(full_view(index_artifact(group, ()))))
+        for m in members:
+            heads[m.key] = -(-(head + _SEP) // len(members))
     for i, item in enumerate(turn.items):
         artifact = turn.artifact(item.key)
         w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0), now=True)
@@ -515,6 +551,7 @@ _ACTIONS = {
     "index": DecisionAction.INDEXED,
     "reference": DecisionAction.NOT_SENT,
     "dropped": DecisionAction.HISTORY_CUT,
+    "absent": DecisionAction.DROPPED,
 }
 
 _LAYERS = {"l1": "L1", "library": "L2", "history": "L4", "item": "L3"}
@@ -542,6 +579,8 @@ def _decision(unit: _Unit, old: _Choice, new: _Choice, saved: int) -> Decision:
         new.form
         if new.form
         in ("full", "preview", "summary", "excerpt", "evicted", "index", "reference", "text")
+        else "dropped"
+        if new.form == "absent"
         else "full"
     )
     return Decision(
@@ -585,7 +624,9 @@ def _apply(
         elif unit.kind == "library":
             current = library.get(unit.key)
             assert current is not None
-            if new.unfold:
+            if new.form == "absent":
+                library = Library(tuple(e for e in library.entries if e.key != unit.key))
+            elif new.unfold:
                 unfolds.append((unit.key, new.unfold))
             elif new.form in ("index", "count") and new.entry is None:
                 stub = attrs.evolve(
@@ -733,6 +774,27 @@ def _headroom(report: BudgetReport, budget: Budget) -> BudgetReport:
     return attrs.evolve(report, plan=plan)
 
 
+def _reserve(measured: Draft, budget: Budget) -> int:
+    """What a turn that changes forms leaves free for the next turns' growth: what the
+    last turn added to history (its query and reply, framed), at least
+    ``Budget.headroom`` of the limit."""
+    turns: dict[int, int] = {}
+    for seg in measured.l4.segments:
+        parts = seg.key.split(":")
+        if len(parts) > 2 and parts[1].isdigit():
+            at = int(parts[1])
+            turns[at] = turns.get(at, 0) + seg.tokens + budget.per_message_tokens
+    grew = turns[max(turns)] if turns else 0
+    return max(math.floor(budget.limit * budget.headroom), grew)
+
+
+def _kept(ladders: Sequence[Ladder], solution: Solution, price: float) -> bool:
+    """Whether the request as it is (every unit in its present form, the first rung) is
+    worth at least ``solution``: a request that fits is changed only for more."""
+    keep = [0] * len(ladders)
+    return objective(ladders, keep, price)[0] >= solution.objective
+
+
 @attrs.frozen
 class Solve:
     """The budget stage: one objective over the turn's ladders, one solve, measured."""
@@ -764,9 +826,10 @@ class Solve:
         units = cached + _item_units(turn, measured, budget, relevance, exact, extra, counted=False)
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
         fixed = used - now
-        limit = math.floor(budget.limit / (1.0 + budget.safety_margin))
-        # The request fits the limit less the headroom, or stays as it is if it fits.
-        limit = max(limit - math.floor(budget.limit * budget.headroom), used if fits else 0)
+        # A turn that changes forms leaves the next turn's growth free (``_reserve``), so
+        # it extends this request instead of changing it again; a request that fits is
+        # sent as it is unless a change is worth more (``_kept``).
+        reserve = _reserve(measured, budget)
         text_free = math.floor(budget.context_window * budget.text_free_share)
         short = 0
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
@@ -774,6 +837,7 @@ class Solve:
         rounds = making = 0
         while rounds < MAX_ROUNDS:
             ladders = [u.ladder for u in units]
+            limit = math.floor((budget.limit - reserve) / (1.0 + budget.safety_margin))
             room = limit - fixed - short
             solution = solve(ladders, room, cache_price=budget.cache_weight, text_free=text_free)
             if solution is None and not counted:
@@ -782,6 +846,9 @@ class Solve:
                 units = cached + _item_units(
                     turn, measured, budget, relevance, exact, extra, counted=True
                 )
+                continue
+            if solution is None and reserve:
+                reserve = 0  # the smallest forms fit only in the reserve: it gives way
                 continue
             if solution is None:
                 break
@@ -797,6 +864,9 @@ class Solve:
                     turn, measured, budget, relevance, exact, extra, counted=counted
                 )
                 continue  # a guessed preview was made: solve again with its tokens
+            if fits and _kept(ladders, solution, budget.cache_weight):
+                report = _headroom(budget.report(used, before, before, ()), budget)
+                return attrs.evolve(turn, budget_report=report, measured=measured)
             rounds += 1
             out, decisions = _apply(turn, units, solution.choice)
             drafted = draft(out, measured)
