@@ -65,7 +65,7 @@ from lamina.pipeline._views.views import ViewMemo, body_preview, full_view, refe
 if TYPE_CHECKING:
     from lamina.pipeline._budget.fit import Budget
 
-__all__ = ["MAX_ROUNDS", "MIN_PREVIEW_TOKENS", "Solve"]
+__all__ = ["MAX_ROUNDS", "MIN_PREVIEW_TOKENS", "SET_ASIDE", "Solve"]
 
 MAX_ROUNDS = 6
 """Solves a turn makes at most: each after the first shrinks the room by what the last
@@ -73,6 +73,11 @@ measured request was over (separators and framing the rungs' counts do not hold)
 
 MIN_PREVIEW_TOKENS = 64
 """The smallest preview block of an item: below it a preview holds a heading at most."""
+
+SET_ASIDE = "earlier turns"
+"""The group of the library's one count-only index: entries counted there (each kept in
+it, so a turn with room unfolds them) are set aside from every group, so a count costs
+one block, not one a folder."""
 
 _SEP = 2
 """Tokens a block costs beside its own (the blank line between blocks)."""
@@ -204,13 +209,14 @@ def _fitted(views: ViewMemo, memo: tuple[object, ...], body: str, counter: Token
 
 
 def _library_forms(
-    turn: TurnGraph, entry: LibraryEntry, *, referenced: bool, sent: bool
+    turn: TurnGraph, entry: LibraryEntry, *, sent: bool
 ) -> tuple[_Form, ...]:
     """A library entry's forms: the one it has now first, its whole form, the policy's
     preview and previews fitted to halving sizes, a summary, excerpts (non-recoverable),
-    a stub, its index line and its count in the index; an index's, unfolded into its
-    entries and kept as a count. Remembered by the entry's text (the ladder's values
-    change with the query; the forms do not)."""
+    a stub, its index line and its count in the library's count of entries set aside; an
+    index's, unfolded into its entries and kept as a count. An entry's forms are
+    remembered by its text (the ladder's values change with the query; the forms do
+    not)."""
     ctx = turn.ctx
     if entry.view.source_type == INDEX_SOURCE:
         return _index_forms(turn, entry, sent=sent)
@@ -220,12 +226,9 @@ def _library_forms(
 
 
 def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
-    """A library index's forms: as it is, unfolded into its entries (their value), its
-    count only, and absent (its entries forgotten)."""
-    forms = [
-        _Form(_Choice("index", entry), entry.tokens + _SEP, True),
-        _Form(_Choice("absent"), 0, False, 0.0),
-    ]
+    """A library index's forms: as it is, unfolded into its entries (their value), and
+    its count only."""
+    forms = [_Form(_Choice("index", entry), entry.tokens + _SEP, True)]
     if not entry.folded or sent:
         return tuple(forms)
     taken = {i.key for i in turn.items}
@@ -296,7 +299,6 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
     line = _index_line_tokens(turn, entry.key, whole.title, full)
     forms.append(_Form(_Choice("index"), line, True))
     forms.append(_Form(_Choice("count"), 0, True, 0.0))
-    forms.append(_Form(_Choice("absent"), 0, False, 0.0))
     return tuple(forms)
 
 
@@ -304,26 +306,23 @@ def _library_unit(
     turn: TurnGraph,
     entry: LibraryEntry,
     weight: float,
-    head: int | None,
+    heads: tuple[int, int],
     *,
-    referenced: bool,
     sent: bool,
 ) -> _Unit:
     """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``. Its
-    line in its group's index also costs ``head`` (its share of a new index's head); None:
-    its group has an index, which its count joins at no cost (else no count: absent is
-    as small and breaks no block)."""
-    forms = _library_forms(turn, entry, referenced=referenced, sent=sent)
+    line in its group's index and its count also cost ``heads`` (its shares of a new
+    index's head: its group's, the library's count's)."""
+    forms = _library_forms(turn, entry, sent=sent)
     if sent:  # sent again in L3 this turn: the library does not give it back (not twice)
         forms = tuple(f for f in forms if f is forms[0] or f.tokens < forms[0].tokens)
     full = max(entry.full_tokens, entry.tokens)
     rungs = []
     choices = []
     for form in forms:
-        if form.choice.entry is None and form.choice.form == "count" and head is not None:
-            continue
-        if form.choice.entry is None and form.choice.form == "index":
-            form = attrs.evolve(form, tokens=form.tokens + (head or 0))
+        if form.choice.entry is None and form.choice.form in ("index", "count"):
+            head = heads[0] if form.choice.form == "index" else heads[1]
+            form = attrs.evolve(form, tokens=form.tokens + head)
         if form.value is None:
             value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free)
         elif form.value < 0:  # an unfold: what its entries are worth
@@ -462,19 +461,20 @@ def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
     return _Unit("l1", "system:mutable", Ladder(tuple(rungs), 0), tuple(choices))
 
 
-def _heads(turn: TurnGraph) -> dict[str, int | None]:
+def _heads(turn: TurnGraph) -> dict[str, int]:
     """Each library group's share of a new index's head per entry (its head's tokens over
-    the group's entries: a line's part of the block it would start), None for a group
-    that has its index already."""
+    the group's entries: a line's part of the block it would start; 0 for a group that
+    has its index already), and under ``SET_ASIDE`` the same for the library's count."""
     members: dict[str, int] = {}
     for entry in turn.library.entries:
         if entry.view.source_type != INDEX_SOURCE:
             group = stub_group(entry.whole_view)
             members[group] = members.get(group, 0) + 1
-    heads: dict[str, int | None] = {}
+    members[SET_ASIDE] = sum(members.values())
+    heads: dict[str, int] = {}
     for group, n in members.items():
-        if f"{INDEX_SOURCE}:{group}" in turn.library:
-            heads[group] = None
+        if f"{INDEX_SOURCE}:{group}" in turn.library or not n:
+            heads[group] = 0
         else:
             made = _Renderer(turn).entry(group, (), (), 0, 0, turn.ctx.turn, ())
             heads[group] = -(-(made.tokens + _SEP) // n)
@@ -497,11 +497,10 @@ def _cached_units(
     for entry in turn.library.entries:
         w = _weight(budget, entry.view.source_type, now - entry.turn,
                     relevance.get(entry.key, 0.0), now=False)  # fmt: skip
-        head = heads.get(stub_group(entry.whole_view))
+        head = (heads.get(stub_group(entry.whole_view), 0), heads[SET_ASIDE])
         if entry.key in referenced:  # re-attached: what the user asks for now
             w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
-        units.append(_library_unit(turn, entry, w, head, referenced=entry.key in referenced,
-                                   sent=entry.key in sent))  # fmt: skip
+        units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent))
     history = _history_unit(turn, measured, relevance)
     if history is not None:
         units.append(history)
@@ -551,7 +550,6 @@ _ACTIONS = {
     "index": DecisionAction.INDEXED,
     "reference": DecisionAction.NOT_SENT,
     "dropped": DecisionAction.HISTORY_CUT,
-    "absent": DecisionAction.DROPPED,
 }
 
 _LAYERS = {"l1": "L1", "library": "L2", "history": "L4", "item": "L3"}
@@ -579,8 +577,6 @@ def _decision(unit: _Unit, old: _Choice, new: _Choice, saved: int) -> Decision:
         new.form
         if new.form
         in ("full", "preview", "summary", "excerpt", "evicted", "index", "reference", "text")
-        else "dropped"
-        if new.form == "absent"
         else "full"
     )
     return Decision(
@@ -624,15 +620,15 @@ def _apply(
         elif unit.kind == "library":
             current = library.get(unit.key)
             assert current is not None
-            if new.form == "absent":
-                library = Library(tuple(e for e in library.entries if e.key != unit.key))
-            elif new.unfold:
+            if new.unfold:
                 unfolds.append((unit.key, new.unfold))
             elif new.form in ("index", "count") and new.entry is None:
                 stub = attrs.evolve(
                     current.whole_view, form=Form.REFERENCE, body="", marks=(("evicted", "true"),)
                 )
-                lines, counts = folds.setdefault(stub_group(current.whole_view), ([], []))
+                # Lines join their group's index; counts the library's one count.
+                group = stub_group(current.whole_view) if new.form == "index" else SET_ASIDE
+                lines, counts = folds.setdefault(group, ([], []))
                 (lines if new.form == "index" else counts).append(_entry(turn, stub, current))
             else:
                 assert new.entry is not None
@@ -673,14 +669,15 @@ def _apply(
 
 def _in_place(library: Library, key: str, unfolded: Sequence[str]) -> Library:
     """``library`` with the index ``key`` (made again this turn by a fold of its group,
-    after it was unfolded) where the old one stood: before the first of the entries it
-    unfolded that is still there, so no key moves past another."""
+    after it was unfolded) where the old one stood: right before the first of the
+    entries it unfolded that is still there (a fold makes it where the first entry it
+    takes stood, before or after that), so no key moves past another."""
     index = library.get(key)
     anchor = next((k for k in unfolded if k in library and k != key), None)
     if index is None or anchor is None:
         return library
     keys = library.keys()
-    if keys.index(key) < keys.index(anchor):
+    if keys.index(key) == keys.index(anchor) - 1:
         return library
     rest = [e for e in library.entries if e.key != key]
     at = next(i for i, e in enumerate(rest) if e.key == anchor)
