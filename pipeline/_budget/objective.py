@@ -208,9 +208,7 @@ def _fitted(views: ViewMemo, memo: tuple[object, ...], body: str, counter: Token
     return views.get(memo, lambda: fitted_preview_of(body, counter, limit).text)
 
 
-def _library_forms(
-    turn: TurnGraph, entry: LibraryEntry, *, sent: bool
-) -> tuple[_Form, ...]:
+def _library_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
     """A library entry's forms: the one it has now first, its whole form, the policy's
     preview and previews fitted to halving sizes, a summary, excerpts (non-recoverable),
     a stub, its index line and its count in the library's count of entries set aside; an
