@@ -104,15 +104,15 @@ FOLDER_CHATS = ("kepano-folder-2k",)
 # (in brackets: with main's views, before them). Under the judge before (left cut beyond
 # the plan's slack, a 60% cached share on three chats) every chat met every target. With
 # main's views, 50 blocks left frontmatter open at 4k, 3 at 8k and 4 in the folder turn.
+# After "the objective": the values each entry ends with.
 _NOT_YET: dict[tuple[str, str], str] = {
-    ("small-3000", "cached_share"): "34.8% cached, 52% of its bound 67.0% (the same)",
-    ("chat30-6000", "left-cut"): "1 turn-entry (1)",
-    ("kepano-8k", "cached_share"): "62.2% cached, 78% of its bound 79.5% (62.3%, 78%)",
-    ("kepano-4k", "cached_share"): "34.5% cached, 52% of its bound 66.0% (33.8%, 51%)",
-    ("kepano-4k", "left-cut"): "3 turn-entries (1)",
-    ("kepano-4k", "no-prose"): "60 previews of properties-only templates (68)",
-    ("kepano-folder-2k", "no-prose"): "4 (4)",
-    ("kepano-folder-2k", "text_free"): "24.1% of the window (24.1%)",
+    ("small-3000", "cached_share"): "34.8% cached, 52% of its bound 67.0% (the same); "
+    "the objective: 21.5%, 47% of 46.2%",
+    ("chat30-6000", "left-cut"): "1 turn-entry (1); the objective: 3",
+    ("kepano-4k", "cached_share"): "34.5% cached, 52% of its bound 66.0% (33.8%, 51%); "
+    "the objective: 32.6%, 47% of 69.7%",
+    ("kepano-folder-2k", "text_free"): "24.1% of the window (24.1%); the objective: 22.5% "
+    "(the 52 templates' index lines: each item attached is sent or listed by title)",
 }
 
 

@@ -33,9 +33,8 @@ from lamina.pipeline._budget.index import (
     _with_index,
     index_artifact,
     is_index,
-    is_omitted_only,
 )
-from lamina.pipeline._budget.solver import Ladder, Rung, Solution, solve
+from lamina.pipeline._budget.solver import Ladder, Rung, Solution, objective, solve
 from lamina.pipeline._budget.stubs import _Renderer, fold, stub_group
 from lamina.pipeline._errors import BudgetExceeded
 from lamina.pipeline._hashing import text_hash
@@ -57,15 +56,24 @@ from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt, Tu
 from lamina.pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
     fitted_preview_of,
+    has_prose,
     make_excerpt,
     make_preview,
 )
-from lamina.pipeline._views.views import ViewMemo, body_preview, reference_view
+from lamina.pipeline._views.views import ViewMemo, body_preview, full_view, reference_view
 
 if TYPE_CHECKING:
     from lamina.pipeline._turn.budget import Budget
 
-__all__ = ["MAX_ROUNDS", "MIN_PREVIEW_TOKENS", "Solve", "TurnFitting", "shrink", "turn_fitting"]
+__all__ = [
+    "MAX_ROUNDS",
+    "MIN_PREVIEW_TOKENS",
+    "SET_ASIDE",
+    "Solve",
+    "TurnFitting",
+    "shrink",
+    "turn_fitting",
+]
 
 MAX_ROUNDS = 6
 """Solves a turn makes at most: each after the first shrinks the room by what the last
@@ -73,6 +81,11 @@ measured request was over (separators and framing the rungs' counts do not hold)
 
 MIN_PREVIEW_TOKENS = 64
 """The smallest preview block of an item: below it a preview holds a heading at most."""
+
+SET_ASIDE = "earlier turns"
+"""The group of the library's one count-only index: entries counted there (each kept in
+it, so a turn with room unfolds them) are set aside from every group, so a count costs
+one block, not one a folder."""
 
 _SEP = 2
 """Tokens a block costs beside its own (the blank line between blocks)."""
@@ -83,6 +96,9 @@ steps the room is shared in."""
 
 _READ = 1500
 """Characters of a unit's text its relevance is read from (its title and opening)."""
+
+_CUT = frozenset({Form.PREVIEW, Form.SUMMARY, Form.EXCERPT})
+"""The forms that hold part of a unit's text: one holding no prose is never sent."""
 
 
 @attrs.frozen
@@ -201,14 +217,13 @@ def _fitted(views: ViewMemo, memo: tuple[object, ...], body: str, counter: Token
     return views.get(memo, lambda: fitted_preview_of(body, counter, limit).text)
 
 
-def _library_forms(
-    turn: TurnGraph, entry: LibraryEntry, *, referenced: bool, sent: bool
-) -> tuple[_Form, ...]:
+def _library_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
     """A library entry's forms: the one it has now first, its whole form, the policy's
     preview and previews fitted to halving sizes, a summary, excerpts (non-recoverable),
-    a stub, its index line and its count in the index; an index's, unfolded into its
-    entries and kept as a count. Remembered by the entry's text (the ladder's values
-    change with the query; the forms do not)."""
+    a stub, its index line and its count in the library's count of entries set aside; an
+    index's, unfolded into its entries and kept as a count. An entry's forms are
+    remembered by its text (the ladder's values change with the query; the forms do
+    not)."""
     ctx = turn.ctx
     if entry.view.source_type == INDEX_SOURCE:
         return _index_forms(turn, entry, sent=sent)
@@ -218,6 +233,8 @@ def _library_forms(
 
 
 def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
+    """A library index's forms: as it is, unfolded into its entries (their value), and
+    its count only."""
     forms = [_Form(_Choice("index", entry), entry.tokens + _SEP, True)]
     if not entry.folded or sent:
         return tuple(forms)
@@ -246,8 +263,8 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
     ]
 
     def add(form: str, view: View, failures: tuple[str, ...] = ()) -> None:
-        if view.form is Form.PREVIEW and (not view.body.strip() or is_omitted_only(view.body)):
-            return  # a preview holding no section is never sent
+        if view.form in _CUT and not has_prose(view.body):
+            return  # a cut form holding no prose is never sent
         new = _entry(turn, view, entry)
         forms.append(_Form(_Choice(form, new, failures=failures), new.tokens + _SEP))
 
@@ -297,21 +314,22 @@ def _library_unit(
     turn: TurnGraph,
     entry: LibraryEntry,
     weight: float,
-    head: int,
+    heads: tuple[int, int],
     *,
-    referenced: bool,
     sent: bool,
 ) -> _Unit:
-    """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``; its
-    line or count in its group's index also costs ``head`` (its share of a new index's
-    head)."""
-    forms = _library_forms(turn, entry, referenced=referenced, sent=sent)
+    """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``. Its
+    line in its group's index and its count also cost ``heads`` (its shares of a new
+    index's head: its group's, the library's count's)."""
+    forms = _library_forms(turn, entry, sent=sent)
     if sent:  # sent again in L3 this turn: the library does not give it back (not twice)
         forms = tuple(f for f in forms if f is forms[0] or f.tokens < forms[0].tokens)
     full = max(entry.full_tokens, entry.tokens)
     rungs = []
+    choices = []
     for form in forms:
-        if form.choice.form in ("index", "count") and form.choice.entry is None:
+        if form.choice.entry is None and form.choice.form in ("index", "count"):
+            head = heads[0] if form.choice.form == "index" else heads[1]
             form = attrs.evolve(form, tokens=form.tokens + head)
         if form.value is None:
             value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free)
@@ -321,7 +339,8 @@ def _library_unit(
         else:
             value = form.value
         rungs.append(Rung(form.tokens, value, form.text_free))
-    return _Unit("library", entry.key, Ladder(tuple(rungs), 0), tuple(f.choice for f in forms))
+        choices.append(form.choice)
+    return _Unit("library", entry.key, Ladder(tuple(rungs), 0), tuple(choices))
 
 
 def _item_unit(
@@ -450,6 +469,26 @@ def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
     return _Unit("l1", "system:mutable", Ladder(tuple(rungs), 0), tuple(choices))
 
 
+def _heads(turn: TurnGraph) -> dict[str, int]:
+    """Each library group's share of a new index's head per entry (its head's tokens over
+    the group's entries: a line's part of the block it would start; 0 for a group that
+    has its index already), and under ``SET_ASIDE`` the same for the library's count."""
+    members: dict[str, int] = {}
+    for entry in turn.library.entries:
+        if entry.view.source_type != INDEX_SOURCE:
+            group = stub_group(entry.whole_view)
+            members[group] = members.get(group, 0) + 1
+    members[SET_ASIDE] = sum(members.values())
+    heads: dict[str, int] = {}
+    for group, n in members.items():
+        if f"{INDEX_SOURCE}:{group}" in turn.library or not n:
+            heads[group] = 0
+        else:
+            made = _Renderer(turn).entry(group, (), (), 0, 0, turn.ctx.turn, ())
+            heads[group] = -(-(made.tokens + _SEP) // n)
+    return heads
+
+
 def _cached_units(
     turn: TurnGraph, measured: Draft, budget: Budget, relevance: dict[str, float]
 ) -> list[_Unit]:
@@ -462,15 +501,14 @@ def _cached_units(
     referenced = {i.key for i in turn.items if i.form is Form.REFERENCE}
     sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
     now = turn.ctx.turn
-    heads: dict[str, int] = {}
+    heads = _heads(turn)
     for entry in turn.library.entries:
         w = _weight(budget, entry.view.source_type, now - entry.turn,
                     relevance.get(entry.key, 0.0), now=False)  # fmt: skip
-        head = heads.get(stub_group(entry.whole_view), 0)
+        head = (heads.get(stub_group(entry.whole_view), 0), heads[SET_ASIDE])
         if entry.key in referenced:  # re-attached: what the user asks for now
             w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
-        units.append(_library_unit(turn, entry, w, head, referenced=entry.key in referenced,
-                                   sent=entry.key in sent))  # fmt: skip
+        units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent))
     history = _history_unit(turn, measured, relevance)
     if history is not None:
         units.append(history)
@@ -493,6 +531,12 @@ def _item_units(
     groups = _groups(turn)
     grouped = {m.key for members in groups.values() for m in members}
     heads: dict[str, int] = {}
+    ctx = turn.ctx
+    for group, members in groups.items():
+        # Each member's share of its group's index head (the lines' block it would start).
+        head = ctx.counter.count(ctx.renderer.render(full_view(index_artifact(group, ()))))
+        for m in members:
+            heads[m.key] = -(-(head + _SEP) // len(members))
     for i, item in enumerate(turn.items):
         artifact = turn.artifact(item.key)
         w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0), now=True)
@@ -592,7 +636,9 @@ def _apply(
                 stub = attrs.evolve(
                     current.whole_view, form=Form.REFERENCE, body="", marks=(("evicted", "true"),)
                 )
-                lines, counts = folds.setdefault(stub_group(current.whole_view), ([], []))
+                # Lines join their group's index; counts the library's one count.
+                group = stub_group(current.whole_view) if new.form == "index" else SET_ASIDE
+                lines, counts = folds.setdefault(group, ([], []))
                 (lines if new.form == "index" else counts).append(_entry(turn, stub, current))
             else:
                 assert new.entry is not None
@@ -638,14 +684,15 @@ def _apply(
 
 def _in_place(library: Library, key: str, unfolded: Sequence[str]) -> Library:
     """``library`` with the index ``key`` (made again this turn by a fold of its group,
-    after it was unfolded) where the old one stood: before the first of the entries it
-    unfolded that is still there, so no key moves past another."""
+    after it was unfolded) where the old one stood: right before the first of the
+    entries it unfolded that is still there (a fold makes it where the first entry it
+    takes stood, before or after that), so no key moves past another."""
     index = library.get(key)
     anchor = next((k for k in unfolded if k in library and k != key), None)
     if index is None or anchor is None:
         return library
     keys = library.keys()
-    if keys.index(key) < keys.index(anchor):
+    if keys.index(key) == keys.index(anchor) - 1:
         return library
     rest = [e for e in library.entries if e.key != key]
     at = next(i for i, e in enumerate(rest) if e.key == anchor)
@@ -700,7 +747,7 @@ def _made(
             placement = other.placement
             if other.guess and placement is not None and placement.limit <= chosen.placement.limit:
                 view = fitted_preview(turn, placement)
-                empty = not view.body.strip() or is_omitted_only(view.body)
+                empty = not has_prose(view.body)
                 tokens = turn.ctx.counter.count(turn.ctx.renderer.render(view))
                 exact[unit.key, placement.limit] = None if empty else tokens
     return made
@@ -729,6 +776,27 @@ def _sized(
     _, unit, limit = best
     extra.setdefault(unit.key, set()).add(limit)
     return True
+
+
+def _reserve(measured: Draft, budget: Budget) -> int:
+    """What a turn that changes forms leaves free for the next turns' growth: what the
+    last turn added to history (its query and reply, framed), at least
+    ``Budget.headroom`` of the limit."""
+    turns: dict[int, int] = {}
+    for seg in measured.l4.segments:
+        parts = seg.key.split(":")
+        if len(parts) > 2 and parts[1].isdigit():
+            at = int(parts[1])
+            turns[at] = turns.get(at, 0) + seg.tokens + budget.per_message_tokens
+    grew = turns[max(turns)] if turns else 0
+    return max(math.floor(budget.limit * budget.headroom), grew)
+
+
+def _kept(ladders: Sequence[Ladder], solution: Solution, price: float) -> bool:
+    """Whether the request as it is (every unit in its present form, the first rung) is
+    worth at least ``solution``: a request that fits is changed only for more."""
+    keep = [0] * len(ladders)
+    return objective(ladders, keep, price)[0] >= solution.objective
 
 
 @attrs.frozen
@@ -762,9 +830,10 @@ class Solve:
         units = cached + _item_units(turn, measured, budget, relevance, exact, extra, counted=False)
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
         fixed = used - now
-        limit = math.floor(budget.limit / (1.0 + budget.safety_margin))
-        # The request fits the limit less the headroom, or stays as it is if it fits.
-        limit = max(limit - math.floor(budget.limit * budget.headroom), used if fits else 0)
+        # A turn that changes forms leaves the next turn's growth free (``_reserve``), so
+        # it extends this request instead of changing it again; a request that fits is
+        # sent as it is unless a change is worth more (``_kept``).
+        reserve = _reserve(measured, budget)
         text_free = math.floor(budget.context_window * budget.text_free_share)
         short = 0
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
@@ -772,6 +841,7 @@ class Solve:
         rounds = making = 0
         while rounds < MAX_ROUNDS:
             ladders = [u.ladder for u in units]
+            limit = math.floor((budget.limit - reserve) / (1.0 + budget.safety_margin))
             room = limit - fixed - short
             solution = solve(ladders, room, cache_price=budget.cache_weight, text_free=text_free)
             if solution is None and not counted:
@@ -780,6 +850,9 @@ class Solve:
                 units = cached + _item_units(
                     turn, measured, budget, relevance, exact, extra, counted=True
                 )
+                continue
+            if solution is None and reserve:
+                reserve = 0  # the smallest forms fit only in the reserve: it gives way
                 continue
             if solution is None:
                 break
@@ -795,6 +868,9 @@ class Solve:
                     turn, measured, budget, relevance, exact, extra, counted=counted
                 )
                 continue  # a guessed preview was made: solve again with its tokens
+            if fits and _kept(ladders, solution, budget.cache_weight):
+                report = budget.report(used, before, before, ())
+                return attrs.evolve(turn, budget_report=report, measured=measured)
             rounds += 1
             out, decisions = _apply(turn, units, solution.choice)
             drafted = draft(out, measured)

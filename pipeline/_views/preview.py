@@ -47,6 +47,7 @@ __all__ = [
     "fitted_preview_of",
     "focus_words",
     "frontmatter_end",
+    "has_prose",
     "make_excerpt",
     "make_preview",
 ]
@@ -358,6 +359,32 @@ OMITTED_LINE = re.compile(r"\[\.\.\. \d+ more sections? omitted \.\.\.\]")
 
 def _omitted_line(n: int) -> str:
     return f"[... {n} more section{'s' if n != 1 else ''} omitted ...]"
+
+
+_EMBED_OR_LINK = re.compile(r"!?\[\[[^\]]*\]\]|!\[[^\]]*\]\([^)]*\)")
+_LETTER = re.compile(r"[^\W\d_]")
+
+
+def has_prose(body: str) -> bool:
+    """Whether ``body`` holds a line of prose: a line with a letter that is not a heading,
+    frontmatter (a leading block fenced by ``---``, or one never closed), an
+    omitted-sections line, or only embeds and wiki links. A cut form without any tells
+    the model nothing its title does not, so the budget never sends one."""
+    lines = body.split("\n")
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    if len(lines) > 1 and lines[0].strip() == FRONTMATTER and lines[1].strip():
+        closing = next(
+            (i for i, line in enumerate(lines[1:], 1) if line.strip() == FRONTMATTER), None
+        )
+        lines = lines[closing + 1 :] if closing is not None else []
+    for line in lines:
+        text = line.strip()
+        if not text or text.startswith("#") or OMITTED_LINE.fullmatch(text):
+            continue
+        if _LETTER.search(_EMBED_OR_LINK.sub("", text)):
+            return True
+    return False
 
 
 def make_preview(

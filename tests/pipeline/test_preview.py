@@ -14,6 +14,7 @@ from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
     cut_to_tokens,
+    has_prose,
     make_excerpt,
     make_preview,
 )
@@ -510,3 +511,21 @@ def test_a_fitted_preview_keeps_document_order(
     assert shown == sorted(shown, key=lines.index)
     if "---" in shown:
         assert lines[0] == "---"
+
+
+@pytest.mark.parametrize(
+    ("body", "prose"),
+    [
+        ('---\ncategories:\n  - "[[Movies]]"\nrating: 7\n---\n', False),
+        ("---\ntags: [a]\n---\n# Heading\n\n[... 3 more sections omitted ...]", False),
+        ("![[cover.png]]\n[[Other note]]\n## Only headings", False),
+        ("---\ntitle: open frontmatter never closed\nmore: props", False),
+        ("---\ntags: [a]\n---\nA sentence of prose.", True),
+        ("---\n\nA rule, then prose.", True),
+        ("See [[Other note]] for the rest.", True),
+    ],
+)
+def test_has_prose_is_the_judges_criterion(body: str, prose: bool) -> None:
+    """Frontmatter, headings, embeds and links, and an omitted-sections line are not
+    prose: a cut form of only those is never sent."""
+    assert has_prose(body) is prose
