@@ -113,6 +113,10 @@ class _Choice:
     unfold: tuple[LibraryEntry, ...] = ()
     guess: bool = False
     """A fitted preview whose tokens are its limit until it is made (``_made``)."""
+    summary: tuple[str, str, int] | None = None
+    """A library summary not made yet (its memo key, the text, the target size): its
+    tokens are the target's until the solve takes it and it is made (``_summarized``),
+    so a summarizer (an LLM's, maybe) runs only for summaries a solve chooses."""
     failures: tuple[str, ...] = ()
     """Why a summarizer's chunks failed (a summary made in their place): reported as
     the turn's warnings when this form is sent."""
@@ -229,7 +233,12 @@ def _library_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple
         return _index_forms(turn, entry, sent=sent)
     key = ("l2-forms", entry.key, text_hash(entry.text), entry.whole_view.content_hash,
            ctx.counter.name)  # fmt: skip
-    return ctx.views.get(key, lambda: _entry_forms(turn, entry))
+    forms = ctx.views.get(key, lambda: _entry_forms(turn, entry))
+    guessed = [f.choice.summary for f in forms if f.choice.summary is not None]
+    if any(ctx.summaries.made(ctx.summarizer, k, t) is not None for k, _, t in guessed):
+        # Its summary was made since: the forms are remembered with it from now on.
+        forms = ctx.views.get((*key, "summarized"), lambda: _entry_forms(turn, entry))
+    return forms
 
 
 def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
@@ -295,10 +304,13 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
         if whole.form is Form.FULL:
             body = body_preview(whole.body, ctx.counter, ctx.policy, ctx.views).text
         memo_key = f"{whole.content_hash}:l2:{text_hash(body)}"
-        summary = ctx.summaries.summarize(
-            ctx.summarizer, memo_key, body, summary_target(turn, body)
-        )
-        if summary.text.strip():
+        target = summary_target(turn, body)
+        summary = ctx.summaries.made(ctx.summarizer, memo_key, target)
+        if summary is None:
+            empty = ctx.renderer.render(attrs.evolve(whole, form=Form.SUMMARY, body=""))
+            tokens = ctx.counter.count(empty) + target + _SEP
+            forms.append(_Form(_Choice("summary", summary=(memo_key, body, target)), tokens))
+        elif summary.text.strip():
             summary_view = attrs.evolve(whole, form=Form.SUMMARY, body=summary.text)
             add("summary", summary_view, tuple(summary.failures))
     stub = attrs.evolve(whole, form=Form.REFERENCE, body="", marks=(("evicted", "true"),))
@@ -729,6 +741,20 @@ def _indexed(
     )
 
 
+def _summarized(turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]) -> bool:
+    """Make the library summaries ``choice`` takes that were not made yet (memoized by the
+    turn's summary cache); whether there were any."""
+    ctx = turn.ctx
+    made = False
+    for unit, c in zip(units, choice, strict=True):
+        wanted = unit.choices[c].summary
+        if wanted is not None:
+            memo_key, body, target = wanted
+            ctx.summaries.summarize(ctx.summarizer, memo_key, body, target)
+            made = True
+    return made
+
+
 def _made(
     turn: TurnGraph,
     units: Sequence[_Unit],
@@ -862,6 +888,13 @@ class Solve:
                     turn, measured, budget, relevance, exact, extra, counted=counted
                 )
                 continue  # the room left is given to one preview, fitted to it
+            if _summarized(turn, units, solution.choice):
+                making += 1
+                cached = _cached_units(turn, measured, budget, relevance)
+                units = cached + _item_units(
+                    turn, measured, budget, relevance, exact, extra, counted=counted
+                )
+                continue  # a summary was made: solve again with its tokens
             if _made(turn, units, solution.choice, exact):
                 making += 1
                 units = cached + _item_units(

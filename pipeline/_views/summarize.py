@@ -730,6 +730,13 @@ class SummaryCache:
             if self.pool is not None:
                 self.pool.put_summary(key, result)
 
+    def made(
+        self, summarizer: Summarizer, content_hash: str, target_tokens: int
+    ) -> SummaryResult | None:
+        """The memoized summary ``summarizer`` made of ``content_hash``, or None (nothing is
+        summarized here)."""
+        return self.get(content_hash, target_tokens, _memo_id(summarizer))
+
     def summarize(
         self, summarizer: Summarizer, content_hash: str, text: str, target_tokens: int
     ) -> SummaryResult:

@@ -39,8 +39,8 @@ def _note(i: int, size: int) -> str:
 
 
 BIG = _note(1, 40)
-# Turn 3 attaches big.md again while the library holds its preview: the budget cuts
-# the library's copy to a summary.
+# Turn 2 attaches other.md: the budget cuts the library's preview of big.md to a
+# summary, which turn 3 sends again.
 TURNS = [
     {"user": "q1", "attach": [{"note": "big.md"}], "reply": "answer 1"},
     {"user": "q2", "attach": [{"note": "other.md"}], "reply": "answer 2"},
@@ -198,13 +198,13 @@ def test_a_summary_from_the_pool_is_saved_with_the_turn_and_renders_after_a_rest
     with SqliteStore(tmp_path / "chat.db") as store:
         store.create(ConversationInfo("c"))
         run_saved(parse_script({"turns": TURNS}), conv, store, "c")
-        assert calls == [1]  # the pool's summary, saved with turn 3
+        assert calls == [1]  # the pool's summary, saved with turn 2
         expected = openai_messages(conv.turn("q4", [{"note": "big.md"}]))
         summary_pool().clear()
         restored = load_conversation(store, "c", vault=big_vault, summarizer=summarizer)
         again = openai_messages(restored.turn("q4", [{"note": "big.md"}]))
     assert calls == [1]
-    assert "Summary number 1 of the text." in expected[-1]["content"]
+    assert any("Summary number 1 of the text." in m["content"] for m in expected)
     assert again == expected
 
 
@@ -281,7 +281,7 @@ def test_a_library_over_half_the_window_ranks_new_entries_during_promotion(
     summary_pool().clear()
     late = _Counting(TextRankSummarizer(COUNTER))  # no prepare(): every ranking in a cut
     assert _long_chat(tmp_path, late, ["turn"]) == sent  # the same requests either way
-    assert late.calls >= 5
+    assert late.calls >= 3  # a summary is made only when a solve takes it
 
 
 def test_a_turn_waited_for_at_once_promotes_without_ranking(tmp_path: Path) -> None:
