@@ -145,8 +145,8 @@ from lamina.pipeline._model.tools import (
     tool_key,
     tool_turn,
 )
+from lamina.pipeline._recall.memory import RecallMemo
 from lamina.pipeline._recall.retrievers import Bm25Retriever, Fts5Retriever
-from lamina.pipeline._recall.stage import Recall, RecallMemo
 from lamina.pipeline._stages.builtin import (
     Dedup,
     Expand,
@@ -371,7 +371,6 @@ __all__ = [
     "Processed",
     "Promote",
     "Provider",
-    "Recall",
     "RecallItem",
     "RecallMemo",
     "Recalled",

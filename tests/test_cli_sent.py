@@ -107,6 +107,20 @@ def _check(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str:
         assert (steps[0]["from"], steps[-1]["to"]) == (m[2], m[3]) and m[3] != "reference"
         assert not _extended(turn, previous)
         return "restored"
+    if m := re.fullmatch(
+        r"The earlier messages recalled for turn (\d+) belong to that turn only: its message "
+        r"is sent again without them, so the request repeats the one before only up to there "
+        r"\(([\d,]+) of ([\d,]+) tokens\)\.",
+        sentence,
+    ):
+        assert int(m[1]) == previous["turn"] and (_n(m[2]), _n(m[3])) == (cached, total)
+        assert any(s["key"] == "recalled:history" for s in previous["layers"]["L3"]["segments"])
+        assert not _extended(turn, previous)
+        return "recalled"
+    if sentence.startswith("The budget dropped or shortened older history messages"):
+        assert any(d["action"] == "history-cut" for d in decisions)
+        assert not _extended(turn, previous)
+        return "history"
     raise AssertionError(f"turn {turn['turn']}: a sentence no test reads: {sentence}")
 
 
@@ -146,11 +160,11 @@ def test_deferred_context_is_its_own_band() -> None:
     grown = json.loads(_run("--json", "--no-defer-library").stdout)["turns"]
     assert all(t["sent"]["deferred"] == 0 for t in grown)
     assert all("batch" not in t for t in grown)
-    turn = deferred[14]  # turn 15: 4,241 tokens sent while its layers add to 2,402
-    assert turn["tokens_total"] == 4241 and turn["sent"]["deferred"] == 1660
+    turn = deferred[14]  # turn 15: 4,346 tokens sent while its layers add to 2,613
+    assert turn["tokens_total"] == 4346 and turn["sent"]["deferred"] == 1810
     built = sum(layer["tokens"] for layer in turn["layers"].values())
-    assert built == 2402 < sum(turn["sent"].values()) == 4241
-    assert turn["budget"]["used"] != turn["budget"]["sent"] == 4241
+    assert built == 2613 < sum(turn["sent"].values()) == 4346
+    assert turn["budget"]["used"] != turn["budget"]["sent"] == 4346
 
 
 def test_the_script_field_and_the_flag_choose_the_layout(tmp_path: Any) -> None:

@@ -20,8 +20,9 @@ the rungs last turn sent: nothing runs as a pass of its own.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -50,6 +51,7 @@ from lamina.pipeline._model.envelope import (
 from lamina.pipeline._model.library import Library, LibraryEntry
 from lamina.pipeline._model.recall import RecallItem, Retriever
 from lamina.pipeline._model.tools import chunk_source
+from lamina.pipeline._recall.memory import Passage, recalled_block
 from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._turn.assemble import draft, fitted_preview, summary_target, visible_history
 from lamina.pipeline._turn.draft import Draft
@@ -151,9 +153,7 @@ def _relevance(turn: TurnGraph, factory: Callable[[], Retriever] | None) -> dict
             )
         )
     for said, reply in visible_history(turn)[:-1]:
-        items.append(
-            RecallItem(f"history:{said.turn}", said.turn, f"{said.user}\n{reply or ''}")
-        )
+        items.append(RecallItem(f"history:{said.turn}", said.turn, f"{said.user}\n{reply or ''}"))
     return _words(factory(), turn.query, items)
 
 
@@ -426,6 +426,60 @@ def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float])
     return _Unit("history", "history", Ladder(tuple(rungs), 0), tuple(choices))
 
 
+RECALL_PRICE = 0.3
+"""The least relevance (the retriever's score: 0.5 matches about half the query's weight)
+a passage needs to be offered: every recalled token is sent uncached, in this turn only.
+Tuned on LoCoMo conversations 26, 41 and 43 among 0.3 to 0.7, with and without a price
+per token, as the best trade of answers reached for cached share lost (docs/BUDGET.md)."""
+
+
+def _recallable(turn: TurnGraph, *, fits: bool) -> bool:
+    """Whether ``turn`` may recall: recall on, and a message before the last turn that
+    the suffix does not show (or may stop showing: the request does not fit)."""
+    budget = turn.ctx.budget
+    history = turn.history
+    return (
+        budget is not None
+        and budget.recall
+        and turn.ctx.recall is not None
+        and len(history) > 1
+        and (not fits or history[0].turn < turn.history_view.start)
+    )
+
+
+def _passage_units(
+    turn: TurnGraph, budget: Budget, *, fits: bool
+) -> tuple[list[_Unit], dict[str, Passage]]:
+    """Every earlier message the query matches at least at ``RECALL_PRICE`` as a ladder of
+    its own (absent, or sent in the turn's recalled block): valued per token like a
+    history turn of its age and relevance, that relevance counted again (a passage is
+    sent for its match alone, a suffix turn for the thread too). Best first, as many as
+    the limit could hold. A passage is new this turn (after every cached unit)."""
+    memo = turn.ctx.recall
+    if not _recallable(turn, fits=fits) or memo is None or not turn.query.strip():
+        return [], {}
+    passages = memo.passages(turn.history)
+    if not passages:
+        return [], {}
+    count = turn.ctx.counter.count
+    units: list[_Unit] = []
+    offered: dict[str, Passage] = {}
+    total = 0
+    for key, rel in memo.ranked(passages, turn.query):
+        if rel < RECALL_PRICE or total > budget.limit:
+            break  # best first: the rest are worth less, or could not fit beside these
+        passage = passages[key]
+        tokens = memo.cost(passage.item, count)
+        total += tokens
+        age = turn.ctx.turn - passage.last
+        weight = _weight(budget, "history", age, min(1.0, rel), now=False)
+        worth = 0.8 * weight
+        ladder = Ladder((Rung(0, 0.0), Rung(tokens, worth * tokens)))
+        units.append(_Unit("passage", key, ladder, (_Choice("absent"), _Choice("recalled"))))
+        offered[key] = passage
+    return units, offered
+
+
 def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
     """L1's mutable part: whole, its preview, then halving excerpts."""
     text = turn.system.mutable
@@ -555,9 +609,13 @@ def _decision(unit: _Unit, old: _Choice, new: _Choice, saved: int) -> Decision:
 
 
 def _apply(
-    turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]
+    turn: TurnGraph,
+    units: Sequence[_Unit],
+    choice: Sequence[int],
+    passages: Mapping[str, Passage],
 ) -> tuple[TurnGraph, list[Decision]]:
-    """``turn`` with each unit in its chosen form, and a decision per changed unit."""
+    """``turn`` with each unit in its chosen form, and a decision per changed unit; the
+    chosen ``passages`` (those before the suffix's start) in one recalled block."""
     library = turn.library
     items = list(turn.items)
     at = {item.key: i for i, item in enumerate(items)}
@@ -567,10 +625,14 @@ def _apply(
     folds: dict[str, tuple[list[LibraryEntry], list[LibraryEntry]]] = {}
     indexed: dict[str, bool] = {}
     unfolds: list[tuple[str, tuple[LibraryEntry, ...]]] = []
+    recalled: list[Passage] = []
     for unit, c in zip(units, choice, strict=True):
         ladder = unit.ladder
         base = ladder.previous if ladder.previous is not None else 0
         if c == base:
+            continue
+        if unit.kind == "passage":
+            recalled.append(passages[unit.key])
             continue
         old, new = unit.choices[base], unit.choices[c]
         saved = ladder.rungs[base].tokens - ladder.rungs[c].tokens
@@ -617,6 +679,14 @@ def _apply(
         library, _, _ = fold(turn, library, group, lines, counts)
     for key, back in unfolds:
         library = _in_place(library, key, [e.key for e in back])
+    recalled = [p for p in recalled if p.last < history.start]
+    if recalled:
+        block = recalled_block(recalled, turn)
+        graph = turn.graph.copy()
+        graph.add_node(block.artifact.key, kind="artifact", artifact=block.artifact)
+        items.append(block.placement)
+        turn = attrs.evolve(turn, graph=graph)
+        decisions.extend(_recalled_decision(p.item.key) for p in recalled)
     out = attrs.evolve(
         turn, library=library, items=tuple(items), history_view=history, system=system
     )
@@ -626,6 +696,20 @@ def _apply(
             out, made = _indexed(out, group, members, gone, sum(indexed[k] for k in gone))
             decisions.append(made)
     return out, decisions
+
+
+@functools.lru_cache(maxsize=4096)
+def _recalled_decision(key: str) -> Decision:
+    """The decision that recalls passage ``key`` (a value: made once per key)."""
+    return Decision(
+        "budget",
+        f"recalled:{key}",
+        "dropped",
+        "full",
+        "an earlier message the query matches, sent in this turn",
+        layer="L3",
+        action=DecisionAction.RECALLED,
+    )
 
 
 def _in_place(library: Library, key: str, unfolded: Sequence[str]) -> Library:
@@ -723,6 +807,23 @@ def _sized(
     return True
 
 
+def _held(
+    units: Sequence[_Unit], choice: Sequence[int], passages: Mapping[str, Passage]
+) -> set[str]:
+    """The chosen passages that the chosen history suffix shows too."""
+    start = next(
+        (u.choices[c].start for u, c in zip(units, choice, strict=True) if u.kind == "history"),
+        None,
+    )
+    if start is None:
+        return set()
+    return {
+        u.key
+        for u, c in zip(units, choice, strict=True)
+        if u.kind == "passage" and c == 1 and passages[u.key].last >= start
+    }
+
+
 def _headroom(report: BudgetReport, budget: Budget) -> BudgetReport:
     """``report`` whose plan gives the headroom as the room kept free (``slack_tokens``:
     what a batch's restore by appending leaves free)."""
@@ -752,16 +853,24 @@ class Solve:
         used = budget.used(measured, turn.ctx.counter)
         before = measured.layer_tokens()
         fits = budget.effective(used) <= budget.limit
-        if fits and not any(e.cut or e.folded for e in turn.library.entries):
+        cut = any(e.cut or e.folded for e in turn.library.entries)
+        if fits and not cut and not _recallable(turn, fits=fits):
+            report = _headroom(budget.report(used, before, before, ()), budget)
+            return attrs.evolve(turn, budget_report=report, measured=measured)
+        passages, recallable = _passage_units(turn, budget, fits=fits)
+        if fits and not cut and not passages:
             report = _headroom(budget.report(used, before, before, ()), budget)
             return attrs.evolve(turn, budget_report=report, measured=measured)
         relevance = _relevance(turn, self.retriever)
         exact: dict[tuple[str, int], int | None] = {}
         extra: dict[str, set[int]] = {}
         cached = _cached_units(turn, measured, budget, relevance)
-        units = cached + _item_units(turn, measured, budget, relevance, exact, extra, counted=False)
+        items = _item_units(turn, measured, budget, relevance, exact, extra, counted=False)
+        units = cached + items + passages
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
         fixed = used - now
+        if passages:  # the recalled block's own tokens, if it is sent
+            fixed += turn.ctx.recall.overhead(turn) if turn.ctx.recall is not None else 0
         limit = math.floor(budget.limit / (1.0 + budget.safety_margin))
         # The request fits the limit less the headroom, or stays as it is if it fits.
         limit = max(limit - math.floor(budget.limit * budget.headroom), used if fits else 0)
@@ -769,7 +878,7 @@ class Solve:
         short = 0
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
         counted = False
-        rounds = making = 0
+        rounds = making = overlaps = 0
         while rounds < MAX_ROUNDS:
             ladders = [u.ladder for u in units]
             room = limit - fixed - short
@@ -777,26 +886,34 @@ class Solve:
             if solution is None and not counted:
                 # Not even every item's index line fits: the lines may be counted instead.
                 counted = True
-                units = cached + _item_units(
-                    turn, measured, budget, relevance, exact, extra, counted=True
-                )
+                items = _item_units(turn, measured, budget, relevance, exact, extra, counted=True)
+                units = cached + items + passages
                 continue
             if solution is None:
                 break
             if not making and _sized(units, solution, room, extra):
                 making += 1
-                units = cached + _item_units(
+                items = _item_units(
                     turn, measured, budget, relevance, exact, extra, counted=counted
                 )
+                units = cached + items + passages
                 continue  # the room left is given to one preview, fitted to it
             if _made(turn, units, solution.choice, exact):
                 making += 1
-                units = cached + _item_units(
+                items = _item_units(
                     turn, measured, budget, relevance, exact, extra, counted=counted
                 )
+                units = cached + items + passages
                 continue  # a guessed preview was made: solve again with its tokens
+            held = _held(units, solution.choice, recallable)
+            if held and overlaps < 2:
+                # Passages the chosen suffix shows: their room goes to the next best.
+                overlaps += 1
+                passages = [u for u in passages if u.key not in held]
+                units = cached + items + passages
+                continue
             rounds += 1
-            out, decisions = _apply(turn, units, solution.choice)
+            out, decisions = _apply(turn, units, solution.choice, recallable)
             drafted = draft(out, measured)
             spent = budget.used(drafted, turn.ctx.counter)
             over = budget.effective(spent) - budget.limit

@@ -18,11 +18,7 @@ from lamina.pipeline._tokens.profiles import OPENAI_FRAMING
 if TYPE_CHECKING:
     from lamina.pipeline._budget.fit import Budget
 
-__all__ = ["RECALL_SHARE", "BudgetPlan", "BudgetSettings"]
-
-RECALL_SHARE = 0.0
-"""The default ``recall_share``: off. With it on (0.9 measured) chat30's cached share at
-6,000 fell from 72.8% to 65.1% and a cache figure passed its request (docs/BUDGET.md)."""
+__all__ = ["BudgetPlan", "BudgetSettings"]
 
 
 def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], object], None]:
@@ -59,6 +55,11 @@ def _count(_: object, attribute: attrs.Attribute[int], value: object) -> None:
 def _flag(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"budget.plan.{attribute.name}", f"must be True or False, got {value!r}")
+
+
+def _switch(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"budget.{attribute.name}", f"must be True or False, got {value!r}")
 
 
 def _weights(value: object) -> tuple[tuple[str, float], ...]:
@@ -142,11 +143,12 @@ class BudgetSettings:
     default_system: str | None = OPENAI_FRAMING.default_system
     """What the chat template sends as the system message when the request has none
     (Qwen2.5's default prompt; "" for Llama 3.1's date header); None: nothing."""
-    recall_share: float = attrs.field(default=RECALL_SHARE, validator=_fraction)
-    """The most of the limit that recalled passages (dropped history, cut library entries
-    the query matches) may take; within it the ``recall`` stage's objective decides how
-    much, for each query. 0 turns recall off (no index): stores read a budget saved
-    without this field with 0, so a stored conversation keeps what it was made with."""
+    recall: bool = attrs.field(default=True, validator=_switch)
+    """Whether earlier messages are findable: each one the recent suffix of history does
+    not show is a passage the budget's solve may send for this query, beside the suffix
+    (docs/BUDGET.md, "Memory"). Stores read a budget saved without this field as off (and
+    one saved with the old ``recall_share`` as on where that was above 0), so a stored
+    conversation keeps what it was made with."""
     stub_share: float = attrs.field(default=0.1, validator=_fraction)
     """The share of the window that library stubs and their indexes may take; past it the
     oldest folder's or source's stubs collapse into one index block (``stubs``)."""

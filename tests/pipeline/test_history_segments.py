@@ -82,7 +82,7 @@ def test_kept_segments_counts_and_hashes_equal_a_fresh_build(
 
 def test_a_warm_turn_counts_only_the_new_history_messages() -> None:
     # Recall off: a recalling turn counts its new passages (the recall tests' concern).
-    budget = Budget(context_window=8_000, reserve_output=0, recall_share=0.0)
+    budget = Budget(context_window=8_000, reserve_output=0, recall=False)
     conv = Conversation("You are terse.", budget=budget)
     for i in range(12):
         conv.turn(f"question {i}: what about item {i}?")
@@ -107,7 +107,7 @@ def test_l4_follows_history_cuts_and_shortened_replies_like_a_restored_conversat
         reply_tokens=20,
         policy="prefix-first",
         order=(shorten_replies, drop_history),
-        recall_share=0.0,  # recall would take the room a shortened reply frees
+        recall=False,  # recall would take the room a shortened reply frees
     )
     conv = Conversation("You are terse.", budget=budget)
     starts = set()
