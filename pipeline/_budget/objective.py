@@ -429,8 +429,9 @@ def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float])
 RECALL_PRICE = 0.3
 """The least relevance (the retriever's score: 0.5 matches about half the query's weight)
 a passage needs to be offered: every recalled token is sent uncached, in this turn only.
-Tuned on LoCoMo conversations 26, 41 and 43 among 0.3 to 0.7, with and without a price
-per token, as the best trade of answers reached for cached share lost (docs/BUDGET.md)."""
+Chosen on LoCoMo conversations 26, 41 and 43 against a gate on the query's best match
+(0.5 to 0.7) and a price per recalled token, as the best trade of answers reached for
+cached share lost (docs/BUDGET.md, "Memory")."""
 
 
 def _recallable(turn: TurnGraph, *, fits: bool) -> bool:
@@ -451,10 +452,10 @@ def _passage_units(
     turn: TurnGraph, budget: Budget, *, fits: bool
 ) -> tuple[list[_Unit], dict[str, Passage]]:
     """Every earlier message the query matches at least at ``RECALL_PRICE`` as a ladder of
-    its own (absent, or sent in the turn's recalled block): valued per token like a
-    history turn of its age and relevance, that relevance counted again (a passage is
-    sent for its match alone, a suffix turn for the thread too). Best first, as many as
-    the limit could hold. A passage is new this turn (after every cached unit)."""
+    its own (absent, or sent in the turn's recalled block): valued per token as a history
+    turn of its age and relevance is (so a recent suffix turn, cached, is never worth less
+    than an older copy of the same words). Best first, as many as the limit could hold.
+    A passage is new this turn (after every cached unit)."""
     memo = turn.ctx.recall
     if not _recallable(turn, fits=fits) or memo is None or not turn.query.strip():
         return [], {}

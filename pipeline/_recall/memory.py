@@ -150,6 +150,7 @@ class RecallMemo:
         self._kept: tuple[int, dict[str, Passage]] | None = None
         self._costs: dict[str, tuple[str, int]] = {}
         self._overhead: dict[str, int] = {}
+        self._order: tuple[Mapping[str, Passage], list[str], dict[str, int]] | None = None
         self._lock = threading.Lock()
         self.builds = 0
         """How many indexes were made (a meter: nothing dropped makes none)."""
@@ -191,7 +192,12 @@ class RecallMemo:
     def ranked(self, passages: Mapping[str, Passage], query: str) -> list[tuple[str, float]]:
         """``passages``' relevances to ``query``, best first (ties by key): the
         retriever's scores, each at least ``NEIGHBOUR`` of its neighbours'."""
-        return _with_neighbours(self._search(passages, query, SEARCH_K), passages)
+        order = self._order
+        if order is None or order[0] is not passages:
+            keys = list(passages)
+            order = (passages, keys, {key: i for i, key in enumerate(keys)})
+            self._order = order
+        return _with_neighbours(self._search(passages, query, SEARCH_K), order[1], order[2])
 
     def _search(
         self, passages: Mapping[str, Passage], query: str, k: int
@@ -242,13 +248,12 @@ def _with_sep(block: ItemBlock) -> int:
 
 
 def _with_neighbours(
-    hits: list[tuple[str, float]], passages: Mapping[str, Passage]
+    hits: list[tuple[str, float]], keys: Sequence[str], at: Mapping[str, int]
 ) -> list[tuple[str, float]]:
     """``hits`` with each passage's relevance at least ``NEIGHBOUR`` of the passage
-    before or after it (``passages`` is in conversation order). Best first, ties by key."""
+    before or after it (``keys``: the passages in conversation order, ``at`` their
+    places). Best first, ties by key."""
     relevance = dict(hits)
-    keys = list(passages)
-    at = {key: i for i, key in enumerate(keys)}
     for key, score in hits:
         i = at.get(key)
         if i is None:
