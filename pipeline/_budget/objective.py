@@ -20,7 +20,6 @@ the rungs last turn sent: nothing runs as a pass of its own.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -49,9 +48,9 @@ from lamina.pipeline._model.envelope import (
     View,
 )
 from lamina.pipeline._model.library import Library, LibraryEntry
-from lamina.pipeline._model.recall import RecallItem, Retriever
+from lamina.pipeline._model.recall import RECALL_SOURCE, RecallItem, Retriever
 from lamina.pipeline._model.tools import chunk_source
-from lamina.pipeline._recall.memory import Passage, recalled_block
+from lamina.pipeline._recall.memory import HISTORY_BLOCK, Passage, recalled_block
 from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._turn.assemble import draft, fitted_preview, summary_target, visible_history
 from lamina.pipeline._turn.draft import Draft
@@ -687,7 +686,7 @@ def _apply(
         graph.add_node(block.artifact.key, kind="artifact", artifact=block.artifact)
         items.append(block.placement)
         turn = attrs.evolve(turn, graph=graph)
-        decisions.extend(_recalled_decision(p.item.key) for p in recalled)
+        decisions.append(_recalled_decision(recalled, block.segment.tokens))
     out = attrs.evolve(
         turn, library=library, items=tuple(items), history_view=history, system=system
     )
@@ -699,15 +698,19 @@ def _apply(
     return out, decisions
 
 
-@functools.lru_cache(maxsize=4096)
-def _recalled_decision(key: str) -> Decision:
-    """The decision that recalls passage ``key`` (a value: made once per key)."""
+def _recalled_decision(recalled: Sequence[Passage], tokens: int) -> Decision:
+    """The one decision of a turn's recalled block: how many passages, from which turns
+    (one decision a turn, not one a passage: a long chat's trace stays its size)."""
+    turns = sorted({p.item.turn for p in recalled})
+    span = f"turn {turns[0]}" if len(turns) == 1 else f"turns {turns[0]}-{turns[-1]}"
+    n = len(recalled)
     return Decision(
         "budget",
-        f"recalled:{key}",
+        f"{RECALL_SOURCE}:{HISTORY_BLOCK}",
         "dropped",
         "full",
-        "an earlier message the query matches, sent in this turn",
+        f"{n} earlier message{'s' if n != 1 else ''} the query matches ({span}, "
+        f"{tokens} tokens), sent in this turn only",
         layer="L3",
         action=DecisionAction.RECALLED,
     )

@@ -74,8 +74,9 @@ def test_a_dropped_message_the_query_names_is_recalled_into_the_user_message() -
         f"assistant (1): {reply}\n"
         "</recalled>\n\n---\n[User query]:\nWhich city did Maria relocate to?"
     )
-    targets = [d.target for d in env.report.decisions if d.action is DecisionAction.RECALLED]
-    assert targets == ["recalled:history:1:user", "recalled:history:1:assistant"]
+    (made,) = [d for d in env.report.decisions if d.action is DecisionAction.RECALLED]
+    assert made.target == "recalled:history"
+    assert made.reason.startswith("2 earlier messages the query matches (turn 1, ")
     check_envelope(env)
 
 
