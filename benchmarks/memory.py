@@ -23,7 +23,7 @@ Protocol, per conversation and window (4k, 8k, 16k; reserve by the CLI's rule,
    all questions of the five conversations (categories 1-5).
 3. Methods, all in the same run: (a) Lamina with the default budget
    (``Budget(context_window, reserve_output)``, nothing else set); (b) recall off
-   (``recall_share=0``), the budget's own history cut; (c) keeping the newest messages:
+   (``recall=False``), the budget's own history cut; (c) keeping the newest messages:
    langchain-core's ``trim_messages(strategy="last")`` over the same messages (system
    message kept), token-counted with the same counter and OpenAI's framing (3 tokens a
    message, 3 to prime) against the same limit; (d) a plain Okapi BM25 (k1 1.5, b 0.75,
@@ -168,19 +168,14 @@ def _reserve(window: int) -> int:
     return min(4096, window // 4)
 
 
-RECALL_ON = 0.9
-"""The recall share measured as "on" (recall is off in a default ``Budget``: with it on,
-chat30's cached share fell from 72.8% to 65.1%; docs/BUDGET.md)."""
-
-
 def _budgets(window: int) -> tuple[Any, Any]:
-    """The budget for ``window`` with recall on (``RECALL_ON``) and the same with it off."""
+    """The default budget for ``window`` (recall on) and the same with recall off."""
     import attrs
 
     from lamina.pipeline import Budget
 
-    on = Budget(context_window=window, reserve_output=_reserve(window), recall_share=RECALL_ON)
-    return on, attrs.evolve(on, recall_share=0.0)
+    on = Budget(context_window=window, reserve_output=_reserve(window))
+    return on, attrs.evolve(on, recall=False)
 
 
 def _request_text(env: Any) -> str:
@@ -384,13 +379,12 @@ def measure_memory(
             LocomoChat(c.name, c.turns, c.questions[:questions], c.sessions) for c in chats
         ]
     counter = TokenCounter()
-    default_share = _budgets(windows[0])[0].recall_share if windows else 0.0
     out: dict[str, Any] = {
         "data": "LoCoMo " + ", ".join(conversations),
         "messages": sum(len(_messages(c)) for c in chats),
         "tokens": sum(counter.count(t) for c in chats for _, t, _ in _messages(c)),
         "questions": sum(len(c.questions) for c in chats),
-        "share": default_share,
+        "recall": bool(_budgets(windows[0])[0].recall) if windows else True,
         "windows": [],
     }
     for window in windows:

@@ -644,7 +644,7 @@ def _memory_table(memory: dict[str, Any], console: Console) -> None:
         return
     title = (
         f"memory: {memory['data']}: {memory['messages']} messages, {memory['tokens']:,} "
-        f"tokens, {memory['questions']} questions; recall share {memory['share']:.0%}"
+        f"tokens, {memory['questions']} questions; recall {'on' if memory.get('recall') else 'off'}"
     )
     table = Table(title=title)
     columns = ("window", "reached: recall", "off", "trim_messages", "bm25", "cached: on",

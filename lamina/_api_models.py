@@ -91,12 +91,11 @@ class ConversationCreate(_In):
     window: int | None = Field(default=None, ge=1, description="Context window: a budget.")
     reserve: int | None = Field(default=None, ge=0, description="Tokens kept for the reply.")
     model: str | None = Field(default=None, description="Model profile for the budget.")
-    recall: float | None = Field(
+    recall: bool | None = Field(
         default=None,
-        ge=0.0,
-        le=1.0,
-        description="Share of the window recall may fill with dropped history and cut "
-        "library entries the query matches (needs a window or a model; 0: off).",
+        description="Whether earlier messages the suffix of history does not show are "
+        "findable, sent when the query matches them (needs a window or a model; on by "
+        "default with a budget).",
     )
     objective: dict[str, Any] | None = Field(
         default=None,

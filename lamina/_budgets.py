@@ -1,4 +1,4 @@
-"""The one rule that turns a window, a reserve, a model, a recall share and the
+"""The one rule that turns a window, a reserve, a model, the recall switch and the
 objective's settings into a ``Budget``: the CLI's flags, the server's conversation
 settings and replay configs all read it, so the default reserve is the same everywhere."""
 
@@ -51,11 +51,11 @@ def budget_of(
     window: int | None,
     reserve: int | None = None,
     model: str | None = None,
-    recall: float | None = None,
+    recall: bool | None = None,
     objective: Mapping[str, Any] | None = None,
 ) -> Budget | None:
     """The model's profile and/or the window, with the reserve (by default 4,096 tokens
-    for the reply, or a quarter of a small window), recall's share and the objective's
+    for the reply, or a quarter of a small window), recall on or off and the objective's
     settings given (``objective_of``); None when neither a window nor a model is given."""
     overrides: dict[str, Any] = {}
     if objective is not None:
@@ -65,7 +65,7 @@ def budget_of(
     if reserve is not None:
         overrides["reserve_output"] = reserve
     if recall is not None:
-        overrides["recall_share"] = recall
+        overrides["recall"] = recall
     if model is not None:
         return Budget.for_model(model, **overrides)
     if window is None:

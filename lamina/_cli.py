@@ -198,10 +198,10 @@ def _sources(root: Path | None, allow_private_network: bool) -> SourceResolver:
 
 
 def _budget(
-    window: int | None, reserve: int | None, model: str | None, recall: float | None = None
+    window: int | None, reserve: int | None, model: str | None, recall: bool | None = None
 ) -> Budget | None:
-    """A budget from --model (its profile) and/or --window/--reserve (and --recall's
-    share); None if none given (``budget_of``, the rule the server and replay share)."""
+    """A budget from --model (its profile) and/or --window/--reserve (and --recall or
+    --no-recall); None if none given (``budget_of``, the rule the server and replay share)."""
     try:
         return budget_of(window, reserve, model, recall)
     except NeedsWindow as exc:
@@ -267,10 +267,10 @@ def budget_options(fn: F) -> F:
     )(fn)
     fn = click.option("--window", type=int, help="Context window in tokens: enforce a budget.")(fn)
     fn = click.option(
-        "--recall",
-        type=click.FloatRange(0.0, 1.0),
-        help="Share of the window that recall may fill with dropped history and cut library "
-        "entries the query matches (0, the default: off; docs/BUDGET.md).",
+        "--recall/--no-recall",
+        default=None,
+        help="Earlier messages the suffix of history does not show are findable: the budget "
+        "may send those the query matches (on by default with a budget; docs/BUDGET.md).",
     )(fn)
     return fn
 
@@ -556,7 +556,7 @@ def demo(
     window: int | None,
     reserve: int | None,
     model: str | None,
-    recall: float | None,
+    recall: bool | None,
     verbose: bool,
 ) -> None:
     """Six turns over the example vault: the layer walkthrough, a turn over budget, then
@@ -587,7 +587,7 @@ def _demo(
     window: int | None,
     reserve: int | None,
     model: str | None,
-    recall: float | None,
+    recall: bool | None,
     verbose: bool = False,
 ) -> None:
     root = Path(vault) if vault else shipped / "vault"
@@ -653,7 +653,7 @@ def run(
     window: int | None,
     reserve: int | None,
     model: str | None,
-    recall: float | None,
+    recall: bool | None,
     defer_library: bool | None,
     verbose: bool,
     allow_private_network: bool,
@@ -756,7 +756,7 @@ def resume(
     window: int | None,
     reserve: int | None,
     model: str | None,
-    recall: float | None,
+    recall: bool | None,
     verbose: bool,
     allow_private_network: bool,
 ) -> None:
@@ -874,7 +874,7 @@ def simulate(
     window: int | None,
     reserve: int | None,
     model: str | None,
-    recall: float | None,
+    recall: bool | None,
     allow_private_network: bool,
 ) -> None:
     """Cache cost of a script per provider: default vs batched vs append-only vs naive.
@@ -1024,7 +1024,7 @@ def report(
     window: int | None,
     reserve: int | None,
     model: str | None,
-    recall: float | None,
+    recall: bool | None,
     defer_library: bool | None,
     allow_private_network: bool,
 ) -> None:
@@ -1177,7 +1177,7 @@ def inspect(
     window: int | None,
     reserve: int | None,
     model: str | None,
-    recall: float | None,
+    recall: bool | None,
     defer_library: bool | None,
     verbose: bool,
     allow_private_network: bool,

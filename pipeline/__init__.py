@@ -131,8 +131,8 @@ from lamina.pipeline._model.tools import (
     tool_artifact,
     tool_key,
 )
+from lamina.pipeline._recall.memory import RecallMemo
 from lamina.pipeline._recall.retrievers import Bm25Retriever, Fts5Retriever
-from lamina.pipeline._recall.stage import Recall, RecallMemo
 from lamina.pipeline._stages.builtin import (
     Dedup,
     Expand,
@@ -352,7 +352,6 @@ __all__ = [
     "Processed",
     "Promote",
     "Provider",
-    "Recall",
     "RecallItem",
     "RecallMemo",
     "Recalled",

@@ -148,6 +148,12 @@ def _settled(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str
     )
 
 
+def _recalled(turn: Mapping[str, Any]) -> bool:
+    """Whether the turn's message held recalled passages (turn-scoped blocks)."""
+    segments = ((turn.get("layers") or {}).get("L3") or {}).get("segments", ())
+    return any(str(s.get("key", "")).startswith("recalled:") for s in segments)
+
+
 def _settled_keys(turn: Mapping[str, Any]) -> list[str]:
     """The keys of the library entries the turn's system message holds as sent."""
     segments = ((turn.get("layers") or {}).get("L2") or {}).get("segments", ())
@@ -200,6 +206,12 @@ def _low_cache(turn: Mapping[str, Any], previous: Mapping[str, Any]) -> str:
             f"{'it is' if len(new) == 1 else 'they are'} added at its end, so the history "
             "after it is sent again uncached. A turn that adds nothing to the system message "
             "keeps the whole earlier prefix."
+        )
+    if _recalled(previous):
+        return (
+            f"The earlier messages recalled for turn {previous.get('turn')} belong to that "
+            "turn only: its message is sent again without them, so the request repeats the "
+            f"one before only up to there ({cached:,} of {total:,} tokens)."
         )
     l3 = _band(turn, "L3")
     if total and l3 >= total / 2:

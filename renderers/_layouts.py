@@ -158,12 +158,17 @@ def _scoped(segment: Segment) -> bool:
     return segment.source_type == RECALL_SOURCE or chunk_source(segment.key) is not None
 
 
-def _append_user_text(envelope: Envelope, sent: dict[str, str]) -> str:
+def _append_user_text(envelope: Envelope, sent: dict[str, str], *, later: bool = False) -> str:
     """This turn's user message when context stays where it was first sent
     (``lamina.pipeline.append_parts``, which the conversation's batch shares): nothing is settled
-    in a library, references are rendered as XML."""
+    in a library, references are rendered as XML. ``later``: as a later request carries
+    it, without its recalled blocks (they belong to their turn only)."""
     parts = append_parts(envelope, sent, lambda _key: None, _reference_text)
-    return join_blocks(text for text, _ in parts)
+    return join_blocks(
+        text
+        for text, seg in parts
+        if not (later and seg is not None and seg.source_type == RECALL_SOURCE)
+    )
 
 
 def _replies(envelope: Envelope) -> dict[int, str]:
@@ -185,7 +190,7 @@ def append_only_prompt(envelopes: Sequence[Envelope]) -> Prompt:
     sent: dict[str, str] = {}
     messages: list[Message] = []
     for env in envelopes:
-        text = _append_user_text(env, sent)
+        text = _append_user_text(env, sent, later=env is not current)
         if env is current:
             if messages:
                 last = messages[-1]

@@ -84,11 +84,12 @@ def test_the_replay_table_names_every_column_and_never_cuts_a_config_name(
 
 
 def test_recall_is_a_budget_flag(here: Path) -> None:
-    """--recall sets the budget's recall share; without a window it is refused by name."""
-    ran = lamina_here("run", "good.yaml", "--window", "1800", "--recall", "0.3", "--json", cwd=here)
+    """--recall / --no-recall switch the budget's recall (on by default); without a window
+    it is refused by name; it takes no value."""
+    ran = lamina_here("run", "good.yaml", "--window", "1800", "--no-recall", "--json", cwd=here)
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["turns"][-1]["budget"]["window"] == 1800
-    line = _one_error(lamina_here("run", "good.yaml", "--recall", "0.3", cwd=here))
+    line = _one_error(lamina_here("run", "good.yaml", "--recall", cwd=here))
     assert line == "lamina: error: --recall: needs --window or --model"
-    too_much = lamina_here("run", "good.yaml", "--window", "1800", "--recall", "2", cwd=here)
-    assert too_much.returncode == 2
+    valued = lamina_here("run", "good.yaml", "--window", "1800", "--recall", "0.3", cwd=here)
+    assert valued.returncode == 2

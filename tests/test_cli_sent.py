@@ -107,10 +107,20 @@ def _check(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str:
         assert (steps[0]["from"], steps[-1]["to"]) == (m[2], m[3]) and m[3] != "reference"
         assert not _extended(turn, previous)
         return "restored"
+    if m := re.fullmatch(
+        r"The earlier messages recalled for turn (\d+) belong to that turn only: its message "
+        r"is sent again without them, so the request repeats the one before only up to there "
+        r"\(([\d,]+) of ([\d,]+) tokens\)\.",
+        sentence,
+    ):
+        assert int(m[1]) == previous["turn"] and (_n(m[2]), _n(m[3])) == (cached, total)
+        assert any(s["key"] == "recalled:history" for s in previous["layers"]["L3"]["segments"])
+        assert not _extended(turn, previous)
+        return "recalled"
     if sentence.startswith("The budget dropped or shortened older history messages"):
         assert any(d["action"] == "history-cut" for d in decisions)
         assert not _extended(turn, previous)
-        return "history-cut"
+        return "history"
     raise AssertionError(f"turn {turn['turn']}: a sentence no test reads: {sentence}")
 
 
@@ -150,10 +160,10 @@ def test_deferred_context_is_its_own_band() -> None:
     grown = json.loads(_run("--json", "--no-defer-library").stdout)["turns"]
     assert all(t["sent"]["deferred"] == 0 for t in grown)
     assert all("batch" not in t for t in grown)
-    turn = deferred[14]  # turn 15: 4,427 tokens sent while its layers add to 2,615
-    assert turn["tokens_total"] == 4427 and turn["sent"]["deferred"] == 1681
+    turn = deferred[14]  # turn 15: 4,427 tokens sent while its layers add to 2,477
+    assert turn["tokens_total"] == 4427 and turn["sent"]["deferred"] == 1814
     built = sum(layer["tokens"] for layer in turn["layers"].values())
-    assert built == 2615 < sum(turn["sent"].values()) == 4427
+    assert built == 2477 < sum(turn["sent"].values()) == 4427
     assert turn["budget"]["used"] != turn["budget"]["sent"] == 4427
 
 

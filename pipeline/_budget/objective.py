@@ -21,7 +21,7 @@ the rungs last turn sent: nothing runs as a pass of its own.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -47,8 +47,9 @@ from lamina.pipeline._model.envelope import (
     View,
 )
 from lamina.pipeline._model.library import Library, LibraryEntry
-from lamina.pipeline._model.recall import RecallItem, Retriever
+from lamina.pipeline._model.recall import RECALL_SOURCE, RecallItem, Retriever
 from lamina.pipeline._model.tools import chunk_source
+from lamina.pipeline._recall.memory import HISTORY_BLOCK, Passage, recalled_block
 from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._turn.assemble import draft, fitted_preview, summary_target, visible_history
 from lamina.pipeline._turn.draft import Draft
@@ -458,6 +459,61 @@ def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float])
     return _Unit("history", "history", Ladder(tuple(rungs), 0), tuple(choices))
 
 
+RECALL_PRICE = 0.3
+"""The least relevance (the retriever's score: 0.5 matches about half the query's weight)
+a passage needs to be offered: every recalled token is sent uncached, in this turn only.
+Chosen on LoCoMo conversations 26, 41 and 43 against a gate on the query's best match
+(0.5 to 0.7) and a price per recalled token, as the best trade of answers reached for
+cached share lost (docs/BUDGET.md, "Memory")."""
+
+
+def _recallable(turn: TurnGraph, *, fits: bool) -> bool:
+    """Whether ``turn`` may recall: recall on, and a message before the last turn that
+    the suffix does not show (or may stop showing: the request does not fit)."""
+    budget = turn.ctx.budget
+    history = turn.history
+    return (
+        budget is not None
+        and budget.recall
+        and turn.ctx.recall is not None
+        and len(history) > 1
+        and (not fits or history[0].turn < turn.history_view.start)
+    )
+
+
+def _passage_units(
+    turn: TurnGraph, budget: Budget, *, fits: bool
+) -> tuple[list[_Unit], dict[str, Passage]]:
+    """Every earlier message the query matches at least at ``RECALL_PRICE`` as a ladder of
+    its own (absent, or sent in the turn's recalled block): valued per token as a history
+    turn of its age and relevance is (so a recent suffix turn, cached, is never worth less
+    than an older copy of the same words). Best first, as many as the limit could hold.
+    A passage is new this turn (after every cached unit)."""
+    memo = turn.ctx.recall
+    if not _recallable(turn, fits=fits) or memo is None or not turn.query.strip():
+        return [], {}
+    passages = memo.passages(turn.history)
+    if not passages:
+        return [], {}
+    count = turn.ctx.counter.count
+    units: list[_Unit] = []
+    offered: dict[str, Passage] = {}
+    total = 0
+    for key, rel in memo.ranked(passages, turn.query):
+        if rel < RECALL_PRICE or total > budget.limit:
+            break  # best first: the rest are worth less, or could not fit beside these
+        passage = passages[key]
+        tokens = memo.cost(passage.item, count)
+        total += tokens
+        age = turn.ctx.turn - passage.last
+        weight = _weight(budget, "history", age, min(1.0, rel), now=False)
+        worth = 0.8 * weight
+        ladder = Ladder((Rung(0, 0.0), Rung(tokens, worth * tokens)))
+        units.append(_Unit("passage", key, ladder, (_Choice("absent"), _Choice("recalled"))))
+        offered[key] = passage
+    return units, offered
+
+
 def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
     """L1's mutable part: whole, its preview, then halving excerpts."""
     text = turn.system.mutable
@@ -612,9 +668,13 @@ def _decision(unit: _Unit, old: _Choice, new: _Choice, saved: int) -> Decision:
 
 
 def _apply(
-    turn: TurnGraph, units: Sequence[_Unit], choice: Sequence[int]
+    turn: TurnGraph,
+    units: Sequence[_Unit],
+    choice: Sequence[int],
+    passages: Mapping[str, Passage],
 ) -> tuple[TurnGraph, list[Decision]]:
-    """``turn`` with each unit in its chosen form, and a decision per changed unit."""
+    """``turn`` with each unit in its chosen form, and a decision per changed unit; the
+    chosen ``passages`` (those before the suffix's start) in one recalled block."""
     library = turn.library
     items = list(turn.items)
     at = {item.key: i for i, item in enumerate(items)}
@@ -625,10 +685,14 @@ def _apply(
     folds: dict[str, tuple[list[LibraryEntry], list[LibraryEntry]]] = {}
     indexed: dict[str, bool] = {}
     unfolds: list[tuple[str, tuple[LibraryEntry, ...]]] = []
+    recalled: list[Passage] = []
     for unit, c in zip(units, choice, strict=True):
         ladder = unit.ladder
         base = ladder.previous if ladder.previous is not None else 0
         if c == base:
+            continue
+        if unit.kind == "passage":
+            recalled.append(passages[unit.key])
             continue
         old, new = unit.choices[base], unit.choices[c]
         saved = ladder.rungs[base].tokens - ladder.rungs[c].tokens
@@ -678,6 +742,14 @@ def _apply(
         library, _, _ = fold(turn, library, group, lines, counts)
     for key, back in unfolds:
         library = _in_place(library, key, [e.key for e in back])
+    recalled = [p for p in recalled if p.last < history.start]
+    if recalled:
+        block = recalled_block(recalled, turn)
+        graph = turn.graph.copy()
+        graph.add_node(block.artifact.key, kind="artifact", artifact=block.artifact)
+        items.append(block.placement)
+        turn = attrs.evolve(turn, graph=graph)
+        decisions.append(_recalled_decision(recalled, block.segment.tokens))
     out = attrs.evolve(
         turn,
         library=library,
@@ -692,6 +764,24 @@ def _apply(
             out, made = _indexed(out, group, members, gone, sum(indexed[k] for k in gone))
             decisions.append(made)
     return out, decisions
+
+
+def _recalled_decision(recalled: Sequence[Passage], tokens: int) -> Decision:
+    """The one decision of a turn's recalled block: how many passages, from which turns
+    (one decision a turn, not one a passage: a long chat's trace stays its size)."""
+    turns = sorted({p.item.turn for p in recalled})
+    span = f"turn {turns[0]}" if len(turns) == 1 else f"turns {turns[0]}-{turns[-1]}"
+    n = len(recalled)
+    return Decision(
+        "budget",
+        f"{RECALL_SOURCE}:{HISTORY_BLOCK}",
+        "dropped",
+        "full",
+        f"{n} earlier message{'s' if n != 1 else ''} the query matches ({span}, "
+        f"{tokens} tokens), sent in this turn only",
+        layer="L3",
+        action=DecisionAction.RECALLED,
+    )
 
 
 def _in_place(library: Library, key: str, unfolded: Sequence[str]) -> Library:
@@ -804,6 +894,23 @@ def _sized(
     return True
 
 
+def _held(
+    units: Sequence[_Unit], choice: Sequence[int], passages: Mapping[str, Passage]
+) -> set[str]:
+    """The chosen passages that the chosen history suffix shows too."""
+    start = next(
+        (u.choices[c].start for u, c in zip(units, choice, strict=True) if u.kind == "history"),
+        None,
+    )
+    if start is None:
+        return set()
+    return {
+        u.key
+        for u, c in zip(units, choice, strict=True)
+        if u.kind == "passage" and c == 1 and passages[u.key].last >= start
+    }
+
+
 def _reserve(measured: Draft, budget: Budget) -> int:
     """What a turn that changes forms leaves free for the next turns' growth: what the
     last turn added to history (its query and reply, framed), at least
@@ -846,16 +953,24 @@ class Solve:
         used = budget.used(measured, turn.ctx.counter)
         before = measured.layer_tokens()
         fits = budget.effective(used) <= budget.limit
-        if fits and not any(e.cut or e.folded for e in turn.library.entries):
+        cut = any(e.cut or e.folded for e in turn.library.entries)
+        if fits and not cut and not _recallable(turn, fits=fits):
+            report = budget.report(used, before, before, ())
+            return attrs.evolve(turn, budget_report=report, measured=measured)
+        passages, recallable = _passage_units(turn, budget, fits=fits)
+        if fits and not cut and not passages:
             report = budget.report(used, before, before, ())
             return attrs.evolve(turn, budget_report=report, measured=measured)
         relevance = _relevance(turn, self.retriever)
         exact: dict[tuple[str, int], int | None] = {}
         extra: dict[str, set[int]] = {}
         cached = _cached_units(turn, measured, budget, relevance)
-        units = cached + _item_units(turn, measured, budget, relevance, exact, extra, counted=False)
+        items = _item_units(turn, measured, budget, relevance, exact, extra, counted=False)
+        units = cached + items + passages
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
         fixed = used - now
+        if passages:  # the recalled block's own tokens, if it is sent
+            fixed += turn.ctx.recall.overhead(turn) if turn.ctx.recall is not None else 0
         # A turn that changes forms leaves the next turn's growth free (``_reserve``), so
         # it extends this request instead of changing it again; a request that fits is
         # sent as it is unless a change is worth more (``_kept``).
@@ -864,7 +979,7 @@ class Solve:
         short = 0
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
         counted = False
-        rounds = making = 0
+        rounds = making = overlaps = 0
         while rounds < MAX_ROUNDS:
             ladders = [u.ladder for u in units]
             limit = math.floor((budget.limit - reserve) / (1.0 + budget.safety_margin))
@@ -873,9 +988,8 @@ class Solve:
             if solution is None and not counted:
                 # Not even every item's index line fits: the lines may be counted instead.
                 counted = True
-                units = cached + _item_units(
-                    turn, measured, budget, relevance, exact, extra, counted=True
-                )
+                items = _item_units(turn, measured, budget, relevance, exact, extra, counted=True)
+                units = cached + items + passages
                 continue
             if solution is None and reserve:
                 reserve = 0  # the smallest forms fit only in the reserve: it gives way
@@ -884,28 +998,35 @@ class Solve:
                 break
             if not making and _sized(units, solution, room, extra):
                 making += 1
-                units = cached + _item_units(
+                items = _item_units(
                     turn, measured, budget, relevance, exact, extra, counted=counted
                 )
+                units = cached + items + passages
                 continue  # the room left is given to one preview, fitted to it
             if _summarized(turn, units, solution.choice):
                 making += 1
                 cached = _cached_units(turn, measured, budget, relevance)
-                units = cached + _item_units(
-                    turn, measured, budget, relevance, exact, extra, counted=counted
-                )
+                units = cached + items + passages
                 continue  # a summary was made: solve again with its tokens
             if _made(turn, units, solution.choice, exact):
                 making += 1
-                units = cached + _item_units(
+                items = _item_units(
                     turn, measured, budget, relevance, exact, extra, counted=counted
                 )
+                units = cached + items + passages
                 continue  # a guessed preview was made: solve again with its tokens
             if fits and _kept(ladders, solution, budget.cache_weight):
                 report = budget.report(used, before, before, ())
                 return attrs.evolve(turn, budget_report=report, measured=measured)
+            held = _held(units, solution.choice, recallable)
+            if held and overlaps < 2:
+                # Passages the chosen suffix shows: their room goes to the next best.
+                overlaps += 1
+                passages = [u for u in passages if u.key not in held]
+                units = cached + items + passages
+                continue
             rounds += 1
-            out, decisions = _apply(turn, units, solution.choice)
+            out, decisions = _apply(turn, units, solution.choice, recallable)
             drafted = draft(out, measured)
             spent = budget.used(drafted, turn.ctx.counter)
             over = budget.effective(spent) - budget.limit

@@ -130,6 +130,21 @@ def _scoped(segment: Segment) -> bool:
     return segment.source_type == RECALL_SOURCE or chunk_source(segment.key) is not None
 
 
+def lasting(
+    envelope: Envelope, blocks: tuple[str, ...], tokens: int, counter: TokenCounter
+) -> tuple[tuple[str, ...], int]:
+    """The blocks (and their exact tokens) of this turn's user message as later requests
+    carry it: without its recalled blocks, which belong to this turn only (the next
+    request's cached prefix ends before this message instead of carrying them on)."""
+    scoped = {s.text for s in envelope.l3.segments if s.source_type == RECALL_SOURCE}
+    kept = tuple(b for b in blocks if b not in scoped)
+    if len(kept) == len(blocks):
+        return blocks, tokens
+    if len(kept) == 1 and kept[0] == QUERY_LABEL + envelope.query:
+        kept = (envelope.query,)  # the query alone is not labelled
+    return kept, joined_tokens([(b, counter.count(b), None) for b in kept], counter)
+
+
 def segment_reference(segment: Segment) -> View:
     """The reference to ``segment`` (a block sent in full before): its key, title, locator
     and content hash, no body."""
@@ -233,9 +248,7 @@ def _counted(
     return tuple(t for t, _ in parts), joined_tokens(known, counter)
 
 
-def choose_restores(
-    candidates: Sequence[Whole], room: int, counter: TokenCounter
-) -> list[Segment]:
+def choose_restores(candidates: Sequence[Whole], room: int, counter: TokenCounter) -> list[Segment]:
     """The cut library entries to send whole again within ``room`` tokens, in library order:
     the largest first (so no entry stays cut whose whole form alone would fit), each
     costing its tokens and a separator, the intro once. A candidate is the size its full
@@ -305,7 +318,11 @@ def _settle(
         system_hash=envelope.prefix_hash,
         history=len(envelope.l4.segments),
         history_hash=_history_hash(envelope.l4.segments),
-        turns=(DeferredTurn(envelope.turn, envelope.query, blocks, user.tokens),),
+        turns=(
+            DeferredTurn(
+                envelope.turn, envelope.query, *lasting(envelope, blocks, user.tokens, counter)
+            ),
+        ),
         sent=tuple(sent.items()),
     )
     batch = Batch(
@@ -500,7 +517,9 @@ def batch_turn(
         if fits(used_r):
             blocks, tokens, sent, batch, used = blocks_r, tokens_r, more, batch_r, used_r
             candidate = attrs.evolve(envelope, batch=batch)
-    turns += (DeferredTurn(envelope.turn, envelope.query, blocks, tokens),)
+    turns += (
+        DeferredTurn(envelope.turn, envelope.query, *lasting(envelope, blocks, tokens, counter)),
+    )
     # ``sent`` keeps the order keys were first sent in (a refresh replaces a value in
     # place): it only grows at its end, so a store keeps it as entries written once.
     after = attrs.evolve(state, turns=turns, sent=tuple(sent.items()))

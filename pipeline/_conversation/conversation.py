@@ -37,7 +37,7 @@ from lamina.pipeline._model.history import HistoryEntry, strip_reply
 from lamina.pipeline._model.kinds import AttachmentKinds, NoKinds
 from lamina.pipeline._model.library import Library, LibraryEntry, LibraryPrefix
 from lamina.pipeline._model.recall import RECALL_SOURCE, Retriever
-from lamina.pipeline._recall.stage import RecallMemo
+from lamina.pipeline._recall.memory import RecallMemo
 from lamina.pipeline._stages.builtin import Pipeline
 from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._turn.assemble import assemble
@@ -167,7 +167,7 @@ class Conversation:
         # The history's rendered segments and L4's hash, extended turn to turn.
         self._l4 = HistorySegments()
         self._history_view = HistoryView()
-        # What the budget dropped, indexed once a turn recalls (budget.recall_share > 0).
+        # Earlier messages as passages and their index, made once a turn may recall.
         self._recall = RecallMemo(retriever)
         self._l1_compacted = False
         # The stored head this state continues (set by load_conversation and save_turn).

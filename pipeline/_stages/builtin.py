@@ -450,11 +450,10 @@ class Pipeline:
 def _default_pipeline() -> Pipeline:
     from lamina.pipeline._budget.objective import Solve
     from lamina.pipeline._recall.retrievers import Bm25Retriever
-    from lamina.pipeline._recall.stage import Recall
     from lamina.pipeline._stages.pages import MergePages
 
     stages: list[Stage] = [
         Expand(), Dedup(), MergePages(), Reference(), Solve(retriever=Bm25Retriever),
-        Recall(), Promote(),
+        Promote(),
     ]
     return Pipeline(stages)

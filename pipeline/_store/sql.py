@@ -159,8 +159,9 @@ def _structure_decision(value: Any, _: Any) -> Decision:
 
 
 _converter.register_structure_hook(Decision, _structure_decision)
-# Budgets saved before recall was on by default have no ``recall_share``: they were made
-# with recall off, and keep it off (a missing field would take the new default).
+# Budgets saved before recall was on by default have no ``recall``: they were made with
+# recall off, or with a ``recall_share`` (on when above 0); each keeps what it had (a
+# missing field would take the new default).
 _budget_settings = make_dict_structure_fn(
     BudgetSettings, _converter, _cattrs_forbid_extra_keys=True
 )
@@ -174,7 +175,8 @@ without them (the objective decides what they did)."""
 def _structure_budget(value: Any, _: Any) -> BudgetSettings:
     if isinstance(value, Mapping):
         value = {k: v for k, v in value.items() if k not in _CASCADE_FIELDS}
-        value.setdefault("recall_share", 0.0)
+        if "recall" not in value:
+            value["recall"] = float(value.pop("recall_share", 0.0) or 0.0) > 0
     return _budget_settings(value, BudgetSettings)
 
 

@@ -26,10 +26,7 @@ from lamina.pipeline._tokens.profiles import (
 from lamina.pipeline._turn.draft import Draft
 from lamina.pipeline._turn.measure import request_tokens
 
-__all__ = ["RECALL_SHARE", "Budget", "BudgetSettings"]
-
-RECALL_SHARE = 0.0
-"""The default ``recall_share``: off."""
+__all__ = ["Budget", "BudgetSettings"]
 
 
 def _at_least(minimum: int) -> Callable[[object, attrs.Attribute[int], object], None]:
@@ -50,6 +47,11 @@ def _fraction(_: object, attribute: attrs.Attribute[float], value: object) -> No
     share = _validate.number(f"budget.{attribute.name}", value)
     if not 0.0 <= share < 1.0:
         raise ConfigError(f"budget.{attribute.name}", f"must be in [0, 1), got {value!r}")
+
+
+def _switch(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"budget.{attribute.name}", f"must be True or False, got {value!r}")
 
 
 def _weights(value: object) -> tuple[tuple[str, float], ...]:
@@ -85,11 +87,12 @@ class BudgetSettings:
     default_system: str | None = OPENAI_FRAMING.default_system
     """What the chat template sends as the system message when the request has none
     (Qwen2.5's default prompt; "" for Llama 3.1's date header); None: nothing."""
-    recall_share: float = attrs.field(default=RECALL_SHARE, validator=_fraction)
-    """The most of the limit that recalled passages (dropped history, cut library entries
-    the query matches) may take; within it the ``recall`` stage's objective decides how
-    much, for each query. 0 turns recall off (no index): stores read a budget saved
-    without this field with 0, so a stored conversation keeps what it was made with."""
+    recall: bool = attrs.field(default=True, validator=_switch)
+    """Whether earlier messages are findable: each one the recent suffix of history does
+    not show is a passage the budget's solve may send for this query, beside the suffix
+    (docs/BUDGET.md, "Memory"). Stores read a budget saved without this field as off (and
+    one saved with the old ``recall_share`` as on where that was above 0), so a stored
+    conversation keeps what it was made with."""
     headroom: float = attrs.field(default=0.05, validator=_fraction)
     """The share of the limit a turn that changes forms leaves free, so the next turns'
     queries and replies fit without changing them again."""

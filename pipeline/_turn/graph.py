@@ -19,7 +19,7 @@ from lamina.pipeline._views.summarize import Summarizer, SummaryCache, TextRankS
 from lamina.pipeline._views.views import Policy, SegmentRenderer, ViewMemo
 
 if TYPE_CHECKING:
-    from lamina.pipeline._recall.stage import RecallMemo
+    from lamina.pipeline._recall.memory import RecallMemo
     from lamina.pipeline._turn.budget import Budget
     from lamina.pipeline._turn.draft import Draft
     from lamina.pipeline._turn.promotion import Promotion

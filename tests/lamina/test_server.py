@@ -407,22 +407,25 @@ def _recall_turns() -> list[dict[str, Any]]:
 def test_recall_is_a_conversation_setting_and_matches_run(
     client: httpx.Client, tmp_path: Path
 ) -> None:
-    """A conversation created with a window and ``recall`` recalls dropped history exactly
-    as `lamina run --window --recall` does; recall without a window is refused by name."""
+    """A conversation created with a window (recall on by default) recalls dropped history
+    exactly as `lamina run --window` does; ``recall: false`` turns it off; recall without
+    a window is refused by name."""
     turns = _recall_turns()
-    conv = create(client, system="You are terse.", window=1500, reserve=300, recall=0.3)
+    conv = create(client, system="You are terse.", window=1500, reserve=300)
     built, _ = run_turns(client, conv["id"], EMPTY, turns)
     last = built[-1]
     recalled = [s["key"] for s in last["layers"]["L3"]["segments"]]
     assert "recalled:history" in recalled, recalled
     script = tmp_path / "recall.json"
     script.write_text(json.dumps({"system": "You are terse.", "turns": turns}), encoding="utf-8")
-    ran = lamina("run", str(script), "--json", "--window", "1500", "--reserve", "300",
-                 "--recall", "0.3")  # fmt: skip
+    ran = lamina("run", str(script), "--json", "--window", "1500", "--reserve", "300")
     assert ran.returncode == 0, ran.stderr
     expected = json.loads(ran.stdout)["turns"]
     assert [t["messages"] for t in built] == [t["messages"] for t in expected]
-    refused = client.post("/v1/conversations", json={"recall": 0.3})
+    off = create(client, system="You are terse.", window=1500, reserve=300, recall=False)
+    built_off, _ = run_turns(client, off["id"], EMPTY, turns)
+    assert "recalled:history" not in [s["key"] for s in built_off[-1]["layers"]["L3"]["segments"]]
+    refused = client.post("/v1/conversations", json={"recall": True})
     assert refused.status_code in (400, 422) and "recall" in refused.text
 
 

@@ -126,7 +126,7 @@ def test_a_changed_system_prompt_settles(vault: Path) -> None:
 
 def test_a_batch_that_would_not_fit_settles_and_fits(vault: Path) -> None:
     # Recall off: recalled passages fill the room whose lack makes this batch settle.
-    budget = Budget(context_window=800, reserve_output=200, recall_share=0.0)
+    budget = Budget(context_window=800, reserve_output=200, recall=False)
     conv = Conversation("Be terse.", vault=vault, budget=budget, defer_library=True)
     reasons = []
     notes = ["gamma.md", "delta.md", "gamma.md", "alpha.md", "beta.md", "eps.md", "delta.md"]
@@ -267,7 +267,7 @@ def _chat30(turns: int, first: int = 0) -> list[Envelope]:
 
     script = load_script(_EXAMPLES / "chat30.yaml")
     # Recall off: recalled passages take the free room a restore by appending would use.
-    budget = Budget(context_window=6000, reserve_output=1500, recall_share=0.0)
+    budget = Budget(context_window=6000, reserve_output=1500, recall=False)
     conv = Conversation(script.system, vault=script.vault, budget=budget)
     return run_script(attrs.evolve(script, turns=script.turns[:turns]), conv)[first:]
 
@@ -311,7 +311,7 @@ def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> Non
     from lamina.pipeline import open_store
 
     script = load_script(_EXAMPLES / "chat30.yaml")
-    budget = Budget(context_window=6000, reserve_output=1500, recall_share=0.0)  # as _chat30
+    budget = Budget(context_window=6000, reserve_output=1500, recall=False)  # as _chat30
     live = Conversation(script.system, vault=script.vault, budget=budget)
     want = _chat30(18, 16)
     with open_store(str(tmp_path / "s.db")) as store:

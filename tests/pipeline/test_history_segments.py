@@ -81,7 +81,7 @@ def test_kept_segments_counts_and_hashes_equal_a_fresh_build(
 
 def test_a_warm_turn_counts_only_the_new_history_messages() -> None:
     # Recall off: a recalling turn counts its new passages (the recall tests' concern).
-    budget = Budget(context_window=8_000, reserve_output=0, recall_share=0.0)
+    budget = Budget(context_window=8_000, reserve_output=0, recall=False)
     conv = Conversation("You are terse.", budget=budget)
     for i in range(12):
         conv.turn(f"question {i}: what about item {i}?")
@@ -99,7 +99,7 @@ def test_a_warm_turn_counts_only_the_new_history_messages() -> None:
 
 
 def test_l4_follows_history_cuts_like_a_restored_conversation() -> None:
-    budget = Budget(context_window=600, reserve_output=0, recall_share=0.0)
+    budget = Budget(context_window=600, reserve_output=0, recall=False)
     conv = Conversation("You are terse.", budget=budget)
     starts = set()
     for i in range(30):

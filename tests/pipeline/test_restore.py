@@ -285,7 +285,7 @@ def test_an_index_unfolds_as_far_as_room_allows() -> None:
 
     def chat() -> tuple[list[Envelope], Conversation]:
         # Recall off: recalled passages change which later turn finds room to unfold.
-        budget = Budget(4000, 600, recall_share=0.0)
+        budget = Budget(4000, 600, recall=False)
         conv = Conversation("You answer from the attached notes.", vault=KEPANO, budget=budget)
         envs: list[Envelope] = []
         for i, (query, attach) in enumerate(KEPANO_CHAT):

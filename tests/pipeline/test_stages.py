@@ -39,7 +39,6 @@ def test_default_order() -> None:
         "pages",
         "reference",
         "budget",
-        "recall",
         "promote",
     )
 
@@ -78,7 +77,6 @@ def test_before_places_a_host_stage_ahead_of_a_builtin() -> None:
         "redact",
         "reference",
         "budget",
-        "recall",
         "promote",
     )
 

@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,14 +66,24 @@ def test_the_cached_prefix_is_never_above_the_request(
     for env, report in zip(envs, reports, strict=True):
         assert report.common_prefix_tokens <= conv.count_request(env)
     # The last turn whose library no budget decision changed (a cut or a restore rewrites
-    # the system message from that entry on) repeats nearly all of its request.
-    i = max(i for i, env in enumerate(envs) if not _library_changed(env))
+    # the system message from that entry on), after a turn that recalled nothing (recalled
+    # passages are that turn's only), repeats nearly all of its request.
+    i = max(
+        i
+        for i, env in enumerate(envs)
+        if i and not _budget_changed(env) and not _recalled(envs[i - 1])
+    )
     last = reports[i].common_prefix_tokens
     assert 0.9 * conv.count_request(envs[i]) < last <= conv.count_request(envs[i])
 
 
 def _library_changed(env: Envelope) -> bool:
     return any(d.layer == "L2" for d in env.report.decisions)
+
+
+def _recalled(env: Envelope) -> bool:
+    """The turn's message held recalled passages (not carried into later requests)."""
+    return any(s.source_type == "recalled" for s in env.l3.segments)
 
 
 def _budget_changed(env: Envelope) -> bool:
@@ -96,13 +107,18 @@ def test_every_layout_is_counted_in_the_same_unit(
         shared = prompt_prefix_tokens(previous, prompt, conv.counter)
         assert 0 <= shared <= total
         previous = prompt
-    # append-only: each request extends the one before it by whole messages.
+    # append-only: each request extends the one before it by whole messages, but for the
+    # recalled passages of the turn before, which its message leaves behind.
     if layout == "append-only":
         before = build_prompt(envs[:-1], "append-only")
         after = build_prompt(envs, "append-only")
-        assert prompt_prefix_tokens(before, after, conv.counter) == (
-            prompt_tokens(before, conv.counter) - 3  # all but the reply's priming
-        )
+        shared = prompt_prefix_tokens(before, after, conv.counter)
+        if not _recalled(envs[-2]):
+            assert shared == prompt_tokens(before, conv.counter) - 3  # all but the priming
+        else:
+            earlier = attrs.evolve(before, messages=before.messages[:-1])
+            assert prompt_tokens(earlier, conv.counter) - 3 < shared
+            assert shared < prompt_tokens(before, conv.counter) - 3
 
 
 _text = st.text(alphabet=st.sampled_from("ab <>/\n\tx.é"), max_size=40)
@@ -171,8 +187,13 @@ def test_annotated_trace_counts_a_layout_in_its_own_unit(
         assert turn["tokens_total"] == prompt_tokens(prompt, conv.counter)
         assert turn["cache"]["common_prefix_tokens"] <= turn["tokens_total"]
         # Append-only only grows here, but for what a budget cut rewrites (library entries,
-        # or history when the library is at its floor).
-        assert turn["cache"]["break_reason"] is None or _budget_changed(envs[i])
+        # or history when the library is at its floor) and the recalled passages of the
+        # turn before, which its message leaves behind.
+        assert (
+            turn["cache"]["break_reason"] is None
+            or _budget_changed(envs[i])
+            or _recalled(envs[i - 1])
+        )
 
 
 def test_cli_run_shows_the_prefix_inside_the_request() -> None:

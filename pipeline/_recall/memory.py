@@ -1,0 +1,280 @@
+"""Memory as units of the budget's one solve: every earlier message findable as a passage.
+
+History is a recent contiguous suffix (L4, cached; the budget's history ladder) plus
+recalled passages. This module makes the passages and ranks them for the query; the
+budget (``_budget.objective``) gives each one a ladder (absent / sent) beside the suffix's,
+so how much room goes to the suffix and how much to passages is that solve's choice.
+
+1. The passages come from the turn's history alone (``RecallMemo.passages``): single
+   messages, long ones split at sentence ends, and a message that asks paired with the
+   one that answers it, from every turn but the last. A restored conversation makes the
+   same, so its request is the same.
+2. The retriever (``Retriever``, BM25 by default) scores them for the query; a passage
+   next to a match is at least ``NEIGHBOUR`` of its score (``ranked``).
+3. The chosen passages go into one turn-scoped ``recalled:history`` block in
+   conversation order (``recalled_block``), after this turn's own items; they never enter
+   L1, L2 or L4, nor a later request.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+import attrs
+
+from lamina.pipeline._model.envelope import BLOCK_SEP, Segment
+from lamina.pipeline._model.history import HistoryEntry
+from lamina.pipeline._model.recall import RecallItem, Retriever, recalled_artifact
+from lamina.pipeline._recall.retrievers import Bm25Retriever
+from lamina.pipeline._tokens.counter import count_with_sep_from
+from lamina.pipeline._turn.draft import ItemBlock
+from lamina.pipeline._turn.graph import Placement, TurnGraph
+from lamina.pipeline._views.views import full_view
+
+__all__ = ["HISTORY_BLOCK", "PASSAGE_CHARS", "Passage", "RecallMemo", "recalled_block"]
+
+PASSAGE_CHARS = 1_200
+"""The longest passage (about 300 tokens): a longer message is split at sentence ends,
+and a message that asks is paired with the next one only if both fit."""
+SEARCH_K = 512
+"""The most ranked passages a turn considers."""
+NEIGHBOUR = 0.5
+"""A passage is at least this relevant, relative to the passage next to it: a chat stays
+on a topic for a few messages, and the answer to a matched remark is often next to it."""
+HISTORY_BLOCK = "history"
+"""The key (after ``recalled:``) of the block that holds the recalled passages."""
+
+_SENTENCE = re.compile(r"(?<=[.!?\n])\s+")
+
+
+@attrs.frozen
+class Passage:
+    """A recallable passage: its item (key, first turn, text), the last turn it touches,
+    its place in the conversation's passages."""
+
+    item: RecallItem
+    last: int
+    order: int
+
+
+def _messages(entries: Sequence[HistoryEntry]) -> list[tuple[int, str, str]]:
+    out: list[tuple[int, str, str]] = []
+    for entry in entries:
+        if entry.user.strip():
+            out.append((entry.turn, "user", entry.user))
+        if entry.assistant and entry.assistant.strip():
+            out.append((entry.turn, "assistant", entry.assistant))
+    return out
+
+
+def _line(turn: int, role: str, text: str) -> str:
+    return f"{role} ({turn}): {text}"
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` split at sentence ends into pieces of at most ``PASSAGE_CHARS`` (a
+    sentence longer than that is cut at the limit)."""
+    pieces: list[str] = []
+    current = ""
+    for sentence in _SENTENCE.split(text):
+        while len(sentence) > PASSAGE_CHARS:
+            if current:
+                pieces.append(current)
+                current = ""
+            pieces.append(sentence[:PASSAGE_CHARS])
+            sentence = sentence[PASSAGE_CHARS:]
+        if current and len(current) + 1 + len(sentence) > PASSAGE_CHARS:
+            pieces.append(current)
+            current = ""
+        current = f"{current} {sentence}" if current else sentence
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+def _passages_of(messages: Sequence[tuple[int, str, str]], start: int) -> list[Passage]:
+    """The passages of ``messages[start:]``: a long message in pieces, a message that asks
+    with the next one when both fit a passage, else the message alone."""
+    units: list[Passage] = []
+    i = start
+    while i < len(messages):
+        turn, role, text = messages[i]
+        key = f"history:{turn}:{role}"
+        if len(text) > PASSAGE_CHARS:
+            for n, piece in enumerate(_pieces(text), 1):
+                units.append(Passage(RecallItem(f"{key}#{n}", turn, _line(turn, role, piece)),
+                                     turn, i))  # fmt: skip
+            i += 1
+            continue
+        if "?" in text and i + 1 < len(messages):
+            t2, r2, text2 = messages[i + 1]
+            if len(text) + len(text2) <= PASSAGE_CHARS:
+                body = f"{_line(turn, role, text)}\n{_line(t2, r2, text2)}"
+                units.append(Passage(RecallItem(f"{key}+{t2}:{r2}", turn, body), t2, i))
+                i += 2
+                continue
+        units.append(Passage(RecallItem(key, turn, _line(turn, role, text)), turn, i))
+        i += 1
+    return units
+
+
+@functools.lru_cache(maxsize=64)
+def _all_passages(
+    history: tuple[HistoryEntry, ...],
+) -> tuple[list[tuple[int, str, str]], list[Passage]]:
+    """A whole history's messages and passages (remembered for the process: a stateless
+    server restores the same conversation for each of its turns). Callers copy, never
+    change, what it gives."""
+    messages = _messages(history)
+    return messages, _passages_of(messages, 0)
+
+
+class RecallMemo:
+    """A conversation's passages and their index, kept between turns (mutable on purpose,
+    like ``LibraryPrefix``). The passages are extended as turns come; the index is
+    extended with new passages and made afresh only when an indexed one changed or left,
+    so it always holds exactly the turn's recallable set (what a restored conversation
+    indexes from scratch)."""
+
+    def __init__(self, retriever: Callable[[], Retriever] | None = None) -> None:
+        self._make: Callable[[], Retriever] = retriever or Bm25Retriever
+        self._retriever: Retriever | None = None
+        self._indexed: dict[str, str] = {}
+        self._checked: Mapping[str, Passage] | None = None
+        self._messages: list[tuple[int, str, str]] = []
+        self._seen: tuple[HistoryEntry, ...] = ()
+        self._units: list[Passage] = []
+        self._kept: tuple[int, dict[str, Passage]] | None = None
+        self._costs: dict[str, tuple[str, int]] = {}
+        self._overhead: dict[str, int] = {}
+        self._order: tuple[Mapping[str, Passage], list[str], dict[str, int]] | None = None
+        self._lock = threading.Lock()
+        self.builds = 0
+        """How many indexes were made (a meter: nothing dropped makes none)."""
+
+    def _history(self, history: tuple[HistoryEntry, ...]) -> list[Passage]:
+        """The passages of ``history``, extending those of the history seen last."""
+        seen = self._seen
+        if seen and len(history) >= len(seen) and history[len(seen) - 1] is seen[-1]:
+            # Passages touching the last seen turn may pair with what follows: made again.
+            last = seen[-1].turn
+            start = min(
+                (u.order for u in self._units if u.last >= last), default=len(self._messages)
+            )
+            messages = self._messages + _messages(history[len(seen) :])
+            units = [u for u in self._units if u.order < start]
+            units.extend(_passages_of(messages, start))
+        else:
+            messages, units = _all_passages(history)
+        self._messages, self._seen, self._units = messages, history, units
+        return units
+
+    def passages(self, history: tuple[HistoryEntry, ...]) -> dict[str, Passage]:
+        """What a turn with ``history`` may recall, by key, in conversation order: the
+        passages that end before its last turn."""
+        with self._lock:
+            kept = self._kept
+            if (
+                kept is not None
+                and kept[0] == len(history)
+                and history
+                and (self._seen and self._seen[-1] is history[-1])
+            ):
+                return kept[1]
+            last = history[-1].turn if history else 0
+            found = {u.item.key: u for u in self._history(history) if u.last < last}
+            self._kept = (len(history), found)
+            return found
+
+    def ranked(self, passages: Mapping[str, Passage], query: str) -> list[tuple[str, float]]:
+        """``passages``' relevances to ``query``, best first (ties by key): the
+        retriever's scores, each at least ``NEIGHBOUR`` of its neighbours'."""
+        order = self._order
+        if order is None or order[0] is not passages:
+            keys = list(passages)
+            order = (passages, keys, {key: i for i, key in enumerate(keys)})
+            self._order = order
+        return _with_neighbours(self._search(passages, query, SEARCH_K), order[1], order[2])
+
+    def _search(
+        self, passages: Mapping[str, Passage], query: str, k: int
+    ) -> list[tuple[str, float]]:
+        with self._lock:
+            retriever = self._retriever
+            if passages is not self._checked:
+                stale = any(
+                    (p := passages.get(key)) is None or p.item.text != text
+                    for key, text in self._indexed.items()
+                )
+                if retriever is None or stale:
+                    retriever = self._make()
+                    self._retriever, self._indexed = retriever, {}
+                    self.builds += 1
+                new = [passages[key].item for key in sorted(passages) if key not in self._indexed]
+                if new:
+                    retriever.index(new)
+                    self._indexed.update((item.key, item.text) for item in new)
+                self._checked = passages
+            assert retriever is not None
+            found = retriever.search(query, k)
+        return sorted(
+            ((key, score) for key, score in found if key in passages), key=lambda h: (-h[1], h[0])
+        )
+
+    def cost(self, item: RecallItem, counter: Callable[[str], int]) -> int:
+        """A passage's tokens in the recalled block (its text and a line break)."""
+        kept = self._costs.get(item.key)
+        if kept is not None and kept[0] is item.text:
+            return kept[1]
+        tokens = counter(item.text) + 1
+        self._costs[item.key] = (item.text, tokens)
+        return tokens
+
+    def overhead(self, turn: TurnGraph) -> int:
+        """The tokens of an empty recalled block and the blank line after it."""
+        name = turn.ctx.counter.name
+        known = self._overhead.get(name)
+        if known is None:
+            known = _with_sep(recalled_block((), turn))
+            self._overhead[name] = known
+        return known
+
+
+def _with_sep(block: ItemBlock) -> int:
+    return block.with_sep if block.with_sep is not None else block.segment.tokens + 2
+
+
+def _with_neighbours(
+    hits: list[tuple[str, float]], keys: Sequence[str], at: Mapping[str, int]
+) -> list[tuple[str, float]]:
+    """``hits`` with each passage's relevance at least ``NEIGHBOUR`` of the passage
+    before or after it (``keys``: the passages in conversation order, ``at`` their
+    places). Best first, ties by key."""
+    relevance = dict(hits)
+    for key, score in hits:
+        i = at.get(key)
+        if i is None:
+            continue
+        spread = score * NEIGHBOUR
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(keys) and relevance.get(keys[j], 0.0) < spread:
+                relevance[keys[j]] = spread
+    return sorted(relevance.items(), key=lambda h: (-h[1], h[0]))
+
+
+def recalled_block(passages: Sequence[Passage], turn: TurnGraph) -> ItemBlock:
+    """The one turn-scoped block of ``passages`` (in conversation order), rendered and
+    counted with the blank line after it."""
+    text = "\n".join(p.item.text for p in sorted(passages, key=lambda p: p.order))
+    artifact = recalled_artifact(RecallItem(HISTORY_BLOCK, 0, text, "earlier messages"))
+    view = full_view(artifact)
+    counter = turn.ctx.counter
+    rendered = turn.ctx.renderer.render(view)
+    tokens = counter.count(rendered)
+    with_sep = count_with_sep_from(rendered, tokens, BLOCK_SEP, counter.count)
+    return ItemBlock(
+        Placement(artifact.key), artifact, Segment.of_view(view, rendered, tokens), with_sep
+    )
