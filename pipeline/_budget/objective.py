@@ -40,19 +40,21 @@ from lamina.pipeline._errors import BudgetExceeded
 from lamina.pipeline._hashing import text_hash
 from lamina.pipeline._model.artifacts import TurnWarning
 from lamina.pipeline._model.envelope import (
+    BLOCK_SEP,
     NOT_SENT,
     Decision,
     DecisionAction,
     Form,
+    Segment,
     View,
 )
 from lamina.pipeline._model.library import Library, LibraryEntry
-from lamina.pipeline._model.recall import RECALL_SOURCE, RecallItem, Retriever
+from lamina.pipeline._model.recall import RECALL_SOURCE, RecallItem, Retriever, recalled_artifact
 from lamina.pipeline._model.tools import chunk_source
-from lamina.pipeline._recall.memory import HISTORY_BLOCK, Passage, recalled_block
-from lamina.pipeline._tokens.counter import TokenCounter
+from lamina.pipeline._recall.memory import HISTORY_BLOCK, Passage
+from lamina.pipeline._tokens.counter import TokenCounter, count_with_sep_from
 from lamina.pipeline._turn.assemble import draft, fitted_preview, summary_target, visible_history
-from lamina.pipeline._turn.draft import Draft
+from lamina.pipeline._turn.draft import Draft, ItemBlock
 from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
 from lamina.pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
@@ -970,7 +972,7 @@ class Solve:
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
         fixed = used - now
         if passages:  # the recalled block's own tokens, if it is sent
-            fixed += turn.ctx.recall.overhead(turn) if turn.ctx.recall is not None else 0
+            fixed += _recall_overhead(turn)
         # A turn that changes forms leaves the next turn's growth free (``_reserve``), so
         # it extends this request instead of changing it again; a request that fits is
         # sent as it is unless a change is worth more (``_kept``).
@@ -1091,3 +1093,31 @@ def shrink(
         return None
     out = attrs.evolve(out, ctx=fitting.turn.ctx)
     return TurnFitting(out, measured, report.used), list(report.decisions)
+
+
+def _with_sep(block: ItemBlock) -> int:
+    return block.with_sep if block.with_sep is not None else block.segment.tokens + 2
+
+
+def recalled_block(passages: Sequence[Passage], turn: TurnGraph) -> ItemBlock:
+    """The one turn-scoped block of ``passages`` (in conversation order), rendered and
+    counted with the blank line after it."""
+    text = "\n".join(p.item.text for p in sorted(passages, key=lambda p: p.order))
+    artifact = recalled_artifact(RecallItem(HISTORY_BLOCK, 0, text, "earlier messages"))
+    view = full_view(artifact)
+    counter = turn.ctx.counter
+    rendered = turn.ctx.renderer.render(view)
+    tokens = counter.count(rendered)
+    with_sep = count_with_sep_from(rendered, tokens, BLOCK_SEP, counter.count)
+    return ItemBlock(
+        Placement(artifact.key), artifact, Segment.of_view(view, rendered, tokens), with_sep
+    )
+
+
+def _recall_overhead(turn: TurnGraph) -> int:
+    """The tokens of an empty recalled block and the blank line after it (remembered by
+    the conversation's recall memo, per tokenizer)."""
+    memo = turn.ctx.recall
+    if memo is None:
+        return 0
+    return memo.overhead(turn.ctx.counter.name, lambda: _with_sep(recalled_block((), turn)))

@@ -12,7 +12,7 @@ so how much room goes to the suffix and how much to passages is that solve's cho
 2. The retriever (``Retriever``, BM25 by default) scores them for the query; a passage
    next to a match is at least ``NEIGHBOUR`` of its score (``ranked``).
 3. The chosen passages go into one turn-scoped ``recalled:history`` block in
-   conversation order (``recalled_block``), after this turn's own items; they never enter
+   conversation order (``objective.recalled_block``), after this turn's own items; they never enter
    L1, L2 or L4, nor a later request.
 """
 
@@ -25,16 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
-from lamina.pipeline._model.envelope import BLOCK_SEP, Segment
 from lamina.pipeline._model.history import HistoryEntry
-from lamina.pipeline._model.recall import RecallItem, Retriever, recalled_artifact
+from lamina.pipeline._model.recall import RecallItem, Retriever
 from lamina.pipeline._recall.retrievers import Bm25Retriever
-from lamina.pipeline._tokens.counter import count_with_sep_from
-from lamina.pipeline._turn.draft import ItemBlock
-from lamina.pipeline._turn.graph import Placement, TurnGraph
-from lamina.pipeline._views.views import full_view
 
-__all__ = ["HISTORY_BLOCK", "PASSAGE_CHARS", "Passage", "RecallMemo", "recalled_block"]
+__all__ = ["HISTORY_BLOCK", "PASSAGE_CHARS", "Passage", "RecallMemo"]
 
 PASSAGE_CHARS = 1_200
 """The longest passage (about 300 tokens): a longer message is split at sentence ends,
@@ -233,18 +228,14 @@ class RecallMemo:
         self._costs[item.key] = (item.text, tokens)
         return tokens
 
-    def overhead(self, turn: TurnGraph) -> int:
-        """The tokens of an empty recalled block and the blank line after it."""
-        name = turn.ctx.counter.name
-        known = self._overhead.get(name)
+    def overhead(self, counter: str, make: Callable[[], int]) -> int:
+        """The tokens of an empty recalled block and the blank line after it, counted by
+        ``counter`` (``make`` counts them the first time)."""
+        known = self._overhead.get(counter)
         if known is None:
-            known = _with_sep(recalled_block((), turn))
-            self._overhead[name] = known
+            known = make()
+            self._overhead[counter] = known
         return known
-
-
-def _with_sep(block: ItemBlock) -> int:
-    return block.with_sep if block.with_sep is not None else block.segment.tokens + 2
 
 
 def _with_neighbours(
@@ -263,18 +254,3 @@ def _with_neighbours(
             if 0 <= j < len(keys) and relevance.get(keys[j], 0.0) < spread:
                 relevance[keys[j]] = spread
     return sorted(relevance.items(), key=lambda h: (-h[1], h[0]))
-
-
-def recalled_block(passages: Sequence[Passage], turn: TurnGraph) -> ItemBlock:
-    """The one turn-scoped block of ``passages`` (in conversation order), rendered and
-    counted with the blank line after it."""
-    text = "\n".join(p.item.text for p in sorted(passages, key=lambda p: p.order))
-    artifact = recalled_artifact(RecallItem(HISTORY_BLOCK, 0, text, "earlier messages"))
-    view = full_view(artifact)
-    counter = turn.ctx.counter
-    rendered = turn.ctx.renderer.render(view)
-    tokens = counter.count(rendered)
-    with_sep = count_with_sep_from(rendered, tokens, BLOCK_SEP, counter.count)
-    return ItemBlock(
-        Placement(artifact.key), artifact, Segment.of_view(view, rendered, tokens), with_sep
-    )
