@@ -303,5 +303,5 @@ def test_budget_settings_figures_match_the_budget() -> None:
     text = " ".join(DOCS["BUDGET.md"].split())
     settings = BudgetSettings(context_window=10)
     assert f"`history_step` ({settings.history_step})" in text
-    shares = re.search(r"the request <= limit - headroom .*? text_free_share of the window", text)
+    shares = re.search(r"the request <= limit - reserve .*? text_free_share of the window", text)
     assert shares is not None

@@ -332,10 +332,13 @@ def _library_unit(
     heads: tuple[int, int],
     *,
     sent: bool,
+    joins: tuple[float, float] = (0.0, 0.0),
 ) -> _Unit:
     """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``. Its
     line in its group's index and its count also cost ``heads`` (its shares of a new
-    index's head: its group's, the library's count's)."""
+    index's head: its group's, the library's count's), and ``joins``: the cache price of
+    the prefix between an index that exists before it and the entry (the index's block
+    changes, so the prefix breaks there, not at the entry)."""
     forms = _library_forms(turn, entry, sent=sent)
     if sent:  # sent again in L3 this turn: the library does not give it back (not twice)
         forms = tuple(f for f in forms if f is forms[0] or f.tokens < forms[0].tokens)
@@ -344,11 +347,15 @@ def _library_unit(
     choices = []
     for form in forms:
         if form.choice.entry is None and form.choice.form in ("index", "count"):
-            head = heads[0] if form.choice.form == "index" else heads[1]
-            form = attrs.evolve(form, tokens=form.tokens + head)
+            at = 0 if form.choice.form == "index" else 1
+            form = attrs.evolve(form, tokens=form.tokens + heads[at])
+            if form.value is not None:
+                form = attrs.evolve(form, value=form.value - joins[at])
         if form.value is None:
             value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free)
-        elif form.value < 0:  # an unfold: what its entries are worth
+            if form.choice.entry is None and form.choice.form == "index":
+                value -= joins[0]
+        elif form.choice.unfold:  # an unfold: what its entries are worth
             back = form.choice.unfold
             value = sum(_value(weight, e.tokens, e.tokens, text_free=False) for e in back)
         else:
@@ -572,13 +579,26 @@ def _cached_units(
     sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
     now = turn.ctx.turn
     heads = _heads(turn)
+    # Tokens of the library before each entry: what a change at an index before an entry
+    # uncaches beyond the entry's own change.
+    before: dict[str, int] = {}
+    total = 0
+    for entry in turn.library.entries:
+        before[entry.key] = total
+        total += entry.tokens + _SEP
+
+    def join(group: str, key: str) -> float:
+        at = before.get(f"{INDEX_SOURCE}:{group}")
+        return 0.0 if at is None else budget.cache_weight * max(0, before[key] - at)
+
     for entry in turn.library.entries:
         w = _weight(budget, entry.view.source_type, now - entry.turn,
                     relevance.get(entry.key, 0.0), now=False)  # fmt: skip
         head = (heads.get(stub_group(entry.whole_view), 0), heads[SET_ASIDE])
         if entry.key in referenced:  # re-attached: what the user asks for now
             w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
-        units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent))
+        joins = (join(stub_group(entry.whole_view), entry.key), join(SET_ASIDE, entry.key))
+        units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent, joins=joins))
     history = _history_unit(turn, measured, relevance)
     if history is not None:
         units.append(history)
@@ -913,6 +933,16 @@ def _held(
     }
 
 
+def _text_free_tokens(drafted: Draft) -> int:
+    """Tokens of the drafted request's blocks without prose: index blocks and references
+    (library stubs, not-sent items), as measured."""
+    return sum(
+        s.tokens
+        for s in (*drafted.l2.segments, *drafted.l3.segments)
+        if s.source_type == INDEX_SOURCE or s.form is Form.REFERENCE
+    )
+
+
 def _reserve(measured: Draft, budget: Budget) -> int:
     """What a turn that changes forms leaves free for the next turns' growth: what the
     last turn added to history (its query and reply, framed), at least
@@ -977,7 +1007,7 @@ class Solve:
         # it extends this request instead of changing it again; a request that fits is
         # sent as it is unless a change is worth more (``_kept``).
         reserve = _reserve(measured, budget)
-        text_free = math.floor(budget.context_window * budget.text_free_share)
+        share = text_free = math.floor(budget.context_window * budget.text_free_share)
         short = 0
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
         counted = False
@@ -1032,9 +1062,13 @@ class Solve:
             drafted = draft(out, measured)
             spent = budget.used(drafted, turn.ctx.counter)
             over = budget.effective(spent) - budget.limit
+            bare = _text_free_tokens(drafted) - share
             if over <= 0:
                 best = (out, drafted, spent, decisions)
-                break
+                if bare <= 0 or text_free <= 0 or rounds >= MAX_ROUNDS:
+                    break
+                text_free -= bare  # an index's head the lines' shares did not cover
+                continue
             short += over + max(8, short // 2)
         if best is None:
             report = budget.report(used, before, measured.layer_tokens(), ())

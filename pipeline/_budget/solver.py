@@ -6,7 +6,7 @@ and the value of what it tells the model. The solver picks one rung a ladder to
 
     maximize   sum(value of the chosen rungs) - cache_price * (prefix tokens after the break)
     subject to sum(tokens of the chosen rungs) <= room
-               sum(tokens of the chosen text-free rungs) <= text_free (where a choice is left)
+               sum(tokens of the chosen text-free rungs) <= text_free (as far as room allows)
 
 where the break is the first prefix ladder whose rung differs from last turn's: from
 there on the provider reads the request uncached. Only the *first* change matters, so
@@ -99,6 +99,40 @@ def _smallest(rungs: Sequence[Rung]) -> int:
 
 def _bare(rung: Rung) -> int:
     return rung.tokens if rung.text_free else 0
+
+
+def _within_share(
+    ladders: Sequence[Ladder], start: list[int], room: int, text_free: int
+) -> list[int]:
+    """``start`` (each ladder's smallest rung) with text-free rungs swapped for the
+    smallest rung with less of them, the fewest tokens per text-free token first, until
+    the text-free share holds or the room is spent: the share binds the smallest forms
+    too (a ladder whose only small forms are text-free grows to one with text)."""
+    bare = sum(_bare(ladders[j].rungs[c]) for j, c in enumerate(start))
+    if bare <= text_free:
+        return start
+    used = sum(ladders[j].rungs[c].tokens for j, c in enumerate(start))
+    moves: list[tuple[float, int, int]] = []
+    for j, ladder in enumerate(ladders):
+        now = ladder.rungs[start[j]]
+        if not now.text_free:
+            continue
+        better = [i for i, r in enumerate(ladder.rungs) if _bare(r) < now.tokens]
+        if better:
+            i = min(better, key=lambda i: (ladder.rungs[i].tokens, -ladder.rungs[i].value, i))
+            r = ladder.rungs[i]
+            moves.append(((r.tokens - now.tokens) / (now.tokens - _bare(r)), j, i))
+    out = list(start)
+    for _, j, i in sorted(moves):
+        if bare <= text_free:
+            break
+        now, new = ladders[j].rungs[out[j]], ladders[j].rungs[i]
+        if used + new.tokens - now.tokens > room:
+            continue
+        used += new.tokens - now.tokens
+        bare += _bare(new) - _bare(now)
+        out[j] = i
+    return out
 
 
 @attrs.frozen
@@ -201,15 +235,16 @@ def solve(
     ladders: Sequence[Ladder], room: int, *, cache_price: float = 0.0, text_free: int = 0
 ) -> Solution | None:
     """The choice of one rung a ladder that maximizes the objective (module docstring)
-    within ``room`` tokens, text-free rungs within ``text_free`` where they are a choice;
-    None when not even the smallest rungs fit."""
+    within ``room`` tokens, text-free rungs within ``text_free`` (the smallest forms too,
+    as far as the room allows: ``_within_share``); None when not even the smallest rungs
+    fit."""
     n = len(ladders)
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
     at = [n] * n  # each ladder's place in the prefix (n: not in it)
     for p, j in enumerate(prefix):
         at[j] = p
     prices = [cache_price if at[j] < n else 0.0 for j in range(n)]
-    start = [_smallest(ladder.rungs) for ladder in ladders]
+    start = _within_share(ladders, [_smallest(ladder.rungs) for ladder in ladders], room, text_free)
     steps: list[_Step] = []
     for j, ladder in enumerate(ladders):
         rungs, price = ladder.rungs, prices[j]

@@ -94,14 +94,15 @@ class BudgetSettings:
     one saved with the old ``recall_share`` as on where that was above 0), so a stored
     conversation keeps what it was made with."""
     headroom: float = attrs.field(default=0.05, validator=_fraction)
-    """The share of the limit a turn that changes forms leaves free, so the next turns'
-    queries and replies fit without changing them again."""
+    """The least share of the limit a turn that changes forms leaves free (more when the
+    last turn added more to history), so the next turn's query and reply fit without
+    changing them again."""
     cache_weight: float = attrs.field(default=0.3, validator=_real)
     """What a token read from the provider's cache is worth, against a token of text the
     model can use: the price a change pays for each token after it (the objective)."""
     text_free_share: float = attrs.field(default=0.1, validator=_fraction)
-    """The share of the window that forms without prose (index lines, stubs) may take
-    where the objective has a choice."""
+    """The share of the window that forms without prose (index lines, stubs, counts) may
+    take, the smallest forms too as far as the room allows."""
     source_weights: tuple[tuple[str, float], ...] = attrs.field(default=(), converter=_weights)
     """Weights of units by source type (``note``, ``file``, ``history``, ...; 1 unless
     set): what the objective values a form of that source at."""

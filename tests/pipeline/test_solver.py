@@ -55,6 +55,19 @@ def test_text_free_forms_share_one_bound() -> None:
     assert sum(ladders[j].rungs[c].tokens for j, c in enumerate(done.choice)) <= 100
 
 
+def test_the_text_free_share_binds_the_smallest_forms_too() -> None:
+    """Ten items whose smallest form is a 30-token line (text-free) and whose next is a
+    50-token preview: with a 100-token share, seven grow to previews (the lines left
+    take 90), as the room allows; without the room, the lines stay (the hard floor)."""
+    item = Ladder((Rung(30, 10.0, text_free=True), Rung(50, 20.0), Rung(400, 100.0)))
+    done = solve([item] * 10, 10 * 50, text_free=100)
+    assert done is not None
+    lines = [c for c in done.choice if item.rungs[c].text_free]
+    assert len(lines) * 30 <= 100 and done.tokens <= 500
+    tight = solve([item] * 10, 10 * 30, text_free=100)
+    assert tight is not None and tight.choice == (0,) * 10
+
+
 def test_none_when_even_the_smallest_forms_do_not_fit() -> None:
     assert solve([Ladder((PREVIEW, FULL))], 299) is None
 
