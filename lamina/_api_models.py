@@ -7,7 +7,8 @@ from typing import Annotated, Any, Literal
 import attrs
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
-from lamina.pipeline import BudgetPlan, LoadLimits
+from lamina.pipeline.budget import BudgetPlan
+from lamina.pipeline.inputs import LoadLimits
 
 __all__ = [
     "ConversationCreate",

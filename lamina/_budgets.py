@@ -9,7 +9,9 @@ from typing import Any
 
 import attrs
 
-from lamina.pipeline import Budget, BudgetPlan, ConfigError
+from lamina.pipeline import Budget
+from lamina.pipeline.budget import BudgetPlan
+from lamina.pipeline.errors import ConfigError
 
 __all__ = ["NeedsWindow", "budget_of", "plan_of"]
 
@@ -76,5 +78,4 @@ def budget_of(
             if value is not None:
                 raise NeedsWindow(setting)
         return None
-    overrides.setdefault("reserve_output", min(4096, window // 4))
-    return Budget(**overrides)
+    return Budget(**overrides)  # the reserve by ``BudgetSettings``' default unless given

@@ -14,16 +14,10 @@ from typing import Any
 import attrs
 
 import lamina.pipeline as pipeline
-from lamina.pipeline import (
-    ArgumentError,
-    AttachmentKinds,
-    ChatTranscript,
-    ConfigError,
-    ConversationState,
-    Envelope,
-    SegmentRenderer,
-    SourceResolver,
-)
+from lamina.pipeline import ConversationState, Envelope, SegmentRenderer, SourceResolver
+from lamina.pipeline.errors import ArgumentError, ConfigError
+from lamina.pipeline.sources import AttachmentKinds
+from lamina.pipeline.store import ChatTranscript
 from lamina.processors import Registry, Sources, Vault
 from lamina.renderers import XmlRenderer, cached_prefix
 
@@ -140,7 +134,7 @@ class Conversation(pipeline.Conversation):
 
 
 def load_conversation(
-    store: pipeline.Store,
+    store: pipeline.store.Store,
     conversation_id: str,
     *,
     vault: str | Path | Vault | None = None,
@@ -148,14 +142,14 @@ def load_conversation(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> pipeline.Conversation:
-    """``lamina.pipeline.load_conversation`` with ``vault=`` and default edges."""
-    return pipeline.load_conversation(
+    """``lamina.pipeline.store.load_conversation`` with ``vault=`` and default edges."""
+    return pipeline.store.load_conversation(
         store, conversation_id, **_edges(vault, sources, renderer), **options
     )
 
 
 def stateless_turn(
-    store: pipeline.Store,
+    store: pipeline.store.Store,
     conversation_id: str,
     text: str,
     attach: Sequence[Any] = (),
@@ -165,15 +159,16 @@ def stateless_turn(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> tuple[pipeline.Conversation, Envelope]:
-    """``lamina.pipeline.stateless_turn`` (load, build the turn, save) with ``vault=`` and default
-    edges; ``start=`` (a ``lamina.Conversation``) begins a conversation with nothing saved."""
-    return pipeline.stateless_turn(
+    """``lamina.pipeline.store.stateless_turn`` (load, build the turn, save) with ``vault=``
+    and default edges; ``start=`` (a ``lamina.Conversation``) begins a conversation with
+    nothing saved."""
+    return pipeline.store.stateless_turn(
         store, conversation_id, text, attach, **_edges(vault, sources, renderer), **options
     )
 
 
 def rebuild_envelope(
-    store: pipeline.Store,
+    store: pipeline.store.Store,
     conversation_id: str,
     turn: int | None = None,
     *,
@@ -182,14 +177,14 @@ def rebuild_envelope(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> Envelope | None:
-    """``lamina.pipeline.rebuild_envelope`` with ``vault=`` and default edges."""
-    return pipeline.rebuild_envelope(
+    """``lamina.pipeline.store.rebuild_envelope`` with ``vault=`` and default edges."""
+    return pipeline.store.rebuild_envelope(
         store, conversation_id, turn, **_edges(vault, sources, renderer), **options
     )
 
 
 def rebuild_envelopes(
-    store: pipeline.Store,
+    store: pipeline.store.Store,
     conversation_id: str,
     *,
     vault: str | Path | Vault | None = None,
@@ -197,39 +192,43 @@ def rebuild_envelopes(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> tuple[Envelope | None, ...]:
-    """``lamina.pipeline.rebuild_envelopes`` with ``vault=`` and default edges."""
-    return pipeline.rebuild_envelopes(
+    """``lamina.pipeline.store.rebuild_envelopes`` with ``vault=`` and default edges."""
+    return pipeline.store.rebuild_envelopes(
         store, conversation_id, **_edges(vault, sources, renderer), **options
     )
 
 
 def import_transcript(
     text: str,
-    store: pipeline.Store,
+    store: pipeline.store.Store,
     *,
     vault: str | Path | Vault | None = None,
     sources: SourceResolver | None = None,
     renderer: SegmentRenderer | None = None,
     **options: Any,
-) -> pipeline.ImportReport:
-    """``lamina.pipeline.import_transcript`` with ``vault=`` and default edges."""
-    return pipeline.import_transcript(text, store, **_edges(vault, sources, renderer), **options)
+) -> pipeline.store.ImportReport:
+    """``lamina.pipeline.store.import_transcript`` with ``vault=`` and default edges."""
+    return pipeline.store.import_transcript(
+        text, store, **_edges(vault, sources, renderer), **options
+    )
 
 
 def export_transcript(
-    store: pipeline.Store, conversation_id: str, *, kinds: AttachmentKinds | None = None
+    store: pipeline.store.Store, conversation_id: str, *, kinds: AttachmentKinds | None = None
 ) -> str:
-    """``lamina.pipeline.export_transcript`` naming kinds as their processors do (plugins too)."""
-    return pipeline.export_transcript(store, conversation_id, kinds or Registry.default())
+    """``lamina.pipeline.store.export_transcript`` naming kinds as their processors do
+    (plugins too)."""
+    return pipeline.store.export_transcript(store, conversation_id, kinds or Registry.default())
 
 
 def render_transcript(transcript: ChatTranscript, *, kinds: AttachmentKinds | None = None) -> str:
-    """``lamina.pipeline.render_transcript`` naming kinds as their processors do (plugins too)."""
-    return pipeline.render_transcript(transcript, kinds or Registry.default())
+    """``lamina.pipeline.store.render_transcript`` naming kinds as their processors do
+    (plugins too)."""
+    return pipeline.store.render_transcript(transcript, kinds or Registry.default())
 
 
 def parse_transcript(
     text: str, path: str = "<transcript>", *, kinds: AttachmentKinds | None = None
 ) -> ChatTranscript:
-    """``lamina.pipeline.parse_transcript`` reading categories as the processors name them."""
-    return pipeline.parse_transcript(text, path, kinds or Registry.default())
+    """``lamina.pipeline.store.parse_transcript`` reading categories as the processors name them."""
+    return pipeline.store.parse_transcript(text, path, kinds or Registry.default())

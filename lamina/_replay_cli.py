@@ -17,7 +17,7 @@ from lamina._corpus import find_corpus
 from lamina._engines import ENGINES, make_engine
 from lamina._replay import ReplayResult, replay
 from lamina._replay_report import write_replay_report
-from lamina.pipeline import ConfigError
+from lamina.pipeline.errors import ConfigError
 
 __all__ = ["replay_command"]
 

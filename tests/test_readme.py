@@ -14,9 +14,10 @@ from click.testing import CliRunner
 
 from lamina import Policy
 from lamina._cli import DEMO_BUDGET, DEMO_SCRIPT, cli
-from lamina.pipeline import BudgetPlan, BudgetSettings
+from lamina.pipeline import BudgetSettings
 from lamina.pipeline._conversation.agent import DEFAULT_TOOL_HEADROOM
 from lamina.pipeline._conversation.usage import CALIBRATION_WINDOW, MARGIN_BOUNDS
+from lamina.pipeline.budget import BudgetPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -126,7 +127,8 @@ def test_carry_forward_threshold_matches_the_policy() -> None:
 
 
 def test_default_reserve_rule_is_the_code_s() -> None:
-    """`min(4096, window/4)` as the docs state it is what `--window` alone gives."""
+    """`min(4096, window/4)` as the docs state it is what `--window` alone gives, and
+    what Python's default is."""
     from lamina._cli import _budget
 
     for name in ("CLI.md", "BUDGET.md"):
@@ -135,8 +137,8 @@ def test_default_reserve_rule_is_the_code_s() -> None:
         budget = _budget(window, None, None)
         assert budget is not None
         assert budget.reserve_output == min(4096, window // 4)
-    assert BudgetSettings(context_window=10).reserve_output == 4096
-    assert re.search(r"`reserve_output` defaults to 4,096 tokens", DOCS["BUDGET.md"])
+    assert BudgetSettings(context_window=10).reserve_output == 2
+    assert re.search(r"`reserve_output` defaults to `min\(4096, window/4\)`", DOCS["BUDGET.md"])
 
 
 def test_stub_share_matches_the_budget() -> None:

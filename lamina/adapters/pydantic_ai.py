@@ -48,7 +48,8 @@ from pydantic_ai.messages import (
 )
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
-from lamina.pipeline import Conversation, Envelope, Loop
+from lamina.pipeline import Conversation, Envelope
+from lamina.pipeline.agent import Loop
 from lamina.renderers import instructions_tokens, tool_tokens
 
 if TYPE_CHECKING:

@@ -323,8 +323,9 @@ class Conversation:
     ) -> Envelope:
         """Build this turn's envelope from the query, its attachments and tool results.
 
-        ``tools`` are turn-scoped specs that carry their own content (``lamina.pipeline.tool``,
-        ``lamina.pipeline.hits``): they go to the user message first and never enter L1, L2 or L4.
+        ``tools`` are turn-scoped specs that carry their own content
+        (``lamina.pipeline.tools.tool``, ``lamina.pipeline.tools.hits``): they go to the user
+        message first and never enter L1, L2 or L4.
         A turn that raises leaves the conversation exactly as it was (vault changes too).
         The next turn's library is made on the background worker while the request is
         sent; ``background=False`` leaves it to the first use, without the preparing of

@@ -34,7 +34,9 @@ from pydantic_ai.providers.openai import OpenAIProvider
 
 from lamina import Conversation
 from lamina.adapters.pydantic_ai import LaminaHistory
-from lamina.pipeline import Budget, ConfigError, DecisionAction, TurnUsage, read_usage
+from lamina.pipeline import Budget, DecisionAction
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.tokens import TurnUsage, read_usage
 from lamina.renderers import (
     agent_request,
     classify_break,

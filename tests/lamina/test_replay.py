@@ -30,7 +30,7 @@ from lamina import (
     run_saved,
 )
 from lamina._engines import LOCAL_CLUSTER_CONFIG
-from lamina.pipeline import ConversationInfo, SqliteStore
+from lamina.pipeline.store import ConversationInfo, SqliteStore
 from lamina.processors import Sources
 from tests.conftest import write_vault
 

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from lamina.pipeline import Budget
 from tests.cli import lamina
 from tests.lamina.server import VAULT, WALKTHROUGH, create, reply, run_turns, running, turn
 from tests.stores import Backend, PgServer, legacy_store
@@ -431,6 +432,23 @@ def test_recall_is_a_conversation_setting_and_matches_run(
     assert refused.status_code in (400, 422) and "recall" in refused.text
 
 
+def test_python_the_cli_and_http_keep_the_same_default_reserve(
+    client: httpx.Client, tmp_path: Path
+) -> None:
+    """A window without a reserve keeps ``min(4096, window // 4)`` for the reply in Python
+    (``Budget``), in ``lamina run --window`` and over HTTP: the one default."""
+    script = tmp_path / "one.json"
+    script.write_text(json.dumps({"turns": [{"user": "hello"}]}), encoding="utf-8")
+    for window in (1000, 4000, 6000, 16_384, 40_000):
+        python = Budget(context_window=window).reserve_output
+        ran = lamina("run", str(script), "--json", "--window", str(window))
+        assert ran.returncode == 0, ran.stderr
+        cli = json.loads(ran.stdout)["turns"][0]["budget"]["reserve_output"]
+        cid = create(client, window=window)["id"]
+        http = turn(client, cid, EMPTY, user="hello")["budget"]["reserve_output"]
+        assert python == cli == http == min(4096, window // 4), window
+
+
 def test_the_budget_plan_is_a_conversation_setting(client: httpx.Client) -> None:
     """A conversation's ``plan`` sets the budget plan's fields its turns are fitted with
     (the trace reports it); an unknown key or a bad value is 422 naming ``plan.<field>``,
@@ -550,7 +568,7 @@ def test_the_hot_lane_leaves_every_body_it_does_not_take_to_fastapi(client: http
 def test_the_transcript_keeps_the_creation_body_under_settings(client: httpx.Client) -> None:
     """``GET .../transcript`` shows the server's creation body as a ``settings:`` entry
     (not a tag a person gave), and importing the transcript keeps it exactly."""
-    from lamina.pipeline import parse_transcript
+    from lamina.pipeline.store import parse_transcript
 
     cid = create(client, window=3000, reserve=300, defer_library=False)["id"]
     turn(client, cid, EMPTY, user="hi")

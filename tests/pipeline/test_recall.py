@@ -13,21 +13,14 @@ from hypothesis import strategies as st
 
 from lamina.pipeline import (
     Budget,
-    ConfigError,
     Conversation,
-    ConversationInfo,
     DecisionAction,
     Envelope,
     Form,
-    Fts5Retriever,
     Pipeline,
-    RecallItem,
     Retriever,
     TurnGraph,
     check_envelope,
-    load_conversation,
-    markup_blocks,
-    save_turn,
 )
 from lamina.pipeline._recall.units import (
     BREAK,
@@ -38,6 +31,10 @@ from lamina.pipeline._recall.units import (
     SuffixForm,
     choose,
 )
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.recall import Fts5Retriever, RecallItem
+from lamina.pipeline.store import ConversationInfo, load_conversation, save_turn
+from lamina.pipeline.text import markup_blocks
 from lamina.renderers import XmlRenderer, build_prompt
 from tests.stores import COMMITS, Backend, legacy_store
 

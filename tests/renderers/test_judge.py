@@ -8,7 +8,8 @@ from pathlib import Path
 import attrs
 
 from lamina import Conversation
-from lamina.pipeline import Budget, BudgetPlan, Envelope, Form, Layer, LayerName, Segment
+from lamina.pipeline import Budget, Envelope, Form, Layer, LayerName, Segment
+from lamina.pipeline.budget import BudgetPlan
 from lamina.renderers import FREE_MARGIN, judge_chat
 from lamina.renderers._judge import _has_prose, _open_frontmatter
 

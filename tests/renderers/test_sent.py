@@ -9,7 +9,8 @@ import lxml.html
 import pytest
 
 from lamina import Budget, Conversation, load_script, note, run_script
-from lamina.pipeline import Envelope, TokenCounter
+from lamina.pipeline import Envelope
+from lamina.pipeline.tokens import TokenCounter
 from lamina.renderers import (
     SENT_BANDS,
     render_report,
