@@ -7,11 +7,9 @@ registered processor's renderers, so ``Conversation("...", vault="notes")`` just
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-
-import attrs
 
 import lamina.pipeline as pipeline
 from lamina.pipeline import ConversationState, Envelope, SegmentRenderer, SourceResolver
@@ -63,15 +61,26 @@ def _edges(
     sources: SourceResolver | None,
     renderer: SegmentRenderer | None,
 ) -> dict[str, Any]:
+    """The sources, renderer and cache meter a host's conversation is built with: each
+    envelope's ``cache`` is measured by ``renderers.cached_prefix``, when first read."""
     resolved = default_sources(vault, sources)
-    return {"sources": resolved, "renderer": renderer or renderer_for(resolved)}
+    return {
+        "sources": resolved,
+        "renderer": renderer or renderer_for(resolved),
+        "cache_meter": cached_prefix,
+    }
 
 
 class Conversation(pipeline.Conversation):
-    """``lamina.pipeline.Conversation`` that also takes ``vault=``, filling in sources, renderer.
+    """``lamina.pipeline.Conversation`` that also takes ``vault=``, filling in sources,
+    renderer and the cache meter: each envelope's ``cache`` is the prefix its request
+    repeats of the last request this object built, as sent, the break's code and its
+    sentence (``renderers.cached_prefix``).
 
     >>> conv = Conversation("You are terse.", vault="examples/vault")
     >>> env = conv.turn("Summarize this", attach=[{"note": "project-spec.md"}])
+    >>> env.cache.tokens, env.cache.reason, env.cache.sentence  # doctest: +SKIP
+    (0, 'first-turn', 'First request of the chat: nothing is cached yet.')
     >>> conv.reply("It is a spec.")
     """
 
@@ -84,38 +93,7 @@ class Conversation(pipeline.Conversation):
         renderer: SegmentRenderer | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(system, **_edges(vault, sources, renderer), **options)
-        self._sent: Envelope | None = None  # the last request, for the next one's cache
-
-    def turn(
-        self,
-        text: str,
-        attach: Iterable[pipeline.AttachmentSpec | Mapping[str, Any]] = (),
-        *,
-        vault_changes: Mapping[str, str] | None = None,
-        tools: Iterable[pipeline.AttachmentSpec] = (),
-        background: bool = True,
-    ) -> Envelope:
-        """``lamina.pipeline.Conversation.turn``, its envelope's ``cache`` filled in: the
-        prefix it repeats of the last request this object built, as sent, the break's
-        code and its sentence (``renderers.cached_prefix``).
-
-        >>> env.cache.tokens, env.cache.reason, env.cache.sentence  # doctest: +SKIP
-        (1327, None, "The request extends turn 1's byte for byte: ...")
-        """
-        built = super().turn(
-            text, attach, vault_changes=vault_changes, tools=tools, background=background
-        )
-        previous = getattr(self, "_sent", None)  # None on a restored conversation
-        budget = self.budget
-        # The envelope as built is kept, not the copy handed out: the cache report's
-        # memo of what it renders to is by identity, so the next turn counts only what
-        # it adds. The figure is made when first read (a host may never ask); so is the
-        # counter asked for, since asking waits for this turn's promotion.
-        self._sent = built
-        return attrs.evolve(
-            built, cache=lambda: cached_prefix(previous, built, self.counter, budget=budget)
-        )
+        super().__init__(system, **(_edges(vault, sources, renderer) | options))
 
     @classmethod
     def restore(
@@ -128,7 +106,7 @@ class Conversation(pipeline.Conversation):
         **options: Any,
     ) -> Conversation:
         """``lamina.pipeline.Conversation.restore`` with ``vault=`` and default edges."""
-        conv = super().restore(state, **_edges(vault, sources, renderer), **options)
+        conv = super().restore(state, **(_edges(vault, sources, renderer) | options))
         assert isinstance(conv, Conversation)
         return conv
 
@@ -144,7 +122,7 @@ def load_conversation(
 ) -> pipeline.Conversation:
     """``lamina.pipeline.store.load_conversation`` with ``vault=`` and default edges."""
     return pipeline.store.load_conversation(
-        store, conversation_id, **_edges(vault, sources, renderer), **options
+        store, conversation_id, **(_edges(vault, sources, renderer) | options)
     )
 
 
@@ -163,7 +141,7 @@ def stateless_turn(
     and default edges; ``start=`` (a ``lamina.Conversation``) begins a conversation with
     nothing saved."""
     return pipeline.store.stateless_turn(
-        store, conversation_id, text, attach, **_edges(vault, sources, renderer), **options
+        store, conversation_id, text, attach, **(_edges(vault, sources, renderer) | options)
     )
 
 
@@ -179,7 +157,7 @@ def rebuild_envelope(
 ) -> Envelope | None:
     """``lamina.pipeline.store.rebuild_envelope`` with ``vault=`` and default edges."""
     return pipeline.store.rebuild_envelope(
-        store, conversation_id, turn, **_edges(vault, sources, renderer), **options
+        store, conversation_id, turn, **(_edges(vault, sources, renderer) | options)
     )
 
 
@@ -194,7 +172,7 @@ def rebuild_envelopes(
 ) -> tuple[Envelope | None, ...]:
     """``lamina.pipeline.store.rebuild_envelopes`` with ``vault=`` and default edges."""
     return pipeline.store.rebuild_envelopes(
-        store, conversation_id, **_edges(vault, sources, renderer), **options
+        store, conversation_id, **(_edges(vault, sources, renderer) | options)
     )
 
 
@@ -209,7 +187,7 @@ def import_transcript(
 ) -> pipeline.store.ImportReport:
     """``lamina.pipeline.store.import_transcript`` with ``vault=`` and default edges."""
     return pipeline.store.import_transcript(
-        text, store, **_edges(vault, sources, renderer), **options
+        text, store, **(_edges(vault, sources, renderer) | options)
     )
 
 

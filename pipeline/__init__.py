@@ -2,8 +2,9 @@
 
 The top level holds what a host uses to build turns: the conversation and its settings,
 the envelope and its layers, the budget and its report, the protocols a host implements
-(``Stage``, ``Retriever``, ``Summarizer``, ``SourceResolver``, ``SegmentRenderer``), the
-invariant checker and the base error. The rest sits in namespaces, each with ``__all__``:
+(``Stage``, ``Retriever``, ``Summarizer``, ``SourceResolver``, ``SegmentRenderer``,
+``CacheMeter``), the invariant checker and the base error. The rest sits in namespaces,
+each with ``__all__``:
 
 - ``lamina.pipeline.errors``: the error tree under ``LaminaError``
 - ``lamina.pipeline.store``: stores, saved turns, stateless turns, chat transcripts
@@ -34,7 +35,11 @@ from lamina.pipeline import tools as tools
 from lamina.pipeline import views as views
 from lamina.pipeline._budget.fit import Budget
 from lamina.pipeline._budget.settings import BudgetSettings
-from lamina.pipeline._conversation.conversation import Conversation, ConversationState
+from lamina.pipeline._conversation.conversation import (
+    CacheMeter,
+    Conversation,
+    ConversationState,
+)
 from lamina.pipeline._conversation.invariants import check_envelope
 from lamina.pipeline._errors import LaminaError
 from lamina.pipeline._model.artifacts import Artifact, AttachmentSpec, SourceResolver
@@ -69,6 +74,7 @@ __all__ = [
     "BudgetReport",
     "BudgetSettings",
     "BuildReport",
+    "CacheMeter",
     "CachedPrefix",
     "Conversation",
     "ConversationState",

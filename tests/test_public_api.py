@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-
 CORE_NAMESPACES = [
     "lamina.pipeline.agent",
     "lamina.pipeline.budget",
