@@ -60,15 +60,17 @@ def _edges(
     vault: str | Path | Vault | None,
     sources: SourceResolver | None,
     renderer: SegmentRenderer | None,
+    *,
+    meter: bool = True,
 ) -> dict[str, Any]:
-    """The sources, renderer and cache meter a host's conversation is built with: each
-    envelope's ``cache`` is measured by ``renderers.cached_prefix``, when first read."""
+    """The sources, renderer and (``meter``) cache meter a host's conversation is built
+    with: each envelope's ``cache`` is measured by ``renderers.cached_prefix``, when first
+    read."""
     resolved = default_sources(vault, sources)
-    return {
-        "sources": resolved,
-        "renderer": renderer or renderer_for(resolved),
-        "cache_meter": cached_prefix,
-    }
+    edges: dict[str, Any] = {"sources": resolved, "renderer": renderer or renderer_for(resolved)}
+    if meter:
+        edges["cache_meter"] = cached_prefix
+    return edges
 
 
 class Conversation(pipeline.Conversation):
@@ -187,7 +189,7 @@ def import_transcript(
 ) -> pipeline.store.ImportReport:
     """``lamina.pipeline.store.import_transcript`` with ``vault=`` and default edges."""
     return pipeline.store.import_transcript(
-        text, store, **(_edges(vault, sources, renderer) | options)
+        text, store, **(_edges(vault, sources, renderer, meter=False) | options)
     )
 
 
