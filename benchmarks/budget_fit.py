@@ -81,7 +81,7 @@ def _warm(vault: Path, budget: Any, fixed: int | None) -> tuple[float, int]:
     """(seconds, preview memo hits) of the folder turn built again by a new conversation
     after a cold build, the shared memo emptied first and, with ``fixed``, held at that
     many entries (the comparator: the memo before it was sized to the turn)."""
-    from lamina.pipeline import shared_views
+    from lamina.pipeline.views import shared_views
 
     memo = shared_views()
     size, max_size = memo.size, memo.max_size
@@ -99,7 +99,8 @@ def _warm(vault: Path, budget: Any, fixed: int | None) -> tuple[float, int]:
 
 def folder_points(scale: str) -> list[dict[str, Any]]:
     """One point per (notes, window, policy): budget time per item and the no-budget ratio."""
-    from lamina.pipeline import Budget, BudgetExceeded
+    from lamina.pipeline import Budget
+    from lamina.pipeline.errors import BudgetExceeded
 
     points: list[dict[str, Any]] = []
     for n in FOLDER_SIZES[scale]:
@@ -152,7 +153,7 @@ def _next_turns(vault: Path, budget: Any) -> dict[str, Any]:
     """The folder's conversation going on: its next turn asked at once, the same turn
     after all of the promotion (a second conversation), and later warm turns."""
     from lamina import Conversation
-    from lamina.pipeline import summary_pool
+    from lamina.pipeline.views import summary_pool
 
     times: dict[bool, float] = {}
     later: list[float] = []

@@ -23,7 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lamina.pipeline import Budget, Envelope, TokenCounter
+from lamina.pipeline import Budget, Envelope
+from lamina.pipeline.tokens import TokenCounter
 from lamina.renderers import (
     PrefixReport,
     classify_break,

@@ -371,7 +371,7 @@ def measure_memory(
     where = locomo_dir()
     if where is None:
         return {"skipped": "LoCoMo not found at ../shared/data/locomo-dev (or $LAMINA_LOCOMO)"}
-    from lamina.pipeline import TokenCounter
+    from lamina.pipeline.tokens import TokenCounter
 
     chats = [locomo_chat(where / f"{name}.json") for name in conversations]
     if questions is not None:

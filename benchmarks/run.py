@@ -150,7 +150,7 @@ def _setup_library(conv: Any, workload: Workload, advance: Callable[[], None]) -
 
 
 def _measure_cold(point: Point, vault: Path, scale: Scale, advance: Callable[[], None]) -> None:
-    from lamina.pipeline import get_encoding
+    from lamina.pipeline.tokens import get_encoding
 
     enc = get_encoding("o200k_base")
     turn = point.workload.turns[0]
@@ -205,7 +205,7 @@ def _promotion_time(conv: Any) -> float:
 
 
 def _measure_turns(point: Point, vault: Path, scale: Scale, advance: Callable[[], None]) -> None:
-    from lamina.pipeline import get_encoding
+    from lamina.pipeline.tokens import get_encoding
 
     enc = get_encoding("o200k_base")
     workload = point.workload
@@ -363,7 +363,7 @@ def _units(point: Point, scale: Scale) -> int:
 
 def run_benchmarks(scale_name: str, console: Console | None = None) -> dict[str, Any]:
     """Run every point of ``scale_name`` and return the JSON-ready result document."""
-    from lamina.pipeline import get_encoding
+    from lamina.pipeline.tokens import get_encoding
 
     console = console or Console()
     scale = SCALES[scale_name]
@@ -693,7 +693,7 @@ def _request_table(requests: Sequence[dict[str, Any]], console: Console) -> None
 def main(scale: str = "small", out: str | None = None) -> int:
     """``lamina bench``: run, print the tables, write the JSON; returns the exit status."""
     if scale not in SCALES:
-        from lamina.pipeline import ConfigError
+        from lamina.pipeline.errors import ConfigError
 
         raise ConfigError("--scale", f"unknown scale {scale!r} (known: {', '.join(SCALES)})")
     console = Console()

@@ -109,7 +109,7 @@ def _history(conv: Any, turns: Sequence[Turn]) -> None:
 
 def _copies(store: Any, template: Any, ids: Sequence[str], turns: Sequence[Turn]) -> None:
     """Save ``turns`` (built once in ``template``) under every id: identical stored chats."""
-    from lamina.pipeline import ConversationInfo, Head, save_turn
+    from lamina.pipeline.store import ConversationInfo, Head, save_turn
 
     heads = {}
     for cid in ids:
@@ -135,7 +135,7 @@ def _stateless(
 ) -> None:
     """Per request: ``stateless_turn`` on its own copy of the stored conversation."""
     from lamina import Conversation, stateless_turn
-    from lamina.pipeline import SqliteStore
+    from lamina.pipeline.store import SqliteStore
 
     warmup = 2
     ids = [f"c{i}" for i in range(requests + warmup)]
@@ -174,7 +174,9 @@ def _stateless(
 def forget_process_memos() -> None:
     """Empty the process's count memos, view memo and summary pool (what earlier requests
     left)."""
-    from lamina.pipeline import TOKENIZERS, shared_counts, shared_views, summary_pool
+    from lamina.pipeline._tokens.counter import shared_counts
+    from lamina.pipeline.tokens import TOKENIZERS
+    from lamina.pipeline.views import shared_views, summary_pool
 
     summary_pool().clear()
     shared_views().clear()

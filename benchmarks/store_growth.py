@@ -35,9 +35,9 @@ NOTES = (
 def measure(turns: int, folder: Path) -> dict[str, Any]:
     """One chat of ``turns`` turns saved to a fresh store in ``folder``."""
     from lamina import Conversation
-    from lamina.pipeline import ConversationInfo, Manifest, SqliteStore, save_turn
     from lamina.pipeline._store.records import canonical
     from lamina.pipeline._store.sql import _converter
+    from lamina.pipeline.store import ConversationInfo, Manifest, SqliteStore, save_turn
 
     path = folder / f"growth-{turns}.db"
     vault = VAULT.resolve()

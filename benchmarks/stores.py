@@ -47,7 +47,7 @@ def _attach(i: int) -> list[dict[str, Any]]:
 def _prepared(vault: Path, name: str, turns: int) -> list[tuple[Any, Any, Any]]:
     """Each turn's (record, state, manifest), built before anything is timed."""
     from lamina import Conversation
-    from lamina.pipeline import Manifest, turn_record
+    from lamina.pipeline.store import Manifest, turn_record
 
     conv = Conversation("You are terse.", vault=vault)
     out = []
@@ -61,7 +61,7 @@ def _prepared(vault: Path, name: str, turns: int) -> list[tuple[Any, Any, Any]]:
 
 def _latency(value: str, vault: Path, prepared: list[tuple[Any, Any, Any]]) -> dict[str, Any]:
     from lamina import load_conversation
-    from lamina.pipeline import ConversationInfo, Head, open_store
+    from lamina.pipeline.store import ConversationInfo, Head, open_store
 
     point: dict[str, Any] = {}
     with open_store(value) as store:
@@ -90,7 +90,7 @@ def _latency(value: str, vault: Path, prepared: list[tuple[Any, Any, Any]]) -> d
 
 
 def _worker(value: str, prepared: list[tuple[Any, Any, Any]], name: str, start: Any) -> None:
-    from lamina.pipeline import ConversationInfo, Head, open_store
+    from lamina.pipeline.store import ConversationInfo, Head, open_store
 
     with open_store(value, timeout=60) as store:
         store.create(ConversationInfo(name))

@@ -50,23 +50,10 @@ from lamina._replay import (
 )
 from lamina._script import Script, ScriptTurn, load_script, parse_script, run_saved, run_script
 from lamina._summary import ConfigSummary, ProviderSummary, RunSummary, summarize
-from lamina.pipeline import (
-    AttachmentError,
-    Budget,
-    BudgetExceeded,
-    ConfigError,
-    ConflictError,
-    Envelope,
-    LaminaError,
-    Policy,
-    PostgresStore,
-    SqliteStore,
-    SystemPrompt,
-    check_envelope,
-    open_store,
-    save_turn,
-    tool,
-)
+from lamina.pipeline import Budget, Envelope, LaminaError, Policy, SystemPrompt, check_envelope
+from lamina.pipeline.errors import AttachmentError, BudgetExceeded, ConfigError, ConflictError
+from lamina.pipeline.store import PostgresStore, SqliteStore, open_store, save_turn
+from lamina.pipeline.tools import tool
 from lamina.processors import (
     Registry,
     Sources,

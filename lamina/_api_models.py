@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 
 from lamina._budgets import OBJECTIVE_FIELDS
-from lamina.pipeline import LoadLimits
+from lamina.pipeline.inputs import LoadLimits
 
 __all__ = [
     "ConversationCreate",

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lamina.pipeline import Budget, BudgetSettings, ConfigError
+from lamina.pipeline import Budget, BudgetSettings
+from lamina.pipeline.errors import ConfigError
 
 __all__ = ["OBJECTIVE_FIELDS", "NeedsWindow", "budget_of", "objective_of"]
 
@@ -73,5 +74,4 @@ def budget_of(
             if value is not None:
                 raise NeedsWindow(setting)
         return None
-    overrides.setdefault("reserve_output", min(4096, window // 4))
-    return Budget(**overrides)
+    return Budget(**overrides)  # the reserve by ``BudgetSettings``' default unless given

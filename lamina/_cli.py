@@ -35,17 +35,10 @@ from lamina._host import (
 )
 from lamina._replay_cli import replay_command
 from lamina._script import Script, load_script, parse_script, run_saved, run_script
-from lamina.pipeline import (
-    TOKENIZERS,
-    Budget,
-    ConfigError,
-    Envelope,
-    LaminaError,
-    PostgresStore,
-    ScriptError,
-    SourceResolver,
-    SqliteStore,
-)
+from lamina.pipeline import Budget, Envelope, LaminaError, SourceResolver
+from lamina.pipeline.errors import ConfigError, ScriptError
+from lamina.pipeline.store import PostgresStore, SqliteStore
+from lamina.pipeline.tokens import TOKENIZERS
 from lamina.renderers import PREVIOUS_NOT_REBUILT, SENT_BANDS, sent_rows, settle_turns
 
 __all__ = ["main"]
@@ -698,7 +691,8 @@ def run(
         envelopes = run_script(script, conv)
         trace = _trace(envelopes, conv, provider=provider, model=model, timings=timings)
     else:
-        from lamina.pipeline import ConversationInfo, new_conversation_id, now_stamp, open_store
+        from lamina._hub import now_stamp
+        from lamina.pipeline.store import ConversationInfo, new_conversation_id, open_store
 
         cid = conversation_id or new_conversation_id()
         root = Path(vault) if vault else script.vault
@@ -833,7 +827,9 @@ def import_cmd(
 ) -> None:
     """Import a markdown transcript (Lamina's, or the Obsidian plugin's Lamina began as) into
     a store."""
-    from lamina.pipeline import ChatTranscriptError, FileProblem, open_store, read_regular
+    from lamina.pipeline.errors import ChatTranscriptError
+    from lamina.pipeline.inputs import FileProblem, read_regular
+    from lamina.pipeline.store import open_store
 
     try:
         text = read_regular(transcript_path, 64_000_000).decode("utf-8")
@@ -1213,7 +1209,7 @@ def _existing_store(value: str, *, read_only: bool = False) -> SqliteStore | Pos
 
     ``read_only`` for commands that only look (export, report): the store is never
     written nor migrated (a store too old to read as it is raises StoreNeedsMigration)."""
-    from lamina.pipeline import is_postgres_url, open_store
+    from lamina.pipeline.store import is_postgres_url, open_store
 
     if not is_postgres_url(value) and not Path(value).is_file():
         raise ScriptError(value, "", "no such store file")
@@ -1227,7 +1223,7 @@ def migrate(store_path: str) -> None:
 
     Commands that write (run, resume, import, serve) migrate on open; export and report
     only read, and ask for this when a store is too old to read as it is."""
-    from lamina.pipeline import StoreNeedsMigration
+    from lamina.pipeline.errors import StoreNeedsMigration
 
     try:
         with _existing_store(store_path, read_only=True) as store:

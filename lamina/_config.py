@@ -12,18 +12,11 @@ from typing import Any
 import attrs
 
 from lamina._budgets import budget_of, objective_of
-from lamina.pipeline import (
-    TOKENIZERS,
-    Budget,
-    ConfigError,
-    LoadError,
-    Policy,
-    Summarizer,
-    TextRankSummarizer,
-    TokenCounter,
-    load_json,
-    load_yaml,
-)
+from lamina.pipeline import Budget, Policy, Summarizer
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.inputs import LoadError, load_json, load_yaml
+from lamina.pipeline.tokens import TOKENIZERS, TokenCounter
+from lamina.pipeline.views import TextRankSummarizer
 from lamina.renderers import DEFAULT_MODELS, LAYOUTS, request_options
 
 __all__ = [

@@ -13,16 +13,10 @@ from pathlib import Path
 import attrs
 
 from lamina._script import MAX_SCRIPT_BYTES, Script, ScriptTurn
-from lamina.pipeline import (
-    ConfigError,
-    FileProblem,
-    LaminaError,
-    Store,
-    SystemPrompt,
-    is_postgres_url,
-    open_store,
-    read_regular,
-)
+from lamina.pipeline import LaminaError, SystemPrompt
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.inputs import FileProblem, read_regular
+from lamina.pipeline.store import Store, is_postgres_url, open_store
 
 __all__ = ["Corpus", "Recording", "find_corpus", "store_recordings"]
 

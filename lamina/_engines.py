@@ -19,7 +19,8 @@ from typing import Any, Protocol, TypeVar
 
 import attrs
 
-from lamina.pipeline import ConfigError, LaminaError
+from lamina.pipeline import LaminaError
+from lamina.pipeline.errors import ConfigError
 
 __all__ = [
     "ENGINES",

@@ -15,7 +15,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from lamina.pipeline import ConfigError
+from lamina.pipeline.errors import ConfigError
 
 __all__ = ["encode_text", "write_atomic"]
 

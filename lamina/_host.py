@@ -7,23 +7,15 @@ registered processor's renderers, so ``Conversation("...", vault="notes")`` just
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
-
 import lamina.pipeline as pipeline
-from lamina.pipeline import (
-    ArgumentError,
-    AttachmentKinds,
-    ChatTranscript,
-    ConfigError,
-    ConversationState,
-    Envelope,
-    SegmentRenderer,
-    SourceResolver,
-)
+from lamina.pipeline import ConversationState, Envelope, SegmentRenderer, SourceResolver
+from lamina.pipeline.errors import ArgumentError, ConfigError
+from lamina.pipeline.sources import AttachmentKinds
+from lamina.pipeline.store import ChatTranscript
 from lamina.processors import Registry, Sources, Vault
 from lamina.renderers import XmlRenderer, cached_prefix
 
@@ -68,16 +60,29 @@ def _edges(
     vault: str | Path | Vault | None,
     sources: SourceResolver | None,
     renderer: SegmentRenderer | None,
+    *,
+    meter: bool = True,
 ) -> dict[str, Any]:
+    """The sources, renderer and (``meter``) cache meter a host's conversation is built
+    with: each envelope's ``cache`` is measured by ``renderers.cached_prefix``, when first
+    read."""
     resolved = default_sources(vault, sources)
-    return {"sources": resolved, "renderer": renderer or renderer_for(resolved)}
+    edges: dict[str, Any] = {"sources": resolved, "renderer": renderer or renderer_for(resolved)}
+    if meter:
+        edges["cache_meter"] = cached_prefix
+    return edges
 
 
 class Conversation(pipeline.Conversation):
-    """``lamina.pipeline.Conversation`` that also takes ``vault=``, filling in sources, renderer.
+    """``lamina.pipeline.Conversation`` that also takes ``vault=``, filling in sources,
+    renderer and the cache meter: each envelope's ``cache`` is the prefix its request
+    repeats of the last request this object built, as sent, the break's code and its
+    sentence (``renderers.cached_prefix``).
 
     >>> conv = Conversation("You are terse.", vault="examples/vault")
     >>> env = conv.turn("Summarize this", attach=[{"note": "project-spec.md"}])
+    >>> env.cache.tokens, env.cache.reason, env.cache.sentence  # doctest: +SKIP
+    (0, 'first-turn', 'First request of the chat: nothing is cached yet.')
     >>> conv.reply("It is a spec.")
     """
 
@@ -90,38 +95,7 @@ class Conversation(pipeline.Conversation):
         renderer: SegmentRenderer | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(system, **_edges(vault, sources, renderer), **options)
-        self._sent: Envelope | None = None  # the last request, for the next one's cache
-
-    def turn(
-        self,
-        text: str,
-        attach: Iterable[pipeline.AttachmentSpec | Mapping[str, Any]] = (),
-        *,
-        vault_changes: Mapping[str, str] | None = None,
-        tools: Iterable[pipeline.AttachmentSpec] = (),
-        background: bool = True,
-    ) -> Envelope:
-        """``lamina.pipeline.Conversation.turn``, its envelope's ``cache`` filled in: the
-        prefix it repeats of the last request this object built, as sent, the break's
-        code and its sentence (``renderers.cached_prefix``).
-
-        >>> env.cache.tokens, env.cache.reason, env.cache.sentence  # doctest: +SKIP
-        (1327, None, "The request extends turn 1's byte for byte: ...")
-        """
-        built = super().turn(
-            text, attach, vault_changes=vault_changes, tools=tools, background=background
-        )
-        previous = getattr(self, "_sent", None)  # None on a restored conversation
-        budget = self.budget
-        # The envelope as built is kept, not the copy handed out: the cache report's
-        # memo of what it renders to is by identity, so the next turn counts only what
-        # it adds. The figure is made when first read (a host may never ask); so is the
-        # counter asked for, since asking waits for this turn's promotion.
-        self._sent = built
-        return attrs.evolve(
-            built, cache=lambda: cached_prefix(previous, built, self.counter, budget=budget)
-        )
+        super().__init__(system, **(_edges(vault, sources, renderer) | options))
 
     @classmethod
     def restore(
@@ -134,13 +108,13 @@ class Conversation(pipeline.Conversation):
         **options: Any,
     ) -> Conversation:
         """``lamina.pipeline.Conversation.restore`` with ``vault=`` and default edges."""
-        conv = super().restore(state, **_edges(vault, sources, renderer), **options)
+        conv = super().restore(state, **(_edges(vault, sources, renderer) | options))
         assert isinstance(conv, Conversation)
         return conv
 
 
 def load_conversation(
-    store: pipeline.Store,
+    store: pipeline.store.Store,
     conversation_id: str,
     *,
     vault: str | Path | Vault | None = None,
@@ -148,14 +122,14 @@ def load_conversation(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> pipeline.Conversation:
-    """``lamina.pipeline.load_conversation`` with ``vault=`` and default edges."""
-    return pipeline.load_conversation(
-        store, conversation_id, **_edges(vault, sources, renderer), **options
+    """``lamina.pipeline.store.load_conversation`` with ``vault=`` and default edges."""
+    return pipeline.store.load_conversation(
+        store, conversation_id, **(_edges(vault, sources, renderer) | options)
     )
 
 
 def stateless_turn(
-    store: pipeline.Store,
+    store: pipeline.store.Store,
     conversation_id: str,
     text: str,
     attach: Sequence[Any] = (),
@@ -165,15 +139,16 @@ def stateless_turn(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> tuple[pipeline.Conversation, Envelope]:
-    """``lamina.pipeline.stateless_turn`` (load, build the turn, save) with ``vault=`` and default
-    edges; ``start=`` (a ``lamina.Conversation``) begins a conversation with nothing saved."""
-    return pipeline.stateless_turn(
-        store, conversation_id, text, attach, **_edges(vault, sources, renderer), **options
+    """``lamina.pipeline.store.stateless_turn`` (load, build the turn, save) with ``vault=``
+    and default edges; ``start=`` (a ``lamina.Conversation``) begins a conversation with
+    nothing saved."""
+    return pipeline.store.stateless_turn(
+        store, conversation_id, text, attach, **(_edges(vault, sources, renderer) | options)
     )
 
 
 def rebuild_envelope(
-    store: pipeline.Store,
+    store: pipeline.store.Store,
     conversation_id: str,
     turn: int | None = None,
     *,
@@ -182,14 +157,14 @@ def rebuild_envelope(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> Envelope | None:
-    """``lamina.pipeline.rebuild_envelope`` with ``vault=`` and default edges."""
-    return pipeline.rebuild_envelope(
-        store, conversation_id, turn, **_edges(vault, sources, renderer), **options
+    """``lamina.pipeline.store.rebuild_envelope`` with ``vault=`` and default edges."""
+    return pipeline.store.rebuild_envelope(
+        store, conversation_id, turn, **(_edges(vault, sources, renderer) | options)
     )
 
 
 def rebuild_envelopes(
-    store: pipeline.Store,
+    store: pipeline.store.Store,
     conversation_id: str,
     *,
     vault: str | Path | Vault | None = None,
@@ -197,39 +172,43 @@ def rebuild_envelopes(
     renderer: SegmentRenderer | None = None,
     **options: Any,
 ) -> tuple[Envelope | None, ...]:
-    """``lamina.pipeline.rebuild_envelopes`` with ``vault=`` and default edges."""
-    return pipeline.rebuild_envelopes(
-        store, conversation_id, **_edges(vault, sources, renderer), **options
+    """``lamina.pipeline.store.rebuild_envelopes`` with ``vault=`` and default edges."""
+    return pipeline.store.rebuild_envelopes(
+        store, conversation_id, **(_edges(vault, sources, renderer) | options)
     )
 
 
 def import_transcript(
     text: str,
-    store: pipeline.Store,
+    store: pipeline.store.Store,
     *,
     vault: str | Path | Vault | None = None,
     sources: SourceResolver | None = None,
     renderer: SegmentRenderer | None = None,
     **options: Any,
-) -> pipeline.ImportReport:
-    """``lamina.pipeline.import_transcript`` with ``vault=`` and default edges."""
-    return pipeline.import_transcript(text, store, **_edges(vault, sources, renderer), **options)
+) -> pipeline.store.ImportReport:
+    """``lamina.pipeline.store.import_transcript`` with ``vault=`` and default edges."""
+    return pipeline.store.import_transcript(
+        text, store, **(_edges(vault, sources, renderer, meter=False) | options)
+    )
 
 
 def export_transcript(
-    store: pipeline.Store, conversation_id: str, *, kinds: AttachmentKinds | None = None
+    store: pipeline.store.Store, conversation_id: str, *, kinds: AttachmentKinds | None = None
 ) -> str:
-    """``lamina.pipeline.export_transcript`` naming kinds as their processors do (plugins too)."""
-    return pipeline.export_transcript(store, conversation_id, kinds or Registry.default())
+    """``lamina.pipeline.store.export_transcript`` naming kinds as their processors do
+    (plugins too)."""
+    return pipeline.store.export_transcript(store, conversation_id, kinds or Registry.default())
 
 
 def render_transcript(transcript: ChatTranscript, *, kinds: AttachmentKinds | None = None) -> str:
-    """``lamina.pipeline.render_transcript`` naming kinds as their processors do (plugins too)."""
-    return pipeline.render_transcript(transcript, kinds or Registry.default())
+    """``lamina.pipeline.store.render_transcript`` naming kinds as their processors do
+    (plugins too)."""
+    return pipeline.store.render_transcript(transcript, kinds or Registry.default())
 
 
 def parse_transcript(
     text: str, path: str = "<transcript>", *, kinds: AttachmentKinds | None = None
 ) -> ChatTranscript:
-    """``lamina.pipeline.parse_transcript`` reading categories as the processors name them."""
-    return pipeline.parse_transcript(text, path, kinds or Registry.default())
+    """``lamina.pipeline.store.parse_transcript`` reading categories as the processors name them."""
+    return pipeline.store.parse_transcript(text, path, kinds or Registry.default())

@@ -24,26 +24,18 @@ import lamina.pipeline as pipeline
 from lamina._api_models import ConversationCreate, ReplyIn, TurnIn
 from lamina._budgets import NeedsWindow, budget_of
 from lamina._host import Conversation, export_transcript, load_conversation, rebuild_envelope
-from lamina.pipeline import (
-    AttachmentError,
+from lamina.pipeline import AttachmentSpec, Budget, Envelope, LaminaError, Policy, SystemPrompt
+from lamina.pipeline.errors import AttachmentError, ConfigError, ConversationError
+from lamina.pipeline.store import (
     AttachmentRecord,
-    AttachmentSpec,
-    Budget,
-    ConfigError,
-    ConversationError,
     ConversationInfo,
-    Envelope,
     Head,
-    LaminaError,
-    Policy,
     Store,
-    SystemPrompt,
     attachment_record,
     open_store,
     save_turn,
-    tool,
-    tool_turn,
 )
+from lamina.pipeline.tools import tool, tool_turn
 from lamina.processors import ProcessContext, Sources, Vault
 from lamina.renderers import (
     PREVIOUS_NOT_REBUILT,
@@ -182,7 +174,7 @@ class ConversationHub:
         settings = body.model_dump_json(exclude_defaults=True)
         info = ConversationInfo(
             conversation_id,
-            _now(),
+            now_stamp(),
             model=body.model or "",
             tags=(_SETTINGS_TAG + settings,),
             title=body.title,
@@ -547,6 +539,6 @@ def _budget(settings: ConversationCreate) -> Budget | None:
 _BUDGET_FIELDS = {"context_window": "window", "reserve_output": "reserve", "recall": "recall"}
 
 
-def _now() -> str:
+def now_stamp() -> str:
     """The wall-clock time for humans (the store's format); never hashed or rendered."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -24,18 +24,10 @@ from lamina._engines import Engine, make_engine
 from lamina._files import write_atomic
 from lamina._host import Conversation, import_transcript
 from lamina._script import Script, parse_script, run_script
-from lamina.pipeline import (
-    ConfigError,
-    Envelope,
-    InvariantViolation,
-    LaminaError,
-    LoadError,
-    ScriptError,
-    SqliteStore,
-    check_envelope,
-    load_json,
-    load_yaml,
-)
+from lamina.pipeline import Envelope, LaminaError, check_envelope
+from lamina.pipeline.errors import ConfigError, InvariantViolation, ScriptError
+from lamina.pipeline.inputs import LoadError, load_json, load_yaml
+from lamina.pipeline.store import SqliteStore
 from lamina.processors import ProcessContext, Registry, Sources, Vault
 from lamina.renderers import simulate
 

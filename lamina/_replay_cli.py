@@ -18,7 +18,7 @@ from lamina._engines import ENGINES, make_engine
 from lamina._replay import ReplayResult, replay
 from lamina._replay_report import write_replay_report
 from lamina._summary import summarize
-from lamina.pipeline import ConfigError
+from lamina.pipeline.errors import ConfigError
 
 __all__ = ["replay_command"]
 

@@ -20,7 +20,8 @@ from lamina._corpus import Corpus, Recording
 from lamina._files import write_atomic
 from lamina._replay import ReplayError, ReplayResult, ReplayRun, _conversation, _run_turns, _script
 from lamina._summary import summarize
-from lamina.pipeline import ConfigError, Envelope
+from lamina.pipeline import Envelope
+from lamina.pipeline.errors import ConfigError
 from lamina.renderers import (
     annotate_trace,
     render_replay_report,

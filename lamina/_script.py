@@ -12,20 +12,14 @@ from lamina.pipeline import (
     AttachmentSpec,
     Conversation,
     Envelope,
-    FileProblem,
     LaminaError,
-    LoadError,
-    ScriptError,
     SourceResolver,
-    Store,
     SystemPrompt,
-    back_summaries,
     check_envelope,
-    load_json,
-    load_yaml,
-    read_regular,
-    save_turn,
 )
+from lamina.pipeline.errors import ScriptError
+from lamina.pipeline.inputs import FileProblem, LoadError, load_json, load_yaml, read_regular
+from lamina.pipeline.store import Store, save_turn
 
 __all__ = [
     "MAX_SCRIPT_BYTES",
@@ -231,7 +225,8 @@ def run_saved(
     previous: Envelope | None = None,
 ) -> list[Envelope]:
     """``run_script`` that saves each turn (with its reply and script forms) to ``store``."""
-    back_summaries(conversation, store)
+    if conversation.summaries.backing is None:  # summaries made this turn go to the store
+        conversation.summaries.backing = store
 
     def save(envelope: Envelope, turn: ScriptTurn) -> None:
         save_turn(store, conversation_id, conversation, envelope, turn.attach)
@@ -246,7 +241,8 @@ def _run_turn(
     changes = dict(turn.vault_changes)
     if not turn.tools and not turn.agent:
         return conversation.turn(turn.user, specs, vault_changes=changes)
-    from lamina.pipeline import AgentTurn, agent_call, tool, tool_turn
+    from lamina.pipeline.agent import AgentTurn, agent_call
+    from lamina.pipeline.tools import tool, tool_turn
 
     tools = [tool(c["name"], c.get("args", {}), c.get("result", "")) for c in turn.tools]
     if not turn.agent:

@@ -54,19 +54,18 @@ from lamina._hub import (
     config_from_env,
 )
 from lamina._protocols import ConnectionLimits, Guards
-from lamina.pipeline import (
+from lamina.pipeline import LaminaError
+from lamina.pipeline.errors import (
     ArgumentError,
     AttachmentError,
     BudgetExceeded,
     ConfigError,
     ConflictError,
     ConversationError,
-    ConversationInfo,
-    Head,
-    LaminaError,
     StoreError,
     UnknownConversation,
 )
+from lamina.pipeline.store import ConversationInfo, Head
 
 __all__ = ["create_app", "http_protocol", "is_loopback", "read_token", "serve"]
 

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from lamina.pipeline import Conversation, Envelope, TokenCounter, request_tokens
+from lamina.pipeline import Conversation, Envelope
+from lamina.pipeline.tokens import TokenCounter, request_tokens
 from lamina.renderers import DEFAULT_MODELS, prefix_report
 
 __all__ = ["SPAN_NAME", "Telemetry", "turn_attributes"]

@@ -7,7 +7,7 @@ from typing import Any, Literal, TypeVar
 
 import attrs
 
-from lamina.pipeline import ConfigError, UnknownSetting
+from lamina.pipeline.errors import ConfigError, UnknownSetting
 from lamina.processors._vault import Vault
 
 __all__ = ["DISPLAY_PROPERTIES", "NoteOptions", "ProcessContext", "read_settings"]

@@ -16,22 +16,11 @@ from typing import Any, Self
 
 import attrs
 
-from lamina.pipeline import (
-    Artifact,
-    AttachmentError,
-    LabelLookup,
-    Link,
-    LoadError,
-    LoadLimits,
-    NotRebuilt,
-    Processed,
-    TurnWarning,
-    fence_after,
-    load_yaml,
-    make_artifact,
-    split_sections,
-    text_hash,
-)
+from lamina.pipeline import Artifact
+from lamina.pipeline.errors import AttachmentError, NotRebuilt
+from lamina.pipeline.inputs import LoadError, LoadLimits, load_yaml
+from lamina.pipeline.sources import LabelLookup, Link, Processed, TurnWarning, make_artifact
+from lamina.pipeline.text import fence_after, split_sections, text_hash
 from lamina.processors._context import DISPLAY_PROPERTIES, NoteOptions, ProcessContext
 from lamina.processors._processor import BaseProcessor
 from lamina.processors._vault import FileStamp, Vault

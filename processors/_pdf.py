@@ -21,19 +21,9 @@ from typing import Any, Self
 
 import attrs
 
-from lamina.pipeline import (
-    AttachmentError,
-    ConfigError,
-    FileProblem,
-    LabelLookup,
-    PathOutsideVault,
-    PdfError,
-    Processed,
-    TurnWarning,
-    make_artifact,
-    read_confined,
-    read_regular,
-)
+from lamina.pipeline.errors import AttachmentError, ConfigError, PathOutsideVault, PdfError
+from lamina.pipeline.inputs import FileProblem, read_confined, read_regular
+from lamina.pipeline.sources import LabelLookup, Processed, TurnWarning, make_artifact
 from lamina.processors._context import ProcessContext, read_settings
 from lamina.processors._processor import BaseProcessor
 

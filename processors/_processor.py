@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from lamina.pipeline import AttachmentSpec, LabelLookup, Processed, View
+from lamina.pipeline import AttachmentSpec, View
+from lamina.pipeline.sources import LabelLookup, Processed
 from lamina.processors._context import ProcessContext
 
 __all__ = ["BaseProcessor", "Processor", "ViewRenderer"]

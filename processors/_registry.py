@@ -15,17 +15,16 @@ from typing import Any
 
 import attrs
 
-from lamina.pipeline import (
+from lamina.pipeline import AttachmentSpec, Form
+from lamina.pipeline.errors import (
     AttachmentError,
-    AttachmentSpec,
-    Form,
-    LabelLookup,
     NotRebuilt,
     PluginError,
     RegistryError,
     UnknownAttachmentKind,
     UnknownSetting,
 )
+from lamina.pipeline.sources import LabelLookup
 from lamina.processors._context import ProcessContext
 from lamina.processors._processor import BaseProcessor, Processor, ViewRenderer
 

@@ -7,14 +7,9 @@ from typing import Any, Self
 
 import attrs
 
-from lamina.pipeline import (
-    AttachmentError,
-    LabelLookup,
-    NotRebuilt,
-    Processed,
-    content_hash,
-    make_artifact,
-)
+from lamina.pipeline.errors import AttachmentError, NotRebuilt
+from lamina.pipeline.sources import LabelLookup, Processed, make_artifact
+from lamina.pipeline.text import content_hash
 from lamina.processors._context import ProcessContext
 from lamina.processors._processor import BaseProcessor
 

@@ -7,15 +7,9 @@ from typing import Any
 
 import attrs
 
-from lamina.pipeline import (
-    AttachmentSpec,
-    ConfigError,
-    Form,
-    LabelLookup,
-    Processed,
-    UnknownSetting,
-    View,
-)
+from lamina.pipeline import AttachmentSpec, Form, View
+from lamina.pipeline.errors import ConfigError, UnknownSetting
+from lamina.pipeline.sources import LabelLookup, Processed
 from lamina.processors._context import ProcessContext
 from lamina.processors._registry import Registry
 from lamina.processors._vault import Vault

@@ -18,14 +18,8 @@ from typing import Any
 
 import attrs
 
-from lamina.pipeline import (
-    AttachmentError,
-    ConfigError,
-    FileProblem,
-    NoteNotFound,
-    PathOutsideVault,
-    read_confined,
-)
+from lamina.pipeline.errors import AttachmentError, ConfigError, NoteNotFound, PathOutsideVault
+from lamina.pipeline.inputs import FileProblem, read_confined
 
 __all__ = ["MAX_NOTE_BYTES", "FileStamp", "Vault"]
 

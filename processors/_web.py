@@ -29,16 +29,8 @@ import httpx
 import lxml.etree
 import lxml.html
 
-from lamina.pipeline import (
-    AttachmentError,
-    ConfigError,
-    FetchError,
-    LabelLookup,
-    NotRebuilt,
-    Processed,
-    TurnWarning,
-    make_artifact,
-)
+from lamina.pipeline.errors import AttachmentError, ConfigError, FetchError, NotRebuilt
+from lamina.pipeline.sources import LabelLookup, Processed, TurnWarning, make_artifact
 from lamina.processors._address import classify_address, is_public_address
 from lamina.processors._context import ProcessContext, read_settings
 from lamina.processors._processor import BaseProcessor

@@ -11,22 +11,16 @@ from urllib.parse import parse_qs, urlsplit
 
 import attrs
 
-from lamina.pipeline import (
-    AttachmentError,
-    ConfigError,
+from lamina.pipeline.errors import AttachmentError, ConfigError, PathOutsideVault, TranscriptError
+from lamina.pipeline.inputs import (
     FileProblem,
-    LabelLookup,
     LoadError,
     LoadLimits,
-    PathOutsideVault,
-    Processed,
-    TranscriptError,
-    TurnWarning,
     load_json,
-    make_artifact,
     read_confined,
     read_regular,
 )
+from lamina.pipeline.sources import LabelLookup, Processed, TurnWarning, make_artifact
 from lamina.processors._context import ProcessContext, read_settings
 from lamina.processors._processor import BaseProcessor
 from lamina.processors._web import fetch_for_label

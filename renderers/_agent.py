@@ -13,7 +13,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from lamina.pipeline import AgentTurn, ConfigError, Loop, LoopStep, ModelProfile, TokenCounter
+from lamina.pipeline.agent import AgentTurn, Loop, LoopStep
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.tokens import ModelProfile, TokenCounter
 from lamina.renderers._providers import RenderedRequest, RequestOptions, Ttl, request_options
 from lamina.renderers._requests import render_request
 

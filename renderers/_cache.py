@@ -4,12 +4,13 @@ A break is any change to bytes the previous request had made cacheable: its syst
 message (L1 + L2) must be a byte prefix of this one's, and its history a prefix of this
 history. Growth (a longer library, more history) is not a break.
 
-Every figure is in the request's own count (``lamina.pipeline.request_tokens``: contents plus the
-chat framing per message and to prime the reply, or Mistral's instruct format), for any
-layout's ``Prompt``: the cached prefix is the tokens of the leading messages the previous
-request sent byte for byte plus the shared start of the first message that differs, so it
-is never above the request it is part of. Provider-specific figures (minimum cacheable
-prefixes, 128-token steps, Anthropic's breakpoints) are the simulator's, labelled as such.
+Every figure is in the request's own count (``lamina.pipeline.tokens.request_tokens``:
+contents plus the chat framing per message and to prime the reply, or Mistral's instruct
+format), for any layout's ``Prompt``: the cached prefix is the tokens of the leading
+messages the previous request sent byte for byte plus the shared start of the first
+message that differs, so it is never above the request it is part of. Provider-specific
+figures (minimum cacheable prefixes, 128-token steps, Anthropic's breakpoints) are the
+simulator's, labelled as such.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from typing import Any
 
 import attrs
 
-from lamina.pipeline import QUERY_LABEL, Budget, Decision, DecisionAction, Envelope, TokenCounter
+from lamina.pipeline import Budget, Decision, DecisionAction, Envelope
+from lamina.pipeline.layout import QUERY_LABEL
+from lamina.pipeline.tokens import TokenCounter
 from lamina.renderers._layouts import Prompt, default_prompt
 from lamina.renderers._openai import (
     ChatMessage,

@@ -34,7 +34,8 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from lamina.pipeline import Budget, Envelope, Form, Segment, TokenCounter
+from lamina.pipeline import Budget, Envelope, Form, Segment
+from lamina.pipeline.tokens import TokenCounter
 from lamina.renderers._cache import prefix_reports, prompt_tokens
 from lamina.renderers._layouts import default_prompt
 

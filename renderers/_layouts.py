@@ -12,22 +12,19 @@ from typing import Literal
 
 import attrs
 
-from lamina.pipeline import (
+from lamina.pipeline import Envelope, Form, Segment
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.layout import (
     APPEND_REFERENCES_INTRO,
     RECALL_SOURCE,
-    TOOL_SOURCE,
-    ConfigError,
-    Envelope,
-    Form,
-    Segment,
-    TokenCounter,
     append_parts,
     arrange_user,
-    chunk_source,
     join_blocks,
     segment_reference,
     system_parts,
 )
+from lamina.pipeline.tokens import TokenCounter
+from lamina.pipeline.tools import TOOL_SOURCE, chunk_source
 from lamina.renderers._xml import render_xml
 
 __all__ = [
@@ -160,9 +157,9 @@ def _scoped(segment: Segment) -> bool:
 
 def _append_user_text(envelope: Envelope, sent: dict[str, str], *, later: bool = False) -> str:
     """This turn's user message when context stays where it was first sent
-    (``lamina.pipeline.append_parts``, which the conversation's batch shares): nothing is settled
-    in a library, references are rendered as XML. ``later``: as a later request carries
-    it, without its recalled blocks (they belong to their turn only)."""
+    (``lamina.pipeline.layout.append_parts``, which the conversation's batch shares):
+    nothing is settled in a library, references are rendered as XML. ``later``: as a later
+    request carries it, without its recalled blocks (they belong to their turn only)."""
     parts = append_parts(envelope, sent, lambda _key: None, _reference_text)
     return join_blocks(
         text

@@ -7,7 +7,9 @@ import re
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
-from lamina.pipeline import Envelope, TokenCounter, next_piece_start
+from lamina.pipeline import Envelope
+from lamina.pipeline.layout import next_piece_start
+from lamina.pipeline.tokens import TokenCounter
 
 __all__ = [
     "ChatMessage",

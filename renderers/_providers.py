@@ -22,14 +22,9 @@ from typing import Any, Literal
 
 import attrs
 
-from lamina.pipeline import (
-    ConfigError,
-    ModelProfile,
-    Provider,
-    TokenCounter,
-    get_profile,
-    text_hash,
-)
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.text import text_hash
+from lamina.pipeline.tokens import ModelProfile, Provider, TokenCounter, get_profile
 from lamina.renderers._layouts import HISTORY_END, L1_STABLE, SYSTEM_END, TURN_END, Block, Prompt
 
 __all__ = [

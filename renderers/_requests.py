@@ -7,7 +7,9 @@ from typing import Any
 
 import attrs
 
-from lamina.pipeline import Budget, Envelope, ModelProfile, RegistryError, TokenCounter
+from lamina.pipeline import Budget, Envelope
+from lamina.pipeline.errors import RegistryError
+from lamina.pipeline.tokens import ModelProfile, TokenCounter
 from lamina.renderers._layouts import Layout, Prompt, build_prompt
 from lamina.renderers._providers import (
     RenderedRequest,

@@ -18,7 +18,10 @@ from typing import Any
 
 import attrs
 
-from lamina.pipeline import ArgumentError, Budget, Envelope, ModelProfile, TokenCounter, text_hash
+from lamina.pipeline import Budget, Envelope
+from lamina.pipeline.errors import ArgumentError
+from lamina.pipeline.text import text_hash
+from lamina.pipeline.tokens import ModelProfile, TokenCounter
 from lamina.renderers._cache import prompt_prefix_tokens, prompt_tokens
 from lamina.renderers._layouts import LAYOUTS, Layout, Prompt, build_prompt
 from lamina.renderers._openai import common_prefix_length

@@ -5,15 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from lamina.pipeline import (
-    Budget,
-    CachedPrefix,
-    Calibration,
-    Envelope,
-    TokenCounter,
-    TurnUsage,
-    request_tokens,
-)
+from lamina.pipeline import Budget, CachedPrefix, Envelope
+from lamina.pipeline.tokens import Calibration, TokenCounter, TurnUsage, request_tokens
 from lamina.renderers._cache import PREVIOUS_NOT_REBUILT, prefix_reports, sent_messages
 from lamina.renderers._sent import sent_bands, settle_turns
 from lamina.renderers._usage import trace_usage

@@ -14,20 +14,17 @@ from typing import Any
 
 import attrs
 
-from lamina.pipeline import (
-    ConfigError,
-    DecisionAction,
-    Envelope,
-    Loop,
-    LoopStep,
+from lamina.pipeline import DecisionAction, Envelope
+from lamina.pipeline.agent import Loop, LoopStep, loop_tokens
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.sources import TurnWarning
+from lamina.pipeline.tokens import (
     ModelProfile,
     TokenCounter,
     TurnUsage,
-    TurnWarning,
     Usage,
     generic_profile,
     get_profile,
-    loop_tokens,
     provider_of,
     read_usage,
     request_tokens,

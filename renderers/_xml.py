@@ -10,15 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from lamina.pipeline import (
-    Form,
-    RegistryError,
-    View,
-    ViewMemo,
-    escape_attribute,
-    escape_body,
-    xml_safe,
-)
+from lamina.pipeline import Form, View
+from lamina.pipeline.errors import RegistryError
+from lamina.pipeline.text import escape_attribute, escape_body, xml_safe
+from lamina.pipeline.views import ViewMemo
 
 __all__ = ["XmlRenderer", "render_xml", "xml_safe"]
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from lamina.pipeline import TOKENIZERS, shared_counts, shared_views, summary_pool
+from lamina.pipeline._tokens.counter import shared_counts
+from lamina.pipeline.tokens import TOKENIZERS
+from lamina.pipeline.views import shared_views, summary_pool
 from tests.stores import BACKENDS, Backend, PgServer, make_backend, pg_cluster
 
 # In CI the property tests draw the same examples every run, so a run's time and outcome

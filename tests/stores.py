@@ -22,7 +22,7 @@ import attrs
 import pytest
 
 from benchmarks.pgcluster import Cluster, Unavailable, throwaway_cluster
-from lamina.pipeline import PostgresStore, SqliteStore, open_store
+from lamina.pipeline.store import PostgresStore, SqliteStore, open_store
 
 BACKENDS = ("sqlite", "postgres")
 _TABLES = ("lamina_schema", "conversations", "turns", "entries", "snapshots", "attachments",

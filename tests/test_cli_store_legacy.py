@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 import lamina
-from lamina.pipeline import ConversationInfo, open_store, save_turn
 from lamina.pipeline._hashing import text_hash
 from lamina.pipeline._store.records import BATCH_NOT_REBUILT, canonical, digest
+from lamina.pipeline.store import ConversationInfo, open_store, save_turn
 from tests.cli import ROOT, lamina_here
 from tests.cli import lamina as lamina_cli
 from tests.stores import COMMITS, Backend, legacy_store

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lamina.pipeline import StoreError, StoreNeedsMigration, open_store
+from lamina.pipeline.errors import StoreError, StoreNeedsMigration
+from lamina.pipeline.store import open_store
 from tests.cli import lamina_here
 from tests.stores import Backend
 from tests.test_cli import script  # noqa: F401 (the fixture)

@@ -126,7 +126,8 @@ def test_carry_forward_threshold_matches_the_policy() -> None:
 
 
 def test_default_reserve_rule_is_the_code_s() -> None:
-    """`min(4096, window/4)` as the docs state it is what `--window` alone gives."""
+    """`min(4096, window/4)` as the docs state it is what `--window` alone gives, and
+    what Python's default is."""
     from lamina._cli import _budget
 
     for name in ("CLI.md", "BUDGET.md"):
@@ -135,8 +136,8 @@ def test_default_reserve_rule_is_the_code_s() -> None:
         budget = _budget(window, None, None)
         assert budget is not None
         assert budget.reserve_output == min(4096, window // 4)
-    assert BudgetSettings(context_window=10).reserve_output == 4096
-    assert re.search(r"`reserve_output` defaults to 4,096 tokens", DOCS["BUDGET.md"])
+    assert BudgetSettings(context_window=10).reserve_output == 2
+    assert re.search(r"`reserve_output` defaults to `min\(4096, window/4\)`", DOCS["BUDGET.md"])
 
 
 def test_text_free_share_matches_the_budget() -> None:

@@ -9,20 +9,10 @@ from typing import Any
 
 import attrs
 
-from lamina.pipeline import (
-    AgentCall,
-    AgentTurn,
-    ConfigError,
-    Conversation,
-    ConversationError,
-    Decision,
-    DecisionAction,
-    Envelope,
-    Loop,
-    SystemPrompt,
-    TurnWarning,
-    agent_call,
-)
+from lamina.pipeline import Conversation, Decision, DecisionAction, Envelope, SystemPrompt
+from lamina.pipeline.agent import AgentCall, AgentTurn, Loop, agent_call
+from lamina.pipeline.errors import ConfigError, ConversationError
+from lamina.pipeline.sources import TurnWarning
 
 __all__ = ["Call", "LoopAdapter", "LoopState"]
 

@@ -38,7 +38,9 @@ from langchain_core.messages import (
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
-from lamina.pipeline import Conversation, ConversationError, Envelope, Loop
+from lamina.pipeline import Conversation, Envelope
+from lamina.pipeline.agent import Loop
+from lamina.pipeline.errors import ConversationError
 from lamina.renderers import agent_request, render_request, tool_tokens
 
 __all__ = ["LaminaMiddleware", "to_messages"]

@@ -30,7 +30,8 @@ from typing import Any
 import attrs
 import litellm
 
-from lamina.pipeline import AgentTurn, Envelope, Loop
+from lamina.pipeline import Envelope
+from lamina.pipeline.agent import AgentTurn, Loop
 from lamina.renderers import agent_request, loop_messages, render_request, tool_tokens
 
 __all__ = ["completion", "split_model", "to_messages", "with_tools"]

@@ -46,14 +46,9 @@ from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
 from agents.run import CallModelData, ModelInputData
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
-from lamina.pipeline import (
-    Conversation,
-    ConversationError,
-    ConversationInfo,
-    Store,
-    UnknownConversation,
-    save_turn,
-)
+from lamina.pipeline import Conversation
+from lamina.pipeline.errors import ConversationError, UnknownConversation
+from lamina.pipeline.store import ConversationInfo, Store, save_turn
 from lamina.renderers import agent_request, tool_tokens
 
 __all__ = ["LaminaSession", "final_answer"]

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic_ai import RunContext
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.messages import (
+    CachePoint,
     ModelMessage,
     ModelRequest,
     ModelRequestPart,
@@ -48,7 +49,8 @@ from pydantic_ai.messages import (
 )
 
 from lamina.adapters._loop import Call, LoopAdapter, LoopState
-from lamina.pipeline import Conversation, Envelope, Loop
+from lamina.pipeline import Conversation, Envelope
+from lamina.pipeline.agent import Loop
 from lamina.renderers import instructions_tokens, tool_tokens
 
 if TYPE_CHECKING:
@@ -63,19 +65,54 @@ def _user_text(part: UserPromptPart) -> str:
     return "\n\n".join(c for c in part.content if isinstance(c, str))
 
 
-def envelope_messages(envelope: Envelope) -> list[ModelMessage]:
-    """The envelope as pydantic-ai messages: system, history, then this turn's user text."""
+def _is_prompt(part: object) -> bool:
+    """A user prompt with text: not the bare ``CachePoint`` that marks a loop's last tool
+    result (``_loop_messages``), which pydantic-ai hands back with the history."""
+    return isinstance(part, UserPromptPart) and (
+        isinstance(part.content, str) or any(isinstance(c, str) for c in part.content)
+    )
+
+
+def envelope_messages(envelope: Envelope, *, cache_points: bool = False) -> list[ModelMessage]:
+    """The envelope as pydantic-ai messages: system, history, then this turn's user text.
+
+    ``cache_points`` (Anthropic): a ``CachePoint`` where Lamina's own Anthropic request
+    puts a breakpoint in the messages: the end of the history (a ``CachePoint`` before
+    the user text marks the message before it, an assistant reply too) and, when the
+    request defers context (``Envelope.batch``), the end of the turn. The system
+    message's end is marked by pydantic-ai's ``anthropic_cache_instructions``: pydantic-ai
+    sends the system text as one block, which no ``CachePoint`` reaches."""
     out: list[ModelMessage] = []
+    batched = envelope.batch is not None
     envelope = envelope.as_sent()
+    history = envelope.history()
     if envelope.system_text:
         out.append(ModelRequest(parts=[SystemPromptPart(envelope.system_text)]))
-    for role, text in envelope.history():
+    for role, text in history:
         if role == "assistant":
             out.append(ModelResponse(parts=[TextPart(text)]))
         else:
             out.append(ModelRequest(parts=[UserPromptPart(text)]))
-    out.append(ModelRequest(parts=[UserPromptPart(envelope.user_text)]))
+    if not cache_points:
+        out.append(ModelRequest(parts=[UserPromptPart(envelope.user_text)]))
+        return out
+    after = [CachePoint()] if history else []
+    turn = [CachePoint()] if batched else []
+    out.append(ModelRequest(parts=[UserPromptPart([*after, envelope.user_text, *turn])]))
     return out
+
+
+def _marked(message: ModelMessage) -> ModelMessage:
+    """The request's last message with a breakpoint on its last block, as Lamina's own
+    loop request has (the last tool result, or the turn's user message on the first
+    call), so the next call reads this whole request: a ``CachePoint`` alone after the
+    message's parts marks the block before it."""
+    assert isinstance(message, ModelRequest)
+    last = message.parts[-1]
+    content = last.content if isinstance(last, UserPromptPart) else None
+    if isinstance(content, list) and content and isinstance(content[-1], CachePoint):
+        return message
+    return ModelRequest(parts=[*message.parts, UserPromptPart([CachePoint()])])
 
 
 def _loop_messages(loop: Loop) -> list[ModelMessage]:
@@ -190,23 +227,21 @@ class LaminaHistory(LoopAdapter):
             instructions, counter, per_message
         )
 
-    def __call__(
-        self, ctx: RunContext[Any], messages: list[ModelMessage]
-    ) -> list[ModelMessage]:
+    def __call__(self, ctx: RunContext[Any], messages: list[ModelMessage]) -> list[ModelMessage]:
         requests = [m for m in messages if isinstance(m, ModelRequest)]
         instructions = self._sent_instructions(requests[-1].instructions if requests else None)
         start = max(
             (
                 i
                 for i, m in enumerate(messages)
-                if isinstance(m, ModelRequest)
-                and any(isinstance(p, UserPromptPart) for p in m.parts)
+                if isinstance(m, ModelRequest) and any(_is_prompt(p) for p in m.parts)
             ),
             default=None,
         )
         if start is None:
             return messages
-        prompt = next(p for p in messages[start].parts if isinstance(p, UserPromptPart))
+        prompt = next(p for p in messages[start].parts if _is_prompt(p))
+        assert isinstance(prompt, UserPromptPart)
         # Lamina's own system message as it sent it (as_sent: what envelope_messages gave).
         own = {loop.envelope.as_sent().system_text for loop in self.state.loops[-1:]}
         system = "\n\n".join(
@@ -225,4 +260,8 @@ class LaminaHistory(LoopAdapter):
         )
         self.instructions.append(instructions)
         self.state.instructions_sent(instructions)
-        return [*envelope_messages(loop.envelope), *_loop_messages(loop)]
+        marks = self.provider == "anthropic"
+        out = [*envelope_messages(loop.envelope, cache_points=marks), *_loop_messages(loop)]
+        if marks:  # a loop's request: its last block too, as Lamina's own Anthropic request
+            out[-1] = _marked(out[-1])
+        return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
@@ -26,6 +26,7 @@ from lamina.pipeline._model.artifacts import (
 )
 from lamina.pipeline._model.envelope import (
     Batch,
+    CachedPrefix,
     Decision,
     DecisionAction,
     Envelope,
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
     from lamina.pipeline._turn.budget import Budget
 
 __all__ = [
+    "CacheMeter",
     "Conversation",
     "ConversationState",
     "NoRenderer",
@@ -69,6 +71,25 @@ __all__ = [
 
 
 Attachment = AttachmentSpec | Mapping[str, Any]
+
+
+class CacheMeter(Protocol):
+    """Measures a request's cached prefix against the request before it (``previous``:
+    None on the first turn, or where it is not known), as sent: what ``Envelope.cache``
+    holds. Comparing requests means laying them out as a provider receives them, which is
+    the renderers' work, so the core takes it as an edge like ``sources`` and
+    ``renderer``: ``lamina.renderers.cached_prefix`` is one, and ``lamina.Conversation``
+    (and the host functions of ``lamina``) pass it."""
+
+    def __call__(
+        self,
+        previous: Envelope | None,
+        current: Envelope,
+        counter: TokenCounter,
+        *,
+        budget: Budget | None = None,
+    ) -> CachedPrefix: ...
+
 
 # Renderings an item takes in a budgeted turn: its full block, its preview, and the empty
 # preview a fitted preview is measured by (a 1,600-note folder at 200k rendered 4,800).
@@ -112,7 +133,13 @@ class Conversation:
     The core takes its edges as arguments: ``sources`` (specs -> artifacts, e.g.
     ``lamina.processors.Sources``) and ``renderer`` (views -> text, e.g.
     ``lamina.renderers.XmlRenderer``).
-    ``lamina.Conversation`` fills both in from a vault folder.
+    ``lamina.Conversation`` fills both in from a vault folder, and ``cache_meter``
+    (``CacheMeter``): each envelope's ``cache`` then tells how much of its request repeats
+    the request before it, measured when first read (None without a meter). A restored
+    conversation has not seen the request before its first turn: that figure says so
+    (``previous-not-rebuilt``, 0 tokens), unless it was loaded from a store
+    (``load_conversation``, ``stateless_turn``), which rebuilds that request when the
+    figure is read.
 
     ``defer_library`` sends each request as a byte extension of the one before until the
     prefix breaks anyway (``Envelope.batch``): a turn's new context stays in the user
@@ -133,8 +160,12 @@ class Conversation:
         summarizer: Summarizer | None = None,
         retriever: Callable[[], Retriever] | None = None,
         defer_library: bool = True,
+        cache_meter: CacheMeter | None = None,
     ) -> None:
         _check_settings(system, tokenizer, policy, budget)
+        if cache_meter is not None and not callable(cache_meter):
+            got = type(cache_meter).__name__
+            raise ArgumentError("cache_meter", f"must be a pipeline.CacheMeter, got {got}")
         _validate.flag("defer_library", defer_library)
         if retriever is not None and not callable(retriever):
             got = type(retriever).__name__
@@ -186,6 +217,12 @@ class Conversation:
         # turn set it, else "" (saved): the next turn's first request follows that one, so
         # a session that did not see it (loaded from a store) still explains the change.
         self.agent_handoff = ""
+        self.cache_meter = cache_meter
+        # The last envelope this object built, as built: the next one's ``cache`` compares
+        # with it (the meter's memo of what it renders to is by identity). A conversation
+        # loaded from a store holds a function that rebuilds its last request instead
+        # (``load_conversation``), called only if that figure is read.
+        self._sent: Envelope | Callable[[], Envelope | None] | None = None
 
     def _settle(self, *, next_turn: bool = False) -> None:
         """Take the promoted library once it is made (waiting for the background thread;
@@ -252,6 +289,7 @@ class Conversation:
         budget: Budget | None = None,
         summarizer: Summarizer | None = None,
         retriever: Callable[[], Retriever] | None = None,
+        cache_meter: CacheMeter | None = None,
     ) -> Conversation:
         """A conversation that continues exactly where ``state`` was taken.
 
@@ -271,6 +309,7 @@ class Conversation:
             summarizer=summarizer,
             retriever=retriever,
             defer_library=state.defer_library,
+            cache_meter=cache_meter,
         )
         conv._batch = state.batch
         if state.vault_changes:
@@ -323,8 +362,9 @@ class Conversation:
     ) -> Envelope:
         """Build this turn's envelope from the query, its attachments and tool results.
 
-        ``tools`` are turn-scoped specs that carry their own content (``lamina.pipeline.tool``,
-        ``lamina.pipeline.hits``): they go to the user message first and never enter L1, L2 or L4.
+        ``tools`` are turn-scoped specs that carry their own content
+        (``lamina.pipeline.tools.tool``, ``lamina.pipeline.tools.hits``): they go to the user
+        message first and never enter L1, L2 or L4.
         A turn that raises leaves the conversation exactly as it was (vault changes too).
         The next turn's library is made on the background worker while the request is
         sent; ``background=False`` leaves it to the first use, without the preparing of
@@ -479,6 +519,18 @@ class Conversation:
         self._history.append(HistoryEntry(number, text))
         self._last_system = self._system
         self.agent_handoff = ""  # this turn's requests follow the handed one
+        meter = self.cache_meter
+        if meter is not None:  # without one, nothing is kept for the next turn
+            previous, self._sent = self._sent, envelope
+            built, conversation_budget = envelope, self.budget
+
+            def measure() -> CachedPrefix:
+                """Made when first read (a host may never ask); so is the counter asked
+                for, since asking waits for this turn's promotion."""
+                before = previous() if callable(previous) else previous
+                return meter(before, built, self.counter, budget=conversation_budget)
+
+            envelope = attrs.evolve(built, cache=measure)
         return envelope, graph
 
     def _batched(self, envelope: Envelope, library: Library) -> tuple[Envelope, BatchState]:

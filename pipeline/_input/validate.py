@@ -82,7 +82,8 @@ def attachments(argument: str, value: object) -> list[Any]:
 
 
 def tool_specs(argument: str, value: object) -> list[Any]:
-    """Turn-scoped specs that carry their own content (``lamina.pipeline.tool``, ``.hits``)."""
+    """Turn-scoped specs that carry their own content (``lamina.pipeline.tools.tool``,
+    ``.hits``)."""
     if isinstance(value, str | bytes | bytearray | Mapping) or not isinstance(value, Iterable):
         raise ArgumentError(argument, f"must be a list of tool specs, got {_kind(value)}")
     items = list(value)

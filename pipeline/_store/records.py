@@ -24,6 +24,7 @@ from lamina.pipeline._conversation.conversation import Conversation, Conversatio
 from lamina.pipeline._errors import (
     ConversationError,
     LaminaError,
+    StoreError,
 )
 from lamina.pipeline._hashing import content_hash as _content_hash
 from lamina.pipeline._model.artifacts import AttachmentSpec, TurnWarning
@@ -413,6 +414,17 @@ def load_conversation(
     state, head = store.load_head(conversation_id, turn)
     conversation = back_summaries(Conversation.restore(state, **restore), store)
     conversation.saved_head = head
+    if head.turn and conversation.cache_meter is not None:
+        # The next turn's ``cache`` compares with the request this turn sent, rebuilt as
+        # it was sent when the figure is first read (None, "previous-not-rebuilt", when it
+        # cannot be told, or the store was closed by then).
+        def previous() -> Envelope | None:
+            try:
+                return rebuild_envelope(store, conversation_id, head.turn, as_sent=True, **restore)
+            except StoreError:
+                return None
+
+        conversation._sent = previous
     return conversation
 
 

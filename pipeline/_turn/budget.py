@@ -60,13 +60,27 @@ def _weights(value: object) -> tuple[tuple[str, float], ...]:
     return tuple(sorted((str(k), float(w)) for k, w in pairs.items()))
 
 
+def _default_reserve(settings: BudgetSettings) -> int:
+    """The reply's reserve when none is given: 4,096 tokens, or a quarter of a window
+    under 16,384 (so any window has room for a request). The CLI, the server and replay
+    configs leave it to this default. A window that is no int is left to its validator."""
+    window = settings.context_window
+    if isinstance(window, int) and not isinstance(window, bool):
+        return min(4096, window // 4)
+    return 4096
+
+
 @attrs.frozen
 class BudgetSettings:
     """A budget's window, reserve, framing, margins and the objective's settings: the
     record a store keeps of a ``Budget``."""
 
     context_window: int = attrs.field(validator=_at_least(1))
-    reserve_output: int = attrs.field(default=4096, validator=_at_least(0))
+    reserve_output: int = attrs.field(
+        default=attrs.Factory(_default_reserve, takes_self=True), validator=_at_least(0)
+    )
+    """Tokens kept free for the reply; by default 4,096, or a quarter of a window under
+    16,384."""
     per_message_tokens: int = attrs.field(
         default=OPENAI_FRAMING.per_message, validator=_at_least(0)
     )

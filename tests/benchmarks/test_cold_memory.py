@@ -16,11 +16,11 @@ from lamina.renderers import openai_messages
 
 def test_a_cold_build_holds_its_payload_about_three_times_at_most(tmp_path: Path) -> None:
     """The notes as read, their blocks and the joined user message are three copies; the
-    graph, the views and the parsed links come on top (200 KB of notes: 3.34x). The host
-    facade keeps the turn's envelope as built for the next turn's ``env.cache`` (the prefix
-    it repeats), so its blocks outlive the returned copy through the promotion: 3.99x.
-    A fifth copy of the payload, held anywhere through the turn or its promotion, shows
-    here."""
+    graph, the views and the parsed links come on top (200 KB of notes: 3.34x). A
+    conversation with a cache meter (the host facade's) keeps the turn's envelope as built
+    for the next turn's ``env.cache`` (the prefix it repeats), so its blocks outlive the
+    returned copy through the promotion: 3.99x. A fifth copy of the payload, held anywhere
+    through the turn or its promotion, shows here."""
     workload = cold_workload(SEED, 200_000)
     write_vault(workload, tmp_path)
     turn = workload.turns[0]

@@ -12,16 +12,16 @@ from typing import Any
 import pytest
 
 from lamina import Conversation, load_script
-from lamina.pipeline import (
+from lamina.pipeline import LaminaError
+from lamina.pipeline._model.tools import canonical_args
+from lamina.pipeline.errors import (
     AttachmentError,
     ChatTranscriptError,
-    LaminaError,
     PdfError,
     ScriptError,
     TranscriptError,
-    parse_transcript,
 )
-from lamina.pipeline._model.tools import canonical_args
+from lamina.pipeline.store import parse_transcript
 from lamina.processors import note, pdf, youtube
 from lamina.processors._notes import parse_note
 from tests.hostile.corpus import BIG_INT, alias_bomb, deep_block, deep_flow

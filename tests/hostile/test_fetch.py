@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from lamina.pipeline import FetchError
+from lamina.pipeline.errors import FetchError
 from lamina.processors import ProcessContext, UrlPayload, UrlProcessor, url
 from tests.hostile.corpus import assert_one_error_line, lamina_limited
 

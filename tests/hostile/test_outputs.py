@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lamina._files import write_atomic
-from lamina.pipeline import ConfigError
+from lamina.pipeline.errors import ConfigError
 from tests.cli import ROOT
 from tests.hostile.corpus import assert_one_error_line, lamina_limited
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchmarks.replay_corpus import write_configs, write_replay_corpus
 from lamina import replay
-from lamina.pipeline import SqliteStore
+from lamina.pipeline.store import SqliteStore
 from tests.hostile.corpus import lamina_limited
 
 GIB = 1 << 30

@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lamina._cli import main
-from lamina.pipeline import LaminaError, PostgresStore
+from lamina.pipeline import LaminaError
 from lamina.pipeline._store.postgres import mask_url
+from lamina.pipeline.store import PostgresStore
 
 # The secret's two ends are marked, so a password only partly masked shows as a leak.
 HEAD, TAIL = "Zk8", "Qx3"

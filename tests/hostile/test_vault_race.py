@@ -9,7 +9,8 @@ from collections import Counter
 from pathlib import Path
 
 from lamina import Conversation
-from lamina.pipeline import LaminaError, PathOutsideVault
+from lamina.pipeline import LaminaError
+from lamina.pipeline.errors import PathOutsideVault
 from lamina.processors import note
 from lamina.processors._vault import Vault
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from lamina import BudgetConfig, ProviderPricing, load_config, parse_config
-from lamina.pipeline import Budget, ConfigError, Policy
+from lamina.pipeline import Budget, Policy
+from lamina.pipeline.errors import ConfigError
 
 
 def test_a_yaml_config_sets_every_dimension(tmp_path: Path) -> None:

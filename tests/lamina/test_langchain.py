@@ -26,7 +26,8 @@ from pydantic import SecretStr
 
 from lamina import Conversation
 from lamina.adapters.langchain import LaminaMiddleware, to_messages
-from lamina.pipeline import Budget, DecisionAction, read_usage
+from lamina.pipeline import Budget, DecisionAction
+from lamina.pipeline.tokens import read_usage
 from lamina.renderers import agent_request, render_request, tool_tokens, usage_record
 from tests.lamina.wire import anthropic_blocks, anthropic_served, chat_tokens
 

@@ -13,7 +13,8 @@ import litellm
 
 from lamina import Conversation
 from lamina.adapters.litellm import completion, to_messages
-from lamina.pipeline import AgentTurn, Usage, agent_call, read_usage
+from lamina.pipeline.agent import AgentTurn, agent_call
+from lamina.pipeline.tokens import Usage, read_usage
 from lamina.renderers import agent_request, render_request
 
 VAULT = Path(__file__).resolve().parents[2] / "examples" / "vault"

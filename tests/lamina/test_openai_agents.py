@@ -25,17 +25,9 @@ from openai.types.responses import (
 
 from lamina import Conversation, export_transcript, import_transcript, load_conversation
 from lamina.adapters.openai_agents import LaminaSession, final_answer
-from lamina.pipeline import (
-    Budget,
-    ConfigError,
-    ConversationError,
-    ConversationInfo,
-    DecisionAction,
-    SqliteStore,
-    SystemPrompt,
-    check_envelope,
-    save_turn,
-)
+from lamina.pipeline import Budget, DecisionAction, SystemPrompt, check_envelope
+from lamina.pipeline.errors import ConfigError, ConversationError
+from lamina.pipeline.store import ConversationInfo, SqliteStore, save_turn
 from lamina.renderers import (
     ANTHROPIC_TOOL_PROMPT,
     agent_request,

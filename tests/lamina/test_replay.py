@@ -31,7 +31,7 @@ from lamina import (
 )
 from lamina._engines import LOCAL_CLUSTER_CONFIG
 from lamina._summary import summarize
-from lamina.pipeline import ConversationInfo, SqliteStore
+from lamina.pipeline.store import ConversationInfo, SqliteStore
 from lamina.processors import Sources
 from tests.conftest import write_vault
 

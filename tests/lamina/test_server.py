@@ -543,7 +543,7 @@ def test_the_hot_lane_leaves_every_body_it_does_not_take_to_fastapi(client: http
 def test_the_transcript_keeps_the_creation_body_under_settings(client: httpx.Client) -> None:
     """``GET .../transcript`` shows the server's creation body as a ``settings:`` entry
     (not a tag a person gave), and importing the transcript keeps it exactly."""
-    from lamina.pipeline import parse_transcript
+    from lamina.pipeline.store import parse_transcript
 
     cid = create(client, window=3000, reserve=300, defer_library=False)["id"]
     turn(client, cid, EMPTY, user="hi")

@@ -16,7 +16,7 @@ import uvicorn
 from lamina._hub import ServerConfig
 from lamina._protocols import ConnectionLimits, Guards
 from lamina._server import PROTOCOLS, create_app, http_protocol
-from lamina.pipeline import ConfigError
+from lamina.pipeline.errors import ConfigError
 
 
 @contextlib.contextmanager

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from lamina import Conversation
-from lamina.pipeline import ConversationInfo, open_store, save_turn
 from lamina.pipeline._store.records import canonical, digest
+from lamina.pipeline.store import ConversationInfo, open_store, save_turn
 
 ROOT = Path(__file__).resolve().parents[2]
 VAULT = ROOT / "examples" / "vault"

@@ -8,16 +8,9 @@ import attrs
 import pytest
 
 from lamina import Conversation
-from lamina.pipeline import (
-    Budget,
-    BudgetExceeded,
-    ConfigError,
-    DecisionAction,
-    InvariantViolation,
-    SystemPrompt,
-    check_envelope,
-)
+from lamina.pipeline import Budget, DecisionAction, SystemPrompt, check_envelope
 from lamina.pipeline._conversation.agent import QUESTION_AGAIN, AgentTurn, agent_call
+from lamina.pipeline.errors import BudgetExceeded, ConfigError, InvariantViolation
 
 QUESTION = "Which devices lost edits last week?"
 
@@ -115,7 +108,7 @@ def test_call_ids_are_deterministic_and_unique(vault: Path) -> None:
 
 def test_script_turns_carry_tools_and_recorded_agent_steps(vault: Path) -> None:
     from lamina import parse_script, run_script
-    from lamina.pipeline import ScriptError
+    from lamina.pipeline.errors import ScriptError
 
     script = parse_script(
         {

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from lamina.pipeline import (
-    ArgumentError,
-    Artifact,
-    LaminaError,
+from lamina.pipeline import Artifact, LaminaError
+from lamina.pipeline.errors import ArgumentError
+from lamina.pipeline.sources import make_artifact
+from lamina.pipeline.tokens import TokenCounter
+from lamina.pipeline.views import (
     SummaryCache,
     TextRankSummarizer,
-    TokenCounter,
     cut_to_tokens,
-    make_artifact,
     make_excerpt,
     summary_view,
 )

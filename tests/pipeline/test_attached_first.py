@@ -13,18 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, parse_script
-from lamina.pipeline import (
-    NOT_SENT_INTRO,
-    REFERENCES_INTRO,
-    Budget,
-    BudgetExceeded,
-    Envelope,
-    Form,
-    check_envelope,
-    fit_preview,
-    get_encoding,
-)
+from lamina.pipeline import Budget, Envelope, Form, check_envelope
 from lamina.pipeline._budget.objective import MIN_PREVIEW_TOKENS
+from lamina.pipeline.errors import BudgetExceeded
+from lamina.pipeline.layout import NOT_SENT_INTRO, REFERENCES_INTRO
+from lamina.pipeline.tokens import get_encoding
+from lamina.pipeline.views import fit_preview
 from lamina.processors import ProcessContext, Sources, Vault, folder, note
 from tests.pipeline.test_budget import exact_request_tokens
 from tests.strategies import conversations, localize, serve_site, write_property_vault
@@ -132,7 +126,7 @@ def test_an_edited_note_under_a_budget_sends_the_changed_section(tmp_path: Path)
 
 
 def test_a_preview_keeps_the_sections_the_query_names() -> None:
-    from lamina.pipeline import TokenCounter
+    from lamina.pipeline.tokens import TokenCounter
 
     body = "# Guide\n\n" + "\n\n".join(
         f"## {name}\n\n" + f"All about {name.lower()}. " * 40

@@ -12,14 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, load_conversation, rebuild_envelope
-from lamina.pipeline import (
-    Budget,
-    ConversationInfo,
-    ConversationState,
-    Envelope,
-    check_envelope,
-    save_turn,
-)
+from lamina.pipeline import Budget, ConversationState, Envelope, check_envelope
+from lamina.pipeline.store import ConversationInfo, save_turn
 from lamina.renderers import openai_messages
 from tests.stores import Backend
 
@@ -173,7 +167,7 @@ def test_restore_from_a_store_sends_the_same_bytes(backend: Backend, vault: Path
 def test_a_stored_turn_is_rebuilt_with_the_request_it_sent(tmp_path: Path, vault: Path) -> None:
     """``rebuild_envelope`` replays a turn from the state before it: the same batch, so the
     same request (its hash is in the stored manifest)."""
-    from lamina.pipeline import Manifest, open_store
+    from lamina.pipeline.store import Manifest, open_store
 
     conv = Conversation("Be terse.", vault=vault)
     assert conv.defer_library  # the default
@@ -221,7 +215,7 @@ def test_each_request_extends_the_last_or_settles_with_a_reason(
     conv = Conversation("Be terse.", vault=vault, budget=budget, defer_library=True)
     k = data.draw(st.integers(0, len(turns) - 1), label="restore after turn")
     path = tmp_path_factory.mktemp("batch-db") / "s.db"
-    from lamina.pipeline import open_store
+    from lamina.pipeline.store import open_store
 
     previous: list[tuple[str, str]] | None = None
     prev_env: Envelope | None = None
@@ -273,12 +267,11 @@ def _chat30(turns: int, first: int = 0) -> list[Envelope]:
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 6,000: turn 16 settles with room beyond the headroom, and the four library
-    entries the budget had cut (to previews, an excerpt, a line in a folder's index) go
-    whole in its user message, under the intro, before the query; the system message
-    keeps their cut forms (a restore by appending rewrites nothing). Turn 17 extends it
-    and sends none again."""
-    from lamina.pipeline import RESTORED_INTRO
+    """chat30 at 6,000: turn 17 settles with room beyond the slack, and the three library
+    entries the budget had cut to summaries go whole in its user message, under the intro,
+    before the query; the system message keeps their summaries (a restore by appending
+    rewrites nothing). Turn 18 extends it and sends none again."""
+    from lamina.pipeline.layout import RESTORED_INTRO
 
     t16, t17 = _chat30(17, 15)
     assert t16.batch is not None and t17.batch is not None
@@ -308,7 +301,7 @@ def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> Non
     """Restored from SQLite after turn 16, the conversation sends turns 17 and 18 (a
     restore by appending, then its extension) byte for byte as the live one did."""
     from lamina import load_script, run_saved, run_script
-    from lamina.pipeline import open_store
+    from lamina.pipeline.store import open_store
 
     script = load_script(_EXAMPLES / "chat30.yaml")
     budget = Budget(context_window=6000, reserve_output=1500, recall=False)  # as _chat30
@@ -328,8 +321,9 @@ def test_a_batched_turn_that_restores_keeps_its_own_context_whole(vault: Path) -
     again carries the note's full block, then the intro and the entry, then the query,
     and records both as sent (the message is made once more with the restores, from what
     the batch sent before it, so the note is not taken for sent already)."""
-    from lamina.pipeline import RESTORED_INTRO, Form, Segment
+    from lamina.pipeline import Form, Segment
     from lamina.pipeline._conversation.batch import batch_turn
+    from lamina.pipeline.layout import RESTORED_INTRO
 
     live = Conversation("Be terse.", vault=vault, defer_library=True)
     live.turn("a", [{"note": "alpha.md"}])

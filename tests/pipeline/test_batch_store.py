@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation, load_conversation
-from lamina.pipeline import ConversationInfo, Envelope, Store, save_turn
+from lamina.pipeline import Envelope
 from lamina.pipeline._store.records import canonical, digest
 from lamina.pipeline._store.sql import _converter
+from lamina.pipeline.store import ConversationInfo, Store, save_turn
 from lamina.renderers import openai_messages
 from tests.stores import Backend
 

@@ -15,19 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, parse_script
-from lamina.pipeline import (
-    Budget,
-    BudgetExceeded,
-    ConfigError,
-    Envelope,
-    Form,
-    LLMSummarizer,
-    SystemPrompt,
-    TokenCounter,
-    check_envelope,
-    defuse_special_tokens,
-    get_encoding,
-)
+from lamina.pipeline import Budget, Envelope, Form, SystemPrompt, check_envelope
+from lamina.pipeline.errors import BudgetExceeded, ConfigError
+from lamina.pipeline.text import defuse_special_tokens
+from lamina.pipeline.tokens import TokenCounter, get_encoding
+from lamina.pipeline.views import LLMSummarizer
 from lamina.processors import ProcessContext, Sources, Vault, folder, note, selection
 from lamina.renderers import openai_messages, trace_document
 from tests.strategies import conversations, localize, serve_site, write_property_vault

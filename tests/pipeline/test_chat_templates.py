@@ -17,16 +17,11 @@ from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from lamina import Conversation
-from lamina.pipeline import (
-    Budget,
-    BudgetExceeded,
-    SystemPrompt,
-    TokenCounter,
-    defuse_special_tokens,
-    get_encoding,
-    get_profile,
-)
+from lamina.pipeline import Budget, SystemPrompt
 from lamina.pipeline._tokens.open_encodings import OPEN_TOKENIZERS
+from lamina.pipeline.errors import BudgetExceeded
+from lamina.pipeline.text import defuse_special_tokens
+from lamina.pipeline.tokens import TokenCounter, get_encoding, get_profile
 from lamina.processors import selection
 from lamina.renderers import openai_messages
 from lamina.renderers._openai import ChatMessage

@@ -11,7 +11,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 
 from lamina import Conversation
-from lamina.pipeline import ConversationInfo, ConversationState, open_store, save_turn
+from lamina.pipeline import ConversationState
+from lamina.pipeline.store import ConversationInfo, open_store, save_turn
 from tests.stores import Backend
 
 TURNS = 100

@@ -6,9 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from lamina.pipeline import Budget, CountMemo, HistoryEntry, Segment, TokenCounter, text_hash
+from lamina.pipeline import Budget, HistoryEntry, Segment
 from lamina.pipeline._model.envelope import BLOCK_SEP, Form
 from lamina.pipeline._turn.history import HistorySegments
+from lamina.pipeline.text import text_hash
+from lamina.pipeline.tokens import CountMemo, TokenCounter
 
 # Texts whose edges exercise the blank-line rule: trailing punctuation, leading spaces,
 # slashes, newlines, non-ASCII.

@@ -9,15 +9,9 @@ from typing import Any
 import pytest
 
 from lamina import Conversation
-from lamina.pipeline import (
-    ArgumentError,
-    Budget,
-    ConfigError,
-    LaminaError,
-    NoteNotFound,
-    SystemPrompt,
-    tool,
-)
+from lamina.pipeline import Budget, LaminaError, SystemPrompt
+from lamina.pipeline.errors import ArgumentError, ConfigError, NoteNotFound
+from lamina.pipeline.tools import tool
 from lamina.processors import note
 
 

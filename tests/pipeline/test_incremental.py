@@ -11,18 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from lamina.pipeline import (
-    AttachmentSpec,
-    Budget,
-    Form,
-    Library,
-    Policy,
-    Processed,
-    TokenCounter,
-    carry_forward,
-    full_view,
-    make_artifact,
-)
+from lamina.pipeline import AttachmentSpec, Budget, Form, Library, Policy
+from lamina.pipeline.sources import Processed, make_artifact
+from lamina.pipeline.tokens import TokenCounter
+from lamina.pipeline.views import carry_forward, full_view
 from lamina.processors import NotePayload, Sources, note
 from lamina.renderers import XmlRenderer
 from tests.strategies import MARKDOWN_LINE

@@ -8,15 +8,9 @@ import attrs
 import pytest
 
 from lamina import Conversation
-from lamina.pipeline import (
-    Envelope,
-    Form,
-    InvariantViolation,
-    Layer,
-    LayerName,
-    check_envelope,
-    strip_reply,
-)
+from lamina.pipeline import Envelope, Form, Layer, LayerName, check_envelope
+from lamina.pipeline.errors import InvariantViolation
+from lamina.pipeline.text import strip_reply
 from lamina.processors import note
 
 

@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from lamina.pipeline import (
-    check_envelope,
+from lamina.pipeline import check_envelope
+from lamina.pipeline._model.history import stripped_with_steps
+from lamina.pipeline.text import (
     defuse_markup,
     defuse_special_tokens,
     escape_attribute,
@@ -23,7 +24,6 @@ from lamina.pipeline import (
     markup_blocks,
     strip_reply,
 )
-from lamina.pipeline._model.history import stripped_with_steps
 from tests.cli import lamina
 
 # --- escaping ---------------------------------------------------------------------------

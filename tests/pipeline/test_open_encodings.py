@@ -18,17 +18,10 @@ from hypothesis import strategies as st
 import lamina.pipeline._tokens.counter as tokens_module
 import lamina.pipeline._tokens.open_encodings as open_module
 from lamina import Conversation, parse_script
-from lamina.pipeline import (
-    Budget,
-    BudgetExceeded,
-    ConfigError,
-    TokenCounter,
-    TokenizerUnavailable,
-    check_envelope,
-    get_encoding,
-    get_profile,
-)
+from lamina.pipeline import Budget, check_envelope
 from lamina.pipeline._tokens.open_encodings import OPEN_SPECS, OPEN_TOKENIZERS, load_open_encoding
+from lamina.pipeline.errors import BudgetExceeded, ConfigError, TokenizerUnavailable
+from lamina.pipeline.tokens import TokenCounter, get_encoding, get_profile
 from lamina.processors import ProcessContext, Sources, Vault, selection
 from lamina.renderers import openai_messages
 from lamina.renderers._openai import ChatMessage
@@ -135,7 +128,7 @@ def test_open_encodings_load_offline_from_installed_packages() -> None:
         "import socket\n"
         "def no(*a, **k): raise SystemExit('network used')\n"
         "socket.socket.connect = no; socket.create_connection = no\n"
-        "from lamina.pipeline import TokenCounter\n"
+        "from lamina.pipeline.tokens import TokenCounter\n"
         f"print(*(TokenCounter(n).count('hello world') for n in {OPEN_TOKENIZERS!r}))\n"
     )
     env = {"PATH": "/usr/bin:/bin", "TIKTOKEN_CACHE_DIR": "", "HF_HUB_OFFLINE": "1"}

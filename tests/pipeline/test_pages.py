@@ -8,7 +8,7 @@ from pathlib import Path
 from fpdf import FPDF
 
 from lamina import Conversation
-from lamina.pipeline import format_pages, parse_pages
+from lamina.pipeline.stages import format_pages, parse_pages
 from lamina.processors import Sources, pdf
 
 

@@ -16,16 +16,11 @@ import pytest
 import xxhash
 
 from lamina import Conversation, load_conversation, parse_script, run_saved
-from lamina.pipeline import (
-    Budget,
-    BudgetSettings,
-    ConversationInfo,
-    LLMSummarizer,
-    SqliteStore,
-    StoreError,
-    TokenCounter,
-    save_turn,
-)
+from lamina.pipeline import Budget, BudgetSettings
+from lamina.pipeline.errors import StoreError
+from lamina.pipeline.store import ConversationInfo, SqliteStore, save_turn
+from lamina.pipeline.tokens import TokenCounter
+from lamina.pipeline.views import LLMSummarizer
 from lamina.renderers import openai_messages
 from tests.cli import lamina
 from tests.stores import Backend
@@ -124,6 +119,24 @@ def test_state_records_the_budget_and_restore_rebuilds_it(backend: Backend, vaul
     assert again.budget == budget
 
 
+@pytest.mark.parametrize(("window", "reserve"), [(8000, 4096), (8000, None), (20_000, 300)])
+def test_a_saved_budget_reads_back_with_the_reserve_it_was_saved_with(
+    backend: Backend, vault: Path, window: int, reserve: int | None
+) -> None:
+    """The reserve is stored as a number, never as "the default": a budget saved with the
+    old default (4,096 at 8,000) keeps it, one saved at the default keeps that figure."""
+    budget = Budget(window) if reserve is None else Budget(window, reserve)
+    conv = Conversation("Be terse.", vault=vault, budget=budget)
+    env = conv.turn("hi", [{"note": "project-spec.md"}])
+    with backend.open() as store:
+        store.create(ConversationInfo("c"))
+        save_turn(store, "c", conv, env)
+        again = load_conversation(store, "c", vault=vault)
+    assert again.budget is not None
+    expected = min(4096, window // 4) if reserve is None else reserve
+    assert again.budget.reserve_output == budget.reserve_output == expected
+
+
 def test_an_explicit_budget_wins_over_the_saved_one(vault: Path) -> None:
     conv = Conversation(vault=vault, budget=Budget(2000, 300))
     conv.turn("hi")
@@ -171,7 +184,9 @@ def test_a_state_saved_before_budgets_were_kept_loads_without_one(
 _RESUME = """
 import itertools, json, sys
 from lamina import load_conversation
-from lamina.pipeline import LLMSummarizer, TokenCounter, open_store
+from lamina.pipeline.store import open_store
+from lamina.pipeline.tokens import TokenCounter
+from lamina.pipeline.views import LLMSummarizer
 from lamina.renderers import openai_messages
 
 store_path, vault = sys.argv[1], sys.argv[2]

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, load_conversation, parse_script, run_saved, run_script
-from lamina.pipeline import ConversationInfo
+from lamina.pipeline.store import ConversationInfo
 from lamina.processors import ProcessContext, Sources, Vault
 from lamina.renderers import annotate_trace, trace_document
 from tests.cli import lamina

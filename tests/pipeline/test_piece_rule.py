@@ -10,14 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lamina.pipeline import (
-    TOKENIZERS,
-    TokenizerUnavailable,
-    get_encoding,
-    next_piece_start,
-    starts_piece,
-)
+from lamina.pipeline._tokens.counter import starts_piece
 from lamina.pipeline._tokens.open_encodings import OPEN_SPECS
+from lamina.pipeline.errors import TokenizerUnavailable
+from lamina.pipeline.layout import next_piece_start
+from lamina.pipeline.tokens import TOKENIZERS, get_encoding
 
 # Whitespace of every kind (the old copies disagreed on \r, form feed and no-break space),
 # slashes, punctuation that absorbs newlines, contractions, digits, marks and wide text.

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from lamina.pipeline import ConfigError, Form, Policy, check_envelope
+from lamina.pipeline import Form, Policy, check_envelope
+from lamina.pipeline.errors import ConfigError
 from lamina.processors import note, selection
 
 LONG = "# Long\n\n" + "\n\n".join(

@@ -425,8 +425,8 @@ def test_a_preview_counted_from_a_count_by_sections_is_exact(
 ) -> None:
     """The note's count made at its sections and the preview's made from those parts are
     both what encoding gives."""
-    from lamina.pipeline import CountMemo
     from lamina.pipeline._views.preview import count_by_sections, fitted_preview_of
+    from lamina.pipeline.tokens import CountMemo
 
     counter = TokenCounter(name, memo=CountMemo())
     enc = counter.encoding
@@ -440,8 +440,8 @@ def test_a_preview_counted_from_a_count_by_sections_is_exact(
 def test_a_preview_after_a_count_by_sections_encodes_no_whole_section() -> None:
     """Its sections' counts come from the parts the note's count remembered: what is
     encoded again is the cut section's window and short tails, not the kept sections."""
-    from lamina.pipeline import CountMemo
     from lamina.pipeline._views.preview import count_by_sections, fitted_preview_of
+    from lamina.pipeline.tokens import CountMemo
 
     body = "\n\n".join(
         f"## Part {s}\n\n" + " ".join(f"Sample {s}.{k} was logged." for k in range(40))

@@ -7,7 +7,7 @@ import datetime
 import cattrs
 import pytest
 
-from lamina.pipeline import Budget, BudgetSettings, TokenCounter
+from lamina.pipeline import Budget, BudgetSettings
 from lamina.pipeline._errors import ConfigError
 from lamina.pipeline._tokens.counter import TOKENIZERS
 from lamina.pipeline._tokens.profiles import (
@@ -17,6 +17,7 @@ from lamina.pipeline._tokens.profiles import (
     get_profile,
     provider_of,
 )
+from lamina.pipeline.tokens import TokenCounter
 
 
 def test_gpt_4o_profile() -> None:

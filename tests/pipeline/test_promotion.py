@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from lamina.pipeline import ArgumentError, Budget, Library, StageError
+from lamina.pipeline import Budget, Library
 from lamina.pipeline._turn.promotion import Promotion
+from lamina.pipeline.errors import ArgumentError, StageError
 
 _PARTS = (f"## Part {i}\n\n" + "Sentence of the plan. " * 80 for i in range(12))
 _NOTE = "# Plan\n\n" + "\n\n".join(_PARTS)
@@ -154,7 +155,7 @@ def test_a_turn_without_background_promotion_leaves_it_to_the_first_use(
 
 
 def test_background_must_be_a_bool(tmp_path: Path) -> None:
-    from lamina.pipeline import ArgumentError
+    from lamina.pipeline.errors import ArgumentError
 
     conv = Conversation("s", vault=_vault(tmp_path))
     with pytest.raises(ArgumentError, match="background"):
@@ -230,7 +231,8 @@ def test_a_turn_right_after_a_large_promotion_waits_for_its_library_not_its_rank
     """The turn after one that filled half the window asks for the library while the
     worker still ranks its new entries: the ranking stops after the entry it is on, goes
     on after that turn's library, and the requests are those waiting for all of it gives."""
-    from lamina.pipeline import TextRankSummarizer, TokenCounter, summary_pool
+    from lamina.pipeline.tokens import TokenCounter
+    from lamina.pipeline.views import TextRankSummarizer, summary_pool
     from lamina.renderers import openai_messages
 
     gate, entered = threading.Event(), threading.Event()

@@ -13,19 +13,16 @@ from hypothesis import strategies as st
 
 from lamina.pipeline import (
     Budget,
-    ConfigError,
     Conversation,
-    ConversationInfo,
     DecisionAction,
     Envelope,
-    Fts5Retriever,
-    RecallItem,
     Retriever,
     check_envelope,
-    load_conversation,
-    markup_blocks,
-    save_turn,
 )
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.recall import Fts5Retriever, RecallItem
+from lamina.pipeline.store import ConversationInfo, load_conversation, save_turn
+from lamina.pipeline.text import markup_blocks
 from lamina.renderers import XmlRenderer, build_prompt
 from tests.stores import COMMITS, Backend, legacy_store
 

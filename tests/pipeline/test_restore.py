@@ -10,17 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, load_conversation
-from lamina.pipeline import (
-    Budget,
-    ConversationInfo,
-    Decision,
-    DecisionAction,
-    Envelope,
-    Form,
-    SqliteStore,
-    check_envelope,
-    save_turn,
-)
+from lamina.pipeline import Budget, Decision, DecisionAction, Envelope, Form, check_envelope
+from lamina.pipeline.store import ConversationInfo, SqliteStore, save_turn
 from lamina.processors import note
 from tests.pipeline.test_budget import exact_request_tokens
 
@@ -323,7 +314,7 @@ def test_a_chat_decides_the_same_whatever_the_process_summarized_before() -> Non
     the same requests alone as after the same vault's chat at 4k in the same process,
     whose previews of the same notes differ (keyed by content alone, the 8k chat got the
     4k chat's summaries from the process's pool and cut differently from turn 6 on)."""
-    from lamina.pipeline import summary_pool
+    from lamina.pipeline.views import summary_pool
     from tests.test_real_material import KEPANO, KEPANO_CHAT
 
     def chat(window: int, reserve: int) -> list[str]:

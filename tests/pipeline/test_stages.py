@@ -9,16 +9,9 @@ import attrs
 import pytest
 
 from lamina import Conversation
-from lamina.pipeline import (
-    Dedup,
-    Expand,
-    Pipeline,
-    PipelineError,
-    Promote,
-    Reference,
-    StageError,
-    TurnGraph,
-)
+from lamina.pipeline import Pipeline, TurnGraph
+from lamina.pipeline.errors import PipelineError, StageError
+from lamina.pipeline.stages import Dedup, Expand, Promote, Reference
 from lamina.processors import folder, note, selection
 
 

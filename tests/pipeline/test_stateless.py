@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation, stateless_turn
-from lamina.pipeline import ConversationError, ConversationInfo, Pipeline, SqliteStore
+from lamina.pipeline import Pipeline
+from lamina.pipeline.errors import ConversationError
+from lamina.pipeline.store import ConversationInfo, SqliteStore
 
 
 def test_stateless_requests_match_the_uninterrupted_conversation(vault: Path) -> None:

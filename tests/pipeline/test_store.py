@@ -9,21 +9,17 @@ import pytest
 
 from lamina import Conversation, load_conversation, rebuild_envelope
 from lamina._cli import main
-from lamina.pipeline import (
+from lamina.pipeline._store.records import SCHEMA_VERSION
+from lamina.pipeline.errors import (
     ConversationError,
-    ConversationInfo,
-    Manifest,
-    SqliteStore,
-    Store,
     StoreCorrupt,
     StoreError,
     StoreLocked,
     StoreSchemaTooNew,
-    SummaryResult,
     UnknownConversation,
-    save_turn,
 )
-from lamina.pipeline._store.records import SCHEMA_VERSION
+from lamina.pipeline.store import ConversationInfo, Manifest, SqliteStore, Store, save_turn
+from lamina.pipeline.views import SummaryResult
 from tests.stores import Backend
 
 

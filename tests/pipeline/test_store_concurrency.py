@@ -18,7 +18,7 @@ TURNS = 25
 WRITER = """
 import sys
 from lamina import Conversation
-from lamina.pipeline import ConversationInfo, open_store, save_turn
+from lamina.pipeline.store import ConversationInfo, open_store, save_turn
 from tests.pipeline.test_store_concurrency import attach_for
 
 store_path, vault, name, turns = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -34,7 +34,7 @@ for i in range(1, turns + 1):
 
 READER = """
 import json, sys, time
-from lamina.pipeline import open_store
+from lamina.pipeline.store import open_store
 
 store_path, writers, turns = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 store = open_store(store_path, timeout=30)

@@ -9,19 +9,15 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation, load_conversation
-from lamina.pipeline import (
+from lamina.pipeline import LaminaError
+from lamina.pipeline.errors import (
     ConflictError,
     ConversationError,
-    ConversationInfo,
-    Head,
-    LaminaError,
-    SqliteStore,
-    Store,
     StoreCorrupt,
     StoreError,
     StoreForeignTable,
-    save_turn,
 )
+from lamina.pipeline.store import ConversationInfo, Head, SqliteStore, Store, save_turn
 from tests.stores import Backend
 
 

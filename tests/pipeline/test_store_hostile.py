@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from lamina.pipeline import StoreCorrupt, open_store
 from lamina.pipeline._store.sql import MAX_MANIFEST_SEGMENTS, MAX_SNAPSHOT_BYTES
+from lamina.pipeline.errors import StoreCorrupt
+from lamina.pipeline.store import open_store
 from tests.cli import lamina
 from tests.pipeline import hostile_stores
 

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lamina.pipeline import DecisionAction, DecisionForm, StoreUnknownFields
+from lamina.pipeline import DecisionAction, DecisionForm
 from lamina.pipeline._store.legacy import legacy_action
 from lamina.pipeline._store.records import canonical, digest
+from lamina.pipeline.errors import StoreUnknownFields
 from tests.stores import COMMITS, Backend, legacy_store
 
 A = DecisionAction

@@ -13,9 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from lamina.pipeline import ConversationInfo, Envelope, Manifest, Store, save_turn
+from lamina.pipeline import Envelope
 from lamina.pipeline._store.records import canonical, digest
 from lamina.pipeline._store.sql import _chunks, _converter
+from lamina.pipeline.store import ConversationInfo, Manifest, Store, save_turn
 from tests.stores import Backend
 
 _KINDS = "('manifest', 'report', 'segments', 'chunks')"

@@ -9,18 +9,15 @@ import pytest
 
 from lamina import Conversation, load_conversation
 from lamina._cli import main
-from lamina.pipeline import (
-    ConflictError,
+from lamina.pipeline._store.records import SCHEMA_VERSION
+from lamina.pipeline.errors import ConflictError, StoreCorrupt, StoreLocked, StoreUnreachable
+from lamina.pipeline.store import (
     ConversationInfo,
     PostgresStore,
     SqliteStore,
-    StoreCorrupt,
-    StoreLocked,
-    StoreUnreachable,
     open_store,
     save_turn,
 )
-from lamina.pipeline._store.records import SCHEMA_VERSION
 from tests.stores import Backend, PgServer
 
 

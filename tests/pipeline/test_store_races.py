@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation, export_transcript, load_conversation
-from lamina.pipeline import ConflictError, ConversationInfo, SqliteStore, open_store, save_turn
+from lamina.pipeline.errors import ConflictError
+from lamina.pipeline.store import ConversationInfo, SqliteStore, open_store, save_turn
 from tests.cli import ROOT, lamina
 from tests.stores import BACKENDS, Backend
 

@@ -10,19 +10,12 @@ from typing import Any
 import pytest
 
 from lamina import Conversation, load_conversation
-from lamina.pipeline import (
-    ConversationInfo,
-    ConversationState,
-    Head,
-    SqliteStore,
-    Store,
-    TurnUsage,
-    TurnWarning,
-    Usage,
-    save_turn,
-)
+from lamina.pipeline import ConversationState
 from lamina.pipeline._store.records import canonical, digest
 from lamina.pipeline._store.sql import EntryCache, SqlStore, _converter
+from lamina.pipeline.sources import TurnWarning
+from lamina.pipeline.store import ConversationInfo, Head, SqliteStore, Store, save_turn
+from lamina.pipeline.tokens import TurnUsage, Usage
 from tests.stores import Backend
 
 STAMP = {"created": "2026-01-01T00:00:00Z", "reply_created": "2026-01-01T00:00:01Z"}

@@ -17,17 +17,12 @@ import attrs
 import pytest
 
 from lamina import Conversation
-from lamina.pipeline import (
-    ConversationInfo,
-    Store,
-    StoreSchemaTooNew,
-    StoreUnknownFields,
-    save_turn,
-)
 from lamina.pipeline._conversation.batch import BatchState, DeferredTurn
 from lamina.pipeline._store import sql
 from lamina.pipeline._store.records import SCHEMA_VERSION, canonical, digest
 from lamina.pipeline._store.sql import _converter
+from lamina.pipeline.errors import StoreSchemaTooNew, StoreUnknownFields
+from lamina.pipeline.store import ConversationInfo, Store, save_turn
 from tests.stores import Backend
 
 

@@ -11,17 +11,16 @@ import attrs
 import pytest
 
 from lamina import Conversation, load_conversation, parse_script, run_saved
-from lamina.pipeline import (
-    Budget,
-    ConfigError,
-    ConversationInfo,
+from lamina.pipeline import Budget
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.store import ConversationInfo, SqliteStore
+from lamina.pipeline.tokens import TokenCounter
+from lamina.pipeline.views import (
     LLMSummarizer,
-    SqliteStore,
     SummaryCache,
     SummaryPool,
     SummaryResult,
     TextRankSummarizer,
-    TokenCounter,
     summary_pool,
 )
 from lamina.renderers import openai_messages

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lamina.pipeline import ConfigError, CountMemo, TokenCounter, get_encoding
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.tokens import CountMemo, TokenCounter, get_encoding
 
 
 def test_encodings_load_from_package_data_without_network() -> None:
@@ -18,7 +19,7 @@ def test_encodings_load_from_package_data_without_network() -> None:
         "import socket\n"
         "def no(*a, **k): raise SystemExit('network used')\n"
         "socket.socket.connect = no; socket.create_connection = no\n"
-        "from lamina.pipeline import TokenCounter\n"
+        "from lamina.pipeline.tokens import TokenCounter\n"
         "o, c = TokenCounter('o200k_base'), TokenCounter('cl100k_base')\n"
         "print(o.count('hello world'), c.count('hello world'))\n"
     )
@@ -87,7 +88,7 @@ def test_count_with_sep_equals_encoding_text_and_separator(text: str, name: str)
 def test_text_hash_of_a_long_text_equals_hashing_its_bytes() -> None:
     import xxhash
 
-    from lamina.pipeline import text_hash
+    from lamina.pipeline.text import text_hash
 
     text = ("é漢😀 plain ascii " * 200_000)[:3_000_001]
     assert text_hash(text) == xxhash.xxh3_128_hexdigest(text.encode("utf-8"))
@@ -183,7 +184,7 @@ def test_a_long_text_counted_in_chunks_is_counted_exactly(
     """Counting encodes at most about ``ENCODE_CHUNK`` characters at once (the token list is
     nine bytes a character), cutting where a new piece starts: the sum is the true count."""
     import lamina.pipeline._tokens.counter as tokens_module
-    from lamina.pipeline import encoded_length
+    from lamina.pipeline.tokens import encoded_length
 
     text = "\n".join(lines)
     enc = get_encoding(name)

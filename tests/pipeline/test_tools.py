@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from lamina.pipeline import AttachmentError, Budget, Form, check_envelope
+from lamina.pipeline import Budget, Form, check_envelope
 from lamina.pipeline._model.tools import ToolSources, tool, tool_artifact, tool_key, tool_turn
+from lamina.pipeline.errors import AttachmentError
 
 SEARCH = "\n".join(f"Result {i}: the sync service retries failed pushes." for i in range(40))
 

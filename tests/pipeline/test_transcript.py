@@ -16,14 +16,14 @@ from lamina import (
     parse_transcript,
     render_transcript,
 )
-from lamina.pipeline import (
+from lamina.pipeline import SystemPrompt
+from lamina.pipeline.errors import ChatTranscriptError
+from lamina.pipeline.store import (
     ChatMessage,
     ChatTranscript,
-    ChatTranscriptError,
     ConversationInfo,
     SqliteStore,
     Store,
-    SystemPrompt,
     save_turn,
 )
 from lamina.processors import Sources

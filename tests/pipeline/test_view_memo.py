@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from lamina.pipeline import Budget, ViewMemo, shared_views
+from lamina.pipeline import Budget
 from lamina.pipeline._views.preview import Preview
+from lamina.pipeline.views import ViewMemo, shared_views
 from tests.conftest import write_vault
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from lamina import Conversation
-from lamina.pipeline import Form, check_envelope, has_context_markup
+from lamina.pipeline import Form, check_envelope
+from lamina.pipeline.text import has_context_markup
 from lamina.processors import note
 from lamina.renderers import openai_messages
 

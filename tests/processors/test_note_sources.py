@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation
-from lamina.pipeline import ConfigError, Form, Link, TurnWarning
+from lamina.pipeline import Form
+from lamina.pipeline.errors import ConfigError
+from lamina.pipeline.sources import Link, TurnWarning
 from lamina.processors import NoteOptions, ProcessContext, Sources, Vault
 from lamina.processors._notes import NotePayload, NoteProcessor, folder, note, note_section
 

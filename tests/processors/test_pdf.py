@@ -10,7 +10,8 @@ import pypdf
 import pytest
 from fpdf import FPDF
 
-from lamina.pipeline import AttachmentError, ConfigError, PathOutsideVault, PdfError, TurnWarning
+from lamina.pipeline.errors import AttachmentError, ConfigError, PathOutsideVault, PdfError
+from lamina.pipeline.sources import TurnWarning
 from lamina.processors._context import ProcessContext
 from lamina.processors._pdf import (
     EMPTY_PAGE,

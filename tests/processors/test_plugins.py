@@ -19,15 +19,9 @@ from typing import Any
 import pytest
 
 from lamina import Conversation, renderer_for
-from lamina.pipeline import (
-    AttachmentError,
-    Form,
-    PathOutsideVault,
-    Processed,
-    RegistryError,
-    View,
-    check_envelope,
-)
+from lamina.pipeline import Form, View, check_envelope
+from lamina.pipeline.errors import AttachmentError, PathOutsideVault, RegistryError
+from lamina.pipeline.sources import Processed
 from lamina.processors import (
     BaseProcessor,
     ProcessContext,
@@ -355,7 +349,7 @@ def test_a_plugin_kind_saves_resumes_exports_and_imports(
     from lamina_csv import csv_file
 
     from lamina import export_transcript, import_transcript, load_conversation, rebuild_envelope
-    from lamina.pipeline import ConversationInfo, SqliteStore, save_turn
+    from lamina.pipeline.store import ConversationInfo, SqliteStore, save_turn
 
     with SqliteStore(tmp_path / "a.sqlite") as store:
         store.create(ConversationInfo("c", "2026-01-01T00:00:00Z", "gpt-4o"))
@@ -481,7 +475,7 @@ def test_a_plugin_record_saved_before_kinds_owned_their_form_still_loads(
 ) -> None:
     """Stores written before: a plugin attachment kept with no script form."""
     from lamina import export_transcript, load_conversation, rebuild_envelope
-    from lamina.pipeline import AttachmentRecord, ConversationInfo, SqliteStore, save_turn
+    from lamina.pipeline.store import AttachmentRecord, ConversationInfo, SqliteStore, save_turn
 
     with SqliteStore(tmp_path / "old.sqlite") as store:
         store.create(ConversationInfo("old", "2026-01-01T00:00:00Z"))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lamina.pipeline import ConfigError, UnknownSetting
+from lamina.pipeline.errors import ConfigError, UnknownSetting
 from lamina.processors import (
     PdfSettings,
     ProcessContext,

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from lamina.pipeline import AttachmentError, FetchError, TurnWarning
+from lamina.pipeline.errors import AttachmentError, FetchError
+from lamina.pipeline.sources import TurnWarning
 from lamina.processors import (
     ProcessContext,
     Registry,
@@ -392,7 +393,7 @@ def test_non_public_address_literals_are_refused(address: str) -> None:
 
 
 def test_bad_option_is_a_config_error(server: Server) -> None:
-    from lamina.pipeline import ConfigError
+    from lamina.pipeline.errors import ConfigError
 
     ctx = ProcessContext(allow_private_network=True, options={"url_timeout": "soon"})
     with pytest.raises(ConfigError, match="url_timeout"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lamina.pipeline import AttachmentError, PathOutsideVault, TranscriptError
+from lamina.pipeline.errors import AttachmentError, PathOutsideVault, TranscriptError
 from lamina.processors._context import ProcessContext
 from lamina.processors._vault import Vault
 from lamina.processors._youtube import (

@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter
 
 from lamina import Conversation
-from lamina.pipeline import Budget, BudgetExceeded
+from lamina.pipeline import Budget
 from lamina.pipeline._conversation.agent import AgentTurn, agent_call
+from lamina.pipeline.errors import BudgetExceeded
 from lamina.renderers._agent import agent_request
 from tests.conftest import write_vault
 
@@ -163,7 +164,7 @@ def test_a_known_loop_renders_in_every_format(vault: Path) -> None:
 def test_tool_definitions_are_counted_per_provider() -> None:
     """OpenAI's published counting of function definitions; Anthropic's tool-use system
     prompt on top of the definitions as sent; no tools, no tokens."""
-    from lamina.pipeline import TokenCounter
+    from lamina.pipeline.tokens import TokenCounter
     from lamina.renderers import ANTHROPIC_TOOL_PROMPT, tool_tokens
 
     counter = TokenCounter("o200k_base")
@@ -207,7 +208,7 @@ def test_anthropics_tool_prompt_follows_the_model_and_tool_choice(
 ) -> None:
     """Anthropic's published tool-use system prompt sizes, per model and tool_choice (auto
     or none; any or tool; OpenAI's names as LiteLLM passes them), in the tool count too."""
-    from lamina.pipeline import TokenCounter
+    from lamina.pipeline.tokens import TokenCounter
     from lamina.renderers import anthropic_tool_prompt, tool_tokens
 
     assert anthropic_tool_prompt(model, choice) == tokens
@@ -220,7 +221,7 @@ def test_anthropics_tool_prompt_follows_the_model_and_tool_choice(
 
 
 def test_an_unknown_tool_choice_is_refused_by_name() -> None:
-    from lamina.pipeline import ConfigError
+    from lamina.pipeline.errors import ConfigError
     from lamina.renderers import anthropic_tool_prompt
 
     with pytest.raises(ConfigError, match="unknown tool_choice 'sometimes'"):

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from lamina import Conversation, load_script, run_script
-from lamina.pipeline import Budget, ConfigError, Envelope
+from lamina.pipeline import Budget, Envelope
+from lamina.pipeline.errors import ConfigError
 from lamina.renderers import Simulation, build_prompt, prompt_prefix_tokens, prompt_tokens, simulate
 
 ROOT = Path(__file__).resolve().parents[2]

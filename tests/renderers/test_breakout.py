@@ -20,7 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from lamina.pipeline import Envelope, Form, check_envelope, markup_blocks, strip_reply, tool
+from lamina.pipeline import Envelope, Form, check_envelope
+from lamina.pipeline.text import markup_blocks, strip_reply
+from lamina.pipeline.tools import tool
 from lamina.processors import ProcessContext, Sources, Vault, note, pdf, selection, url, youtube
 from tests.pipeline.test_markup import CORPUS
 from tests.strategies import serve_site

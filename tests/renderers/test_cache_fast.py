@@ -14,7 +14,10 @@ from hypothesis import strategies as st
 
 from benchmarks.cache_report import reference_report
 from lamina import Conversation, load_script, parse_script, run_script
-from lamina.pipeline import QUERY_LABEL, Budget, BudgetExceeded, Envelope, TokenCounter
+from lamina.pipeline import Budget, Envelope
+from lamina.pipeline.errors import BudgetExceeded
+from lamina.pipeline.layout import QUERY_LABEL
+from lamina.pipeline.tokens import TokenCounter
 from lamina.processors import ProcessContext, Sources, Vault
 from lamina.renderers import prefix_report, prefix_reports
 from lamina.renderers._cache import _text_tokens

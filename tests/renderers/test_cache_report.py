@@ -153,7 +153,7 @@ def test_a_handoff_in_an_agent_loop_is_its_own_break_reason() -> None:
     """An agent loop's handoff to other instructions breaks at L1's mutable part with the
     ``handoff`` reason (its typed decision), and the sentence says so; a memory change
     made by the host is still ``memory-changed``."""
-    from lamina.pipeline import AgentTurn
+    from lamina.pipeline.agent import AgentTurn
     from lamina.renderers import explain_cache
 
     conv = _conv()

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, load_script, run_script
-from lamina.pipeline import Budget, DecisionAction, Envelope, TokenCounter, request_tokens
+from lamina.pipeline import Budget, DecisionAction, Envelope
+from lamina.pipeline.tokens import TokenCounter, request_tokens
 from lamina.renderers import (
     LAYOUTS,
     Block,

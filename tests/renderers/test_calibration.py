@@ -7,7 +7,9 @@ import math
 from pathlib import Path
 
 from lamina import Conversation, load_conversation
-from lamina.pipeline import Budget, Calibration, ConversationInfo, Envelope, SqliteStore, save_turn
+from lamina.pipeline import Budget, Envelope
+from lamina.pipeline.store import ConversationInfo, SqliteStore, save_turn
+from lamina.pipeline.tokens import Calibration
 from lamina.renderers import trace_document, usage_record
 
 MODEL = "claude-sonnet-4-6"

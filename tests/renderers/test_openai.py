@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lamina.renderers._openai as openai_module
-from lamina.pipeline import TokenCounter, get_encoding
+from lamina.pipeline.tokens import TokenCounter, get_encoding
 from lamina.renderers import ChatMessage, chatml, common_prefix_length, common_prefix_tokens
 
 

@@ -10,8 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
-from lamina.pipeline import Envelope, RegistryError, SystemPrompt, TokenCounter
+from lamina.pipeline import Envelope, SystemPrompt
 from lamina.pipeline._tokens.profiles import get_profile
+from lamina.pipeline.errors import RegistryError
+from lamina.pipeline.tokens import TokenCounter
 from lamina.renderers import (
     RenderedRequest,
     RequestOptions,

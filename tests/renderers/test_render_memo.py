@@ -8,8 +8,9 @@ from pathlib import Path
 
 from benchmarks.budget_fit import SEED, folder_workload
 from lamina import Conversation
-from lamina.pipeline import Budget, Envelope, Form, View, ViewMemo
+from lamina.pipeline import Budget, Envelope, Form, View
 from lamina.pipeline._views.views import renderer_memo
+from lamina.pipeline.views import ViewMemo
 from lamina.renderers import XmlRenderer
 from tests.conftest import write_vault
 

@@ -8,10 +8,26 @@ from pathlib import Path
 import lxml.html
 import pytest
 
-from lamina import Budget, Conversation, load_script, note, run_script
-from lamina.pipeline import Envelope, TokenCounter
+import lamina.pipeline
+from lamina import (
+    Budget,
+    Conversation,
+    load_conversation,
+    load_script,
+    note,
+    run_script,
+    stateless_turn,
+)
+from lamina.pipeline import Envelope
+from lamina.pipeline.agent import AgentTurn
+from lamina.pipeline.errors import ArgumentError
+from lamina.pipeline.store import ConversationInfo, SqliteStore, save_turn
+from lamina.pipeline.tokens import TokenCounter
+from lamina.processors import Sources
 from lamina.renderers import (
     SENT_BANDS,
+    XmlRenderer,
+    cached_prefix,
     render_report,
     report_blocks,
     sent_bands,
@@ -87,6 +103,62 @@ def test_a_restored_conversation_does_not_claim_a_first_request() -> None:
     env = again.turn("And the API?", attach=[note("docs/api-docs.md")])
     assert env.cache is not None and env.cache.reason == "previous-not-rebuilt"
     assert env.cache.tokens == 0 and "could not be rebuilt" in env.cache.sentence
+
+
+def test_the_core_conversation_measures_the_cache_with_a_meter() -> None:
+    """``lamina.pipeline.Conversation`` gives ``env.cache`` when given a ``CacheMeter``
+    (the figure ``lamina.Conversation`` gives), and None without one: the core lays out
+    no request to compare."""
+    host = Conversation("You are terse.", vault=VAULT)
+    edges = {"sources": Sources.for_vault(VAULT), "renderer": XmlRenderer()}
+    core = lamina.pipeline.Conversation("You are terse.", cache_meter=cached_prefix, **edges)
+    bare = lamina.pipeline.Conversation("You are terse.", **edges)
+    for conv in (host, core, bare):
+        conv.turn("Summarize this", attach=[note("project-spec.md")])
+        conv.reply("A spec.")
+    turns = [c.turn("And the API?", attach=[note("docs/api-docs.md")]) for c in (host, core)]
+    assert turns[0].cache is not None and turns[0].cache.tokens > 0
+    assert turns[0].cache == turns[1].cache
+    assert bare.turn("And the API?", attach=[note("docs/api-docs.md")]).cache is None
+    with pytest.raises(ArgumentError, match="cache_meter"):
+        lamina.pipeline.Conversation("s", cache_meter="yes")  # type: ignore[arg-type]
+
+
+def test_a_loaded_conversation_measures_against_the_request_it_saved(tmp_path: Path) -> None:
+    """``load_conversation`` and ``stateless_turn`` give the figure a conversation kept in
+    memory gives: the stored last request is rebuilt as sent when the figure is read."""
+    live = Conversation("You are terse.", vault=VAULT)
+    attach = [note("project-spec.md")]
+    with SqliteStore(tmp_path / "s.db") as store:
+        store.create(ConversationInfo("c"))
+        start = Conversation("You are terse.", vault=VAULT)
+        conv, first = stateless_turn(store, "c", "Summarize this", attach, vault=VAULT, start=start)
+        conv.reply("A spec.")
+        save_turn(store, "c", conv, first, attach)
+        live.turn("Summarize this", attach=attach)
+        live.reply("A spec.")
+        expected = live.turn("And the API?", attach=[note("docs/api-docs.md")]).cache
+        _, second = stateless_turn(
+            store, "c", "And the API?", [note("docs/api-docs.md")], vault=VAULT
+        )
+        loaded = load_conversation(store, "c", turn=1, vault=VAULT)
+        again = loaded.turn("And the API?", attach=[note("docs/api-docs.md")])
+        assert first.cache is not None and first.cache.reason == "first-turn"
+        assert expected is not None and expected.tokens > 0
+        assert second.cache == expected
+        assert again.cache == expected
+
+
+def test_an_agent_turn_s_envelope_has_its_cache() -> None:
+    """The first request of an agent loop's turn is measured like a plain turn's."""
+    conv = Conversation("You are terse.", vault=VAULT)
+    conv.turn("Summarize this", attach=[note("project-spec.md")])
+    conv.reply("A spec.")
+    before = conv._sent
+    agent = AgentTurn.start(conv, "What changed?", [note("docs/api-docs.md")])
+    assert isinstance(before, Envelope)
+    assert agent.envelope.cache == cached_prefix(before, conv._sent, conv.counter)
+    assert agent.envelope.cache is not None and agent.envelope.cache.tokens > 0
 
 
 def test_rows_and_bands_are_the_request_as_sent(

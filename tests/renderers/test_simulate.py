@@ -8,7 +8,8 @@ import pytest
 
 from lamina import Conversation, load_script, parse_script, run_script
 from lamina._cli import DEMO_SCRIPT
-from lamina.pipeline import Envelope, TokenCounter
+from lamina.pipeline import Envelope
+from lamina.pipeline.tokens import TokenCounter
 from lamina.renderers import (
     NAIVE_NOTE,
     CacheRules,

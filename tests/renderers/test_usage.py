@@ -17,26 +17,18 @@ from openai.types.responses import ResponseUsage
 from openai.types.responses.response_usage import InputTokensDetails, OutputTokensDetails
 
 from lamina import Conversation, load_conversation
-from lamina.pipeline import (
-    AgentTurn,
-    ArgumentError,
-    Budget,
-    ConfigError,
-    ConversationError,
-    ConversationInfo,
-    Envelope,
-    SqliteStore,
-    SystemPrompt,
+from lamina.pipeline import Budget, Envelope, SystemPrompt
+from lamina.pipeline.agent import AgentTurn, agent_call, loop_tokens
+from lamina.pipeline.errors import ArgumentError, ConfigError, ConversationError
+from lamina.pipeline.store import ConversationInfo, SqliteStore, save_turn
+from lamina.pipeline.tokens import (
     TokenCounter,
     TurnUsage,
     Usage,
-    agent_call,
     generic_profile,
     get_profile,
-    loop_tokens,
     read_usage,
     request_tokens,
-    save_turn,
 )
 from lamina.renderers import (
     CACHE_MISS,

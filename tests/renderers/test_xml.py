@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lamina.pipeline import Form, View, defuse_special_tokens, markup_blocks
+from lamina.pipeline import Form, View
+from lamina.pipeline.text import defuse_special_tokens, markup_blocks
 from lamina.renderers import XmlRenderer, render_xml, xml_safe
 
 

@@ -17,14 +17,10 @@ from typing import Any, Self
 import attrs
 from lxml import etree
 
-from lamina.pipeline import (
-    AttachmentError,
-    LabelLookup,
-    Processed,
-    View,
-    escape_body,
-    make_artifact,
-)
+from lamina.pipeline import View
+from lamina.pipeline.errors import AttachmentError
+from lamina.pipeline.sources import LabelLookup, Processed, make_artifact
+from lamina.pipeline.text import escape_body
 from lamina.processors import BaseProcessor, ProcessContext
 from lamina.renderers import render_xml, xml_safe
 

@@ -1,0 +1,65 @@
+"""Conversations kept across processes: the store protocol, SQLite and PostgreSQL stores,
+saving and loading turns, stateless turns, rebuilt envelopes, markdown chat transcripts."""
+
+from lamina.pipeline._store.open import open_store
+from lamina.pipeline._store.postgres import PostgresStore, is_postgres_url
+from lamina.pipeline._store.records import (
+    AttachmentRecord,
+    ConversationInfo,
+    Head,
+    LayerManifest,
+    Manifest,
+    SegmentManifest,
+    Store,
+    TurnRecord,
+    attachment_record,
+    load_conversation,
+    new_conversation_id,
+    rebuild_envelope,
+    rebuild_envelopes,
+    save_turn,
+    stateless_turn,
+    turn_record,
+)
+from lamina.pipeline._store.sqlite import SqliteStore
+from lamina.pipeline._store.transcript import (
+    ChatMessage,
+    ChatTranscript,
+    ImportProblem,
+    ImportReport,
+    export_transcript,
+    import_transcript,
+    parse_transcript,
+    render_transcript,
+)
+
+__all__ = [
+    "AttachmentRecord",
+    "ChatMessage",
+    "ChatTranscript",
+    "ConversationInfo",
+    "Head",
+    "ImportProblem",
+    "ImportReport",
+    "LayerManifest",
+    "Manifest",
+    "PostgresStore",
+    "SegmentManifest",
+    "SqliteStore",
+    "Store",
+    "TurnRecord",
+    "attachment_record",
+    "export_transcript",
+    "import_transcript",
+    "is_postgres_url",
+    "load_conversation",
+    "new_conversation_id",
+    "open_store",
+    "parse_transcript",
+    "rebuild_envelope",
+    "rebuild_envelopes",
+    "render_transcript",
+    "save_turn",
+    "stateless_turn",
+    "turn_record",
+]
