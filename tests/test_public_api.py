@@ -10,7 +10,6 @@ import pytest
 
 CORE_NAMESPACES = [
     "lamina.pipeline.agent",
-    "lamina.pipeline.budget",
     "lamina.pipeline.errors",
     "lamina.pipeline.inputs",
     "lamina.pipeline.layout",
