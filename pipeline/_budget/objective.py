@@ -1047,7 +1047,8 @@ class Solve:
                 )
                 units = cached + items + passages
                 continue  # a guessed preview was made: solve again with its tokens
-            if fits and _kept(ladders, solution, budget.cache_weight):
+            # (With passages the shortcut would compare against ladders ``_held`` narrows.)
+            if fits and not passages and _kept(ladders, solution, budget.cache_weight):
                 report = budget.report(used, before, before, ())
                 return attrs.evolve(turn, budget_report=report, measured=measured)
             held = _held(units, solution.choice, recallable)
