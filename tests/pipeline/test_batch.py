@@ -119,8 +119,10 @@ def test_a_changed_system_prompt_settles(vault: Path) -> None:
 
 
 def test_a_batch_that_would_not_fit_settles_and_fits(vault: Path) -> None:
-    # Recall off: recalled passages fill the room whose lack makes this batch settle.
-    budget = Budget(context_window=800, reserve_output=200, recall=False)
+    # Recall off: recalled passages fill the room whose lack makes this batch settle. At
+    # 600 the budget leaves the next turn's growth free, and turn 4's note still does not
+    # fit beside the batch.
+    budget = Budget(context_window=600, reserve_output=200, recall=False)
     conv = Conversation("Be terse.", vault=vault, budget=budget, defer_library=True)
     reasons = []
     notes = ["gamma.md", "delta.md", "gamma.md", "alpha.md", "beta.md", "eps.md", "delta.md"]
@@ -267,34 +269,31 @@ def _chat30(turns: int, first: int = 0) -> list[Envelope]:
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 6,000: turn 17 settles with room beyond the slack, and the three library
-    entries the budget had cut to summaries go whole in its user message, under the intro,
-    before the query; the system message keeps their summaries (a restore by appending
-    rewrites nothing). Turn 18 extends it and sends none again."""
+    """chat30 at 6,000: turn 17 settles with room beyond the headroom, and three library
+    entries the budget had cut (to previews, an excerpt) go whole in its user message,
+    under the intro, before the query; the system message keeps their cut forms (a
+    restore by appending rewrites nothing). Turn 18 extends it and sends none of them
+    again (only auth.md, which turn 17 sent itself)."""
     from lamina.pipeline.layout import RESTORED_INTRO
 
-    t16, t17 = _chat30(17, 15)
-    assert t16.batch is not None and t17.batch is not None
-    keys = [
-        "note:docs/auth.md",
-        "pdf:media/sync-design-review.pdf",
-        "note:glossary.md",
-        "selection:1e8702cfb37f1ab0",
-    ]
-    assert [s.key for s in t16.batch.restored] == keys
-    assert (t16.batch.reason, t17.batch.reason, t17.batch.restored) == ("over-budget", "", ())
-    messages = _messages(t16)
+    t17, t18 = _chat30(18, 16)
+    assert t17.batch is not None and t18.batch is not None
+    keys = ["pdf:media/sync-design-review.pdf", "note:glossary.md", "selection:1e8702cfb37f1ab0"]
+    assert [s.key for s in t17.batch.restored] == keys
+    assert (t17.batch.reason, t18.batch.reason) == ("over-budget", "")
+    assert [s.key for s in t18.batch.restored] == ["note:docs/auth.md"]
+    messages = _messages(t17)
     (_, system), (role, user) = messages[0], messages[-1]
     assert role == "user"
     blocks = user.split("\n\n---\n[User query]:\n")[0]
-    whole = "\n\n".join(s.text for s in t16.batch.restored)
+    whole = "\n\n".join(s.text for s in t17.batch.restored)
     assert blocks.endswith(RESTORED_INTRO + "\n\n" + whole)
-    for seg in t16.batch.restored:
-        cut = t16.l2.get(seg.key)  # None: folded into its folder's index
+    for seg in t17.batch.restored:
+        cut = t17.l2.get(seg.key)  # None: folded into its folder's index
         assert cut is None or (str(cut.form) != "full" and cut.text in system)
         assert seg.text not in system
-    assert t16.batch.tokens <= Budget(context_window=6000, reserve_output=1500).limit
-    assert _messages(t17)[: len(messages)] == messages
+    assert t17.batch.tokens <= Budget(context_window=6000, reserve_output=1500).limit
+    assert _messages(t18)[: len(messages)] == messages
 
 
 def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> None:

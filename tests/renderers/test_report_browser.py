@@ -19,6 +19,7 @@ import pytest
 
 from lamina import Conversation, find_corpus, replay
 from lamina._replay_report import write_replay_report
+from lamina._summary import summarize
 from lamina.pipeline import Policy, SystemPrompt
 from lamina.processors import note
 from lamina.renderers import render_report, report_blocks, xml_safe
@@ -198,7 +199,7 @@ def test_replay_report_in_chromium(browser: Any, tmp_path: Path) -> None:
     run = replay(chats, configs, engine="serial")
     written = write_replay_report(run, find_corpus(chats), tmp_path / "replay.html", worst=2)
     rows = [r.to_json() for r in run.results]
-    summary = run.summary().to_json()
+    summary = summarize(run).to_json()
     page = _open(browser, written.path)
 
     charts = page.evaluate(
