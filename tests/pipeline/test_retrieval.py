@@ -6,7 +6,8 @@ from pathlib import Path
 
 from lamina import Conversation
 from lamina.pipeline import Form, Policy, check_envelope
-from lamina.pipeline._model.tools import chunk_source, hit, tool, tool_turn
+from lamina.pipeline._model.tools import chunk_source, hit, tool
+from lamina.pipeline.tools import tool_turn
 from tests.conftest import write_vault
 
 LONG = "# Manual\n\n" + "\n\n".join(

@@ -8,8 +8,9 @@ import pytest
 
 from lamina import Conversation
 from lamina.pipeline import Budget, Form, check_envelope
-from lamina.pipeline._model.tools import ToolSources, tool, tool_artifact, tool_key, tool_turn
+from lamina.pipeline._model.tools import ToolSources, tool, tool_artifact, tool_key
 from lamina.pipeline.errors import AttachmentError
+from lamina.pipeline.tools import tool_turn
 
 SEARCH = "\n".join(f"Result {i}: the sync service retries failed pushes." for i in range(40))
 

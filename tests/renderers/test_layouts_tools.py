@@ -6,7 +6,8 @@ from pathlib import Path
 
 from lamina import Conversation
 from lamina.pipeline import Envelope, Form
-from lamina.pipeline._model.tools import hit, tool, tool_turn
+from lamina.pipeline._model.tools import hit, tool
+from lamina.pipeline.tools import tool_turn
 from lamina.renderers import build_prompt
 from tests.conftest import write_vault
 
