@@ -759,7 +759,10 @@ def _apply(
             decisions.append(Decision("budget", item.key, "reference", "reference", reason,
                                       layer="L3", action=DecisionAction.NOT_SENT))  # fmt: skip
     for key, back in unfolds:
-        library = library.unfold(key, list(back))
+        # An entry the library holds on its own again (attached anew, or back from another
+        # index this turn) stays where it is: the index gives back only the others.
+        held = {e.key for e in library.entries} - {key}
+        library = library.unfold(key, [e for e in back if e.key not in held])
     for group, (lines, counts) in folds.items():
         library, _, _ = fold(turn, library, group, lines, counts)
     for key, back in unfolds:

@@ -733,9 +733,16 @@ class SummaryCache:
     def made(
         self, summarizer: Summarizer, content_hash: str, target_tokens: int
     ) -> SummaryResult | None:
-        """The memoized summary ``summarizer`` made of ``content_hash``, or None (nothing is
-        summarized here)."""
-        return self.get(content_hash, target_tokens, _memo_id(summarizer))
+        """The summary ``summarizer`` made of ``content_hash`` for this conversation (here or
+        in its backing), or None; nothing is summarized. The process's pool is not read:
+        what other conversations summarized must not change this one's decisions."""
+        key = (content_hash, target_tokens, _memo_id(summarizer))
+        found = self._entries.get(key)
+        if found is None and self.backing is not None:
+            found = self.backing.get_summary(*key)
+            if found is not None:
+                self._entries[key] = found
+        return found
 
     def summarize(
         self, summarizer: Summarizer, content_hash: str, text: str, target_tokens: int

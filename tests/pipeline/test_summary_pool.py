@@ -299,3 +299,24 @@ def test_a_turn_waited_for_at_once_promotes_without_ranking(tmp_path: Path) -> N
     (ranked, library), (not_ranked, same) = logs
     assert ranked and not_ranked == []
     assert same == library
+
+
+def test_chat30_decides_the_same_whatever_other_chats_summarized_before() -> None:
+    """A summary other conversations of the process made (the pool) is not read when the
+    budget prices a summary rung: chat30 at 6,000 sends the same requests alone as after
+    the same chat at 3,000 and 4,000 (which once also unfolded an index into an entry the
+    library held again on its own: two entries under one key)."""
+    from lamina import load_script, run_script
+
+    script = load_script(Path(__file__).resolve().parents[2] / "examples" / "chat30.yaml")
+
+    def run(window: int) -> list[str]:
+        conv = Conversation(script.system, vault=script.vault, budget=Budget(window, window // 4))
+        return [e.system_text + e.user_text for e in run_script(script, conv)]
+
+    summary_pool().clear()
+    alone = run(6000)
+    summary_pool().clear()
+    run(3000)
+    run(4000)
+    assert run(6000) == alone
