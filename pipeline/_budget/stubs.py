@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import attrs
 
 from lamina.pipeline._budget.index import INDEX_SOURCE, IndexLine, index_artifact
-from lamina.pipeline._model.envelope import Form, View
+from lamina.pipeline._model.envelope import View
 from lamina.pipeline._model.library import Library, LibraryEntry
 from lamina.pipeline._turn.graph import TurnGraph
 from lamina.pipeline._views.views import full_view
@@ -24,7 +24,6 @@ from lamina.pipeline._views.views import full_view
 __all__ = [
     "fold",
     "stub_group",
-    "stub_tokens",
 ]
 
 _UNLISTED = re.compile(r"^\[\.\.\. (\d+) more items of .* not listed \.\.\.\]$")
@@ -37,19 +36,6 @@ def stub_group(view: View) -> str:
         path = view.locator.split("#", 1)[0]
         return f"folder:{path.rsplit('/', 1)[0] if '/' in path else '.'}"
     return f"source:{view.source_type}"
-
-
-def _is_stub(entry: LibraryEntry) -> bool:
-    return entry.form is Form.REFERENCE
-
-
-def _is_index(entry: LibraryEntry) -> bool:
-    return entry.view.source_type == INDEX_SOURCE
-
-
-def stub_tokens(library: Library) -> int:
-    """Tokens of the library's stubs and indexes (blocks; separators aside)."""
-    return sum(e.tokens for e in library.entries if _is_stub(e) or _is_index(e))
 
 
 @attrs.frozen
