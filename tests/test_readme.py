@@ -303,6 +303,8 @@ def test_trace_md_lists_every_decision_action() -> None:
 def test_budget_settings_figures_match_the_budget() -> None:
     text = " ".join(DOCS["BUDGET.md"].split())
     settings = BudgetSettings(context_window=10)
-    assert f"`history_step` ({settings.history_step})" in text
+    for knob in ("headroom", "cache_weight", "text_free_share"):
+        assert f"**`{knob}`** ({getattr(settings, knob)}" in text
+    assert "**`source_weights`** (1 for every source type)" in text and settings.recall
     shares = re.search(r"the request <= limit - reserve .*? text_free_share of the window", text)
     assert shares is not None

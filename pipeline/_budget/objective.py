@@ -53,7 +53,13 @@ from lamina.pipeline._model.recall import RECALL_SOURCE, RecallItem, Retriever, 
 from lamina.pipeline._model.tools import chunk_source
 from lamina.pipeline._recall.memory import HISTORY_BLOCK, Passage
 from lamina.pipeline._tokens.counter import TokenCounter, count_with_sep_from
-from lamina.pipeline._turn.assemble import draft, fitted_preview, summary_target, visible_history
+from lamina.pipeline._turn.assemble import (
+    draft,
+    fitted_preview,
+    summary_cap,
+    summary_target,
+    visible_history,
+)
 from lamina.pipeline._turn.draft import Draft, ItemBlock
 from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
 from lamina.pipeline._views.preview import (
@@ -302,7 +308,7 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
             text = _fitted(ctx.views, memo, whole.body, ctx.counter, limit)
             add("preview", attrs.evolve(whole, form=Form.PREVIEW, body=text))
             limit //= 2
-    if full > 2 * budget.summary_tokens:
+    if full > 2 * summary_cap(ctx.policy):
         body = whole.body
         if whole.form is Form.FULL:
             body = body_preview(whole.body, ctx.counter, ctx.policy, ctx.views).text
@@ -434,8 +440,8 @@ def _item_unit(
 
 def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float]) -> _Unit | None:
     """History before the last turn as a recent contiguous suffix, cut from its oldest
-    end ``Budget.history_step`` turns at a time (so the cut point, and the cached prefix
-    with it, moves once in several turns); a turn's value is its tokens weighed by
+    end at ``_cut_points`` (so the cut point, and the cached prefix with it, moves only
+    by cuts that free at least the headroom); a turn's value is its tokens weighed by
     recency and relevance, so the oldest go first."""
     budget = turn.ctx.budget
     assert budget is not None
@@ -457,8 +463,8 @@ def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float])
     }  # fmt: skip
     rungs: list[Rung] = []
     choices: list[_Choice] = []
-    for cut in range(0, len(turns) + budget.history_step, budget.history_step):
-        kept = turns[min(cut, len(turns)) :]
+    for cut in _cut_points(budget, [sizes.get(t, 0) for t in turns]):
+        kept = turns[cut:]
         start = kept[0] if kept else turns[-1] + 1
         rungs.append(Rung(sum(sizes.get(t, 0) for t in kept), sum(worth[t] for t in kept)))
         choices.append(_Choice("text" if cut == 0 else "dropped", start=start))
@@ -466,6 +472,23 @@ def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float])
             break
     # Last turn's request showed all of these (its own turn aside): the first rung.
     return _Unit("history", "history", Ladder(tuple(rungs), 0), tuple(choices))
+
+
+def _cut_points(budget: Budget, sizes: list[int]) -> list[int]:
+    """Where the history suffix may start: indices into ``sizes`` (the shown turns'
+    tokens, oldest first). None cut, all cut, and between them each point where the turns
+    cut since the last point free at least ``Budget.headroom_tokens``: a cut re-sends
+    every turn it keeps uncached whatever it frees, and the solve takes the smallest cut
+    that fits, so a cut freeing less than the room a turn leaves free would be paid again
+    a turn later."""
+    step = max(budget.headroom_tokens, 1)
+    points, freed = [0], 0
+    for at, tokens in enumerate(sizes[:-1], 1):
+        freed += tokens
+        if freed >= step:
+            points.append(at)
+            freed = 0
+    return [*points, len(sizes)] if sizes else points
 
 
 RECALL_PRICE = 0.3

@@ -167,14 +167,16 @@ _budget_settings = make_dict_structure_fn(
 )
 
 
-_CASCADE_FIELDS = ("policy", "plan", "stub_share")
-"""Settings of the cut cascade the objective replaced: a budget saved with them is read
-without them (the objective decides what they did)."""
+_DROPPED_FIELDS = ("policy", "plan", "stub_share", "history_step", "reply_tokens", "summary_tokens")
+"""Budget settings no longer kept: the cut cascade's (``policy``, ``plan``, ``stub_share``)
+and the three the objective replaced (``history_step``: the history suffix's cut points
+follow the headroom; ``reply_tokens``: nothing shortens a reply; ``summary_tokens``: two
+of the policy's preview sections). A budget saved with them is read without them."""
 
 
 def _structure_budget(value: Any, _: Any) -> BudgetSettings:
     if isinstance(value, Mapping):
-        value = {k: v for k, v in value.items() if k not in _CASCADE_FIELDS}
+        value = {k: v for k, v in value.items() if k not in _DROPPED_FIELDS}
         if "recall" not in value:
             value["recall"] = float(value.pop("recall_share", 0.0) or 0.0) > 0
     return _budget_settings(value, BudgetSettings)

@@ -33,6 +33,7 @@ from lamina.pipeline._views.preview import (
     focus_words,
 )
 from lamina.pipeline._views.views import (
+    Policy,
     excerpt_view,
     full_view,
     learn_rendering,
@@ -42,19 +43,23 @@ from lamina.pipeline._views.views import (
 )
 
 __all__ = [
-    "DEFAULT_REPLY_TOKENS",
+    "SHORTENED_REPLY_TOKENS",
     "assemble",
     "complete",
     "draft",
     "fitted_preview",
     "item_view",
     "shorten_reply",
+    "summary_cap",
     "summary_target",
     "system_layer",
     "visible_history",
 ]
 
-DEFAULT_REPLY_TOKENS = 400
+SHORTENED_REPLY_TOKENS = 400
+"""The tokens a reply listed in ``HistoryView.shortened`` is shown at. Nothing shortens a
+reply now; states saved by the cut cascade the objective replaced list the replies it
+shortened (to 400 tokens, its default), and keep showing them as they were sent."""
 
 
 def shorten_reply(text: str, counter: TokenCounter, max_tokens: int) -> str:
@@ -70,22 +75,27 @@ def shorten_reply(text: str, counter: TokenCounter, max_tokens: int) -> str:
 def visible_history(turn: TurnGraph) -> list[tuple[HistoryEntry, str | None]]:
     """The history entries L4 shows, with each reply as it is sent (maybe shortened)."""
     view = turn.history_view
-    limit = turn.ctx.budget.reply_tokens if turn.ctx.budget else DEFAULT_REPLY_TOKENS
     shown: list[tuple[HistoryEntry, str | None]] = []
     for entry in turn.history:
         if entry.turn < view.start:
             continue
         reply = entry.assistant
         if reply is not None and entry.turn in view.shortened:
-            reply = shorten_reply(reply, turn.ctx.counter, limit)
+            reply = shorten_reply(reply, turn.ctx.counter, SHORTENED_REPLY_TOKENS)
         shown.append((entry, reply))
     return shown
 
 
+def summary_cap(policy: Policy) -> int:
+    """The most tokens a summary is made to: two of the policy's preview sections (250 by
+    default), so a summary stays a form much smaller than the preview it stands in for,
+    and an entry is offered one only when it is larger than twice this."""
+    return 2 * policy.section_tokens
+
+
 def summary_target(turn: TurnGraph, body: str) -> int:
-    """Summary size: a third of the body, at least 64 tokens, at most the budget's cap."""
-    cap = turn.ctx.budget.summary_tokens if turn.ctx.budget else turn.ctx.policy.section_tokens * 2
-    return min(cap, max(64, turn.ctx.counter.count(body) // 3))
+    """Summary size: a third of the body, at least 64 tokens, at most ``summary_cap``."""
+    return min(summary_cap(turn.ctx.policy), max(64, turn.ctx.counter.count(body) // 3))
 
 
 def fitted_preview(turn: TurnGraph, item: Placement) -> View:
@@ -298,13 +308,14 @@ def _history_layer(turn: TurnGraph) -> DraftLayer:
     counter = turn.ctx.counter
     kept = turn.ctx.l4
     view = turn.history_view
-    limit = turn.ctx.budget.reply_tokens if turn.ctx.budget else DEFAULT_REPLY_TOKENS
 
     def make(number: int, role: str, text: str, shorten_to: int | None) -> Segment:
         shown = text if shorten_to is None else shorten_reply(text, counter, shorten_to)
         return _text_segment(counter, f"history:{number}:{role}", "history", shown, role)
 
-    segments = kept.segments(counter, turn.history, view.start, view.shortened, limit, make)
+    segments = kept.segments(
+        counter, turn.history, view.start, view.shortened, SHORTENED_REPLY_TOKENS, make
+    )
     tokens = kept.tokens(counter, segments)
     return DraftLayer(
         LayerName.L4, segments, _joined_tokens(counter, segments) if tokens is None else tokens

@@ -86,9 +86,6 @@ class BudgetSettings:
     )
     priming_tokens: int = attrs.field(default=OPENAI_FRAMING.priming, validator=_at_least(0))
     safety_margin: float = attrs.field(default=0.0, validator=_real)
-    history_step: int = attrs.field(default=4, validator=_at_least(1))
-    reply_tokens: int = attrs.field(default=400, validator=_at_least(1))
-    summary_tokens: int = attrs.field(default=256, validator=_at_least(1))
     tokenizer: str | None = None
     """The profile's tokenizer (``for_model``); a ``Conversation`` without ``tokenizer=``
     counts with it, so an open model's budget is counted with its own encoding."""

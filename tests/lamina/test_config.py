@@ -114,6 +114,10 @@ def test_the_objectives_settings_are_set_by_name_and_the_others_keep_their_defau
     ("objective", "culprit"),
     [
         ({"floor": 0.3}, "config.budget.objective.floor: unknown key (known: headroom, "),
+        ({"policy": "current-first"}, "config.budget.objective.policy: unknown key (known: "),
+        ({"history_step": 4}, "config.budget.objective.history_step: unknown key (known: "),
+        ({"reply_tokens": 400}, "config.budget.objective.reply_tokens: unknown key (known: "),
+        ({"summary_tokens": 256}, "config.budget.objective.summary_tokens: unknown key (known:"),
         ({"headroom": 1.5}, "config.budget.objective.headroom: must be in [0, 1)"),
         ({"text_free_share": -0.1}, "config.budget.objective.text_free_share: must be in [0, 1)"),
         ({"cache_weight": "high"}, "config.budget.objective.cache_weight: must be a number"),

@@ -443,6 +443,7 @@ def test_the_budget_objective_is_a_conversation_setting(client: httpx.Client) ->
     assert again["budget"]["plan"] == plan
     for body, field in (
         ({"window": 3000, "objective": {"floor": 0.3}}, "objective.floor"),
+        ({"window": 3000, "objective": {"history_step": 4}}, "objective.history_step"),
         ({"window": 3000, "objective": {"headroom": 1.5}}, "objective.headroom"),
         ({"window": 3000, "objective": {"cache_weight": "no"}}, "objective.cache_weight"),
         ({"objective": {"headroom": 0.1}}, "objective"),

@@ -45,7 +45,7 @@ def test_no_reference_dangles_under_any_window(
     root, base = prop_vault
     parsed = parse_script(localize(script, base), "generated")
     sources = Sources(context=ProcessContext(vault=Vault(root), allow_private_network=True))
-    budget = Budget(window, window // 5, history_step=3)
+    budget = Budget(window, window // 5)
     conv = Conversation(parsed.system, sources=sources, budget=budget)
     previous: Envelope | None = None
     for turn in parsed.turns:
@@ -231,7 +231,7 @@ def test_a_preview_at_its_smallest_goes_unsent_instead_of_cycling(
     video = {"youtube": "https://youtu.be/dQw4w9WgXcQ", "transcript": "media/talk.vtt"}
     for window in range(100, 400, 3):
         sources = Sources(context=ProcessContext(vault=Vault(root), allow_private_network=True))
-        budget = Budget(window, window // 5, history_step=3)
+        budget = Budget(window, window // 5)
         conv = Conversation("sys", sources=sources, budget=budget)
         done: list[Envelope | None] = []
 

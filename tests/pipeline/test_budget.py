@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from lamina import Conversation, parse_script
 from lamina.pipeline import Budget, Envelope, Form, SystemPrompt, check_envelope
+from lamina.pipeline._budget.objective import _cut_points
 from lamina.pipeline.errors import BudgetExceeded, ConfigError
 from lamina.pipeline.text import defuse_special_tokens
 from lamina.pipeline.tokens import TokenCounter, get_encoding
@@ -90,7 +91,7 @@ def _run(
 def test_every_turn_fits_exactly_or_raises(
     script: dict[str, Any], window: int, prop_vault: tuple[Path, str]
 ) -> None:
-    budget = Budget(context_window=window, reserve_output=window // 5, history_step=3)
+    budget = Budget(context_window=window, reserve_output=window // 5)
     envelopes, trace = _run(script, prop_vault, budget)
     assert trace == _run(script, prop_vault, budget)[1], "a budgeted run must be deterministic"
     for env, turn in zip(envelopes, script["turns"], strict=False):
@@ -131,12 +132,16 @@ def test_query_larger_than_the_window_raises_with_the_report() -> None:
     assert dict(report.before)["L5"] > 400
 
 
-def test_history_cut_point_moves_in_steps_and_prefix_is_stable(vault: Path) -> None:
-    """40 turns at a tight window: the cut point changes at most once every 3 turns (the
-    library entry is compacted first, so the history is cut from turn 20 or so on)."""
+def test_history_cut_point_moves_by_at_least_the_headroom_and_prefix_is_stable(
+    vault: Path,
+) -> None:
+    """40 turns at a tight window: each move of the cut point drops at least the budget's
+    headroom of history (the library entry is compacted first, so the history is cut
+    from turn 18 or so on), and a turn that changes neither L1 nor L2 extends the last
+    request's system text."""
     (vault / "big.md").write_text(_note(0))
     # Recall off: recalled passages let a cut go deeper, so the start moves less often.
-    budget = Budget(3000, 500, history_step=4, recall=False)
+    budget = Budget(3000, 500, recall=False)
     conv = Conversation("You are terse.", vault=vault, budget=budget)
     starts: list[int] = []
     envs: list[Envelope] = []
@@ -148,11 +153,36 @@ def test_history_cut_point_moves_in_steps_and_prefix_is_stable(vault: Path) -> N
         starts.append(int(env.l4.segments[0].key.split(":")[1]) if env.l4.segments else 1)
     changes = [i for i in range(1, 40) if starts[i] != starts[i - 1]]
     assert len(changes) >= 3, "the window is tight enough to cut"
-    assert all(b - a >= 3 for a, b in itertools.pairwise(changes)), changes
+    for i in changes:
+        dropped = [
+            s.tokens + budget.per_message_tokens
+            for s in envs[i - 1].l4.segments
+            if starts[i - 1] <= int(s.key.split(":")[1]) < starts[i]
+        ]
+        assert sum(dropped) >= budget.headroom_tokens, (i, dropped)
     for prev, env in itertools.pairwise(envs):
         assert exact_request_tokens(env) <= 2500
         if not any(d.layer in ("L1", "L2") for d in env.report.decisions):
             assert env.system_text.startswith(prev.system_text)
+
+
+@given(
+    sizes=st.lists(st.integers(min_value=0, max_value=400), max_size=30),
+    window=st.integers(min_value=200, max_value=20_000),
+)
+def test_history_cut_points_each_free_the_headroom(sizes: list[int], window: int) -> None:
+    """The history ladder offers none cut, all cut, and between them the first point
+    after each where the turns cut since the last point free the headroom: never a
+    point that frees less, never one skipped."""
+    budget = Budget(window)
+    points = _cut_points(budget, sizes)
+    assert points[0] == 0 and points[-1] == len(sizes)
+    assert points == sorted(set(points))
+    for a, b in itertools.pairwise(points[:-1]):
+        assert sum(sizes[a:b]) >= max(budget.headroom_tokens, 1)
+        assert sum(sizes[a : b - 1]) < max(budget.headroom_tokens, 1)
+    last = points[-2] if len(points) > 1 else 0
+    assert sum(sizes[last : len(sizes) - 1]) < max(budget.headroom_tokens, 1) or not sizes
 
 
 def test_the_277m_incident_scaled_down_fits_and_lists_every_cut(tmp_path: Path) -> None:
@@ -257,7 +287,7 @@ def test_the_engines_running_count_equals_a_full_recount(
     """Each cut moves the count by its blocks' delta; the final count is the whole
     request's, with or without a chat template's lead and trimming."""
     framing = {"content_lead": "\n\n", "trim_content": True} if template else {}
-    budget = Budget(window, window // 5, 5, 4, history_step=3, **framing)
+    budget = Budget(window, window // 5, 5, 4, **framing)
     envelopes, _ = _run(script, prop_vault, budget)
     lead = "\n\n" if template else ""
     for env in envelopes:

@@ -26,9 +26,9 @@ from lamina.processors import note
         (lambda: Budget(1000, 100, priming_tokens=-1), "budget.priming_tokens"),
         (lambda: Budget(1000, "100"), "budget.reserve_output"),  # type: ignore[arg-type]
         (lambda: Budget(1000, 100, safety_margin="0.1"), "budget.safety_margin"),  # type: ignore[arg-type]
-        (lambda: Budget(1000, 100, history_step=1.5), "budget.history_step"),  # type: ignore[arg-type]
         (lambda: Budget.for_model(None), "model"),  # type: ignore[arg-type]
         (lambda: Budget.for_model("gpt-4o", bogus=1), "budget"),
+        (lambda: Budget.for_model("gpt-4o", summary_tokens=256), "budget"),
         (lambda: Budget.for_model("gpt-4o", priming_tokens=-3), "budget.priming_tokens"),
     ],
 )

@@ -108,13 +108,16 @@ def test_pattern_and_special_tokens_are_the_packages(name: str) -> None:
         assert (enc._pat_str, enc._special_tokens) == (own._pat_str, own._special_tokens)
     else:
         assert enc._pat_str == _tekken()._model._pat_str
-    assert enc.n_vocab == {
-        "llama3": 128_256,
-        "llama4": 202_048,
-        "qwen2": 151_851,
-        "qwen3_5": 248_077,
-        "tekken": 130_072,
-    }[name]
+    assert (
+        enc.n_vocab
+        == {
+            "llama3": 128_256,
+            "llama4": 202_048,
+            "qwen2": 151_851,
+            "qwen3_5": 248_077,
+            "tekken": 130_072,
+        }[name]
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -366,9 +369,7 @@ def test_every_turn_fits_the_window_exactly_or_raises(
     model: str, script: dict[str, Any], window: int, prop_vault: tuple[Path, str]
 ) -> None:
     root, base = prop_vault
-    budget = Budget.for_model(
-        model, context_window=window, reserve_output=window // 5, history_step=3
-    )
+    budget = Budget.for_model(model, context_window=window, reserve_output=window // 5)
     parsed = parse_script(localize(script, base), "generated")
     sources = Sources(context=ProcessContext(vault=Vault(root), allow_private_network=True))
     conv = Conversation(parsed.system, sources=sources, budget=budget)

@@ -107,7 +107,7 @@ def test_budget_flags_on_resume_replace_the_saved_budget(
 
 
 def test_state_records_the_budget_and_restore_rebuilds_it(backend: Backend, vault: Path) -> None:
-    budget = Budget(2000, 300, safety_margin=0.1, history_step=2, summary_tokens=128)
+    budget = Budget(2000, 300, safety_margin=0.1, headroom=0.1, cache_weight=0.5)
     conv = Conversation("Be terse.", vault=vault, budget=budget)
     env = conv.turn("hi", [{"note": "project-spec.md"}])
     with backend.open() as store:
@@ -115,7 +115,7 @@ def test_state_records_the_budget_and_restore_rebuilds_it(backend: Backend, vaul
         save_turn(store, "c", conv, env)
         state = store.load("c")
         again = load_conversation(store, "c", vault=vault)
-    assert state.budget == BudgetSettings(2000, 300, 3, 3, 0.1, 2, 400, 128)
+    assert state.budget == BudgetSettings(2000, 300, 3, 3, 0.1, headroom=0.1, cache_weight=0.5)
     assert again.budget == budget
 
 
@@ -147,7 +147,7 @@ def test_an_explicit_budget_wins_over_the_saved_one(vault: Path) -> None:
 def test_budget_settings_hold_every_budget_field() -> None:
     budget_fields = [f.name for f in attrs.fields(Budget)]
     assert [f.name for f in attrs.fields(BudgetSettings)] == budget_fields
-    budget = Budget.for_model("claude-sonnet-4", reply_tokens=99)
+    budget = Budget.for_model("claude-sonnet-4", cache_weight=0.5)
     assert BudgetSettings.of(budget).budget() == budget
 
 
@@ -175,6 +175,50 @@ def test_a_state_saved_before_budgets_were_kept_loads_without_one(
     with SqliteStore(path) as store:
         assert store.load("c").budget is None
         assert load_conversation(store, "c", vault=vault).budget is None
+
+
+@pytest.mark.parametrize(
+    "dropped",
+    [
+        {"history_step": 2, "reply_tokens": 99, "summary_tokens": 128},
+        {"policy": "current-first", "plan": "x", "stub_share": 0.05},
+    ],
+)
+def test_a_budget_saved_with_a_setting_no_longer_kept_loads_without_it(
+    tmp_path: Path, vault: Path, dropped: dict[str, Any]
+) -> None:
+    """A stored budget naming settings the objective replaced (the history step, the reply
+    and summary limits) or the cut cascade's reads back without them, the rest kept."""
+    path = tmp_path / "s.db"
+    budget = Budget(2000, 300, headroom=0.1)
+    conv = Conversation("Be terse.", vault=vault, budget=budget)
+    env = conv.turn("hi", [{"note": "project-spec.md"}])
+    with SqliteStore(path) as store:
+        store.create(ConversationInfo("c"))
+        save_turn(store, "c", conv, env)
+    db = sqlite3.connect(path)
+    (digest,) = db.execute("SELECT state_hash FROM turns").fetchone()
+    (blob,) = db.execute("SELECT body FROM snapshots WHERE hash = ?", (digest,)).fetchone()
+    plain = json.loads(zlib.decompress(blob))
+    plain["budget"].update(dropped)
+    body = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    old = xxhash.xxh3_128_hexdigest(body)
+    with db:
+        db.execute("INSERT INTO snapshots VALUES (?, 'state', ?)", (old, zlib.compress(body)))
+        db.execute("UPDATE turns SET state_hash = ?", (old,))
+    db.close()
+    with SqliteStore(path) as store:
+        assert store.load("c").budget == BudgetSettings.of(budget)
+        assert load_conversation(store, "c", vault=vault).budget == budget
+
+
+def test_the_budget_s_policy_knobs_are_the_five() -> None:
+    """Besides the window, reserve and framing facts, a budget has five settings."""
+    facts = {"context_window", "reserve_output", "per_message_tokens", "priming_tokens"}
+    facts |= {"safety_margin", "tokenizer", "content_lead", "trim_content", "chat_template"}
+    facts |= {"tool_call_tokens", "default_system"}
+    knobs = {f.name for f in attrs.fields(BudgetSettings)} - facts
+    assert knobs == {"headroom", "cache_weight", "text_free_share", "source_weights", "recall"}
 
 
 # --- memoized summaries ----------------------------------------------------------------
