@@ -145,15 +145,14 @@ def test_private_network_urls_are_refused_unless_allowed(tmp_path: Path) -> None
 
 
 def test_inspect_and_the_trace_name_the_entries_sent_whole_again() -> None:
-    """chat30 at 6,000: turn 17's request sends four cut library entries whole again
+    """chat30 at 6,000: turn 24's request sends three cut library entries whole again
     (restore by appending); `inspect` says so on its request line and the trace lists
     their keys under the batch."""
     chat = str(Path(__file__).resolve().parents[1] / "examples" / "chat30.yaml")
     keys = [
+        "note:docs/auth.md",
         "pdf:media/sync-design-review.pdf",
-        "note:glossary.md",
         "note:meetings/2026-11-02.md",
-        "selection:1e8702cfb37f1ab0",
     ]
     out = lamina("inspect", chat, "--window", "6000")
     assert out.returncode == 0, out.stderr
@@ -162,8 +161,9 @@ def test_inspect_and_the_trace_name_the_entries_sent_whole_again() -> None:
     run = lamina("run", chat, "--window", "6000", "--json")
     assert run.returncode == 0, run.stderr
     turns = json.loads(run.stdout)["turns"]
-    assert [t["batch"].get("restored") for t in turns[14:17]] == [
+    assert [t["batch"].get("restored") for t in turns[15:24]] == [
         None,
-        ["note:project-spec.md", "note:glossary.md"],
+        ["note:project-spec.md"],
+        *[None] * 6,
         keys,
     ]
