@@ -64,17 +64,28 @@ def test_a_dropped_message_the_query_names_is_recalled_into_the_user_message() -
     env = conv.turn("Which city did Maria relocate to?")
     assert "history:1:user" not in {s.key for s in env.l4.segments}  # cut from L4
     assert _recalled(env) == ["recalled:history"]
-    reply = "Noted, point 0. " + "Sounds good. " * 8
     assert env.user_text == (
         '<recalled key="recalled:history" title="earlier messages">\n'
         f"user (1): {FACTS[0]}\n"
-        f"assistant (1): {reply}\n"
         "</recalled>\n\n---\n[User query]:\nWhich city did Maria relocate to?"
     )
     (made,) = [d for d in env.report.decisions if d.action is DecisionAction.RECALLED]
     assert made.target == "recalled:history"
-    assert made.reason.startswith("2 earlier messages the query matches (turn 1, ")
+    assert made.reason.startswith("1 earlier message the query matches (turn 1, ")
     check_envelope(env)
+
+
+def test_a_passage_takes_the_room_the_request_leaves_and_the_suffix_stays_cached() -> None:
+    """The request fits: the passage goes into the room it leaves (the headroom too: a
+    passage is sent in this turn only), and the suffix keeps its start, as with recall off."""
+    on, off = _conv(), _conv(recall=False)
+    _chat(on)
+    _chat(off)
+    env = on.turn("Which city did Maria relocate to?")
+    plain = off.turn("Which city did Maria relocate to?")
+    assert [s.key for s in env.l4.segments] == [s.key for s in plain.l4.segments]
+    assert not any(d.action is DecisionAction.HISTORY_CUT for d in env.report.decisions)
+    assert env.report.budget is not None and env.report.budget.used <= 1_000
 
 
 def test_the_reply_that_answers_a_recalled_question_comes_with_it() -> None:
@@ -164,9 +175,11 @@ def test_a_recalled_block_is_not_carried_into_the_next_request() -> None:
 def test_nothing_shown_in_history_is_recalled_again() -> None:
     conv = _conv()
     _chat(conv)
-    env = conv.turn("Today was busy with meetings about the quarterly roadmap")
+    # The filler the suffix shows matches as well as its older copies; the bakery only
+    # an older turn holds.
+    env = conv.turn("Busy meetings about the roadmap again; how is Maria doing with the bakery?")
     shown = {int(s.key.split(":")[1]) for s in env.l4.segments}
-    assert _lines(env)
+    assert _lines(env) == [f"user (1): {FACTS[0]}"]
     assert not {int(line.split("(")[1].split(")")[0]) for line in _lines(env)} & shown
 
 
