@@ -172,6 +172,38 @@ def test_a_recalled_block_is_not_carried_into_the_next_request() -> None:
     assert "<recalled" not in second.batch.user.text
 
 
+def test_a_suffix_cut_for_passages_comes_back_when_they_go() -> None:
+    """A turn that gives the suffix's room to passages does not leave every later request
+    short of its history: the next turn starts the suffix earlier again (free breaks here,
+    ``cache_weight`` 0, so the cut and the way back are the objective's alone)."""
+    budget = Budget(context_window=1_200, reserve_output=200, cache_weight=0.0)
+    conv = Conversation("You are helpful.", renderer=XmlRenderer(), budget=budget)
+    names = ("falcon", "heron", "osprey", "kestrel", "merlin", "harrier")
+    for i in range(40):
+        if i < len(names):
+            w = names[i]
+            said = f"The {w} project: " + " ".join(
+                f"{w} milestone {k} is owned by the {w} team and reviewed weekly." for k in range(5)
+            )
+        else:
+            said = f"Today was busy with meetings about the quarterly roadmap ({i})"
+        conv.turn(said)
+        conv.reply(f"Noted, point {i}. " + "Sounds good. " * 8)
+    asked = conv.turn(
+        "Tell me every milestone of falcon, heron, osprey, kestrel, merlin and harrier."
+    )
+    conv.reply("ok")
+    cut = int(asked.l4.segments[0].key.split(":")[1])
+    assert len(_lines(asked)) == len(names)
+    assert any(d.action is DecisionAction.HISTORY_CUT for d in asked.report.decisions)
+    after = conv.turn("Thanks.")
+    back = [d for d in after.report.decisions if d.target.startswith("history:")]
+    assert [d.action for d in back] == [DecisionAction.RESTORED]
+    assert int(after.l4.segments[0].key.split(":")[1]) < cut
+    assert not _lines(after)
+    check_envelope(after)
+
+
 def test_nothing_shown_in_history_is_recalled_again() -> None:
     conv = _conv()
     _chat(conv)
