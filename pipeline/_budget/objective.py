@@ -346,8 +346,13 @@ def _library_unit(
     the prefix between an index that exists before it and the entry (the index's block
     changes, so the prefix breaks there, not at the entry)."""
     forms = _library_forms(turn, entry, sent=sent)
-    if sent:  # sent again in L3 this turn: the library does not give it back (not twice)
-        forms = tuple(f for f in forms if f is forms[0] or f.tokens < forms[0].tokens)
+    if sent:  # sent again in L3 this turn: the library does not give it back (not twice,
+        # not even when its whole form is smaller than the preview it holds)
+        forms = tuple(
+            f
+            for f in forms
+            if f is forms[0] or (f.tokens < forms[0].tokens and f.choice.form != "full")
+        )
     full = max(entry.full_tokens, entry.tokens)
     rungs = []
     choices = []
@@ -470,6 +475,10 @@ def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float])
         choices.append(_Choice("text" if cut == 0 else "dropped", start=start))
         if not kept:
             break
+    free = budget.limit - budget.used(measured, turn.ctx.counter)
+    for start, tokens, value in _earlier(turn, budget, relevance, rungs[0], free):
+        rungs.append(Rung(tokens, value))
+        choices.append(_Choice("text", start=start))
     # Last turn's request showed all of these (its own turn aside): the first rung.
     return _Unit("history", "history", Ladder(tuple(rungs), 0), tuple(choices))
 
@@ -489,6 +498,35 @@ def _cut_points(budget: Budget, sizes: list[int]) -> list[int]:
             points.append(at)
             freed = 0
     return [*points, len(sizes)] if sizes else points
+
+
+def _earlier(
+    turn: TurnGraph, budget: Budget, relevance: dict[str, float], shown: Rung, free: int
+) -> list[tuple[int, int, float]]:
+    """The suffix started earlier again, a turn at a time (its start, tokens and value, as
+    far as the ``free`` room could hold): a suffix cut is not for ever, so a turn that gave
+    the suffix's room to passages does not leave every later request short of it. Counted
+    by the recall memo (so only with recall: nothing else cuts deeper than it must)."""
+    memo = turn.ctx.recall
+    start = turn.history_view.start
+    if memo is None or not budget.recall or not turn.history or turn.history[0].turn >= start:
+        return []
+    count = turn.ctx.counter
+    out: list[tuple[int, int, float]] = []
+    tokens, value = shown.tokens, shown.value
+    for entry in reversed([e for e in turn.history[:-1] if e.turn < start]):
+        size = sum(
+            memo.tokens(f"{entry.turn}:{role}", text, count.count) + budget.per_message_tokens
+            for role, text in (("user", entry.user), ("assistant", entry.assistant))
+            if text is not None
+        )
+        weight = _weight(budget, "history", turn.ctx.turn - entry.turn,
+                         relevance.get(f"history:{entry.turn}", 0.0), now=False)  # fmt: skip
+        tokens, value = tokens + size, value + 0.8 * size * weight
+        if tokens - shown.tokens > free:
+            break
+        out.append((entry.turn, tokens, value))
+    return out
 
 
 RECALL_PRICE = 0.3
@@ -513,25 +551,45 @@ def _recallable(turn: TurnGraph, *, fits: bool) -> bool:
     )
 
 
+def _regrows(turn: TurnGraph, measured: Draft, budget: Budget, used: int) -> bool:
+    """Whether the suffix could start a turn earlier again (``_earlier``) in the room a
+    request that fits leaves beside the reserve."""
+    free = budget.limit - _reserve(measured, budget) - budget.effective(used)
+    return bool(_earlier(turn, budget, {}, Rung(0, 0.0), free))
+
+
 def _passage_units(
     turn: TurnGraph, budget: Budget, *, fits: bool
-) -> tuple[list[_Unit], dict[str, Passage]]:
+) -> tuple[list[_Unit], dict[str, Passage], dict[str, float]]:
     """Every earlier message the query matches at least at ``RECALL_PRICE`` as a ladder of
     its own (absent, or sent in the turn's recalled block): valued per token as a history
     turn of its age and relevance is (so a recent suffix turn, cached, is never worth less
     than an older copy of the same words). Best first, as many as the limit could hold.
-    A passage is new this turn (after every cached unit)."""
+    A passage is new this turn (after every cached unit).
+
+    Also each suffix turn's relevance on the same scale (its best passage's), so a message
+    is worth the same in the suffix as recalled: the suffix's relevance is otherwise read
+    against its own best turn, and a suffix that hardly matches the query would be worth
+    as much as passages that do."""
     memo = turn.ctx.recall
     if not _recallable(turn, fits=fits) or memo is None or not turn.query.strip():
-        return [], {}
+        return [], {}, {}
     passages = memo.passages(turn.history)
     if not passages:
-        return [], {}
+        return [], {}, {}
     count = turn.ctx.counter.count
     units: list[_Unit] = []
     offered: dict[str, Passage] = {}
     total = 0
-    for key, rel in memo.ranked(passages, turn.query):
+    ranked = memo.ranked(passages, turn.query)
+    start = turn.history_view.start
+    shown: dict[str, float] = {}
+    for key, rel in ranked:
+        passage = passages[key]
+        if passage.last >= start:
+            for at in range(passage.item.turn, passage.last + 1):
+                shown[f"history:{at}"] = max(shown.get(f"history:{at}", 0.0), min(1.0, rel))
+    for key, rel in ranked:
         if rel < RECALL_PRICE or total > budget.limit:
             break  # best first: the rest are worth less, or could not fit beside these
         passage = passages[key]
@@ -543,7 +601,7 @@ def _passage_units(
         ladder = Ladder((Rung(0, 0.0), Rung(tokens, worth * tokens)))
         units.append(_Unit("passage", key, ladder, (_Choice("absent"), _Choice("recalled"))))
         offered[key] = passage
-    return units, offered
+    return units, offered, shown
 
 
 def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
@@ -684,6 +742,10 @@ def _decision(unit: _Unit, old: _Choice, new: _Choice, saved: int) -> Decision:
         if grows and unit.kind != "item"
         else _ACTIONS.get(new.form, DecisionAction.COMPACTED)
     )
+    if unit.kind == "history" and grows:
+        return Decision("budget", f"history:{new.start}-{old.start - 1}", "dropped", "text",
+                        "earlier history turns given back (room and value outweigh the cache "
+                        "it breaks)", saved, layer=layer, action=action)  # fmt: skip
     if unit.kind == "history":
         action = DecisionAction.HISTORY_CUT
         return Decision("budget", f"history:{old.start}-{new.start - 1}", "text", "dropped",
@@ -983,11 +1045,26 @@ def _reserve(measured: Draft, budget: Budget) -> int:
     return max(math.floor(budget.limit * budget.headroom), grew)
 
 
-def _kept(ladders: Sequence[Ladder], solution: Solution, price: float) -> bool:
-    """Whether the request as it is (every unit in its present form, the first rung) is
-    worth at least ``solution``: a request that fits is changed only for more."""
-    keep = [0] * len(ladders)
-    return objective(ladders, keep, price)[0] >= solution.objective
+def _kept(
+    units: Sequence[_Unit], solution: Solution, price: float, room: int, text_free: int
+) -> tuple[int, ...] | None:
+    """The request as it is (every unit in its present form, the first rung) with the
+    passages that fit ``room`` beside it, if that is worth at least ``solution``: a
+    request that fits is changed only for more. ``room`` holds no reserve: passages are
+    sent in this turn only, so they leave the next turn's growth its room anyway."""
+    whole = [u.ladder for u in units]
+    choice = tuple(0 for _ in units)
+    if any(u.kind == "passage" for u in units):
+        ladders = [
+            u.ladder if u.kind == "passage" else Ladder((u.ladder.rungs[0],), 0) for u in units
+        ]
+        kept = solve(ladders, room, cache_price=price, text_free=text_free)
+        if kept is None:
+            return None
+        choice = tuple(
+            c if u.kind == "passage" else 0 for u, c in zip(units, kept.choice, strict=True)
+        )
+    return choice if objective(whole, choice, price)[0] >= solution.objective else None
 
 
 @attrs.frozen
@@ -1015,11 +1092,14 @@ class Solve:
         if fits and not cut and not _recallable(turn, fits=fits):
             report = budget.report(used, before, before, ())
             return attrs.evolve(turn, budget_report=report, measured=measured)
-        passages, recallable = _passage_units(turn, budget, fits=fits)
-        if fits and not cut and not passages:
+        passages, recallable, shown = _passage_units(turn, budget, fits=fits)
+        if fits and not cut and not passages and not _regrows(turn, measured, budget, used):
             report = budget.report(used, before, before, ())
             return attrs.evolve(turn, budget_report=report, measured=measured)
         relevance = _relevance(turn, self.retriever)
+        if passages:  # the suffix's turns on the passages' scale (``_passage_units``)
+            relevance = {k: v for k, v in relevance.items() if not k.startswith("history:")}
+            relevance.update(shown)
         exact: dict[tuple[str, int], int | None] = {}
         extra: dict[str, set[int]] = {}
         cached = _cached_units(turn, measured, budget, relevance)
@@ -1073,11 +1153,18 @@ class Solve:
                 )
                 units = cached + items + passages
                 continue  # a guessed preview was made: solve again with its tokens
-            # (With passages the shortcut would compare against ladders ``_held`` narrows.)
-            if fits and not passages and _kept(ladders, solution, budget.cache_weight):
+            choice = solution.choice
+            kept = None
+            if fits:
+                whole = math.floor(budget.limit / (1.0 + budget.safety_margin)) - fixed - short
+                kept = _kept(units, solution, budget.cache_weight, whole, text_free)
+            if kept is not None and not any(kept[j] for j, u in enumerate(units)
+                                            if u.kind == "passage"):  # fmt: skip
                 report = budget.report(used, before, before, ())
                 return attrs.evolve(turn, budget_report=report, measured=measured)
-            held = _held(units, solution.choice, recallable)
+            if kept is not None:
+                choice = kept
+            held = _held(units, choice, recallable)
             if held and overlaps < 2:
                 # Passages the chosen suffix shows: their room goes to the next best.
                 overlaps += 1
@@ -1085,7 +1172,7 @@ class Solve:
                 units = cached + items + passages
                 continue
             rounds += 1
-            out, decisions = _apply(turn, units, solution.choice, recallable)
+            out, decisions = _apply(turn, units, choice, recallable)
             drafted = draft(out, measured)
             spent = budget.used(drafted, turn.ctx.counter)
             over = budget.effective(spent) - budget.limit

@@ -144,6 +144,7 @@ class RecallMemo:
         self._units: list[Passage] = []
         self._kept: tuple[int, dict[str, Passage]] | None = None
         self._costs: dict[str, tuple[str, int]] = {}
+        self._sizes: dict[str, tuple[str, int]] = {}
         self._overhead: dict[str, int] = {}
         self._order: tuple[Mapping[str, Passage], list[str], dict[str, int]] | None = None
         self._lock = threading.Lock()
@@ -226,6 +227,16 @@ class RecallMemo:
             return kept[1]
         tokens = counter(item.text) + 1
         self._costs[item.key] = (item.text, tokens)
+        return tokens
+
+    def tokens(self, key: str, text: str, counter: Callable[[str], int]) -> int:
+        """``text``'s tokens (a history message the suffix no longer shows), remembered by
+        ``key`` while its text is the same."""
+        kept = self._sizes.get(key)
+        if kept is not None and kept[0] is text:
+            return kept[1]
+        tokens = counter(text)
+        self._sizes[key] = (text, tokens)
         return tokens
 
     def overhead(self, counter: str, make: Callable[[], int]) -> int:

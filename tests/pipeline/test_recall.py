@@ -64,17 +64,28 @@ def test_a_dropped_message_the_query_names_is_recalled_into_the_user_message() -
     env = conv.turn("Which city did Maria relocate to?")
     assert "history:1:user" not in {s.key for s in env.l4.segments}  # cut from L4
     assert _recalled(env) == ["recalled:history"]
-    reply = "Noted, point 0. " + "Sounds good. " * 8
     assert env.user_text == (
         '<recalled key="recalled:history" title="earlier messages">\n'
         f"user (1): {FACTS[0]}\n"
-        f"assistant (1): {reply}\n"
         "</recalled>\n\n---\n[User query]:\nWhich city did Maria relocate to?"
     )
     (made,) = [d for d in env.report.decisions if d.action is DecisionAction.RECALLED]
     assert made.target == "recalled:history"
-    assert made.reason.startswith("2 earlier messages the query matches (turn 1, ")
+    assert made.reason.startswith("1 earlier message the query matches (turn 1, ")
     check_envelope(env)
+
+
+def test_a_passage_takes_the_room_the_request_leaves_and_the_suffix_stays_cached() -> None:
+    """The request fits: the passage goes into the room it leaves (the headroom too: a
+    passage is sent in this turn only), and the suffix keeps its start, as with recall off."""
+    on, off = _conv(), _conv(recall=False)
+    _chat(on)
+    _chat(off)
+    env = on.turn("Which city did Maria relocate to?")
+    plain = off.turn("Which city did Maria relocate to?")
+    assert [s.key for s in env.l4.segments] == [s.key for s in plain.l4.segments]
+    assert not any(d.action is DecisionAction.HISTORY_CUT for d in env.report.decisions)
+    assert env.report.budget is not None and env.report.budget.used <= 1_000
 
 
 def test_the_reply_that_answers_a_recalled_question_comes_with_it() -> None:
@@ -161,12 +172,46 @@ def test_a_recalled_block_is_not_carried_into_the_next_request() -> None:
     assert "<recalled" not in second.batch.user.text
 
 
+def test_a_suffix_cut_for_passages_comes_back_when_they_go() -> None:
+    """A turn that gives the suffix's room to passages does not leave every later request
+    short of its history: the next turn starts the suffix earlier again (free breaks here,
+    ``cache_weight`` 0, so the cut and the way back are the objective's alone)."""
+    budget = Budget(context_window=1_200, reserve_output=200, cache_weight=0.0)
+    conv = Conversation("You are helpful.", renderer=XmlRenderer(), budget=budget)
+    names = ("falcon", "heron", "osprey", "kestrel", "merlin", "harrier")
+    for i in range(40):
+        if i < len(names):
+            w = names[i]
+            said = f"The {w} project: " + " ".join(
+                f"{w} milestone {k} is owned by the {w} team and reviewed weekly." for k in range(5)
+            )
+        else:
+            said = f"Today was busy with meetings about the quarterly roadmap ({i})"
+        conv.turn(said)
+        conv.reply(f"Noted, point {i}. " + "Sounds good. " * 8)
+    asked = conv.turn(
+        "Tell me every milestone of falcon, heron, osprey, kestrel, merlin and harrier."
+    )
+    conv.reply("ok")
+    cut = int(asked.l4.segments[0].key.split(":")[1])
+    assert len(_lines(asked)) == len(names)
+    assert any(d.action is DecisionAction.HISTORY_CUT for d in asked.report.decisions)
+    after = conv.turn("Thanks.")
+    back = [d for d in after.report.decisions if d.target.startswith("history:")]
+    assert [d.action for d in back] == [DecisionAction.RESTORED]
+    assert int(after.l4.segments[0].key.split(":")[1]) < cut
+    assert not _lines(after)
+    check_envelope(after)
+
+
 def test_nothing_shown_in_history_is_recalled_again() -> None:
     conv = _conv()
     _chat(conv)
-    env = conv.turn("Today was busy with meetings about the quarterly roadmap")
+    # The filler the suffix shows matches as well as its older copies; the bakery only
+    # an older turn holds.
+    env = conv.turn("Busy meetings about the roadmap again; how is Maria doing with the bakery?")
     shown = {int(s.key.split(":")[1]) for s in env.l4.segments}
-    assert _lines(env)
+    assert _lines(env) == [f"user (1): {FACTS[0]}"]
     assert not {int(line.split("(")[1].split(")")[0]) for line in _lines(env)} & shown
 
 
