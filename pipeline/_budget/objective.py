@@ -145,8 +145,9 @@ def _value(weight: float, whole: int, tokens: int, *, text_free: bool) -> float:
     """What a form tells the model: ``weight`` times the square root of the text it
     carries times the unit's whole size, so value grows with text but less per token
     (a preview is worth more per token than the whole); a text-free form (a line, a
-    stub: a title and how to ask for it) is worth half of that."""
-    worth = weight * math.sqrt(max(0, tokens) * max(1, whole))
+    stub: a title and how to ask for it) is worth half of that. A form tells at most what
+    the whole does, however its framing counts."""
+    worth = weight * math.sqrt(max(0, min(tokens, whole)) * max(1, whole))
     return worth / 2 if text_free else worth
 
 
@@ -284,6 +285,8 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
         if view.form in _CUT and not has_prose(view.body):
             return  # a cut form holding no prose is never sent
         new = _entry(turn, view, entry)
+        if view.form in _CUT and new.tokens >= full:
+            return  # a cut form no smaller than the whole (its framing) is never sent
         forms.append(_Form(_Choice(form, new, failures=failures), new.tokens + _SEP))
 
     if entry.cut:
@@ -419,6 +422,8 @@ def _item_unit(
             if tokens is None:
                 break  # a preview holding no section is never sent (nor a smaller one)
         assert tokens is not None
+        if tokens >= size:
+            continue  # no smaller than the whole, once framed
         choices.append(_Choice(str(form), placement=placement, guess=guess))
         rungs.append(Rung(tokens + _SEP, _value(weight, size, tokens, text_free=False)))
     if artifact.recoverable:
