@@ -29,6 +29,7 @@ The solve is a function of the ladders alone: no clock, no dict order, ties by p
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Sequence
 
@@ -262,10 +263,15 @@ def _priced(ladders: Sequence[Ladder], b: int) -> list[Ladder]:
     return out
 
 
-def _steps(ladders: Sequence[Ladder], prices: Sequence[float]) -> list[_Step]:
-    """Every ladder's hull steps, best slope first (ties by position)."""
+def _order(step: _Step) -> tuple[float, int, int]:
+    return (-step.slope, step.ladder, step.rung)
+
+
+def _steps(ladders: Sequence[Ladder], prices: Sequence[float], only: Sequence[int]) -> list[_Step]:
+    """The hull steps of the ladders ``only``, best slope first (ties by position)."""
     steps: list[_Step] = []
-    for j, ladder in enumerate(ladders):
+    for j in only:
+        ladder = ladders[j]
         rungs, price = ladder.rungs, prices[j]
         hull = _hull(rungs, price)
         for a, b in itertools.pairwise(hull):
@@ -273,7 +279,7 @@ def _steps(ladders: Sequence[Ladder], prices: Sequence[float]) -> list[_Step]:
             gain = (rb.value - price * rb.tokens) - (ra.value - price * ra.tokens)
             if gain > 0:
                 steps.append(_Step(gain / max(1, rb.tokens - ra.tokens), j, b))
-    steps.sort(key=lambda s: (-s.slope, s.ladder, s.rung))
+    steps.sort(key=_order)
     return steps
 
 
@@ -293,13 +299,18 @@ def solve(
     prices = [cache_price if at[j] < n else 0.0 for j in range(n)]
     start = _within_share(ladders, [_smallest(ladder.rungs) for ladder in ladders], room, text_free)
     joins = sorted({r.at for ladder in ladders for r in ladder.rungs if r.at is not None})
+    joined = [j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs)]
+    plain = _steps(ladders, prices, sorted(set(range(n)) - set(joined)))
     regimes: dict[tuple[bool, ...], tuple[list[Ladder], list[_Step]]] = {}
 
     def regime(b: int) -> tuple[list[Ladder], list[_Step]]:
+        """The ladders as priced for break ``b`` and their steps (the same for every ``b``
+        between the same two index places)."""
         key = tuple(a < b for a in joins)
         if key not in regimes:
             priced = _priced(ladders, b)
-            regimes[key] = (priced, _steps(priced, prices))
+            steps = list(heapq.merge(plain, _steps(priced, prices, joined), key=_order))
+            regimes[key] = (priced, steps)
         return regimes[key]
 
     start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))

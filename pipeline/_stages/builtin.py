@@ -458,7 +458,11 @@ def _default_pipeline() -> Pipeline:
     from lamina.pipeline._stages.pages import MergePages
 
     stages: list[Stage] = [
-        Expand(), Dedup(), MergePages(), Reference(), Solve(retriever=Bm25Retriever),
+        Expand(),
+        Dedup(),
+        MergePages(),
+        Reference(),
+        Solve(retriever=Bm25Retriever),
         Promote(),
     ]
     return Pipeline(stages)

@@ -151,9 +151,7 @@ def _big_note(rng_seed: int, sections: int, words: int) -> str:
 
 @settings(max_examples=25, deadline=None)
 @given(
-    shapes=st.lists(
-        st.tuples(st.integers(1, 12), st.integers(20, 400)), min_size=1, max_size=6
-    ),
+    shapes=st.lists(st.tuples(st.integers(1, 12), st.integers(20, 400)), min_size=1, max_size=6),
     window=st.integers(min_value=1500, max_value=12000),
 )
 def test_the_window_is_used_when_the_content_exceeds_it(

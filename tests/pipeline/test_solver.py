@@ -68,6 +68,34 @@ def test_the_text_free_share_binds_the_smallest_forms_too() -> None:
     assert tight is not None and tight.choice == (0,) * 10
 
 
+def test_a_count_joining_an_index_breaks_the_prefix_at_the_index_once() -> None:
+    """An index first in the prefix, then five 100-token entries whose count joins it
+    (``at=0``), pricing the cache between them (``join``) when the index stays cached:
+    counting three to fit 250 tokens breaks the request at the index, and is priced so
+    once (the exhaustive optimum), not once an entry."""
+    price = 0.3
+    index = Ladder((Rung(50, 10.0, text_free=True),), previous=0)
+    entries = [
+        Ladder(
+            (Rung(100, 100.0), Rung(0, 0.0, text_free=True, at=0, join=price * (50 + 100 * i))),
+            previous=0,
+        )
+        for i in range(5)
+    ]
+    ladders = [index, *entries]
+    done = solve(ladders, 250, cache_price=price, text_free=1000)
+    assert done is not None and done.tokens <= 250 and done.broken_at == 0
+    assert sum(c == 1 for c in done.choice) == 3
+    best = max(
+        objective(ladders, choice, price)[0]
+        for choice in itertools.product(*(range(len(ladder.rungs)) for ladder in ladders))
+        if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True)) <= 250
+    )
+    assert done.objective == pytest.approx(best) == 210.0 - price * 250
+    # One entry counted: the request still breaks at the index, not at the entry.
+    assert objective(ladders, (0, 0, 0, 0, 0, 1), price) == (410.0 - price * 450, 0)
+
+
 def test_none_when_even_the_smallest_forms_do_not_fit() -> None:
     assert solve([Ladder((PREVIEW, FULL))], 299) is None
 
