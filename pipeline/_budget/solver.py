@@ -247,40 +247,31 @@ def objective(
     return value - cache_price * uncached, None if broken is None else prefix[broken]
 
 
-def _priced(ladders: Sequence[Ladder], b: int) -> list[Ladder]:
-    """``ladders`` as a solve that keeps the first ``b`` prefix ladders cached sees them:
-    a rung that changes a block before ``b`` (``Rung.at``) is worth its ``join`` less."""
-    out = list(ladders)
-    for j, ladder in enumerate(ladders):
-        if any(r.at is not None and r.at < b and r.join for r in ladder.rungs):
-            rungs = tuple(
-                attrs.evolve(r, value=r.value - r.join)
-                if r.at is not None and r.at < b and r.join
-                else r
-                for r in ladder.rungs
-            )
-            out[j] = Ladder(rungs, ladder.previous)
-    return out
-
-
 def _order(step: _Step) -> tuple[float, int, int]:
     return (-step.slope, step.ladder, step.rung)
 
 
-def _steps(ladders: Sequence[Ladder], prices: Sequence[float], only: Sequence[int]) -> list[_Step]:
-    """The hull steps of the ladders ``only``, best slope first (ties by position)."""
+def _steps(ladder: Ladder, price: float, j: int) -> list[_Step]:
+    """The hull steps of ``ladder`` (the ``j``-th), from its smallest rung up."""
     steps: list[_Step] = []
-    for j in only:
-        ladder = ladders[j]
-        rungs, price = ladder.rungs, prices[j]
-        hull = _hull(rungs, price)
-        for a, b in itertools.pairwise(hull):
-            ra, rb = rungs[a], rungs[b]
-            gain = (rb.value - price * rb.tokens) - (ra.value - price * ra.tokens)
-            if gain > 0:
-                steps.append(_Step(gain / max(1, rb.tokens - ra.tokens), j, b))
-    steps.sort(key=_order)
+    rungs = ladder.rungs
+    hull = _hull(rungs, price)
+    for a, b in itertools.pairwise(hull):
+        ra, rb = rungs[a], rungs[b]
+        gain = (rb.value - price * rb.tokens) - (ra.value - price * ra.tokens)
+        if gain > 0:
+            steps.append(_Step(gain / max(1, rb.tokens - ra.tokens), j, b))
     return steps
+
+
+def _priced(ladder: Ladder, b: int) -> Ladder:
+    """``ladder`` as a solve that keeps the first ``b`` prefix ladders cached sees it: a
+    rung that changes a block before ``b`` (``Rung.at``) is worth its ``join`` less."""
+    rungs = tuple(
+        attrs.evolve(r, value=r.value - r.join) if r.join and r.at is not None and r.at < b else r
+        for r in ladder.rungs
+    )
+    return Ladder(rungs, ladder.previous)
 
 
 def solve(
@@ -299,18 +290,29 @@ def solve(
     prices = [cache_price if at[j] < n else 0.0 for j in range(n)]
     start = _within_share(ladders, [_smallest(ladder.rungs) for ladder in ladders], room, text_free)
     joins = sorted({r.at for ladder in ladders for r in ladder.rungs if r.at is not None})
-    joined = [j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs)]
-    plain = _steps(ladders, prices, sorted(set(range(n)) - set(joined)))
+    joined = {j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs)}
+    plain = [s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j)]
+    plain.sort(key=_order)
     regimes: dict[tuple[bool, ...], tuple[list[Ladder], list[_Step]]] = {}
+    variants: dict[tuple[int, tuple[bool, ...]], tuple[Ladder, list[_Step]]] = {}
 
     def regime(b: int) -> tuple[list[Ladder], list[_Step]]:
         """The ladders as priced for break ``b`` and their steps (the same for every ``b``
-        between the same two index places)."""
+        between the same two index places; a ladder's the same for every ``b`` between
+        its own rungs' ``at``)."""
         key = tuple(a < b for a in joins)
         if key not in regimes:
-            priced = _priced(ladders, b)
-            steps = list(heapq.merge(plain, _steps(priced, prices, joined), key=_order))
-            regimes[key] = (priced, steps)
+            priced = list(ladders)
+            moving: list[_Step] = []
+            for j in sorted(joined):
+                mine = tuple(r.at is not None and r.at < b for r in ladders[j].rungs)
+                if (j, mine) not in variants:
+                    ladder = _priced(ladders[j], b)
+                    variants[j, mine] = (ladder, _steps(ladder, prices[j], j))
+                priced[j], steps = variants[j, mine]
+                moving += steps
+            moving.sort(key=_order)
+            regimes[key] = (priced, list(heapq.merge(plain, moving, key=_order)))
         return regimes[key]
 
     start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))
