@@ -347,13 +347,14 @@ def _promoted(turn: TurnGraph, item: Placement) -> tuple[View, str, View | None]
     budget cut."""
     ctx = turn.ctx
     artifact = turn.artifact(item.key)
-    carried = carry_forward(artifact, ctx.counter, ctx.policy, ctx.renderer, ctx.views)
     if item.form is Form.PREVIEW and item.limit:
         view, text = _as_sent(turn, item)
         if ctx.counter.count(text) <= ctx.policy.verbatim_tokens:
-            whole = carried[0] if carried[0].form is Form.FULL else None
-            return view, text, None if whole == view else whole
-    return carried[0], carried[1], None
+            whole = full_view(artifact)  # counted when L3 was first measured: a memo hit
+            carried = ctx.counter.count(ctx.renderer.render(whole)) <= ctx.policy.verbatim_tokens
+            return view, text, whole if carried else None
+    view, text = carry_forward(artifact, ctx.counter, ctx.policy, ctx.renderer, ctx.views)
+    return view, text, None
 
 
 def _prepare_summaries(
