@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -156,6 +157,49 @@ def test_never_over_the_room_and_never_worse_than_last_turn(
     )
     top = max(r.value for ladder in ladders for r in ladder.rungs)
     assert done.objective >= best - top - price * 500 * len(ladders) - 1e-6
+
+
+@st.composite
+def _joining(draw: st.DrawFn) -> tuple[list[Ladder], int, float]:
+    """Random ladders whose rungs may change an earlier prefix ladder's block (``at``)."""
+    ladders, room, price = draw(_ladders())
+    places = sum(ladder.previous is not None for ladder in ladders)
+    out = []
+    for ladder in ladders:
+        rungs = tuple(
+            attrs.evolve(r, at=draw(st.integers(0, places - 1)), join=draw(st.floats(0, 300)))
+            if places and draw(st.booleans())
+            else r
+            for r in ladder.rungs
+        )
+        out.append(Ladder(rungs, ladder.previous))
+    return out, room, price
+
+
+@settings(max_examples=300, deadline=None)
+@given(_joining())
+def test_rungs_joining_an_index_keep_the_solvers_promises(
+    case: tuple[list[Ladder], int, float],
+) -> None:
+    """With rungs that break the prefix at an earlier ladder: never over the room, None
+    only when even the smallest rungs do not fit, never worse than last turn's choice when
+    it fits, and the same choice for the same ladders."""
+    ladders, room, price = case
+    done = solve(ladders, room, cache_price=price, text_free=10_000)
+    if done is None:
+        assert sum(min(r.tokens for r in ladder.rungs) for ladder in ladders) > room
+        return
+    assert done.tokens <= room
+    assert done.objective == objective(ladders, done.choice, price)[0]
+    keep = [
+        ladder.previous
+        if ladder.previous is not None
+        else min(range(len(ladder.rungs)), key=lambda i: ladder.rungs[i].tokens)
+        for ladder in ladders
+    ]
+    if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, keep, strict=True)) <= room:
+        assert done.objective >= objective(ladders, keep, price)[0] - 1e-6
+    assert solve(list(ladders), room, cache_price=price, text_free=10_000) == done
 
 
 @settings(max_examples=100, deadline=None)
