@@ -106,13 +106,15 @@ FOLDER_CHATS = ("kepano-folder-2k",)
 # main's views, 50 blocks left frontmatter open at 4k, 3 at 8k and 4 in the folder turn.
 # After "the objective": the values each entry ends with.
 _NOT_YET: dict[tuple[str, str], str] = {
-    ("small-3000", "cached_share"): "21.3% cached, 46% of its bound 46.5%",
-    ("chat30-6000", "left-cut"): "11 turn-entries (recall's passages take the room)",
-    ("kepano-8k", "cached_share"): "63.4% cached, 79% of its bound 80.4% (84% before recall "
-    "was on by default: recalled passages are sent uncached)",
-    ("kepano-4k", "cached_share"): "53.0% cached, 71% of its bound 75.1%",
-    ("kepano-folder-2k", "text_free"): "22.4% of the window (the 52 templates' index lines: "
-    "each item attached is sent or listed by title)",
+    ("small-3000", "cached_share"): "21.3% cached, 46% of its bound 46.4%",
+    ("chat30-6000", "left-cut"): "5 turn-entries (previews of 99-177 tokens beside 99-190 "
+    "free in turns 15, 16 and 27)",
+    ("kepano-8k", "cached_share"): "59.7% cached, 77% of its bound 77.8% (79% before the "
+    "text-free share bound attached folders)",
+    ("kepano-4k", "cached_share"): "31.1% cached, 48% of its bound 64.7% (71% before the "
+    "text-free share bound attached folders: a line or count joining an index before its "
+    "entry paid the cache between them once per entry, which kept the library and starved "
+    "new attachments)",
 }
 
 

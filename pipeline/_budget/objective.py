@@ -4,7 +4,9 @@
    part, each library entry (whole, preview, summary, excerpts, stub, its line in its
    group's index; an index unfolds into its entries), history older than the last turn
    (kept as a recent contiguous suffix), each item attached this turn (full, previews,
-   excerpts, its line in its group's index or a not-sent reference). A rung's tokens are
+   excerpts, its line in its group's index or its count there, or a not-sent reference).
+   Text-free rungs (lines, counts, stubs) share one bound, ``Budget.text_free_share``
+   of the window: a folder's members past it are counted in its index. A rung's tokens are
    its block's count (a fitted preview's, its limit); its value is what it tells the
    model (``_value``).
 2. ``solver.solve`` picks one rung a ladder: the most value less the cache price of the
@@ -129,6 +131,11 @@ class _Choice:
     failures: tuple[str, ...] = ()
     """Why a summarizer's chunks failed (a summary made in their place): reported as
     the turn's warnings when this form is sent."""
+
+
+_Join = tuple[float, int | None]
+"""The cache price of the prefix between an index and an entry after it, and the index's
+place in the prefix (None: no index stands before the entry)."""
 
 
 @attrs.frozen
@@ -341,13 +348,14 @@ def _library_unit(
     heads: tuple[int, int],
     *,
     sent: bool,
-    joins: tuple[float, float] = (0.0, 0.0),
+    joins: tuple[_Join, _Join] = ((0.0, None), (0.0, None)),
 ) -> _Unit:
     """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``. Its
     line in its group's index and its count also cost ``heads`` (its shares of a new
-    index's head: its group's, the library's count's), and ``joins``: the cache price of
-    the prefix between an index that exists before it and the entry (the index's block
-    changes, so the prefix breaks there, not at the entry)."""
+    index's head: its group's, the library's count's); where that index exists, ``joins``
+    names its place in the prefix and the cache price of the prefix between it and the
+    entry (the index's block changes, so the prefix breaks there, not at the entry: a
+    solve that keeps the index cached prices the line that much less, ``Rung.join``)."""
     forms = _library_forms(turn, entry, sent=sent)
     if sent:  # sent again in L3 this turn: the library does not give it back (not twice,
         # not even when its whole form is smaller than the preview it holds)
@@ -360,21 +368,19 @@ def _library_unit(
     rungs = []
     choices = []
     for form in forms:
+        join: _Join = (0.0, None)
         if form.choice.entry is None and form.choice.form in ("index", "count"):
-            at = 0 if form.choice.form == "index" else 1
-            form = attrs.evolve(form, tokens=form.tokens + heads[at])
-            if form.value is not None:
-                form = attrs.evolve(form, value=form.value - joins[at])
+            which = 0 if form.choice.form == "index" else 1
+            form = attrs.evolve(form, tokens=form.tokens + heads[which])
+            join = joins[which]
         if form.value is None:
             value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free)
-            if form.choice.entry is None and form.choice.form == "index":
-                value -= joins[0]
         elif form.choice.unfold:  # an unfold: what its entries are worth
             back = form.choice.unfold
             value = sum(_value(weight, e.tokens, e.tokens, text_free=False) for e in back)
         else:
             value = form.value
-        rungs.append(Rung(form.tokens, value, form.text_free))
+        rungs.append(Rung(form.tokens, value, form.text_free, at=join[1], join=join[0]))
         choices.append(form.choice)
     return _Unit("library", entry.key, Ladder(tuple(rungs), 0), tuple(choices))
 
@@ -388,12 +394,13 @@ def _item_unit(
     extra: dict[str, set[int]],
     *,
     grouped: bool,
-    counted: bool,
     head: int = 0,
 ) -> _Unit | None:
     """An item attached this turn: the form it has now, previews fitted to halving sizes
     down to ``MIN_PREVIEW_TOKENS`` (recoverable) or excerpts (not), then its line in its
-    group's index, else a not-sent reference. None for what has one form only."""
+    group's index and its count there (the group, the item the user attached, reaches
+    the model by its title and count whatever its members' forms), else a not-sent
+    reference. None for what has one form only."""
     artifact = turn.artifact(item.key)
     if item.form is Form.REFERENCE or is_index(artifact) or chunk_source(item.key) is not None:
         return None
@@ -431,9 +438,10 @@ def _item_unit(
             line = _index_line_tokens(turn, item.key, artifact.title, size)
             choices.append(_Choice("index"))
             rungs.append(Rung(line + head, _value(weight, size, line, text_free=True), True))
-            if counted:  # only when the lines alone do not fit: counted in the index
-                choices.append(_Choice("count"))
-                rungs.append(Rung(head, 0.0, True))
+            # Counted in its group's index: a line's worth goes, its tokens too, so the
+            # text-free share binds the lines like any other text-free form.
+            choices.append(_Choice("count"))
+            rungs.append(Rung(head, 0.0, True))
         else:
             marks = (*item.marks, (NOT_SENT, "true"))
             ref = turn.ctx.renderer.render(reference_view(artifact, marks))
@@ -665,17 +673,21 @@ def _cached_units(
     sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
     now = turn.ctx.turn
     heads = _heads(turn)
-    # Tokens of the library before each entry: what a change at an index before an entry
-    # uncaches beyond the entry's own change.
+    # Tokens of the library before each entry, and each entry's place in the prefix:
+    # what a change at an index before an entry uncaches beyond the entry's own change.
     before: dict[str, int] = {}
+    place: dict[str, int] = {}
     total = 0
-    for entry in turn.library.entries:
+    for i, entry in enumerate(turn.library.entries):
         before[entry.key] = total
+        place[entry.key] = len(units) + i
         total += entry.tokens + _SEP
 
-    def join(group: str, key: str) -> float:
-        at = before.get(f"{INDEX_SOURCE}:{group}")
-        return 0.0 if at is None else budget.cache_weight * max(0, before[key] - at)
+    def join(group: str, key: str) -> _Join:
+        index = f"{INDEX_SOURCE}:{group}"
+        if index not in before or place[index] >= place[key]:
+            return (0.0, None)
+        return (budget.cache_weight * max(0, before[key] - before[index]), place[index])
 
     for entry in turn.library.entries:
         w = _weight(budget, entry.view.source_type, now - entry.turn,
@@ -698,8 +710,6 @@ def _item_units(
     relevance: dict[str, float],
     exact: dict[tuple[str, int], int | None],
     extra: dict[str, set[int]],
-    *,
-    counted: bool,
 ) -> list[_Unit]:
     """The units of this turn's items, after every cached unit."""
     units: list[_Unit] = []
@@ -719,7 +729,7 @@ def _item_units(
         w *= 1.0 - i / (1000.0 * (len(turn.items) + 1))  # ties: the first placed first
         unit = _item_unit(
             turn, item, sizes.get(item.key, 0), w, exact, extra,
-            grouped=item.key in grouped, counted=counted, head=heads.get(item.key, 0),
+            grouped=item.key in grouped, head=heads.get(item.key, 0),
         )  # fmt: skip
         if unit is not None:
             units.append(unit)
@@ -876,7 +886,7 @@ def _apply(
     for group, members in _groups(out).items():
         gone = [m.key for m in members if m.key in indexed]
         if gone:
-            out, made = _indexed(out, group, members, gone, sum(indexed[k] for k in gone))
+            out, made = _indexed(out, group, members, gone, {k for k in gone if indexed[k]})
             decisions.append(made)
     return out, decisions
 
@@ -917,26 +927,27 @@ def _in_place(library: Library, key: str, unfolded: Sequence[str]) -> Library:
 
 
 def _indexed(
-    turn: TurnGraph, group: str, members: Sequence[_Member], gone: Sequence[str], listed: int
+    turn: TurnGraph, group: str, members: Sequence[_Member], gone: Sequence[str], lines: set[str]
 ) -> tuple[TurnGraph, Decision]:
-    """``turn`` with the items ``gone`` (in placement order) in ``group``'s index: the
-    first ``listed`` as lines, the rest counted; and the group's one decision."""
-    out = _with_index(
-        turn, group, members, set(gone[:listed]) or set(gone), len(gone) - listed if listed else 0
-    )
+    """``turn`` with the items ``gone`` (in placement order) in ``group``'s index: those of
+    ``lines`` as lines, the rest counted; and the group's one decision."""
+    listed = [k for k in gone if k in lines]
+    counted = len(gone) - len(listed)
+    out = _with_index(turn, group, members, set(listed) or set(gone), counted if listed else 0)
     if not listed:
         key = f"{INDEX_SOURCE}:{group}"
         out = out.with_artifact(index_artifact(group, (), len(gone)))
         out = attrs.evolve(
             out, items=tuple(i for i in out.items if i.key not in set(gone) or i.key == key)
         )
-    elif listed < len(gone):
-        rest = set(gone[listed:])
+    elif counted:
+        rest = set(gone) - set(listed)
         out = attrs.evolve(out, items=tuple(i for i in out.items if i.key not in rest))
     why = (
         "no form of each fits"
-        if listed == len(gone)
-        else f"{len(gone) - listed} counted: the lines do not all fit"
+        if not counted
+        else f"{counted} counted: their lines are worth less than the room and the text-free "
+        "share they take"
     )
     reason = (
         f"{len(gone)} item{'s' if len(gone) != 1 else ''} of {group} listed in its index ({why})"
@@ -1108,7 +1119,7 @@ class Solve:
         exact: dict[tuple[str, int], int | None] = {}
         extra: dict[str, set[int]] = {}
         cached = _cached_units(turn, measured, budget, relevance)
-        items = _item_units(turn, measured, budget, relevance, exact, extra, counted=False)
+        items = _item_units(turn, measured, budget, relevance, exact, extra)
         units = cached + items + passages
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
         fixed = used - now
@@ -1121,19 +1132,12 @@ class Solve:
         share = text_free = math.floor(budget.context_window * budget.text_free_share)
         short = 0
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
-        counted = False
         rounds = making = overlaps = 0
         while rounds < MAX_ROUNDS:
             ladders = [u.ladder for u in units]
             limit = math.floor((budget.limit - reserve) / (1.0 + budget.safety_margin))
             room = limit - fixed - short
             solution = solve(ladders, room, cache_price=budget.cache_weight, text_free=text_free)
-            if solution is None and not counted:
-                # Not even every item's index line fits: the lines may be counted instead.
-                counted = True
-                items = _item_units(turn, measured, budget, relevance, exact, extra, counted=True)
-                units = cached + items + passages
-                continue
             if solution is None and reserve:
                 reserve = 0  # the smallest forms fit only in the reserve: it gives way
                 continue
@@ -1141,9 +1145,7 @@ class Solve:
                 break
             if not making and _sized(units, solution, room, extra):
                 making += 1
-                items = _item_units(
-                    turn, measured, budget, relevance, exact, extra, counted=counted
-                )
+                items = _item_units(turn, measured, budget, relevance, exact, extra)
                 units = cached + items + passages
                 continue  # the room left is given to one preview, fitted to it
             if _summarized(turn, units, solution.choice):
@@ -1153,9 +1155,7 @@ class Solve:
                 continue  # a summary was made: solve again with its tokens
             if _made(turn, units, solution.choice, exact):
                 making += 1
-                items = _item_units(
-                    turn, measured, budget, relevance, exact, extra, counted=counted
-                )
+                items = _item_units(turn, measured, budget, relevance, exact, extra)
                 units = cached + items + passages
                 continue  # a guessed preview was made: solve again with its tokens
             choice = solution.choice

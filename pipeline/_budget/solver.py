@@ -8,17 +8,20 @@ and the value of what it tells the model. The solver picks one rung a ladder to
     subject to sum(tokens of the chosen rungs) <= room
                sum(tokens of the chosen text-free rungs) <= text_free (as far as room allows)
 
-where the break is the first prefix ladder whose rung differs from last turn's: from
+where the break is the first prefix ladder whose rung differs from last turn's (or whose
+block a chosen rung changes: ``Rung.at``, a line joining an index before its entry): from
 there on the provider reads the request uncached. Only the *first* change matters, so
 the solve is exact in the break point:
 
 1. For each candidate break ``b`` in prefix order (and "no break"), the prefix ladders
    before ``b`` keep last turn's rungs; the rest are free, and the prefix ones among them
-   pay ``cache_price`` a token (a shear of their value: their hulls keep their vertices).
+   pay ``cache_price`` a token (a shear of their value: their hulls keep their vertices);
+   a rung that changes a block before ``b`` pays its ``join`` (the cache between them).
 2. The free ladders are a multiple-choice knapsack, solved by greedy on each ladder's
    upper convex hull: every ladder starts at its smallest rung, and hull steps are taken
-   by falling value per token while they fit (a step that does not fit ends its ladder's
-   climb); a last pass gives each ladder the best rung, hull or not, that still fits.
+   by falling value per token while they fit (a step that does not fit the room ends its
+   ladder's climb; one over the text-free share is skipped); a last pass gives each
+   ladder the best rung, hull or not, that still fits.
 3. The best objective over the candidates wins; ties go to the later break (more cached).
 
 The solve is a function of the ladders alone: no clock, no dict order, ties by position.
@@ -26,6 +29,7 @@ The solve is a function of the ladders alone: no clock, no dict order, ties by p
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Sequence
 
@@ -41,11 +45,16 @@ evenly spread ones (a 1,600-entry library would otherwise be solved 1,600 times)
 @attrs.frozen
 class Rung:
     """One form of a unit: its tokens and its value; ``text_free`` for forms without prose
-    (an index line, a stub, a count)."""
+    (an index line, a stub, a count). A form that changes another prefix unit's block
+    instead of its own (a line joining an index that stands before the entry) names that
+    unit's place in the prefix (``at``): the request breaks there, and a solve that keeps
+    the prefix cached past ``at`` prices the rung ``join`` less (the cache between them)."""
 
     tokens: int
     value: float
     text_free: bool = False
+    at: int | None = None
+    join: float = 0.0
 
 
 @attrs.frozen
@@ -155,8 +164,9 @@ def _climb(
     text_free: int,
 ) -> int:
     """Take ``steps`` (best slope first) while they fit ``room`` and the text-free
-    share, from ``choice`` (in place); a step that does not fit ends its ladder's climb.
-    The tokens used after."""
+    share, from ``choice`` (in place); a step that does not fit the room ends its
+    ladder's climb, one over the share only is skipped (the ladder's next step, to a
+    form with text, goes from where it stands). The tokens used after."""
     stopped: set[int] = set()
     used = 0
     for step in steps:
@@ -168,9 +178,11 @@ def _climb(
             continue  # a later step of a ladder already climbed past this one
         grow = new.tokens - old.tokens
         bare_grow = _bare(new) - _bare(old)
-        if used + grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
+        if used + grow > room:
             stopped.add(j)
             continue
+        if bare_grow > 0 and bare + bare_grow > text_free:
+            continue  # over the share: its next step (a form with text) may still be taken
         choice[j], used, bare = step.rung, used + grow, bare + bare_grow
     return used
 
@@ -224,11 +236,42 @@ def objective(
     """The objective of ``choice`` and its first changed prefix ladder (None: none)."""
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
     broken = next((p for p, j in enumerate(prefix) if choice[j] != ladders[j].previous), None)
+    for ladder, c in zip(ladders, choice, strict=True):
+        at = ladder.rungs[c].at
+        if at is not None and c != ladder.previous and (broken is None or at < broken):
+            broken = at  # the rung changes the block at ``at``: the request breaks there
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
     uncached = (
         0 if broken is None else sum(ladders[j].rungs[choice[j]].tokens for j in prefix[broken:])
     )
     return value - cache_price * uncached, None if broken is None else prefix[broken]
+
+
+def _order(step: _Step) -> tuple[float, int, int]:
+    return (-step.slope, step.ladder, step.rung)
+
+
+def _steps(ladder: Ladder, price: float, j: int) -> list[_Step]:
+    """The hull steps of ``ladder`` (the ``j``-th), from its smallest rung up."""
+    steps: list[_Step] = []
+    rungs = ladder.rungs
+    hull = _hull(rungs, price)
+    for a, b in itertools.pairwise(hull):
+        ra, rb = rungs[a], rungs[b]
+        gain = (rb.value - price * rb.tokens) - (ra.value - price * ra.tokens)
+        if gain > 0:
+            steps.append(_Step(gain / max(1, rb.tokens - ra.tokens), j, b))
+    return steps
+
+
+def _priced(ladder: Ladder, b: int) -> Ladder:
+    """``ladder`` as a solve that keeps the first ``b`` prefix ladders cached sees it: a
+    rung that changes a block before ``b`` (``Rung.at``) is worth its ``join`` less."""
+    rungs = tuple(
+        attrs.evolve(r, value=r.value - r.join) if r.join and r.at is not None and r.at < b else r
+        for r in ladder.rungs
+    )
+    return Ladder(rungs, ladder.previous)
 
 
 def solve(
@@ -237,7 +280,8 @@ def solve(
     """The choice of one rung a ladder that maximizes the objective (module docstring)
     within ``room`` tokens, text-free rungs within ``text_free`` (the smallest forms too,
     as far as the room allows: ``_within_share``); None when not even the smallest rungs
-    fit."""
+    fit. A candidate break ``b`` prices each rung that changes a block before ``b`` its
+    ``join`` less (``_priced``); every candidate is scored by the exact ``objective``."""
     n = len(ladders)
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
     at = [n] * n  # each ladder's place in the prefix (n: not in it)
@@ -245,22 +289,38 @@ def solve(
         at[j] = p
     prices = [cache_price if at[j] < n else 0.0 for j in range(n)]
     start = _within_share(ladders, [_smallest(ladder.rungs) for ladder in ladders], room, text_free)
-    steps: list[_Step] = []
-    for j, ladder in enumerate(ladders):
-        rungs, price = ladder.rungs, prices[j]
-        hull = _hull(rungs, price)
-        for a, b in itertools.pairwise(hull):
-            ra, rb = rungs[a], rungs[b]
-            gain = (rb.value - price * rb.tokens) - (ra.value - price * ra.tokens)
-            if gain > 0:
-                steps.append(_Step(gain / max(1, rb.tokens - ra.tokens), j, b))
-    steps.sort(key=lambda s: (-s.slope, s.ladder, s.rung))
+    joins = sorted({r.at for ladder in ladders for r in ladder.rungs if r.at is not None})
+    joined = {j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs)}
+    plain = [s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j)]
+    plain.sort(key=_order)
+    regimes: dict[tuple[bool, ...], tuple[list[Ladder], list[_Step]]] = {}
+    variants: dict[tuple[int, tuple[bool, ...]], tuple[Ladder, list[_Step]]] = {}
+
+    def regime(b: int) -> tuple[list[Ladder], list[_Step]]:
+        """The ladders as priced for break ``b`` and their steps (the same for every ``b``
+        between the same two index places; a ladder's the same for every ``b`` between
+        its own rungs' ``at``)."""
+        key = tuple(a < b for a in joins)
+        if key not in regimes:
+            priced = list(ladders)
+            moving: list[_Step] = []
+            for j in sorted(joined):
+                mine = tuple(r.at is not None and r.at < b for r in ladders[j].rungs)
+                if (j, mine) not in variants:
+                    ladder = _priced(ladders[j], b)
+                    variants[j, mine] = (ladder, _steps(ladder, prices[j], j))
+                priced[j], steps = variants[j, mine]
+                moving += steps
+            moving.sort(key=_order)
+            regimes[key] = (priced, list(heapq.merge(plain, moving, key=_order)))
+        return regimes[key]
+
     start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))
     start_bare = sum(_bare(ladders[j].rungs[start[j]]) for j in range(n))
     best: tuple[float, int] | None = None
     fixed_used = fixed_bare = 0
     fixed_start = fixed_start_bare = 0
-    candidates = _breaks(prefix)
+    candidates = _breaks(prefix) | {a for a in joins if a <= len(prefix)}
     for b in range(len(prefix) + 1):
         if b > 0:
             j = prefix[b - 1]
@@ -284,13 +344,15 @@ def solve(
             choice[j] = previous
         bare = fixed_bare + start_bare - fixed_start_bare
         fixed = [p < b for p in at]
-        _climb(ladders, steps, choice, fixed, room - used, bare, text_free)
+        priced, steps = regime(b)
+        _climb(priced, steps, choice, fixed, room - used, bare, text_free)
         score, _ = objective(ladders, choice, cache_price)
         if best is None or score >= best[0]:
             best = (score, b)
     if best is None:
         return None
     b = best[1]
+    priced, steps = regime(b)
     choice = list(start)
     for j in prefix[:b]:
         previous = ladders[j].previous
@@ -301,11 +363,11 @@ def solve(
     used = sum(ladders[j].rungs[choice[j]].tokens for j in range(n))
     bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
     fixed = [j in held for j in range(n)]
-    grown = _climb(ladders, steps, choice, fixed, room - used, bare, text_free)
+    grown = _climb(priced, steps, choice, fixed, room - used, bare, text_free)
     used += grown
     bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
     tail = [cache_price if at[j] >= b and at[j] < n else 0.0 for j in range(n)]
-    _topped(ladders, free, tail, choice, room - used, bare, text_free)
+    _topped(priced, free, tail, choice, room - used, bare, text_free)
     score, broken = objective(ladders, choice, cache_price)
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))

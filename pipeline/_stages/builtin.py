@@ -325,30 +325,36 @@ def _promote(turn: TurnGraph, new: tuple[Placement, ...]) -> Library:
     ctx.prefix.layer(library, ctx.counter)  # rendered once here; appends extend it
     unique = {item.key: item for item in new}
     forms = [_promoted(turn, item) for item in unique.values()]
-    counts = ctx.counter.count_many([text for _, text in forms])
+    counts = ctx.counter.count_many([text for _, text, _ in forms])
     entries = []
-    for (view, text), tokens in zip(forms, counts, strict=True):
+    for (view, text, whole), tokens in zip(forms, counts, strict=True):
         # The full block was counted when L3 was first measured: a memo hit.
         full = ctx.counter.count(ctx.renderer.render(full_view(turn.artifact(view.key))))
-        entries.append(LibraryEntry(view, text, tokens, ctx.turn, full))
+        entries.append(LibraryEntry(view, text, tokens, ctx.turn, full, whole=whole))
     return library.extend(entries)
 
 
-def _promoted(turn: TurnGraph, item: Placement) -> tuple[View, str]:
-    """The view ``item`` enters L2 with, and its text.
+def _promoted(turn: TurnGraph, item: Placement) -> tuple[View, str, View | None]:
+    """The view ``item`` enters L2 with, its text, and the carry-forward view it stands
+    for when the budget cut it (None: it enters in carry-forward form).
 
     A budget-fitted preview enters as sent (the counts are made; nothing is previewed
     again) unless it is larger than the carry-forward form can be (``verbatim_tokens``):
     then it enters in carry-forward form, as an item sent whole would, so one turn's
     material (a transcript given most of a turn's window) does not hold the library's
-    room in every later turn."""
+    room in every later turn. A preview entering as sent of an item carried forward whole
+    keeps that as its whole, so a later turn with room gives it back like any entry the
+    budget cut."""
     ctx = turn.ctx
     artifact = turn.artifact(item.key)
     if item.form is Form.PREVIEW and item.limit:
         view, text = _as_sent(turn, item)
         if ctx.counter.count(text) <= ctx.policy.verbatim_tokens:
-            return view, text
-    return carry_forward(artifact, ctx.counter, ctx.policy, ctx.renderer, ctx.views)
+            whole = full_view(artifact)  # counted when L3 was first measured: a memo hit
+            carried = ctx.counter.count(ctx.renderer.render(whole)) <= ctx.policy.verbatim_tokens
+            return view, text, whole if carried else None
+    view, text = carry_forward(artifact, ctx.counter, ctx.policy, ctx.renderer, ctx.views)
+    return view, text, None
 
 
 def _prepare_summaries(
@@ -453,7 +459,11 @@ def _default_pipeline() -> Pipeline:
     from lamina.pipeline._stages.pages import MergePages
 
     stages: list[Stage] = [
-        Expand(), Dedup(), MergePages(), Reference(), Solve(retriever=Bm25Retriever),
+        Expand(),
+        Dedup(),
+        MergePages(),
+        Reference(),
+        Solve(retriever=Bm25Retriever),
         Promote(),
     ]
     return Pipeline(stages)

@@ -151,9 +151,7 @@ def _big_note(rng_seed: int, sections: int, words: int) -> str:
 
 @settings(max_examples=25, deadline=None)
 @given(
-    shapes=st.lists(
-        st.tuples(st.integers(1, 12), st.integers(20, 400)), min_size=1, max_size=6
-    ),
+    shapes=st.lists(st.tuples(st.integers(1, 12), st.integers(20, 400)), min_size=1, max_size=6),
     window=st.integers(min_value=1500, max_value=12000),
 )
 def test_the_window_is_used_when_the_content_exceeds_it(
@@ -175,7 +173,8 @@ def test_the_window_is_used_when_the_content_exceeds_it(
 
 
 def test_a_folder_larger_than_the_window_fits_as_an_index(tmp_path: Path) -> None:
-    """800 generated notes at 32k: the folder collapses into one index artifact."""
+    """800 generated notes at 32k: the folder collapses into one index artifact, which
+    lists what the text-free share (3,200 tokens) holds and counts the rest."""
     for i in range(800):
         (tmp_path / "notes").mkdir(exist_ok=True)
         (tmp_path / "notes" / f"n{i:03d}.md").write_text(_big_note(i, 2, 60), encoding="utf-8")
@@ -183,7 +182,12 @@ def test_a_folder_larger_than_the_window_fits_as_an_index(tmp_path: Path) -> Non
     env = conv.turn("What is in these notes?", [folder("notes")])
     check_envelope(env)
     index = [s for s in env.l3.segments if s.source_type == "index"]
-    assert len(index) == 1 and "note:notes/n799.md" in env.user_text
+    assert len(index) == 1 and index[0].tokens <= 3_200
+    lines = [x for x in index[0].text.split("\n") if x.startswith("- note:notes/")]
+    sent = [s for s in env.l3.segments if s.key.startswith("note:notes/")]
+    counted = 800 - len(lines) - len(sent)
+    assert lines and counted > 0 and index[0].attributes == (("items", str(800 - len(sent))),)
+    assert f"[... {counted} more items of folder:notes not listed ...]" in index[0].text
     assert exact_request_tokens(env) <= 28_000
     decisions = [d for d in env.report.budget.decisions if d.to_form == "index"]
     assert [d.target for d in decisions] == ["folder:notes"]

@@ -269,19 +269,25 @@ def _chat30(turns: int, first: int = 0) -> list[Envelope]:
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 6,000: turn 17 settles with room beyond the headroom, and three library
-    entries the budget had cut (to previews, an excerpt) go whole in its user message,
-    under the intro, before the query; the system message keeps their cut forms (a
-    restore by appending rewrites nothing). Turn 18 extends it and sends none of them
-    again (only auth.md, which turn 17 sent itself)."""
+    """chat30 at 6,000: turn 17 settles with room beyond the headroom, and five library
+    entries the budget had cut (to previews, an excerpt; two meeting notes that entered
+    as the previews their turn fitted) go whole in its user message, under the intro,
+    before the query; the system message keeps their cut forms (a restore by appending
+    rewrites nothing). Turn 18 extends it and sends none of them again."""
     from lamina.pipeline.layout import RESTORED_INTRO
 
     t17, t18 = _chat30(18, 16)
     assert t17.batch is not None and t18.batch is not None
-    keys = ["pdf:media/sync-design-review.pdf", "note:glossary.md", "selection:1e8702cfb37f1ab0"]
+    keys = [
+        "pdf:media/sync-design-review.pdf",
+        "note:glossary.md",
+        "note:meetings/2026-10-19.md",
+        "note:meetings/2026-11-02.md",
+        "selection:1e8702cfb37f1ab0",
+    ]
     assert [s.key for s in t17.batch.restored] == keys
     assert (t17.batch.reason, t18.batch.reason) == ("over-budget", "")
-    assert [s.key for s in t18.batch.restored] == ["note:docs/auth.md"]
+    assert [s.key for s in t18.batch.restored] == []
     messages = _messages(t17)
     (_, system), (role, user) = messages[0], messages[-1]
     assert role == "user"

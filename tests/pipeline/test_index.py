@@ -136,23 +136,53 @@ def _findable(env: Envelope) -> set[str]:
     return found
 
 
-def test_a_folder_with_embeds_sends_no_empty_block_and_every_note_is_findable(
+def _counted(env: Envelope) -> int:
+    """Items this turn's index blocks count without listing them (``items`` less the
+    lines and the embeds on them)."""
+    total = 0
+    for seg in env.l3.segments:
+        if seg.source_type != "index":
+            continue
+        lines = [x for x in seg.text.split("\n") if _LINE.match(x)]
+        embeds = sum(len(_EMBED.findall(x.partition(" | embeds ")[2])) for x in lines)
+        total += int(dict(seg.attributes)["items"]) - len(lines) - embeds
+    return total
+
+
+def _text_free(env: Envelope) -> int:
+    """Tokens of the request's blocks without prose: index blocks and references."""
+    return sum(
+        s.tokens
+        for s in (*env.l2.segments, *env.l3.segments)
+        if s.form is Form.REFERENCE or s.source_type == "index"
+    )
+
+
+def _accounted(env: Envelope, keys: set[str]) -> None:
+    """Each of ``keys`` (attached this turn) is sent or listed, or counted in its group's
+    index: the indexes count at least as many as are neither sent nor listed (they count
+    embedded sections too)."""
+    assert len(keys - _findable(env)) <= _counted(env), (len(keys - _findable(env)), _counted(env))
+
+
+def test_a_folder_with_embeds_sends_no_empty_block_and_every_note_is_accounted_for(
     tmp_path: Path,
 ) -> None:
-    """A folder far over the window: no block holds only an omitted-sections line, and
-    every note and embedded section is sent or listed (embeds on their note's line)."""
+    """A folder far over the window: no block holds only an omitted-sections line; every
+    note and embedded section is sent, listed (embeds on their note's line) or counted in
+    the folder's index; the lines stay within the text-free share (10% of the window)."""
     _embedding_vault(tmp_path, 300)
     conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(8_000, 1_000))
     env = conv.turn("What do the docs say?", [folder("docs")])
     check_envelope(env)
     assert exact_request_tokens(env) <= 7_000
     assert not any(_empty_block(s) for s in env.l3.segments)
-    indexes = {s.key for s in env.l3.segments if s.source_type == "index"}
-    assert set(env.report.attached) - indexes <= _findable(env)
     docs = {f"note:docs/doc-{i:03d}.md" for i in range(300)}
-    assert docs <= _findable(env)
-    index = next(s for s in env.l3.segments if s.source_type == "index")
-    assert " | embeds note:shared/" in index.text
+    _accounted(env, docs)
+    assert _counted(env) > 0 and _text_free(env) <= 800
+    index = env.l3.get("index:folder:docs")
+    assert index is not None
+    assert f"[... {_counted(env)} more items of folder:docs not listed ...]" in index.text
 
 
 def test_index_lines_give_the_full_size(tmp_path: Path) -> None:
@@ -161,10 +191,11 @@ def test_index_lines_give_the_full_size(tmp_path: Path) -> None:
     conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(8_000, 1_000))
     env = conv.turn("What do the docs say?", [folder("docs")])
     index = next(s for s in env.l3.segments if s.source_type == "index")
-    line = next(x for x in index.text.split("\n") if x.startswith("- note:docs/doc-299.md"))
+    line = [x for x in index.text.split("\n") if x.startswith("- note:docs/")][-1]
+    key = line.removeprefix("- ").split(" ")[0]
     size = int(re.search(r" \| (\d+) tokens", line).group(1))  # type: ignore[union-attr]
     whole = Conversation("You are terse.", vault=tmp_path)
-    full = whole.turn("Read it.", [{"note": "docs/doc-299.md"}]).l3.get("note:docs/doc-299.md")
+    full = whole.turn("Read it.", [{"note": key.removeprefix("note:")}]).l3.get(key)
     assert full is not None and full.form is Form.FULL and size == full.tokens
 
 
@@ -198,8 +229,8 @@ def test_a_folder_a_turn_for_16_turns_keeps_stubs_under_a_tenth_of_the_window(
         env = conv.turn(f"What is in folder {f}?", [folder(f"f{f:02d}")])
         check_envelope(env, previous)
         assert _stub_tokens(env) <= 3_200, (f, _stub_tokens(env))
-        sent = {s.key for s in env.l3.segments if s.form in (Form.FULL, Form.PREVIEW)}
-        assert {f"note:f{f:02d}/note-{i:03d}.md" for i in range(173)} <= sent | _findable(env)
+        _accounted(env, {f"note:f{f:02d}/note-{i:03d}.md" for i in range(173)})
+        assert _text_free(env) <= 3_200, (f, _text_free(env))
         conv.reply("Noted.")
         previous = env
     indexes = [s for s in env.l2.segments if s.source_type == "index"]
@@ -253,9 +284,12 @@ def test_an_index_too_large_for_the_window_leaves_out_its_last_lines(tmp_path: P
     window=st.integers(min_value=2_500, max_value=9_000),
     seed=st.integers(min_value=0, max_value=3),
 )
-def test_every_note_of_a_folder_is_sent_or_listed(notes: int, window: int, seed: int) -> None:
+def test_every_note_of_a_folder_is_sent_listed_or_counted(
+    notes: int, window: int, seed: int
+) -> None:
     """Whatever the folder's size and the window: the request fits, no block holds only
-    an omitted-sections line, and every note and embedded section is sent or listed."""
+    an omitted-sections line, every note and embedded section is sent, listed or counted
+    in the folder's index, and the lines stay within the text-free share."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         _embedding_vault(root, notes, seed)
@@ -265,7 +299,8 @@ def test_every_note_of_a_folder_is_sent_or_listed(notes: int, window: int, seed:
     assert not any(_empty_block(s) for s in env.l3.segments)
     docs = {f"note:docs/doc-{i:03d}.md" for i in range(notes)}
     indexes = {s.key for s in env.l3.segments if s.source_type == "index"}
-    assert docs | (set(env.report.attached) - indexes) <= _findable(env)
+    _accounted(env, docs | (set(env.report.attached) - indexes))
+    assert _text_free(env) <= window // 10 or _counted(env) == 0
 
 
 def _empty_block(segment: Segment) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,6 +69,34 @@ def test_the_text_free_share_binds_the_smallest_forms_too() -> None:
     assert tight is not None and tight.choice == (0,) * 10
 
 
+def test_a_count_joining_an_index_breaks_the_prefix_at_the_index_once() -> None:
+    """An index first in the prefix, then five 100-token entries whose count joins it
+    (``at=0``), pricing the cache between them (``join``) when the index stays cached:
+    counting three to fit 250 tokens breaks the request at the index, and is priced so
+    once (the exhaustive optimum), not once an entry."""
+    price = 0.3
+    index = Ladder((Rung(50, 10.0, text_free=True),), previous=0)
+    entries = [
+        Ladder(
+            (Rung(100, 100.0), Rung(0, 0.0, text_free=True, at=0, join=price * (50 + 100 * i))),
+            previous=0,
+        )
+        for i in range(5)
+    ]
+    ladders = [index, *entries]
+    done = solve(ladders, 250, cache_price=price, text_free=1000)
+    assert done is not None and done.tokens <= 250 and done.broken_at == 0
+    assert sum(c == 1 for c in done.choice) == 3
+    best = max(
+        objective(ladders, choice, price)[0]
+        for choice in itertools.product(*(range(len(ladder.rungs)) for ladder in ladders))
+        if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True)) <= 250
+    )
+    assert done.objective == pytest.approx(best) == 210.0 - price * 250
+    # One entry counted: the request still breaks at the index, not at the entry.
+    assert objective(ladders, (0, 0, 0, 0, 0, 1), price) == (410.0 - price * 450, 0)
+
+
 def test_none_when_even_the_smallest_forms_do_not_fit() -> None:
     assert solve([Ladder((PREVIEW, FULL))], 299) is None
 
@@ -128,6 +157,49 @@ def test_never_over_the_room_and_never_worse_than_last_turn(
     )
     top = max(r.value for ladder in ladders for r in ladder.rungs)
     assert done.objective >= best - top - price * 500 * len(ladders) - 1e-6
+
+
+@st.composite
+def _joining(draw: st.DrawFn) -> tuple[list[Ladder], int, float]:
+    """Random ladders whose rungs may change an earlier prefix ladder's block (``at``)."""
+    ladders, room, price = draw(_ladders())
+    places = sum(ladder.previous is not None for ladder in ladders)
+    out = []
+    for ladder in ladders:
+        rungs = tuple(
+            attrs.evolve(r, at=draw(st.integers(0, places - 1)), join=draw(st.floats(0, 300)))
+            if places and draw(st.booleans())
+            else r
+            for r in ladder.rungs
+        )
+        out.append(Ladder(rungs, ladder.previous))
+    return out, room, price
+
+
+@settings(max_examples=300, deadline=None)
+@given(_joining())
+def test_rungs_joining_an_index_keep_the_solvers_promises(
+    case: tuple[list[Ladder], int, float],
+) -> None:
+    """With rungs that break the prefix at an earlier ladder: never over the room, None
+    only when even the smallest rungs do not fit, never worse than last turn's choice when
+    it fits, and the same choice for the same ladders."""
+    ladders, room, price = case
+    done = solve(ladders, room, cache_price=price, text_free=10_000)
+    if done is None:
+        assert sum(min(r.tokens for r in ladder.rungs) for ladder in ladders) > room
+        return
+    assert done.tokens <= room
+    assert done.objective == objective(ladders, done.choice, price)[0]
+    keep = [
+        ladder.previous
+        if ladder.previous is not None
+        else min(range(len(ladder.rungs)), key=lambda i: ladder.rungs[i].tokens)
+        for ladder in ladders
+    ]
+    if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, keep, strict=True)) <= room:
+        assert done.objective >= objective(ladders, keep, price)[0] - 1e-6
+    assert solve(list(ladders), room, cache_price=price, text_free=10_000) == done
 
 
 @settings(max_examples=100, deadline=None)
