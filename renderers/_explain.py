@@ -106,8 +106,8 @@ def _sentence(code: str, turn: Mapping[str, Any], previous: Mapping[str, Any] | 
         return f"The library's entries changed order, {_UNCACHED_AFTER}."
     if kind == "history-cut-moved":
         return (
-            "The budget dropped or shortened older history messages, so the history is sent "
-            "again from its new start, uncached."
+            "The budget moved where the history starts (older messages dropped, or earlier "
+            "ones sent again), so the history is sent again from its new start, uncached."
         )
     if kind == "library-settled":
         return _settled(turn, previous)

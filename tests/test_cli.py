@@ -145,15 +145,11 @@ def test_private_network_urls_are_refused_unless_allowed(tmp_path: Path) -> None
 
 
 def test_inspect_and_the_trace_name_the_entries_sent_whole_again() -> None:
-    """chat30 at 6,000: turn 24's request sends three cut library entries whole again
+    """chat30 at 6,000: turn 20's request sends two cut library entries whole again
     (restore by appending); `inspect` says so on its request line and the trace lists
     their keys under the batch."""
     chat = str(Path(__file__).resolve().parents[1] / "examples" / "chat30.yaml")
-    keys = [
-        "note:docs/auth.md",
-        "pdf:media/sync-design-review.pdf",
-        "note:meetings/2026-11-02.md",
-    ]
+    keys = ["pdf:media/sync-design-review.pdf", "note:glossary.md"]
     out = lamina("inspect", chat, "--window", "6000")
     assert out.returncode == 0, out.stderr
     line = "request: settled (over-budget): the system message holds 8 of 8 library entries"
@@ -162,8 +158,8 @@ def test_inspect_and_the_trace_name_the_entries_sent_whole_again() -> None:
     assert run.returncode == 0, run.stderr
     turns = json.loads(run.stdout)["turns"]
     assert [t["batch"].get("restored") for t in turns[15:24]] == [
-        None,
-        ["note:project-spec.md"],
-        *[None] * 6,
+        *[None] * 4,
         keys,
+        *[None] * 3,
+        ["pdf:media/sync-design-review.pdf", "note:meetings/2026-11-02.md"],
     ]

@@ -269,9 +269,9 @@ def _chat30(turns: int, first: int = 0) -> list[Envelope]:
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 6,000: turn 17 settles with room beyond the headroom, and five library
-    entries the budget had cut (to previews, an excerpt; two meeting notes that entered
-    as the previews their turn fitted) go whole in its user message, under the intro,
+    """chat30 at 6,000: turn 17 settles with room beyond the headroom, and four library
+    entries the budget had cut (to previews; two meeting notes that entered as the
+    previews their turn fitted) go whole in its user message, under the intro,
     before the query; the system message keeps their cut forms (a restore by appending
     rewrites nothing). Turn 18 extends it and sends none of them again."""
     from lamina.pipeline.layout import RESTORED_INTRO
@@ -283,7 +283,6 @@ def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
         "note:glossary.md",
         "note:meetings/2026-10-19.md",
         "note:meetings/2026-11-02.md",
-        "selection:1e8702cfb37f1ab0",
     ]
     assert [s.key for s in t17.batch.restored] == keys
     assert (t17.batch.reason, t18.batch.reason) == ("over-budget", "")
