@@ -456,11 +456,13 @@ def _item_unit(
     return _Unit("item", item.key, Ladder(tuple(rungs)), tuple(choices))
 
 
-def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float]) -> _Unit | None:
+def _history_unit(
+    turn: TurnGraph, measured: Draft, relevance: dict[str, float], used: int
+) -> _Unit | None:
     """History before the last turn as a recent contiguous suffix, cut from its oldest
     end at ``_cut_points`` (so the cut point, and the cached prefix with it, moves only
     by cuts that free at least the headroom); a turn's value is its tokens weighed by
-    recency and relevance, so the oldest go first."""
+    recency and relevance, so the oldest go first. ``used``: ``measured``'s tokens."""
     budget = turn.ctx.budget
     assert budget is not None
     shown = visible_history(turn)[:-1]
@@ -473,22 +475,25 @@ def _history_unit(turn: TurnGraph, measured: Draft, relevance: dict[str, float])
             at = int(parts[1])
             sizes[at] = sizes.get(at, 0) + seg.tokens + budget.per_message_tokens
     turns = [entry.turn for entry, _ in shown]
-    worth = {
-        t: 0.8 * sizes.get(t, 0) * _weight(
+    size = [sizes.get(t, 0) for t in turns]
+    worth = [
+        0.8 * n * _weight(
             budget, "history", turn.ctx.turn - t, relevance.get(f"history:{t}", 0.0), now=False
         )
-        for t in turns
-    }  # fmt: skip
+        for t, n in zip(turns, size, strict=True)
+    ]  # fmt: skip
+    after = [0] * (len(size) + 1)  # the tokens of the turns from each on
+    for i in range(len(size) - 1, -1, -1):
+        after[i] = after[i + 1] + size[i]
     rungs: list[Rung] = []
     choices: list[_Choice] = []
-    for cut in _cut_points(budget, [sizes.get(t, 0) for t in turns]):
-        kept = turns[cut:]
-        start = kept[0] if kept else turns[-1] + 1
-        rungs.append(Rung(sum(sizes.get(t, 0) for t in kept), sum(worth[t] for t in kept)))
+    for cut in _cut_points(budget, size):
+        start = turns[cut] if cut < len(turns) else turns[-1] + 1
+        rungs.append(Rung(after[cut], sum(worth[cut:])))
         choices.append(_Choice("text" if cut == 0 else "dropped", start=start))
-        if not kept:
+        if cut >= len(turns):
             break
-    free = budget.limit - budget.used(measured, turn.ctx.counter)
+    free = budget.limit - used
     for start, tokens, value in _earlier(turn, budget, relevance, rungs[0], free):
         rungs.append(Rung(tokens, value))
         choices.append(_Choice("text", start=start))
@@ -594,16 +599,20 @@ def _passage_units(
     units: list[_Unit] = []
     offered: dict[str, Passage] = {}
     total = 0
-    ranked = memo.ranked(passages, turn.query)
+    relevances = memo.relevances(passages, turn.query)
     start = turn.history_view.start
     shown: dict[str, float] = {}
-    for key, rel in ranked:
+    for key, rel in relevances.items():
         passage = passages[key]
         if passage.last >= start:
             for at in range(passage.item.turn, passage.last + 1):
                 shown[f"history:{at}"] = max(shown.get(f"history:{at}", 0.0), min(1.0, rel))
+    ranked = sorted(
+        ((key, rel) for key, rel in relevances.items() if rel >= RECALL_PRICE),
+        key=lambda h: (-h[1], h[0]),
+    )
     for key, rel in ranked:
-        if rel < RECALL_PRICE or total > budget.limit:
+        if total > budget.limit:
             break  # best first: the rest are worth less, or could not fit beside these
         passage = passages[key]
         tokens = memo.cost(passage.item, count)
@@ -661,10 +670,10 @@ def _heads(turn: TurnGraph) -> dict[str, int]:
 
 
 def _cached_units(
-    turn: TurnGraph, measured: Draft, budget: Budget, relevance: dict[str, float]
+    turn: TurnGraph, measured: Draft, budget: Budget, relevance: dict[str, float], used: int
 ) -> list[_Unit]:
     """The units of the cached prefix, in its order: L1's mutable part, the library,
-    history."""
+    history (``used``: ``measured``'s tokens)."""
     units: list[_Unit] = []
     l1 = _l1_unit(turn, measured)
     if l1 is not None:
@@ -697,7 +706,7 @@ def _cached_units(
             w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
         joins = (join(stub_group(entry.whole_view), entry.key), join(SET_ASIDE, entry.key))
         units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent, joins=joins))
-    history = _history_unit(turn, measured, relevance)
+    history = _history_unit(turn, measured, relevance, used)
     if history is not None:
         units.append(history)
     return units
@@ -1112,13 +1121,18 @@ class Solve:
         if fits and not cut and not passages and not _regrows(turn, measured, budget, used):
             report = budget.report(used, before, before, ())
             return attrs.evolve(turn, budget_report=report, measured=measured)
-        relevance = _relevance(turn, self.retriever)
-        if passages:  # the suffix's turns on the passages' scale (``_passage_units``)
-            relevance = {k: v for k, v in relevance.items() if not k.startswith("history:")}
-            relevance.update(shown)
+        if passages and not turn.library.entries and not turn.items:
+            # The suffix's turns on the passages' scale (``_passage_units``), and nothing
+            # else to rank: ``_relevance`` would score history turns only, all replaced.
+            relevance = shown
+        else:
+            relevance = _relevance(turn, self.retriever)
+            if passages:  # the suffix's turns on the passages' scale (``_passage_units``)
+                relevance = {k: v for k, v in relevance.items() if not k.startswith("history:")}
+                relevance.update(shown)
         exact: dict[tuple[str, int], int | None] = {}
         extra: dict[str, set[int]] = {}
-        cached = _cached_units(turn, measured, budget, relevance)
+        cached = _cached_units(turn, measured, budget, relevance, used)
         items = _item_units(turn, measured, budget, relevance, exact, extra)
         units = cached + items + passages
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
@@ -1150,7 +1164,7 @@ class Solve:
                 continue  # the room left is given to one preview, fitted to it
             if _summarized(turn, units, solution.choice):
                 making += 1
-                cached = _cached_units(turn, measured, budget, relevance)
+                cached = _cached_units(turn, measured, budget, relevance, used)
                 units = cached + items + passages
                 continue  # a summary was made: solve again with its tokens
             if _made(turn, units, solution.choice, exact):

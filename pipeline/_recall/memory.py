@@ -188,6 +188,11 @@ class RecallMemo:
     def ranked(self, passages: Mapping[str, Passage], query: str) -> list[tuple[str, float]]:
         """``passages``' relevances to ``query``, best first (ties by key): the
         retriever's scores, each at least ``NEIGHBOUR`` of its neighbours'."""
+        return sorted(self.relevances(passages, query).items(), key=lambda h: (-h[1], h[0]))
+
+    def relevances(self, passages: Mapping[str, Passage], query: str) -> dict[str, float]:
+        """``ranked``'s relevances by key, in no set order (a caller that needs only the
+        best sorts only those)."""
         order = self._order
         if order is None or order[0] is not passages:
             keys = list(passages)
@@ -198,6 +203,7 @@ class RecallMemo:
     def _search(
         self, passages: Mapping[str, Passage], query: str, k: int
     ) -> list[tuple[str, float]]:
+        """The retriever's ``k`` best for ``query`` among ``passages`` (its order)."""
         with self._lock:
             retriever = self._retriever
             if passages is not self._checked:
@@ -216,9 +222,7 @@ class RecallMemo:
                 self._checked = passages
             assert retriever is not None
             found = retriever.search(query, k)
-        return sorted(
-            ((key, score) for key, score in found if key in passages), key=lambda h: (-h[1], h[0])
-        )
+        return [(key, score) for key, score in found if key in passages]
 
     def cost(self, item: RecallItem, counter: Callable[[str], int]) -> int:
         """A passage's tokens in the recalled block (its text and a line break)."""
@@ -251,11 +255,16 @@ class RecallMemo:
 
 def _with_neighbours(
     hits: list[tuple[str, float]], keys: Sequence[str], at: Mapping[str, int]
-) -> list[tuple[str, float]]:
+) -> dict[str, float]:
     """``hits`` with each passage's relevance at least ``NEIGHBOUR`` of the passage
     before or after it (``keys``: the passages in conversation order, ``at`` their
-    places). Best first, ties by key."""
-    relevance = dict(hits)
+    places), whatever the hits' order (a key a retriever gives twice keeps its lowest
+    score; the spreads are maxima)."""
+    relevance: dict[str, float] = {}
+    for key, score in hits:
+        known = relevance.get(key)
+        if known is None or score < known:
+            relevance[key] = score
     for key, score in hits:
         i = at.get(key)
         if i is None:
@@ -264,4 +273,4 @@ def _with_neighbours(
         for j in (i - 1, i + 1):
             if 0 <= j < len(keys) and relevance.get(keys[j], 0.0) < spread:
                 relevance[keys[j]] = spread
-    return sorted(relevance.items(), key=lambda h: (-h[1], h[0]))
+    return relevance
