@@ -457,23 +457,18 @@ def _item_unit(
 
 
 def _history_unit(
-    turn: TurnGraph, measured: Draft, relevance: dict[str, float], used: int
+    turn: TurnGraph, sizes: Mapping[int, int], relevance: dict[str, float], used: int
 ) -> _Unit | None:
     """History before the last turn as a recent contiguous suffix, cut from its oldest
     end at ``_cut_points`` (so the cut point, and the cached prefix with it, moves only
     by cuts that free at least the headroom); a turn's value is its tokens weighed by
-    recency and relevance, so the oldest go first. ``used``: ``measured``'s tokens."""
+    recency and relevance, so the oldest go first. ``sizes``: the measured request's
+    history turns' tokens (``_turn_tokens``), ``used`` its tokens."""
     budget = turn.ctx.budget
     assert budget is not None
     shown = visible_history(turn)[:-1]
     if not shown:
         return None
-    sizes: dict[int, int] = {}
-    for seg in measured.l4.segments:
-        parts = seg.key.split(":")
-        if len(parts) > 2 and parts[1].isdigit():
-            at = int(parts[1])
-            sizes[at] = sizes.get(at, 0) + seg.tokens + budget.per_message_tokens
     turns = [entry.turn for entry, _ in shown]
     size = [sizes.get(t, 0) for t in turns]
     worth = [
@@ -569,11 +564,15 @@ def _recallable(turn: TurnGraph, *, fits: bool) -> bool:
     )
 
 
-def _regrows(turn: TurnGraph, measured: Draft, budget: Budget, used: int) -> bool:
+def _regrows(turn: TurnGraph, sizes: Mapping[int, int], budget: Budget, used: int) -> bool:
     """Whether the suffix could start a turn earlier again (``_earlier``) in the room a
-    request that fits leaves beside the reserve."""
-    free = budget.limit - _reserve(measured, budget) - budget.effective(used)
+    request that fits leaves beside the reserve (``sizes``: ``_turn_tokens``)."""
+    free = budget.limit - _reserve(sizes, budget) - budget.effective(used)
     return bool(_earlier(turn, budget, {}, Rung(0, 0.0), free))
+
+
+_ABSENT = Rung(0, 0.0)
+_PASSAGE_CHOICES = (_Choice("absent"), _Choice("recalled"))
 
 
 def _passage_units(
@@ -601,12 +600,13 @@ def _passage_units(
     total = 0
     relevances = memo.relevances(passages, turn.query)
     start = turn.history_view.start
-    shown: dict[str, float] = {}
+    best: dict[int, float] = {}
     for key, rel in relevances.items():
         passage = passages[key]
         if passage.last >= start:
             for at in range(passage.item.turn, passage.last + 1):
-                shown[f"history:{at}"] = max(shown.get(f"history:{at}", 0.0), min(1.0, rel))
+                best[at] = max(best.get(at, 0.0), min(1.0, rel))
+    shown = {f"history:{at}": rel for at, rel in best.items()}
     ranked = sorted(
         ((key, rel) for key, rel in relevances.items() if rel >= RECALL_PRICE),
         key=lambda h: (-h[1], h[0]),
@@ -620,8 +620,8 @@ def _passage_units(
         age = turn.ctx.turn - passage.last
         weight = _weight(budget, "history", age, min(1.0, rel), now=False)
         worth = 0.8 * weight
-        ladder = Ladder((Rung(0, 0.0), Rung(tokens, worth * tokens)))
-        units.append(_Unit("passage", key, ladder, (_Choice("absent"), _Choice("recalled"))))
+        ladder = Ladder((_ABSENT, Rung(tokens, worth * tokens)))
+        units.append(_Unit("passage", key, ladder, _PASSAGE_CHOICES))
         offered[key] = passage
     return units, offered, shown
 
@@ -670,10 +670,15 @@ def _heads(turn: TurnGraph) -> dict[str, int]:
 
 
 def _cached_units(
-    turn: TurnGraph, measured: Draft, budget: Budget, relevance: dict[str, float], used: int
+    turn: TurnGraph,
+    measured: Draft,
+    budget: Budget,
+    relevance: dict[str, float],
+    sizes: Mapping[int, int],
+    used: int,
 ) -> list[_Unit]:
     """The units of the cached prefix, in its order: L1's mutable part, the library,
-    history (``used``: ``measured``'s tokens)."""
+    history (``sizes``: ``measured``'s history turns' tokens, ``used`` its tokens)."""
     units: list[_Unit] = []
     l1 = _l1_unit(turn, measured)
     if l1 is not None:
@@ -706,7 +711,7 @@ def _cached_units(
             w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
         joins = (join(stub_group(entry.whole_view), entry.key), join(SET_ASIDE, entry.key))
         units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent, joins=joins))
-    history = _history_unit(turn, measured, relevance, used)
+    history = _history_unit(turn, sizes, relevance, used)
     if history is not None:
         units.append(history)
     return units
@@ -1056,16 +1061,21 @@ def _text_free_tokens(drafted: Draft) -> int:
     )
 
 
-def _reserve(measured: Draft, budget: Budget) -> int:
-    """What a turn that changes forms leaves free for the next turns' growth: what the
-    last turn added to history (its query and reply, framed), at least
-    ``Budget.headroom`` of the limit."""
+def _turn_tokens(measured: Draft, budget: Budget) -> dict[int, int]:
+    """Each history turn's tokens in the ``measured`` request (its messages, framed)."""
     turns: dict[int, int] = {}
     for seg in measured.l4.segments:
         parts = seg.key.split(":")
         if len(parts) > 2 and parts[1].isdigit():
             at = int(parts[1])
             turns[at] = turns.get(at, 0) + seg.tokens + budget.per_message_tokens
+    return turns
+
+
+def _reserve(turns: Mapping[int, int], budget: Budget) -> int:
+    """What a turn that changes forms leaves free for the next turns' growth: what the
+    last turn added to history (its query and reply, framed: ``turns``, the measured
+    request's ``_turn_tokens``), at least ``Budget.headroom`` of the limit."""
     grew = turns[max(turns)] if turns else 0
     return max(math.floor(budget.limit * budget.headroom), grew)
 
@@ -1080,16 +1090,67 @@ def _kept(
     whole = [u.ladder for u in units]
     choice = tuple(0 for _ in units)
     if any(u.kind == "passage" for u in units):
-        ladders = [
-            u.ladder if u.kind == "passage" else Ladder((u.ladder.rungs[0],), 0) for u in units
-        ]
-        kept = solve(ladders, room, cache_price=price, text_free=text_free)
-        if kept is None:
+        if _plain_passages(units):
+            found = _passages_beside(units, room)
+        else:
+            ladders = [
+                u.ladder if u.kind == "passage" else Ladder((u.ladder.rungs[0],), 0)
+                for u in units
+            ]
+            kept = solve(ladders, room, cache_price=price, text_free=text_free)
+            found = None if kept is None else kept.choice
+        if found is None:
             return None
         choice = tuple(
-            c if u.kind == "passage" else 0 for u, c in zip(units, kept.choice, strict=True)
+            c if u.kind == "passage" else 0 for u, c in zip(units, found, strict=True)
         )
     return choice if objective(whole, choice, price)[0] >= solution.objective else None
+
+
+def _plain_passages(units: Sequence[_Unit]) -> bool:
+    """Whether ``_passages_beside`` makes ``_kept``'s solve: every passage a new ladder of
+    two rungs (none, sent with text), no rung of another unit placed in a block before it
+    (``Rung.at``)."""
+    for unit in units:
+        rungs = unit.ladder.rungs
+        if unit.kind != "passage":
+            if rungs[0].at is not None:
+                return False
+            continue
+        if unit.ladder.previous is not None or len(rungs) != 2:
+            return False
+        none, sent = rungs
+        if (none.tokens, none.value, none.text_free, none.at) != (0, 0.0, False, None):
+            return False
+        if sent.text_free or sent.at is not None or sent.tokens < 1:
+            return False
+    return True
+
+
+def _passages_beside(units: Sequence[_Unit], room: int) -> tuple[int, ...] | None:
+    """What ``solve`` chooses when every unit but the passages has its first rung only
+    (``_kept``'s ladders; their shape ``_plain_passages``), made directly: every break
+    point leaves the same ladders free, a passage's one hull step climbs by its value per
+    token and no text-free rung can move, so the solve is a first fit of the passages by
+    falling value per token (ties by place) beside the fixed rungs. None when those do
+    not fit ``room``."""
+    fixed = 0
+    steps: list[tuple[float, int, int]] = []
+    for j, unit in enumerate(units):
+        sent = unit.ladder.rungs[-1]
+        if unit.kind != "passage":
+            fixed += unit.ladder.rungs[0].tokens
+        elif sent.value > 0:
+            steps.append((-(sent.value / sent.tokens), j, sent.tokens))
+    if fixed > room:
+        return None
+    left = room - fixed
+    choice = [0] * len(units)
+    for _, j, tokens in sorted(steps):
+        if tokens <= left:
+            choice[j] = 1
+            left -= tokens
+    return tuple(choice)
 
 
 @attrs.frozen
@@ -1118,7 +1179,8 @@ class Solve:
             report = budget.report(used, before, before, ())
             return attrs.evolve(turn, budget_report=report, measured=measured)
         passages, recallable, shown = _passage_units(turn, budget, fits=fits)
-        if fits and not cut and not passages and not _regrows(turn, measured, budget, used):
+        sizes = _turn_tokens(measured, budget)
+        if fits and not cut and not passages and not _regrows(turn, sizes, budget, used):
             report = budget.report(used, before, before, ())
             return attrs.evolve(turn, budget_report=report, measured=measured)
         if passages and not turn.library.entries and not turn.items:
@@ -1132,7 +1194,7 @@ class Solve:
                 relevance.update(shown)
         exact: dict[tuple[str, int], int | None] = {}
         extra: dict[str, set[int]] = {}
-        cached = _cached_units(turn, measured, budget, relevance, used)
+        cached = _cached_units(turn, measured, budget, relevance, sizes, used)
         items = _item_units(turn, measured, budget, relevance, exact, extra)
         units = cached + items + passages
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
@@ -1142,7 +1204,7 @@ class Solve:
         # A turn that changes forms leaves the next turn's growth free (``_reserve``), so
         # it extends this request instead of changing it again; a request that fits is
         # sent as it is unless a change is worth more (``_kept``).
-        reserve = _reserve(measured, budget)
+        reserve = _reserve(sizes, budget)
         share = text_free = math.floor(budget.context_window * budget.text_free_share)
         short = 0
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
@@ -1164,7 +1226,7 @@ class Solve:
                 continue  # the room left is given to one preview, fitted to it
             if _summarized(turn, units, solution.choice):
                 making += 1
-                cached = _cached_units(turn, measured, budget, relevance, used)
+                cached = _cached_units(turn, measured, budget, relevance, sizes, used)
                 units = cached + items + passages
                 continue  # a summary was made: solve again with its tokens
             if _made(turn, units, solution.choice, exact):

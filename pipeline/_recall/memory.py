@@ -260,17 +260,21 @@ def _with_neighbours(
     before or after it (``keys``: the passages in conversation order, ``at`` their
     places), whatever the hits' order (a key a retriever gives twice keeps its lowest
     score; the spreads are maxima)."""
-    relevance: dict[str, float] = {}
-    for key, score in hits:
-        known = relevance.get(key)
-        if known is None or score < known:
-            relevance[key] = score
+    relevance = dict(hits)
+    if len(relevance) != len(hits):
+        relevance = {}
+        for key, score in hits:
+            known = relevance.get(key)
+            if known is None or score < known:
+                relevance[key] = score
+    get, last = relevance.get, len(keys) - 1
     for key, score in hits:
         i = at.get(key)
         if i is None:
             continue
         spread = score * NEIGHBOUR
-        for j in (i - 1, i + 1):
-            if 0 <= j < len(keys) and relevance.get(keys[j], 0.0) < spread:
-                relevance[keys[j]] = spread
+        if i > 0 and get(before := keys[i - 1], 0.0) < spread:
+            relevance[before] = spread
+        if i < last and get(after := keys[i + 1], 0.0) < spread:
+            relevance[after] = spread
     return relevance

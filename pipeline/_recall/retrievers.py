@@ -180,13 +180,18 @@ class Bm25Retriever:
                     found.add((len(posting), term))
             average = self._total / n
             lengths = self._lengths
+            k1, b = self.K1, self.B
+            grown = k1 + 1.0
             scores: dict[str, float] = {}
+            norms: dict[str, float] = {}  # each item's length norm, made once a search
             weight = 0.0
             for df, term in sorted(found)[:MAX_TERMS]:
                 idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
                 weight += idf
                 for key, tf in self._postings[term].items():
-                    norm = self.K1 * (1.0 - self.B + self.B * lengths[key] / average)
-                    scores[key] = scores.get(key, 0.0) + idf * tf * (self.K1 + 1.0) / (tf + norm)
+                    norm = norms.get(key)
+                    if norm is None:
+                        norm = norms[key] = k1 * (1.0 - b + b * lengths[key] / average)
+                    scores[key] = scores.get(key, 0.0) + idf * tf * grown / (tf + norm)
         best = heapq.nsmallest(k, [(-score, key) for key, score in scores.items()])
         return [(key, -score / weight) for score, key in best]
