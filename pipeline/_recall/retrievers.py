@@ -151,15 +151,18 @@ class Bm25Retriever:
 
     def index(self, items: Sequence[RecallItem]) -> None:
         with self._lock:
-            postings = self._postings
+            postings, docs, lengths = self._postings, self._docs, self._lengths
+            total = self._total
             for item in items:
                 length, counts = _analysed(item.text)
-                self._docs[item.key] = counts
-                self._lengths[item.key] = length
-                self._total += length
+                key = item.key
+                docs[key] = counts
+                lengths[key] = length
+                total += length
                 if postings:
                     for word in postings.keys() & counts.keys():
-                        postings[word][item.key] = counts[word]
+                        postings[word][key] = counts[word]
+            self._total = total
 
     def _posting(self, term: str) -> dict[str, int]:
         posting = self._postings.get(term)
