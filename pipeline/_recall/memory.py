@@ -127,6 +127,36 @@ def _all_passages(
     return messages, _passages_of(messages, 0)
 
 
+SHELF = 16
+"""How many default (BM25) indexes the process keeps for the next restore of their
+conversation: a stateless server restores a conversation for each of its turns, and the
+index of its recallable passages then extends the one made for the turn before (the
+passages of the turns before it are the same) instead of indexing them all again."""
+
+_shelf: list[tuple[dict[str, str], Bm25Retriever]] = []
+_shelf_lock = threading.Lock()
+
+
+def _shelved(passages: Mapping[str, Passage]) -> tuple[dict[str, str], Bm25Retriever] | None:
+    """The largest kept index of some of ``passages`` (each item with its text), if any:
+    its items (key: text, never changed) and its retriever (searched, never extended)."""
+    with _shelf_lock:
+        kept = sorted((e for e in _shelf if len(e[0]) <= len(passages)), key=lambda e: -len(e[0]))
+    if not kept:
+        return None
+    texts = {key: p.item.text for key, p in passages.items()}
+    for indexed, retriever in kept:
+        if indexed.items() <= texts.items():
+            return indexed, retriever
+    return None
+
+
+def _shelve(indexed: dict[str, str], retriever: Bm25Retriever) -> None:
+    """Keep ``retriever`` (holding ``indexed``) for the next restore, the newest first."""
+    with _shelf_lock:
+        _shelf[:] = [(indexed, retriever), *(e for e in _shelf if e[1] is not retriever)][:SHELF]
+
+
 class RecallMemo:
     """A conversation's passages and their index, kept between turns (mutable on purpose,
     like ``LibraryPrefix``). The passages are extended as turns come; the index is
@@ -147,6 +177,8 @@ class RecallMemo:
         self._sizes: dict[str, tuple[str, int]] = {}
         self._overhead: dict[str, int] = {}
         self._order: tuple[Mapping[str, Passage], list[str], dict[str, int]] | None = None
+        self._shared = False
+        """Whether the index is kept for other restores (``_shelve``): extended, it forks."""
         self._lock = threading.Lock()
         self.builds = 0
         """How many indexes were made (a meter: nothing dropped makes none)."""
@@ -200,10 +232,9 @@ class RecallMemo:
             self._order = order
         return _with_neighbours(self._search(passages, query, SEARCH_K), order[1], order[2])
 
-    def _search(
-        self, passages: Mapping[str, Passage], query: str, k: int
-    ) -> list[tuple[str, float]]:
-        """The retriever's ``k`` best for ``query`` among ``passages`` (its order)."""
+    def _search(self, passages: Mapping[str, Passage], query: str, k: int) -> dict[str, float]:
+        """The retriever's ``k`` best for ``query`` among ``passages``, by key (a key it
+        gives twice keeps its lowest score)."""
         with self._lock:
             retriever = self._retriever
             if passages is not self._checked:
@@ -212,17 +243,44 @@ class RecallMemo:
                     for key, text in self._indexed.items()
                 )
                 if retriever is None or stale:
-                    retriever = self._make()
-                    self._retriever, self._indexed = retriever, {}
+                    # A BM25 index scores by the set of items alone: one kept for some of
+                    # these passages, extended by the rest, is the index made afresh.
+                    found = _shelved(passages) if self._make is Bm25Retriever else None
+                    if found is None:
+                        retriever, self._indexed, self._shared = self._make(), {}, False
+                    else:
+                        self._indexed, retriever = found
+                        self._shared = True
+                    self._retriever = retriever
                     self.builds += 1
-                new = [passages[key].item for key in sorted(passages) if key not in self._indexed]
+                    made = True
+                else:
+                    made = False
+                new = [passages[key].item for key in sorted(passages.keys() - self._indexed.keys())]
                 if new:
+                    if self._shared:
+                        assert isinstance(retriever, Bm25Retriever)
+                        retriever = self._retriever = retriever.fork()
+                        self._indexed, self._shared = dict(self._indexed), False
                     retriever.index(new)
                     self._indexed.update((item.key, item.text) for item in new)
+                if made and not self._shared and isinstance(retriever, Bm25Retriever):
+                    _shelve(self._indexed, retriever)
+                    self._shared = True
                 self._checked = passages
             assert retriever is not None
+            if isinstance(retriever, Bm25Retriever):
+                scores, weight = retriever.scores(query)
+                if len(scores) <= k:  # all of them: ``search`` without its ranking
+                    return {key: s / weight for key, s in scores.items() if key in passages}
             found = retriever.search(query, k)
-        return [(key, score) for key, score in found if key in passages]
+        hits: dict[str, float] = {}
+        for key, score in found:
+            if key in passages:
+                known = hits.get(key)
+                if known is None or score < known:
+                    hits[key] = score
+        return hits
 
     def cost(self, item: RecallItem, counter: Callable[[str], int]) -> int:
         """A passage's tokens in the recalled block (its text and a line break)."""
@@ -254,21 +312,14 @@ class RecallMemo:
 
 
 def _with_neighbours(
-    hits: list[tuple[str, float]], keys: Sequence[str], at: Mapping[str, int]
+    hits: Mapping[str, float], keys: Sequence[str], at: Mapping[str, int]
 ) -> dict[str, float]:
     """``hits`` with each passage's relevance at least ``NEIGHBOUR`` of the passage
     before or after it (``keys``: the passages in conversation order, ``at`` their
-    places), whatever the hits' order (a key a retriever gives twice keeps its lowest
-    score; the spreads are maxima)."""
+    places), whatever the hits' order (the spreads are maxima)."""
     relevance = dict(hits)
-    if len(relevance) != len(hits):
-        relevance = {}
-        for key, score in hits:
-            known = relevance.get(key)
-            if known is None or score < known:
-                relevance[key] = score
     get, last = relevance.get, len(keys) - 1
-    for key, score in hits:
+    for key, score in hits.items():
         i = at.get(key)
         if i is None:
             continue

@@ -147,12 +147,25 @@ class Bm25Retriever:
         # items' counts), then kept up to date: indexing a restored history costs a
         # look-up per item, not a write per word.
         self._postings: dict[str, dict[str, int]] = {}
+        # Each item's length norm (BM25's ``k1 * (1 - b + b * length / average)``), made
+        # when a search first needs it; the average changes with every item indexed.
+        self._norms: dict[str, float] = {}
         self._lock = threading.Lock()
+
+    def fork(self) -> Bm25Retriever:
+        """A retriever holding the same items, to be extended on its own (posting lists
+        are made again as its queries ask: they are kept up to date in place)."""
+        other = Bm25Retriever()
+        with self._lock:
+            other._docs, other._lengths = dict(self._docs), dict(self._lengths)
+            other._total = self._total
+        return other
 
     def index(self, items: Sequence[RecallItem]) -> None:
         with self._lock:
             postings, docs, lengths = self._postings, self._docs, self._lengths
             total = self._total
+            self._norms = {}
             for item in items:
                 length, counts = _analysed(item.text)
                 key = item.key
@@ -172,10 +185,20 @@ class Bm25Retriever:
         return posting
 
     def search(self, query: str, k: int) -> Sequence[tuple[str, float]]:
+        if k <= 0:
+            return []
+        scores, weight = self.scores(query)
+        best = heapq.nsmallest(k, [(-score, key) for key, score in scores.items()])
+        return [(key, -score / weight) for score, key in best]
+
+    def scores(self, query: str) -> tuple[dict[str, float], float]:
+        """Every matching item's BM25 score (in no set order) and the searched terms' idf
+        sum, which a score is divided by to give ``search``'s relevance: what ``search``
+        ranks, for a caller that wants every match and no order."""
         with self._lock:
             n = len(self._lengths)
-            if not n or k <= 0:
-                return []
+            if not n:
+                return {}, 0.0
             found = set()
             for term in _stem(query_terms(query)):
                 posting = self._posting(term)
@@ -186,7 +209,7 @@ class Bm25Retriever:
             k1, b = self.K1, self.B
             grown = k1 + 1.0
             scores: dict[str, float] = {}
-            norms: dict[str, float] = {}  # each item's length norm, made once a search
+            norms = self._norms
             weight = 0.0
             for df, term in sorted(found)[:MAX_TERMS]:
                 idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
@@ -196,5 +219,4 @@ class Bm25Retriever:
                     if norm is None:
                         norm = norms[key] = k1 * (1.0 - b + b * lengths[key] / average)
                     scores[key] = scores.get(key, 0.0) + idf * tf * grown / (tf + norm)
-        best = heapq.nsmallest(k, [(-score, key) for key, score in scores.items()])
-        return [(key, -score / weight) for score, key in best]
+        return scores, weight
