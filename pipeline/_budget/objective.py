@@ -1094,16 +1094,13 @@ def _kept(
             found = _passages_beside(units, room)
         else:
             ladders = [
-                u.ladder if u.kind == "passage" else Ladder((u.ladder.rungs[0],), 0)
-                for u in units
+                u.ladder if u.kind == "passage" else Ladder((u.ladder.rungs[0],), 0) for u in units
             ]
             kept = solve(ladders, room, cache_price=price, text_free=text_free)
             found = None if kept is None else kept.choice
         if found is None:
             return None
-        choice = tuple(
-            c if u.kind == "passage" else 0 for u, c in zip(units, found, strict=True)
-        )
+        choice = tuple(c if u.kind == "passage" else 0 for u, c in zip(units, found, strict=True))
     return choice if objective(whole, choice, price)[0] >= solution.objective else None
 
 

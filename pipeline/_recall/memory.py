@@ -256,7 +256,13 @@ class RecallMemo:
                     made = True
                 else:
                     made = False
-                new = [passages[key].item for key in sorted(passages.keys() - self._indexed.keys())]
+                # Every indexed passage is one of these now: as many means the same.
+                fresh = (
+                    ()
+                    if len(self._indexed) == len(passages)
+                    else passages.keys() - self._indexed.keys()
+                )
+                new = [passages[key].item for key in sorted(fresh)]
                 if new:
                     if self._shared:
                         assert isinstance(retriever, Bm25Retriever)

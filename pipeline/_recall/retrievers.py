@@ -147,9 +147,11 @@ class Bm25Retriever:
         # items' counts), then kept up to date: indexing a restored history costs a
         # look-up per item, not a write per word.
         self._postings: dict[str, dict[str, int]] = {}
-        # Each item's length norm (BM25's ``k1 * (1 - b + b * length / average)``), made
-        # when a search first needs it; the average changes with every item indexed.
-        self._norms: dict[str, float] = {}
+        # Each searched word's idf and its items' shares of their scores (BM25's
+        # ``idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / average))``), made when
+        # a search first needs them: the counts and the average change with every item
+        # indexed, so indexing forgets them.
+        self._shares: dict[str, tuple[float, dict[str, float]]] = {}
         self._lock = threading.Lock()
 
     def fork(self) -> Bm25Retriever:
@@ -165,7 +167,7 @@ class Bm25Retriever:
         with self._lock:
             postings, docs, lengths = self._postings, self._docs, self._lengths
             total = self._total
-            self._norms = {}
+            self._shares = {}
             for item in items:
                 length, counts = _analysed(item.text)
                 key = item.key
@@ -204,19 +206,29 @@ class Bm25Retriever:
                 posting = self._posting(term)
                 if posting:
                     found.add((len(posting), term))
-            average = self._total / n
-            lengths = self._lengths
-            k1, b = self.K1, self.B
-            grown = k1 + 1.0
-            scores: dict[str, float] = {}
-            norms = self._norms
+            scores: dict[str, float] | None = None
             weight = 0.0
             for df, term in sorted(found)[:MAX_TERMS]:
-                idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+                idf, shares = self._shares.get(term) or self._share(term, df, n)
                 weight += idf
-                for key, tf in self._postings[term].items():
-                    norm = norms.get(key)
-                    if norm is None:
-                        norm = norms[key] = k1 * (1.0 - b + b * lengths[key] / average)
-                    scores[key] = scores.get(key, 0.0) + idf * tf * grown / (tf + norm)
-        return scores, weight
+                if scores is None:
+                    scores = dict(shares)  # each score starts at 0.0: 0.0 + share is share
+                    continue
+                get = scores.get
+                for key, share in shares.items():
+                    scores[key] = get(key, 0.0) + share
+        return scores or {}, weight
+
+    def _share(self, term: str, df: int, n: int) -> tuple[float, dict[str, float]]:
+        """``term``'s idf and each item's share of its score (the lock held)."""
+        average = self._total / n
+        lengths = self._lengths
+        k1, b = self.K1, self.B
+        grown = k1 + 1.0
+        idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+        shares = {
+            key: idf * tf * grown / (tf + k1 * (1.0 - b + b * lengths[key] / average))
+            for key, tf in self._postings[term].items()
+        }
+        self._shares[term] = (idf, shares)
+        return idf, shares
