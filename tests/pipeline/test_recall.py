@@ -20,7 +20,7 @@ from lamina.pipeline import (
     check_envelope,
 )
 from lamina.pipeline.errors import ConfigError
-from lamina.pipeline.recall import Fts5Retriever, RecallItem
+from lamina.pipeline.recall import Bm25Retriever, Fts5Retriever, RecallItem
 from lamina.pipeline.store import ConversationInfo, load_conversation, save_turn
 from lamina.pipeline.text import markup_blocks
 from lamina.renderers import XmlRenderer, build_prompt
@@ -349,3 +349,59 @@ def test_the_append_only_layout_sends_a_recalled_block_in_its_turn_only() -> Non
     assert f"user (1): {FACTS[0]}\n" in last and "</recalled>" in last
     assert "sent in full earlier" not in last
     assert all("<recalled" not in m.text for m in prompt.messages[:-1])
+
+
+_ITEMS = st.lists(
+    st.lists(st.sampled_from(WORDS), min_size=1, max_size=12).map(" ".join), max_size=30
+).map(lambda texts: [RecallItem(f"k{i}", i, t) for i, t in enumerate(texts)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(_ITEMS, st.integers(0, 30), st.lists(st.sampled_from(WORDS), min_size=1, max_size=6))
+def test_a_bm25_index_extended_from_a_fork_scores_as_one_made_afresh(
+    items: list[RecallItem], split: int, words: list[str]
+) -> None:
+    """BM25 scores by the set of items alone: a fork of an index of some items, extended
+    by the rest (its word shares dropped by the indexing), scores every query exactly as
+    one index of all; ``scores`` holds every match of ``search``, unranked."""
+    query = " ".join(words)
+    whole = Bm25Retriever()
+    whole.index(items)
+    part = Bm25Retriever()
+    part.index(items[:split])
+    part.search(query, 5)  # its postings and shares are made, then kept up to date
+    fork = part.fork()
+    fork.index(items[split:])
+    before = part.search(query, 50)
+    assert fork.search(query, 50) == whole.search(query, 50)
+    again = Bm25Retriever()
+    again.index(items[:split])
+    assert before == again.search(query, 50)  # the fork's indexing left the source alone
+    scores, weight = whole.scores(query)
+    assert sorted((key, s / weight) for key, s in scores.items()) == sorted(
+        whole.search(query, len(items) + 1)
+    )
+
+
+def test_a_restore_reuses_the_index_the_process_made_and_recalls_the_same() -> None:
+    """Restoring the same conversation again starts from the BM25 index the process kept
+    (nothing indexed again) and builds the same request as the first restore."""
+    live = _conv()
+    _chat(live)
+    state = live.state
+    query = "Which city did Maria relocate to?"
+    indexed: list[int] = []
+    index = Bm25Retriever.index
+
+    def counting(self: Bm25Retriever, items: Sequence[RecallItem]) -> None:
+        indexed.append(len(items))
+        index(self, items)
+
+    first = Conversation.restore(state, renderer=XmlRenderer()).turn(query)
+    try:
+        Bm25Retriever.index = counting  # type: ignore[method-assign]
+        second = Conversation.restore(state, renderer=XmlRenderer()).turn(query)
+    finally:
+        Bm25Retriever.index = index  # type: ignore[method-assign]
+    assert _recalled(first) and indexed == []
+    assert (first.system_text, first.user_text) == (second.system_text, second.user_text)

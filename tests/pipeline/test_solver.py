@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lamina.pipeline._budget.objective import _Choice, _passages_beside, _plain_passages, _Unit
 from lamina.pipeline._budget.solver import Ladder, Rung, objective, solve
 
 FULL, PREVIEW, STUB = Rung(1000, 1000.0), Rung(300, 550.0), Rung(40, 20.0, text_free=True)
@@ -228,3 +229,31 @@ def test_the_objective_policy_fits_a_whole_chat_and_keeps_the_invariants(
         assert env.report.budget is not None and env.report.budget.used <= budget.limit
     judged = judge_chat(envs, conv.counter, budget=budget)
     assert judged.cut_turns > 0 and judged.window_use >= 0.9
+
+
+@st.composite
+def _beside(draw: st.DrawFn) -> tuple[list[_Unit], int]:
+    """``_kept``'s units: fixed ones with their present rung only, passages absent/sent."""
+    units = []
+    for j in range(draw(st.integers(1, 8))):
+        if draw(st.booleans()):
+            rung = Rung(draw(st.integers(0, 300)), draw(st.floats(0, 100)), draw(st.booleans()))
+            units.append(_Unit("history", f"u{j}", Ladder((rung,), 0), (_Choice("text"),)))
+        else:
+            tokens = draw(st.integers(1, 300))
+            value = draw(st.sampled_from([0.0, 1.0, 2.5])) * tokens  # ties in value per token
+            ladder = Ladder((Rung(0, 0.0), Rung(tokens, value)))
+            units.append(_Unit("passage", f"p{j}", ladder, (_Choice("absent"), _Choice("x"))))
+    return units, draw(st.integers(0, 1500))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_beside(), st.floats(0, 2), st.integers(0, 400))
+def test_passages_beside_a_kept_request_are_the_solves_choice(
+    case: tuple[list[_Unit], int], price: float, text_free: int
+) -> None:
+    """``_kept``'s first fit of the passages is exactly what ``solve`` chooses."""
+    units, room = case
+    assert _plain_passages(units)
+    done = solve([u.ladder for u in units], room, cache_price=price, text_free=text_free)
+    assert _passages_beside(units, room) == (None if done is None else done.choice)
