@@ -527,7 +527,9 @@ def _earlier(
     count = turn.ctx.counter
     out: list[tuple[int, int, float]] = []
     tokens, value = shown.tokens, shown.value
-    for entry in reversed([e for e in turn.history[:-1] if e.turn < start]):
+    for entry in reversed(turn.history[:-1]):
+        if entry.turn >= start:
+            continue
         size = sum(
             memo.tokens(f"{entry.turn}:{role}", text, count.count) + budget.per_message_tokens
             for role, text in (("user", entry.user), ("assistant", entry.assistant))

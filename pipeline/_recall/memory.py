@@ -116,15 +116,29 @@ def _passages_of(messages: Sequence[tuple[int, str, str]], start: int) -> list[P
     return units
 
 
+@attrs.frozen
+class _Whole:
+    """A whole history's messages and passages, those a turn after it may recall (by key,
+    in conversation order) and their places in that order."""
+
+    messages: list[tuple[int, str, str]]
+    units: list[Passage]
+    recallable: dict[str, Passage]
+    keys: list[str]
+    at: dict[str, int]
+
+
 @functools.lru_cache(maxsize=64)
-def _all_passages(
-    history: tuple[HistoryEntry, ...],
-) -> tuple[list[tuple[int, str, str]], list[Passage]]:
-    """A whole history's messages and passages (remembered for the process: a stateless
-    server restores the same conversation for each of its turns). Callers copy, never
-    change, what it gives."""
+def _all_passages(history: tuple[HistoryEntry, ...]) -> _Whole:
+    """A whole history's passages (remembered for the process: a stateless server
+    restores the same conversation for each of its turns). Callers copy, never change,
+    what it gives."""
     messages = _messages(history)
-    return messages, _passages_of(messages, 0)
+    units = _passages_of(messages, 0)
+    last = history[-1].turn if history else 0
+    recallable = {u.item.key: u for u in units if u.last < last}
+    keys = list(recallable)
+    return _Whole(messages, units, recallable, keys, {key: i for i, key in enumerate(keys)})
 
 
 SHELF = 16
@@ -133,7 +147,7 @@ conversation: a stateless server restores a conversation for each of its turns, 
 index of its recallable passages then extends the one made for the turn before (the
 passages of the turns before it are the same) instead of indexing them all again."""
 
-_shelf: list[tuple[dict[str, str], Bm25Retriever]] = []
+_shelf: list[tuple[dict[str, str], Bm25Retriever, Mapping[str, Passage]]] = []
 _shelf_lock = threading.Lock()
 
 
@@ -142,19 +156,26 @@ def _shelved(passages: Mapping[str, Passage]) -> tuple[dict[str, str], Bm25Retri
     its items (key: text, never changed) and its retriever (searched, never extended)."""
     with _shelf_lock:
         kept = sorted((e for e in _shelf if len(e[0]) <= len(passages)), key=lambda e: -len(e[0]))
+    for indexed, retriever, made in kept:
+        if made is passages:  # made for these (kept alive here): it holds every one
+            return indexed, retriever
     if not kept:
         return None
     texts = {key: p.item.text for key, p in passages.items()}
-    for indexed, retriever in kept:
+    for indexed, retriever, _ in kept:
         if indexed.items() <= texts.items():
             return indexed, retriever
     return None
 
 
-def _shelve(indexed: dict[str, str], retriever: Bm25Retriever) -> None:
-    """Keep ``retriever`` (holding ``indexed``) for the next restore, the newest first."""
+def _shelve(
+    indexed: dict[str, str], retriever: Bm25Retriever, passages: Mapping[str, Passage]
+) -> None:
+    """Keep ``retriever`` (holding ``indexed``: all of ``passages``) for the next restore,
+    the newest first."""
     with _shelf_lock:
-        _shelf[:] = [(indexed, retriever), *(e for e in _shelf if e[1] is not retriever)][:SHELF]
+        rest = (e for e in _shelf if e[1] is not retriever)
+        _shelf[:] = [(indexed, retriever, passages), *rest][:SHELF]
 
 
 class RecallMemo:
@@ -177,6 +198,7 @@ class RecallMemo:
         self._sizes: dict[str, tuple[str, int]] = {}
         self._overhead: dict[str, int] = {}
         self._order: tuple[Mapping[str, Passage], list[str], dict[str, int]] | None = None
+        self._whole: _Whole | None = None
         self._shared = False
         """Whether the index is kept for other restores (``_shelve``): extended, it forks."""
         self._lock = threading.Lock()
@@ -195,8 +217,10 @@ class RecallMemo:
             messages = self._messages + _messages(history[len(seen) :])
             units = [u for u in self._units if u.order < start]
             units.extend(_passages_of(messages, start))
+            self._whole = None
         else:
-            messages, units = _all_passages(history)
+            whole = self._whole = _all_passages(history)
+            messages, units = whole.messages, whole.units
         self._messages, self._seen, self._units = messages, history, units
         return units
 
@@ -213,7 +237,13 @@ class RecallMemo:
             ):
                 return kept[1]
             last = history[-1].turn if history else 0
-            found = {u.item.key: u for u in self._history(history) if u.last < last}
+            units = self._history(history)
+            whole = self._whole
+            if whole is not None:  # made whole (a restore): its order with it
+                found = whole.recallable
+                self._order = (found, whole.keys, whole.at)
+            else:
+                found = {u.item.key: u for u in units if u.last < last}
             self._kept = (len(history), found)
             return found
 
@@ -271,7 +301,7 @@ class RecallMemo:
                     retriever.index(new)
                     self._indexed.update((item.key, item.text) for item in new)
                 if made and not self._shared and isinstance(retriever, Bm25Retriever):
-                    _shelve(self._indexed, retriever)
+                    _shelve(self._indexed, retriever, passages)
                     self._shared = True
                 self._checked = passages
             assert retriever is not None
