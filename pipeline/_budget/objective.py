@@ -22,6 +22,7 @@ the rungs last turn sent: nothing runs as a pass of its own.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -40,7 +41,7 @@ from lamina.pipeline._budget.solver import Ladder, Rung, Solution, objective, so
 from lamina.pipeline._budget.stubs import _Renderer, fold, stub_group
 from lamina.pipeline._errors import BudgetExceeded
 from lamina.pipeline._hashing import text_hash
-from lamina.pipeline._model.artifacts import TurnWarning
+from lamina.pipeline._model.artifacts import Artifact, TurnWarning
 from lamina.pipeline._model.envelope import (
     BLOCK_SEP,
     NOT_SENT,
@@ -1330,8 +1331,11 @@ def _with_sep(block: ItemBlock) -> int:
 def recalled_block(passages: Sequence[Passage], turn: TurnGraph) -> ItemBlock:
     """The one turn-scoped block of ``passages`` (in conversation order), rendered and
     counted with the blank line after it."""
-    text = "\n".join(p.item.text for p in sorted(passages, key=lambda p: p.order))
-    artifact = recalled_artifact(RecallItem(HISTORY_BLOCK, 0, text, "earlier messages"))
+    if passages:
+        text = "\n".join(p.item.text for p in sorted(passages, key=lambda p: p.order))
+        artifact = recalled_artifact(RecallItem(HISTORY_BLOCK, 0, text, _RECALLED_TITLE))
+    else:
+        artifact = _no_passages()
     view = full_view(artifact)
     counter = turn.ctx.counter
     rendered = turn.ctx.renderer.render(view)
@@ -1340,6 +1344,17 @@ def recalled_block(passages: Sequence[Passage], turn: TurnGraph) -> ItemBlock:
     return ItemBlock(
         Placement(artifact.key), artifact, Segment.of_view(view, rendered, tokens), with_sep
     )
+
+
+_RECALLED_TITLE = "earlier messages"
+"""The recalled block's title."""
+
+
+@functools.cache
+def _no_passages() -> Artifact:
+    """The recalled block's artifact holding no passage (its framing: the same for every
+    turn, so hashed once)."""
+    return recalled_artifact(RecallItem(HISTORY_BLOCK, 0, "", _RECALLED_TITLE))
 
 
 def _recall_overhead(turn: TurnGraph) -> int:
