@@ -467,10 +467,10 @@ def _history_unit(
     history turns' tokens (``_turn_tokens``), ``used`` its tokens."""
     budget = turn.ctx.budget
     assert budget is not None
-    shown = visible_history(turn)[:-1]
-    if not shown:
+    shown = turn.history_view.start  # the turns L4 shows (``visible_history``) but the last
+    turns = [entry.turn for entry in turn.history if entry.turn >= shown][:-1]
+    if not turns:
         return None
-    turns = [entry.turn for entry, _ in shown]
     size = [sizes.get(t, 0) for t in turns]
     worth = [
         0.8 * n * _weight(

@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import attrs
 
@@ -144,12 +145,12 @@ def _within_share(
     return out
 
 
-@attrs.frozen
-class _Step:
-    """One step up a ladder's hull: its slope (value less price, per token), the ladder
-    and the rung it climbs to."""
+class _Step(NamedTuple):
+    """One step up a ladder's hull: its slope (value less price, per token) negated, the
+    ladder and the rung it climbs to; steps sort best slope first, ties by place (a
+    tuple: a solve makes and sorts a few of them for every ladder)."""
 
-    slope: float
+    fall: float
     ladder: int
     rung: int
 
@@ -247,10 +248,6 @@ def objective(
     return value - cache_price * uncached, None if broken is None else prefix[broken]
 
 
-def _order(step: _Step) -> tuple[float, int, int]:
-    return (-step.slope, step.ladder, step.rung)
-
-
 def _steps(ladder: Ladder, price: float, j: int) -> list[_Step]:
     """The hull steps of ``ladder`` (the ``j``-th), from its smallest rung up."""
     steps: list[_Step] = []
@@ -260,7 +257,7 @@ def _steps(ladder: Ladder, price: float, j: int) -> list[_Step]:
         ra, rb = rungs[a], rungs[b]
         gain = (rb.value - price * rb.tokens) - (ra.value - price * ra.tokens)
         if gain > 0:
-            steps.append(_Step(gain / max(1, rb.tokens - ra.tokens), j, b))
+            steps.append(_Step(-(gain / max(1, rb.tokens - ra.tokens)), j, b))
     return steps
 
 
@@ -292,7 +289,7 @@ def solve(
     joins = sorted({r.at for ladder in ladders for r in ladder.rungs if r.at is not None})
     joined = {j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs)}
     plain = [s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j)]
-    plain.sort(key=_order)
+    plain.sort()
     regimes: dict[tuple[bool, ...], tuple[list[Ladder], list[_Step]]] = {}
     variants: dict[tuple[int, tuple[bool, ...]], tuple[Ladder, list[_Step]]] = {}
 
@@ -311,8 +308,8 @@ def solve(
                     variants[j, mine] = (ladder, _steps(ladder, prices[j], j))
                 priced[j], steps = variants[j, mine]
                 moving += steps
-            moving.sort(key=_order)
-            regimes[key] = (priced, list(heapq.merge(plain, moving, key=_order)))
+            moving.sort()
+            regimes[key] = (priced, list(heapq.merge(plain, moving)))
         return regimes[key]
 
     start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))
