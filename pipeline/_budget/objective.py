@@ -604,9 +604,10 @@ def _passage_units(
     relevances = memo.relevances(passages, turn.query)
     start = turn.history_view.start
     best: dict[int, float] = {}
-    for key, rel in relevances.items():
-        passage = passages[key]
-        if passage.last >= start:
+    for key in memo.since(passages, start):  # the passages the suffix shows (some of)
+        rel = relevances.get(key)
+        if rel is not None:
+            passage = passages[key]
             for at in range(passage.item.turn, passage.last + 1):
                 best[at] = max(best.get(at, 0.0), min(1.0, rel))
     shown = {f"history:{at}": rel for at, rel in best.items()}

@@ -203,14 +203,14 @@ def _topped(
         rungs, price = ladders[j].rungs, prices[j]
         best = choice[j]
         now = rungs[choice[j]]
+        tokens, now_bare = now.tokens, _bare(now)
+        worth = now.value - price * now.tokens  # the best rung's, so far
         for i, r in enumerate(rungs):
-            grow = r.tokens - now.tokens
-            bare_grow = _bare(r) - _bare(now)
-            if grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
+            bare_grow = (r.tokens if r.text_free else 0) - now_bare
+            if r.tokens - tokens > room or (bare_grow > 0 and bare + bare_grow > text_free):
                 continue
-            cur = rungs[best]
-            if r.value - price * r.tokens > cur.value - price * cur.tokens:
-                best = i
+            if (value := r.value - price * r.tokens) > worth:
+                best, worth = i, value
         new = rungs[best]
         room -= new.tokens - now.tokens
         bare += _bare(new) - _bare(now)

@@ -18,6 +18,7 @@ so how much room goes to the suffix and how much to passages is that solve's cho
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 import threading
@@ -255,12 +256,26 @@ class RecallMemo:
     def relevances(self, passages: Mapping[str, Passage], query: str) -> dict[str, float]:
         """``ranked``'s relevances by key, in no set order (a caller that needs only the
         best sorts only those)."""
+        order = self._ordered(passages)
+        return _with_neighbours(self._search(passages, query, SEARCH_K), order[1], order[2])
+
+    def since(self, passages: Mapping[str, Passage], turn: int) -> list[str]:
+        """The keys of ``passages`` (as ``passages`` gives them) that end at ``turn`` or
+        later: the last of them in conversation order, where a passage never ends before
+        the one before it (each starts after the message the one before ends with)."""
+        keys = self._ordered(passages)[1]
+        return keys[bisect.bisect_left(keys, turn, key=lambda key: passages[key].last) :]
+
+    def _ordered(
+        self, passages: Mapping[str, Passage]
+    ) -> tuple[Mapping[str, Passage], list[str], dict[str, int]]:
+        """``passages``' keys in their order and each one's place (kept for the last)."""
         order = self._order
         if order is None or order[0] is not passages:
             keys = list(passages)
             order = (passages, keys, {key: i for i, key in enumerate(keys)})
             self._order = order
-        return _with_neighbours(self._search(passages, query, SEARCH_K), order[1], order[2])
+        return order
 
     def _search(self, passages: Mapping[str, Passage], query: str, k: int) -> dict[str, float]:
         """The retriever's ``k`` best for ``query`` among ``passages``, by key (a key it
@@ -307,8 +322,8 @@ class RecallMemo:
             assert retriever is not None
             if isinstance(retriever, Bm25Retriever):
                 scores, weight = retriever.scores(query)
-                if len(scores) <= k:  # all of them: ``search`` without its ranking
-                    return {key: s / weight for key, s in scores.items() if key in passages}
+                if len(scores) <= k:  # all of them (it holds these passages, no other):
+                    return {key: s / weight for key, s in scores.items()}  # ``search``, unranked
             found = retriever.search(query, k)
         hits: dict[str, float] = {}
         for key, score in found:
