@@ -20,7 +20,7 @@ from lamina.pipeline import (
     check_envelope,
 )
 from lamina.pipeline.errors import ConfigError
-from lamina.pipeline.recall import Bm25Retriever, Fts5Retriever, RecallItem
+from lamina.pipeline.recall import Bm25Retriever, Fts5Retriever, RecallItem, RecallMemo
 from lamina.pipeline.store import ConversationInfo, load_conversation, save_turn
 from lamina.pipeline.text import markup_blocks
 from lamina.renderers import XmlRenderer, build_prompt
@@ -405,3 +405,32 @@ def test_a_restore_reuses_the_index_the_process_made_and_recalls_the_same() -> N
         Bm25Retriever.index = index  # type: ignore[method-assign]
     assert _recalled(first) and indexed == []
     assert (first.system_text, first.user_text) == (second.system_text, second.user_text)
+
+
+_MESSAGE = st.one_of(
+    st.just(""),
+    st.just("Where did Maria move?"),
+    st.just("Lisbon, near the river."),
+    st.integers(1, 3).map(lambda n: "The bakery opened. " * (40 * n)),  # split at 1,200
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(_MESSAGE, st.one_of(st.none(), _MESSAGE)), min_size=1, max_size=12))
+def test_the_passages_a_suffix_shows_are_the_last_in_order(
+    said: list[tuple[str, str | None]],
+) -> None:
+    """A passage never ends before the one before it, so those a suffix from turn ``t``
+    shows are the last ones (``RecallMemo.since``), the same live and restored."""
+    from lamina.pipeline._model.history import HistoryEntry
+
+    history = tuple(HistoryEntry(i + 1, u or "x", a) for i, (u, a) in enumerate(said))
+    live = RecallMemo()
+    for n in range(1, len(history) + 1):
+        live.passages(history[:n])
+    for memo in (live, RecallMemo()):
+        passages = memo.passages(history)
+        for turn in range(len(history) + 2):
+            assert memo.since(passages, turn) == [
+                key for key, p in passages.items() if p.last >= turn
+            ]
