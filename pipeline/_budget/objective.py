@@ -812,9 +812,10 @@ def _apply(
     units: Sequence[_Unit],
     choice: Sequence[int],
     passages: Mapping[str, Passage],
-) -> tuple[TurnGraph, list[Decision]]:
+) -> tuple[TurnGraph, list[Decision], ItemBlock | None]:
     """``turn`` with each unit in its chosen form, and a decision per changed unit; the
-    chosen ``passages`` (those before the suffix's start) in one recalled block."""
+    chosen ``passages`` (those before the suffix's start) in one recalled block, also
+    given as measured (None: no passage)."""
     library = turn.library
     items = list(turn.items)
     at = {item.key: i for i, item in enumerate(items)}
@@ -886,6 +887,7 @@ def _apply(
     for key, back in unfolds:
         library = _in_place(library, key, [e.key for e in back])
     recalled = [p for p in recalled if p.last < history.start]
+    block = None
     if recalled:
         block = recalled_block(recalled, turn)
         graph = turn.graph.copy()
@@ -906,7 +908,7 @@ def _apply(
         if gone:
             out, made = _indexed(out, group, members, gone, {k for k in gone if indexed[k]})
             decisions.append(made)
-    return out, decisions
+    return out, decisions, block
 
 
 def _recalled_decision(recalled: Sequence[Passage], tokens: int) -> Decision:
@@ -1254,8 +1256,14 @@ class Solve:
                 units = cached + items + passages
                 continue
             rounds += 1
-            out, decisions = _apply(turn, units, choice, recallable)
-            drafted = draft(out, measured)
+            out, decisions, block = _apply(turn, units, choice, recallable)
+            # The recalled block as ``_apply`` rendered and counted it: what ``draft`` makes.
+            base = (
+                measured
+                if block is None
+                else attrs.evolve(measured, items=(*measured.items, block))
+            )
+            drafted = draft(out, base)
             spent = budget.used(drafted, turn.ctx.counter)
             over = budget.effective(spent) - budget.limit
             bare = _text_free_tokens(drafted) - share
