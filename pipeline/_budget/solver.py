@@ -82,6 +82,15 @@ class Solution:
 def _hull(rungs: Sequence[Rung], price: float) -> list[int]:
     """Indices of ``rungs`` on the upper convex hull of (tokens, value - price * tokens),
     from the smallest rung up, each step of positive and falling slope."""
+    if len(rungs) == 2:  # most ladders (a passage: absent or sent): the same, made directly
+        a, b = rungs
+        lo, hi = (1, 0) if (b.tokens, -b.value, 1) < (a.tokens, -a.value, 0) else (0, 1)
+        first, second = rungs[lo], rungs[hi]
+        if second.tokens == first.tokens or (
+            second.value - price * second.tokens <= first.value - price * first.tokens
+        ):
+            return [lo]
+        return [lo, hi]
     order = sorted(range(len(rungs)), key=lambda i: (rungs[i].tokens, -rungs[i].value, i))
     points: list[int] = []
     for i in order:
@@ -104,6 +113,9 @@ def _hull(rungs: Sequence[Rung], price: float) -> list[int]:
 
 
 def _smallest(rungs: Sequence[Rung]) -> int:
+    if len(rungs) == 2:
+        a, b = rungs
+        return 1 if (b.tokens, -b.value, 1) < (a.tokens, -a.value, 0) else 0
     return min(range(len(rungs)), key=lambda i: (rungs[i].tokens, -rungs[i].value, i))
 
 

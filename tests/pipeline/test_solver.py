@@ -257,3 +257,27 @@ def test_passages_beside_a_kept_request_are_the_solves_choice(
     assert _plain_passages(units)
     done = solve([u.ladder for u in units], room, cache_price=price, text_free=text_free)
     assert _passages_beside(units, room) == (None if done is None else done.choice)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.tuples(st.integers(0, 50), st.floats(allow_nan=True)),
+    st.tuples(st.integers(0, 50), st.floats(allow_nan=True)),
+    st.floats(0, 2),
+)
+def test_a_two_rung_ladders_hull_and_smallest_are_the_general_ones(
+    a: tuple[int, float], b: tuple[int, float], price: float
+) -> None:
+    """The two-rung shortcuts order rungs exactly as the general sort and ``min`` do."""
+    from lamina.pipeline._budget import solver
+
+    rungs = (Rung(*a), Rung(*b))
+    order = sorted(range(2), key=lambda i: (rungs[i].tokens, -rungs[i].value, i))
+    assert solver._smallest(rungs) == min(
+        range(2), key=lambda i: (rungs[i].tokens, -rungs[i].value, i)
+    )
+    first, second = rungs[order[0]], rungs[order[1]]
+    keep = second.tokens != first.tokens and not (
+        second.value - price * second.tokens <= first.value - price * first.tokens
+    )
+    assert solver._hull(rungs, price) == (order if keep else order[:1])
