@@ -601,8 +601,8 @@ def _passage_units(
     units: list[_Unit] = []
     offered: dict[str, Passage] = {}
     total = 0
-    relevances = memo.relevances(passages, turn.query)
     start = turn.history_view.start
+    relevances = memo.relevant(passages, turn.query, RECALL_PRICE, start)
     best: dict[int, float] = {}
     for key in memo.since(passages, start):  # the passages the suffix shows (some of)
         rel = relevances.get(key)

@@ -259,12 +259,38 @@ class RecallMemo:
         order = self._ordered(passages)
         return _with_neighbours(self._search(passages, query, SEARCH_K), order[1], order[2])
 
+    def relevant(
+        self, passages: Mapping[str, Passage], query: str, least: float, turn: int
+    ) -> dict[str, float]:
+        """``relevances``' values, exact, for the passages a caller can use that offers
+        those of at least ``least`` and reads those that end at ``turn`` or later
+        (``since``); others may be left out. A neighbour's spread reaches ``least`` only
+        from a match whose spread does, so the weak matches are read only beside the
+        suffix's passages."""
+        keys, at = self._ordered(passages)[1:]
+        hits = self._search(passages, query, SEARCH_K)
+        first = self._first_since(passages, turn)
+        wanted = set(range(first, len(keys)))
+        for key, score in hits.items():
+            if score >= least:
+                wanted.add(at[key])
+            if score * NEIGHBOUR >= least:
+                wanted.update((at[key] - 1, at[key] + 1))
+        out: dict[str, float] = {}
+        for i in wanted:
+            if 0 <= i < len(keys) and (value := _spread_at(hits, keys, i)) is not None:
+                out[keys[i]] = value
+        return out
+
     def since(self, passages: Mapping[str, Passage], turn: int) -> list[str]:
         """The keys of ``passages`` (as ``passages`` gives them) that end at ``turn`` or
         later: the last of them in conversation order, where a passage never ends before
         the one before it (each starts after the message the one before ends with)."""
+        return self._ordered(passages)[1][self._first_since(passages, turn) :]
+
+    def _first_since(self, passages: Mapping[str, Passage], turn: int) -> int:
         keys = self._ordered(passages)[1]
-        return keys[bisect.bisect_left(keys, turn, key=lambda key: passages[key].last) :]
+        return bisect.bisect_left(keys, turn, key=lambda key: passages[key].last)
 
     def _ordered(
         self, passages: Mapping[str, Passage]
@@ -360,6 +386,18 @@ class RecallMemo:
             known = make()
             self._overhead[counter] = known
         return known
+
+
+def _spread_at(hits: Mapping[str, float], keys: Sequence[str], i: int) -> float | None:
+    """The relevance ``_with_neighbours`` gives the ``i``-th passage (None: none): its
+    score, or more, the ``NEIGHBOUR`` share of a match next to it."""
+    value = hits.get(keys[i])
+    for j in (i - 1, i + 1):
+        if 0 <= j < len(keys) and (score := hits.get(keys[j])) is not None:
+            spread = score * NEIGHBOUR
+            if (0.0 if value is None else value) < spread:
+                value = spread
+    return value
 
 
 def _with_neighbours(

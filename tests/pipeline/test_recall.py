@@ -434,3 +434,31 @@ def test_the_passages_a_suffix_shows_are_the_last_in_order(
             assert memo.since(passages, turn) == [
                 key for key, p in passages.items() if p.last >= turn
             ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=8).map(" ".join), min_size=2,
+             max_size=16),
+    st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(" ".join),
+    st.sampled_from([0.0, 0.1, 0.3, 0.5, 0.9]),
+    st.integers(0, 18),
+)  # fmt: skip
+def test_relevant_passages_are_read_as_relevances_reads_them(
+    said: list[str], query: str, least: float, turn: int
+) -> None:
+    """``RecallMemo.relevant`` gives ``relevances``' value for every passage at least
+    ``least`` relevant or ending at ``turn`` or later, and no other value."""
+    from lamina.pipeline._model.history import HistoryEntry
+
+    history = tuple(HistoryEntry(i + 1, text, "ok " + text) for i, text in enumerate(said))
+    memo = RecallMemo()
+    passages = memo.passages(history)
+    every = memo.relevances(passages, query)
+    some = memo.relevant(passages, query, least, turn)
+    tail = set(memo.since(passages, turn))
+    for key in passages:
+        if key in tail or every.get(key, 0.0) >= least:
+            assert some.get(key) == every.get(key)
+        if key in some:
+            assert some[key] == every[key]
