@@ -316,11 +316,11 @@ class RecallMemo:
                 if retriever is None or stale:
                     # A BM25 index scores by the set of items alone: one kept for some of
                     # these passages, extended by the rest, is the index made afresh.
-                    found = _shelved(passages) if self._make is Bm25Retriever else None
-                    if found is None:
+                    kept = _shelved(passages) if self._make is Bm25Retriever else None
+                    if kept is None:
                         retriever, self._indexed, self._shared = self._make(), {}, False
                     else:
-                        self._indexed, retriever = found
+                        self._indexed, retriever = kept
                         self._shared = True
                     self._retriever = retriever
                     self.builds += 1
@@ -341,12 +341,12 @@ class RecallMemo:
                         self._indexed, self._shared = dict(self._indexed), False
                     retriever.index(new)
                     self._indexed.update((item.key, item.text) for item in new)
-                if made and not self._shared and isinstance(retriever, Bm25Retriever):
+                if made and not self._shared and type(retriever) is Bm25Retriever:
                     _shelve(self._indexed, retriever, passages)
                     self._shared = True
                 self._checked = passages
             assert retriever is not None
-            if isinstance(retriever, Bm25Retriever):
+            if type(retriever) is Bm25Retriever:  # not a subclass: its ``search`` is this
                 scores, weight = retriever.scores(query)
                 if len(scores) <= k:  # all of them (it holds these passages, no other):
                     return {key: s / weight for key, s in scores.items()}  # ``search``, unranked
