@@ -10,7 +10,9 @@ so how much room goes to the suffix and how much to passages is that solve's cho
    one that answers it, from every turn but the last. A restored conversation makes the
    same, so its request is the same.
 2. The retriever (``Retriever``, BM25 by default) scores them for the query; a passage
-   next to a match is at least ``NEIGHBOUR`` of its score (``ranked``).
+   next to a match is at least ``NEIGHBOUR`` of its score (``ranked``; the budget reads
+   only the passages it can use, ``relevant``). The process keeps a few BM25 indexes
+   (``SHELF``): a restore extends the one made for its conversation's turn before.
 3. The chosen passages go into one turn-scoped ``recalled:history`` block in
    conversation order (``objective.recalled_block``), after this turn's own items; they never enter
    L1, L2 or L4, nor a later request.
@@ -184,7 +186,8 @@ class RecallMemo:
     like ``LibraryPrefix``). The passages are extended as turns come; the index is
     extended with new passages and made afresh only when an indexed one changed or left,
     so it always holds exactly the turn's recallable set (what a restored conversation
-    indexes from scratch)."""
+    indexes from scratch, or extends from the BM25 index the process kept for an earlier
+    restore of it: ``SHELF``)."""
 
     def __init__(self, retriever: Callable[[], Retriever] | None = None) -> None:
         self._make: Callable[[], Retriever] = retriever or Bm25Retriever
