@@ -1209,7 +1209,9 @@ class Solve:
         # sent as it is unless a change is worth more (``_kept``).
         reserve = _reserve(sizes, budget)
         share = text_free = math.floor(budget.context_window * budget.text_free_share)
-        short = 0
+        short = fitted = 0
+        refine = False  # whether the best fit leaves the next turn's room (worth refining)
+        tight: int | None = None  # the least ``short`` known to measure over
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
         rounds = making = overlaps = 0
         while rounds < MAX_ROUNDS:
@@ -1267,13 +1269,25 @@ class Solve:
             spent = budget.used(drafted, turn.ctx.counter)
             over = budget.effective(spent) - budget.limit
             bare = _text_free_tokens(drafted) - share
-            if over <= 0:
-                best = (out, drafted, spent, decisions)
-                if bare <= 0 or text_free <= 0 or rounds >= MAX_ROUNDS:
-                    break
-                text_free -= bare  # an index's head the lines' shares did not cover
+            within = budget.effective(spent) <= budget.limit - reserve
+            if over <= 0 and (best is None or within):
+                best, fitted, refine = (out, drafted, spent, decisions), short, within
+                if bare > 0 and text_free > 0 and rounds < MAX_ROUNDS:
+                    text_free -= bare  # an index's head the lines' shares did not cover
+                    continue
+            elif best is None:
+                tight = short
+                short += over + max(8, short // 2)
                 continue
-            short += over + max(8, short // 2)
+            else:
+                tight = short  # fits the limit only in the next turn's room: too much
+            # The room the rungs' counts estimate is off by what they leave out
+            # (separators, framing): between a room that measured too much and one that
+            # fit, halve the gap while rounds last, so the room a fit leaves is used.
+            gap = fitted - tight if tight is not None else 0
+            if not refine or gap <= budget.headroom_tokens // 2 or rounds >= MAX_ROUNDS:
+                break
+            short = (fitted + tight) // 2
         if best is None:
             report = budget.report(used, before, measured.layer_tokens(), ())
             raise BudgetExceeded(
