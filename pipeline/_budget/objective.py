@@ -13,8 +13,9 @@
    tokens after the first changed prefix unit, within the limit less what is fixed (the
    query, the last turn, L1's stable part, framing).
 3. The choice is applied and the request drafted and measured exactly; if the estimate
-   was short, the room shrinks by the overshoot and the same ladders are solved again
-   (``MAX_ROUNDS``). Every changed unit is one decision.
+   was short, the room shrinks by the overshoot and the same ladders are solved again;
+   between a room that fit and one that measured over, the gap is halved while rounds
+   last (``MAX_ROUNDS``). Every changed unit is one decision.
 
 Restores, cuts, folds into an index and unfolds are all outcomes of the one solve against
 the rungs last turn sent: nothing runs as a pass of its own.
