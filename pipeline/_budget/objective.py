@@ -1285,9 +1285,10 @@ class Solve:
             # The room the rungs' counts estimate is off by what they leave out
             # (separators, framing): between a room that measured too much and one that
             # fit, halve the gap while rounds last, so the room a fit leaves is used.
-            gap = fitted - tight if tight is not None else 0
-            if not refine or gap <= budget.headroom_tokens // 2 or rounds >= MAX_ROUNDS:
+            if not refine or rounds >= MAX_ROUNDS or tight is None:
                 break
+            if fitted - tight <= budget.headroom_tokens // 2:
+                break  # close enough: a round costs a draft
             short = (fitted + tight) // 2
         if best is None:
             report = budget.report(used, before, measured.layer_tokens(), ())
