@@ -1211,8 +1211,8 @@ class Solve:
         reserve = _reserve(sizes, budget)
         share = text_free = math.floor(budget.context_window * budget.text_free_share)
         short = fitted = 0
-        refine = False  # whether the best fit leaves the next turn's room (worth refining)
-        tight: int | None = None  # the least ``short`` known to measure over
+        refining = False  # the best fit leaves the next turn's room: its slack is sought
+        tight: int | None = None  # the last ``short`` that measured too much
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
         rounds = making = overlaps = 0
         while rounds < MAX_ROUNDS:
@@ -1271,21 +1271,25 @@ class Solve:
             over = budget.effective(spent) - budget.limit
             bare = _text_free_tokens(drafted) - share
             within = budget.effective(spent) <= budget.limit - reserve
-            if over <= 0 and (best is None or within):
-                best, fitted, refine = (out, drafted, spent, decisions), short, within
+            if refining:  # a fit leaves the next turn's room, in the text-free share
+                if over <= 0 and within and bare <= 0:
+                    best, fitted = (out, drafted, spent, decisions), short
+                else:
+                    tight = short
+            elif over <= 0:
+                best, fitted = (out, drafted, spent, decisions), short
                 if bare > 0 and text_free > 0 and rounds < MAX_ROUNDS:
                     text_free -= bare  # an index's head the lines' shares did not cover
                     continue
-            elif best is None:
+                refining = within
+            else:
                 tight = short
                 short += over + max(8, short // 2)
                 continue
-            else:
-                tight = short  # fits the limit only in the next turn's room: too much
             # The room the rungs' counts estimate is off by what they leave out
             # (separators, framing): between a room that measured too much and one that
             # fit, halve the gap while rounds last, so the room a fit leaves is used.
-            if not refine or rounds >= MAX_ROUNDS or tight is None:
+            if not refining or rounds >= MAX_ROUNDS or tight is None:
                 break
             if fitted - tight <= budget.headroom_tokens // 2:
                 break  # close enough: a round costs a draft
