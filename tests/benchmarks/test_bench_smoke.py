@@ -6,7 +6,6 @@ import json
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from benchmarks.comparators import NOT_INSTALLED, PEERS
@@ -18,7 +17,6 @@ BENCH = (sys.executable, "-m", "lamina._cli", "bench")
 
 def test_small_scale_runs_end_to_end_and_writes_the_result_shape(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "lamina._cli", "bench", "--scale", "small", "--out", str(out)],
         capture_output=True,
@@ -27,7 +25,6 @@ def test_small_scale_runs_end_to_end_and_writes_the_result_shape(tmp_path: Path)
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert time.perf_counter() - start < 60
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert doc["scale"] == "small"
     assert doc["machine"]["cores"] >= 1
