@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,22 @@ def test_budget_settings_hold_every_budget_field() -> None:
     assert BudgetSettings.of(budget).budget() == budget
 
 
+def _rewrite_saved_state(path: Path, change: Callable[[dict[str, Any]], object]) -> None:
+    """Point the one saved turn of the SQLite store at ``path`` to its state blob as
+    ``change`` leaves it (a state an older or another version wrote)."""
+    db = sqlite3.connect(path)
+    (digest,) = db.execute("SELECT state_hash FROM turns").fetchone()
+    (blob,) = db.execute("SELECT body FROM snapshots WHERE hash = ?", (digest,)).fetchone()
+    plain = json.loads(zlib.decompress(blob))
+    change(plain)
+    body = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    old = xxhash.xxh3_128_hexdigest(body)
+    with db:
+        db.execute("INSERT INTO snapshots VALUES (?, 'state', ?)", (old, zlib.compress(body)))
+        db.execute("UPDATE turns SET state_hash = ?", (old,))
+    db.close()
+
+
 def test_a_state_saved_before_budgets_were_kept_loads_without_one(
     tmp_path: Path, vault: Path
 ) -> None:
@@ -161,17 +178,7 @@ def test_a_state_saved_before_budgets_were_kept_loads_without_one(
     with SqliteStore(path) as store:
         store.create(ConversationInfo("c"))
         save_turn(store, "c", conv, env)
-    db = sqlite3.connect(path)
-    (digest,) = db.execute("SELECT state_hash FROM turns").fetchone()
-    (blob,) = db.execute("SELECT body FROM snapshots WHERE hash = ?", (digest,)).fetchone()
-    plain = json.loads(zlib.decompress(blob))
-    del plain["budget"]
-    body = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    old = xxhash.xxh3_128_hexdigest(body)
-    with db:
-        db.execute("INSERT INTO snapshots VALUES (?, 'state', ?)", (old, zlib.compress(body)))
-        db.execute("UPDATE turns SET state_hash = ?", (old,))
-    db.close()
+    _rewrite_saved_state(path, lambda plain: plain.pop("budget"))
     with SqliteStore(path) as store:
         assert store.load("c").budget is None
         assert load_conversation(store, "c", vault=vault).budget is None
@@ -196,17 +203,7 @@ def test_a_budget_saved_with_a_setting_no_longer_kept_loads_without_it(
     with SqliteStore(path) as store:
         store.create(ConversationInfo("c"))
         save_turn(store, "c", conv, env)
-    db = sqlite3.connect(path)
-    (digest,) = db.execute("SELECT state_hash FROM turns").fetchone()
-    (blob,) = db.execute("SELECT body FROM snapshots WHERE hash = ?", (digest,)).fetchone()
-    plain = json.loads(zlib.decompress(blob))
-    plain["budget"].update(dropped)
-    body = json.dumps(plain, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    old = xxhash.xxh3_128_hexdigest(body)
-    with db:
-        db.execute("INSERT INTO snapshots VALUES (?, 'state', ?)", (old, zlib.compress(body)))
-        db.execute("UPDATE turns SET state_hash = ?", (old,))
-    db.close()
+    _rewrite_saved_state(path, lambda plain: plain["budget"].update(dropped))
     with SqliteStore(path) as store:
         assert store.load("c").budget == BudgetSettings.of(budget)
         assert load_conversation(store, "c", vault=vault).budget == budget

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina.pipeline._budget.objective import _Choice, _passages_beside, _plain_passages, _Unit
-from lamina.pipeline._budget.solver import Ladder, Rung, objective, solve
+from lamina.pipeline._budget.solver import Ladder, Rung, Solution, objective, solve
 
 FULL, PREVIEW, STUB = Rung(1000, 1000.0), Rung(300, 550.0), Rung(40, 20.0, text_free=True)
 
@@ -143,6 +143,21 @@ def test_never_over_the_room_and_never_worse_than_last_turn(
     assert done.tokens == sum(
         ladder.rungs[c].tokens for ladder, c in zip(ladders, done.choice, strict=True)
     )
+    _assert_no_worse_than_last_turn(ladders, room, price, done)
+    best = max(
+        objective(ladders, choice, price)[0]
+        for choice in itertools.product(*(range(len(ladder.rungs)) for ladder in ladders))
+        if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True)) <= room
+    )
+    top = max(r.value for ladder in ladders for r in ladder.rungs)
+    assert done.objective >= best - top - price * 500 * len(ladders) - 1e-6
+
+
+def _assert_no_worse_than_last_turn(
+    ladders: list[Ladder], room: int, price: float, done: Solution
+) -> None:
+    """When last turn's choice (new units at their smallest) fits ``room``, ``done``'s
+    objective is at least that choice's."""
     keep = [
         ladder.previous
         if ladder.previous is not None
@@ -151,13 +166,6 @@ def test_never_over_the_room_and_never_worse_than_last_turn(
     ]
     if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, keep, strict=True)) <= room:
         assert done.objective >= objective(ladders, keep, price)[0] - 1e-6
-    best = max(
-        objective(ladders, choice, price)[0]
-        for choice in itertools.product(*(range(len(ladder.rungs)) for ladder in ladders))
-        if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True)) <= room
-    )
-    top = max(r.value for ladder in ladders for r in ladder.rungs)
-    assert done.objective >= best - top - price * 500 * len(ladders) - 1e-6
 
 
 @st.composite
@@ -192,14 +200,7 @@ def test_rungs_joining_an_index_keep_the_solvers_promises(
         return
     assert done.tokens <= room
     assert done.objective == objective(ladders, done.choice, price)[0]
-    keep = [
-        ladder.previous
-        if ladder.previous is not None
-        else min(range(len(ladder.rungs)), key=lambda i: ladder.rungs[i].tokens)
-        for ladder in ladders
-    ]
-    if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, keep, strict=True)) <= room:
-        assert done.objective >= objective(ladders, keep, price)[0] - 1e-6
+    _assert_no_worse_than_last_turn(ladders, room, price, done)
     assert solve(list(ladders), room, cache_price=price, text_free=10_000) == done
 
 
