@@ -122,7 +122,7 @@ def test_inspect_shows_every_artifact_and_the_window_bar(script: Path) -> None:
     assert "note:project-spec.md" in out.stdout and "reference" in out.stdout
     assert "of limit 3000 tokens sent" in out.stdout
     # With --verbose, the budget's settings and its headroom in tokens.
-    assert "budget settings: headroom 0.05, cache_weight 0.3, text_free_share 0.1" in out.stdout
+    assert "budget settings: headroom 0.05, cache_weight 0.7, text_free_share 0.1" in out.stdout
     assert "headroom_tokens 150" in out.stdout
 
 
@@ -145,11 +145,11 @@ def test_private_network_urls_are_refused_unless_allowed(tmp_path: Path) -> None
 
 
 def test_inspect_and_the_trace_name_the_entries_sent_whole_again() -> None:
-    """chat30 at 6,000: turn 20's request sends two cut library entries whole again
-    (restore by appending); `inspect` says so on its request line and the trace lists
-    their keys under the batch."""
+    """chat30 at 6,000: turn 15's request sends a cut library entry whole again (restore
+    by appending); `inspect` says so on its request line and the trace lists its key
+    under the batch."""
     chat = str(Path(__file__).resolve().parents[1] / "examples" / "chat30.yaml")
-    keys = ["pdf:media/sync-design-review.pdf", "note:glossary.md"]
+    keys = ["note:meetings/2026-10-19.md"]
     out = lamina("inspect", chat, "--window", "6000")
     assert out.returncode == 0, out.stderr
     line = "request: settled (over-budget): the system message holds 8 of 8 library entries"
@@ -157,9 +157,6 @@ def test_inspect_and_the_trace_name_the_entries_sent_whole_again() -> None:
     run = lamina("run", chat, "--window", "6000", "--json")
     assert run.returncode == 0, run.stderr
     turns = json.loads(run.stdout)["turns"]
-    assert [t["batch"].get("restored") for t in turns[15:24]] == [
-        *[None] * 4,
-        keys,
-        *[None] * 3,
-        ["pdf:media/sync-design-review.pdf", "note:meetings/2026-11-02.md"],
-    ]
+    restored = {i + 1: t["batch"]["restored"] for i, t in enumerate(turns)
+                if t["batch"].get("restored")}  # fmt: skip
+    assert restored == {15: keys, 28: keys, 30: keys}

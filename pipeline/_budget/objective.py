@@ -1111,6 +1111,17 @@ def _kept(
     return choice if objective(whole, choice, price)[0] >= solution.objective else None
 
 
+def _regret(
+    turn: TurnGraph, units: Sequence[_Unit], solution: Solution, choice: Sequence[int]
+) -> float:
+    """The regret the next turn starts from (``solver.solve``): none once ``choice`` is
+    the bought one, else this turn's plus what ``choice`` forgoes of the free value."""
+    if solution.bought and tuple(choice) == solution.choice:
+        return 0.0
+    value = sum(u.ladder.rungs[c].value for u, c in zip(units, choice, strict=True))
+    return turn.regret + max(0.0, solution.free_value - value)
+
+
 def _plain_passages(units: Sequence[_Unit]) -> bool:
     """Whether ``_passages_beside`` makes ``_kept``'s solve: every passage a new ladder of
     two rungs (none, sent with text), no rung of another unit placed in a block before it
@@ -1219,7 +1230,10 @@ class Solve:
             ladders = [u.ladder for u in units]
             limit = math.floor((budget.limit - reserve) / (1.0 + budget.safety_margin))
             room = limit - fixed - short
-            solution = solve(ladders, room, cache_price=budget.cache_weight, text_free=text_free)
+            solution = solve(
+                ladders, room, cache_price=budget.cache_weight, text_free=text_free,
+                regret=turn.regret,
+            )  # fmt: skip
             if solution is None and reserve:
                 reserve = 0  # the smallest forms fit only in the reserve: it gives way
                 continue
@@ -1245,12 +1259,13 @@ class Solve:
             if fits:
                 whole = math.floor(budget.limit / (1.0 + budget.safety_margin)) - fixed - short
                 kept = _kept(units, solution, budget.cache_weight, whole, text_free)
+            if kept is not None:
+                choice = kept
+            regret = _regret(turn, units, solution, choice)
             if kept is not None and not any(kept[j] for j, u in enumerate(units)
                                             if u.kind == "passage"):  # fmt: skip
                 report = budget.report(used, before, before, ())
-                return attrs.evolve(turn, budget_report=report, measured=measured)
-            if kept is not None:
-                choice = kept
+                return attrs.evolve(turn, budget_report=report, measured=measured, regret=regret)
             held = _held(units, choice, recallable)
             if held and overlaps < 2:
                 # Passages the chosen suffix shows: their room goes to the next best.
@@ -1271,6 +1286,7 @@ class Solve:
             over = budget.effective(spent) - budget.limit
             bare = _text_free_tokens(drafted) - share
             within = budget.effective(spent) <= budget.limit - reserve
+            out = attrs.evolve(out, regret=regret)
             if refining:  # a fit leaves the next turn's room, in the text-free share
                 if over <= 0 and within and bare <= 0:
                     best, fitted = (out, drafted, spent, decisions), short

@@ -4,18 +4,23 @@ Every unit a request can carry (L1's mutable part, a library entry, history, an 
 attached this turn) is a ``Ladder`` of ``Rung``\\ s: its forms, each with its exact tokens
 and the value of what it tells the model. The solver picks one rung a ladder to
 
-    maximize   sum(value of the chosen rungs) - cache_price * (prefix tokens after the break)
+    maximize   sum(value of the chosen rungs) - cache_price * (prefix tokens re-sent uncached)
+               (+ regret, for the choice made as if the cache were free: 4.)
     subject to sum(tokens of the chosen rungs) <= room
                sum(tokens of the chosen text-free rungs) <= text_free (as far as room allows)
 
 where the break is the first prefix ladder whose rung differs from last turn's (or whose
 block a chosen rung changes: ``Rung.at``, a line joining an index before its entry): from
-there on the provider reads the request uncached. Only the *first* change matters, so
-the solve is exact in the break point:
+there on the provider reads the request uncached. What is priced is the cache the change
+loses: the chosen tokens from the break up to the latest break any request within the
+room allows (``_latest``: past it nothing can stay cached, so a forced cut of history
+does not also make every turn it keeps pay). Only the *first* change matters, so the
+solve is exact in the break point:
 
 1. For each candidate break ``b`` in prefix order (and "no break"), the prefix ladders
    before ``b`` keep last turn's rungs; the rest are free, and the prefix ones among them
-   pay ``cache_price`` a token (a shear of their value: their hulls keep their vertices);
+   before the latest pay ``cache_price`` a token (a shear of their value: their hulls keep
+   their vertices);
    a rung that changes a block before ``b`` pays its ``join`` (the cache between them).
 2. The free ladders are a multiple-choice knapsack, solved by greedy on each ladder's
    upper convex hull: every ladder starts at its smallest rung, and hull steps are taken
@@ -23,8 +28,17 @@ the solve is exact in the break point:
    ladder's climb; one over the text-free share is skipped); a last pass gives each
    ladder the best rung, hull or not, that still fits.
 3. The best objective over the candidates wins; ties go to the later break (more cached).
+   Last turn's choice (new units at their smallest) is a candidate too: a climb prices a
+   rung joining an earlier block by its ``join``, which may be less than its break.
+4. Over turns: a change of the prefix is paid once, what it brings stays. The value the
+   requests sent forgo (the choice were the cache free, over theirs) adds up turn by turn
+   (``regret``); that choice is bought once its objective plus the regret reaches the
+   best one's, and the regret starts over: ski rental, within twice the best choice for a
+   chat of unknown length. A price paid in full every turn would keep a library cut for
+   good once one large attachment made the room short.
 
-The solve is a function of the ladders alone: no clock, no dict order, ties by position.
+The solve is a function of the ladders and the regret alone: no clock, no dict order,
+ties by position.
 """
 
 from __future__ import annotations
@@ -70,13 +84,17 @@ class Ladder:
 @attrs.frozen
 class Solution:
     """One rung a ladder (``choice``), its tokens, value, first changed prefix ladder
-    (``broken_at``; None: the whole prefix stays cached) and objective."""
+    (``broken_at``; None: the whole prefix stays cached) and objective; the value of the
+    choice were the cache free (``free_value``: what a change would bring) and whether
+    the regret bought that choice (``bought``: the objective counts the regret)."""
 
     choice: tuple[int, ...]
     tokens: int
     value: float
     broken_at: int | None
     objective: float
+    free_value: float = 0.0
+    bought: bool = False
 
 
 def _hull(rungs: Sequence[Rung], price: float) -> list[int]:
@@ -244,10 +262,23 @@ def _breaks(prefix: Sequence[int]) -> set[int]:
 
 
 def objective(
-    ladders: Sequence[Ladder], choice: Sequence[int], cache_price: float
+    ladders: Sequence[Ladder], choice: Sequence[int], cache_price: float, room: int | None = None
 ) -> tuple[float, int | None]:
-    """The objective of ``choice`` and its first changed prefix ladder (None: none)."""
+    """The objective of ``choice`` and its first changed prefix ladder (None: none).
+    With ``room``, a prefix ladder past the ones any request within it could keep cached
+    (``_latest``) pays nothing: it is read uncached whatever the choice."""
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
+    latest = len(prefix) if room is None else _latest(ladders, prefix, room)
+    return _score(ladders, choice, cache_price, prefix, latest)
+
+
+def _score(
+    ladders: Sequence[Ladder],
+    choice: Sequence[int],
+    cache_price: float,
+    prefix: Sequence[int],
+    latest: int,
+) -> tuple[float, int | None]:
     broken = next((p for p, j in enumerate(prefix) if choice[j] != ladders[j].previous), None)
     for ladder, c in zip(ladders, choice, strict=True):
         at = ladder.rungs[c].at
@@ -255,9 +286,26 @@ def objective(
             broken = at  # the rung changes the block at ``at``: the request breaks there
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
     uncached = (
-        0 if broken is None else sum(ladders[j].rungs[choice[j]].tokens for j in prefix[broken:])
+        0
+        if broken is None
+        else sum(ladders[j].rungs[choice[j]].tokens for j in prefix[broken:latest])
     )
     return value - cache_price * uncached, None if broken is None else prefix[broken]
+
+
+def _latest(ladders: Sequence[Ladder], prefix: Sequence[int], room: int) -> int:
+    """How many prefix ladders a request within ``room`` can keep as last turn sent them
+    (every other ladder at its smallest rung): the cache a change can lose ends there, past
+    it the prefix is read uncached whatever the solve chooses."""
+    small = [ladder.rungs[_smallest(ladder.rungs)].tokens for ladder in ladders]
+    used = sum(small)
+    for p, j in enumerate(prefix):
+        previous = ladders[j].previous
+        assert previous is not None
+        used += ladders[j].rungs[previous].tokens - small[j]
+        if used > room:
+            return p
+    return len(prefix)
 
 
 def _steps(ladder: Ladder, price: float, j: int) -> list[_Step]:
@@ -284,20 +332,33 @@ def _priced(ladder: Ladder, b: int) -> Ladder:
 
 
 def solve(
-    ladders: Sequence[Ladder], room: int, *, cache_price: float = 0.0, text_free: int = 0
+    ladders: Sequence[Ladder],
+    room: int,
+    *,
+    cache_price: float = 0.0,
+    text_free: int = 0,
+    regret: float = 0.0,
 ) -> Solution | None:
     """The choice of one rung a ladder that maximizes the objective (module docstring)
     within ``room`` tokens, text-free rungs within ``text_free`` (the smallest forms too,
     as far as the room allows: ``_within_share``); None when not even the smallest rungs
     fit. A candidate break ``b`` prices each rung that changes a block before ``b`` its
-    ``join`` less (``_priced``); every candidate is scored by the exact ``objective``."""
+    ``join`` less (``_priced``); every candidate is scored by the exact ``objective``.
+
+    ``regret`` is the value the requests sent have forgone since the last buy (``_free``'s
+    value over theirs, turn by turn): the choice the solve makes when the cache is free is
+    bought once its objective plus the regret reaches the best one's (ski rental: a change
+    of the prefix is paid once, what it brings stays every turn after; paying once the
+    value forgone reaches the cache it costs is within twice the best choice for a chat
+    of unknown length)."""
     n = len(ladders)
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
     at = [n] * n  # each ladder's place in the prefix (n: not in it)
     for p, j in enumerate(prefix):
         at[j] = p
-    prices = [cache_price if at[j] < n else 0.0 for j in range(n)]
     start = _within_share(ladders, [_smallest(ladder.rungs) for ladder in ladders], room, text_free)
+    latest = _latest(ladders, prefix, room)
+    prices = [cache_price if at[j] < latest else 0.0 for j in range(n)]
     joins = sorted({r.at for ladder in ladders for r in ladder.rungs if r.at is not None})
     joined = {j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs)}
     plain = [s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j)]
@@ -326,7 +387,7 @@ def solve(
 
     start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))
     start_bare = sum(_bare(ladders[j].rungs[start[j]]) for j in range(n))
-    best: tuple[float, int] | None = None
+    scored: list[tuple[float, int]] = []  # each candidate break's objective
     fixed_used = fixed_bare = 0
     fixed_start = fixed_start_bare = 0
     candidates = _breaks(prefix) | {a for a in joins if a <= len(prefix)}
@@ -355,12 +416,10 @@ def solve(
         fixed = [p < b for p in at]
         priced, steps = regime(b)
         _climb(priced, steps, choice, fixed, room - used, bare, text_free)
-        score, _ = objective(ladders, choice, cache_price)
-        if best is None or score >= best[0]:
-            best = (score, b)
-    if best is None:
+        scored.append((_score(ladders, choice, cache_price, prefix, latest)[0], b))
+    if not scored:
         return None
-    b = best[1]
+    b = max(scored)[1]  # ties to the later break
     priced, steps = regime(b)
     choice = list(start)
     for j in prefix[:b]:
@@ -375,9 +434,72 @@ def solve(
     grown = _climb(priced, steps, choice, fixed, room - used, bare, text_free)
     used += grown
     bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
-    tail = [cache_price if at[j] >= b and at[j] < n else 0.0 for j in range(n)]
+    tail = [cache_price if b <= at[j] < latest else 0.0 for j in range(n)]
     _topped(priced, free, tail, choice, room - used, bare, text_free)
-    score, broken = objective(ladders, choice, cache_price)
+    solution = _solution(ladders, choice, cache_price, prefix, latest)
+    last = _last_turns(ladders, start, room, text_free)
+    if last is not None:
+        # A climb prices a rung joining an earlier block by its ``join``, which may be
+        # less than the break it makes: last turn's choice is a candidate too.
+        kept = _solution(ladders, last, cache_price, prefix, latest)
+        solution = kept if kept.objective > solution.objective else solution
+    if not cache_price or last is None:
+        return solution
+    free = _solution(ladders, _free(ladders, last, room, text_free), cache_price, prefix, latest)
+    best = solution.objective
+    if regret > 0 and free.choice != solution.choice and free.objective + regret >= best:
+        solution = attrs.evolve(free, objective=free.objective + regret, bought=True)
+    return attrs.evolve(solution, free_value=free.value)
+
+
+def _solution(
+    ladders: Sequence[Ladder],
+    choice: Sequence[int],
+    cache_price: float,
+    prefix: Sequence[int],
+    latest: int,
+) -> Solution:
+    """``choice`` scored (``_score``) as a solution."""
+    score, broken = _score(ladders, choice, cache_price, prefix, latest)
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
     return Solution(tuple(choice), tokens, value, broken, score)
+
+
+def _last_turns(
+    ladders: Sequence[Ladder], start: Sequence[int], room: int, text_free: int
+) -> tuple[int, ...] | None:
+    """Last turn's choice, new ladders at their smallest rung that changes no earlier
+    block (else ``start``'s), if it fits the room and the share (as far as ``start``, the
+    smallest forms within it, does)."""
+    choice = tuple(
+        ladder.previous if ladder.previous is not None else _plain(ladder, start[j])
+        for j, ladder in enumerate(ladders)
+    )
+    rungs = [ladder.rungs[c] for ladder, c in zip(ladders, choice, strict=True)]
+    share = max(text_free, sum(_bare(ladders[j].rungs[c]) for j, c in enumerate(start)))
+    if sum(r.tokens for r in rungs) > room or sum(_bare(r) for r in rungs) > share:
+        return None
+    return choice
+
+
+def _plain(ladder: Ladder, fallback: int) -> int:
+    """The smallest rung of ``ladder`` that changes no earlier block (``fallback``: none)."""
+    plain = [i for i, r in enumerate(ladder.rungs) if r.at is None]
+    if not plain or ladder.rungs[fallback].at is None:
+        return fallback
+    return min(plain, key=lambda i: (ladder.rungs[i].tokens, -ladder.rungs[i].value, i))
+
+
+def _free(ladders: Sequence[Ladder], last: Sequence[int], room: int, text_free: int) -> list[int]:
+    """The room's best use were the cache free, cutting nothing last turn sent (``last``):
+    every ladder climbs from there (what a restore would bring)."""
+    n = len(ladders)
+    steps = sorted(s for j in range(n) for s in _steps(ladders[j], 0.0, j))
+    choice = list(last)
+    used = sum(ladders[j].rungs[c].tokens for j, c in enumerate(choice))
+    bare = sum(_bare(ladders[j].rungs[c]) for j, c in enumerate(choice))
+    used += _climb(ladders, steps, choice, [False] * n, room - used, bare, text_free)
+    bare = sum(_bare(ladders[j].rungs[c]) for j, c in enumerate(choice))
+    _topped(ladders, range(n), [0.0] * n, choice, room - used, bare, text_free)
+    return choice

@@ -107,7 +107,9 @@ class ConversationState:
     the requests it sent; ``batch`` is where its current batch settled. ``agent_system``
     is the L1 mutable text an agent framework's adapter set (``Conversation.agent_system``);
     ``agent_handoff`` the L1 mutable text the last turn's last request sent when a handoff
-    within that turn set it (``Conversation.agent_handoff``).
+    within that turn set it (``Conversation.agent_handoff``). ``regret`` is the value the
+    budget's kept prefix has forgone since it last broke early (0 in states saved before
+    it: the budget then starts counting again).
     """
 
     system: SystemPrompt
@@ -125,6 +127,7 @@ class ConversationState:
     batch: BatchState | None = None
     agent_system: str = ""
     agent_handoff: str = ""
+    regret: float = 0.0
 
 
 class Conversation:
@@ -198,6 +201,7 @@ class Conversation:
         # The history's rendered segments and L4's hash, extended turn to turn.
         self._l4 = HistorySegments()
         self._history_view = HistoryView()
+        self._regret = 0.0
         # Earlier messages as passages and their index, made once a turn may recall.
         self._recall = RecallMemo(retriever)
         self._l1_compacted = False
@@ -269,6 +273,7 @@ class Conversation:
             tokenizer=self.counter.name,
             policy=self.policy,
             history_view=self._history_view,
+            regret=self._regret,
             budget=None if self.budget is None else BudgetSettings.of(self.budget),
             usage=tuple(self._usage[k] for k in sorted(self._usage)),
             calibration=tuple(self._calibration[m] for m in sorted(self._calibration)),
@@ -319,6 +324,7 @@ class Conversation:
         conv._history = list(state.history)
         conv._last_system = state.last_system
         conv._history_view = state.history_view
+        conv._regret = state.regret
         conv._usage = {(u.turn, u.call): u for u in state.usage}
         conv._calibration = {c.model: c for c in state.calibration}
         conv.agent_system = state.agent_system
@@ -437,6 +443,7 @@ class Conversation:
             system=self._system,
             history=tuple(self._history),
             history_view=self._history_view,
+            regret=self._regret,
             query=text,
         )
         if self._last_system is not None and self._last_system != self._system:
@@ -515,6 +522,7 @@ class Conversation:
         elif graph.promoted is not None:
             graph.promoted.without_preparing()
         self._history_view = graph.history_view
+        self._regret = graph.regret
         self._l1_compacted = graph.system.mutable != self._system.mutable
         self._history.append(HistoryEntry(number, text))
         self._last_system = self._system

@@ -108,9 +108,12 @@ class BudgetSettings:
     """The least share of the limit a turn that changes forms leaves free (more when the
     last turn added more to history), so the next turn's query and reply fit without
     changing them again."""
-    cache_weight: float = attrs.field(default=0.3, validator=_real)
+    cache_weight: float = attrs.field(default=0.7, validator=_real)
     """What a token read from the provider's cache is worth, against a token of text the
-    model can use: the price a change pays for each token after it (the objective)."""
+    model can use: the price a change pays for each token after it that could have stayed
+    cached (the objective). 0.7, chosen over whole chats (docs/BUDGET.md): from 0.8 up,
+    the note a turn attaches for its question gives way to older entries' cache; 0 sends
+    the most text whatever the cache."""
     text_free_share: float = attrs.field(default=0.1, validator=_fraction)
     """The share of the window that forms without prose (index lines, stubs, counts) may
     take, the smallest forms too as far as the room allows."""

@@ -269,41 +269,37 @@ def _chat30(turns: int, first: int = 0) -> list[Envelope]:
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 6,000: turn 17 settles with room beyond the headroom, and four library
-    entries the budget had cut (to previews; two meeting notes that entered as the
-    previews their turn fitted) go whole in its user message, under the intro,
-    before the query; the system message keeps their cut forms (a restore by appending
-    rewrites nothing). Turn 18 extends it and sends none of them again."""
+    """chat30 at 6,000: turn 12 settles (its history suffix is cut) with room beyond the
+    headroom, and the meeting note the budget cut to a preview in turn 9 goes whole in
+    its user message, under the intro, before the query; the system message keeps its cut
+    form (a restore by appending rewrites nothing). Turn 13 extends it and sends it not
+    again."""
     from lamina.pipeline.layout import RESTORED_INTRO
 
-    t17, t18 = _chat30(18, 16)
-    assert t17.batch is not None and t18.batch is not None
-    keys = [
-        "pdf:media/sync-design-review.pdf",
-        "note:glossary.md",
-        "note:meetings/2026-10-19.md",
-        "note:meetings/2026-11-02.md",
-    ]
-    assert [s.key for s in t17.batch.restored] == keys
-    assert (t17.batch.reason, t18.batch.reason) == ("over-budget", "")
-    assert [s.key for s in t18.batch.restored] == []
-    messages = _messages(t17)
+    t12, t13 = _chat30(13, 11)
+    assert t12.batch is not None and t13.batch is not None
+    keys = ["note:meetings/2026-10-19.md"]
+    assert [s.key for s in t12.batch.restored] == keys
+    assert (t12.batch.reason, t13.batch.reason) == ("history-changed", "")
+    assert [s.key for s in t13.batch.restored] == []
+    messages = _messages(t12)
     (_, system), (role, user) = messages[0], messages[-1]
     assert role == "user"
     blocks = user.split("\n\n---\n[User query]:\n")[0]
-    whole = "\n\n".join(s.text for s in t17.batch.restored)
+    whole = "\n\n".join(s.text for s in t12.batch.restored)
     assert blocks.endswith(RESTORED_INTRO + "\n\n" + whole)
-    for seg in t17.batch.restored:
-        cut = t17.l2.get(seg.key)  # None: folded into its folder's index
+    for seg in t12.batch.restored:
+        cut = t12.l2.get(seg.key)  # None: folded into its folder's index
         assert cut is None or (str(cut.form) != "full" and cut.text in system)
         assert seg.text not in system
-    assert t17.batch.tokens <= Budget(context_window=6000, reserve_output=1500).limit
-    assert _messages(t18)[: len(messages)] == messages
+    assert t12.batch.tokens <= Budget(context_window=6000, reserve_output=1500).limit
+    assert _messages(t13)[: len(messages)] == messages
 
 
 def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> None:
     """Restored from SQLite after turn 16, the conversation sends turns 17 and 18 (a
-    restore by appending, then its extension) byte for byte as the live one did."""
+    settle, then a restore by appending that extends it) byte for byte as the live one
+    did: the budget's regret is part of the state saved."""
     from lamina import load_script, run_saved, run_script
     from lamina.pipeline.store import open_store
 
@@ -311,6 +307,10 @@ def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> Non
     budget = Budget(context_window=6000, reserve_output=1500, recall=False)  # as _chat30
     live = Conversation(script.system, vault=script.vault, budget=budget)
     want = _chat30(18, 16)
+    assert [[s.key for s in e.batch.restored] for e in want if e.batch] == [
+        [],
+        ["note:docs/auth.md"],
+    ]
     with open_store(str(tmp_path / "s.db")) as store:
         store.create(ConversationInfo("c", vault=str(script.vault)))
         run_saved(attrs.evolve(script, turns=script.turns[:16]), live, store, "c")

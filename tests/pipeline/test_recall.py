@@ -67,12 +67,11 @@ def test_a_dropped_message_the_query_names_is_recalled_into_the_user_message() -
     assert env.user_text == (
         '<recalled key="recalled:history" title="earlier messages">\n'
         f"user (1): {FACTS[0]}\n"
-        f"assistant (1): Noted, point 0. {'Sounds good. ' * 8}\n"
         "</recalled>\n\n---\n[User query]:\nWhich city did Maria relocate to?"
     )
     (made,) = [d for d in env.report.decisions if d.action is DecisionAction.RECALLED]
     assert made.target == "recalled:history"
-    assert made.reason.startswith("2 earlier messages the query matches (turn 1, ")
+    assert made.reason.startswith("1 earlier message the query matches (turn 1, ")
     check_envelope(env)
 
 

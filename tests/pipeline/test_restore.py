@@ -122,7 +122,9 @@ def test_a_large_attachment_leaves_the_library_its_floor_and_it_comes_back(
     big_vault: Path,
 ) -> None:
     """A 2-hour transcript arriving in a chat with a 22-entry library at 16k: the library
-    keeps text (not all stubs), and the next short turn restores entries."""
+    keeps text (not all stubs), and the short turns after it restore entries once the
+    value they miss reaches the cache a restore breaks (the regret: the first short turn
+    keeps its prefix, the second restores)."""
     budget = Budget(16_000, reserve_output=2_000)
     conv = Conversation("You answer.", vault=big_vault, budget=budget)
     previous: Envelope | None = None
@@ -141,8 +143,12 @@ def test_a_large_attachment_leaves_the_library_its_floor_and_it_comes_back(
     entry = conv.library.get("note:transcript.md")
     assert entry is not None and entry.tokens < 3_000
     cut_before = sum(1 for e in conv.library if e.cut)
-    after = conv.turn("What did we decide?")
-    check_envelope(after, big)
+    first = conv.turn("What did we decide?")
+    check_envelope(first, big)
+    assert not first.report.decisions  # the prefix kept: a restore would re-send it all
+    conv.reply("Two things.")
+    after = conv.turn("And the third?")
+    check_envelope(after, first)
     restored = [d for d in after.report.decisions if d.action is DecisionAction.RESTORED]
     assert restored
     assert sum(1 for e in conv.library if e.cut) < cut_before

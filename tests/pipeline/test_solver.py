@@ -49,6 +49,34 @@ def test_no_restore_that_the_cache_price_outweighs() -> None:
     assert done is not None and done.choice[0] == 1 and done.broken_at is None
 
 
+def test_the_regret_buys_back_what_the_cache_price_holds_back() -> None:
+    """An entry cut at the front of a cached prefix: in one turn the price keeps it cut,
+    the value it misses adds up turn by turn (``free_value`` over the solution's), and
+    once that regret reaches what the break costs more than it brings (1,700 here: 980
+    a turn) the restore is bought, its objective counting the regret."""
+    ladders = [Ladder((FULL, STUB), previous=1)]
+    ladders += [Ladder((Rung(500, 500.0),), previous=0) for _ in range(4)]
+    regret, turns = 0.0, 0
+    while (done := solve(ladders, 5000, cache_price=0.9, text_free=400, regret=regret)):
+        if done.bought or turns > 5:
+            break
+        assert done.choice[0] == 1 and done.broken_at is None
+        regret += done.free_value - done.value
+        turns += 1
+    assert done is not None and turns == 2 and regret == 2 * 980
+    assert done.choice == (0, 0, 0, 0, 0) and done.broken_at == 0
+    assert done.objective == objective(ladders, done.choice, 0.9, 5000)[0] + regret
+
+
+def test_no_regret_where_a_restore_would_cut_what_was_sent() -> None:
+    """Room for one of two entries whole: the cut one stays cut however large the regret
+    (bringing it back would cut the other), and none accrues: no churn between them."""
+    ladders = [Ladder((FULL, STUB), previous=0), Ladder((FULL, STUB), previous=1)]
+    done = solve(ladders, 1100, cache_price=0.9, regret=10_000.0)
+    assert done is not None and done.choice == (0, 1) and not done.bought
+    assert done.free_value == done.value
+
+
 def test_text_free_forms_share_one_bound() -> None:
     """Stubs take no more than the text-free share when a choice is left."""
     ladders = [Ladder((Rung(0, 0.0), STUB)) for _ in range(10)]
@@ -74,7 +102,9 @@ def test_a_count_joining_an_index_breaks_the_prefix_at_the_index_once() -> None:
     """An index first in the prefix, then five 100-token entries whose count joins it
     (``at=0``), pricing the cache between them (``join``) when the index stays cached:
     counting three to fit 250 tokens breaks the request at the index, and is priced so
-    once (the exhaustive optimum), not once an entry."""
+    once (the exhaustive optimum), not once an entry. In 250 tokens no request keeps more
+    than the index and two entries cached, so the two kept are the last two (past that
+    cache, sent uncached whatever the choice) and only the index's 50 tokens are priced."""
     price = 0.3
     index = Ladder((Rung(50, 10.0, text_free=True),), previous=0)
     entries = [
@@ -87,15 +117,29 @@ def test_a_count_joining_an_index_breaks_the_prefix_at_the_index_once() -> None:
     ladders = [index, *entries]
     done = solve(ladders, 250, cache_price=price, text_free=1000)
     assert done is not None and done.tokens <= 250 and done.broken_at == 0
-    assert sum(c == 1 for c in done.choice) == 3
+    assert done.choice == (0, 1, 1, 1, 0, 0)
     best = max(
-        objective(ladders, choice, price)[0]
+        objective(ladders, choice, price, 250)[0]
         for choice in itertools.product(*(range(len(ladder.rungs)) for ladder in ladders))
         if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True)) <= 250
     )
-    assert done.objective == pytest.approx(best) == 210.0 - price * 250
+    assert done.objective == pytest.approx(best) == 210.0 - price * 50
     # One entry counted: the request still breaks at the index, not at the entry.
     assert objective(ladders, (0, 0, 0, 0, 0, 1), price) == (410.0 - price * 450, 0)
+
+
+def test_a_forced_cut_keeps_what_fits() -> None:
+    """History sent last turn in 1,000 tokens, now in a room of 700: the prefix breaks
+    there whatever the solve keeps, so keeping the most that fits pays no cache price (the
+    kept turns are not worth 0.9 a token, which once cut them all)."""
+    history = Ladder(
+        (Rung(0, 0.0), Rung(300, 240.0), Rung(600, 480.0), Rung(1000, 800.0)), previous=3
+    )
+    done = solve([history], 700, cache_price=0.9)
+    assert done is not None and done.choice == (2,) and done.broken_at == 0
+    assert done.objective == objective([history], (2,), 0.9, 700)[0] == 480.0
+    # Where the whole fits, a cut pays for the tokens it re-sends uncached.
+    assert objective([history], (2,), 0.9, 1000) == (480.0 - 0.9 * 600, 0)
 
 
 def test_none_when_even_the_smallest_forms_do_not_fit() -> None:
@@ -145,7 +189,7 @@ def test_never_over_the_room_and_never_worse_than_last_turn(
     )
     _assert_no_worse_than_last_turn(ladders, room, price, done)
     best = max(
-        objective(ladders, choice, price)[0]
+        objective(ladders, choice, price, room)[0]
         for choice in itertools.product(*(range(len(ladder.rungs)) for ladder in ladders))
         if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True)) <= room
     )
@@ -165,7 +209,7 @@ def _assert_no_worse_than_last_turn(
         for ladder in ladders
     ]
     if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, keep, strict=True)) <= room:
-        assert done.objective >= objective(ladders, keep, price)[0] - 1e-6
+        assert done.objective >= objective(ladders, keep, price, room)[0] - 1e-6
 
 
 @st.composite
@@ -199,7 +243,7 @@ def test_rungs_joining_an_index_keep_the_solvers_promises(
         assert sum(min(r.tokens for r in ladder.rungs) for ladder in ladders) > room
         return
     assert done.tokens <= room
-    assert done.objective == objective(ladders, done.choice, price)[0]
+    assert done.objective == objective(ladders, done.choice, price, room)[0]
     _assert_no_worse_than_last_turn(ladders, room, price, done)
     assert solve(list(ladders), room, cache_price=price, text_free=10_000) == done
 

@@ -83,17 +83,7 @@ def test_without_a_break_each_batched_request_extends_the_one_before(
         previous = prompt
 
 
-_BATCH_BLIND = (
-    "measured at 6,000: the default layout 63,423 against 55,105 growing the library (the "
-    "budget's objective prices breaks in the envelope's order and does not see the batch: "
-    "a batch that will not fit settles, and recall's passages are sent uncached)"
-)
-
-
-@pytest.mark.parametrize(
-    "window",
-    [pytest.param(6000, marks=pytest.mark.xfail(strict=False, reason=_BATCH_BLIND)), 16000],
-)
+@pytest.mark.parametrize("window", [6000, 16000])
 def test_the_default_fits_the_budget_and_costs_no_more_than_growing_the_library(
     window: int,
 ) -> None:
@@ -110,7 +100,6 @@ def test_the_default_fits_the_budget_and_costs_no_more_than_growing_the_library(
     assert sim.get("default", "openai").cost <= before.get("default", "openai").cost
 
 
-@pytest.mark.xfail(strict=False, reason=_BATCH_BLIND)
 def test_restoring_by_appending_sends_cut_entries_whole_for_a_little_more() -> None:
     """At 6,000 the batch sends cut entries whole again where the request has room beyond
     the headroom; each goes once a batch, fits, and the chat costs at most 2% more than

@@ -67,12 +67,13 @@ def test_the_cached_prefix_is_never_above_the_request(
     for env, report in zip(envs, reports, strict=True):
         assert report.common_prefix_tokens <= conv.count_request(env)
     # The last turn whose library no budget decision changed (a cut or a restore rewrites
-    # the system message from that entry on), after a turn that recalled nothing (recalled
+    # the system message from that entry on) and that does not settle deferred context (the
+    # deferred turns' messages lose theirs), after a turn that recalled nothing (recalled
     # passages are that turn's only), repeats nearly all of its request.
     i = max(
         i
         for i, env in enumerate(envs)
-        if i and not _budget_changed(env) and not _recalled(envs[i - 1])
+        if i and not _budget_changed(env) and not _settles(env) and not _recalled(envs[i - 1])
     )
     last = reports[i].common_prefix_tokens
     assert 0.9 * conv.count_request(envs[i]) < last <= conv.count_request(envs[i])
@@ -85,6 +86,11 @@ def _library_changed(env: Envelope) -> bool:
 def _recalled(env: Envelope) -> bool:
     """The turn's message held recalled passages (not carried into later requests)."""
     return any(s.source_type == "recalled" for s in env.l3.segments)
+
+
+def _settles(env: Envelope) -> bool:
+    """The request settles the library's deferred growth (``Batch.reason``)."""
+    return env.batch is not None and env.batch.reason != ""
 
 
 def _budget_changed(env: Envelope) -> bool:
