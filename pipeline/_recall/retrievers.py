@@ -151,7 +151,7 @@ class Bm25Retriever:
         # ``idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / average))``), made when
         # a search first needs them: the counts and the average change with every item
         # indexed, so indexing forgets them.
-        self._shares: dict[str, tuple[float, dict[str, float]]] = {}
+        self._shares: dict[str, tuple[float, dict[str, float], float]] = {}
         self._lock = threading.Lock()
 
     def fork(self) -> Bm25Retriever:
@@ -197,30 +197,37 @@ class Bm25Retriever:
         """Every matching item's BM25 score (in no set order) and the searched terms' idf
         sum, which a score is divided by to give ``search``'s relevance: what ``search``
         ranks, for a caller that wants every match and no order."""
+        terms, weight = self.terms(query)
+        scores: dict[str, float] = dict(terms[0][0]) if terms else {}
+        for shares, _ in terms[1:]:
+            get = scores.get
+            for key, share in shares.items():
+                scores[key] = get(key, 0.0) + share
+        return scores, weight
+
+    def terms(self, query: str) -> tuple[list[tuple[dict[str, float], float]], float]:
+        """The searched terms' shares of their items' scores, in the order ``scores`` adds
+        them (an item's score is its shares added in this order), each with its largest
+        share, and the terms' idf sum: for a caller that reads only some items' scores."""
         with self._lock:
             n = len(self._lengths)
             if not n:
-                return {}, 0.0
+                return [], 0.0
             found = set()
             for term in _stem(query_terms(query)):
                 posting = self._posting(term)
                 if posting:
                     found.add((len(posting), term))
-            scores: dict[str, float] | None = None
+            terms: list[tuple[dict[str, float], float]] = []
             weight = 0.0
             for df, term in sorted(found)[:MAX_TERMS]:
-                idf, shares = self._shares.get(term) or self._share(term, df, n)
+                idf, shares, top = self._shares.get(term) or self._share(term, df, n)
                 weight += idf
-                if scores is None:
-                    scores = dict(shares)  # each score starts at 0.0: 0.0 + share is share
-                    continue
-                get = scores.get
-                for key, share in shares.items():
-                    scores[key] = get(key, 0.0) + share
-        return scores or {}, weight
+                terms.append((shares, top))
+        return terms, weight
 
-    def _share(self, term: str, df: int, n: int) -> tuple[float, dict[str, float]]:
-        """``term``'s idf and each item's share of its score (the lock held)."""
+    def _share(self, term: str, df: int, n: int) -> tuple[float, dict[str, float], float]:
+        """``term``'s idf, each item's share of its score and the largest (the lock held)."""
         average = self._total / n
         lengths = self._lengths
         k1, b = self.K1, self.B
@@ -230,5 +237,5 @@ class Bm25Retriever:
             key: idf * tf * grown / (tf + k1 * (1.0 - b + b * lengths[key] / average))
             for key, tf in self._postings[term].items()
         }
-        self._shares[term] = (idf, shares)
-        return idf, shares
+        made = self._shares[term] = (idf, shares, max(shares.values()))
+        return made
