@@ -454,9 +454,7 @@ def test_relevant_passages_are_read_as_relevances_reads_them(
     ``least`` alone)."""
     from lamina.pipeline._model.history import HistoryEntry
 
-    history = tuple(
-        HistoryEntry(i + 1, name + text, "ok " + text) for i, text in enumerate(said)
-    )
+    history = tuple(HistoryEntry(i + 1, name + text, "ok " + text) for i, text in enumerate(said))
     memo = RecallMemo()
     passages = memo.passages(history)
     every = memo.relevances(passages, query)
