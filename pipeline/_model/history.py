@@ -23,9 +23,10 @@ __all__ = [
 ]
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class HistoryEntry:
-    """One earlier turn as L4 keeps it."""
+    """One earlier turn as L4 keeps it (its hash kept: a restore looks its whole history
+    up by value, ``_recall.memory._all_passages``)."""
 
     turn: int
     user: str
