@@ -608,9 +608,10 @@ def _passage_units(
     for key in memo.since(passages, start):  # the passages the suffix shows (some of)
         rel = relevances.get(key)
         if rel is not None:
-            passage = passages[key]
+            passage, rel = passages[key], min(1.0, rel)
             for at in range(passage.item.turn, passage.last + 1):
-                best[at] = max(best.get(at, 0.0), min(1.0, rel))
+                if best.get(at, -1.0) < rel:
+                    best[at] = rel
     shown = {f"history:{at}": rel for at, rel in best.items()}
     ranked = sorted(
         ((key, rel) for key, rel in relevances.items() if rel >= RECALL_PRICE),
