@@ -289,9 +289,9 @@ class RecallMemo:
     def _near(
         self, passages: Mapping[str, Passage], query: str, least: float, tail: Sequence[str]
     ) -> tuple[dict[str, float], Iterable[str]]:
-        """``_search``'s relevances of the passages ``relevant`` may read, and the passages
-        among them that hold all of at least ``least``. From the default index, only
-        ``tail`` and what is near a match are scored, and a passage that matches only terms
+        """``_search``'s relevances of the passages ``relevant`` may read, and the matches
+        among them (every passage of at least ``least`` is one). From the default index,
+        only ``tail`` and what is near a match is scored, and a passage holding only terms
         whose largest shares add up to less than ``least`` is no match (BM25's MaxScore:
         it cannot reach it)."""
         retriever = self._indexed_for(passages)
@@ -300,7 +300,8 @@ class RecallMemo:
             return hits, hits
         terms, weight = retriever.terms(query)
         # A margin far beyond the rounding of a sum of at most ``MAX_TERMS`` shares.
-        bound, low, read = least * weight * (1.0 - 1e-9), 0.0, []
+        bound, low = least * weight * (1.0 - 1e-9), 0.0
+        read: list[dict[str, float]] = []
         for shares, top in sorted(terms, key=lambda t: t[1]):
             if low + top < bound and not read:
                 low += top
