@@ -23,10 +23,9 @@ __all__ = [
 ]
 
 
-@attrs.frozen(cache_hash=True)
+@attrs.frozen
 class HistoryEntry:
-    """One earlier turn as L4 keeps it (its hash kept: a restore looks its whole history
-    up by value, ``_recall.memory._all_passages``)."""
+    """One earlier turn as L4 keeps it."""
 
     turn: int
     user: str

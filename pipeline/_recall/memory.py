@@ -131,11 +131,26 @@ class _Whole:
     at: dict[str, int]
 
 
+@attrs.frozen(eq=False)
+class _History:
+    """A whole history as ``_all_passages`` looks it up: hashed by its length and last
+    entry (not every entry, on every restore), equal by all its entries."""
+
+    entries: tuple[HistoryEntry, ...]
+
+    def __hash__(self) -> int:
+        return hash((len(self.entries), self.entries[-1] if self.entries else None))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _History) and other.entries == self.entries
+
+
 @functools.lru_cache(maxsize=64)
-def _all_passages(history: tuple[HistoryEntry, ...]) -> _Whole:
+def _all_passages(whole: _History) -> _Whole:
     """A whole history's passages (remembered for the process: a stateless server
     restores the same conversation for each of its turns). Callers copy, never change,
     what it gives."""
+    history = whole.entries
     messages = _messages(history)
     units = _passages_of(messages, 0)
     last = history[-1].turn if history else 0
@@ -223,7 +238,7 @@ class RecallMemo:
             units.extend(_passages_of(messages, start))
             self._whole = None
         else:
-            whole = self._whole = _all_passages(history)
+            whole = self._whole = _all_passages(_History(history))
             messages, units = whole.messages, whole.units
         self._messages, self._seen, self._units = messages, history, units
         return units
