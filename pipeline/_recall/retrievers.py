@@ -127,8 +127,8 @@ def _analysed(text: str) -> tuple[int, dict[str, int]]:
 
 class Bm25Retriever:
     """Okapi BM25 (k1 1.5, b 0.75, Lucene's idf) over Snowball-stemmed words, from posting
-    lists kept in memory: adding an item costs a write per word, a query the postings of
-    its ``MAX_TERMS`` rarest words. Scores depend only on the set indexed:
+    lists kept in memory: adding an item costs a look-up of its words' counts, a query
+    the postings of its ``MAX_TERMS`` rarest words. Scores depend only on the set indexed:
     each item's score adds the terms in one order, and the sums of lengths are integers.
 
     A score is a relevance: BM25 over the sum of the searched terms' idf, which is what an
@@ -140,14 +140,13 @@ class Bm25Retriever:
     B = 0.75
 
     def __init__(self) -> None:
+        self._docs: dict[str, dict[str, int]] = {}
         self._lengths: dict[str, int] = {}
         self._total = 0
-        # Each word's posting list (item: count), kept up to date as items are indexed. A
-        # fork shares its source's lists, and each copies a list the first time it adds
-        # to it (those it made or copied: ``_own``), so a restore extending a kept index
-        # copies the lists of the new items' words only.
+        # Posting lists are made for a word when a query first asks for it (a scan of the
+        # items' counts), then kept up to date: indexing a restored history costs a
+        # look-up per item, not a write per word.
         self._postings: dict[str, dict[str, int]] = {}
-        self._own: set[str] = set()
         # Each searched word's idf and its items' shares of their scores (BM25's
         # ``idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / average))``), made when
         # a search first needs them: the counts and the average change with every item
@@ -156,30 +155,36 @@ class Bm25Retriever:
         self._lock = threading.Lock()
 
     def fork(self) -> Bm25Retriever:
-        """A retriever holding the same items, to be extended on its own."""
+        """A retriever holding the same items, to be extended on its own (posting lists
+        are made again as its queries ask: they are kept up to date in place)."""
         other = Bm25Retriever()
         with self._lock:
-            other._lengths, other._postings = dict(self._lengths), dict(self._postings)
+            other._docs, other._lengths = dict(self._docs), dict(self._lengths)
             other._total = self._total
-            self._own = set()  # its lists are shared now: copied before they change
         return other
 
     def index(self, items: Sequence[RecallItem]) -> None:
         with self._lock:
-            postings, own, lengths = self._postings, self._own, self._lengths
+            postings, docs, lengths = self._postings, self._docs, self._lengths
             total = self._total
             self._shares = {}
             for item in items:
                 length, counts = _analysed(item.text)
                 key = item.key
+                docs[key] = counts
                 lengths[key] = length
                 total += length
-                for word, n in counts.items():
-                    if word not in own:
-                        postings[word] = dict(postings.get(word, {}))
-                        own.add(word)
-                    postings[word][key] = n
+                if postings:
+                    for word in postings.keys() & counts.keys():
+                        postings[word][key] = counts[word]
             self._total = total
+
+    def _posting(self, term: str) -> dict[str, int]:
+        posting = self._postings.get(term)
+        if posting is None:
+            posting = {key: n for key, counts in self._docs.items() if (n := counts.get(term))}
+            self._postings[term] = posting
+        return posting
 
     def search(self, query: str, k: int) -> Sequence[tuple[str, float]]:
         if k <= 0:
@@ -210,7 +215,8 @@ class Bm25Retriever:
                 return [], 0.0
             found = set()
             for term in _stem(query_terms(query)):
-                if posting := self._postings.get(term):
+                posting = self._posting(term)
+                if posting:
                     found.add((len(posting), term))
             terms: list[tuple[dict[str, float], float]] = []
             weight = 0.0
