@@ -145,8 +145,13 @@ class Bm25Retriever:
         self._total = 0
         # Posting lists are made for a word when a query first asks for it (a scan of the
         # items' counts), then kept up to date: indexing a restored history costs a
-        # look-up per item, not a write per word.
+        # look-up per item, not a write per word. Once the scans have read as many counts
+        # as the items hold (``_words``), every list is made at once (``_whole``): an index
+        # kept for many queries (a restored conversation asked again and again) scans no
+        # more, and one asked a few times never pays for the whole.
         self._postings: dict[str, dict[str, int]] = {}
+        self._words = self._scanned = 0
+        self._whole = False
         # Each searched word's idf and its items' shares of their scores (BM25's
         # ``idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / average))``), made when
         # a search first needs them: the counts and the average change with every item
@@ -160,7 +165,7 @@ class Bm25Retriever:
         other = Bm25Retriever()
         with self._lock:
             other._docs, other._lengths = dict(self._docs), dict(self._lengths)
-            other._total = self._total
+            other._total, other._words = self._total, self._words
         return other
 
     def index(self, items: Sequence[RecallItem]) -> None:
@@ -174,17 +179,30 @@ class Bm25Retriever:
                 docs[key] = counts
                 lengths[key] = length
                 total += length
-                if postings:
+                self._words += len(counts)
+                if self._whole:
+                    for word, n in counts.items():
+                        postings.setdefault(word, {})[key] = n
+                elif postings:
                     for word in postings.keys() & counts.keys():
                         postings[word][key] = counts[word]
             self._total = total
 
     def _posting(self, term: str) -> dict[str, int]:
-        posting = self._postings.get(term)
-        if posting is None:
-            posting = {key: n for key, counts in self._docs.items() if (n := counts.get(term))}
-            self._postings[term] = posting
-        return posting
+        postings = self._postings
+        posting = postings.get(term)
+        if posting is None and not self._whole:
+            self._scanned += len(self._docs)
+            if self._scanned < self._words:
+                posting = {key: n for key, counts in self._docs.items() if (n := counts.get(term))}
+                postings[term] = posting
+                return posting
+            self._whole = True
+            for key, counts in self._docs.items():
+                for word, n in counts.items():
+                    postings.setdefault(word, {})[key] = n
+            posting = postings.get(term)
+        return {} if posting is None else posting
 
     def search(self, query: str, k: int) -> Sequence[tuple[str, float]]:
         if k <= 0:

@@ -383,6 +383,24 @@ def test_a_bm25_index_extended_from_a_fork_scores_as_one_made_afresh(
     )
 
 
+@given(_ITEMS, st.integers(0, 30), st.lists(st.sampled_from(WORDS), min_size=1, max_size=6))
+def test_a_bm25_index_asked_many_queries_scores_as_one_made_afresh(
+    items: list[RecallItem], split: int, words: list[str]
+) -> None:
+    """An index asked enough queries makes every posting list at once (it scans no more):
+    it scores as a fresh index, also after more items are indexed."""
+    query = " ".join(words)
+    asked = Bm25Retriever()
+    asked.index(items[:split])
+    for word in WORDS * 3:  # more scans than the items hold words
+        asked.search(word, 5)
+    asked.index(items[split:])
+    fresh = Bm25Retriever()
+    fresh.index(items)
+    assert asked.search(query, 50) == fresh.search(query, 50)
+    assert asked.scores(query) == fresh.scores(query)
+
+
 def test_a_restore_reuses_the_index_the_process_made_and_recalls_the_same() -> None:
     """Restoring the same conversation again starts from the BM25 index the process kept
     (nothing indexed again) and builds the same request as the first restore."""
