@@ -608,9 +608,10 @@ def _passage_units(
     for key in memo.since(passages, start):  # the passages the suffix shows (some of)
         rel = relevances.get(key)
         if rel is not None:
-            passage = passages[key]
+            passage, rel = passages[key], min(1.0, rel)
             for at in range(passage.item.turn, passage.last + 1):
-                best[at] = max(best.get(at, 0.0), min(1.0, rel))
+                if best.get(at, -1.0) < rel:
+                    best[at] = rel
     shown = {f"history:{at}": rel for at, rel in best.items()}
     ranked = sorted(
         ((key, rel) for key, rel in relevances.items() if rel >= RECALL_PRICE),
@@ -1376,19 +1377,35 @@ def _with_sep(block: ItemBlock) -> int:
 def recalled_block(passages: Sequence[Passage], turn: TurnGraph) -> ItemBlock:
     """The one turn-scoped block of ``passages`` (in conversation order), rendered and
     counted with the blank line after it."""
-    if passages:
-        text = "\n".join(p.item.text for p in sorted(passages, key=lambda p: p.order))
-        artifact = recalled_artifact(RecallItem(HISTORY_BLOCK, 0, text, _RECALLED_TITLE))
+    texts = [p.item.text for p in sorted(passages, key=lambda p: p.order)]
+    if texts:
+        artifact = recalled_artifact(
+            RecallItem(HISTORY_BLOCK, 0, "\n".join(texts), _RECALLED_TITLE)
+        )
     else:
         artifact = _no_passages()
     view = full_view(artifact)
     counter = turn.ctx.counter
     rendered = turn.ctx.renderer.render(view)
-    tokens = counter.count(rendered)
+    tokens = _lines_tokens(rendered, texts, counter)
     with_sep = count_with_sep_from(rendered, tokens, BLOCK_SEP, counter.count)
     return ItemBlock(
         Placement(artifact.key), artifact, Segment.of_view(view, rendered, tokens), with_sep
     )
+
+
+def _lines_tokens(rendered: str, texts: Sequence[str], counter: TokenCounter) -> int:
+    """``rendered``'s tokens; when it holds ``texts`` (the passages, counted when they
+    were offered) joined by line breaks between a head and a tail, from their counts
+    (``TokenCounter.count_joined``: exact) instead of encoding the block again."""
+    body = "\n".join(texts)
+    at = rendered.find(body) if texts else -1
+    end = at + len(body)
+    if at > 0 and rendered[at - 1] == "\n" and rendered[end : end + 1] == "\n":
+        parts = [rendered[: at - 1], *texts, rendered[end + 1 :]]
+        if all(parts):
+            return counter.count_joined(parts, "\n")
+    return counter.count(rendered)
 
 
 _RECALLED_TITLE = "earlier messages"

@@ -24,7 +24,7 @@ import bisect
 import functools
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -131,11 +131,26 @@ class _Whole:
     at: dict[str, int]
 
 
+@attrs.frozen(eq=False)
+class _History:
+    """A whole history as ``_all_passages`` looks it up: hashed by its length and last
+    entry (not every entry, on every restore), equal by all its entries."""
+
+    entries: tuple[HistoryEntry, ...]
+
+    def __hash__(self) -> int:
+        return hash((len(self.entries), self.entries[-1] if self.entries else None))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _History) and other.entries == self.entries
+
+
 @functools.lru_cache(maxsize=64)
-def _all_passages(history: tuple[HistoryEntry, ...]) -> _Whole:
+def _all_passages(whole: _History) -> _Whole:
     """A whole history's passages (remembered for the process: a stateless server
     restores the same conversation for each of its turns). Callers copy, never change,
     what it gives."""
+    history = whole.entries
     messages = _messages(history)
     units = _passages_of(messages, 0)
     last = history[-1].turn if history else 0
@@ -223,7 +238,7 @@ class RecallMemo:
             units.extend(_passages_of(messages, start))
             self._whole = None
         else:
-            whole = self._whole = _all_passages(history)
+            whole = self._whole = _all_passages(_History(history))
             messages, units = whole.messages, whole.units
         self._messages, self._seen, self._units = messages, history, units
         return units
@@ -271,10 +286,11 @@ class RecallMemo:
         from a match whose spread does, so the weak matches are read only beside the
         suffix's passages."""
         keys, at = self._ordered(passages)[1:]
-        hits = self._search(passages, query, SEARCH_K)
         first = self._first_since(passages, turn)
+        hits, matched = self._near(passages, query, least, keys[max(0, first - 1) :])
         wanted = set(range(first, len(keys)))
-        for key, score in hits.items():
+        for key in matched:
+            score = hits[key]
             if score >= least:
                 wanted.add(at[key])
             if score * NEIGHBOUR >= least:
@@ -284,6 +300,41 @@ class RecallMemo:
             if 0 <= i < len(keys) and (value := _spread_at(hits, keys, i)) is not None:
                 out[keys[i]] = value
         return out
+
+    def _near(
+        self, passages: Mapping[str, Passage], query: str, least: float, tail: Sequence[str]
+    ) -> tuple[dict[str, float], Iterable[str]]:
+        """``_search``'s relevances of the passages ``relevant`` may read, and the matches
+        among them (every passage of at least ``least`` is one). From the default index,
+        only ``tail`` and what is near a match is scored, and a passage holding only terms
+        whose largest shares add up to less than ``least`` is no match (BM25's MaxScore:
+        it cannot reach it)."""
+        retriever = self._indexed_for(passages)
+        if type(retriever) is not Bm25Retriever or len(passages) > SEARCH_K:
+            hits = self._search(passages, query, SEARCH_K)
+            return hits, hits
+        terms, weight = retriever.terms(query)
+        # A margin far beyond the rounding of a sum of at most ``MAX_TERMS`` shares.
+        bound, low = least * weight * (1.0 - 1e-9), 0.0
+        read: list[dict[str, float]] = []
+        for shares, top in sorted(terms, key=lambda t: t[1]):
+            if low + top < bound and not read:
+                low += top
+            else:
+                read.append(shares)
+        matched: set[str] = set().union(*read)
+        keys, at = self._ordered(passages)[1:]
+        near = set(tail)
+        for key in matched:  # a spread read beside a match's neighbour
+            near.update(keys[max(0, at[key] - 2) : at[key] + 3])
+        if 2 * len(near) > len(keys):  # most of them: all scored at once is quicker
+            return self._search(passages, query, SEARCH_K), matched
+        scores: dict[str, float] = {}
+        for shares, _ in terms:  # each score adds its shares in ``scores``' order
+            for key in near & shares.keys():
+                known = scores.get(key)
+                scores[key] = shares[key] if known is None else known + shares[key]
+        return {key: score / weight for key, score in scores.items()}, matched
 
     def since(self, passages: Mapping[str, Passage], turn: int) -> list[str]:
         """The keys of ``passages`` (as ``passages`` gives them) that end at ``turn`` or
@@ -306,9 +357,8 @@ class RecallMemo:
             self._order = order
         return order
 
-    def _search(self, passages: Mapping[str, Passage], query: str, k: int) -> dict[str, float]:
-        """The retriever's ``k`` best for ``query`` among ``passages``, by key (a key it
-        gives twice keeps its lowest score)."""
+    def _indexed_for(self, passages: Mapping[str, Passage]) -> Retriever:
+        """The retriever, holding exactly ``passages`` (extended, or made afresh)."""
         with self._lock:
             retriever = self._retriever
             if passages is not self._checked:
@@ -349,11 +399,17 @@ class RecallMemo:
                     self._shared = True
                 self._checked = passages
             assert retriever is not None
-            if type(retriever) is Bm25Retriever:  # not a subclass: its ``search`` is this
-                scores, weight = retriever.scores(query)
-                if len(scores) <= k:  # all of them (it holds these passages, no other):
-                    return {key: s / weight for key, s in scores.items()}  # ``search``, unranked
-            found = retriever.search(query, k)
+            return retriever
+
+    def _search(self, passages: Mapping[str, Passage], query: str, k: int) -> dict[str, float]:
+        """The retriever's ``k`` best for ``query`` among ``passages``, by key (a key it
+        gives twice keeps its lowest score)."""
+        retriever = self._indexed_for(passages)
+        if type(retriever) is Bm25Retriever:  # not a subclass: its ``search`` is this
+            scores, weight = retriever.scores(query)
+            if len(scores) <= k:  # all of them (it holds these passages, no other):
+                return {key: s / weight for key, s in scores.items()}  # ``search``, unranked
+        found = retriever.search(query, k)
         hits: dict[str, float] = {}
         for key, score in found:
             if key in passages:

@@ -145,13 +145,18 @@ class Bm25Retriever:
         self._total = 0
         # Posting lists are made for a word when a query first asks for it (a scan of the
         # items' counts), then kept up to date: indexing a restored history costs a
-        # look-up per item, not a write per word.
+        # look-up per item, not a write per word. Once the scans have read as many counts
+        # as the items hold (``_words``), every list is made at once (``_whole``): an index
+        # kept for many queries (a restored conversation asked again and again) scans no
+        # more, and one asked a few times never pays for the whole.
         self._postings: dict[str, dict[str, int]] = {}
+        self._words = self._scanned = 0
+        self._whole = False
         # Each searched word's idf and its items' shares of their scores (BM25's
         # ``idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / average))``), made when
         # a search first needs them: the counts and the average change with every item
         # indexed, so indexing forgets them.
-        self._shares: dict[str, tuple[float, dict[str, float]]] = {}
+        self._shares: dict[str, tuple[float, dict[str, float], float]] = {}
         self._lock = threading.Lock()
 
     def fork(self) -> Bm25Retriever:
@@ -160,7 +165,7 @@ class Bm25Retriever:
         other = Bm25Retriever()
         with self._lock:
             other._docs, other._lengths = dict(self._docs), dict(self._lengths)
-            other._total = self._total
+            other._total, other._words = self._total, self._words
         return other
 
     def index(self, items: Sequence[RecallItem]) -> None:
@@ -174,17 +179,30 @@ class Bm25Retriever:
                 docs[key] = counts
                 lengths[key] = length
                 total += length
-                if postings:
+                self._words += len(counts)
+                if self._whole:
+                    for word, n in counts.items():
+                        postings.setdefault(word, {})[key] = n
+                elif postings:
                     for word in postings.keys() & counts.keys():
                         postings[word][key] = counts[word]
             self._total = total
 
     def _posting(self, term: str) -> dict[str, int]:
-        posting = self._postings.get(term)
-        if posting is None:
-            posting = {key: n for key, counts in self._docs.items() if (n := counts.get(term))}
-            self._postings[term] = posting
-        return posting
+        postings = self._postings
+        posting = postings.get(term)
+        if posting is None and not self._whole:
+            self._scanned += len(self._docs)
+            if self._scanned < self._words:
+                posting = {key: n for key, counts in self._docs.items() if (n := counts.get(term))}
+                postings[term] = posting
+                return posting
+            self._whole = True
+            for key, counts in self._docs.items():
+                for word, n in counts.items():
+                    postings.setdefault(word, {})[key] = n
+            posting = postings.get(term)
+        return {} if posting is None else posting
 
     def search(self, query: str, k: int) -> Sequence[tuple[str, float]]:
         if k <= 0:
@@ -197,30 +215,37 @@ class Bm25Retriever:
         """Every matching item's BM25 score (in no set order) and the searched terms' idf
         sum, which a score is divided by to give ``search``'s relevance: what ``search``
         ranks, for a caller that wants every match and no order."""
+        terms, weight = self.terms(query)
+        scores: dict[str, float] = dict(terms[0][0]) if terms else {}
+        for shares, _ in terms[1:]:
+            get = scores.get
+            for key, share in shares.items():
+                scores[key] = get(key, 0.0) + share
+        return scores, weight
+
+    def terms(self, query: str) -> tuple[list[tuple[dict[str, float], float]], float]:
+        """The searched terms' shares of their items' scores, in the order ``scores`` adds
+        them (an item's score is its shares added in this order), each with its largest
+        share, and the terms' idf sum: for a caller that reads only some items' scores."""
         with self._lock:
             n = len(self._lengths)
             if not n:
-                return {}, 0.0
+                return [], 0.0
             found = set()
             for term in _stem(query_terms(query)):
                 posting = self._posting(term)
                 if posting:
                     found.add((len(posting), term))
-            scores: dict[str, float] | None = None
+            terms: list[tuple[dict[str, float], float]] = []
             weight = 0.0
             for df, term in sorted(found)[:MAX_TERMS]:
-                idf, shares = self._shares.get(term) or self._share(term, df, n)
+                idf, shares, top = self._shares.get(term) or self._share(term, df, n)
                 weight += idf
-                if scores is None:
-                    scores = dict(shares)  # each score starts at 0.0: 0.0 + share is share
-                    continue
-                get = scores.get
-                for key, share in shares.items():
-                    scores[key] = get(key, 0.0) + share
-        return scores or {}, weight
+                terms.append((shares, top))
+        return terms, weight
 
-    def _share(self, term: str, df: int, n: int) -> tuple[float, dict[str, float]]:
-        """``term``'s idf and each item's share of its score (the lock held)."""
+    def _share(self, term: str, df: int, n: int) -> tuple[float, dict[str, float], float]:
+        """``term``'s idf, each item's share of its score and the largest (the lock held)."""
         average = self._total / n
         lengths = self._lengths
         k1, b = self.K1, self.B
@@ -230,5 +255,5 @@ class Bm25Retriever:
             key: idf * tf * grown / (tf + k1 * (1.0 - b + b * lengths[key] / average))
             for key, tf in self._postings[term].items()
         }
-        self._shares[term] = (idf, shares)
-        return idf, shares
+        made = self._shares[term] = (idf, shares, max(shares.values()))
+        return made

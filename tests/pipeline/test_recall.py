@@ -382,6 +382,24 @@ def test_a_bm25_index_extended_from_a_fork_scores_as_one_made_afresh(
     )
 
 
+@given(_ITEMS, st.integers(0, 30), st.lists(st.sampled_from(WORDS), min_size=1, max_size=6))
+def test_a_bm25_index_asked_many_queries_scores_as_one_made_afresh(
+    items: list[RecallItem], split: int, words: list[str]
+) -> None:
+    """An index asked enough queries makes every posting list at once (it scans no more):
+    it scores as a fresh index, also after more items are indexed."""
+    query = " ".join(words)
+    asked = Bm25Retriever()
+    asked.index(items[:split])
+    for word in WORDS * 3:  # more scans than the items hold words
+        asked.search(word, 5)
+    asked.index(items[split:])
+    fresh = Bm25Retriever()
+    fresh.index(items)
+    assert asked.search(query, 50) == fresh.search(query, 50)
+    assert asked.scores(query) == fresh.scores(query)
+
+
 def test_a_restore_reuses_the_index_the_process_made_and_recalls_the_same() -> None:
     """Restoring the same conversation again starts from the BM25 index the process kept
     (nothing indexed again) and builds the same request as the first restore."""
@@ -442,15 +460,18 @@ def test_the_passages_a_suffix_shows_are_the_last_in_order(
     st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(" ".join),
     st.sampled_from([0.0, 0.1, 0.3, 0.5, 0.9]),
     st.integers(0, 18),
+    st.sampled_from(["", "Maria: "]),
 )  # fmt: skip
 def test_relevant_passages_are_read_as_relevances_reads_them(
-    said: list[str], query: str, least: float, turn: int
+    said: list[str], query: str, least: float, turn: int, name: str
 ) -> None:
     """``RecallMemo.relevant`` gives ``relevances``' value for every passage at least
-    ``least`` relevant or ending at ``turn`` or later, and no other value."""
+    ``least`` relevant or ending at ``turn`` or later, and no other value (also when a
+    word in every message, a speaker's name, matches all of them but cannot reach
+    ``least`` alone)."""
     from lamina.pipeline._model.history import HistoryEntry
 
-    history = tuple(HistoryEntry(i + 1, text, "ok " + text) for i, text in enumerate(said))
+    history = tuple(HistoryEntry(i + 1, name + text, "ok " + text) for i, text in enumerate(said))
     memo = RecallMemo()
     passages = memo.passages(history)
     every = memo.relevances(passages, query)
@@ -461,3 +482,29 @@ def test_relevant_passages_are_read_as_relevances_reads_them(
             assert some.get(key) == every.get(key)
         if key in some:
             assert some[key] == every[key]
+
+
+_LINE = st.lists(
+    st.sampled_from([*WORDS, "!", "?", ".", " ", "<", "/", "\n", ":", "3", "é", "你好"]),
+    min_size=1,
+    max_size=12,
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_LINE, min_size=1, max_size=6))
+def test_a_recalled_block_is_counted_from_its_passages_as_encoded_whole(
+    texts: list[str],
+) -> None:
+    """The recalled block's tokens, made from its passages' counts, are the count of the
+    block encoded whole, whatever the passages start or end with."""
+    from lamina.pipeline._budget.objective import _RECALLED_TITLE, _lines_tokens
+    from lamina.pipeline._model.recall import recalled_artifact
+    from lamina.pipeline._recall.memory import HISTORY_BLOCK
+    from lamina.pipeline.tokens import TokenCounter
+    from lamina.pipeline.views import full_view
+
+    item = RecallItem(HISTORY_BLOCK, 0, "\n".join(texts), _RECALLED_TITLE)
+    rendered = XmlRenderer().render(full_view(recalled_artifact(item)))
+    counter = TokenCounter()
+    assert _lines_tokens(rendered, texts, counter) == counter.count_once(rendered)
