@@ -445,11 +445,11 @@ def solve(
         solution = kept if kept.objective > solution.objective else solution
     if not cache_price or last is None:
         return solution
-    free = _solution(ladders, _free(ladders, last, room, text_free), cache_price, prefix, latest)
+    bought = _solution(ladders, _free(ladders, last, room, text_free), cache_price, prefix, latest)
     best = solution.objective
-    if regret > 0 and free.choice != solution.choice and free.objective + regret >= best:
-        solution = attrs.evolve(free, objective=free.objective + regret, bought=True)
-    return attrs.evolve(solution, free_value=free.value)
+    if regret > 0 and bought.choice != solution.choice and bought.objective + regret >= best:
+        solution = attrs.evolve(bought, objective=bought.objective + regret, bought=True)
+    return attrs.evolve(solution, free_value=bought.value)
 
 
 def _solution(
