@@ -28,8 +28,9 @@ solve is exact in the break point:
    ladder's climb; one over the text-free share is skipped); a last pass gives each
    ladder the best rung, hull or not, that still fits.
 3. The best objective over the candidates wins; ties go to the later break (more cached).
-   Last turn's choice (new units at their smallest) is a candidate too: a climb prices a
-   rung joining an earlier block by its ``join``, which may be less than its break.
+   A climb prices a rung joining an earlier block by its ``join``, which may be less than
+   the break it makes, so the exact objective also weighs the best break's climb before
+   its last pass and last turn's choice (new units at their smallest).
 4. Over turns: a change of the prefix is paid once, what it brings stays. The value the
    requests sent forgo (the choice were the cache free, over theirs) adds up turn by turn
    (``regret``); that choice is bought once its objective plus the regret reaches the
@@ -387,7 +388,7 @@ def solve(
 
     start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))
     start_bare = sum(_bare(ladders[j].rungs[start[j]]) for j in range(n))
-    scored: list[tuple[float, int]] = []  # each candidate break's objective
+    scored: list[tuple[float, int, tuple[int, ...]]] = []  # each candidate break's solve
     fixed_used = fixed_bare = 0
     fixed_start = fixed_start_bare = 0
     candidates = _breaks(prefix) | {a for a in joins if a <= len(prefix)}
@@ -416,10 +417,10 @@ def solve(
         fixed = [p < b for p in at]
         priced, steps = regime(b)
         _climb(priced, steps, choice, fixed, room - used, bare, text_free)
-        scored.append((_score(ladders, choice, cache_price, prefix, latest)[0], b))
+        scored.append((_score(ladders, choice, cache_price, prefix, latest)[0], b, tuple(choice)))
     if not scored:
         return None
-    b = max(scored)[1]  # ties to the later break
+    top, b, climbed = max(scored)  # ties to the later break
     priced, steps = regime(b)
     choice = list(start)
     for j in prefix[:b]:
@@ -437,6 +438,8 @@ def solve(
     tail = [cache_price if b <= at[j] < latest else 0.0 for j in range(n)]
     _topped(priced, free, tail, choice, room - used, bare, text_free)
     solution = _solution(ladders, choice, cache_price, prefix, latest)
+    if solution.objective < top:  # the last pass, on join-priced values, did worse
+        solution = _solution(ladders, climbed, cache_price, prefix, latest)
     last = _last_turns(ladders, start, room, text_free)
     if last is not None:
         # A climb prices a rung joining an earlier block by its ``join``, which may be

@@ -77,9 +77,9 @@ def test_a_dropped_message_the_query_names_is_recalled_into_the_user_message() -
 
 @pytest.mark.xfail(
     strict=False,
-    reason="measured with the headroom cut points and recall together: recall-on's suffix "
-    "starts at turn 32, recall-off's at 24 (filler turns recalled filler passages in turn "
-    "37 and the suffix gave them its room; it does not come back for a break's price)",
+    reason="measured with the regret: recall-on's suffix starts at turn 25, recall-off's at "
+    "24 (the passage takes that turn's room; 32 before the cache price stopped at the latest "
+    "point a request can keep)",
 )
 def test_a_passage_takes_the_room_the_request_leaves_and_the_suffix_stays_cached() -> None:
     """The request fits: the passage goes into the room it leaves (the headroom too: a
