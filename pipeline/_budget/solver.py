@@ -472,9 +472,8 @@ def _solution(
 def _last_turns(
     ladders: Sequence[Ladder], start: Sequence[int], room: int, text_free: int
 ) -> tuple[int, ...] | None:
-    """Last turn's choice, new ladders at their smallest rung that changes no earlier
-    block (else ``start``'s), if it fits the room and the share (as far as ``start``, the
-    smallest forms within it, does)."""
+    """Last turn's choice, new ladders at their smallest rung (``_plain``), if it fits the
+    room and the share (as far as ``start``, the smallest forms within it, does)."""
     choice = tuple(
         ladder.previous if ladder.previous is not None else _plain(ladder, start[j])
         for j, ladder in enumerate(ladders)
@@ -487,11 +486,22 @@ def _last_turns(
 
 
 def _plain(ladder: Ladder, fallback: int) -> int:
-    """The smallest rung of ``ladder`` that changes no earlier block (``fallback``: none)."""
-    plain = [i for i, r in enumerate(ladder.rungs) if r.at is None]
-    if not plain or ladder.rungs[fallback].at is None:
+    """A new ladder's rung in last turn's choice: its smallest, the one that changes no
+    earlier block or the latest one (then the most value); ``fallback`` when that is as
+    small and changes none."""
+    if ladder.rungs[fallback].at is None:
         return fallback
-    return min(plain, key=lambda i: (ladder.rungs[i].tokens, -ladder.rungs[i].value, i))
+    rungs = ladder.rungs
+    return min(
+        range(len(rungs)),
+        key=lambda i: (
+            rungs[i].tokens,
+            rungs[i].at is not None,
+            -(rungs[i].at or 0),
+            -rungs[i].value,
+            i,
+        ),
+    )
 
 
 def _free(ladders: Sequence[Ladder], last: Sequence[int], room: int, text_free: int) -> list[int]:

@@ -57,7 +57,7 @@ def test_the_regret_buys_back_what_the_cache_price_holds_back() -> None:
     ladders = [Ladder((FULL, STUB), previous=1)]
     ladders += [Ladder((Rung(500, 500.0),), previous=0) for _ in range(4)]
     regret, turns = 0.0, 0
-    while (done := solve(ladders, 5000, cache_price=0.9, text_free=400, regret=regret)):
+    while done := solve(ladders, 5000, cache_price=0.9, text_free=400, regret=regret):
         if done.bought or turns > 5:
             break
         assert done.choice[0] == 1 and done.broken_at is None
@@ -203,13 +203,21 @@ def _assert_no_worse_than_last_turn(
     """When last turn's choice (new units at their smallest) fits ``room``, ``done``'s
     objective is at least that choice's."""
     keep = [
-        ladder.previous
-        if ladder.previous is not None
-        else min(range(len(ladder.rungs)), key=lambda i: ladder.rungs[i].tokens)
+        ladder.previous if ladder.previous is not None else _smallest_plain(ladder)
         for ladder in ladders
     ]
     if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, keep, strict=True)) <= room:
         assert done.objective >= objective(ladders, keep, price, room)[0] - 1e-6
+
+
+def _smallest_plain(ladder: Ladder) -> int:
+    """A new ladder's smallest rung, one that changes no earlier block first, then the
+    one that changes the latest."""
+    rungs = ladder.rungs
+    return min(
+        range(len(rungs)),
+        key=lambda i: (rungs[i].tokens, rungs[i].at is not None, -(rungs[i].at or 0), i),
+    )
 
 
 @st.composite
