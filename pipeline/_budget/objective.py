@@ -38,7 +38,14 @@ from lamina.pipeline._budget.index import (
     index_artifact,
     is_index,
 )
-from lamina.pipeline._budget.solver import Ladder, Rung, Solution, objective, solve
+from lamina.pipeline._budget.solver import (
+    Ladder,
+    Rung,
+    Solution,
+    lasting_value,
+    objective,
+    solve,
+)
 from lamina.pipeline._budget.stubs import _Renderer, fold, stub_group
 from lamina.pipeline._errors import BudgetExceeded
 from lamina.pipeline._hashing import text_hash
@@ -495,7 +502,7 @@ def _history_unit(
         rungs.append(Rung(tokens, value))
         choices.append(_Choice("text", start=start))
     # Last turn's request showed all of these (its own turn aside): the first rung.
-    return _Unit("history", "history", Ladder(tuple(rungs), 0), tuple(choices))
+    return _Unit("history", "history", Ladder(tuple(rungs), 0, lasting=False), tuple(choices))
 
 
 def _cut_points(budget: Budget, sizes: list[int]) -> list[int]:
@@ -626,7 +633,7 @@ def _passage_units(
         age = turn.ctx.turn - passage.last
         weight = _weight(budget, "history", age, min(1.0, rel), now=False)
         worth = 0.8 * weight
-        ladder = Ladder((_ABSENT, Rung(tokens, worth * tokens)))
+        ladder = Ladder((_ABSENT, Rung(tokens, worth * tokens)), lasting=False)
         units.append(_Unit("passage", key, ladder, _PASSAGE_CHOICES))
         offered[key] = passage
     return units, offered, shown
@@ -1116,10 +1123,12 @@ def _regret(
     turn: TurnGraph, units: Sequence[_Unit], solution: Solution, choice: Sequence[int]
 ) -> float:
     """The regret the next turn starts from (``solver.solve``): none once ``choice`` is
-    the bought one, else this turn's plus what ``choice`` forgoes of the free value."""
+    the bought one, else this turn's plus what ``choice`` forgoes of the free value (of
+    the units whose forms last: history's suffix gives way to the chat's growth within
+    turns and recall brings its messages back uncached, a passage leaves with its turn)."""
     if solution.bought and tuple(choice) == solution.choice:
         return 0.0
-    value = sum(u.ladder.rungs[c].value for u, c in zip(units, choice, strict=True))
+    value = lasting_value([u.ladder for u in units], choice)
     return turn.regret + max(0.0, solution.free_value - value)
 
 

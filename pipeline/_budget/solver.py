@@ -32,7 +32,8 @@ solve is exact in the break point:
    the break it makes, so the exact objective also weighs the best break's climb before
    its last pass and last turn's choice (new units at their smallest).
 4. Over turns: a change of the prefix is paid once, what it brings stays. The value the
-   requests sent forgo (the choice were the cache free, over theirs) adds up turn by turn
+   requests sent forgo (the choice were the cache free, cutting nothing sent, over
+   theirs, in the ladders whose forms last: ``Ladder.lasting``) adds up turn by turn
    (``regret``); that choice is bought once its objective plus the regret reaches the
    best one's, and the regret starts over: ski rental, within twice the best choice for a
    chat of unknown length. A price paid in full every turn would keep a library cut for
@@ -51,7 +52,7 @@ from typing import NamedTuple
 
 import attrs
 
-__all__ = ["MAX_BREAKS", "Ladder", "Rung", "Solution", "objective", "solve"]
+__all__ = ["MAX_BREAKS", "Ladder", "Rung", "Solution", "lasting_value", "objective", "solve"]
 
 MAX_BREAKS = 16
 """The most break points tried: the latest ones, where a break costs least, and then
@@ -80,14 +81,18 @@ class Ladder:
 
     rungs: tuple[Rung, ...]
     previous: int | None = None
+    lasting: bool = True
+    """Whether the form chosen stays in the requests after this one (a library entry, an
+    item attached now), rather than giving way to the chat's growth (history's suffix)
+    or leaving with its turn (a passage): the regret counts only what lasts."""
 
 
 @attrs.frozen
 class Solution:
     """One rung a ladder (``choice``), its tokens, value, first changed prefix ladder
-    (``broken_at``; None: the whole prefix stays cached) and objective; the value of the
-    choice were the cache free (``free_value``: what a change would bring) and whether
-    the regret bought that choice (``bought``: the objective counts the regret)."""
+    (``broken_at``; None: the whole prefix stays cached) and objective; the lasting value
+    of the choice were the cache free (``free_value``: what a restore would bring) and
+    whether the regret bought that choice (``bought``: the objective counts the regret)."""
 
     choice: tuple[int, ...]
     tokens: int
@@ -329,7 +334,7 @@ def _priced(ladder: Ladder, b: int) -> Ladder:
         attrs.evolve(r, value=r.value - r.join) if r.join and r.at is not None and r.at < b else r
         for r in ladder.rungs
     )
-    return Ladder(rungs, ladder.previous)
+    return attrs.evolve(ladder, rungs=rungs)
 
 
 def solve(
@@ -452,7 +457,7 @@ def solve(
     best = solution.objective
     if regret > 0 and bought.choice != solution.choice and bought.objective + regret >= best:
         solution = attrs.evolve(bought, objective=bought.objective + regret, bought=True)
-    return attrs.evolve(solution, free_value=bought.value)
+    return attrs.evolve(solution, free_value=lasting_value(ladders, bought.choice))
 
 
 def _solution(
@@ -467,6 +472,13 @@ def _solution(
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
     return Solution(tuple(choice), tokens, value, broken, score)
+
+
+def lasting_value(ladders: Sequence[Ladder], choice: Sequence[int]) -> float:
+    """The value ``choice`` gives the ladders whose forms last (``Ladder.lasting``)."""
+    return sum(
+        ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True) if ladder.lasting
+    )
 
 
 def _last_turns(
@@ -506,13 +518,15 @@ def _plain(ladder: Ladder, fallback: int) -> int:
 
 def _free(ladders: Sequence[Ladder], last: Sequence[int], room: int, text_free: int) -> list[int]:
     """The room's best use were the cache free, cutting nothing last turn sent (``last``):
-    every ladder climbs from there (what a restore would bring)."""
+    every lasting ladder climbs from there, the others stay (what a restore would bring)."""
     n = len(ladders)
-    steps = sorted(s for j in range(n) for s in _steps(ladders[j], 0.0, j))
+    held = [not ladder.lasting for ladder in ladders]
+    steps = sorted(s for j in range(n) if not held[j] for s in _steps(ladders[j], 0.0, j))
     choice = list(last)
     used = sum(ladders[j].rungs[c].tokens for j, c in enumerate(choice))
     bare = sum(_bare(ladders[j].rungs[c]) for j, c in enumerate(choice))
-    used += _climb(ladders, steps, choice, [False] * n, room - used, bare, text_free)
+    used += _climb(ladders, steps, choice, held, room - used, bare, text_free)
     bare = sum(_bare(ladders[j].rungs[c]) for j, c in enumerate(choice))
-    _topped(ladders, range(n), [0.0] * n, choice, room - used, bare, text_free)
+    free = [j for j in range(n) if not held[j]]
+    _topped(ladders, free, [0.0] * n, choice, room - used, bare, text_free)
     return choice
