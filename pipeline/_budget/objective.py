@@ -1200,14 +1200,15 @@ class Solve:
         before = measured.layer_tokens()
         fits = budget.effective(used) <= budget.limit
         cut = any(e.cut or e.folded for e in turn.library.entries)
+        # Nothing cut and the request fits: nothing is forgone, the regret starts over.
         if fits and not cut and not _recallable(turn, fits=fits):
             report = budget.report(used, before, before, ())
-            return attrs.evolve(turn, budget_report=report, measured=measured)
+            return attrs.evolve(turn, budget_report=report, measured=measured, regret=0.0)
         passages, recallable, shown = _passage_units(turn, budget, fits=fits)
         sizes = _turn_tokens(measured, budget)
         if fits and not cut and not passages and not _regrows(turn, sizes, budget, used):
             report = budget.report(used, before, before, ())
-            return attrs.evolve(turn, budget_report=report, measured=measured)
+            return attrs.evolve(turn, budget_report=report, measured=measured, regret=0.0)
         if passages and not turn.library.entries and not turn.items:
             # The suffix's turns on the passages' scale (``_passage_units``), and nothing
             # else to rank: ``_relevance`` would score history turns only, all replaced.

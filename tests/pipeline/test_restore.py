@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -267,3 +268,17 @@ def test_a_chat_decides_the_same_whatever_the_process_summarized_before() -> Non
     summary_pool().clear()
     chat(4000, 600)
     assert chat(8000, 1000) == alone
+
+
+def test_the_regret_starts_over_when_nothing_is_cut(big_vault: Path) -> None:
+    """A request that fits with nothing cut forgoes nothing: a regret carried from before
+    is dropped (it could otherwise buy a later restore it never paid for), and it is part
+    of the state a conversation is restored from."""
+    conv = Conversation("You answer.", vault=big_vault, budget=Budget(16_000, 2_000))
+    conv.turn("One note.", [note("n00.md")])
+    conv.reply("Read.")
+    state = attrs.evolve(conv.state, regret=500.0)
+    again = Conversation.restore(state, vault=big_vault)
+    assert again.state.regret == 500.0
+    again.turn("What does it say?")
+    assert not any(e.cut for e in again.library) and again.state.regret == 0.0
