@@ -108,8 +108,8 @@ class ConversationState:
     is the L1 mutable text an agent framework's adapter set (``Conversation.agent_system``);
     ``agent_handoff`` the L1 mutable text the last turn's last request sent when a handoff
     within that turn set it (``Conversation.agent_handoff``). ``regret`` is the value the
-    budget's kept prefix has forgone since it last broke early (0 in states saved before
-    it: the budget then starts counting again).
+    budget's requests have forgone since its last buy (``solver.solve``; 0 in states saved
+    before it: the budget then starts counting again).
     """
 
     system: SystemPrompt

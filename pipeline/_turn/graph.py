@@ -101,7 +101,7 @@ class TurnGraph:
     history_view: HistoryView = attrs.field(factory=HistoryView)
     query: str = ""
     budget_report: BudgetReport | None = None
-    # The value the kept prefix has forgone since it last broke early (``solver.solve``'s
+    # The value the requests have forgone since the budget's last buy (``solver.solve``'s
     # ``regret``): the conversation's before the budget stage, the next turn's after it.
     regret: float = 0.0
     # The library as the model last saw it, before this turn's budget cuts: what the
