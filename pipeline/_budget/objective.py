@@ -716,18 +716,29 @@ def _cached_units(
             return (0.0, None)
         return (budget.cache_weight * max(0, before[key] - before[index]), place[index])
 
-    for entry in turn.library.entries:
+    # The library's growth since the batch settled sits in history's messages as sent:
+    # a change to it or to history sends the library as built, from its first entry on.
+    settled = len(turn.library.entries) if turn.settled is None else turn.settled
+    for i, entry in enumerate(turn.library.entries):
         w = _weight(budget, entry.view.source_type, now - entry.turn,
                     relevance.get(entry.key, 0.0), now=False)  # fmt: skip
         head = (heads.get(stub_group(entry.whole_view), 0), heads[SET_ASIDE])
         if entry.key in referenced:  # re-attached: what the user asks for now
             w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
         joins = (join(stub_group(entry.whole_view), entry.key), join(SET_ASIDE, entry.key))
-        units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent, joins=joins))
+        unit = _library_unit(turn, entry, w, head, sent=entry.key in sent, joins=joins)
+        units.append(_opening(unit, i <= settled))
     history = _history_unit(turn, sizes, relevance, used)
     if history is not None:
-        units.append(history)
+        units.append(_opening(history, settled >= len(turn.library.entries)))
     return units
+
+
+def _opening(unit: _Unit, opens: bool) -> _Unit:
+    """``unit`` whose ladder opens a block of the prefix or not (``Ladder.opens_block``)."""
+    if opens:
+        return unit
+    return attrs.evolve(unit, ladder=attrs.evolve(unit.ladder, opens_block=False))
 
 
 def _item_units(
@@ -1096,27 +1107,42 @@ def _reserve(turns: Mapping[int, int], budget: Budget) -> int:
 
 
 def _kept(
-    units: Sequence[_Unit], solution: Solution, price: float, room: int, text_free: int
+    units: Sequence[_Unit],
+    solution: Solution,
+    price: float,
+    room: int,
+    text_free: int,
+    reserve: int,
+    bought: float,
 ) -> tuple[int, ...] | None:
-    """The request as it is (every unit in its present form, the first rung) with the
-    passages that fit ``room`` beside it, if that is worth at least ``solution``: a
-    request that fits is changed only for more. ``room`` holds no reserve: passages are
-    sent in this turn only, so they leave the next turn's growth its room anyway."""
+    """The request as it is (every unit in its present form, the first rung: it fits
+    ``room``) with the passages that fit beside it outside ``reserve``, if that is worth
+    at least ``solution`` (with the regret it ``bought``), priced on the cache the kept
+    request keeps: a request that fits is changed only for more. Passages are this turn's
+    only; they leave the ``reserve`` free where the library has grown since the batch
+    settled (``TurnGraph.settled``): the request is then sent as an extension of the last
+    one (``Envelope.batch``), whose messages hold that growth in more tokens than this
+    count gives it, and one that passages push over the limit as sent is sent as built,
+    its whole prefix broken."""
     whole = [u.ladder for u in units]
     choice = tuple(0 for _ in units)
     if any(u.kind == "passage" for u in units):
+        base = sum(u.ladder.rungs[0].tokens for u in units if u.kind != "passage")
+        beside = max(room - reserve, base)
         if _plain_passages(units):
-            found = _passages_beside(units, room)
+            found = _passages_beside(units, beside)
         else:
             ladders = [
                 u.ladder if u.kind == "passage" else Ladder((u.ladder.rungs[0],), 0) for u in units
             ]
-            kept = solve(ladders, room, cache_price=price, text_free=text_free)
+            kept = solve(ladders, beside, cache_price=price, text_free=text_free)
             found = None if kept is None else kept.choice
         if found is None:
             return None
         choice = tuple(c if u.kind == "passage" else 0 for u, c in zip(units, found, strict=True))
-    return choice if objective(whole, choice, price)[0] >= solution.objective else None
+    # ``solution``'s own room (less the reserve) may not hold the prefix it breaks.
+    rival = objective(whole, solution.choice, price, room)[0] + bought
+    return choice if objective(whole, choice, price)[0] >= rival else None
 
 
 def _regret(
@@ -1269,7 +1295,10 @@ class Solve:
             kept = None
             if fits:
                 whole = math.floor(budget.limit / (1.0 + budget.safety_margin)) - fixed - short
-                kept = _kept(units, solution, budget.cache_weight, whole, text_free)
+                bought = turn.regret if solution.bought else 0.0
+                deferred = turn.settled is not None and turn.settled < len(turn.library.entries)
+                kept = _kept(units, solution, budget.cache_weight, whole, text_free,
+                             reserve if deferred else 0, bought)  # fmt: skip
             if kept is not None:
                 choice = kept
             regret = _regret(turn, units, solution, choice)
@@ -1296,7 +1325,10 @@ class Solve:
             spent = budget.used(drafted, turn.ctx.counter)
             over = budget.effective(spent) - budget.limit
             bare = _text_free_tokens(drafted) - share
-            within = budget.effective(spent) <= budget.limit - reserve
+            # What the request takes of the next turn's room: a kept request changes no form
+            # (its passages leave with this turn), so the next turn extends it anyway.
+            taken = budget.effective(spent) - (budget.limit - reserve)
+            within = taken <= 0 or kept is not None
             out = attrs.evolve(out, regret=regret)
             if refining:  # a fit leaves the next turn's room, in the text-free share
                 if over <= 0 and within and bare <= 0:
@@ -1309,6 +1341,12 @@ class Solve:
                     text_free -= bare  # an index's head the lines' shares did not cover
                     continue
                 refining = within
+                if not within and rounds < MAX_ROUNDS:
+                    # A fit that takes the next turn's room would make that turn change
+                    # forms again: the room shrinks by what it takes, as for an overshoot.
+                    tight = short
+                    short += taken + max(8, short // 2)
+                    continue
             else:
                 tight = short
                 short += over + max(8, short // 2)

@@ -444,6 +444,7 @@ class Conversation:
             history=tuple(self._history),
             history_view=self._history_view,
             regret=self._regret,
+            settled=None if self._batch is None or not self.defer_library else self._batch.settled,
             query=text,
         )
         if self._last_system is not None and self._last_system != self._system:

@@ -104,6 +104,11 @@ class TurnGraph:
     # The value the requests have forgone since the budget's last buy (``solver.solve``'s
     # ``regret``): the conversation's before the budget stage, the next turn's after it.
     regret: float = 0.0
+    # How many library entries the request as sent holds in its system message (where the
+    # batch settled, ``BatchState.settled``); the rest stay in the history messages that
+    # sent them until a change to them or to history sends the library as built. None:
+    # the library is sent as built.
+    settled: int | None = None
     # The library as the model last saw it, before this turn's budget cuts: what the
     # preview of an edited note is compared with (its changed sections go first).
     seen: Library | None = attrs.field(default=None, eq=False, repr=False)

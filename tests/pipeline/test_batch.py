@@ -256,31 +256,34 @@ def test_each_request_extends_the_last_or_settles_with_a_reason(
 _EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+_WINDOW = 5000
+"""chat30's window in these tests: a turn in it settles with room for a restore."""
+
+
 def _chat30(turns: int, first: int = 0) -> list[Envelope]:
-    """chat30 at a 6,000-token window: turns ``first`` to ``turns`` (numbered from 0) of
+    """chat30 at a 5,000-token window: turns ``first`` to ``turns`` (numbered from 0) of
     one conversation, whose restores by appending these tests pin."""
     from lamina import load_script, run_script
 
     script = load_script(_EXAMPLES / "chat30.yaml")
     # Recall off: recalled passages take the free room a restore by appending would use.
-    budget = Budget(context_window=6000, reserve_output=1500, recall=False)
+    budget = Budget(context_window=_WINDOW, reserve_output=_WINDOW // 4, recall=False)
     conv = Conversation(script.system, vault=script.vault, budget=budget)
     return run_script(attrs.evolve(script, turns=script.turns[:turns]), conv)[first:]
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 6,000: turn 12 settles (its history suffix is cut) with room beyond the
-    headroom, and the meeting note the budget cut to a preview in turn 9 goes whole in
-    its user message, under the intro, before the query; the system message keeps its cut
-    form (a restore by appending rewrites nothing). Turn 13 extends it and sends it not
-    again."""
+    """chat30 at 5,000: turn 17 settles (its request as extended would not fit) with room
+    beyond the headroom, and the spec the budget keeps as a preview goes whole in its user
+    message, under the intro, before the query; the system message keeps its cut form (a
+    restore by appending rewrites nothing). Turn 18 sends it not again."""
     from lamina.pipeline.layout import RESTORED_INTRO
 
-    t12, t13 = _chat30(13, 11)
+    t12, t13 = _chat30(18, 16)
     assert t12.batch is not None and t13.batch is not None
-    keys = ["note:meetings/2026-10-19.md"]
+    keys = ["note:project-spec.md"]
     assert [s.key for s in t12.batch.restored] == keys
-    assert (t12.batch.reason, t13.batch.reason) == ("history-changed", "")
+    assert t12.batch.reason == "over-budget"
     assert [s.key for s in t13.batch.restored] == []
     messages = _messages(t12)
     (_, system), (role, user) = messages[0], messages[-1]
@@ -292,24 +295,23 @@ def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
         cut = t12.l2.get(seg.key)  # None: folded into its folder's index
         assert cut is None or (str(cut.form) != "full" and cut.text in system)
         assert seg.text not in system
-    assert t12.batch.tokens <= Budget(context_window=6000, reserve_output=1500).limit
-    assert _messages(t13)[: len(messages)] == messages
+    assert t12.batch.tokens <= Budget(context_window=_WINDOW, reserve_output=_WINDOW // 4).limit
 
 
 def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> None:
     """Restored from SQLite after turn 16, the conversation sends turns 17 and 18 (a
-    settle, then a restore by appending that extends it) byte for byte as the live one
-    did: the budget's regret is part of the state saved."""
+    settle that restores by appending, then a settle of its own) byte for byte as the
+    live one did: the budget's regret is part of the state saved."""
     from lamina import load_script, run_saved, run_script
     from lamina.pipeline.store import open_store
 
     script = load_script(_EXAMPLES / "chat30.yaml")
-    budget = Budget(context_window=6000, reserve_output=1500, recall=False)  # as _chat30
+    budget = Budget(context_window=_WINDOW, reserve_output=_WINDOW // 4, recall=False)
     live = Conversation(script.system, vault=script.vault, budget=budget)
     want = _chat30(18, 16)
     assert [[s.key for s in e.batch.restored] for e in want if e.batch] == [
+        ["note:project-spec.md"],
         [],
-        ["note:docs/auth.md"],
     ]
     with open_store(str(tmp_path / "s.db")) as store:
         store.create(ConversationInfo("c", vault=str(script.vault)))
@@ -356,3 +358,61 @@ def test_a_batched_turn_that_restores_keeps_its_own_context_whole(vault: Path) -
     )
     assert dict(after.sent)["note:beta.md"] == beta.content_hash
     assert dict(after.sent)["note:eps.md"] == "h-eps"
+
+
+_WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three folders of 40 short notes each: one fills a 3,000-token window."""
+    root = tmp_path_factory.mktemp("folders")
+    for folder in ("ships", "spells", "gear"):
+        (root / folder).mkdir()
+        for i in range(40):
+            body = " ".join(_WORDS[(i + k) % len(_WORDS)] for k in range(40))
+            (root / folder / f"{folder}-{i:02d}.md").write_text(
+                f"# {folder.title()} {i}\n\n{body}.\n\nMore: {body}.\n", encoding="utf-8"
+            )
+    return root
+
+
+def test_a_question_after_a_folder_extends_the_request(folders: Path) -> None:
+    """A folder a turn in a window it overflows, a question between them: the turn that
+    cut leaves the headroom free and the question extends its request byte for byte (the
+    folder stays in the message that sent it). Main before this: the cutting turn filled
+    the limit, so the question cut history and settled (170 of 2,240 tokens cached)."""
+    conv = Conversation(
+        "You answer from the attached notes.",
+        vault=folders,
+        budget=Budget(context_window=3000, reserve_output=750),
+    )
+    turns = [
+        ("What do the ships say?", [{"folder": "ships"}]),
+        ("And the spells?", [{"folder": "spells"}]),
+        ("Which is oldest?", []),
+        ("And the gear?", [{"folder": "gear"}]),
+        ("Which is newest?", []),
+    ]
+    sent: list[list[tuple[str, str]]] = []
+    for i, (query, attach) in enumerate(turns):
+        env = conv.turn(query, attach)
+        sent.append(_messages(env))
+        conv.reply(f"Answer {i + 1}: " + "the notes say several things about this. " * 8)
+        assert env.batch is not None
+        if not attach:
+            assert env.batch.reason == ""
+            assert sent[-1][: len(sent[-2])] == sent[-2]

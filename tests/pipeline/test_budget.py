@@ -263,6 +263,30 @@ def test_a_fit_after_an_estimate_that_measured_over_uses_the_room_it_leaves(
     assert exact_request_tokens(env) <= budget.limit
 
 
+@pytest.mark.parametrize("window", [4000, 8000])
+def test_every_turn_that_changes_forms_leaves_the_headroom_as_measured(window: int) -> None:
+    """A folder a turn, then questions, over a public vault: each turn whose budget
+    changes a form (any decision but a recall) leaves the headroom free in the request
+    as measured, so the next turn's query and reply extend it. Main before this: when
+    the first measured fit took part of the headroom it was kept (at 4k, 6 of 14 turns
+    left 40-148 of 170 tokens free)."""
+    kepano = Path(__file__).resolve().parents[1] / "data" / "kepano-obsidian"
+    budget = Budget(context_window=window, reserve_output=window // 6)
+    conv = Conversation("You answer from the attached notes.", vault=kepano, budget=budget)
+    folders = ("Categories", "Clippings", "Daily", "Notes", "References", "Templates")
+    changed = 0
+    for i in range(9):
+        attach = [{"folder": folders[i]}] if i < len(folders) else []
+        env = conv.turn(f"Question {i + 1}: what do these notes say?", attach)
+        conv.reply(f"Answer {i + 1}: " + "the notes say several things about this. " * 8)
+        report = env.report.budget
+        assert report is not None
+        if any(d.action.value != "recalled" for d in report.decisions):
+            changed += 1
+            assert report.effective <= budget.limit - budget.headroom_tokens, env.turn
+    assert changed >= 2
+
+
 def test_llm_summaries_that_fail_or_overrun_still_fit_and_are_reported(tmp_path: Path) -> None:
     calls = {"n": 0}
 
