@@ -14,8 +14,9 @@
    query, the last turn, L1's stable part, framing).
 3. The choice is applied and the request drafted and measured exactly; if the estimate
    was short, the room shrinks by the overshoot and the same ladders are solved again;
-   between a room that fit and one that measured over, the gap is halved while rounds
-   last (``MAX_ROUNDS``). Every changed unit is one decision.
+   between a room that fit and one that measured over, the fit's room grows by what its
+   measure left (halfway to the other, when that one was as large) while rounds last
+   (``MAX_ROUNDS``). Every changed unit is one decision.
 
 Restores, cuts, folds into an index and unfolds are all outcomes of the one solve against
 the rungs last turn sent: nothing runs as a pass of its own.
@@ -97,7 +98,8 @@ __all__ = [
 
 MAX_ROUNDS = 6
 """Solves a turn makes at most: each after the first shrinks the room by what the last
-measured request was over (separators and framing the rungs' counts do not hold)."""
+measured request was over (separators and framing the rungs' counts do not hold), or
+grows it by what the best fit left."""
 
 MIN_PREVIEW_TOKENS = 64
 """The smallest preview block of an item: below it a preview holds a heading at most."""
@@ -1158,6 +1160,21 @@ def _regret(
     return turn.regret + max(0.0, solution.free_value - value)
 
 
+def _next_short(fitted: int, tight: int, free: int) -> int | None:
+    """The ``short`` the next round solves with, between the best fit so far (solved with
+    ``fitted``), which measured ``free`` tokens under the room it may fill, and a ``short``
+    that measured too much (``tight``): the room grows by what the fit left, unless a room
+    that large already measured too much, then halfway between the two. None when the fit
+    left nothing or no ``short`` lies between."""
+    if free <= 0:
+        return None
+    guess = fitted - free
+    if tight < guess < fitted:
+        return guess
+    half = (fitted + tight) // 2
+    return half if tight < half < fitted else None
+
+
 def _plain_passages(units: Sequence[_Unit]) -> bool:
     """Whether ``_passages_beside`` makes ``_kept``'s solve: every passage a new ladder of
     two rungs (none, sent with text), no rung of another unit placed in a block before it
@@ -1353,12 +1370,14 @@ class Solve:
                 continue
             # The room the rungs' counts estimate is off by what they leave out
             # (separators, framing): between a room that measured too much and one that
-            # fit, halve the gap while rounds last, so the room a fit leaves is used.
-            if not refining or rounds >= MAX_ROUNDS or tight is None:
+            # fit, the fit's room grows by what its measure left (``_next_short``) while
+            # rounds last, so the room a fit leaves is used.
+            if not refining or rounds >= MAX_ROUNDS or tight is None or best is None:
                 break
-            if fitted - tight <= budget.headroom_tokens // 2:
-                break  # close enough: a round costs a draft
-            short = (fitted + tight) // 2
+            step = _next_short(fitted, tight, limit - best[2])
+            if step is None:
+                break
+            short = step
         if best is None:
             report = budget.report(used, before, measured.layer_tokens(), ())
             raise BudgetExceeded(

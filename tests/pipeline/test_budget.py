@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.real_material import full_sizes
 from lamina import Conversation, parse_script
 from lamina.pipeline import Budget, Envelope, Form, SystemPrompt, check_envelope
 from lamina.pipeline._budget.objective import _cut_points
@@ -22,7 +24,7 @@ from lamina.pipeline.text import defuse_special_tokens
 from lamina.pipeline.tokens import TokenCounter, get_encoding
 from lamina.pipeline.views import LLMSummarizer
 from lamina.processors import ProcessContext, Sources, Vault, folder, note, selection
-from lamina.renderers import openai_messages, trace_document
+from lamina.renderers import judge_chat, openai_messages, trace_document
 from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 ENC = get_encoding("o200k_base")
@@ -285,6 +287,41 @@ def test_every_turn_that_changes_forms_leaves_the_headroom_as_measured(window: i
             changed += 1
             assert report.effective <= budget.limit - budget.headroom_tokens, env.turn
     assert changed >= 2
+
+
+def test_a_fit_between_rooms_leaves_no_room_a_cut_item_would_fit(tmp_path: Path) -> None:
+    """Two folders of short notes, one attached after the other: in the third turn the
+    room that fit leaves 49 tokens beyond the next turn's and a room 40 tokens larger
+    measures too much; the next room grows by what the fit left, so no note is sent as a
+    preview whose full form fits the room the request leaves (main before this stopped
+    there, within half the headroom: `a001` a 50-token preview, its full 65 tokens, with
+    50 free beyond 5% of the limit, the judge's left cut)."""
+    rng = random.Random(4)
+    words = (
+        *("river", "stone", "ledger", "harbor", "lantern", "orchard", "signal", "copper"),
+        *("meadow", "quartz", "thistle", "anchor", "cinder", "willow", "basalt", "falcon"),
+    )
+    for group, count in (("a", 70), ("b", 50)):
+        (tmp_path / group).mkdir()
+        for i in range(count):
+            parts = []
+            for s in range(rng.randint(1, 3)):
+                text = " ".join(rng.choice(words) for _ in range(rng.randint(10, 45)))
+                parts.append(f"## Part {s}\n\n{text.capitalize()}.")
+            body = "\n\n".join(parts)
+            (tmp_path / group / f"{group}{i:03d}.md").write_text(
+                f"# {group.upper()} note {i}\n\n{body}\n"
+            )
+    budget = Budget(context_window=2200, reserve_output=550)
+    conv = Conversation("You answer from the attached notes.", vault=tmp_path, budget=budget)
+    envs = []
+    for i, attach in enumerate(([{"folder": "a"}], [{"note": "b/b001.md"}], [{"folder": "b"}])):
+        envs.append(conv.turn(f"Question {i + 1}: what do these say?", attach))
+        conv.reply(f"Answer {i + 1}: " + "the notes say several things about this. " * 8)
+    sizes = full_sizes(tmp_path, envs)  # the notes' full blocks, shown whole or not
+    judged = judge_chat(envs, conv.counter, budget=conv.budget, full_sizes=sizes)
+    assert [f for f in judged.findings if f.check == "left-cut"] == []
+    assert all(exact_request_tokens(env) <= budget.limit for env in envs)
 
 
 def test_llm_summaries_that_fail_or_overrun_still_fit_and_are_reported(tmp_path: Path) -> None:
