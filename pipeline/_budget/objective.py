@@ -468,13 +468,18 @@ def _item_unit(
 
 
 def _history_unit(
-    turn: TurnGraph, sizes: Mapping[int, int], relevance: dict[str, float], used: int
+    turn: TurnGraph,
+    sizes: Mapping[int, int],
+    relevance: dict[str, float],
+    used: int,
+    join: _Join = (0.0, None),
 ) -> _Unit | None:
     """History before the last turn as a recent contiguous suffix, cut from its oldest
     end at ``_cut_points`` (so the cut point, and the cached prefix with it, moves only
     by cuts that free at least the headroom); a turn's value is its tokens weighed by
     recency and relevance, so the oldest go first. ``sizes``: the measured request's
-    history turns' tokens (``_turn_tokens``), ``used`` its tokens."""
+    history turns' tokens (``_turn_tokens``), ``used`` its tokens; a suffix other than
+    last turn's breaks the prefix at ``join``'s place, priced the cache before it."""
     budget = turn.ctx.budget
     assert budget is not None
     shown = turn.history_view.start  # the turns L4 shows (``visible_history``) but the last
@@ -495,13 +500,14 @@ def _history_unit(
     choices: list[_Choice] = []
     for cut in _cut_points(budget, size):
         start = turns[cut] if cut < len(turns) else turns[-1] + 1
-        rungs.append(Rung(after[cut], sum(worth[cut:])))
+        at = (0.0, None) if not rungs else join  # the first rung: last turn's suffix
+        rungs.append(Rung(after[cut], sum(worth[cut:]), at=at[1], join=at[0]))
         choices.append(_Choice("text" if cut == 0 else "dropped", start=start))
         if cut >= len(turns):
             break
     free = budget.limit - used
     for start, tokens, value in _earlier(turn, budget, relevance, rungs[0], free):
-        rungs.append(Rung(tokens, value))
+        rungs.append(Rung(tokens, value, at=join[1], join=join[0]))
         choices.append(_Choice("text", start=start))
     # Last turn's request showed all of these (its own turn aside): the first rung.
     return _Unit("history", "history", Ladder(tuple(rungs), 0, lasting=False), tuple(choices))
@@ -718,29 +724,23 @@ def _cached_units(
             return (0.0, None)
         return (budget.cache_weight * max(0, before[key] - before[index]), place[index])
 
-    # The library's growth since the batch settled sits in history's messages as sent:
-    # a change to it or to history sends the library as built, from its first entry on.
-    settled = len(turn.library.entries) if turn.settled is None else turn.settled
-    for i, entry in enumerate(turn.library.entries):
+    for entry in turn.library.entries:
         w = _weight(budget, entry.view.source_type, now - entry.turn,
                     relevance.get(entry.key, 0.0), now=False)  # fmt: skip
         head = (heads.get(stub_group(entry.whole_view), 0), heads[SET_ASIDE])
         if entry.key in referenced:  # re-attached: what the user asks for now
             w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
         joins = (join(stub_group(entry.whole_view), entry.key), join(SET_ASIDE, entry.key))
-        unit = _library_unit(turn, entry, w, head, sent=entry.key in sent, joins=joins)
-        units.append(_opening(unit, i <= settled))
-    history = _history_unit(turn, sizes, relevance, used)
+        units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent, joins=joins))
+    # The library's growth since the batch settled is sent in history's messages: a cut
+    # of history sends the library as built, so it breaks the prefix at that growth.
+    grown = turn.library.entries[turn.settled :] if turn.settled is not None else ()
+    held = sum(e.tokens + _SEP for e in grown)
+    at = (budget.cache_weight * held, place[grown[0].key]) if grown else (0.0, None)
+    history = _history_unit(turn, sizes, relevance, used, at)
     if history is not None:
-        units.append(_opening(history, settled >= len(turn.library.entries)))
+        units.append(history)
     return units
-
-
-def _opening(unit: _Unit, opens: bool) -> _Unit:
-    """``unit`` whose ladder opens a block of the prefix or not (``Ladder.opens_block``)."""
-    if opens:
-        return unit
-    return attrs.evolve(unit, ladder=attrs.evolve(unit.ladder, opens_block=False))
 
 
 def _item_units(

@@ -10,10 +10,8 @@ and the value of what it tells the model. The solver picks one rung a ladder to
                sum(tokens of the chosen text-free rungs) <= text_free (as far as room allows)
 
 where the break is the first prefix ladder whose rung differs from last turn's (or whose
-block a chosen rung changes: ``Rung.at``, a line joining an index before its entry), or
-the start of its block where it opens none (``Ladder.opens_block``: the library's growth
-sent in history's messages goes anew from its first entry on): from there on the
-provider reads the request uncached. What is priced is the cache the change
+block a chosen rung changes: ``Rung.at``, a line joining an index before its entry): from
+there on the provider reads the request uncached. What is priced is the cache the change
 loses: the chosen tokens from the break up to the latest break any request within the
 room allows (``_latest``: past it nothing can stay cached, so a forced cut of history
 does not also make every turn it keeps pay). Only the *first* change matters, so the
@@ -84,12 +82,6 @@ class Ladder:
     rungs: tuple[Rung, ...]
     previous: int | None = None
     lasting: bool = True
-    opens_block: bool = True
-    """Whether a request that changes this ladder keeps the prefix before it cached; False
-    where a change sends more than the ladder anew (the library's growth deferred to the
-    history messages that sent it: a change to it or to history sends the library as
-    built): a change here breaks the prefix at the start of its block, the latest prefix
-    ladder before it that opens one."""
     """Whether the form chosen stays in the requests after this one (a library entry, an
     item attached now), rather than giving way to the chat's growth (history's suffix)
     or leaving with its turn (a passage): the regret counts only what lasts."""
@@ -282,9 +274,8 @@ def objective(
     With ``room``, a prefix ladder past the ones any request within it could keep cached
     (``_latest``) pays nothing: it is read uncached whatever the choice."""
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
-    blocks = _blocks(ladders, prefix)
-    latest = len(prefix) if room is None else _latest(ladders, prefix, room, blocks)
-    return _score(ladders, choice, cache_price, prefix, latest, blocks)
+    latest = len(prefix) if room is None else _latest(ladders, prefix, room)
+    return _score(ladders, choice, cache_price, prefix, latest)
 
 
 def _score(
@@ -293,15 +284,12 @@ def _score(
     cache_price: float,
     prefix: Sequence[int],
     latest: int,
-    blocks: Sequence[int],
 ) -> tuple[float, int | None]:
     broken = next((p for p, j in enumerate(prefix) if choice[j] != ladders[j].previous), None)
     for ladder, c in zip(ladders, choice, strict=True):
         at = ladder.rungs[c].at
         if at is not None and c != ladder.previous and (broken is None or at < broken):
             broken = at  # the rung changes the block at ``at``: the request breaks there
-    if broken is not None:
-        broken = blocks[broken]
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
     uncached = (
         0
@@ -311,22 +299,10 @@ def _score(
     return value - cache_price * uncached, None if broken is None else prefix[broken]
 
 
-def _blocks(ladders: Sequence[Ladder], prefix: Sequence[int]) -> list[int]:
-    """Each prefix place's block start: the latest place at or before it whose ladder
-    opens a block (``Ladder.opens_block``; the first always does)."""
-    blocks: list[int] = []
-    for p, j in enumerate(prefix):
-        blocks.append(p if not blocks or ladders[j].opens_block else blocks[-1])
-    return blocks
-
-
-def _latest(
-    ladders: Sequence[Ladder], prefix: Sequence[int], room: int, blocks: Sequence[int]
-) -> int:
+def _latest(ladders: Sequence[Ladder], prefix: Sequence[int], room: int) -> int:
     """How many prefix ladders a request within ``room`` can keep as last turn sent them
-    (every other ladder at its smallest rung), back to the start of the block it stops
-    in: the cache a change can lose ends there, past it the prefix is read uncached
-    whatever the solve chooses."""
+    (every other ladder at its smallest rung): the cache a change can lose ends there, past
+    it the prefix is read uncached whatever the solve chooses."""
     small = [ladder.rungs[_smallest(ladder.rungs)].tokens for ladder in ladders]
     used = sum(small)
     for p, j in enumerate(prefix):
@@ -334,7 +310,7 @@ def _latest(
         assert previous is not None
         used += ladders[j].rungs[previous].tokens - small[j]
         if used > room:
-            return blocks[p]
+            return p
     return len(prefix)
 
 
@@ -387,8 +363,7 @@ def solve(
     for p, j in enumerate(prefix):
         at[j] = p
     start = _within_share(ladders, [_smallest(ladder.rungs) for ladder in ladders], room, text_free)
-    blocks = _blocks(ladders, prefix)
-    latest = _latest(ladders, prefix, room, blocks)
+    latest = _latest(ladders, prefix, room)
     prices = [cache_price if at[j] < latest else 0.0 for j in range(n)]
     joins = sorted({r.at for ladder in ladders for r in ladder.rungs if r.at is not None})
     joined = {j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs)}
@@ -447,8 +422,7 @@ def solve(
         fixed = [p < b for p in at]
         priced, steps = regime(b)
         _climb(priced, steps, choice, fixed, room - used, bare, text_free)
-        score = _score(ladders, choice, cache_price, prefix, latest, blocks)[0]
-        scored.append((score, b, tuple(choice)))
+        scored.append((_score(ladders, choice, cache_price, prefix, latest)[0], b, tuple(choice)))
     if not scored:
         return None
     top, b, climbed = max(scored)  # ties to the later break
@@ -468,20 +442,18 @@ def solve(
     bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
     tail = [cache_price if b <= at[j] < latest else 0.0 for j in range(n)]
     _topped(priced, free, tail, choice, room - used, bare, text_free)
-    solution = _solution(ladders, choice, cache_price, prefix, latest, blocks)
+    solution = _solution(ladders, choice, cache_price, prefix, latest)
     if solution.objective < top:  # the last pass, on join-priced values, did worse
-        solution = _solution(ladders, climbed, cache_price, prefix, latest, blocks)
+        solution = _solution(ladders, climbed, cache_price, prefix, latest)
     last = _last_turns(ladders, start, room, text_free)
     if last is not None:
         # A climb prices a rung joining an earlier block by its ``join``, which may be
         # less than the break it makes: last turn's choice is a candidate too.
-        kept = _solution(ladders, last, cache_price, prefix, latest, blocks)
+        kept = _solution(ladders, last, cache_price, prefix, latest)
         solution = kept if kept.objective > solution.objective else solution
     if not cache_price or last is None:
         return solution
-    bought = _solution(
-        ladders, _free(ladders, last, room, text_free), cache_price, prefix, latest, blocks
-    )
+    bought = _solution(ladders, _free(ladders, last, room, text_free), cache_price, prefix, latest)
     best = solution.objective
     if regret > 0 and bought.choice != solution.choice and bought.objective + regret >= best:
         solution = attrs.evolve(bought, objective=bought.objective + regret, bought=True)
@@ -494,10 +466,9 @@ def _solution(
     cache_price: float,
     prefix: Sequence[int],
     latest: int,
-    blocks: Sequence[int],
 ) -> Solution:
     """``choice`` scored (``_score``) as a solution."""
-    score, broken = _score(ladders, choice, cache_price, prefix, latest, blocks)
+    score, broken = _score(ladders, choice, cache_price, prefix, latest)
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
     return Solution(tuple(choice), tokens, value, broken, score)

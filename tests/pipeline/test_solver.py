@@ -142,51 +142,6 @@ def test_a_forced_cut_keeps_what_fits() -> None:
     assert objective([history], (2,), 0.9, 1000) == (480.0 - 0.9 * 600, 0)
 
 
-def test_a_change_inside_a_block_breaks_the_prefix_at_its_start() -> None:
-    """A library entry sent in a history message (the batch's deferred growth) does not
-    open a block: cutting it sends history and the library's growth anew from the first
-    of them, so the price counts them all; an entry that opens its own block pays only
-    from itself on."""
-    settled = Ladder((Rung(500, 500.0),), previous=0)
-    first, second = (Ladder((FULL, PREVIEW), previous=0) for _ in range(2))
-    history = Ladder((Rung(200, 200.0),), previous=0)
-    cut = (0, 0, 1, 0)  # the second entry to its preview
-    alone = [settled, first, second, history]
-    deferred = [settled, first, *(attrs.evolve(x, opens_block=False) for x in (second, history))]
-    value = 500.0 + 1000.0 + 550.0 + 200.0
-    assert objective(alone, cut, 0.5) == (value - 0.5 * (300 + 200), 2)
-    assert objective(deferred, cut, 0.5) == (value - 0.5 * (1000 + 300 + 200), 1)
-
-
-@st.composite
-def _blocked(draw: st.DrawFn) -> tuple[list[Ladder], int, float]:
-    """Random ladders, some of the prefix ones inside the block before them."""
-    ladders, room, price = draw(_ladders())
-    out = [
-        attrs.evolve(ladder, opens_block=False)
-        if ladder.previous is not None and draw(st.booleans())
-        else ladder
-        for ladder in ladders
-    ]
-    return out, room, price
-
-
-@settings(max_examples=300, deadline=None)
-@given(_blocked())
-def test_blocks_keep_the_solvers_promises(case: tuple[list[Ladder], int, float]) -> None:
-    """With prefix ladders that break the prefix at their block's start: never over the
-    room, None only when even the smallest rungs do not fit, never worse than last turn's
-    choice when it fits, the objective the exact one's."""
-    ladders, room, price = case
-    done = solve(ladders, room, cache_price=price, text_free=10_000)
-    if done is None:
-        assert sum(min(r.tokens for r in ladder.rungs) for ladder in ladders) > room
-        return
-    assert done.tokens <= room
-    assert done.objective == objective(ladders, done.choice, price, room)[0]
-    _assert_no_worse_than_last_turn(ladders, room, price, done)
-
-
 def test_none_when_even_the_smallest_forms_do_not_fit() -> None:
     assert solve([Ladder((PREVIEW, FULL))], 299) is None
 
