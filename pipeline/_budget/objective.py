@@ -1280,6 +1280,7 @@ class Solve:
         tight: int | None = None  # the last ``short`` that measured too much
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
         rounds = making = overlaps = 0
+        over_share: int | None = None  # what the last share cut left beyond the share
         while rounds < MAX_ROUNDS:
             ladders = [u.ladder for u in units]
             limit = math.floor((budget.limit - reserve) / (1.0 + budget.safety_margin))
@@ -1348,14 +1349,18 @@ class Solve:
             within = taken <= 0 or kept is not None
             out = attrs.evolve(out, regret=regret)
             if refining:  # a fit leaves the next turn's room, in the text-free share
-                if over <= 0 and within and bare <= 0:
+                if over <= 0 and within and bare <= (over_share or 0):
                     best, fitted = (out, drafted, spent, decisions), short
                 else:
                     tight = short
             elif over <= 0:
                 best, fitted = (out, drafted, spent, decisions), short
-                if bare > 0 and text_free > 0 and rounds < MAX_ROUNDS:
-                    text_free -= bare  # an index's head the lines' shares did not cover
+                lower = over_share is None or bare < over_share
+                if bare > 0 and lower and text_free > 0 and rounds < MAX_ROUNDS:
+                    # An index's head the lines' shares did not cover; once a cut of
+                    # the share no longer lowers it, a fit over it by no more counts.
+                    text_free -= bare
+                    over_share = bare
                     continue
                 refining = within
                 if not within and rounds < MAX_ROUNDS:

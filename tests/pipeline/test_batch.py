@@ -256,34 +256,31 @@ def test_each_request_extends_the_last_or_settles_with_a_reason(
 _EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-_WINDOW = 5000
-"""chat30's window in these tests: a turn in it settles with room for a restore."""
-
-
 def _chat30(turns: int, first: int = 0) -> list[Envelope]:
-    """chat30 at a 5,000-token window: turns ``first`` to ``turns`` (numbered from 0) of
+    """chat30 at a 6,000-token window: turns ``first`` to ``turns`` (numbered from 0) of
     one conversation, whose restores by appending these tests pin."""
     from lamina import load_script, run_script
 
     script = load_script(_EXAMPLES / "chat30.yaml")
     # Recall off: recalled passages take the free room a restore by appending would use.
-    budget = Budget(context_window=_WINDOW, reserve_output=_WINDOW // 4, recall=False)
+    budget = Budget(context_window=6000, reserve_output=1500, recall=False)
     conv = Conversation(script.system, vault=script.vault, budget=budget)
     return run_script(attrs.evolve(script, turns=script.turns[:turns]), conv)[first:]
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 5,000: turn 17 settles (its request as extended would not fit) with room
-    beyond the headroom, and the spec the budget keeps as a preview goes whole in its user
-    message, under the intro, before the query; the system message keeps its cut form (a
-    restore by appending rewrites nothing). Turn 18 sends it not again."""
+    """chat30 at 6,000: turn 14 settles (the budget changes the library) with room beyond
+    the headroom, and the meeting note the budget cut to a preview in turn 9 goes whole in
+    its user message, under the intro, before the query; the system message keeps its cut
+    form (a restore by appending rewrites nothing). Turn 15 extends it and sends it not
+    again."""
     from lamina.pipeline.layout import RESTORED_INTRO
 
-    t12, t13 = _chat30(18, 16)
+    t12, t13 = _chat30(15, 13)
     assert t12.batch is not None and t13.batch is not None
-    keys = ["note:project-spec.md"]
+    keys = ["note:meetings/2026-10-19.md"]
     assert [s.key for s in t12.batch.restored] == keys
-    assert t12.batch.reason == "over-budget"
+    assert (t12.batch.reason, t13.batch.reason) == ("system-changed", "")
     assert [s.key for s in t13.batch.restored] == []
     messages = _messages(t12)
     (_, system), (role, user) = messages[0], messages[-1]
@@ -295,7 +292,8 @@ def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
         cut = t12.l2.get(seg.key)  # None: folded into its folder's index
         assert cut is None or (str(cut.form) != "full" and cut.text in system)
         assert seg.text not in system
-    assert t12.batch.tokens <= Budget(context_window=_WINDOW, reserve_output=_WINDOW // 4).limit
+    assert t12.batch.tokens <= Budget(context_window=6000, reserve_output=1500).limit
+    assert _messages(t13)[: len(messages)] == messages
 
 
 def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> None:
@@ -306,11 +304,11 @@ def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> Non
     from lamina.pipeline.store import open_store
 
     script = load_script(_EXAMPLES / "chat30.yaml")
-    budget = Budget(context_window=_WINDOW, reserve_output=_WINDOW // 4, recall=False)
+    budget = Budget(context_window=6000, reserve_output=1500, recall=False)  # as _chat30
     live = Conversation(script.system, vault=script.vault, budget=budget)
     want = _chat30(18, 16)
     assert [[s.key for s in e.batch.restored] for e in want if e.batch] == [
-        ["note:project-spec.md"],
+        ["note:project-spec.md", "note:glossary.md"],
         [],
     ]
     with open_store(str(tmp_path / "s.db")) as store:
