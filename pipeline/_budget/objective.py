@@ -1115,22 +1115,20 @@ def _kept(
     room: int,
     text_free: int,
     reserve: int,
-    bought: float,
 ) -> tuple[int, ...] | None:
     """The request as it is (every unit in its present form, the first rung: it fits
     ``room``) with the passages that fit beside it outside ``reserve``, if that is worth
-    at least ``solution`` (with the regret it ``bought``), priced on the cache the kept
-    request keeps: a request that fits is changed only for more. Passages are this turn's
-    only; they leave the ``reserve`` free where the library has grown since the batch
-    settled (``TurnGraph.settled``): the request is then sent as an extension of the last
-    one (``Envelope.batch``), whose messages hold that growth in more tokens than this
-    count gives it, and one that passages push over the limit as sent is sent as built,
-    its whole prefix broken."""
+    at least ``solution``: a request that fits is changed only for more. Passages are
+    this turn's only; they leave the ``reserve`` free where the library has grown since
+    the batch settled (``TurnGraph.settled``): the request is then sent as an extension
+    of the last one (``Envelope.batch``), whose messages hold that growth in more tokens
+    than this count gives it, and one that passages push over the limit as sent is sent
+    as built, its whole prefix broken."""
     whole = [u.ladder for u in units]
     choice = tuple(0 for _ in units)
     if any(u.kind == "passage" for u in units):
         base = sum(u.ladder.rungs[0].tokens for u in units if u.kind != "passage")
-        beside = max(room - reserve, base)
+        beside = max(room - reserve, min(base, room))  # None below when base > room
         if _plain_passages(units):
             found = _passages_beside(units, beside)
         else:
@@ -1142,9 +1140,7 @@ def _kept(
         if found is None:
             return None
         choice = tuple(c if u.kind == "passage" else 0 for u, c in zip(units, found, strict=True))
-    # ``solution``'s own room (less the reserve) may not hold the prefix it breaks.
-    rival = objective(whole, solution.choice, price, room)[0] + bought
-    return choice if objective(whole, choice, price)[0] >= rival else None
+    return choice if objective(whole, choice, price)[0] >= solution.objective else None
 
 
 def _regret(
@@ -1313,10 +1309,9 @@ class Solve:
             kept = None
             if fits:
                 whole = math.floor(budget.limit / (1.0 + budget.safety_margin)) - fixed - short
-                bought = turn.regret if solution.bought else 0.0
                 deferred = turn.settled is not None and turn.settled < len(turn.library.entries)
                 kept = _kept(units, solution, budget.cache_weight, whole, text_free,
-                             reserve if deferred else 0, bought)  # fmt: skip
+                             reserve if deferred else 0)  # fmt: skip
             if kept is not None:
                 choice = kept
             regret = _regret(turn, units, solution, choice)
@@ -1343,10 +1338,8 @@ class Solve:
             spent = budget.used(drafted, turn.ctx.counter)
             over = budget.effective(spent) - budget.limit
             bare = _text_free_tokens(drafted) - share
-            # What the request takes of the next turn's room: a kept request changes no form
-            # (its passages leave with this turn), so the next turn extends it anyway.
-            taken = budget.effective(spent) - (budget.limit - reserve)
-            within = taken <= 0 or kept is not None
+            taken = budget.effective(spent) - (budget.limit - reserve)  # of the next turn's
+            within = taken <= 0
             out = attrs.evolve(out, regret=regret)
             if refining:  # a fit leaves the next turn's room, in the text-free share
                 if over <= 0 and within and bare <= (over_share or 0):
@@ -1363,9 +1356,10 @@ class Solve:
                     over_share = bare
                     continue
                 refining = within
-                if not within and rounds < MAX_ROUNDS:
-                    # A fit that takes the next turn's room would make that turn change
-                    # forms again: the room shrinks by what it takes, as for an overshoot.
+                if not within and kept is None and rounds < MAX_ROUNDS:
+                    # A fit that changes forms and takes the next turn's room would make
+                    # that turn change them again: the room shrinks by what it takes, as
+                    # for an overshoot (a kept request changes none; its passages leave).
                     tight = short
                     short += taken + max(8, short // 2)
                     continue
