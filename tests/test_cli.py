@@ -149,14 +149,19 @@ def test_inspect_and_the_trace_name_the_entries_sent_whole_again() -> None:
     by appending); `inspect` says so on its request line and the trace lists its key
     under the batch."""
     chat = str(Path(__file__).resolve().parents[1] / "examples" / "chat30.yaml")
-    keys = ["note:meetings/2026-10-19.md"]
+    keys = [
+        "note:docs/auth.md",
+        "pdf:media/sync-design-review.pdf",
+        "note:glossary.md",
+        "note:meetings/2026-11-02.md",
+    ]
     out = lamina("inspect", chat, "--window", "6000")
     assert out.returncode == 0, out.stderr
-    line = "request: settled (over-budget): the system message holds 8 of 8 library entries"
+    line = "request: settled (over-budget): the system message holds 7 of 7 library entries"
     assert f"{line}; sent whole again: {', '.join(keys)}" in out.stdout.splitlines()
     run = lamina("run", chat, "--window", "6000", "--json")
     assert run.returncode == 0, run.stderr
     turns = json.loads(run.stdout)["turns"]
     restored = {i + 1: t["batch"]["restored"] for i, t in enumerate(turns)
                 if t["batch"].get("restored")}  # fmt: skip
-    assert restored == {15: keys, 30: keys}
+    assert restored == {15: keys, 30: keys[:1]}

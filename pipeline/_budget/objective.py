@@ -1128,7 +1128,8 @@ def _kept(
     choice = tuple(0 for _ in units)
     if any(u.kind == "passage" for u in units):
         base = sum(u.ladder.rungs[0].tokens for u in units if u.kind != "passage")
-        beside = max(room - reserve, min(base, room))  # None below when base > room
+        # Forms that alone exceed ``room`` keep it (no request kept: None below).
+        beside = max(room - reserve, min(base, room))
         if _plain_passages(units):
             found = _passages_beside(units, beside)
         else:
@@ -1338,7 +1339,7 @@ class Solve:
             spent = budget.used(drafted, turn.ctx.counter)
             over = budget.effective(spent) - budget.limit
             bare = _text_free_tokens(drafted) - share
-            taken = budget.effective(spent) - (budget.limit - reserve)  # of the next turn's
+            taken = budget.effective(spent) - (budget.limit - reserve)  # of the reserve
             within = taken <= 0
             out = attrs.evolve(out, regret=regret)
             if refining:  # a fit leaves the next turn's room, in the text-free share
