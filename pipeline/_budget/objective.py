@@ -1362,7 +1362,7 @@ class Solve:
                     # that turn change them again: the room shrinks by what it takes, as
                     # for an overshoot (a kept request changes none; its passages leave).
                     tight = short
-                    short += taken
+                    short += taken + max(8, short // 2)
                     continue
             else:
                 tight = short
