@@ -358,20 +358,8 @@ def test_a_batched_turn_that_restores_keeps_its_own_context_whole(vault: Path) -
     assert dict(after.sent)["note:eps.md"] == "h-eps"
 
 
-_WORDS = [
-    "alpha",
-    "beta",
-    "gamma",
-    "delta",
-    "epsilon",
-    "zeta",
-    "eta",
-    "theta",
-    "iota",
-    "kappa",
-    "lambda",
-    "mu",
-]
+_WORDS: tuple[str, ...] = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
+_WORDS += ("eta", "theta", "iota", "kappa", "lambda", "mu")
 
 
 @pytest.fixture(scope="module")
