@@ -734,13 +734,19 @@ def _cached_units(
         units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent, joins=joins))
     # The library's growth since the batch settled is sent in history's messages: a cut
     # of history sends the library as built, so it breaks the prefix at that growth.
-    grown = turn.library.entries[turn.settled :] if turn.settled is not None else ()
+    grown = _grown(turn)
     held = sum(e.tokens + _SEP for e in grown)
     at = (budget.cache_weight * held, place[grown[0].key]) if grown else (0.0, None)
     history = _history_unit(turn, sizes, relevance, used, at)
     if history is not None:
         units.append(history)
     return units
+
+
+def _grown(turn: TurnGraph) -> tuple[LibraryEntry, ...]:
+    """The library entries taken in since the batch settled (``TurnGraph.settled``): the
+    request as sent holds them in history's messages, not in its system message."""
+    return () if turn.settled is None else turn.library.entries[turn.settled :]
 
 
 def _item_units(
@@ -1310,9 +1316,8 @@ class Solve:
             kept = None
             if fits:
                 whole = math.floor(budget.limit / (1.0 + budget.safety_margin)) - fixed - short
-                deferred = turn.settled is not None and turn.settled < len(turn.library.entries)
                 kept = _kept(units, solution, budget.cache_weight, whole, text_free,
-                             reserve if deferred else 0)  # fmt: skip
+                             reserve if _grown(turn) else 0)  # fmt: skip
             if kept is not None:
                 choice = kept
             regret = _regret(turn, units, solution, choice)
