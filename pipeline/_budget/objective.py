@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -1121,6 +1121,7 @@ def _kept(
     room: int,
     text_free: int,
     reserve: int,
+    shown: Collection[str],
 ) -> tuple[int, ...] | None:
     """The request as it is (every unit in its present form, the first rung: it fits
     ``room``) with the passages that fit beside it outside ``reserve``, if that is worth
@@ -1129,24 +1130,31 @@ def _kept(
     the batch settled (``TurnGraph.settled``): the request is then sent as an extension
     of the last one (``Envelope.batch``), whose messages hold that growth in more tokens
     than this count gives it, and one that passages push over the limit as sent is sent
-    as built, its whole prefix broken."""
+    as built, its whole prefix broken. The suffix keeps its start, so a passage it shows
+    (``shown``: their keys) is never sent (``_apply``): none takes room another could
+    use."""
     whole = [u.ladder for u in units]
     choice = tuple(0 for _ in units)
     if any(u.kind == "passage" for u in units):
         base = sum(u.ladder.rungs[0].tokens for u in units if u.kind != "passage")
         # Forms that alone exceed ``room`` keep it (no request kept: None below).
         beside = max(room - reserve, min(base, room))
-        if _plain_passages(units):
-            found = _passages_beside(units, beside)
+        at = [j for j, u in enumerate(units) if u.kind != "passage" or u.key not in shown]
+        others = [units[j] for j in at]
+        if _plain_passages(others):
+            found = _passages_beside(others, beside)
         else:
             ladders = [
-                u.ladder if u.kind == "passage" else Ladder((u.ladder.rungs[0],), 0) for u in units
+                u.ladder if u.kind == "passage" else Ladder((u.ladder.rungs[0],), 0) for u in others
             ]
             kept = solve(ladders, beside, cache_price=price, text_free=text_free)
             found = None if kept is None else kept.choice
         if found is None:
             return None
-        choice = tuple(c if u.kind == "passage" else 0 for u, c in zip(units, found, strict=True))
+        picked = [0] * len(units)
+        for j, c in zip(at, found, strict=True):
+            picked[j] = c if units[j].kind == "passage" else 0
+        choice = tuple(picked)
     return choice if objective(whole, choice, price)[0] >= solution.objective else None
 
 
@@ -1277,6 +1285,8 @@ class Solve:
         # it extends this request instead of changing it again; a request that fits is
         # sent as it is unless a change is worth more (``_kept``).
         reserve = _reserve(sizes, budget)
+        # The passages the suffix shows as it stands (a request kept as it is sends none).
+        shows = {key for key, p in recallable.items() if p.last >= turn.history_view.start}
         share = text_free = math.floor(budget.context_window * budget.text_free_share)
         short = fitted = 0
         refining = False  # the best fit leaves the next turn's room: its slack is sought
@@ -1317,7 +1327,7 @@ class Solve:
             if fits:
                 whole = math.floor(budget.limit / (1.0 + budget.safety_margin)) - fixed - short
                 kept = _kept(units, solution, budget.cache_weight, whole, text_free,
-                             reserve if _grown(turn) else 0)  # fmt: skip
+                             reserve if _grown(turn) else 0, shows)  # fmt: skip
             if kept is not None:
                 choice = kept
             regret = _regret(turn, units, solution, choice)

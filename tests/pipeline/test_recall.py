@@ -221,6 +221,27 @@ def test_nothing_shown_in_history_is_recalled_again() -> None:
     assert not {int(line.split("(")[1].split(")")[0]) for line in _lines(env)} & shown
 
 
+def test_the_room_of_passages_the_suffix_shows_goes_to_those_it_does_not() -> None:
+    # Every message names Maria: the recent ones the suffix shows match best and, being
+    # recent, are worth more, but the suffix shows them, so they are never sent; the room
+    # the request leaves goes to the older copies the suffix no longer shows (it went
+    # unused: the shown copies took it, and were dropped).
+    conv = _conv()
+    conv.turn(FACTS[0])
+    conv.reply("Noted. " + "Sounds good. " * 8)
+    for i in range(1, 40):
+        conv.turn(f"Maria phoned again today ({i}).")
+        conv.reply(f"Noted, point {i}. " + "Sounds good. " * 8)
+    env = conv.turn("What about Maria?")
+    start = int(env.l4.segments[0].key.split(":")[1])
+    recalled = [int(line.split("(")[1].split(")")[0]) for line in _lines(env)]
+    assert recalled and all(turn < start for turn in recalled)
+    budget = conv.budget
+    assert budget is not None and env.report.budget is not None
+    assert env.report.budget.effective <= budget.limit
+    check_envelope(env)
+
+
 class _Counting(Fts5Retriever):
     made = 0
 
