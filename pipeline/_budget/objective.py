@@ -1048,7 +1048,9 @@ def _sized(
 ) -> bool:
     """A preview sized to the room ``solution`` leaves (into ``extra``) for the item it
     cut whose next rung up does not fit, the one of most value per token: the greedy's
-    fractional step, made whole. Whether one was added."""
+    fractional step, made whole. Whether one was added. ``solution``'s previews are made
+    (``_made``): a guessed one measures at most its limit, so a room sized before they
+    are is lost again when they are."""
     left = room - solution.tokens
     best: tuple[float, _Unit, int] | None = None
     for unit, c in zip(units, solution.choice, strict=True):
@@ -1291,8 +1293,13 @@ class Solve:
         short = fitted = 0
         refining = False  # the best fit leaves the next turn's room: its slack is sought
         tight: int | None = None  # the last ``short`` that measured too much
-        best: tuple[TurnGraph, Draft, int, list[Decision]] | None = None
-        rounds = making = overlaps = 0
+        # The best fit measured: the request as it stands, if it fits, until a round's fit
+        # replaces it (a change whose measure overshoots must not lose a request that fits).
+        best: tuple[TurnGraph, Draft, int, list[Decision]] | None = (
+            (turn, measured, used, []) if fits else None
+        )
+        rounds = overlaps = 0
+        sized = False
         over_share: int | None = None  # what the last share cut left beyond the share
         while rounds < MAX_ROUNDS:
             ladders = [u.ladder for u in units]
@@ -1307,21 +1314,19 @@ class Solve:
                 continue
             if solution is None:
                 break
-            if not making and _sized(units, solution, room, extra):
-                making += 1
-                items = _item_units(turn, measured, budget, relevance, exact, extra)
-                units = cached + items + passages
-                continue  # the room left is given to one preview, fitted to it
             if _summarized(turn, units, solution.choice):
-                making += 1
                 cached = _cached_units(turn, measured, budget, relevance, sizes, used)
                 units = cached + items + passages
                 continue  # a summary was made: solve again with its tokens
             if _made(turn, units, solution.choice, exact):
-                making += 1
                 items = _item_units(turn, measured, budget, relevance, exact, extra)
                 units = cached + items + passages
                 continue  # a guessed preview was made: solve again with its tokens
+            if not sized and _sized(units, solution, room, extra):
+                sized = True
+                items = _item_units(turn, measured, budget, relevance, exact, extra)
+                units = cached + items + passages
+                continue  # the room the made forms leave is given to one preview, fitted to it
             choice = solution.choice
             kept = None
             if fits:

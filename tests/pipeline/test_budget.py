@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.real_material import full_sizes
@@ -90,6 +90,48 @@ def _run(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(script=conversations, window=st.integers(min_value=300, max_value=6000))
+# The request as it stood fit (462 of 472 tokens at turn 7); the rungs' counts, with an
+# empty recalled block's framing, put even the smallest forms over the room: it raised.
+@example(
+    script={
+        "system": {
+            "stable": "\U000397e2÷ü\U0005917di\x0bø8EU\x03Å\x97gÆ",
+            "mutable": "óp\U00092afa\U0009c474':\x1d\x99\x1c",
+        },
+        "turns": [
+            {"user": "0", "attach": [], "vault_changes": {}},
+            {"user": "0", "vault_changes": {}, "attach": [{"tag": "#topic"}]},
+            {"user": "0", "attach": [], "vault_changes": {}},
+            {"user": "=Õ", "vault_changes": {}, "attach": [{"url": "site:/article.html"}]},
+            {
+                "user": '\U000cb083p"k',
+                "attach": [{"selection": "0"}, {"selection": "properties", "source": "a.md"}],
+                "vault_changes": {},
+            },
+            {
+                "user": "²\x1e",
+                "vault_changes": {},
+                "reply": "3¸d\x84\U0007badfí(",
+                "attach": [
+                    {"note": "a.md"},
+                    {"selection": "पन्ह पन्ह त्र र्च कृकृ ड्ड न्हृे إلا بسم الله", "source": "a.md"},
+                    {"note": "b.md"},
+                ],
+            },
+            {
+                "user": '\U000cb083p"k',
+                "attach": [{"selection": "\U0009d3a1:"}, {"selection": "0"}, {"note": "a.md"}],
+                "vault_changes": {},
+            },
+            {"user": "0", "attach": [], "vault_changes": {}},
+            {"user": "0", "attach": [], "vault_changes": {}},
+            {"user": "0", "attach": [], "vault_changes": {}},
+            {"user": "0", "attach": [], "vault_changes": {}},
+            {"user": "0", "attach": [], "vault_changes": {}},
+        ],
+    },
+    window=590,
+)
 def test_every_turn_fits_exactly_or_raises(
     script: dict[str, Any], window: int, prop_vault: tuple[Path, str]
 ) -> None:
