@@ -118,7 +118,7 @@ def classify_break(previous: Envelope | None, current: Envelope) -> tuple[str, .
         d.action is DecisionAction.INSTRUCTIONS_CHANGED for d in current.report.decisions
     ):
         return reasons
-    later = ("history-cut-moved", "library-settled")
+    later = ("history-cut-moved", "library-settled", "library-shed")
     head = tuple(r for r in reasons if r not in later)
     return (*head, "instructions-changed", *(r for r in reasons if r in later))
 
@@ -129,7 +129,9 @@ def _classify(previous: Envelope | None, current: Envelope) -> tuple[str, ...]:
     loop's handoff changed it, or ``previous`` was sent after one and ``current`` has no
     L1 decision of its own), ``artifact-changed:<key>``,
     ``l2-compacted:<key>``, ``l2-evicted:<key>``, ``history-cut-moved`` (or ``unknown``),
-    ``library-settled`` when a batched request settled the library's deferred growth;
+    ``library-settled`` when a batched request settled the library's deferred growth,
+    ``library-shed`` when it re-sent that growth's messages from the first block whose
+    entry the budget changed (the system message kept);
     empty when the previous system message and history are kept byte for byte (as sent:
     ``Envelope.as_sent``)."""
     if previous is None:
@@ -141,8 +143,15 @@ def _classify(previous: Envelope | None, current: Envelope) -> tuple[str, ...]:
             after.history()[: len(old_history)] == old_history
         ):
             return ()
-        # What the envelopes as built changed; else the deferred library growth settled.
-        return _built_reasons(previous, current) or ("library-settled",)
+        # What the envelopes as built changed; else the deferred library growth settled,
+        # or (the system message kept, the batch extended) its messages were re-sent from
+        # the first block whose entry the budget changed: the batch shed.
+        shed = (
+            current.batch is not None
+            and not current.batch.reason
+            and after.system_text.startswith(before.system_text)
+        )
+        return _built_reasons(previous, current) or ("library-shed" if shed else "library-settled",)
     return _built_reasons(previous, current) or ()
 
 

@@ -111,6 +111,14 @@ def _sentence(code: str, turn: Mapping[str, Any], previous: Mapping[str, Any] | 
         )
     if kind == "library-settled":
         return _settled(turn, previous)
+    if kind == "library-shed":
+        cached = int((turn.get("cache") or {}).get("common_prefix_tokens", 0))
+        return (
+            "The budget changed an entry of the library's deferred growth, so the earlier user "
+            "messages that carry it are sent as before up to that entry's block and as built "
+            f"from there; the request repeats the one before only up to there ({cached:,} of "
+            f"{int(turn.get('tokens_total', 0)):,} tokens)."
+        )
     if kind == "unknown":
         return (
             "The system message changed in a way no Lamina decision explains (was the request "

@@ -8,7 +8,8 @@ again). Nothing it checks is read from the budget's settings or plan, so no knob
 budget makes it pass more easily (docs/BUDGET.md; STYLE.md, "Judges that cannot be
 tuned"). It reports:
 
-1. window use: the request as sent over the limit, averaged over the turns that cut;
+1. window use: the request as sent over the limit, averaged over the turns that cut (a
+   budget decision that sends less than there was: not a restore or a recall);
 2. the cached-prefix share of all input tokens, and its bound: the share when only what
    each turn adds (its context, the query and the last reply) is uncached;
 3. ``left-cut``: an entry the request shows only cut (preview, summary, stub or a line
@@ -34,7 +35,7 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from lamina.pipeline import Budget, Envelope, Form, Segment
+from lamina.pipeline import Budget, DecisionAction, Envelope, Form, Segment
 from lamina.pipeline.tokens import TokenCounter
 from lamina.renderers._cache import prefix_reports, prompt_tokens
 from lamina.renderers._layouts import default_prompt
@@ -46,6 +47,8 @@ FREE_MARGIN = 0.05
 full form would fit the rest, counts as left cut (the next turn's growth needs some room)."""
 
 _CUT_FORMS = frozenset({Form.PREVIEW, Form.SUMMARY, Form.EXCERPT})
+_GIVES_BACK = frozenset({DecisionAction.RESTORED, DecisionAction.RECALLED})
+"""Budget decisions that send more, not less: a turn with only these did not cut."""
 _OMITTED = re.compile(r"\[\.\.\. \d+ more sections? omitted \.\.\.\]")
 _EMBED_OR_LINK = re.compile(r"!?\[\[[^\]]*\]\]|!\[[^\]]*\]\([^)]*\)")
 _LETTER = re.compile(r"[^\W\d_]")
@@ -282,7 +285,7 @@ def judge_chat(
         used = _sent_tokens(env, budget)
         if used > report.limit:
             find("over-limit", "", f"{used} tokens sent over the limit {report.limit}")
-        if report.decisions:
+        if any(d.action not in _GIVES_BACK for d in report.decisions):
             uses.append(used / report.limit if report.limit else 1.0)
         if report.window:
             share = sum(s.tokens for s in sent if _is_text_free(s)) / report.window

@@ -51,6 +51,25 @@ def _extended(turn: Mapping[str, Any], previous: Mapping[str, Any]) -> bool:
     return cached >= previous["tokens_total"] - previous["sent"]["framing"]
 
 
+def _l2_tokens(turn: Mapping[str, Any], key: str) -> int | None:
+    """The tokens of library entry ``key`` in the turn's envelope as built (None: not in it)."""
+    segments = turn["layers"]["L2"]["segments"]
+    return next((int(s["tokens"]) for s in segments if s["key"] == key), None)
+
+
+def _chain(decisions: Sequence[Mapping[str, Any]], key: str) -> list[Mapping[str, Any]]:
+    """The budget's steps on library entry ``key``, each from the form the one before left:
+    a later cut of this turn's item of the same key (from its full form) is not one."""
+    steps: list[Mapping[str, Any]] = []
+    for d in decisions:
+        if d["target"] != key or d["action"] == "referenced":
+            continue
+        if steps and d["from"] != steps[-1]["to"]:
+            break
+        steps.append(d)
+    return steps
+
+
 def _check(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str:
     """Read the turn's sentence against its counts; returns which kind it was."""
     sentence = turn["cache"]["sentence"]
@@ -91,18 +110,33 @@ def _check(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str:
         grew = [k for k in _settled(turn) if k not in _settled(previous)]
         assert ("the library in the system message took" in m[2]) == bool(grew)
         return "settled"
+    if m := re.fullmatch(
+        r"The budget changed an entry of the library's deferred growth, so the earlier user "
+        r"messages that carry it are sent as before up to that entry's block and as built "
+        r"from there; the request repeats the one before only up to there "
+        r"\(([\d,]+) of ([\d,]+) tokens\)\.",
+        sentence,
+    ):
+        assert (_n(m[1]), _n(m[2])) == (cached, total)
+        assert turn["cache"]["break_reason"] == "library-shed"
+        assert previous["sent"]["deferred"] > 0 and turn["sent"]["deferred"] > 0
+        assert _settled(turn) == _settled(previous)  # the system message kept
+        assert not _extended(turn, previous)
+        return "shed"
     decisions = turn["budget"]["decisions"]
     if m := re.match(
         r"The budget cut library entry (\S+) from (\w+) to .* \(saving ([\d,]+) tokens\)",
         sentence,
     ):
-        steps = [d for d in decisions if d["target"] == m[1] and d["action"] != "referenced"]
+        steps = _chain(decisions, m[1])
         assert steps and steps[0]["from"] == m[2]
         assert _n(m[3]) == sum(d["tokens_saved"] for d in steps)
+        was, now = _l2_tokens(previous, m[1]), _l2_tokens(turn, m[1])
+        assert was is None or now is None or was - now == _n(m[3])
         assert not _extended(turn, previous)
         return "cut"
     if m := re.match(r"Library entry (\S+) was restored from (\w+) to (\w+) ", sentence):
-        steps = [d for d in decisions if d["target"] == m[1] and d["action"] != "referenced"]
+        steps = _chain(decisions, m[1])
         assert any(d["action"] == "restored" for d in steps)
         assert (steps[0]["from"], steps[-1]["to"]) == (m[2], m[3]) and m[3] != "reference"
         assert not _extended(turn, previous)
@@ -139,8 +173,8 @@ def test_each_cache_sentence_holds_against_the_counts(runs: Runs) -> None:
     assert kinds[0] == "first"
     if layout == "deferred":  # every kind a deferred chat has is read at least once
         assert {"extends", "settled", "cut", "none"} <= set(kinds), kinds
-    else:
-        assert {"library-grew", "cut", "none"} <= set(kinds), kinds
+    else:  # its budget cuts no library entry the cache holds: each break moves history
+        assert {"library-grew", "history", "none"} <= set(kinds), kinds
         assert "extends" not in kinds and "settled" not in kinds
 
 

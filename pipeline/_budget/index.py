@@ -127,11 +127,13 @@ def index_artifact(
     where: Where = "attached",
     kept: Sequence[str] = (),
     kept_items: int = 0,
+    key: str = "",
 ) -> Artifact:
-    """The index artifact of ``group`` (key ``index:<group>``) listing ``lines`` (after
-    ``kept``, an earlier index's lines that list ``kept_items`` items)."""
+    """The index artifact of ``group`` (key ``index:<group>`` unless ``key`` is given)
+    listing ``lines`` (after ``kept``, an earlier index's lines that list ``kept_items``
+    items)."""
     payload = ItemIndex(group, tuple(lines), unlisted, where, tuple(kept), kept_items)
-    return make_artifact(INDEX_SOURCE, f"{INDEX_SOURCE}:{group}", payload, recoverable=True)
+    return make_artifact(INDEX_SOURCE, key or f"{INDEX_SOURCE}:{group}", payload, recoverable=True)
 
 
 # -- this turn's items -------------------------------------------------------------------

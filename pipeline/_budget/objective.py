@@ -254,13 +254,14 @@ def _library_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple
     preview and previews fitted to halving sizes, a summary, excerpts (non-recoverable),
     a stub, its index line and its count in the library's count of entries set aside; an
     index's, unfolded into its entries and kept as a count. An entry's forms are
-    remembered by its text (the ladder's values change with the query; the forms do
-    not)."""
+    remembered by its text and all else they carry of it (its turn, its full size: the
+    memo is shared by every conversation of the process; the ladder's values change with
+    the query, the forms do not)."""
     ctx = turn.ctx
     if entry.view.source_type == INDEX_SOURCE:
         return _index_forms(turn, entry, sent=sent)
     key = ("l2-forms", entry.key, text_hash(entry.text), entry.whole_view.content_hash,
-           ctx.counter.name)  # fmt: skip
+           entry.turn, entry.full_tokens, ctx.counter.name)  # fmt: skip
     forms = ctx.views.get(key, lambda: _entry_forms(turn, entry))
     guessed = [f.choice.summary for f in forms if f.choice.summary is not None]
     if any(ctx.summaries.made(ctx.summarizer, k, t) is not None for k, _, t in guessed):
@@ -283,7 +284,7 @@ def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_
         forms.append(_Form(_Choice("full", unfold=back), size, value=-1.0))
     if "\n" in entry.view.body:
         counted = _Renderer(turn).entry(
-            entry.view.locator, (), (), 0, len(entry.folded), entry.turn, entry.folded
+            entry.view.locator, (), (), 0, len(entry.folded), entry.turn, entry.folded, entry.key
         )
         forms.append(_Form(_Choice("count", counted), counted.tokens + _SEP, True, 0.0))
     return tuple(forms)
@@ -353,20 +354,12 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
 
 
 def _library_unit(
-    turn: TurnGraph,
-    entry: LibraryEntry,
-    weight: float,
-    heads: tuple[int, int],
-    *,
-    sent: bool,
-    joins: tuple[_Join, _Join] = ((0.0, None), (0.0, None)),
+    turn: TurnGraph, entry: LibraryEntry, weight: float, heads: tuple[int, int], *, sent: bool
 ) -> _Unit:
     """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``. Its
     line in its group's index and its count also cost ``heads`` (its shares of a new
-    index's head: its group's, the library's count's); where that index exists, ``joins``
-    names its place in the prefix and the cache price of the prefix between it and the
-    entry (the index's block changes, so the prefix breaks there, not at the entry: a
-    solve that keeps the index cached prices the line that much less, ``Rung.join``)."""
+    index's head: its group's, the library's count's). A fold changes nothing before the
+    entry (``stubs.fold``), so a line breaks the prefix where the entry stands."""
     forms = _library_forms(turn, entry, sent=sent)
     if sent:  # sent again in L3 this turn: the library does not give it back (not twice,
         # not even when its whole form is smaller than the preview it holds)
@@ -379,11 +372,9 @@ def _library_unit(
     rungs = []
     choices = []
     for form in forms:
-        join: _Join = (0.0, None)
         if form.choice.entry is None and form.choice.form in ("index", "count"):
             which = 0 if form.choice.form == "index" else 1
             form = attrs.evolve(form, tokens=form.tokens + heads[which])
-            join = joins[which]
         if form.value is None:
             value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free)
         elif form.choice.unfold:  # an unfold: what its entries are worth
@@ -391,7 +382,7 @@ def _library_unit(
             value = sum(_value(weight, e.tokens, e.tokens, text_free=False) for e in back)
         else:
             value = form.value
-        rungs.append(Rung(form.tokens, value, form.text_free, at=join[1], join=join[0]))
+        rungs.append(Rung(form.tokens, value, form.text_free))
         choices.append(form.choice)
     return _Unit("library", entry.key, Ladder(tuple(rungs), 0), tuple(choices))
 
@@ -670,23 +661,33 @@ def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
     return _Unit("l1", "system:mutable", Ladder(tuple(rungs), 0), tuple(choices))
 
 
-def _heads(turn: TurnGraph) -> dict[str, int]:
-    """Each library group's share of a new index's head per entry (its head's tokens over
-    the group's entries: a line's part of the block it would start; 0 for a group that
-    has its index already), and under ``SET_ASIDE`` the same for the library's count."""
-    members: dict[str, int] = {}
-    for entry in turn.library.entries:
+def _heads(turn: TurnGraph) -> dict[str, tuple[int, int]]:
+    """Each library entry's share of a new index's head: of its group's and of the
+    library's count (``SET_ASIDE``). A fold extends the group's first index after the
+    entry, so where one stands the share is 0; else a new one is started, its head shared
+    by the group's entries after its last index (those it would take)."""
+    entries = turn.library.entries
+    later: set[str] = set()  # groups with an index after the entry being read
+    open_: dict[str, set[str]] = {}  # each group's entries after its last index
+    for entry in reversed(entries):
+        if entry.view.source_type == INDEX_SOURCE:
+            later.add(entry.view.locator)
+            continue
+        for group in (stub_group(entry.whole_view), SET_ASIDE):
+            if group not in later:
+                open_.setdefault(group, set()).add(entry.key)
+    heads: dict[str, tuple[int, int]] = {}
+    shares: dict[str, int] = {}
+    for group, keys in open_.items():
+        made = _Renderer(turn).entry(group, (), (), 0, 0, turn.ctx.turn, ())
+        shares[group] = -(-(made.tokens + _SEP) // len(keys))
+    for entry in entries:
         if entry.view.source_type != INDEX_SOURCE:
             group = stub_group(entry.whole_view)
-            members[group] = members.get(group, 0) + 1
-    members[SET_ASIDE] = sum(members.values())
-    heads: dict[str, int] = {}
-    for group, n in members.items():
-        if f"{INDEX_SOURCE}:{group}" in turn.library or not n:
-            heads[group] = 0
-        else:
-            made = _Renderer(turn).entry(group, (), (), 0, 0, turn.ctx.turn, ())
-            heads[group] = -(-(made.tokens + _SEP) // n)
+            heads[entry.key] = (
+                shares[group] if entry.key in open_.get(group, ()) else 0,
+                shares[SET_ASIDE] if entry.key in open_.get(SET_ASIDE, ()) else 0,
+            )
     return heads
 
 
@@ -708,30 +709,14 @@ def _cached_units(
     sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
     now = turn.ctx.turn
     heads = _heads(turn)
-    # Tokens of the library before each entry, and each entry's place in the prefix:
-    # what a change at an index before an entry uncaches beyond the entry's own change.
-    before: dict[str, int] = {}
-    place: dict[str, int] = {}
-    total = 0
-    for i, entry in enumerate(turn.library.entries):
-        before[entry.key] = total
-        place[entry.key] = len(units) + i
-        total += entry.tokens + _SEP
-
-    def join(group: str, key: str) -> _Join:
-        index = f"{INDEX_SOURCE}:{group}"
-        if index not in before or place[index] >= place[key]:
-            return (0.0, None)
-        return (budget.cache_weight * max(0, before[key] - before[index]), place[index])
-
+    place = {entry.key: len(units) + i for i, entry in enumerate(turn.library.entries)}
     for entry in turn.library.entries:
         w = _weight(budget, entry.view.source_type, now - entry.turn,
                     relevance.get(entry.key, 0.0), now=False)  # fmt: skip
-        head = (heads.get(stub_group(entry.whole_view), 0), heads[SET_ASIDE])
         if entry.key in referenced:  # re-attached: what the user asks for now
             w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
-        joins = (join(stub_group(entry.whole_view), entry.key), join(SET_ASIDE, entry.key))
-        units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent, joins=joins))
+        head = heads.get(entry.key, (0, 0))
+        units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent))
     # The library's growth since the batch settled is sent in history's messages: a cut
     # of history sends the library as built, so it breaks the prefix at that growth.
     grown = _grown(turn)
@@ -840,10 +825,13 @@ def _apply(
     units: Sequence[_Unit],
     choice: Sequence[int],
     passages: Mapping[str, Passage],
+    *,
+    join: bool = False,
 ) -> tuple[TurnGraph, list[Decision], ItemBlock | None]:
     """``turn`` with each unit in its chosen form, and a decision per changed unit; the
     chosen ``passages`` (those before the suffix's start) in one recalled block, also
-    given as measured (None: no passage)."""
+    given as measured (None: no passage). With ``join`` a fold extends its group's index
+    before its entries rather than start a new one (``stubs.fold``)."""
     library = turn.library
     items = list(turn.items)
     at = {item.key: i for i, item in enumerate(items)}
@@ -911,7 +899,7 @@ def _apply(
         held = {e.key for e in library.entries} - {key}
         library = library.unfold(key, [e for e in back if e.key not in held])
     for group, (lines, counts) in folds.items():
-        library, _, _ = fold(turn, library, group, lines, counts)
+        library, _, _ = fold(turn, library, group, lines, counts, join=join)
     for key, back in unfolds:
         library = _in_place(library, key, [e.key for e in back])
     recalled = [p for p in recalled if p.last < history.start]
@@ -1301,6 +1289,7 @@ class Solve:
         rounds = overlaps = 0
         sized = False
         over_share: int | None = None  # what the last share cut left beyond the share
+        joining = False  # folds extend an earlier index: a new one's head is over the share
         while rounds < MAX_ROUNDS:
             ladders = [u.ladder for u in units]
             limit = math.floor((budget.limit - reserve) / (1.0 + budget.safety_margin))
@@ -1348,7 +1337,7 @@ class Solve:
                 units = cached + items + passages
                 continue
             rounds += 1
-            out, decisions, block = _apply(turn, units, choice, recallable)
+            out, decisions, block = _apply(turn, units, choice, recallable, join=joining)
             # The recalled block as ``_apply`` rendered and counted it: what ``draft`` makes.
             base = (
                 measured
@@ -1375,6 +1364,12 @@ class Solve:
                     # the share no longer lowers it, a fit over it by no more counts.
                     text_free -= bare
                     over_share = bare
+                    continue
+                if bare > 0 and not joining and rounds < MAX_ROUNDS:
+                    # A cut of the share no longer lowers it: the new blocks' heads are
+                    # what is over, so folds extend their groups' earlier indexes (the
+                    # prefix breaks there: the share bounds what is sent, the cache not).
+                    joining = True
                     continue
                 refining = within
                 if not within and kept is None and rounds < MAX_ROUNDS:

@@ -12,15 +12,17 @@ and the value of what it tells the model. The solver picks one rung a ladder to
 where the break is the first prefix ladder whose rung differs from last turn's (or whose
 block a chosen rung changes: ``Rung.at``, a line joining an index before its entry): from
 there on the provider reads the request uncached. What is priced is the cache the change
-loses: the chosen tokens from the break up to the latest break any request within the
-room allows (``_latest``: past it nothing can stay cached, so a forced cut of history
-does not also make every turn it keeps pay). Only the *first* change matters, so the
-solve is exact in the break point:
+loses, from the break up to the latest break any request within the room allows
+(``_latest``: past it nothing can stay cached, so a forced cut of history does not also
+make every turn it keeps pay): for a ladder whose form lasts, the tokens of last turn's
+rung (what it sends now is new content, uncached whatever the break); for one that does
+not (history's suffix), the tokens it re-sends now (``_resent``). Only the *first* change
+matters, so the solve is exact in the break point:
 
 1. For each candidate break ``b`` in prefix order (and "no break"), the prefix ladders
-   before ``b`` keep last turn's rungs; the rest are free, and the prefix ones among them
-   before the latest pay ``cache_price`` a token (a shear of their value: their hulls keep
-   their vertices);
+   before ``b`` keep last turn's rungs; the rest are free: a lasting one's price is fixed
+   by ``b`` (its forms are chosen by value alone), a passing one before the latest pays
+   ``cache_price`` a token (a shear of its value: its hull keeps its vertices);
    a rung that changes a block before ``b`` pays its ``join`` (the cache between them).
 2. The free ladders are a multiple-choice knapsack, solved by greedy on each ladder's
    upper convex hull: every ladder starts at its smallest rung, and hull steps are taken
@@ -292,11 +294,17 @@ def _score(
             broken = at  # the rung changes the block at ``at``: the request breaks there
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
     uncached = (
-        0
-        if broken is None
-        else sum(ladders[j].rungs[choice[j]].tokens for j in prefix[broken:latest])
+        0 if broken is None else sum(_resent(ladders[j], choice[j]) for j in prefix[broken:latest])
     )
     return value - cache_price * uncached, None if broken is None else prefix[broken]
+
+
+def _resent(ladder: Ladder, c: int) -> int:
+    """The tokens a prefix ladder after the break re-sends uncached that last turn's
+    request had cached: a lasting unit's form last turn (what it sends now is new content,
+    read uncached whatever the break), a unit sent for this turn only (history's suffix,
+    cut again as the chat grows) the tokens it re-sends now."""
+    return ladder.rungs[(ladder.previous or 0) if ladder.lasting else c].tokens
 
 
 def _latest(ladders: Sequence[Ladder], prefix: Sequence[int], room: int) -> int:
@@ -364,7 +372,7 @@ def solve(
         at[j] = p
     start = _within_share(ladders, [_smallest(ladder.rungs) for ladder in ladders], room, text_free)
     latest = _latest(ladders, prefix, room)
-    prices = [cache_price if at[j] < latest else 0.0 for j in range(n)]
+    prices = [cache_price if at[j] < latest and not ladders[j].lasting else 0.0 for j in range(n)]
     joins = sorted({r.at for ladder in ladders for r in ladder.rungs if r.at is not None})
     joined = {j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs)}
     plain = [s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j)]
@@ -440,7 +448,9 @@ def solve(
     grown = _climb(priced, steps, choice, fixed, room - used, bare, text_free)
     used += grown
     bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
-    tail = [cache_price if b <= at[j] < latest else 0.0 for j in range(n)]
+    tail = [
+        cache_price if b <= at[j] < latest and not ladders[j].lasting else 0.0 for j in range(n)
+    ]
     _topped(priced, free, tail, choice, room - used, bare, text_free)
     solution = _solution(ladders, choice, cache_price, prefix, latest)
     if solution.objective < top:  # the last pass, on join-priced values, did worse

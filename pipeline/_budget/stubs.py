@@ -23,6 +23,7 @@ from lamina.pipeline._views.views import full_view
 
 __all__ = [
     "fold",
+    "index_after",
     "stub_group",
 ]
 
@@ -53,8 +54,9 @@ class _Renderer:
         unlisted: int,
         turn: int,
         folded: tuple[LibraryEntry, ...],
+        key: str = "",
     ) -> LibraryEntry:
-        artifact = index_artifact(group, lines, unlisted, "library", kept, kept_items)
+        artifact = index_artifact(group, lines, unlisted, "library", kept, kept_items, key)
         view = full_view(artifact)
         ctx = self.turn.ctx
         text = ctx.renderer.render(view)
@@ -72,28 +74,60 @@ def _listed(entry: LibraryEntry) -> tuple[tuple[str, ...], int, int]:
     return tuple(lines), items - unlisted, unlisted
 
 
+def index_after(library: Library, group: str, place: int) -> LibraryEntry | None:
+    """The first of ``group``'s index blocks in ``library`` placed after ``place`` (None:
+    none is): the one a fold of an entry at ``place`` extends."""
+    for entry in library.entries[place + 1 :]:
+        if entry.view.source_type == INDEX_SOURCE and entry.view.locator == group:
+            return entry
+    return None
+
+
+def _index_before(library: Library, group: str, place: int) -> LibraryEntry | None:
+    """The last of ``group``'s index blocks in ``library`` placed before ``place`` (None:
+    none is): the one a joining fold extends."""
+    for entry in reversed(library.entries[:place]):
+        if entry.view.source_type == INDEX_SOURCE and entry.view.locator == group:
+            return entry
+    return None
+
+
 def fold(
     turn: TurnGraph,
     library: Library,
     group: str,
     stubs: Sequence[LibraryEntry],
     counted: Sequence[LibraryEntry] = (),
+    *,
+    join: bool = False,
 ) -> tuple[Library, LibraryEntry, int]:
     """``library`` with the entries of ``stubs``' keys (their stub forms, each keeping its
-    whole, in library order, all of ``group``) listed in the group's library index, and
-    those of ``counted`` only counted there: the index there is extended, else a new one
-    takes the place of the first. The library, the index and the tokens the index grew
-    by (all of it when new)."""
-    key = f"{INDEX_SOURCE}:{group}"
-    index = library.get(key)
+    whole, in library order, all of ``group``) listed in a library index of the group, and
+    those of ``counted`` only counted there. A fold changes nothing placed before the
+    first entry it takes (the cached prefix breaks there, not earlier): the group's first
+    index after that entry is extended, else a new one takes that entry's place (keyed
+    ``index:<group>``, or ``index:<group>@<turn>`` beside an earlier one). With ``join``
+    the group's last index before that entry is extended instead where none stands after
+    it: the prefix breaks at that index, but no new block's head is sent (the request's
+    text-free share). The library, the index and the tokens the index grew by (all of it
+    when new)."""
+    moved = (*stubs, *counted)
+    keys = library.keys()
+    first = min((keys.index(e.key) for e in moved), default=0)
+    index = index_after(library, group, first)
+    if index is None and join:
+        index = _index_before(library, group, first)
+    key = index.key if index is not None else f"{INDEX_SOURCE}:{group}"
+    if index is None and key in library:
+        key = f"{key}@{turn.ctx.turn}"
     kept, items, unlisted = _listed(index) if index is not None else ((), 0, 0)
     lines = [IndexLine(e.key, e.view.title, e.full_tokens) for e in stubs]
     folded = (*(index.folded if index is not None else ()), *stubs, *counted)
-    moved = (*stubs, *counted)
     since = min(e.turn for e in (*moved, *(() if index is None else (index,))))
-    new = _Renderer(turn).entry(group, lines, kept, items, unlisted + len(counted), since, folded)
+    new = _Renderer(turn).entry(
+        group, lines, kept, items, unlisted + len(counted), since, folded, key
+    )
     gone = {e.key for e in moved}
-    first = min((library.keys().index(e.key) for e in moved), default=0)
     entries: list[LibraryEntry] = []
     for i, entry in enumerate(library.entries):
         if entry.key == key or (entry.key in gone and index is None and i == first):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 import attrs
 import xxhash
 
+from lamina.pipeline._budget.index import INDEX_SOURCE
 from lamina.pipeline._hashing import hash_joined, slice_hash, text_hash
 from lamina.pipeline._model.envelope import (
     BLOCK_SEP,
@@ -82,13 +83,17 @@ class DeferredTurn:
     """One turn of the current batch: its number, its query as L4 shows it, the blocks of
     the user message it was sent with (context included; kept as blocks, which share their
     strings with the views, so the batch holds no second copy of a large attachment) and
-    that message's exact tokens, and its reply once L4 shows it (None before)."""
+    that message's exact tokens, its reply once L4 shows it (None before), and the keys of
+    the library's growth its blocks send (``_shed``)."""
 
     turn: int
     query: str
     blocks: tuple[str, ...]
     tokens: int
     reply: str | None = None
+    keys: tuple[str, ...] = ()
+    """The key of the library entry each block sends (this turn's context: its growth),
+    "" for the others; () in a state saved before keys were kept (nothing is shed)."""
 
     @property
     def text(self) -> str:
@@ -130,19 +135,38 @@ def _scoped(segment: Segment) -> bool:
     return segment.source_type == RECALL_SOURCE or chunk_source(segment.key) is not None
 
 
-def lasting(
-    envelope: Envelope, blocks: tuple[str, ...], tokens: int, counter: TokenCounter
-) -> tuple[tuple[str, ...], int]:
-    """The blocks (and their exact tokens) of this turn's user message as later requests
-    carry it: without its recalled blocks, which belong to this turn only (the next
-    request's cached prefix ends before this message instead of carrying them on)."""
+Part = tuple[str, Segment | None]
+
+
+def _grows(envelope: Envelope) -> set[int]:
+    """The ids of this turn's context segments the library takes in (its growth): not
+    references, tool results, retrieval chunks, recalled blocks or a group's index."""
+    return {
+        id(s)
+        for s in envelope.l3.segments
+        if s.form is not Form.REFERENCE
+        and s.source_type not in (TOOL_SOURCE, INDEX_SOURCE)
+        and not _scoped(s)
+    }
+
+
+def _deferred(
+    envelope: Envelope, parts: Sequence[Part], tokens: int, counter: TokenCounter
+) -> DeferredTurn:
+    """This turn as the batch keeps it: the blocks (and their exact tokens) of its user
+    message as later requests carry it, without its recalled blocks, which belong to this
+    turn only (the next request's cached prefix ends before this message instead of
+    carrying them on), each with the key of the library entry it sends ("" for others)."""
     scoped = {s.text for s in envelope.l3.segments if s.source_type == RECALL_SOURCE}
-    kept = tuple(b for b in blocks if b not in scoped)
-    if len(kept) == len(blocks):
-        return blocks, tokens
-    if len(kept) == 1 and kept[0] == QUERY_LABEL + envelope.query:
-        kept = (envelope.query,)  # the query alone is not labelled
-    return kept, joined_tokens([(b, counter.count(b), None) for b in kept], counter)
+    grows = _grows(envelope)
+    kept = [(t, s) for t, s in parts if t not in scoped]
+    keys = tuple(s.key if s is not None and id(s) in grows else "" for _, s in kept)
+    blocks = tuple(t for t, _ in kept)
+    if len(kept) != len(parts):
+        if len(blocks) == 1 and blocks[0] == QUERY_LABEL + envelope.query:
+            blocks = (envelope.query,)  # the query alone is not labelled
+        tokens = joined_tokens([(b, counter.count(b), None) for b in blocks], counter)
+    return DeferredTurn(envelope.turn, envelope.query, blocks, tokens, keys=keys)
 
 
 def segment_reference(segment: Segment) -> View:
@@ -184,7 +208,6 @@ def append_parts(
     ``RESTORED_INTRO`` after this turn's context, recorded as sent.
     """
     segments = envelope.l3.segments
-    Part = tuple[str, Segment | None]
     tools: list[Part] = [(s.text, s) for s in segments if s.source_type == TOOL_SOURCE]
     refs: list[str] = []
     unsent: list[str] = []
@@ -229,11 +252,12 @@ def append_user(
     renderer: SegmentRenderer,
     counter: TokenCounter,
     restored: Sequence[Segment] = (),
-) -> tuple[tuple[str, ...], int]:
+) -> tuple[list[Part], int]:
     """``append_parts`` with the conversation's renderer, and the message's exact tokens
     (a block the envelope measured is not counted again)."""
     reference = lambda seg: _reference(seg, renderer)  # noqa: E731
-    return _counted(append_parts(envelope, sent, settled, reference, restored), counter)
+    parts = append_parts(envelope, sent, settled, reference, restored)
+    return parts, _counted(parts, counter)[1]
 
 
 def _counted(
@@ -299,10 +323,11 @@ def _settle(
         if s.form is Form.FULL and s.source_type != TOOL_SOURCE and not _scoped(s)
     }
     if restored:
-        blocks, size = _counted(_with_restored(envelope, restored), counter)
+        parts = _with_restored(envelope, restored)
+        blocks, size = _counted(parts, counter)
         user = _message(f"history:{envelope.turn}:user", "history", BLOCK_SEP.join(blocks), size)
     else:
-        blocks = tuple(t for t, _ in user_blocks(envelope.l3, envelope.l5))
+        parts = user_blocks(envelope.l3, envelope.l5)
         user = _message(
             f"history:{envelope.turn}:user",
             "history",
@@ -318,11 +343,7 @@ def _settle(
         system_hash=envelope.prefix_hash,
         history=len(envelope.l4.segments),
         history_hash=_history_hash(envelope.l4.segments),
-        turns=(
-            DeferredTurn(
-                envelope.turn, envelope.query, *lasting(envelope, blocks, user.tokens, counter)
-            ),
-        ),
+        turns=(_deferred(envelope, parts, user.tokens, counter),),
         sent=tuple(sent.items()),
     )
     batch = Batch(
@@ -429,6 +450,68 @@ def _extends(
     return (HISTORY_CHANGED, state.turns) if rest else ("", tuple(turns))
 
 
+def _shed(
+    settled: int,
+    turns: tuple[DeferredTurn, ...],
+    sent: Mapping[str, str],
+    envelope: Envelope,
+    counter: TokenCounter,
+) -> tuple[tuple[DeferredTurn, ...], dict[str, str]] | None:
+    """The batch's turns with the library's growth (the entries after the first
+    ``settled``) sent as ``envelope`` builds it, from the first block whose entry the budget
+    changed (cut, folded into an index); before it every message stays as sent, so the
+    cached prefix breaks there, not at the system message. What was ``sent`` in full is
+    kept for the blocks kept. None when no block's entry changed or none before the first
+    that did (nothing of the growth would stay cached), or a state saved without keys."""
+    grown = envelope.l2.segments[settled:]
+    now = {s.key: s for s in grown}
+    first: tuple[int, int] | None = None
+    for d, turn in enumerate(turns):
+        if len(turn.keys) != len(turn.blocks):
+            return None
+        i = next(
+            (i for i, (b, k) in enumerate(zip(turn.blocks, turn.keys, strict=True))
+             if k and (k not in now or now[k].text != b)),
+            None,
+        )  # fmt: skip
+        if i is not None:
+            first = (d, i)
+            break
+    if first is None:
+        return None
+    kept = [k for turn in turns[: first[0]] for k in turn.keys]
+    if not any((*kept, *turns[first[0]].keys[: first[1]])):
+        return None  # nothing of the growth would stay cached: it settles instead
+    # Each grown entry with the turn whose message sent it; an index a fold made this turn
+    # stands where the first entry it took stood: it goes with the entry after it.
+    owner = {k: d for d, turn in enumerate(turns) for k in turn.keys if k}
+    spans: dict[int, list[Segment]] = {}
+    at = len(turns) - 1
+    for seg in reversed(grown):
+        at = owner.get(seg.key, at)
+        spans.setdefault(at, []).insert(0, seg)
+    out = list(turns[: first[0]])
+    left = dict(sent)
+    for d in range(first[0], len(turns)):
+        turn = turns[d]
+        cut = first[1] if d == first[0] else 0
+        head = list(zip(turn.blocks[:cut], turn.keys[:cut], strict=True))
+        shown = {k for _, k in head if k}
+        others = [(b, "") for b, k in zip(turn.blocks[cut:-1], turn.keys[cut:-1], strict=True)
+                  if not k]  # fmt: skip
+        for k in turn.keys[cut:]:
+            left.pop(k, None)
+        new = [(s.text, s.key) for s in spans.get(d, []) if s.key not in shown]
+        left.update((s.key, s.content_hash) for s in spans.get(d, [])
+                    if s.key not in shown and s.form is Form.FULL)  # fmt: skip
+        parts = [*head, *others, *new, (turn.blocks[-1], turn.keys[-1])]
+        blocks = tuple(b for b, _ in parts)
+        tokens = joined_tokens([(b, counter.count(b), None) for b in blocks], counter)
+        out.append(attrs.evolve(turn, blocks=blocks, tokens=tokens,
+                                keys=tuple(k for _, k in parts)))  # fmt: skip
+    return tuple(out), left
+
+
 def batch_turn(
     state: BatchState | None,
     envelope: Envelope,
@@ -480,46 +563,64 @@ def batch_turn(
             lookup = {s.key: s.content_hash for s in library if s.form is not Form.REFERENCE}
         return lookup.get(key)
 
-    sent = dict(state.sent)
-    blocks, tokens = append_user(envelope, sent, settled, renderer, counter)
-    before = dict(state.sent)  # what the batch sent before this turn's message
     users = [s for s in rest if s.role == "user"]
     known = {} if previous is None else {s.key: s for s in previous.turns}
-    deferred = tuple(
-        _reuse(known.get(seg.key), turn)
-        or _message(seg.key, seg.source_type, turn.text, turn.tokens)
-        for seg, turn in zip(users, turns, strict=True)
-    )
-    user = _message(f"history:{envelope.turn}:user", "history", BLOCK_SEP.join(blocks), tokens)
-    batch = Batch(
-        state.settled,
-        state.library_tokens,
-        deferred,
-        user,
-        0,
-        system_hash=state.system_hash,
-        library_hash=state.library_hash,
-        system=system,
-    )
-    candidate = attrs.evolve(envelope, batch=batch)
-    used = count(candidate)
+
+    def extension(
+        turns: tuple[DeferredTurn, ...], before: Mapping[str, str]
+    ) -> tuple[Batch, list[Part], int, dict[str, str]]:
+        sent = dict(before)
+        parts, tokens = append_user(envelope, sent, settled, renderer, counter)
+        deferred = tuple(
+            _reuse(known.get(seg.key), turn)
+            or _message(seg.key, seg.source_type, turn.text, turn.tokens)
+            for seg, turn in zip(users, turns, strict=True)
+        )
+        text = BLOCK_SEP.join(t for t, _ in parts)
+        user = _message(f"history:{envelope.turn}:user", "history", text, tokens)
+        batch = Batch(
+            state.settled,
+            state.library_tokens,
+            deferred,
+            user,
+            0,
+            system_hash=state.system_hash,
+            library_hash=state.library_hash,
+            system=system,
+        )
+        return batch, parts, tokens, sent
+
+    before: Mapping[str, str] = dict(state.sent)  # what the batch sent before this turn
+    batch, parts, tokens, sent = extension(turns, before)
+    used = count(attrs.evolve(envelope, batch=batch))
     if not fits(used):
-        return _settled(envelope, counter, count, fits, OVER_BUDGET, room, wholes)
+        # The library's growth as the budget fitted it: the deferred messages from the
+        # first block it changed are sent as the envelope builds them now.
+        shed = _shed(state.settled, turns, before, envelope, counter)
+        if shed is None:
+            return _settled(envelope, counter, count, fits, OVER_BUDGET, room, wholes)
+        turns, before = shed
+        batch, parts, tokens, sent = extension(turns, before)
+        used = count(attrs.evolve(envelope, batch=batch))
+        if not fits(used):
+            return _settled(envelope, counter, count, fits, OVER_BUDGET, room, wholes)
+    candidate = attrs.evolve(envelope, batch=batch)
     free = room(used)
-    restored = choose_restores(wholes(state.settled, free, sent) if free > 0 else (), free, counter)
+    # The library's growth too: a deferred message sends an entry cut once the budget
+    # cut it (``_shed``), and the request as sent may leave room the build did not.
+    grown = len(envelope.l2.segments)
+    restored = choose_restores(wholes(grown, free, sent) if free > 0 else (), free, counter)
     if restored:
-        more = before  # the message again, from what was sent before it, with the restores
-        blocks_r, tokens_r = append_user(envelope, more, settled, renderer, counter, restored)
-        text = BLOCK_SEP.join(blocks_r)
+        more = dict(before)  # the message again, from what was sent before it, with restores
+        parts_r, tokens_r = append_user(envelope, more, settled, renderer, counter, restored)
+        text = BLOCK_SEP.join(t for t, _ in parts_r)
         user_r = _message(f"history:{envelope.turn}:user", "history", text, tokens_r)
         batch_r = attrs.evolve(batch, user=user_r, restored=tuple(restored))
         used_r = count(attrs.evolve(envelope, batch=batch_r))
         if fits(used_r):
-            blocks, tokens, sent, batch, used = blocks_r, tokens_r, more, batch_r, used_r
+            parts, tokens, sent, batch, used = parts_r, tokens_r, more, batch_r, used_r
             candidate = attrs.evolve(envelope, batch=batch)
-    turns += (
-        DeferredTurn(envelope.turn, envelope.query, *lasting(envelope, blocks, tokens, counter)),
-    )
+    turns += (_deferred(envelope, parts, tokens, counter),)
     # ``sent`` keeps the order keys were first sent in (a refresh replaces a value in
     # place): it only grows at its end, so a store keeps it as entries written once.
     after = attrs.evolve(state, turns=turns, sent=tuple(sent.items()))

@@ -335,8 +335,9 @@ def _promote(turn: TurnGraph, new: tuple[Placement, ...]) -> Library:
 
 
 def _promoted(turn: TurnGraph, item: Placement) -> tuple[View, str, View | None]:
-    """The view ``item`` enters L2 with, its text, and the carry-forward view it stands
-    for when the budget cut it (None: it enters in carry-forward form).
+    """The view ``item`` enters L2 with, its text, and the whole view it stands for (None:
+    it enters whole): the carry-forward view when the budget cut it, the full view when
+    it is carried forward as a preview.
 
     A budget-fitted preview enters as sent (the counts are made; nothing is previewed
     again) unless it is larger than the carry-forward form can be (``verbatim_tokens``):
@@ -354,7 +355,9 @@ def _promoted(turn: TurnGraph, item: Placement) -> tuple[View, str, View | None]
             carried = ctx.counter.count(ctx.renderer.render(whole)) <= ctx.policy.verbatim_tokens
             return view, text, whole if carried else None
     view, text = carry_forward(artifact, ctx.counter, ctx.policy, ctx.renderer, ctx.views)
-    return view, text, None
+    # A note carried forward as a preview keeps its whole form: a later turn with room
+    # gives it back like any entry the budget cut.
+    return view, text, full_view(artifact) if view.form is Form.PREVIEW else None
 
 
 def _prepare_summaries(

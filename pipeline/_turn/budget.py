@@ -110,10 +110,11 @@ class BudgetSettings:
     changing them again."""
     cache_weight: float = attrs.field(default=0.7, validator=_real)
     """What a token read from the provider's cache is worth, against a token of text the
-    model can use: the price a change pays for each token after it that could have stayed
-    cached (the objective). 0.7, chosen over whole chats (docs/BUDGET.md): from 0.8 up,
-    the note a turn attaches for its question gives way to older entries' cache; 0 sends
-    the most text whatever the cache."""
+    model can use: the price a change pays for each token of the cache it loses (the
+    objective). 0.7, chosen over whole chats (docs/BUDGET.md): it keeps the most of the
+    cache on the real vaults; from 0.3 up, a note a turn attaches for its question that
+    the relevance does not rank first gives way to older entries' cache; 0 sends the most
+    text whatever the cache."""
     text_free_share: float = attrs.field(default=0.1, validator=_fraction)
     """The share of the window that forms without prose (index lines, stubs, counts) may
     take, the smallest forms too as far as the room allows."""

@@ -200,6 +200,10 @@ def test_an_overflowing_loop_cuts_the_turn_in_the_turns_order(tmp_path: Path) ->
         conv = Conversation("You answer from search results.", vault=vault, budget=roomy)
         conv.turn("Question 0?", [{"note": "n0.md"}, {"note": "n1.md"}])
         conv.reply("Answer 0.")
+        # A turn with room gives back whole the notes carried forward as previews, so
+        # the loop's turn finds its library as it will send it.
+        conv.turn("Question 1?")
+        conv.reply("Answer 1.")
         conv.budget = Budget(context_window=window, reserve_output=300)
         return AgentTurn.start(conv, "What changed?", tool_headroom=0)
 
@@ -285,8 +289,11 @@ def test_a_handoff_without_a_budget_changes_only_l1s_mutable_part(vault: Path) -
     assert after.system_text == before.system_text.replace("Route.", "Dig.", 1)
     assert (after.l2, after.l3, after.l4, after.l5) == (before.l2, before.l3, before.l4, before.l5)
     assert after.l1.tokens == conv.counter.count("You answer.\n\nDig.")
-    assert handed.fit().tokens == handed.base_tokens() == agent.base_tokens() + (
-        conv.counter.count("You answer.\n\nDig.") - conv.counter.count("You answer.\n\nRoute.")
+    assert (
+        handed.fit().tokens
+        == handed.base_tokens()
+        == agent.base_tokens()
+        + (conv.counter.count("You answer.\n\nDig.") - conv.counter.count("You answer.\n\nRoute."))
     )
     check_envelope(after, before)
     back = handed.with_system(SystemPrompt("You answer.", "Route."))
@@ -320,9 +327,7 @@ def test_the_turn_after_a_handoff_says_handoff_against_the_loops_last_request(
     nxt = plain.after(last)
     first = nxt.fit().envelope
     assert classify_break(last, first) == ("handoff",)
-    assert [d.action for d in first.report.decisions if d.layer == "L1"] == [
-        DecisionAction.HANDOFF
-    ]
+    assert [d.action for d in first.report.decisions if d.layer == "L1"] == [DecisionAction.HANDOFF]
     check_envelope(first, last)  # raised: the system message changed, no decision said why
     with pytest.raises(InvariantViolation, match="no decision says why"):
         check_envelope(plain.fit().envelope, last)

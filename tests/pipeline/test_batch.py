@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from lamina import Conversation, load_conversation, rebuild_envelope
 from lamina.pipeline import Budget, ConversationState, Envelope, check_envelope
 from lamina.pipeline.store import ConversationInfo, save_turn
-from lamina.renderers import openai_messages
+from lamina.renderers import openai_messages, prefix_reports
 from tests.stores import Backend
 
 _NOTES = {
@@ -256,66 +256,82 @@ def test_each_request_extends_the_last_or_settles_with_a_reason(
 _EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+# chat30's window for the restores by appending pinned below. At 6,000 no turn restores by
+# appending any more: a restore now costs the cache only what the last request sent of the
+# entries after it, so the budget gives cut entries back in place when the room allows
+# (turn 15 restores five). At 4,500 (limit 3,000) the meeting note of 19 October, set
+# aside into the library's count of entries, is sent whole again twice (turns 20 and 25).
+_WINDOW = 4500
+
+
+def _budget() -> Budget:
+    # Recall off: recalled passages take the free room a restore by appending would use.
+    return Budget(context_window=_WINDOW, reserve_output=1500, recall=False)
+
+
 def _chat30(turns: int, first: int = 0) -> list[Envelope]:
-    """chat30 at a 6,000-token window: turns ``first`` to ``turns`` (numbered from 0) of
-    one conversation, whose restores by appending these tests pin."""
+    """chat30 at a 4,500-token window (``_WINDOW``): turns ``first`` to ``turns``
+    (numbered from 0) of one conversation, whose restores by appending these tests pin."""
     from lamina import load_script, run_script
 
     script = load_script(_EXAMPLES / "chat30.yaml")
-    # Recall off: recalled passages take the free room a restore by appending would use.
-    budget = Budget(context_window=6000, reserve_output=1500, recall=False)
-    conv = Conversation(script.system, vault=script.vault, budget=budget)
+    conv = Conversation(script.system, vault=script.vault, budget=_budget())
     return run_script(attrs.evolve(script, turns=script.turns[:turns]), conv)[first:]
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 6,000: turn 14 settles (the budget changes the library) with room beyond
-    the headroom, and the meeting note the budget cut to a preview in turn 9 goes whole in
-    its user message, under the intro, before the query; the system message keeps its cut
-    form (a restore by appending rewrites nothing). Turn 15 extends it and sends it not
-    again."""
+    """chat30 at 4,500: turn 20 settles (history changes) with room beyond the headroom,
+    and the meeting note of 19 October, which the budget set aside into the library's
+    count of entries, goes whole in its user message, under the intro, before the query;
+    the system message keeps the count that stands for it (a restore by appending
+    rewrites nothing). Turn 21 extends it and sends it not again. (At 6,000, where this
+    was pinned before, the budget now gives cut entries back in place instead: see
+    ``_WINDOW``.)"""
     from lamina.pipeline.layout import RESTORED_INTRO
 
-    t12, t13 = _chat30(15, 13)
-    assert t12.batch is not None and t13.batch is not None
+    t20, t21 = _chat30(21, 19)
+    assert t20.batch is not None and t21.batch is not None
     keys = ["note:meetings/2026-10-19.md"]
-    assert [s.key for s in t12.batch.restored] == keys
-    assert (t12.batch.reason, t13.batch.reason) == ("system-changed", "")
-    assert [s.key for s in t13.batch.restored] == []
-    messages = _messages(t12)
+    assert [s.key for s in t20.batch.restored] == keys
+    assert (t20.batch.reason, t21.batch.reason) == ("history-changed", "")
+    assert [s.key for s in t21.batch.restored] == []
+    messages = _messages(t20)
     (_, system), (role, user) = messages[0], messages[-1]
     assert role == "user"
     blocks = user.split("\n\n---\n[User query]:\n")[0]
-    whole = "\n\n".join(s.text for s in t12.batch.restored)
+    whole = "\n\n".join(s.text for s in t20.batch.restored)
     assert blocks.endswith(RESTORED_INTRO + "\n\n" + whole)
-    for seg in t12.batch.restored:
-        cut = t12.l2.get(seg.key)  # None: folded into its folder's index
+    indexes = [s for s in t20.l2.segments if s.source_type == "index"]
+    for seg in t20.batch.restored:
+        cut = t20.l2.get(seg.key)  # None: folded into an index (here the count set aside)
         assert cut is None or (str(cut.form) != "full" and cut.text in system)
+        assert cut is not None or any(s.text in system for s in indexes)
         assert seg.text not in system
-    assert t12.batch.tokens <= Budget(context_window=6000, reserve_output=1500).limit
-    assert _messages(t13)[: len(messages)] == messages
+    assert t20.batch.tokens <= _budget().limit
+    assert _messages(t21)[: len(messages)] == messages
 
 
 def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> None:
-    """Restored from SQLite after turn 16, the conversation sends turns 17 and 18 (a
+    """Restored from SQLite after turn 24, the conversation sends turns 25 and 26 (a
     settle that restores by appending, then a settle of its own) byte for byte as the
-    live one did: the budget's regret is part of the state saved."""
+    live one did: the budget's regret is part of the state saved. (chat30 at 4,500,
+    ``_WINDOW``: turn 25 settles because the library changed, turn 26 over budget.)"""
     from lamina import load_script, run_saved, run_script
     from lamina.pipeline.store import open_store
 
     script = load_script(_EXAMPLES / "chat30.yaml")
-    budget = Budget(context_window=6000, reserve_output=1500, recall=False)  # as _chat30
-    live = Conversation(script.system, vault=script.vault, budget=budget)
-    want = _chat30(18, 16)
+    live = Conversation(script.system, vault=script.vault, budget=_budget())
+    want = _chat30(26, 24)
     assert [[s.key for s in e.batch.restored] for e in want if e.batch] == [
-        ["note:project-spec.md", "note:glossary.md"],
+        ["note:meetings/2026-10-19.md"],
         [],
     ]
+    assert [e.batch.reason for e in want if e.batch] == ["system-changed", "over-budget"]
     with open_store(str(tmp_path / "s.db")) as store:
         store.create(ConversationInfo("c", vault=str(script.vault)))
-        run_saved(attrs.evolve(script, turns=script.turns[:16]), live, store, "c")
+        run_saved(attrs.evolve(script, turns=script.turns[:24]), live, store, "c")
         again = load_conversation(store, "c", vault=script.vault)
-    got = run_script(attrs.evolve(script, turns=script.turns[16:18]), again, check=False)
+    got = run_script(attrs.evolve(script, turns=script.turns[24:26]), again, check=False)
     assert [_messages(e) for e in got] == [_messages(e) for e in want]
     assert [e.batch for e in got] == [e.batch for e in want]
 
@@ -402,3 +418,34 @@ def test_a_question_after_a_folder_extends_the_request(folders: Path) -> None:
         if not attach:
             assert env.batch.reason == ""
             assert sent[-1][: len(sent[-2])] == sent[-2]
+
+
+def test_notes_after_a_folder_shed_the_tail_of_its_message(folders: Path) -> None:
+    """A folder fills the window, then two notes need room: the budget cuts the folder's
+    last notes, and the request sends the folder's message as it was up to the first block
+    it cut, the rest as the library holds it now (the batch goes on; the cached prefix
+    reaches into that message). Main before this: the batch settled, 6 of 2,120 tokens
+    cached; now 1,485 of 2,025."""
+    conv = Conversation(
+        "You answer from the attached notes.",
+        vault=folders,
+        budget=Budget(context_window=3000, reserve_output=750),
+    )
+    first = conv.turn("What do the ships say?", [{"folder": "ships"}])
+    conv.reply("Answer 1: " + "the notes say several things about this. " * 8)
+    notes = [{"note": "gear/gear-00.md"}, {"note": "gear/gear-01.md"}]
+    second = conv.turn("And this gear?", notes)
+    assert second.batch is not None and second.batch.reason == ""
+    cut = [d.target for d in second.report.decisions if d.layer == "L2"]
+    assert cut and all(k.startswith("note:ships/") for k in cut)
+    before, after = _messages(first), _messages(second)
+    assert after[0] == before[0]  # the system message
+    sent, now = before[1][1], after[1][1]
+    kept = next(i for i, (a, b) in enumerate(zip(sent, now, strict=False)) if a != b)
+    assert len(sent) // 2 < kept < len(sent)
+    # From there on, the folder's notes as the library holds them now: no note cut to an
+    # index line is sent in full.
+    folded = [k for k in cut if second.l2.get(k) is None]
+    assert folded and not any(f'<note key="{k}"' in now[kept:] for k in folded)
+    assert second.batch.tokens <= conv.budget.limit
+    assert prefix_reports([first, second], conv.counter)[1].common_prefix_tokens > 1_400

@@ -123,9 +123,10 @@ def test_a_large_attachment_leaves_the_library_its_floor_and_it_comes_back(
     big_vault: Path,
 ) -> None:
     """A 2-hour transcript arriving in a chat with a 22-entry library at 16k: the library
-    keeps text (not all stubs), and the short turns after it restore entries once the
-    value they miss reaches the cache a restore breaks (the regret: the first short turn
-    keeps its prefix, the second restores)."""
+    keeps text (not all stubs), and the first short turn after it restores the entries it
+    cut: a restore pays for the cache it loses (the stubs and previews last turn sent from
+    the first entry it changes on), not for what it sends, so the value the entries bring
+    back outweighs it at once; the turn after keeps its prefix."""
     budget = Budget(16_000, reserve_output=2_000)
     conv = Conversation("You answer.", vault=big_vault, budget=budget)
     previous: Envelope | None = None
@@ -146,14 +147,14 @@ def test_a_large_attachment_leaves_the_library_its_floor_and_it_comes_back(
     cut_before = sum(1 for e in conv.library if e.cut)
     first = conv.turn("What did we decide?")
     check_envelope(first, big)
-    assert not first.report.decisions  # the prefix kept: a restore would re-send it all
+    restored = [d for d in first.report.decisions if d.action is DecisionAction.RESTORED]
+    assert restored
+    assert sum(1 for e in conv.library if e.cut) < cut_before
+    assert exact_request_tokens(first) == first.report.budget.used <= budget.limit  # type: ignore[union-attr]
     conv.reply("Two things.")
     after = conv.turn("And the third?")
     check_envelope(after, first)
-    restored = [d for d in after.report.decisions if d.action is DecisionAction.RESTORED]
-    assert restored
-    assert sum(1 for e in conv.library if e.cut) < cut_before
-    assert exact_request_tokens(after) == after.report.budget.used <= budget.limit  # type: ignore[union-attr]
+    assert not after.report.decisions  # what came back stays: the prefix is kept
 
 
 NOTES = (
@@ -193,12 +194,13 @@ def test_cuts_are_states_over_random_chats(turns: list[list[str]], window: int) 
 def test_stubs_folded_into_a_library_index_survive_a_store(
     tmp_path: Path,
 ) -> None:
-    """A documentation vault at 8k: by turn 9 small library entries are folded into their
+    """A documentation vault at 6k: by turn 9 small library entries are folded into their
     folders' indexes (``LibraryEntry.folded`` keeps them); a conversation restored from
-    SQLite holds the same library and decides the next turn byte for byte the same."""
+    SQLite holds the same library and decides the next turn byte for byte the same. (At
+    8k the budget now cuts the library to previews there and folds nothing.)"""
     from tests.test_real_material import KEPANO, KEPANO_CHAT
 
-    budget = Budget(8000, reserve_output=1000)
+    budget = Budget(6000, reserve_output=1000)
     live = Conversation("You answer from the attached notes.", vault=KEPANO, budget=budget)
     previous: Envelope | None = None
     with SqliteStore(tmp_path / "chat.db") as store:
@@ -222,27 +224,33 @@ def test_stubs_folded_into_a_library_index_survive_a_store(
 
 
 def test_a_reattached_long_note_cuts_the_library_no_deeper_than_it_needs() -> None:
-    """The documentation vault at 8k: turn 9 re-attaches a 2,281-token note the library
+    """The documentation vault at 6k: turn 9 re-attaches a 2,277-token note the library
     holds as its preview. The library of ~100 small notes is cut by what the excess needs
-    (small entries folded into their folder's index, newest first, no slack kept since the
-    next turn has the note's room back), not to its stubs' index (5,439 -> 427 tokens);
-    each entry folded is a decision, and the turn uses most of its limit."""
+    (entries compacted, each a decision), not to its stubs' index (about 4,000 tokens of
+    it stay), and the turn uses most of its limit. (At 8k a turn with room gave the note
+    back whole before turn 9: the re-attachment is then a reference and cuts nothing.)"""
     from tests.test_real_material import KEPANO, KEPANO_CHAT
 
-    budget = Budget(8000, reserve_output=1000)
+    budget = Budget(6000, reserve_output=1000)
     conv = Conversation("You answer from the attached notes.", vault=KEPANO, budget=budget)
     previous: Envelope | None = None
+    key = "note:Clippings/68 Bits of Unsolicited Advice.md"
+    held = None
     for i, (query, attach) in enumerate(KEPANO_CHAT[:9]):
+        held = conv.library.get(key)
         env = conv.turn(query, attach)
         check_envelope(env, previous)
         conv.reply(f"Answer {i + 1}.")
         previous = env
+    assert held is not None and held.form is Form.PREVIEW and held.cut
     assert previous is not None and previous.report.budget is not None
     report = previous.report.budget
     assert report.used >= 0.9 * report.limit
     assert previous.l2.tokens > 3_000
-    folded = [d for d in report.decisions if d.action is DecisionAction.INDEXED]
-    assert folded and {d.target for d in folded}.isdisjoint(previous.l2.keys())
+    cuts = [d for d in report.decisions if d.action is DecisionAction.COMPACTED]
+    assert any(d.target != key for d in cuts)
+    sent = previous.l3.get(key)
+    assert sent is not None and sent.form is Form.PREVIEW
 
 
 def test_a_chat_decides_the_same_whatever_the_process_summarized_before() -> None:

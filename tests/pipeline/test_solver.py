@@ -52,8 +52,10 @@ def test_no_restore_that_the_cache_price_outweighs() -> None:
 def test_the_regret_buys_back_what_the_cache_price_holds_back() -> None:
     """An entry cut at the front of a cached prefix: in one turn the price keeps it cut,
     the value it misses adds up turn by turn (``free_value`` over the solution's), and
-    once that regret reaches what the break costs more than it brings (1,700 here: 980
-    a turn) the restore is bought, its objective counting the regret."""
+    once that regret reaches what the break costs more than it brings (856 here: the
+    cache it loses, 0.9 of the 2,040 tokens last turn's request sent from the entry on,
+    against a gain of 980 a turn) the restore is bought, its objective counting the
+    regret."""
     ladders = [Ladder((FULL, STUB), previous=1)]
     ladders += [Ladder((Rung(500, 500.0),), previous=0) for _ in range(4)]
     regret, turns = 0.0, 0
@@ -63,7 +65,7 @@ def test_the_regret_buys_back_what_the_cache_price_holds_back() -> None:
         assert done.choice[0] == 1 and done.broken_at is None
         regret += done.free_value - done.value
         turns += 1
-    assert done is not None and turns == 2 and regret == 2 * 980
+    assert done is not None and turns == 1 and regret == 980
     assert done.choice == (0, 0, 0, 0, 0) and done.broken_at == 0
     assert done.objective == objective(ladders, done.choice, 0.9, 5000)[0] + regret
 
@@ -102,9 +104,9 @@ def test_a_count_joining_an_index_breaks_the_prefix_at_the_index_once() -> None:
     """An index first in the prefix, then five 100-token entries whose count joins it
     (``at=0``), pricing the cache between them (``join``) when the index stays cached:
     counting three to fit 250 tokens breaks the request at the index, and is priced so
-    once (the exhaustive optimum), not once an entry. In 250 tokens no request keeps more
-    than the index and two entries cached, so the two kept are the last two (past that
-    cache, sent uncached whatever the choice) and only the index's 50 tokens are priced."""
+    once (the exhaustive optimum), not once an entry: the cache it loses, what last turn
+    sent from the index on as far as any request in 250 tokens could keep it cached (the
+    index and two entries; past them the prefix is read uncached whatever the choice)."""
     price = 0.3
     index = Ladder((Rung(50, 10.0, text_free=True),), previous=0)
     entries = [
@@ -117,15 +119,15 @@ def test_a_count_joining_an_index_breaks_the_prefix_at_the_index_once() -> None:
     ladders = [index, *entries]
     done = solve(ladders, 250, cache_price=price, text_free=1000)
     assert done is not None and done.tokens <= 250 and done.broken_at == 0
-    assert done.choice == (0, 1, 1, 1, 0, 0)
+    assert done.choice[0] == 0 and sorted(done.choice[1:]) == [0, 0, 1, 1, 1]
     best = max(
         objective(ladders, choice, price, 250)[0]
         for choice in itertools.product(*(range(len(ladder.rungs)) for ladder in ladders))
         if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True)) <= 250
     )
-    assert done.objective == pytest.approx(best) == 210.0 - price * 50
+    assert done.objective == pytest.approx(best) == 210.0 - price * 250
     # One entry counted: the request still breaks at the index, not at the entry.
-    assert objective(ladders, (0, 0, 0, 0, 0, 1), price) == (410.0 - price * 450, 0)
+    assert objective(ladders, (0, 0, 0, 0, 0, 1), price) == (410.0 - price * 550, 0)
 
 
 def test_a_forced_cut_keeps_what_fits() -> None:
@@ -133,13 +135,19 @@ def test_a_forced_cut_keeps_what_fits() -> None:
     there whatever the solve keeps, so keeping the most that fits pays no cache price (the
     kept turns are not worth 0.9 a token, which once cut them all)."""
     history = Ladder(
-        (Rung(0, 0.0), Rung(300, 240.0), Rung(600, 480.0), Rung(1000, 800.0)), previous=3
+        (Rung(0, 0.0), Rung(300, 240.0), Rung(600, 480.0), Rung(1000, 800.0)),
+        previous=3,
+        lasting=False,
     )
     done = solve([history], 700, cache_price=0.9)
     assert done is not None and done.choice == (2,) and done.broken_at == 0
     assert done.objective == objective([history], (2,), 0.9, 700)[0] == 480.0
-    # Where the whole fits, a cut pays for the tokens it re-sends uncached.
+    # Where the whole fits, a cut pays for the tokens it re-sends uncached (history gives
+    # way to the chat's growth: what it re-sends now, not what last turn sent).
     assert objective([history], (2,), 0.9, 1000) == (480.0 - 0.9 * 600, 0)
+    # A unit whose form lasts pays the cache it loses: what last turn sent.
+    lasting = attrs.evolve(history, lasting=True)
+    assert objective([lasting], (2,), 0.9, 1000) == (480.0 - 0.9 * 1000, 0)
 
 
 def test_none_when_even_the_smallest_forms_do_not_fit() -> None:

@@ -4,11 +4,21 @@ criteria that no budget setting moves."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import attrs
 
 from lamina import Conversation
-from lamina.pipeline import Budget, Envelope, Form, Layer, LayerName, Segment
+from lamina.pipeline import (
+    Budget,
+    Decision,
+    DecisionAction,
+    Envelope,
+    Form,
+    Layer,
+    LayerName,
+    Segment,
+)
 from lamina.renderers import FREE_MARGIN, judge_chat
 from lamina.renderers._judge import _has_prose, _open_frontmatter
 
@@ -89,7 +99,7 @@ def _budgeted_spec_chat() -> tuple[Conversation, list[Envelope]]:
     return conv, _spec_chat(conv)
 
 
-def _rebuilt(env: Envelope, library: tuple[Segment, ...], **report: int) -> Envelope:
+def _rebuilt(env: Envelope, library: tuple[Segment, ...], **report: Any) -> Envelope:
     """``env`` with ``library`` as its L2, sent as built, its budget report changed."""
     budget = env.report.budget
     assert budget is not None and env.l3.segments == ()
@@ -116,6 +126,25 @@ def test_an_entry_shown_only_cut_is_left_cut_when_its_growth_fits_the_room_less_
     assert 2000 * FREE_MARGIN == 100
     assert left_cut(910) == ["note:a.md"]
     assert left_cut(911) == []
+
+
+def test_a_turn_that_only_gives_back_did_not_cut() -> None:
+    """Window use counts the turns that cut: a turn whose budget only restored or recalled
+    (sending more, not less) at 500 of a 2,000 limit is not one; with a compaction it is."""
+    conv, envs = _budgeted_spec_chat()
+    whole = _segment('<note key="note:a.md">\nSome text.\n</note>', Form.FULL)
+
+    def judged(*actions: DecisionAction) -> tuple[int, float]:
+        decisions = tuple(
+            Decision("budget", "note:a.md", "preview", "full", "why", action=a) for a in actions
+        )
+        env = _rebuilt(envs[-1], (whole,), limit=2000, effective=500, decisions=decisions)
+        j = judge_chat([env], conv.counter, budget=conv.budget)
+        return j.cut_turns, j.window_use
+
+    assert judged(DecisionAction.RESTORED, DecisionAction.RECALLED) == (0, 1.0)
+    cut, use = judged(DecisionAction.RESTORED, DecisionAction.COMPACTED)
+    assert cut == 1 and use < 0.5
 
 
 def test_the_judgement_reads_no_budget_setting() -> None:

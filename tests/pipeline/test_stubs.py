@@ -1,0 +1,80 @@
+"""Library stubs folding into index blocks (``lamina.pipeline._budget.stubs``)."""
+
+from __future__ import annotations
+
+import attrs
+import networkx as nx
+
+from lamina.pipeline._budget.stubs import fold
+from lamina.pipeline._model.library import Library, LibraryEntry
+from lamina.pipeline._turn.graph import TurnContext, TurnGraph
+from lamina.pipeline.sources import make_artifact
+from lamina.pipeline.tokens import TokenCounter
+from lamina.pipeline.views import full_view, reference_view
+from lamina.processors import NotePayload
+from lamina.renderers import XmlRenderer
+
+
+def _turn(number: int) -> TurnGraph:
+    ctx = TurnContext(number, TokenCounter(), XmlRenderer())
+    return TurnGraph(graph=nx.DiGraph(), ctx=ctx)
+
+
+def _entry(turn: TurnGraph, path: str, *, stub: bool = False) -> LibraryEntry:
+    payload = NotePayload(path, path, (), (), f"# {path}\n\nSome text of {path}.\n", ())
+    artifact = make_artifact("note", f"note:{path}", payload, recoverable=True)
+    view = reference_view(artifact) if stub else full_view(artifact)
+    text = turn.ctx.renderer.render(view)
+    return LibraryEntry(view, text, turn.ctx.counter.count(text), 1, 40)
+
+
+def test_a_fold_changes_nothing_before_the_first_entry_it_takes() -> None:
+    """The folder's index stands before the entry a later turn folds: that index is not
+    extended (the prefix would break at it), a new one of the group takes the entry's
+    place; an index after the first entry folded is extended in place."""
+    turn = _turn(1)
+    a, b, c, d = (_entry(turn, f"docs/{x}.md") for x in "abcd")
+    library, _first, _ = fold(
+        turn, Library((a, b, c, d)), "folder:docs", [_entry(turn, "docs/a.md", stub=True)]
+    )
+    assert library.keys() == (
+        "index:folder:docs",
+        "note:docs/b.md",
+        "note:docs/c.md",
+        "note:docs/d.md",
+    )
+    later = _turn(4)
+    folded, made, grew = fold(
+        later, library, "folder:docs", [_entry(later, "docs/c.md", stub=True)]
+    )
+    assert folded.keys() == (
+        "index:folder:docs",
+        "note:docs/b.md",
+        "index:folder:docs@4",
+        "note:docs/d.md",
+    )
+    assert folded.entries[:2] == library.entries[:2] and grew == made.tokens
+    assert "note:docs/c.md" in made.text and "note:docs/a.md" not in made.text
+    # b stands before the turn-4 index: folding it extends that one, not the first.
+    again, extended, _ = fold(later, folded, "folder:docs", [_entry(later, "docs/b.md", stub=True)])
+    assert again.keys() == ("index:folder:docs", "index:folder:docs@4", "note:docs/d.md")
+    assert extended.key == "index:folder:docs@4" and "note:docs/b.md" in extended.text
+    assert again.entries[0] == folded.entries[0]
+
+
+def test_a_library_entrys_forms_are_remembered_with_its_turn() -> None:
+    """The view memo is shared by every conversation of the process: an entry's forms
+    (which carry the entry) are remembered by all they carry of it, so the same note
+    taken in at another turn by another conversation gets forms of its own turn (a
+    stale turn once weighed it by another's recency)."""
+    from lamina.pipeline import Budget
+    from lamina.pipeline._budget.objective import _library_forms
+    from lamina.pipeline.views import ViewMemo
+
+    memo = ViewMemo()
+    for taken in (1, 6):
+        ctx = TurnContext(8, TokenCounter(), XmlRenderer(), budget=Budget(4000), views=memo)
+        turn = TurnGraph(graph=nx.DiGraph(), ctx=ctx)
+        entry = attrs.evolve(_entry(turn, "docs/a.md"), turn=taken)
+        forms = _library_forms(turn, entry, sent=False)
+        assert {f.choice.entry.turn for f in forms if f.choice.entry is not None} == {taken}
