@@ -23,7 +23,6 @@ from lamina.pipeline._views.views import full_view
 
 __all__ = [
     "fold",
-    "index_after",
     "stub_group",
 ]
 
@@ -74,24 +73,6 @@ def _listed(entry: LibraryEntry) -> tuple[tuple[str, ...], int, int]:
     return tuple(lines), items - unlisted, unlisted
 
 
-def index_after(library: Library, group: str, place: int) -> LibraryEntry | None:
-    """The first of ``group``'s index blocks in ``library`` placed after ``place`` (None:
-    none is): the one a fold of an entry at ``place`` extends."""
-    for entry in library.entries[place + 1 :]:
-        if entry.view.source_type == INDEX_SOURCE and entry.view.locator == group:
-            return entry
-    return None
-
-
-def _index_before(library: Library, group: str, place: int) -> LibraryEntry | None:
-    """The last of ``group``'s index blocks in ``library`` placed before ``place`` (None:
-    none is): the one a joining fold extends."""
-    for entry in reversed(library.entries[:place]):
-        if entry.view.source_type == INDEX_SOURCE and entry.view.locator == group:
-            return entry
-    return None
-
-
 def fold(
     turn: TurnGraph,
     library: Library,
@@ -114,9 +95,16 @@ def fold(
     moved = (*stubs, *counted)
     keys = library.keys()
     first = min((keys.index(e.key) for e in moved), default=0)
-    index = index_after(library, group, first)
+    # The group's index blocks, in library order: the first after that entry, else (with
+    # ``join``) the last before it.
+    blocks = [
+        (i, e)
+        for i, e in enumerate(library.entries)
+        if e.view.source_type == INDEX_SOURCE and e.view.locator == group
+    ]
+    index = next((e for i, e in blocks if i > first), None)
     if index is None and join:
-        index = _index_before(library, group, first)
+        index = next((e for i, e in reversed(blocks) if i < first), None)
     key = index.key if index is not None else f"{INDEX_SOURCE}:{group}"
     if index is None and key in library:
         key = f"{key}@{turn.ctx.turn}"
