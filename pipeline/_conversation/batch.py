@@ -163,9 +163,9 @@ def _deferred(
     keys = tuple(s.key if s is not None and id(s) in grows else "" for _, s in kept)
     blocks = tuple(t for t, _ in kept)
     if len(kept) != len(parts):
-        if len(blocks) == 1 and blocks[0] == QUERY_LABEL + envelope.query:
-            blocks = (envelope.query,)  # the query alone is not labelled
-        tokens = joined_tokens([(b, counter.count(b), None) for b in blocks], counter)
+        if len(kept) == 1 and blocks[0] == QUERY_LABEL + envelope.query:
+            kept = [(envelope.query, None)]  # the query alone is not labelled
+        blocks, tokens = _counted(kept, counter)
     return DeferredTurn(envelope.turn, envelope.query, blocks, tokens, keys=keys)
 
 
@@ -501,14 +501,17 @@ def _shed(
                   if not k]  # fmt: skip
         for k in turn.keys[cut:]:
             left.pop(k, None)
-        new = [(s.text, s.key) for s in spans.get(d, []) if s.key not in shown]
-        left.update((s.key, s.content_hash) for s in spans.get(d, [])
-                    if s.key not in shown and s.form is Form.FULL)  # fmt: skip
-        parts = [*head, *others, *new, (turn.blocks[-1], turn.keys[-1])]
-        blocks = tuple(b for b, _ in parts)
-        tokens = joined_tokens([(b, counter.count(b), None) for b in blocks], counter)
+        new = [s for s in spans.get(d, []) if s.key not in shown]
+        left.update((s.key, s.content_hash) for s in new if s.form is Form.FULL)
+        # The entries as built are measured blocks: ``_counted`` does not count them again.
+        parts: list[tuple[str, str, Segment | None]] = [
+            *((b, k, None) for b, k in (*head, *others)),
+            *((s.text, s.key, s) for s in new),
+            (turn.blocks[-1], turn.keys[-1], None),
+        ]
+        blocks, tokens = _counted([(b, s) for b, _, s in parts], counter)
         out.append(attrs.evolve(turn, blocks=blocks, tokens=tokens,
-                                keys=tuple(k for _, k in parts)))  # fmt: skip
+                                keys=tuple(k for _, k, _ in parts)))  # fmt: skip
     return tuple(out), left
 
 
