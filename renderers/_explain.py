@@ -112,12 +112,10 @@ def _sentence(code: str, turn: Mapping[str, Any], previous: Mapping[str, Any] | 
     if kind == "library-settled":
         return _settled(turn, previous)
     if kind == "library-shed":
-        cached = int((turn.get("cache") or {}).get("common_prefix_tokens", 0))
         return (
             "The budget changed an entry of the library's deferred growth, so the earlier user "
             "messages that carry it are sent as before up to that entry's block and as built "
-            f"from there; the request repeats the one before only up to there ({cached:,} of "
-            f"{int(turn.get('tokens_total', 0)):,} tokens)."
+            f"from there; {_up_to_there(turn)}."
         )
     if kind == "unknown":
         return (
@@ -148,11 +146,18 @@ def _settled(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str
             f"the library in the system message took {len(grown)} "
             f"entr{'y' if len(grown) == 1 else 'ies'} ({_names(grown)})",
         )
+    return (
+        f"The library's deferred growth settled{cause}: {' and '.join(changes)}, so "
+        f"{_up_to_there(turn)}."
+    )
+
+
+def _up_to_there(turn: Mapping[str, Any]) -> str:
+    """How much of the request the one before holds, for a sentence that says where."""
     cached = int((turn.get("cache") or {}).get("common_prefix_tokens", 0))
     return (
-        f"The library's deferred growth settled{cause}: {' and '.join(changes)}, so the request "
-        f"repeats the one before only up to there ({cached:,} of "
-        f"{int(turn.get('tokens_total', 0)):,} tokens)."
+        f"the request repeats the one before only up to there ({cached:,} of "
+        f"{int(turn.get('tokens_total', 0)):,} tokens)"
     )
 
 
@@ -218,8 +223,7 @@ def _low_cache(turn: Mapping[str, Any], previous: Mapping[str, Any]) -> str:
     if _recalled(previous):
         return (
             f"The earlier messages recalled for turn {previous.get('turn')} belong to that "
-            "turn only: its message is sent again without them, so the request repeats the "
-            f"one before only up to there ({cached:,} of {total:,} tokens)."
+            f"turn only: its message is sent again without them, so {_up_to_there(turn)}."
         )
     l3 = _band(turn, "L3")
     if total and l3 >= total / 2:
