@@ -94,7 +94,8 @@ def sent_rows(envelope: Envelope) -> list[SentRow]:
     sent = envelope.as_sent()
     deferred = deferred_segments(envelope)
     rows = [SentRow("L1", s.key, str(s.form), s.tokens) for s in envelope.l1.segments]
-    rows += [SentRow("L2", s.key, str(s.form), s.tokens) for s in sent.l2.segments]
+    # An index of entries set aside is kept in the library, not sent (no text): no row.
+    rows += [SentRow("L2", s.key, str(s.form), s.tokens) for s in sent.l2.segments if s.text]
     rows += [SentRow("deferred", s.key, "message", s.tokens) for s in deferred]
     if sent is envelope:
         rows += [SentRow("L3", s.key, str(s.form), s.tokens) for s in envelope.l3.segments]

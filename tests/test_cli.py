@@ -145,21 +145,29 @@ def test_private_network_urls_are_refused_unless_allowed(tmp_path: Path) -> None
 
 
 def test_inspect_and_the_trace_name_the_entries_sent_whole_again() -> None:
-    """chat30 at 7,000: turn 17's request (a settle) sends a cut library entry whole again
-    (restore by appending), and turn 26's, in a later batch, the same entry again;
-    `inspect` says so on its request line and the trace lists its key under the batch.
-    (At 6,000, where this was pinned before, no turn restores by appending any more: a
-    restore costs the cache only what the last request sent of the entries after it, so
-    the budget gives cut entries back in place.)"""
+    """chat30 at 4,500: turn 15's request (a settle) sends five cut library entries whole
+    again (restore by appending), and turn 16's, a settle of its own, the meeting note of
+    19 October again; `inspect` says so on their request lines and the trace lists their
+    keys under the batch. (At 7,000, where this was pinned before, no turn restores by
+    appending any more: the batch settles where it used to shed, and with the library in
+    the system message the budget gives cut entries back in place.)"""
     chat = str(Path(__file__).resolve().parents[1] / "examples" / "chat30.yaml")
-    keys = ["note:meetings/2026-10-19.md"]
-    out = lamina("inspect", chat, "--window", "7000")
+    five = [
+        "note:docs/auth.md",
+        "pdf:media/sync-design-review.pdf",
+        "note:meetings/2026-10-19.md",
+        "note:meetings/2026-11-02.md",
+        "note:glossary.md",
+    ]
+    out = lamina("inspect", chat, "--window", "4500")
     assert out.returncode == 0, out.stderr
-    line = "request: settled (over-budget): the system message holds 6 of 6 library entries"
-    assert f"{line}; sent whole again: {', '.join(keys)}" in out.stdout.splitlines()
-    run = lamina("run", chat, "--window", "7000", "--json")
+    lines = out.stdout.splitlines()
+    held = "the system message holds 7 of 7 library entries; sent whole again"
+    assert f"request: settled (over-budget): {held}: {', '.join(five)}" in lines
+    assert f"request: settled (system-changed): {held}: {five[2]}" in lines
+    run = lamina("run", chat, "--window", "4500", "--json")
     assert run.returncode == 0, run.stderr
     turns = json.loads(run.stdout)["turns"]
     restored = {i + 1: t["batch"]["restored"] for i, t in enumerate(turns)
                 if t["batch"].get("restored")}  # fmt: skip
-    assert restored == {17: keys, 26: keys}
+    assert restored == {15: five, 16: five[2:3]}

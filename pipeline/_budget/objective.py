@@ -47,7 +47,7 @@ from lamina.pipeline._budget.solver import (
     objective,
     solve,
 )
-from lamina.pipeline._budget.stubs import _Renderer, fold, stub_group
+from lamina.pipeline._budget.stubs import SET_ASIDE, _Renderer, fold, stub_group
 from lamina.pipeline._errors import BudgetExceeded
 from lamina.pipeline._hashing import text_hash
 from lamina.pipeline._model.artifacts import Artifact, TurnWarning
@@ -89,7 +89,6 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_ROUNDS",
     "MIN_PREVIEW_TOKENS",
-    "SET_ASIDE",
     "Solve",
     "TurnFitting",
     "shrink",
@@ -103,11 +102,6 @@ grows it by what the best fit left."""
 
 MIN_PREVIEW_TOKENS = 64
 """The smallest preview block of an item: below it a preview holds a heading at most."""
-
-SET_ASIDE = "earlier turns"
-"""The group of the library's one count-only index: entries counted there (each kept in
-it, so a turn with room unfolds them) are set aside from every group, so a count costs
-one block, not one a folder."""
 
 _SEP = 2
 """Tokens a block costs beside its own (the blank line between blocks)."""
@@ -252,7 +246,7 @@ def _fitted(views: ViewMemo, memo: tuple[object, ...], body: str, counter: Token
 def _library_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
     """A library entry's forms: the one it has now first, its whole form, the policy's
     preview and previews fitted to halving sizes, a summary, excerpts (non-recoverable),
-    a stub, its index line and its count in the library's count of entries set aside; an
+    a stub, its index line and set aside (counted in an index not sent); an
     index's, unfolded into its entries and kept as a count. An entry's forms are
     remembered by its text and all else they carry of it (its turn, its full size: the
     memo is shared by every conversation of the process; the ladder's values change with
@@ -272,8 +266,9 @@ def _library_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple
 
 def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
     """A library index's forms: as it is, unfolded into its entries (their value), and
-    its count only."""
-    forms = [_Form(_Choice("index", entry), entry.tokens + _SEP, True)]
+    its count only (not sent)."""
+    sep = _SEP if entry.text else 0  # an index not sent has no block
+    forms = [_Form(_Choice("index", entry), entry.tokens + sep, bool(entry.text))]
     if not entry.folded or sent:
         return tuple(forms)
     taken = {i.key for i in turn.items}
@@ -286,7 +281,7 @@ def _index_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_
         counted = _Renderer(turn).entry(
             entry.view.locator, (), (), 0, len(entry.folded), entry.turn, entry.folded, entry.key
         )
-        forms.append(_Form(_Choice("count", counted), counted.tokens + _SEP, True, 0.0))
+        forms.append(_Form(_Choice("count", counted), counted.tokens, value=0.0))
     return tuple(forms)
 
 
@@ -349,17 +344,17 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
     forms.append(_Form(_Choice("evicted", new), new.tokens + _SEP, True))
     line = _index_line_tokens(turn, entry.key, whole.title, full)
     forms.append(_Form(_Choice("index"), line, True))
-    forms.append(_Form(_Choice("count"), 0, True, 0.0))
+    forms.append(_Form(_Choice("count"), 0, value=0.0))
     return tuple(forms)
 
 
 def _library_unit(
-    turn: TurnGraph, entry: LibraryEntry, weight: float, heads: tuple[int, int], *, sent: bool
+    turn: TurnGraph, entry: LibraryEntry, weight: float, head: int, *, sent: bool
 ) -> _Unit:
     """A library entry's ladder: its forms (``_library_forms``) valued at ``weight``. Its
-    line in its group's index and its count also cost ``heads`` (its shares of a new
-    index's head: its group's, the library's count's). A fold changes nothing before the
-    entry (``stubs.fold``), so a line breaks the prefix where the entry stands."""
+    line in its group's index also costs ``head`` (its share of a new index's head). A
+    fold changes nothing before the entry (``stubs.fold``), so a line breaks the prefix
+    where the entry stands; its count (set aside, not sent) costs nothing."""
     forms = _library_forms(turn, entry, sent=sent)
     if sent:  # sent again in L3 this turn: the library does not give it back (not twice,
         # not even when its whole form is smaller than the preview it holds)
@@ -372,9 +367,8 @@ def _library_unit(
     rungs = []
     choices = []
     for form in forms:
-        if form.choice.entry is None and form.choice.form in ("index", "count"):
-            which = 0 if form.choice.form == "index" else 1
-            form = attrs.evolve(form, tokens=form.tokens + heads[which])
+        if form.choice.entry is None and form.choice.form == "index":
+            form = attrs.evolve(form, tokens=form.tokens + head)
         if form.value is None:
             value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free)
         elif form.choice.unfold:  # an unfold: what its entries are worth
@@ -661,11 +655,11 @@ def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
     return _Unit("l1", "system:mutable", Ladder(tuple(rungs), 0), tuple(choices))
 
 
-def _heads(turn: TurnGraph) -> dict[str, tuple[int, int]]:
-    """Each library entry's share of a new index's head: of its group's and of the
-    library's count (``SET_ASIDE``). A fold extends the group's first index after the
-    entry, so where one stands the share is 0; else a new one is started, its head shared
-    by the group's entries after its last index (those it would take)."""
+def _heads(turn: TurnGraph) -> dict[str, int]:
+    """Each library entry's share of a new index's head in its group. A fold extends the
+    group's first index after the entry, so where one stands the share is 0; else a new
+    one is started, its head shared by the group's entries after its last index (those
+    it would take). An entry set aside costs no head: that index is not sent."""
     entries = turn.library.entries
     later: set[str] = set()  # groups with an index after the entry being read
     open_: dict[str, set[str]] = {}  # each group's entries after its last index
@@ -673,21 +667,13 @@ def _heads(turn: TurnGraph) -> dict[str, tuple[int, int]]:
         if entry.view.source_type == INDEX_SOURCE:
             later.add(entry.view.locator)
             continue
-        for group in (stub_group(entry.whole_view), SET_ASIDE):
-            if group not in later:
-                open_.setdefault(group, set()).add(entry.key)
-    heads: dict[str, tuple[int, int]] = {}
-    shares: dict[str, int] = {}
+        group = stub_group(entry.whole_view)
+        if group not in later:
+            open_.setdefault(group, set()).add(entry.key)
+    heads: dict[str, int] = {}
     for group, keys in open_.items():
-        made = _Renderer(turn).entry(group, (), (), 0, 0, turn.ctx.turn, ())
-        shares[group] = -(-(made.tokens + _SEP) // len(keys))
-    for entry in entries:
-        if entry.view.source_type != INDEX_SOURCE:
-            group = stub_group(entry.whole_view)
-            heads[entry.key] = (
-                shares[group] if entry.key in open_.get(group, ()) else 0,
-                shares[SET_ASIDE] if entry.key in open_.get(SET_ASIDE, ()) else 0,
-            )
+        share = -(-(_Renderer(turn).head(group) + _SEP) // len(keys))
+        heads.update(dict.fromkeys(keys, share))
     return heads
 
 
@@ -715,7 +701,7 @@ def _cached_units(
                     relevance.get(entry.key, 0.0), now=False)  # fmt: skip
         if entry.key in referenced:  # re-attached: what the user asks for now
             w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
-        head = heads.get(entry.key, (0, 0))
+        head = heads.get(entry.key, 0)
         units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent))
     # The library's growth since the batch settled is sent in history's messages: a cut
     # of history sends the library as built, so it breaks the prefix at that growth.
@@ -802,12 +788,11 @@ def _decision(unit: _Unit, old: _Choice, new: _Choice, saved: int) -> Decision:
         if grows
         else "cut (the objective's best use of the room)"
     )
-    to = (
-        new.form
-        if new.form
-        in ("full", "preview", "summary", "excerpt", "evicted", "index", "reference", "text")
-        else "full"
-    )
+    to = new.form
+    if new.form == "count":
+        to = "dropped"  # set aside: kept in the library's index not sent (``SET_ASIDE``)
+    elif new.form not in ("preview", "summary", "excerpt", "evicted", "index", "reference", "text"):
+        to = "full"  # whole again, or an index unfolded into its entries
     return Decision(
         "budget",
         unit.key,

@@ -4,8 +4,9 @@ An entry the budget cut to a stub (a reference that keeps key, title and locator
 about 40-60 tokens. The objective (``objective``) may instead fold a folder's (or, outside
 the vault, a source type's) stubs into one index block in the place of its oldest stub,
 one line an entry (key, title, size in full): ``fold`` makes that block and ``stub_group``
-names the group. The result is a function of the library alone, so a restored
-conversation makes the same.
+names the group. An entry the budget sets aside (``SET_ASIDE``) goes to the library's one
+index that lists nothing: it is kept, not sent (``_Renderer.entry``). The result is a
+function of the library alone, so a restored conversation makes the same.
 """
 
 from __future__ import annotations
@@ -22,9 +23,15 @@ from lamina.pipeline._turn.graph import TurnGraph
 from lamina.pipeline._views.views import full_view
 
 __all__ = [
+    "SET_ASIDE",
     "fold",
     "stub_group",
 ]
+
+SET_ASIDE = "earlier turns"
+"""The group of the library's entries set aside: one index that lists none of them, kept
+but not sent (a count names nothing the model could ask for), whose entries a turn with
+room gives back."""
 
 _UNLISTED = re.compile(r"^\[\.\.\. (\d+) more items of .* not listed \.\.\.\]$")
 
@@ -57,9 +64,18 @@ class _Renderer:
     ) -> LibraryEntry:
         artifact = index_artifact(group, lines, unlisted, "library", kept, kept_items, key)
         view = full_view(artifact)
-        ctx = self.turn.ctx
-        text = ctx.renderer.render(view)
-        return LibraryEntry(view, text, ctx.counter.count(text), turn, folded=folded)
+        if not (lines or kept):
+            # A count only: kept for the entries it holds, not sent. Sent, its block would
+            # take the text-free share for no title the model could ask for, and change
+            # the prefix where it stands whenever it counts one more.
+            return LibraryEntry(view, "", 0, turn, folded=folded)
+        text = self.turn.ctx.renderer.render(view)
+        return LibraryEntry(view, text, self.turn.ctx.counter.count(text), turn, folded=folded)
+
+    def head(self, group: str) -> int:
+        """The tokens of a new index block of ``group`` before its lines: its head."""
+        view = full_view(index_artifact(group, (), 0, "library"))
+        return self.turn.ctx.counter.count(self.turn.ctx.renderer.render(view))
 
 
 def _listed(entry: LibraryEntry) -> tuple[tuple[str, ...], int, int]:
@@ -90,8 +106,9 @@ def fold(
     ``index:<group>``, or ``index:<group>@<turn>`` beside an earlier one). With ``join``
     the group's last index before that entry is extended instead where none stands after
     it: the prefix breaks at that index, but no new block's head is sent (the request's
-    text-free share). The library, the index and the tokens the index grew by (all of it
-    when new)."""
+    text-free share). The index of entries set aside (``SET_ASIDE``) is not sent: it is
+    extended wherever it stands. The library, the index and the tokens the index grew by
+    (all of it when new)."""
     moved = (*stubs, *counted)
     keys = library.keys()
     first = min((keys.index(e.key) for e in moved), default=0)
@@ -102,7 +119,7 @@ def fold(
         for i, e in enumerate(library.entries)
         if e.view.source_type == INDEX_SOURCE and e.view.locator == group
     ]
-    index = next((e for i, e in blocks if i > first), None)
+    index = next((e for i, e in blocks if i > first or group == SET_ASIDE), None)
     if index is None and join:
         index = next((e for i, e in reversed(blocks) if i < first), None)
     key = index.key if index is not None else f"{INDEX_SOURCE}:{group}"

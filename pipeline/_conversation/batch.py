@@ -461,8 +461,10 @@ def _shed(
     ``settled``) sent as ``envelope`` builds it, from the first block whose entry the budget
     changed (cut, folded into an index); before it every message stays as sent, so the
     cached prefix breaks there, not at the system message. What was ``sent`` in full is
-    kept for the blocks kept. None when no block's entry changed or none before the first
-    that did (nothing of the growth would stay cached), or a state saved without keys."""
+    kept for the blocks kept. None when no block's entry changed, when the blocks before
+    the first that did hold less of the growth than is sent again from it (a growth kept
+    deferred makes every later cut of history re-send all of it: it settles instead), or
+    for a state saved without keys."""
     grown = envelope.l2.segments[settled:]
     now = {s.key: s for s in grown}
     first: tuple[int, int] | None = None
@@ -479,9 +481,16 @@ def _shed(
             break
     if first is None:
         return None
-    kept = [k for turn in turns[: first[0]] for k in turn.keys]
-    if not any((*kept, *turns[first[0]].keys[: first[1]])):
-        return None  # nothing of the growth would stay cached: it settles instead
+    kept = [
+        counter.count(b)
+        for d, turn in enumerate(turns[: first[0] + 1])
+        for i, (b, k) in enumerate(zip(turn.blocks, turn.keys, strict=True))
+        if k and (d < first[0] or i < first[1])
+    ]
+    if sum(kept) < sum(s.tokens for s in grown) - sum(kept):
+        # Less of the growth would stay cached than is sent again: it settles instead (a
+        # growth kept deferred makes every later cut of history re-send all of it).
+        return None
     # Each grown entry with the turn whose message sent it; an index a fold made this turn
     # stands where the first entry it took stood: it goes with the entry after it.
     owner = {k: d for d, turn in enumerate(turns) for k in turn.keys if k}
@@ -501,7 +510,8 @@ def _shed(
                   if not k]  # fmt: skip
         for k in turn.keys[cut:]:
             left.pop(k, None)
-        new = [s for s in spans.get(d, []) if s.key not in shown]
+        # An index the library keeps unsent (no text) has no block.
+        new = [s for s in spans.get(d, []) if s.key not in shown and s.text]
         left.update((s.key, s.content_hash) for s in new if s.form is Form.FULL)
         # The entries as built are measured blocks: ``_counted`` does not count them again.
         parts: list[tuple[str, str, Segment | None]] = [

@@ -499,7 +499,7 @@ class Blocks(Protocol):
 def system_parts(l1: Blocks, l2: Blocks) -> list[str]:
     """The system message's blocks: L1 segments, then the library heading and L2 entries."""
     parts = [s.text for s in l1.segments]
-    if l2.segments:
+    if any(s.text for s in l2.segments):  # an entry kept unsent has no text
         parts.append(LIBRARY_HEADING)
         parts.extend(s.text for s in l2.segments)
     return [p for p in parts if p]

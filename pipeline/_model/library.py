@@ -241,7 +241,7 @@ class LibraryPrefix:
         head = tuple(t for t in head if t)
         if done.system is None or done.system.head != head:
             blocks = [*head, LIBRARY_HEADING, *(s.text for s in done.layer.segments)]
-            if not done.layer.segments:
+            if not any(s.text for s in done.layer.segments):  # entries kept unsent only
                 blocks = list(head)
             text = BLOCK_SEP.join(t for t in blocks if t)
             hasher = xxhash.xxh3_128()
@@ -284,7 +284,24 @@ def _replaced(
     return _Measured(segments, tokens, counter.name, True)
 
 
-def _extend_system(system: _System | None, entry: LibraryEntry) -> _System | None:
+def _any_text(segments: Sequence[Segment]) -> bool:
+    """Whether any of ``segments`` has text: a block after them follows a separator (an
+    entry kept unsent has none, and the system message has no library heading yet)."""
+    return any(s.text for s in segments)
+
+
+def _feed_block(hasher: xxhash.xxh3_128, text: str, *, after: bool) -> None:
+    """Feed one block as ``hash_joined`` joins them: none when empty, a separator first
+    when a block stands ``after`` another."""
+    if text:
+        feed(hasher, BLOCK_SEP + text if after else text)
+
+
+def _extend_system(
+    system: _System | None, entry: LibraryEntry, *, after: bool = True
+) -> _System | None:
+    if not after:
+        return None  # the library heading comes with the first entry sent: made anew
     if system is None or not entry.text:
         return system
     hasher = system.hasher.copy()
@@ -301,16 +318,17 @@ def _extend(done: _Rendered, entry: LibraryEntry, counter: TokenCounter) -> _Ren
         layer = Layer(LayerName.L2, (segment,), entry.tokens, entry.text, hasher.hexdigest())
         return _Rendered(layer, hasher, counter.name)
     hasher = done.hasher.copy()
-    feed(hasher, BLOCK_SEP + entry.text)
+    after = _any_text(old.segments)
+    _feed_block(hasher, entry.text, after=after)
     last = old.segments[-1].text
-    if not (starts_piece(entry.text) and (len(old.segments) == 1 or starts_piece(last))):
+    if not (last and starts_piece(entry.text) and (len(old.segments) == 1 or starts_piece(last))):
         tokens = counter.count_joined([s.text for s in old.segments] + [entry.text])
     else:
         # count_joined's additive rule: only the old last block gains a separator.
         tokens = old.tokens - counter.count(last) + counter.count_with_sep(last) + entry.tokens
     # No text: the layer joins it on first use, so appending does not copy the library.
     layer = Layer(LayerName.L2, (*old.segments, segment), tokens, None, hasher.hexdigest())
-    return _Rendered(layer, hasher, counter.name, _extend_system(done.system, entry))
+    return _Rendered(layer, hasher, counter.name, _extend_system(done.system, entry, after=after))
 
 
 def _extend_many(
@@ -326,16 +344,18 @@ def _extend_many(
     segments = list(done.layer.segments)
     tokens = done.layer.tokens
     hasher = done.hasher.copy()
+    started = after = _any_text(segments)
     for entry in entries:
-        feed(hasher, BLOCK_SEP + entry.text)
+        _feed_block(hasher, entry.text, after=after)
+        after = after or bool(entry.text)
         last = segments[-1].text
-        if not (starts_piece(entry.text) and (len(segments) == 1 or starts_piece(last))):
+        if not (last and starts_piece(entry.text) and (len(segments) == 1 or starts_piece(last))):
             tokens = counter.count_joined([s.text for s in segments] + [entry.text])
         else:
             tokens = tokens - counter.count(last) + counter.count_with_sep(last) + entry.tokens
         segments.append(entry.segment())
     layer = Layer(LayerName.L2, tuple(segments), tokens, None, hasher.hexdigest())
-    system = done.system
+    system = done.system if started else None  # no heading yet: made anew (``_extend_system``)
     texts = [e.text for e in entries if e.text]
     if system is not None and texts:
         system_hasher = system.hasher.copy()

@@ -190,7 +190,8 @@ def _user_known(
 def _system_tokens(envelope: Envelope | Draft | _Sent, counter: TokenCounter) -> int:
     """Tokens of the system text (L1 blocks, then the library heading and L2 entries)."""
     l2 = envelope.l2
-    if l2.segments and l2.segments[0].text[:1] not in ("", "/", " ", "\n", "\t"):
+    first = next((s.text for s in l2.segments if s.text), "")  # an entry kept unsent: none
+    if first[:1] not in ("", "/", " ", "\n", "\t"):
         # Additive at the block boundary (see TokenCounter.count_joined): L2 is counted once.
         head = [(s.text, s.tokens) for s in envelope.l1.segments if s.text]
         head.append((LIBRARY_HEADING, counter.count(LIBRARY_HEADING)))

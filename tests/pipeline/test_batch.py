@@ -259,63 +259,89 @@ _EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # chat30's window for the restores by appending pinned below. At 6,000 no turn restores by
 # appending any more: a restore now costs the cache only what the last request sent of the
 # entries after it, so the budget gives cut entries back in place when the room allows
-# (turn 15 restores five). At 4,500 (limit 3,000) the meeting note of 19 October, set
-# aside into the library's count of entries, is sent whole again twice (turns 20 and 25).
-_WINDOW = 4500
+# (turn 15 restores five). At 4,750 (limit 3,250) the meeting note of 19 October, set
+# aside, is sent whole again in turn 16's settle and in turn 25, extending a batch (at
+# 4,500, where this was pinned before the entries set aside were kept unsent and a shed
+# that keeps less of the growth than it re-sends settled, in turns 20 and 25).
+_WINDOW = 4750
 
 
-def _budget() -> Budget:
+def _budget(window: int = _WINDOW) -> Budget:
     # Recall off: recalled passages take the free room a restore by appending would use.
-    return Budget(context_window=_WINDOW, reserve_output=1500, recall=False)
+    return Budget(context_window=window, reserve_output=1500, recall=False)
 
 
-def _chat30(turns: int, first: int = 0) -> list[Envelope]:
-    """chat30 at a 4,500-token window (``_WINDOW``): turns ``first`` to ``turns``
-    (numbered from 0) of one conversation, whose restores by appending these tests pin."""
+def _chat30(turns: int, first: int = 0, window: int = _WINDOW) -> list[Envelope]:
+    """chat30 at a 4,750-token window (``_WINDOW``) unless told: turns ``first`` to
+    ``turns`` (numbered from 0) of one conversation, whose restores by appending these
+    tests pin."""
     from lamina import load_script, run_script
 
     script = load_script(_EXAMPLES / "chat30.yaml")
-    conv = Conversation(script.system, vault=script.vault, budget=_budget())
+    conv = Conversation(script.system, vault=script.vault, budget=_budget(window))
     return run_script(attrs.evolve(script, turns=script.turns[:turns]), conv)[first:]
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 4,500: turn 20 settles (history changes) with room beyond the headroom,
-    and the meeting note of 19 October, which the budget set aside into the library's
-    count of entries, goes whole in its user message, under the intro, before the query;
-    the system message keeps the count that stands for it (a restore by appending
-    rewrites nothing). Turn 21 extends it and sends it not again. (At 6,000, where this
-    was pinned before, the budget now gives cut entries back in place instead: see
-    ``_WINDOW``.)"""
+    """chat30 at 4,750: turn 16 settles (L1 or the library changed) with room beyond the
+    headroom, and the meeting note of 19 October, which the budget set aside (kept in the
+    library's index of entries set aside, not sent), goes whole in its user message,
+    under the intro, before the query; the system message is left as it was (a restore by
+    appending rewrites nothing). Turn 17 extends it and sends it not again. (At 6,000,
+    where this was pinned before, the budget now gives cut entries back in place
+    instead: see ``_WINDOW``.)"""
     from lamina.pipeline.layout import RESTORED_INTRO
 
-    t20, t21 = _chat30(21, 19)
-    assert t20.batch is not None and t21.batch is not None
+    t16, t17 = _chat30(17, 15)
+    assert t16.batch is not None and t17.batch is not None
     keys = ["note:meetings/2026-10-19.md"]
-    assert [s.key for s in t20.batch.restored] == keys
-    assert (t20.batch.reason, t21.batch.reason) == ("history-changed", "")
-    assert [s.key for s in t21.batch.restored] == []
-    messages = _messages(t20)
+    assert [s.key for s in t16.batch.restored] == keys
+    assert (t16.batch.reason, t17.batch.reason) == ("system-changed", "")
+    assert [s.key for s in t17.batch.restored] == []
+    messages = _messages(t16)
     (_, system), (role, user) = messages[0], messages[-1]
     assert role == "user"
     blocks = user.split("\n\n---\n[User query]:\n")[0]
-    whole = "\n\n".join(s.text for s in t20.batch.restored)
+    whole = "\n\n".join(s.text for s in t16.batch.restored)
     assert blocks.endswith(RESTORED_INTRO + "\n\n" + whole)
-    indexes = [s for s in t20.l2.segments if s.source_type == "index"]
-    for seg in t20.batch.restored:
-        cut = t20.l2.get(seg.key)  # None: folded into an index (here the count set aside)
+    for seg in t16.batch.restored:
+        cut = t16.l2.get(seg.key)  # None: folded into an index (here set aside, unsent)
         assert cut is None or (str(cut.form) != "full" and cut.text in system)
-        assert cut is not None or any(s.text in system for s in indexes)
         assert seg.text not in system
-    assert t20.batch.tokens <= _budget().limit
-    assert _messages(t21)[: len(messages)] == messages
+    assert t16.batch.tokens <= _budget().limit
+    assert _messages(t17)[: len(messages)] == messages
+
+
+def test_a_shed_that_would_keep_less_of_the_growth_than_it_resends_settles() -> None:
+    """chat30 at 6,000: turn 9's extension no longer fits with the library's growth of
+    turns 1 to 8 deferred, and a shed would keep fewer of the growth's tokens cached than
+    it sends again, so the batch settles instead: the five entries go into the system
+    message. The next cut of history (turn 12) then re-sends only the growth deferred
+    since (turns 10 and 11), not the library: its system message extends turn 11's. (A
+    shed kept the growth deferred, and each later cut of history re-sent all of it: the
+    whole library stayed in 16 deferred messages, cut entry by entry, until turn 17
+    settled with 36 tokens cached.)"""
+    envs = _chat30(12, 7, window=6000)  # turns 8 to 12
+    t8, t9, t11, t12 = envs[0], envs[1], envs[3], envs[4]
+    assert all(e.batch is not None for e in envs)
+    assert t8.batch is not None and t9.batch is not None
+    assert (t8.batch.reason, t8.batch.settled, len(t8.batch.turns)) == ("", 0, 7)
+    assert (t9.batch.reason, t9.batch.settled, t9.batch.turns) == ("over-budget", 5, ())
+    assert t9.batch.library_tokens > 0
+    assert [e.batch.reason for e in envs[2:4] if e.batch] == ["", ""]
+    assert t11.batch is not None and t12.batch is not None
+    assert (t12.batch.reason, t12.batch.settled) == ("history-changed", 7)
+    before, after = _messages(t11)[0], _messages(t12)[0]
+    assert before[0] == after[0] == "system"
+    assert after[1].startswith(before[1]) and len(after[1]) > len(before[1])
+    assert t12.batch.library_tokens > t11.batch.library_tokens == t9.batch.library_tokens
 
 
 def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> None:
     """Restored from SQLite after turn 24, the conversation sends turns 25 and 26 (a
-    settle that restores by appending, then a settle of its own) byte for byte as the
-    live one did: the budget's regret is part of the state saved. (chat30 at 4,500,
-    ``_WINDOW``: turn 25 settles because the library changed, turn 26 over budget.)"""
+    turn that extends its batch and restores by appending, then a settle over budget)
+    byte for byte as the live one did: the budget's regret is part of the state saved.
+    (chat30 at 4,750, ``_WINDOW``.)"""
     from lamina import load_script, run_saved, run_script
     from lamina.pipeline.store import open_store
 
@@ -326,7 +352,7 @@ def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> Non
         ["note:meetings/2026-10-19.md"],
         [],
     ]
-    assert [e.batch.reason for e in want if e.batch] == ["system-changed", "over-budget"]
+    assert [e.batch.reason for e in want if e.batch] == ["", "over-budget"]
     with open_store(str(tmp_path / "s.db")) as store:
         store.create(ConversationInfo("c", vault=str(script.vault)))
         run_saved(attrs.evolve(script, turns=script.turns[:24]), live, store, "c")

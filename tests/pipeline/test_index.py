@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from lamina import Conversation
 from lamina.pipeline import Budget, Envelope, Form, Segment, check_envelope
 from lamina.pipeline._budget.index import IndexLine, index_artifact, is_omitted_only
-from lamina.pipeline._budget.objective import SET_ASIDE
+from lamina.pipeline._budget.stubs import SET_ASIDE
 from lamina.pipeline._views.views import full_view
 from lamina.processors import folder
 from lamina.renderers import XmlRenderer

@@ -5,8 +5,9 @@ from __future__ import annotations
 import attrs
 import networkx as nx
 
-from lamina.pipeline._budget.stubs import fold
-from lamina.pipeline._model.library import Library, LibraryEntry
+from lamina.pipeline._budget.stubs import SET_ASIDE, fold
+from lamina.pipeline._model.envelope import LIBRARY_HEADING, join_blocks
+from lamina.pipeline._model.library import Library, LibraryEntry, LibraryPrefix
 from lamina.pipeline._turn.graph import TurnContext, TurnGraph
 from lamina.pipeline.sources import make_artifact
 from lamina.pipeline.tokens import TokenCounter
@@ -60,6 +61,28 @@ def test_a_fold_changes_nothing_before_the_first_entry_it_takes() -> None:
     assert again.keys() == ("index:folder:docs", "index:folder:docs@4", "note:docs/d.md")
     assert extended.key == "index:folder:docs@4" and "note:docs/b.md" in extended.text
     assert again.entries[0] == folded.entries[0]
+
+
+def test_entries_set_aside_are_kept_in_one_index_that_is_not_sent() -> None:
+    """Entries set aside go to the library's one index of them, wherever it stands: it
+    holds them (a turn with room gives them back) but has no text, so the system message
+    neither shows a count that names nothing nor changes where it stands when it counts
+    one more."""
+    turn = _turn(1)
+    a, b, c = (_entry(turn, f"docs/{x}.md") for x in "abc")
+    library, aside, grew = fold(turn, Library((a, b, c)), SET_ASIDE, [], [a])
+    assert library.keys() == ("index:earlier turns", "note:docs/b.md", "note:docs/c.md")
+    assert (aside.text, aside.tokens, grew) == ("", 0, 0)
+    assert [e.key for e in aside.folded] == ["note:docs/a.md"]
+    later = _turn(5)
+    again, more, _ = fold(later, library, SET_ASIDE, [], [c])
+    assert again.keys() == ("index:earlier turns", "note:docs/b.md")  # no @5 block
+    assert [e.key for e in more.folded] == ["note:docs/a.md", "note:docs/c.md"]
+    assert (more.text, dict(more.view.attributes)["items"]) == ("", "2")
+    system, _ = LibraryPrefix().system_text(again, later.ctx.counter, ("You help.",))
+    assert system == join_blocks(("You help.", LIBRARY_HEADING, b.text))
+    alone, _ = LibraryPrefix().system_text(Library((more,)), later.ctx.counter, ("You help.",))
+    assert alone == "You help."  # no heading over a library that sends nothing
 
 
 def test_a_library_entrys_forms_are_remembered_with_its_turn() -> None:

@@ -68,12 +68,13 @@ def test_the_cached_prefix_is_never_above_the_request(
         assert report.common_prefix_tokens <= conv.count_request(env)
     # The last turn whose library no budget decision changed (a cut or a restore rewrites
     # the system message from that entry on) and that does not settle deferred context (the
-    # deferred turns' messages lose theirs), after a turn that recalled nothing (recalled
-    # passages are that turn's only), repeats nearly all of its request.
+    # deferred turns' messages lose theirs), after a turn that recalled and sent again
+    # nothing (recalled passages and blocks sent again beside a cut entry are that turn's
+    # only), repeats nearly all of its request.
     i = max(
         i
         for i, env in enumerate(envs)
-        if i and not _budget_changed(env) and not _settles(env) and not _recalled(envs[i - 1])
+        if i and not _budget_changed(env) and not _settles(env) and not _scoped(envs[i - 1])
     )
     last = reports[i].common_prefix_tokens
     assert 0.9 * conv.count_request(envs[i]) < last <= conv.count_request(envs[i])
@@ -86,6 +87,13 @@ def _library_changed(env: Envelope) -> bool:
 def _recalled(env: Envelope) -> bool:
     """The turn's message held recalled passages (not carried into later requests)."""
     return any(s.source_type == "recalled" for s in env.l3.segments)
+
+
+def _scoped(env: Envelope) -> bool:
+    """The turn's message held recalled passages or a block sent again beside its cut
+    library entry (neither is carried into later requests under the default layout)."""
+    resent = any(d.action is DecisionAction.RESENT for d in env.report.decisions)
+    return resent or _recalled(env)
 
 
 def _settles(env: Envelope) -> bool:
@@ -180,7 +188,7 @@ def test_mistral_prefix_is_the_history_only(chat30: tuple[list[Envelope], Conver
         )
     before, after = default_prompt(envs[-2]), default_prompt(envs[-1])
     shared = prompt_prefix_tokens(before, after, conv.counter, budget)
-    history = envs[-2].l4.segments
+    history = envs[-2].as_sent().l4.segments  # deferred messages hold their context
     assert 0 < shared < sum(s.tokens for s in history) + 4 * len(history)
 
 
