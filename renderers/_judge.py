@@ -36,7 +36,9 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 from lamina.pipeline import Budget, DecisionAction, Envelope, Form, Segment
+from lamina.pipeline.layout import RECALL_SOURCE
 from lamina.pipeline.tokens import TokenCounter
+from lamina.pipeline.tools import TOOL_SOURCE, chunk_source
 from lamina.renderers._cache import prefix_reports, prompt_tokens
 from lamina.renderers._layouts import default_prompt
 
@@ -200,6 +202,24 @@ def _index_lines(segment: Segment) -> list[tuple[str, int]]:
     return out
 
 
+def _library_named(env: Envelope) -> set[str]:
+    """The library entries a request shows: its L2 blocks (in the system message or in the
+    messages that carry the library's deferred growth) and the entries its index blocks
+    list."""
+    named = {s.key for s in env.l2.segments if s.text and s.source_type != "index"}
+    for seg in env.l2.segments:
+        if seg.source_type == "index":
+            named.update(key for key, _ in _index_lines(seg))
+    return named
+
+
+def _enters_library(segment: Segment) -> bool:
+    """A block of this turn's context the library takes in: not an index, a tool result,
+    a retrieval chunk or recalled messages (this turn's only)."""
+    scoped = ("index", RECALL_SOURCE, TOOL_SOURCE)
+    return segment.source_type not in scoped and chunk_source(segment.key) is None
+
+
 def _is_stub(segment: Segment) -> bool:
     """A library entry kept only as its reference (evicted)."""
     return segment.form is Form.REFERENCE
@@ -238,8 +258,11 @@ def judge_chat(
     """Judge a chat from its envelopes in order (``budget``: the chat framing requests are
     counted with). An entry's full size is the tokens of its first full block seen in the
     chat (same key and content), else ``full_sizes[key]``; an entry of unknown full size
-    is never reported as left cut."""
+    is never reported as left cut. A library entry an earlier request showed (as a block
+    or an index line) that a request leaves out altogether is cut too (set aside)."""
     sizes: dict[tuple[str, str], int] = {}
+    shown_before: set[str] = set()  # library entries an earlier request showed
+    latest: dict[str, int] = {}  # each key's latest full block seen
     visible: set[tuple[str, str]] = set()  # full copies in the request as sent
     no_prose: set[tuple[str, str]] = set()  # entries whose full form holds no prose either
     findings: list[ChatFinding] = []
@@ -259,6 +282,7 @@ def judge_chat(
         for seg in sent:
             if seg.form is Form.FULL:
                 sizes.setdefault((seg.key, seg.content_hash), seg.tokens)
+                latest[seg.key] = seg.tokens
                 visible.add((seg.key, seg.content_hash))
                 if not _has_prose(_body(seg)):
                     no_prose.add((seg.key, seg.content_hash))
@@ -301,6 +325,19 @@ def judge_chat(
                         f"an index line in {seg.key}; its full {listed} fits the {room:.0f} "
                         f"free beyond {FREE_MARGIN:.0%} of the limit",
                     )
+        library = _library_named(env)
+        attached = {s.key for s in env.l3.segments if s.text and _enters_library(s)}
+        here = library | attached | {s.key for s in restored}
+        for key in sorted(shown_before - here):
+            full = latest.get(key, (full_sizes or {}).get(key))
+            if full is not None and full <= room:
+                find(
+                    "left-cut",
+                    key,
+                    f"set aside (not in the request); its full {full} fits the {room:.0f} "
+                    f"free beyond {FREE_MARGIN:.0%} of the limit",
+                )
+        shown_before |= library | attached
         for seg in (*shown, *env.l3.segments):
             shown_cut = seg.form in _CUT_FORMS or (
                 seg.form is Form.REFERENCE and (seg.unsent or seg.key in stubs)

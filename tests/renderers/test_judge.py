@@ -128,6 +128,23 @@ def test_an_entry_shown_only_cut_is_left_cut_when_its_growth_fits_the_room_less_
     assert left_cut(911) == []
 
 
+def test_an_entry_set_aside_is_left_cut_when_its_full_form_fits_the_room_less_5pc() -> None:
+    """A library entry an earlier request showed whole (900 tokens) and a later one leaves
+    out altogether (set aside, kept unsent) is left cut when its full form fits the later
+    request's room less 5% of the limit: at 1,000 of a 2,000 limit, yes; at 1,001, no."""
+    conv, envs = _budgeted_spec_chat()
+    whole = _segment('<note key="note:a.md">\nSome text.\n</note>', Form.FULL, tokens=900)
+    shown = _rebuilt(envs[-1], (whole,), limit=2000, effective=1900)
+
+    def left_cut(effective: int) -> list[str]:
+        gone = _rebuilt(envs[-1], (), limit=2000, effective=effective)
+        j = judge_chat([shown, gone], conv.counter, budget=conv.budget)
+        return [f.key for f in j.findings if f.check == "left-cut" and f.turn == gone.turn]
+
+    assert left_cut(1000) == ["note:a.md"]
+    assert left_cut(1001) == []
+
+
 def test_a_turn_that_only_gives_back_did_not_cut() -> None:
     """Window use counts the turns that cut: a turn whose budget only restored or recalled
     (sending more, not less) at 500 of a 2,000 limit is not one; with a compaction it is."""
