@@ -34,6 +34,7 @@ __all__ = [
     "View",
     "arrange_user",
     "join_blocks",
+    "library_parts",
 ]
 
 LIBRARY_HEADING = (
@@ -496,13 +497,17 @@ class Blocks(Protocol):
     def segments(self) -> tuple[Segment, ...]: ...
 
 
+def library_parts(texts: Iterable[str]) -> list[str]:
+    """The library's blocks in the system message: its heading, then its entries' texts;
+    none without an entry that has text (an entry kept unsent has none)."""
+    sent = [t for t in texts if t]
+    return [LIBRARY_HEADING, *sent] if sent else []
+
+
 def system_parts(l1: Blocks, l2: Blocks) -> list[str]:
     """The system message's blocks: L1 segments, then the library heading and L2 entries."""
-    parts = [s.text for s in l1.segments]
-    if any(s.text for s in l2.segments):  # an entry kept unsent has no text
-        parts.append(LIBRARY_HEADING)
-        parts.extend(s.text for s in l2.segments)
-    return [p for p in parts if p]
+    head = [s.text for s in l1.segments if s.text]
+    return [*head, *library_parts(s.text for s in l2.segments)]
 
 
 def user_parts(l3: Blocks, l5: Blocks) -> list[str]:

@@ -11,12 +11,12 @@ from lamina.pipeline._errors import ArgumentError
 from lamina.pipeline._hashing import feed, hash_joined
 from lamina.pipeline._model.envelope import (
     BLOCK_SEP,
-    LIBRARY_HEADING,
     Form,
     Layer,
     LayerName,
     Segment,
     View,
+    library_parts,
 )
 from lamina.pipeline._tokens.counter import TokenCounter, starts_piece
 
@@ -240,10 +240,7 @@ class LibraryPrefix:
         assert done is not None
         head = tuple(t for t in head if t)
         if done.system is None or done.system.head != head:
-            blocks = [*head, LIBRARY_HEADING, *(s.text for s in done.layer.segments)]
-            if not any(s.text for s in done.layer.segments):  # entries kept unsent only
-                blocks = list(head)
-            text = BLOCK_SEP.join(t for t in blocks if t)
+            text = BLOCK_SEP.join((*head, *library_parts(s.text for s in done.layer.segments)))
             hasher = xxhash.xxh3_128()
             feed(hasher, text)
             done.system = _System(head, text, hasher)
@@ -297,48 +294,22 @@ def _feed_block(hasher: xxhash.xxh3_128, text: str, *, after: bool) -> None:
         feed(hasher, BLOCK_SEP + text if after else text)
 
 
-def _extend_system(
-    system: _System | None, entry: LibraryEntry, *, after: bool = True
-) -> _System | None:
-    if not after:
-        return None  # the library heading comes with the first entry sent: made anew
-    if system is None or not entry.text:
-        return system
-    hasher = system.hasher.copy()
-    feed(hasher, BLOCK_SEP + entry.text)
-    return _System(system.head, system.text, hasher, (*system.pending, entry.text))
-
-
-def _extend(done: _Rendered, entry: LibraryEntry, counter: TokenCounter) -> _Rendered:
-    old = done.layer
-    segment = entry.segment()
-    if not old.segments:
-        hasher = xxhash.xxh3_128()
-        feed(hasher, entry.text)
-        layer = Layer(LayerName.L2, (segment,), entry.tokens, entry.text, hasher.hexdigest())
-        return _Rendered(layer, hasher, counter.name)
-    hasher = done.hasher.copy()
-    after = _any_text(old.segments)
-    _feed_block(hasher, entry.text, after=after)
-    last = old.segments[-1].text
-    if not (last and starts_piece(entry.text) and (len(old.segments) == 1 or starts_piece(last))):
-        tokens = counter.count_joined([s.text for s in old.segments] + [entry.text])
-    else:
-        # count_joined's additive rule: only the old last block gains a separator.
-        tokens = old.tokens - counter.count(last) + counter.count_with_sep(last) + entry.tokens
-    # No text: the layer joins it on first use, so appending does not copy the library.
-    layer = Layer(LayerName.L2, (*old.segments, segment), tokens, None, hasher.hexdigest())
-    return _Rendered(layer, hasher, counter.name, _extend_system(done.system, entry, after=after))
+def _first(entry: LibraryEntry, counter: TokenCounter) -> _Rendered:
+    """The layer of a library holding ``entry`` alone."""
+    hasher = xxhash.xxh3_128()
+    feed(hasher, entry.text)
+    layer = Layer(LayerName.L2, (entry.segment(),), entry.tokens, entry.text, hasher.hexdigest())
+    return _Rendered(layer, hasher, counter.name)
 
 
 def _extend_many(
     done: _Rendered, entries: Sequence[LibraryEntry], counter: TokenCounter
 ) -> _Rendered:
-    """``_extend`` by each of ``entries`` in turn, the same counts and hashes, with the
+    """``done`` with ``entries`` appended: the counts and hashes extended, with the
     segments, hashers and pending texts made once (a promotion appends 1,600 entries:
     one at a time copied the segments 1,600 times)."""
     if entries and not done.layer.segments:
-        done, entries = _extend(done, entries[0], counter), entries[1:]
+        done, entries = _first(entries[0], counter), entries[1:]
     if not entries:
         return done
     segments = list(done.layer.segments)
@@ -355,7 +326,9 @@ def _extend_many(
             tokens = tokens - counter.count(last) + counter.count_with_sep(last) + entry.tokens
         segments.append(entry.segment())
     layer = Layer(LayerName.L2, tuple(segments), tokens, None, hasher.hexdigest())
-    system = done.system if started else None  # no heading yet: made anew (``_extend_system``)
+    # No library heading yet: the system message is made anew (its heading comes with the
+    # first entry that has text).
+    system = done.system if started else None
     texts = [e.text for e in entries if e.text]
     if system is not None and texts:
         system_hasher = system.hasher.copy()

@@ -228,7 +228,7 @@ def test_a_prefix_extended_by_many_entries_at_once_is_extended_one_by_one(
             done = prefix._rendered
             assert done is not None
             for e in after.entries[len(before) :]:
-                done = library_module._extend(done, e, counter)
+                done = library_module._extend_many(done, (e,), counter)
             prefix._entries, prefix._rendered = after.entries, done
         layer = prefix.layer(after, counter)
         return layer.segments, layer.tokens, layer.hash, prefix.system_text(after, counter, head)
