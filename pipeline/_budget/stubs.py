@@ -106,9 +106,9 @@ def fold(
     ``index:<group>``, or ``index:<group>@<turn>`` beside an earlier one). With ``join``
     the group's last index before that entry is extended instead where none stands after
     it: the prefix breaks at that index, but no new block's head is sent (the request's
-    text-free share). The index of entries set aside (``SET_ASIDE``) is not sent: it is
-    extended wherever it stands. The library, the index and the tokens the index grew by
-    (all of it when new)."""
+    text-free share). An index that is not sent and that only counts join (the entries
+    set aside, ``SET_ASIDE``) changes no byte: it is extended wherever it stands. The
+    library, the index and the tokens the index grew by (all of it when new)."""
     moved = (*stubs, *counted)
     keys = library.keys()
     first = min((keys.index(e.key) for e in moved), default=0)
@@ -119,7 +119,8 @@ def fold(
         for i, e in enumerate(library.entries)
         if e.view.source_type == INDEX_SOURCE and e.view.locator == group
     ]
-    index = next((e for i, e in blocks if i > first or group == SET_ASIDE), None)
+    unsent = not stubs  # counts alone leave an index that is not sent unsent
+    index = next((e for i, e in blocks if i > first or (unsent and not e.text)), None)
     if index is None and join:
         index = next((e for i, e in reversed(blocks) if i < first), None)
     key = index.key if index is not None else f"{INDEX_SOURCE}:{group}"

@@ -481,13 +481,13 @@ def _shed(
             break
     if first is None:
         return None
-    kept = [
+    kept = sum(
         counter.count(b)
         for d, turn in enumerate(turns[: first[0] + 1])
         for i, (b, k) in enumerate(zip(turn.blocks, turn.keys, strict=True))
         if k and (d < first[0] or i < first[1])
-    ]
-    if sum(kept) < sum(s.tokens for s in grown) - sum(kept):
+    )
+    if kept < sum(s.tokens for s in grown) - kept:
         # Less of the growth would stay cached than is sent again: it settles instead (a
         # growth kept deferred makes every later cut of history re-send all of it).
         return None
