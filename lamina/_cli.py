@@ -39,7 +39,13 @@ from lamina.pipeline import Budget, Envelope, LaminaError, SourceResolver
 from lamina.pipeline.errors import ConfigError, ScriptError
 from lamina.pipeline.store import PostgresStore, SqliteStore
 from lamina.pipeline.tokens import TOKENIZERS
-from lamina.renderers import PREVIOUS_NOT_REBUILT, SENT_BANDS, sent_rows, settle_turns
+from lamina.renderers import (
+    PREVIOUS_NOT_REBUILT,
+    SENT_BANDS,
+    listed_segments,
+    sent_rows,
+    settle_turns,
+)
 
 __all__ = ["main"]
 
@@ -1146,7 +1152,8 @@ def _batch_line(env: Envelope) -> str:
     """How the request is sent when the library's growth is deferred (``defer_library``)."""
     b = env.batch
     assert b is not None
-    held = f"the system message holds {b.settled} of {len(env.l2.segments)} library entries"
+    settled, entries = len(listed_segments(env.l2, b.settled)), len(listed_segments(env.l2))
+    held = f"the system message holds {settled} of {entries} library entries"
     again = ""
     if b.restored:
         again = "; sent whole again: " + ", ".join(s.key for s in b.restored)

@@ -55,7 +55,14 @@ from lamina.renderers._requests import (
     annotate_trace,
     render_request,
 )
-from lamina.renderers._sent import SENT_BANDS, SentRow, sent_bands, sent_rows, settle_turns
+from lamina.renderers._sent import (
+    SENT_BANDS,
+    SentRow,
+    listed_segments,
+    sent_bands,
+    sent_rows,
+    settle_turns,
+)
 from lamina.renderers._simulate import (
     NAIVE_NOTE,
     Simulation,
@@ -117,6 +124,7 @@ __all__ = [
     "gemini_cache_plan",
     "instructions_tokens",
     "judge_chat",
+    "listed_segments",
     "loop_messages",
     "openai_messages",
     "prefix_report",

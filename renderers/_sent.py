@@ -23,17 +23,17 @@ from typing import Any
 
 import attrs
 
-from lamina.pipeline import Envelope, Form, Segment
+from lamina.pipeline import Envelope, Form, Layer, Segment
 from lamina.renderers._explain import explain_cache
 
 __all__ = [
     "SENT_BANDS",
     "SentRow",
     "deferred_segments",
+    "listed_segments",
     "sent_bands",
     "sent_rows",
     "settle_turns",
-    "settled_keys",
 ]
 
 SENT_BANDS = ("L1", "L2", "deferred", "L3", "L4", "L5", "framing")
@@ -49,11 +49,11 @@ def deferred_segments(envelope: Envelope) -> tuple[Segment, ...]:
     return tuple(s for s in b.turns if s.text != bare.get(s.key))
 
 
-def settled_keys(envelope: Envelope) -> tuple[str, ...]:
-    """The keys of the library entries the system message holds as sent."""
-    b = envelope.batch
-    keys = envelope.l2.keys()
-    return keys if b is None else keys[: b.settled]
+def listed_segments(layer: Layer, first: int | None = None) -> tuple[Segment, ...]:
+    """The layer's segments that hold text, among its ``first`` (all by default): a library
+    entry set aside for room (``docs/BUDGET.md``) keeps its place in the layer but sends no
+    byte, so no view lists or counts it."""
+    return tuple(s for s in layer.segments[:first] if s.text)
 
 
 def sent_bands(envelope: Envelope, total: int) -> dict[str, int]:
@@ -95,7 +95,7 @@ def sent_rows(envelope: Envelope) -> list[SentRow]:
     deferred = deferred_segments(envelope)
     rows = [SentRow("L1", s.key, str(s.form), s.tokens) for s in envelope.l1.segments]
     # An index of entries set aside is kept in the library, not sent (no text): no row.
-    rows += [SentRow("L2", s.key, str(s.form), s.tokens) for s in sent.l2.segments if s.text]
+    rows += [SentRow("L2", s.key, str(s.form), s.tokens) for s in listed_segments(sent.l2)]
     rows += [SentRow("deferred", s.key, "message", s.tokens) for s in deferred]
     if sent is envelope:
         rows += [SentRow("L3", s.key, str(s.form), s.tokens) for s in envelope.l3.segments]

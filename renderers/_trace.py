@@ -8,7 +8,7 @@ from typing import Any
 from lamina.pipeline import Budget, CachedPrefix, Envelope
 from lamina.pipeline.tokens import Calibration, TokenCounter, TurnUsage, request_tokens
 from lamina.renderers._cache import PREVIOUS_NOT_REBUILT, prefix_reports, sent_messages
-from lamina.renderers._sent import sent_bands, settle_turns
+from lamina.renderers._sent import listed_segments, sent_bands, settle_turns
 from lamina.renderers._usage import trace_usage
 
 __all__ = ["TRACE_VERSION", "cached_prefix", "trace_document", "trace_turn"]
@@ -21,7 +21,7 @@ def _stats(envelope: Envelope) -> dict[str, Any]:
     attached = report.stat("attached")
     context = report.stat("context_segments")
     return {
-        "segments": {str(layer.name): len(layer.segments) for layer in envelope.layers},
+        "segments": {str(layer.name): len(listed_segments(layer)) for layer in envelope.layers},
         "attached": attached,
         "duplicates_removed": report.stat("duplicates_removed"),
         "dedup_ratio": round(report.stat("duplicates_removed") / attached, 4) if attached else 0.0,
@@ -73,7 +73,7 @@ def trace_turn(
                         "content_hash": s.content_hash,
                         "tokens": s.tokens,
                     }
-                    for s in layer.segments
+                    for s in listed_segments(layer)
                 ],
             }
             for layer in envelope.layers
@@ -87,7 +87,7 @@ def trace_turn(
     if envelope.batch is not None:
         b = envelope.batch
         out["batch"] = {
-            "settled_entries": b.settled,
+            "settled_entries": len(listed_segments(envelope.l2, b.settled)),
             "deferred_turns": [int(s.key.split(":")[1]) for s in b.turns],
             "tokens": b.tokens,
             "settled": b.reason or None,

@@ -162,7 +162,7 @@ def test_inspect_and_the_trace_name_the_entries_sent_whole_again() -> None:
     out = lamina("inspect", chat, "--window", "4500")
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    held = "the system message holds 7 of 7 library entries; sent whole again"
+    held = "the system message holds 6 of 6 library entries; sent whole again"
     assert f"request: settled (over-budget): {held}: {', '.join(five)}" in lines
     assert f"request: settled (system-changed): {held}: {five[2]}" in lines
     run = lamina("run", chat, "--window", "4500", "--json")
