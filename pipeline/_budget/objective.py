@@ -483,7 +483,8 @@ def _history_unit(
         after[i] = after[i + 1] + size[i]
     rungs: list[Rung] = []
     choices: list[_Choice] = []
-    for cut in _cut_points(budget, size):
+    recall = budget.recall and turn.ctx.recall is not None
+    for cut in _cut_points(budget, size, recall=recall):
         start = turns[cut] if cut < len(turns) else turns[-1] + 1
         at = (0.0, None) if not rungs else join  # the first rung: last turn's suffix
         rungs.append(Rung(after[cut], sum(worth[cut:]), at=at[1], join=at[0]))
@@ -498,14 +499,23 @@ def _history_unit(
     return _Unit("history", "history", Ladder(tuple(rungs), 0, lasting=False), tuple(choices))
 
 
-def _cut_points(budget: Budget, sizes: list[int]) -> list[int]:
+def _cut_points(budget: Budget, sizes: list[int], *, recall: bool) -> list[int]:
     """Where the history suffix may start: indices into ``sizes`` (the shown turns'
     tokens, oldest first). None cut, all cut, and between them each point where the turns
-    cut since the last point free at least ``Budget.headroom_tokens``: a cut re-sends
-    every turn it keeps uncached whatever it frees, and the solve takes the smallest cut
-    that fits, so a cut freeing less than the room a turn leaves free would be paid again
-    a turn later."""
+    cut since the last point free at least a step: a cut re-sends every turn it keeps
+    uncached whatever it frees, and the solve takes the smallest cut that fits, so a cut
+    freeing less than the room a turn leaves free would be paid again a turn later.
+
+    The step is the headroom; with ``recall``, at least ``sqrt(2 S g)`` (S the turns'
+    tokens, g a turn's on average), the size that makes cuts cheapest over the chat: a cut
+    freeing F re-sends about S once for the F / g turns its room lasts, and the room it
+    leaves is refilled at most by recalled passages, sent uncached every turn (F / 2 on
+    average), and S g / F + F / 2 is least there. Without recall the turns cut are out of
+    reach for good, worth more than their price, so cuts stay as small as the headroom."""
     step = max(budget.headroom_tokens, 1)
+    if recall and sizes:
+        total = sum(sizes)
+        step = max(step, math.isqrt(2 * total * total // len(sizes)))
     points, freed = [0], 0
     for at, tokens in enumerate(sizes[:-1], 1):
         freed += tokens
@@ -546,12 +556,13 @@ def _earlier(
     return out
 
 
-RECALL_PRICE = 0.3
+RECALL_PRICE = 0.25
 """The least relevance (the retriever's score: 0.5 matches about half the query's weight)
 a passage needs to be offered: every recalled token is sent uncached, in this turn only.
-Chosen on LoCoMo conversations 26, 41 and 43 against a gate on the query's best match
-(0.5 to 0.7) and a price per recalled token, as the best trade of answers reached for
-cached share lost (docs/BUDGET.md, "Memory")."""
+Chosen on LoCoMo conversations 26, 41 and 43 (against a gate on the query's best match
+and a price per recalled token) as the lowest that keeps the replay's cached share at
+least recall off's at 4k, 8k and 16k (docs/BUDGET.md, "Memory"); 0.3 before the
+suffix's cuts were sized to last (``_cut_points``)."""
 
 
 def _recallable(turn: TurnGraph, *, fits: bool) -> bool:

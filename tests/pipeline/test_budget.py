@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import time
 from collections.abc import Iterator
@@ -213,20 +214,40 @@ def test_history_cut_point_moves_by_at_least_the_headroom_and_prefix_is_stable(
 @given(
     sizes=st.lists(st.integers(min_value=0, max_value=400), max_size=30),
     window=st.integers(min_value=200, max_value=20_000),
+    recall=st.booleans(),
 )
-def test_history_cut_points_each_free_the_headroom(sizes: list[int], window: int) -> None:
+def test_history_cut_points_each_free_the_step(sizes: list[int], window: int, recall: bool) -> None:
     """The history ladder offers none cut, all cut, and between them the first point
-    after each where the turns cut since the last point free the headroom: never a
-    point that frees less, never one skipped."""
+    after each where the turns cut since the last point free the step: never a point that
+    frees less, never one skipped. The step is the headroom, and with recall at least
+    sqrt(2 S g) (S the turns' tokens, g their mean), which is never below the headroom."""
     budget = Budget(window)
-    points = _cut_points(budget, sizes)
+    points = _cut_points(budget, sizes, recall=recall)
+    step = max(budget.headroom_tokens, 1)
+    if recall and sizes:
+        step = max(step, math.isqrt(2 * sum(sizes) ** 2 // len(sizes)))
     assert points[0] == 0 and points[-1] == len(sizes)
     assert points == sorted(set(points))
     for a, b in itertools.pairwise(points[:-1]):
-        assert sum(sizes[a:b]) >= max(budget.headroom_tokens, 1)
-        assert sum(sizes[a : b - 1]) < max(budget.headroom_tokens, 1)
+        assert sum(sizes[a:b]) >= step
+        assert sum(sizes[a : b - 1]) < step
     last = points[-2] if len(points) > 1 else 0
-    assert sum(sizes[last : len(sizes) - 1]) < max(budget.headroom_tokens, 1) or not sizes
+    assert sum(sizes[last : len(sizes) - 1]) < step or not sizes
+
+
+def test_with_recall_a_history_cut_frees_the_economic_step() -> None:
+    """Forty turns of 50 tokens (S = 2,000, g = 50) in a 16,000-token window: without
+    recall every point frees the headroom (the 5% of 12,000: 600 tokens, 12 turns);
+    with recall sqrt(2 S g) = 447 is below it, and with turns of 500 tokens (S = 20,000)
+    it is 4,472: a point every 9 turns, so a cut lasts the turns it takes to fill again."""
+    budget = Budget(16_000)
+    assert budget.headroom_tokens == 600
+    small = [50] * 40
+    assert _cut_points(budget, small, recall=False) == [0, 12, 24, 36, 40]
+    assert _cut_points(budget, small, recall=True) == [0, 12, 24, 36, 40]
+    large = [500] * 40
+    assert _cut_points(budget, large, recall=False) == [0, *range(2, 40, 2), 40]
+    assert _cut_points(budget, large, recall=True) == [0, 9, 18, 27, 36, 40]
 
 
 def test_the_277m_incident_scaled_down_fits_and_lists_every_cut(tmp_path: Path) -> None:
