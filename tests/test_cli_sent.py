@@ -181,7 +181,7 @@ def test_each_cache_sentence_holds_against_the_counts(runs: Runs) -> None:
     if layout == "deferred":
         assert {"extends", "settled", "restored", "history", "none"} <= set(kinds), kinds
     elif layout == "deferred-4500":
-        assert {"extends", "settled", "shed", "cut", "none"} <= set(kinds), kinds
+        assert {"extends", "shed", "cut", "none"} <= set(kinds), kinds  # settled: at 6,000
     else:  # its budget cuts no library entry the cache holds: each break moves history
         assert {"library-grew", "history", "none"} <= set(kinds), kinds
         assert "extends" not in kinds and "settled" not in kinds

@@ -16,7 +16,8 @@ loses, from the break up to the latest break any request within the room allows
 (``_latest``: past it nothing can stay cached, so a forced cut of history does not also
 make every turn it keeps pay): for a ladder whose form lasts, the tokens of last turn's
 rung (what it sends now is new content, uncached whatever the break); for one that does
-not (history's suffix), the tokens it re-sends now (``_resent``). Only the *first* change
+not (history's suffix), the tokens it re-sends now of those last turn's sent (``_resent``:
+a suffix started earlier sends the turns before them as new content). Only the *first* change
 matters, so the solve is exact in the break point:
 
 1. For each candidate break ``b`` in prefix order (and "no break"), the prefix ladders
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import sys
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -105,30 +107,40 @@ class Solution:
     bought: bool = False
 
 
-def _hull(rungs: Sequence[Rung], price: float) -> list[int]:
-    """Indices of ``rungs`` on the upper convex hull of (tokens, value - price * tokens),
-    from the smallest rung up, each step of positive and falling slope."""
+def _cap(ladder: Ladder) -> int:
+    """The most tokens a rung of ``ladder`` can re-send that last turn's request had
+    cached: its form last turn (a suffix started earlier sends the turns before it as new
+    content, read uncached whatever the break); any, for a unit new this turn."""
+    return sys.maxsize if ladder.previous is None else ladder.rungs[ladder.previous].tokens
+
+
+def _net(rung: Rung, price: float, cap: int) -> float:
+    """A rung's value less ``price`` for each token it re-sends of the ``cap`` cached."""
+    return rung.value - price * min(rung.tokens, cap)
+
+
+def _hull(rungs: Sequence[Rung], price: float, cap: int = sys.maxsize) -> list[int]:
+    """Indices of ``rungs`` on the upper convex hull of (tokens, ``_net`` value), from the
+    smallest rung up, each step of positive and falling slope."""
     if len(rungs) == 2:  # most ladders (a passage: absent or sent): the same, made directly
         a, b = rungs
         lo, hi = (1, 0) if (b.tokens, -b.value, 1) < (a.tokens, -a.value, 0) else (0, 1)
         first, second = rungs[lo], rungs[hi]
-        if second.tokens == first.tokens or (
-            second.value - price * second.tokens <= first.value - price * first.tokens
-        ):
+        if second.tokens == first.tokens or _net(second, price, cap) <= _net(first, price, cap):
             return [lo]
         return [lo, hi]
     order = sorted(range(len(rungs)), key=lambda i: (rungs[i].tokens, -rungs[i].value, i))
     points: list[int] = []
     for i in order:
         r = rungs[i]
-        v = r.value - price * r.tokens
+        v = _net(r, price, cap)
         if points and rungs[points[-1]].tokens == r.tokens:
             continue  # same size, lower value (sorted)
-        if points and v <= rungs[points[-1]].value - price * rungs[points[-1]].tokens:
+        if points and v <= _net(rungs[points[-1]], price, cap):
             continue  # larger and worth no more
         while len(points) >= 2:
             a, b = rungs[points[-2]], rungs[points[-1]]
-            va, vb = a.value - price * a.tokens, b.value - price * b.tokens
+            va, vb = _net(a, price, cap), _net(b, price, cap)
             # b is under the chord a -> r: drop it (slopes must fall)
             if (vb - va) * (r.tokens - a.tokens) <= (v - va) * (b.tokens - a.tokens):
                 points.pop()
@@ -238,16 +250,16 @@ def _topped(
     """Each free ladder given the rung, on its hull or not, worth most that still fits
     (in place): the greedy's last pass."""
     for j in free:
-        rungs, price = ladders[j].rungs, prices[j]
+        rungs, price, cap = ladders[j].rungs, prices[j], _cap(ladders[j])
         best = choice[j]
         now = rungs[choice[j]]
         tokens, now_bare = now.tokens, _bare(now)
-        worth = now.value - price * now.tokens  # the best rung's, so far
+        worth = _net(now, price, cap)  # the best rung's, so far
         for i, r in enumerate(rungs):
             bare_grow = (r.tokens if r.text_free else 0) - now_bare
             if r.tokens - tokens > room or (bare_grow > 0 and bare + bare_grow > text_free):
                 continue
-            if (value := r.value - price * r.tokens) > worth:
+            if (value := _net(r, price, cap)) > worth:
                 best, worth = i, value
         new = rungs[best]
         room -= new.tokens - now.tokens
@@ -303,8 +315,11 @@ def _resent(ladder: Ladder, c: int) -> int:
     """The tokens a prefix ladder after the break re-sends uncached that last turn's
     request had cached: a lasting unit's form last turn (what it sends now is new content,
     read uncached whatever the break), a unit sent for this turn only (history's suffix,
-    cut again as the chat grows) the tokens it re-sends now."""
-    return ladder.rungs[(ladder.previous or 0) if ladder.lasting else c].tokens
+    cut again as the chat grows) the tokens it re-sends now, at most last turn's (a suffix
+    started earlier sends the turns before those as new content)."""
+    if ladder.lasting:
+        return ladder.rungs[ladder.previous or 0].tokens
+    return min(ladder.rungs[c].tokens, _cap(ladder))
 
 
 def _latest(ladders: Sequence[Ladder], prefix: Sequence[int], room: int) -> int:
@@ -325,11 +340,11 @@ def _latest(ladders: Sequence[Ladder], prefix: Sequence[int], room: int) -> int:
 def _steps(ladder: Ladder, price: float, j: int) -> list[_Step]:
     """The hull steps of ``ladder`` (the ``j``-th), from its smallest rung up."""
     steps: list[_Step] = []
-    rungs = ladder.rungs
-    hull = _hull(rungs, price)
+    rungs, cap = ladder.rungs, _cap(ladder)
+    hull = _hull(rungs, price, cap)
     for a, b in itertools.pairwise(hull):
         ra, rb = rungs[a], rungs[b]
-        gain = (rb.value - price * rb.tokens) - (ra.value - price * ra.tokens)
+        gain = _net(rb, price, cap) - _net(ra, price, cap)
         if gain > 0:
             steps.append(_Step(-(gain / max(1, rb.tokens - ra.tokens)), j, b))
     return steps

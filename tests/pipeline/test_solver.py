@@ -150,6 +150,19 @@ def test_a_forced_cut_keeps_what_fits() -> None:
     assert objective([lasting], (2,), 0.9, 1000) == (480.0 - 0.9 * 1000, 0)
 
 
+def test_a_suffix_started_earlier_pays_only_for_the_turns_it_re_sends() -> None:
+    """History sent last turn in 100 tokens, and offered started earlier (300 tokens, the
+    200 before them worth 0.5 a token, under the 0.7 cache price): the break re-sends the
+    100 tokens last turn had cached, and the 200 before them are new content, uncached
+    whatever the break. So starting earlier is worth 200 - 0.7 * 100 = 130 against 100
+    kept; priced on all 300 re-sent (-10), a suffix once cut never grew back."""
+    history = Ladder((Rung(100, 100.0), Rung(300, 200.0), Rung(50, 50.0)), 0, lasting=False)
+    assert objective([history], (1,), 0.7, 1000) == (200.0 - 0.7 * 100, 0)
+    assert objective([history], (2,), 0.7, 1000) == (50.0 - 0.7 * 50, 0)  # a cut: all kept
+    done = solve([history], 1000, cache_price=0.7)
+    assert done is not None and done.choice == (1,) and done.objective == 130.0
+
+
 def test_none_when_even_the_smallest_forms_do_not_fit() -> None:
     assert solve([Ladder((PREVIEW, FULL))], 299) is None
 

@@ -119,17 +119,15 @@ def test_the_default_fits_the_budget_and_costs_no_more_than_growing_the_library(
 
 
 def test_restoring_by_appending_sends_cut_entries_whole_for_a_little_more() -> None:
-    """At 4,500 the batch sends cut entries whole again where the request has room beyond
-    the headroom (the auth docs, the sync design review, both meeting notes and the
-    glossary in turn 15's settle, and the meeting note of 19 October again in turn 16's,
-    a later batch); each goes once a batch and fits. (At 7,000, where this was pinned
-    before, no turn restores by appending any more: the batch settles where it used to
-    shed, and with the library in the system message the budget gives cut entries back
-    in place. From 4,500 to 8,000 by 500, 4,500 is the one window of this chat that still
-    does.)"""
-    envs, conv = _chat30(4500)
+    """At 5,250 the batch sends a cut entry whole again where the request has room beyond
+    the headroom (the meeting note of 19 October in turn 16's settle); each goes once a
+    batch and fits. (At 4,500, where this was pinned before, turn 15 sent five entries
+    and turn 16 one; since a suffix started earlier pays only for the turns it re-sends,
+    history grows back into that room. From 4,000 to 8,000 by 250, 5,250 is the one
+    window of this chat that still restores by appending.)"""
+    envs, conv = _chat30(5250)
     again = [(e.turn, s.key) for e in envs if e.batch for s in e.batch.restored]
-    assert [t for t, _ in again] == [15, 15, 15, 15, 15, 16]
+    assert again == [(16, "note:meetings/2026-10-19.md")]
     batch, sent = 0, set()
     for env in envs:
         assert env.report.budget is not None and env.batch is not None
