@@ -108,9 +108,6 @@ FOLDER_CHATS = ("kepano-folder-2k",)
 # at 0.7 with the regret (solver.solve) met kepano-8k's share and left nothing cut in chat30;
 # priced as what the previous request sent (and the shed, the fold rule), kepano-4k's.
 _NOT_YET: dict[tuple[str, str], str] = {
-    ("kepano-4k", "left-cut"): "1 entry set aside while its full form fits: turn 11 leaves "
-    "out Notes/Product usage analysis.md (49 tokens whole, 67 free beyond 5%); the judge "
-    "sees entries set aside since they are no longer sent (with it, 0934db9 left 33 so)",
     ("small-3000", "cached_share"): "20.9% cached, 43% of its bound 48.6% (78% before the "
     "price counted what a break loses: turn 4 gives docs/api-docs.md back whole, its full "
     "form fitting, and turn 5's three new notes cut it again)",

@@ -238,7 +238,7 @@ def append_parts(
             if seg.form is Form.FULL:
                 sent[seg.key] = seg.content_hash
     if restored:
-        full += [(RESTORED_INTRO, None), *((seg.text, seg) for seg in restored)]
+        full += _restored_parts(envelope, restored)
         sent.update((seg.key, seg.content_hash) for seg in restored)
     return arrange_user(
         tools, refs, unsent, full, (envelope.query, None), refs_intro=APPEND_REFERENCES_INTRO
@@ -272,14 +272,22 @@ def _counted(
     return tuple(t for t, _ in parts), joined_tokens(known, counter)
 
 
-def choose_restores(candidates: Sequence[Whole], room: int, counter: TokenCounter) -> list[Segment]:
+def choose_restores(
+    candidates: Sequence[Whole],
+    room: int,
+    counter: TokenCounter,
+    shown: Callable[[str], bool] = lambda _key: True,
+) -> list[Segment]:
     """The cut library entries to send whole again within ``room`` tokens, in library order:
     the largest first (so no entry stays cut whose whole form alone would fit), each
-    costing its tokens and a separator, the intro once. A candidate is the size its full
-    block had and how to render its whole form, so only those that may fit are rendered."""
+    costing its tokens and a separator, and the intro once if one of them the library
+    ``shown`` in a block of its own (``_restored_parts``). A candidate is the size its
+    full block had and how to render its whole form, so only those that may fit are
+    rendered."""
     if not candidates:
         return []
-    left = room - counter.count(RESTORED_INTRO) - 2
+    intro = counter.count(RESTORED_INTRO) + 2
+    left, introduced = room, False
     taken: list[tuple[int, Segment]] = []
     order = sorted(range(len(candidates)), key=lambda i: (-candidates[i][0], i))
     for i in order:
@@ -287,10 +295,29 @@ def choose_restores(candidates: Sequence[Whole], room: int, counter: TokenCounte
         if size + 2 > left:
             continue
         seg = render()
-        if seg.tokens + 2 <= left:
+        needs = shown(seg.key) and not introduced
+        cost = seg.tokens + 2 + (intro if needs else 0)
+        if cost <= left:
             taken.append((i, seg))
-            left -= seg.tokens + 2
+            left -= cost
+            introduced |= needs
     return [seg for _, seg in sorted(taken, key=lambda c: c[0])]
+
+
+def _shown(envelope: Envelope, key: str) -> bool:
+    """Whether the library shows ``key`` in a block of its own (a shorter form a block sent
+    whole again stands for); an entry folded into an index, a line or set aside, has none."""
+    seg = envelope.l2.get(key)
+    return seg is not None and bool(seg.text)
+
+
+def _restored_parts(envelope: Envelope, restored: Sequence[Segment]) -> list[Part]:
+    """``restored`` as user-message blocks: those the library shows in a shorter block of
+    their own under ``RESTORED_INTRO`` (they stand for it); the others, folded into an
+    index, before it, as context (no block of theirs says otherwise)."""
+    plain: list[Part] = [(s.text, s) for s in restored if not _shown(envelope, s.key)]
+    again: list[Part] = [(s.text, s) for s in restored if _shown(envelope, s.key)]
+    return [*plain, *([(RESTORED_INTRO, None), *again] if again else [])]
 
 
 def _with_restored(
@@ -304,7 +331,7 @@ def _with_restored(
     query = parts.pop()
     if not parts:
         query = (QUERY_LABEL + query[0], None)
-    return [*parts, (RESTORED_INTRO, None), *((s.text, s) for s in restored), query]
+    return [*parts, *_restored_parts(envelope, restored), query]
 
 
 def _settle(
@@ -376,7 +403,8 @@ def _settled(
     free = room(tokens)
     if free > 0:
         sent = {s.key: s.content_hash for s in envelope.l3.segments if s.form is Form.FULL}
-        restored = choose_restores(wholes(len(envelope.l2.segments), free, sent), free, counter)
+        candidates = wholes(len(envelope.l2.segments), free, sent)
+        restored = choose_restores(candidates, free, counter, lambda k: _shown(envelope, k))
         if restored:
             env, state = _settle(envelope, counter, tokens, reason, restored)
             used = count(env)
@@ -622,7 +650,8 @@ def batch_turn(
     # The library's growth too: a deferred message sends an entry cut once the budget
     # cut it (``_shed``), and the request as sent may leave room the build did not.
     grown = len(envelope.l2.segments)
-    restored = choose_restores(wholes(grown, free, sent) if free > 0 else (), free, counter)
+    candidates = wholes(grown, free, sent) if free > 0 else ()
+    restored = choose_restores(candidates, free, counter, lambda k: _shown(envelope, k))
     if restored:
         more = dict(before)  # the message again, from what was sent before it, with restores
         parts_r, tokens_r = append_user(envelope, more, settled, renderer, counter, restored)

@@ -286,10 +286,11 @@ def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
     """chat30 at 4,750: turn 16 settles (L1 or the library changed) with room beyond the
     headroom, and the meeting note of 19 October, which the budget set aside (kept in the
     library's index of entries set aside, not sent), goes whole in its user message,
-    under the intro, before the query; the system message is left as it was (a restore by
-    appending rewrites nothing). Turn 17 extends it and sends it not again. (At 6,000,
-    where this was pinned before, the budget now gives cut entries back in place
-    instead: see ``_WINDOW``.)"""
+    before the query, without the intro (the library shows no shorter block of it that
+    it would stand for); the system message is left as it was (a restore by appending
+    rewrites nothing). Turn 17 extends it and sends it not again. (At 6,000, where this
+    was pinned before, the budget now gives cut entries back in place instead: see
+    ``_WINDOW``.)"""
     from lamina.pipeline.layout import RESTORED_INTRO
 
     t16, t17 = _chat30(17, 15)
@@ -303,7 +304,7 @@ def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
     assert role == "user"
     blocks = user.split("\n\n---\n[User query]:\n")[0]
     whole = "\n\n".join(s.text for s in t16.batch.restored)
-    assert blocks.endswith(RESTORED_INTRO + "\n\n" + whole)
+    assert blocks.endswith(whole) and RESTORED_INTRO not in user
     for seg in t16.batch.restored:
         cut = t16.l2.get(seg.key)  # None: folded into an index (here set aside, unsent)
         assert cut is None or (str(cut.form) != "full" and cut.text in system)
@@ -363,10 +364,12 @@ def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> Non
 
 
 def test_a_batched_turn_that_restores_keeps_its_own_context_whole(vault: Path) -> None:
-    """The extending path: a turn that attaches a new note and sends a cut entry whole
-    again carries the note's full block, then the intro and the entry, then the query,
-    and records both as sent (the message is made once more with the restores, from what
-    the batch sent before it, so the note is not taken for sent already)."""
+    """The extending path: a turn that attaches a new note and sends library entries whole
+    again carries the note's full block, then the entry the library shows in no block of
+    its own (folded into an index), then the intro and the entry it shows a block of,
+    then the query, and records all as sent (the message is made once more with the
+    restores, from what the batch sent before it, so the note is not taken for sent
+    already)."""
     from lamina.pipeline import Form, Segment
     from lamina.pipeline._conversation.batch import batch_turn
     from lamina.pipeline.layout import RESTORED_INTRO
@@ -381,6 +384,8 @@ def test_a_batched_turn_that_restores_keeps_its_own_context_whole(vault: Path) -
     env = built.turn("b", [{"note": "beta.md"}])
     block = '<note key="note:eps.md">E</note>'
     again = Segment("note:eps.md", Form.FULL, "note", "h-eps", block, 9)
+    shown = '<note key="note:alpha.md">A</note>'
+    alpha = Segment("note:alpha.md", Form.FULL, "note", "h-alpha", shown, 9)
     out, after = batch_turn(
         state,
         env,
@@ -389,15 +394,18 @@ def test_a_batched_turn_that_restores_keeps_its_own_context_whole(vault: Path) -
         count=live.count_request,
         fits=lambda _used: True,
         room=lambda _used: 10_000,
-        wholes=lambda _settled, _room, _sent: [(9, lambda: again)],
+        wholes=lambda _settled, _room, _sent: [(9, lambda: alpha), (9, lambda: again)],
     )
-    assert out.batch is not None and out.batch.reason == "" and out.batch.restored == (again,)
+    assert out.batch is not None and out.batch.reason == ""
+    assert out.batch.restored == (alpha, again)
+    assert env.l2.get("note:alpha.md") is not None and env.l2.get("note:eps.md") is None
     beta = next(s for s in env.l3.segments if s.key == "note:beta.md")
     assert out.batch.user.text == "\n\n".join(
-        [beta.text, RESTORED_INTRO, again.text, "---\n[User query]:\nb"]
+        [beta.text, again.text, RESTORED_INTRO, alpha.text, "---\n[User query]:\nb"]
     )
     assert dict(after.sent)["note:beta.md"] == beta.content_hash
     assert dict(after.sent)["note:eps.md"] == "h-eps"
+    assert dict(after.sent)["note:alpha.md"] == "h-alpha"
 
 
 _WORDS: tuple[str, ...] = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
