@@ -276,7 +276,7 @@ def choose_restores(
     candidates: Sequence[Whole],
     room: int,
     counter: TokenCounter,
-    shown: Callable[[str], bool] = lambda _key: True,
+    shown: Callable[[str], bool],
 ) -> list[Segment]:
     """The cut library entries to send whole again within ``room`` tokens, in library order:
     the largest first (so no entry stays cut whose whole form alone would fit), each
@@ -315,8 +315,10 @@ def _restored_parts(envelope: Envelope, restored: Sequence[Segment]) -> list[Par
     """``restored`` as user-message blocks: those the library shows in a shorter block of
     their own under ``RESTORED_INTRO`` (they stand for it); the others, folded into an
     index, before it, as context (no block of theirs says otherwise)."""
-    plain: list[Part] = [(s.text, s) for s in restored if not _shown(envelope, s.key)]
-    again: list[Part] = [(s.text, s) for s in restored if _shown(envelope, s.key)]
+    plain: list[Part] = []
+    again: list[Part] = []
+    for seg in restored:
+        (again if _shown(envelope, seg.key) else plain).append((seg.text, seg))
     return [*plain, *([(RESTORED_INTRO, None), *again] if again else [])]
 
 
