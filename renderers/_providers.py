@@ -1,7 +1,7 @@
 """Provider request bodies (OpenAI, Anthropic, Gemini) and the cache rules they share.
 
-The rules table is data: minimum cacheable prefix per model comes from the model
-profiles; the rest from the providers' caching guides:
+The rules table is data: the minimum cacheable prefix and the cached-read price per model
+come from the model profiles; the rest from the providers' caching guides:
 - OpenAI (platform.openai.com/docs/guides/prompt-caching; cookbook "Prompt Caching 201"):
   automatic for prompts of 1,024+ tokens, hits in 128-token steps; cached input is billed
   at 50% (gpt-4o), 25% (gpt-4.1, o3, o4-mini) or 10% (gpt-5) of the input price.
@@ -54,8 +54,6 @@ DEFAULT_MODELS: dict[str, str] = {
     "gemini": "gemini-2.5-flash",
 }
 
-# Cached-read price as a share of the input price, by model-name prefix (longest first).
-_OPENAI_READ = (("gpt-4o", 0.5), ("gpt-4.1", 0.25), ("o3", 0.25), ("o4", 0.25), ("gpt-5", 0.1))
 _ANTHROPIC_WRITE = {"5m": 1.25, "1h": 2.0}
 
 
@@ -79,16 +77,15 @@ class CacheRules:
 
 
 def cache_rules(profile: ModelProfile, ttl: Ttl | None = None) -> CacheRules:
-    """The rules for ``profile``'s model (see the module docstring for sources)."""
+    """The rules for ``profile``'s model (see the module docstring for sources); a cached
+    read costs ``ModelProfile.cache_read`` of the input price."""
+    read, least = profile.cache_read, profile.min_cacheable_tokens
     if profile.provider == "openai":
-        read = next((r for p, r in _OPENAI_READ if profile.name.startswith(p)), 0.5)
-        return CacheRules("openai", profile.name, profile.min_cacheable_tokens, 128, read)
+        return CacheRules("openai", profile.name, least, 128, read)
     if profile.provider == "anthropic":
         write = _ANTHROPIC_WRITE[ttl or "5m"]
-        return CacheRules(
-            "anthropic", profile.name, profile.min_cacheable_tokens, 1, 0.1, write, 4, 20
-        )
-    return CacheRules("gemini", profile.name, profile.min_cacheable_tokens, 1, 0.1)
+        return CacheRules("anthropic", profile.name, least, 1, read, write, 4, 20)
+    return CacheRules("gemini", profile.name, least, 1, read)
 
 
 @attrs.frozen

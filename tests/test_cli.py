@@ -122,7 +122,7 @@ def test_inspect_shows_every_artifact_and_the_window_bar(script: Path) -> None:
     assert "note:project-spec.md" in out.stdout and "reference" in out.stdout
     assert "of limit 3000 tokens sent" in out.stdout
     # With --verbose, the budget's settings and its headroom in tokens.
-    assert "budget settings: headroom 0.05, cache_weight 0.7, text_free_share 0.1" in out.stdout
+    assert "budget settings: headroom 0.05, cache_weight 0.9, text_free_share 0.1" in out.stdout
     assert "headroom_tokens 150" in out.stdout
 
 

@@ -22,6 +22,7 @@ from lamina.pipeline._errors import ConfigError
 from lamina.pipeline._tokens.counter import TOKENIZERS
 
 __all__ = [
+    "CACHE_READ",
     "CHAT_TEMPLATES",
     "OPENAI_FRAMING",
     "PROFILES",
@@ -110,6 +111,21 @@ def framing_of(fields: FramingFields) -> Framing:
 OPENAI_FRAMING = Framing(3, 3)
 """OpenAI chat framing: 3 tokens per message and 3 to prime the reply; the default."""
 
+CACHE_READ = 0.1
+"""What an input token read from the provider's prompt cache costs, as a share of the
+plain input price, where a profile says no other: Anthropic's reads, Gemini's implicit and
+explicit caches and OpenAI's GPT-5 family all bill 0.1x (a self-hosted server's prefix
+cache skips the prefill of what it holds, most of an input token's cost)."""
+
+_OPENAI_READ = (("gpt-4o", 0.5), ("gpt-4.1", 0.25), ("o3", 0.25), ("o4", 0.25), ("gpt-5", 0.1))
+"""OpenAI's cached-input price as a share of the input price, by model-name prefix (the
+model pages); 0.5 for a name none matches (GPT-4o's, the oldest caching models')."""
+
+
+def _openai_read(name: str) -> float:
+    """``name``'s cached-input price (``_OPENAI_READ``)."""
+    return next((read for prefix, read in _OPENAI_READ if name.startswith(prefix)), 0.5)
+
 
 @attrs.frozen
 class ModelProfile:
@@ -128,7 +144,8 @@ class ModelProfile:
     ``chat_template`` says where the system text goes (one of ``CHAT_TEMPLATES``; for
     "mistral", ``per_message_tokens`` frames each user turn and ``priming_tokens`` is ``<s>``);
     ``default_system`` what the template sends as the system message when there is none
-    (see ``Framing``).
+    (see ``Framing``); ``cache_read`` what a token read from the prompt cache costs, as a
+    share of the input price (``CACHE_READ`` unless the provider bills another).
     """
 
     name: str
@@ -147,6 +164,7 @@ class ModelProfile:
     chat_template: ChatTemplate = OPENAI_FRAMING.template
     tool_call_tokens: int = OPENAI_FRAMING.tool_call
     default_system: str | None = OPENAI_FRAMING.default_system
+    cache_read: float = CACHE_READ
 
     def __attrs_post_init__(self) -> None:
         problems: list[str] = []
@@ -167,6 +185,8 @@ class ModelProfile:
             )
         if not 0.0 <= self.safety_margin < 1.0:
             problems.append(f"safety_margin must be in [0, 1), got {self.safety_margin}")
+        if not 0.0 <= self.cache_read <= 1.0:
+            problems.append(f"cache_read must be in [0, 1], got {self.cache_read}")
         if self.exact_tokens and self.safety_margin:
             problems.append("an exact tokenizer needs no safety_margin")
         counts = (self.min_cacheable_tokens, self.per_message_tokens, self.priming_tokens)
@@ -198,7 +218,9 @@ class ModelProfile:
 
 def _openai(name: str, window: int, reserve: int, max_out: int) -> ModelProfile:
     # OpenAI caches prompts of 1024+ tokens automatically.
-    return ModelProfile(name, "openai", window, reserve, max_output_tokens=max_out)
+    return ModelProfile(
+        name, "openai", window, reserve, max_output_tokens=max_out, cache_read=_openai_read(name)
+    )
 
 
 def _anthropic(name: str, window: int, reserve: int, max_out: int, cache_min: int) -> ModelProfile:
@@ -441,7 +463,9 @@ def generic_profile(name: str, provider: str) -> ModelProfile:
     model should still set its window (``Budget(context_window=...)``).
     """
     if provider == "openai":
-        return ModelProfile(name, "openai", 128_000, 16_384, _openai_tokenizer(name))
+        return ModelProfile(
+            name, "openai", 128_000, 16_384, _openai_tokenizer(name), cache_read=_openai_read(name)
+        )
     if provider == "anthropic":
         minimum = 2048 if "haiku" in name else 1024
         return _anthropic(name, 200_000, 8_192, 8_192, minimum)

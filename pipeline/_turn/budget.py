@@ -17,6 +17,7 @@ from lamina.pipeline._input import validate as _validate
 from lamina.pipeline._model.envelope import BudgetReport, Decision, Envelope
 from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._tokens.profiles import (
+    CACHE_READ,
     CHAT_TEMPLATES,
     OPENAI_FRAMING,
     Framing,
@@ -108,13 +109,14 @@ class BudgetSettings:
     """The least share of the limit a turn that changes forms leaves free (more when the
     last turn added more to history), so the next turn's query and reply fit without
     changing them again."""
-    cache_weight: float = attrs.field(default=0.7, validator=_real)
-    """What a token read from the provider's cache is worth, against a token of text the
+    cache_weight: float = attrs.field(default=1.0 - CACHE_READ, validator=_real)
+    """What a token read from the provider's cache is worth against a token of text the
     model can use: the price a change pays for each token of the cache it loses (the
-    objective). 0.7, chosen over whole chats (docs/BUDGET.md): it keeps the most of the
-    cache on the real vaults; from 0.3 up, a note a turn attaches for its question that
-    the relevance does not rank first gives way to older entries' cache; 0 sends the most
-    text whatever the cache."""
+    objective). The provider's discount on a cached token, 1 - ``ModelProfile.cache_read``
+    (``for_model`` sets it: 0.5 for GPT-4o, 0.75 for GPT-4.1, o3 and o4, 0.9 for Claude,
+    Gemini and GPT-5); 0.9 without a model, the current models' discount. The lower it
+    is, the sooner a note a turn attaches for its question takes room from older entries'
+    cache; 0 sends the most text whatever the cache (docs/BUDGET.md)."""
     text_free_share: float = attrs.field(default=0.1, validator=_fraction)
     """The share of the window that forms without prose (index lines, stubs, counts) may
     take, the smallest forms too as far as the room allows."""
@@ -189,6 +191,7 @@ class Budget(BudgetSettings):
             "chat_template": profile.chat_template,
             "tool_call_tokens": profile.tool_call_tokens,
             "default_system": profile.default_system,
+            "cache_weight": 1.0 - profile.cache_read,
         }
         fields.update(overrides)
         return cls(**fields)  # type: ignore[arg-type]

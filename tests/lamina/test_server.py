@@ -437,7 +437,7 @@ def test_the_budget_objective_is_a_conversation_setting(client: httpx.Client) ->
     built = turn(client, cid, EMPTY, user="hello", attach=[{"note": "project-spec.md"}])
     plan = built["budget"]["plan"]
     assert (plan["headroom"], plan["headroom_tokens"]) == ("0.1", "260")
-    assert plan["cache_weight"] == "0.7"  # not given: the default
+    assert plan["cache_weight"] == "0.9"  # not given: the default
     head = reply(client, cid, built["head"], "ok")
     again = turn(client, cid, head, user="and again")
     assert again["budget"]["plan"] == plan

@@ -260,9 +260,10 @@ _EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # appending any more: a restore now costs the cache only what the last request sent of the
 # entries after it, so the budget gives cut entries back in place when the room allows
 # (turn 15 restores five). At 4,750 (limit 3,250) the meeting note of 19 October, set
-# aside, is sent whole again in turn 16's settle and in turn 25, extending a batch (at
-# 4,500, where this was pinned before the entries set aside were kept unsent and a shed
-# that keeps less of the growth than it re-sends settled, in turns 20 and 25).
+# aside, is sent whole again in turn 17's settle and in turn 25, extending a batch (turns
+# 16 and 25 before the cache price became the provider's discount, 0.9 from 0.7; at
+# 4,500 before the entries set aside were kept unsent and a shed that keeps less of the
+# growth than it re-sends settled, in turns 20 and 25).
 _WINDOW = 4750
 
 
@@ -283,34 +284,34 @@ def _chat30(turns: int, first: int = 0, window: int = _WINDOW) -> list[Envelope]
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 4,750: turn 16 settles (L1 or the library changed) with room beyond the
+    """chat30 at 4,750: turn 17 settles (L1 or the library changed) with room beyond the
     headroom, and the meeting note of 19 October, which the budget set aside (kept in the
     library's index of entries set aside, not sent), goes whole in its user message,
     before the query, without the intro (the library shows no shorter block of it that
     it would stand for); the system message is left as it was (a restore by appending
-    rewrites nothing). Turn 17 extends it and sends it not again. (At 6,000, where this
+    rewrites nothing). Turn 18 extends it and sends it not again. (At 6,000, where this
     was pinned before, the budget now gives cut entries back in place instead: see
     ``_WINDOW``.)"""
     from lamina.pipeline.layout import RESTORED_INTRO
 
-    t16, t17 = _chat30(17, 15)
-    assert t16.batch is not None and t17.batch is not None
+    t17, t18 = _chat30(18, 16)
+    assert t17.batch is not None and t18.batch is not None
     keys = ["note:meetings/2026-10-19.md"]
-    assert [s.key for s in t16.batch.restored] == keys
-    assert (t16.batch.reason, t17.batch.reason) == ("system-changed", "")
-    assert [s.key for s in t17.batch.restored] == []
-    messages = _messages(t16)
+    assert [s.key for s in t17.batch.restored] == keys
+    assert (t17.batch.reason, t18.batch.reason) == ("system-changed", "")
+    assert [s.key for s in t18.batch.restored] == []
+    messages = _messages(t17)
     (_, system), (role, user) = messages[0], messages[-1]
     assert role == "user"
     blocks = user.split("\n\n---\n[User query]:\n")[0]
-    whole = "\n\n".join(s.text for s in t16.batch.restored)
+    whole = "\n\n".join(s.text for s in t17.batch.restored)
     assert blocks.endswith(whole) and RESTORED_INTRO not in user
-    for seg in t16.batch.restored:
-        cut = t16.l2.get(seg.key)  # None: folded into an index (here set aside, unsent)
+    for seg in t17.batch.restored:
+        cut = t17.l2.get(seg.key)  # None: folded into an index (here set aside, unsent)
         assert cut is None or (str(cut.form) != "full" and cut.text in system)
         assert seg.text not in system
-    assert t16.batch.tokens <= _budget().limit
-    assert _messages(t17)[: len(messages)] == messages
+    assert t17.batch.tokens <= _budget().limit
+    assert _messages(t18)[: len(messages)] == messages
 
 
 def test_a_shed_that_would_keep_less_of_the_growth_than_it_resends_settles() -> None:
@@ -340,9 +341,9 @@ def test_a_shed_that_would_keep_less_of_the_growth_than_it_resends_settles() -> 
 
 def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> None:
     """Restored from SQLite after turn 24, the conversation sends turns 25 and 26 (a
-    turn that extends its batch and restores by appending, then a settle over budget)
-    byte for byte as the live one did: the budget's regret is part of the state saved.
-    (chat30 at 4,750, ``_WINDOW``.)"""
+    turn that extends its batch and restores two entries by appending, then one that
+    extends it again) byte for byte as the live one did: the budget's regret is part of
+    the state saved. (chat30 at 4,750, ``_WINDOW``.)"""
     from lamina import load_script, run_saved, run_script
     from lamina.pipeline.store import open_store
 
@@ -350,10 +351,10 @@ def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> Non
     live = Conversation(script.system, vault=script.vault, budget=_budget())
     want = _chat30(26, 24)
     assert [[s.key for s in e.batch.restored] for e in want if e.batch] == [
-        ["note:meetings/2026-10-19.md"],
+        ["pdf:media/sync-design-review.pdf", "note:meetings/2026-10-19.md"],
         [],
     ]
-    assert [e.batch.reason for e in want if e.batch] == ["", "over-budget"]
+    assert [e.batch.reason for e in want if e.batch] == ["", ""]
     with open_store(str(tmp_path / "s.db")) as store:
         store.create(ConversationInfo("c", vault=str(script.vault)))
         run_saved(attrs.evolve(script, turns=script.turns[:24]), live, store, "c")

@@ -156,3 +156,30 @@ def test_generic_profiles_follow_the_providers_rules() -> None:
     assert generic_profile("claude-3-haiku-20240307", "anthropic").min_cacheable_tokens == 2048
     with pytest.raises(ConfigError, match="unknown provider 'mistral'"):
         generic_profile("x", "mistral")
+
+
+@pytest.mark.parametrize(
+    ("name", "read"),
+    [
+        ("gpt-4o", 0.5),
+        ("gpt-4.1-mini", 0.25),
+        ("o4-mini", 0.25),
+        ("gpt-5", 0.1),
+        ("claude-sonnet-4-5", 0.1),
+        ("gemini-2.5-pro", 0.1),
+        ("qwen3-8b", 0.1),
+    ],
+)
+def test_the_budget_prices_a_lost_cached_token_at_the_providers_discount(
+    name: str, read: float
+) -> None:
+    """A profile says what a cached token costs (its share of the input price); the
+    budget of the model prices each cached token a change loses at the discount, and a
+    budget without a model at that of the current models (a tenth of the price)."""
+    assert get_profile(name).cache_read == read
+    assert Budget.for_model(name).cache_weight == 1.0 - read
+    assert Budget.for_model(name, cache_weight=0.3).cache_weight == 0.3
+    assert generic_profile("gpt-4o-audio", "openai").cache_read == 0.5
+    assert Budget(8000).cache_weight == 0.9
+    with pytest.raises(ConfigError, match=r"cache_read must be in \[0, 1\], got 1.5"):
+        get_profile(name, cache_read=1.5)

@@ -102,11 +102,12 @@ def test_the_default_fits_the_budget_and_costs_no_more_than_growing_the_library(
     """Append-only ignores the budget (at 6,000 it is over the limit in 21 of 30 turns);
     the default sheds its deferred growth from the first block the budget changed, or
     settles as built, before it would not fit. It costs no more than growing the library
-    every turn (OpenAI cost, in uncached input tokens' worth): at 6,000 47,440 against
-    48,426 (2.0% less), at 7,000 52,288 against 52,441 (0.3% less), at 16,000 46,961
-    against 51,809, since a shed that would keep less of the growth cached than it sends
-    again settles instead (a growth kept deferred makes every later cut of history
-    re-send all of it; before, 52,459 and 55,060 at 6,000)."""
+    every turn (OpenAI cost, in uncached input tokens' worth): at 6,000 44,987 against
+    48,426 (7.1% less; 47,440 with the cache priced at 0.7), at 7,000 52,288 against
+    52,441 (0.3% less), at 16,000 46,961 against 51,809, since a shed that would keep
+    less of the growth cached than it sends again settles instead (a growth kept deferred
+    makes every later cut of history re-send all of it; before, 52,459 and 55,060 at
+    6,000)."""
     envs, conv = _chat30(window)
     for i, env in enumerate(envs):
         assert env.report.budget is not None
