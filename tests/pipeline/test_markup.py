@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation
@@ -230,6 +230,7 @@ def empty_vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(person_text, person_text), min_size=1, max_size=3))
+@example([('<li key="id">{x}</li>', "<|0|>")])
 def test_user_text_and_replies_survive_history_byte_for_byte(
     empty_vault: Path, turns: list[tuple[str, str]]
 ) -> None:
@@ -242,7 +243,13 @@ def test_user_text_and_replies_survive_history_byte_for_byte(
         previous = env
     last = conv.turn("next")
     check_envelope(last, previous)
-    expected = [pair for q, r in turns for pair in (("user", q), ("assistant", r))]
+    # Byte for byte but for special-token spellings, defused in every message alike
+    # (a reply "<|0|>" is sent as "<\u200b|0|>": ``defuse_special_tokens``).
+    expected = [
+        (role, defuse_special_tokens(text))
+        for q, r in turns
+        for role, text in (("user", q), ("assistant", r))
+    ]
     assert list(last.history()) == expected
 
 
