@@ -42,10 +42,12 @@ def _conv(recall: bool = True, retriever: type[Retriever] | None = None) -> Conv
                         retriever=retriever)  # fmt: skip
 
 
-def _chat(conv: Conversation, turns: int = 40) -> None:
+def _chat(conv: Conversation, turns: int = 40) -> Envelope:
+    """``turns`` turns of facts, then filler, each replied to; the last turn's envelope."""
     for i in range(turns):
-        conv.turn(FACTS[i] if i < len(FACTS) else f"{FILLER} ({i})")
+        env = conv.turn(FACTS[i] if i < len(FACTS) else f"{FILLER} ({i})")
         conv.reply(f"Noted, point {i}. " + "Sounds good. " * 8)
+    return env
 
 
 def _recalled(env: Envelope) -> list[str]:
@@ -76,22 +78,18 @@ def test_a_dropped_message_the_query_names_is_recalled_into_the_user_message() -
     check_envelope(env)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="measured: recall-on's suffix starts at turn 26, recall-off's at 24 (the passages "
-    "take that room, and with recall cut points are sqrt(2 S g) apart; 25 before, 32 before "
-    "the cache price stopped at the latest point a request can keep)",
-)
 def test_a_passage_takes_the_room_the_request_leaves_and_the_suffix_stays_cached() -> None:
     """The request fits: the passage goes into the room it leaves (the headroom too: a
-    passage is sent in this turn only), and the suffix keeps its start, as with recall off."""
-    on, off = _conv(), _conv(recall=False)
-    _chat(on)
-    _chat(off)
-    env = on.turn("Which city did Maria relocate to?")
-    plain = off.turn("Which city did Maria relocate to?")
-    assert [s.key for s in env.l4.segments] == [s.key for s in plain.l4.segments]
+    passage is sent in this turn only), and the suffix keeps the start the last request
+    gave it: this turn cuts no history. (Recall off's suffix starts elsewhere, at turn 24
+    where this one starts at 26: with recall, history is cut at points ``sqrt(2 S g)``
+    apart, ``_cut_points``, so the chat before cut it less often and deeper.)"""
+    conv = _conv()
+    last = _chat(conv)
+    env = conv.turn("Which city did Maria relocate to?")
+    assert env.l4.segments[0].key == last.l4.segments[0].key == "history:26:user"
     assert not any(d.action is DecisionAction.HISTORY_CUT for d in env.report.decisions)
+    assert _recalled(env) == ["recalled:history"]
     assert env.report.budget is not None and env.report.budget.used <= 1_000
 
 
