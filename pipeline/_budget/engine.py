@@ -1,10 +1,10 @@
-"""The one fitting engine: while a request is over its budget, take the first plan of an
-order that still cuts, keep the running count, record every cut as a decision.
+"""The agent loop's fitting engine: while a request is over its budget, take the first
+plan of an order that still cuts, keep the running count, record every cut as a decision.
 
-The turn's budget stage (``fit.Enforce``: library entries, history, this turn's items,
-L1's mutable part) and the agent loop (``AgentTurn.fit``: old tool results, then the
-largest) are both orders of plans over a state that knows its own exact count; the
-engine owns the loop, the savings of each cut and the report, or ``BudgetExceeded``.
+The agent loop (``AgentTurn.fit``: old tool results, then the largest) is an order of
+plans over a state that knows its own exact count; the engine owns the loop, the savings
+of each cut and the report, or ``BudgetExceeded``. (A turn's budget stage is not a cut
+order: it is one solve over ladders of forms, ``objective.Solve``.)
 """
 
 from __future__ import annotations
