@@ -98,6 +98,19 @@ class ChatJudgement:
     text_free_share: float
     """The largest share of the window stubs and index blocks took in one turn."""
     findings: tuple[ChatFinding, ...] = ()
+    attached_tokens: int = 0
+    """Tokens of what the turns attached, as their requests sent it (this turn's context:
+    neither recalled passages nor references to the library)."""
+    attached_whole: int = 0
+    """The same attachments whole: each block's full form, and the full size an index
+    line lists for an item sent only as that line (items counted in an index without a
+    line, and blocks whose full size is unknown, count as sent)."""
+
+    @property
+    def attached_share(self) -> float:
+        """What the requests sent of the turns' attachments, over their whole (1.0 when
+        nothing was attached): the value the cache price trades against."""
+        return self.attached_tokens / self.attached_whole if self.attached_whole else 1.0
 
     @property
     def cached_share(self) -> float:
@@ -146,7 +159,8 @@ class ChatJudgement:
             f"{self.turns} turns, {self.cut_turns} cut; window use {self.window_use:.1%}; "
             f"cached {self.cached_share:.1%} of {self.input_tokens:,} (bound "
             f"{self.cached_bound:.1%}, {self.cached_of_bound:.0%} of it); stubs+indexes "
-            f"{self.text_free_share:.1%}; left cut {self.count('left-cut')}, no prose "
+            f"{self.text_free_share:.1%}; attachments sent {self.attached_share:.1%}; left cut "
+            f"{self.count('left-cut')}, no prose "
             f"{self.count('no-prose')}, open frontmatter {self.count('open-frontmatter')}, "
             f"over limit {self.count('over-limit')}, stub references "
             f"{self.count('stub-reference')}"
@@ -268,6 +282,7 @@ def judge_chat(
     findings: list[ChatFinding] = []
     uses: list[float] = []
     text_free = 0.0
+    sent_now = whole_now = 0  # each turn's context: as sent, and whole
     reports = prefix_reports(envelopes, counter, budget=budget)
     totals = [prompt_tokens(default_prompt(e), counter, budget) for e in envelopes]
     later = zip(totals[1:], envelopes[1:], strict=True)  # the first request adds everything
@@ -294,6 +309,12 @@ def judge_chat(
         for seg in env.l3.segments:
             if seg.form is Form.REFERENCE and not seg.unsent and seg.key in stubs:
                 find("stub-reference", seg.key, "refers to a library stub")
+            if seg.source_type == "index":
+                whole_now += sum(size for _, size in _index_lines(seg))
+            elif seg.text and seg.form is not Form.REFERENCE and seg.source_type != RECALL_SOURCE:
+                size = sizes.get((seg.key, seg.content_hash), (full_sizes or {}).get(seg.key, 0))
+                sent_now += seg.tokens
+                whole_now += max(size, seg.tokens)
         for seg in sent:
             if (
                 seg.form in _CUT_FORMS
@@ -362,4 +383,6 @@ def judge_chat(
         bound_tokens=bound,
         text_free_share=text_free,
         findings=tuple(findings),
+        attached_tokens=sent_now,
+        attached_whole=whole_now,
     )

@@ -55,6 +55,7 @@ def test_the_script_judges_each_chat_and_window_and_writes_json(tmp_path: Path) 
     )
     assert proc.returncode == 0, proc.stderr
     assert "kepano-obsidian: 103 notes" in proc.stdout and "stub+idx" in proc.stdout
+    assert "attached" in proc.stdout
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert [v["vault"] for v in doc["vaults"]] == ["vault", "kepano-obsidian"]
     assert not any(v["held_out"] for v in doc["vaults"]) and HELD_OUT
@@ -66,6 +67,7 @@ def test_the_script_judges_each_chat_and_window_and_writes_json(tmp_path: Path) 
         for row in vault["rows"]:
             assert row["over_limit"] == 0 and row["input_tokens"] > 0
             assert 0 < row["window_use"] <= 1.0 and 0 <= row["cached_share"] <= 1.0
+            assert 0 < row["attached_share"] <= 1.0
             assert row["turns"] == (16 if row["chat"] == "mixed" else 1)
             assert isinstance(row["misses"], list)
 

@@ -235,3 +235,25 @@ def test_an_item_listed_only_in_an_index_is_left_cut_when_its_full_size_fits() -
     env = _rebuilt(envs[-1], (index,), limit=2000, effective=1000)
     j = judge_chat([env], conv.counter, budget=conv.budget)
     assert [f.key for f in j.findings if f.check == "left-cut"] == ["note:f/a.md"]
+
+
+def test_the_attachments_sent_are_counted_against_their_whole() -> None:
+    """This turn's context as sent over its whole: a 100-token preview of a note whose full
+    form is 400, beside an index that lists a 300-token note sent only as its line, is
+    100 of 700 sent; recalled passages and references to the library count for neither."""
+    conv, envs = _budgeted_spec_chat()
+    preview = _segment('<note key="note:a.md" form="preview">\nSome text.\n</note>', tokens=100)
+    lines = "1 item of folder:f was not sent for lack of room.\n- note:f/b.md | 300 tokens"
+    index = Segment("index:folder:f", Form.FULL, "index", "i", f"<index>\n{lines}\n</index>", 30)
+    recalled = Segment("recalled:history", Form.FULL, "recalled", "r", "<recalled/>", 50)
+    ref = Segment("note:c.md", Form.REFERENCE, "note", "c", '<reference key="note:c.md"/>', 9)
+    env = envs[-1]
+    l3 = Layer(LayerName.L3, (ref, preview, index, recalled), 189)
+    env = attrs.evolve(env, layers=(env.l1, env.l2, l3, env.l4, env.l5))
+    j = judge_chat([env], conv.counter, budget=conv.budget, full_sizes={"note:a.md": 400})
+    assert (j.attached_tokens, j.attached_whole) == (100, 700)
+    assert j.attached_share == 100 / 700
+    assert "attachments sent 14.3%" in j.summary()
+    first = judge_chat(envs[:1], conv.counter, budget=conv.budget)  # the spec, whole
+    assert first.attached_tokens == first.attached_whole == envs[0].l3.segments[0].tokens
+    assert first.attached_share == 1.0
