@@ -54,7 +54,9 @@ DEFAULT_MODELS: dict[str, str] = {
     "gemini": "gemini-2.5-flash",
 }
 
-_ANTHROPIC_WRITE = {"5m": 1.25, "1h": 2.0}
+_HOUR_WRITE = 2.0
+"""Anthropic's cache write with the 1-hour TTL (the profile's ``cache_write`` is the
+5-minute one's)."""
 
 
 @attrs.frozen
@@ -78,14 +80,14 @@ class CacheRules:
 
 def cache_rules(profile: ModelProfile, ttl: Ttl | None = None) -> CacheRules:
     """The rules for ``profile``'s model (see the module docstring for sources); a cached
-    read costs ``ModelProfile.cache_read`` of the input price."""
-    read, least = profile.cache_read, profile.min_cacheable_tokens
+    read costs ``ModelProfile.cache_read`` of the input price, a write ``cache_write``."""
+    read, write, least = profile.cache_read, profile.cache_write, profile.min_cacheable_tokens
     if profile.provider == "openai":
-        return CacheRules("openai", profile.name, least, 128, read)
+        return CacheRules("openai", profile.name, least, 128, read, write)
     if profile.provider == "anthropic":
-        write = _ANTHROPIC_WRITE[ttl or "5m"]
+        write = _HOUR_WRITE if ttl == "1h" else write
         return CacheRules("anthropic", profile.name, least, 1, read, write, 4, 20)
-    return CacheRules("gemini", profile.name, least, 1, read)
+    return CacheRules("gemini", profile.name, least, 1, read, write)
 
 
 @attrs.frozen

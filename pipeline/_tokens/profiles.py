@@ -22,6 +22,7 @@ from lamina.pipeline._errors import ConfigError
 from lamina.pipeline._tokens.counter import TOKENIZERS
 
 __all__ = [
+    "ANTHROPIC_WRITE",
     "CACHE_READ",
     "CHAT_TEMPLATES",
     "OPENAI_FRAMING",
@@ -117,6 +118,10 @@ plain input price, where a profile says no other: Anthropic's reads, Gemini's im
 explicit caches and OpenAI's GPT-5 family all bill 0.1x (a self-hosted server's prefix
 cache skips the prefill of what it holds, most of an input token's cost)."""
 
+ANTHROPIC_WRITE = 1.25
+"""What Anthropic bills for writing a token into its prompt cache (5-minute TTL), as a share
+of the input price: a token it could have read (0.1x) and writes again costs 1.15 more."""
+
 _OPENAI_READ = (("gpt-4o", 0.5), ("gpt-4.1", 0.25), ("o3", 0.25), ("o4", 0.25), ("gpt-5", 0.1))
 """OpenAI's cached-input price as a share of the input price, by model-name prefix (the
 model pages); 0.5 for a name none matches (GPT-4o's, the oldest caching models')."""
@@ -144,8 +149,10 @@ class ModelProfile:
     ``chat_template`` says where the system text goes (one of ``CHAT_TEMPLATES``; for
     "mistral", ``per_message_tokens`` frames each user turn and ``priming_tokens`` is ``<s>``);
     ``default_system`` what the template sends as the system message when there is none
-    (see ``Framing``); ``cache_read`` what a token read from the prompt cache costs, as a
-    share of the input price (``CACHE_READ`` unless the provider bills another).
+    (see ``Framing``); ``cache_read`` and ``cache_write`` what a token read from or written
+    into the prompt cache costs, as a share of the input price (``CACHE_READ`` unless the
+    provider bills another; writing costs the plain price but at Anthropic's,
+    ``ANTHROPIC_WRITE``).
     """
 
     name: str
@@ -165,6 +172,7 @@ class ModelProfile:
     tool_call_tokens: int = OPENAI_FRAMING.tool_call
     default_system: str | None = OPENAI_FRAMING.default_system
     cache_read: float = CACHE_READ
+    cache_write: float = 1.0
 
     def __attrs_post_init__(self) -> None:
         problems: list[str] = []
@@ -187,6 +195,8 @@ class ModelProfile:
             problems.append(f"safety_margin must be in [0, 1), got {self.safety_margin}")
         if not 0.0 <= self.cache_read <= 1.0:
             problems.append(f"cache_read must be in [0, 1], got {self.cache_read}")
+        if self.cache_write < 1.0:
+            problems.append(f"cache_write must be >= 1, got {self.cache_write}")
         if self.exact_tokens and self.safety_margin:
             problems.append("an exact tokenizer needs no safety_margin")
         counts = (self.min_cacheable_tokens, self.per_message_tokens, self.priming_tokens)
@@ -235,6 +245,7 @@ def _anthropic(name: str, window: int, reserve: int, max_out: int, cache_min: in
         safety_margin=ANTHROPIC_MARGIN,
         min_cacheable_tokens=cache_min,
         max_output_tokens=max_out,
+        cache_write=ANTHROPIC_WRITE,
     )
 
 

@@ -112,11 +112,13 @@ class BudgetSettings:
     cache_weight: float = attrs.field(default=1.0 - CACHE_READ, validator=_real)
     """What a token read from the provider's cache is worth against a token of text the
     model can use: the price a change pays for each token of the cache it loses (the
-    objective). The provider's discount on a cached token, 1 - ``ModelProfile.cache_read``
-    (``for_model`` sets it: 0.5 for GPT-4o, 0.75 for GPT-4.1, o3 and o4, 0.9 for Claude,
-    Gemini and GPT-5); 0.9 without a model, the current models' discount. The lower it
-    is, the sooner a note a turn attaches for its question takes room from older entries'
-    cache; 0 sends the most text whatever the cache (docs/BUDGET.md)."""
+    objective). What a token sent again costs beyond reading it from the provider's cache,
+    ``ModelProfile.cache_write - cache_read`` in shares of the input price (``for_model``
+    sets it: 0.5 for GPT-4o, 0.75 for GPT-4.1, o3 and o4, 0.9 for Gemini and GPT-5, 1.15
+    for Claude, whose cache writes cost 1.25x); 0.9 without a model, the current models'
+    discount. The lower it is, the sooner a note a turn attaches for its question takes
+    room from older entries' cache; 0 sends the most text whatever the cache
+    (docs/BUDGET.md)."""
     text_free_share: float = attrs.field(default=0.1, validator=_fraction)
     """The share of the window that forms without prose (index lines, stubs, counts) may
     take, the smallest forms too as far as the room allows."""
@@ -191,7 +193,7 @@ class Budget(BudgetSettings):
             "chat_template": profile.chat_template,
             "tool_call_tokens": profile.tool_call_tokens,
             "default_system": profile.default_system,
-            "cache_weight": 1.0 - profile.cache_read,
+            "cache_weight": profile.cache_write - profile.cache_read,
         }
         fields.update(overrides)
         return cls(**fields)  # type: ignore[arg-type]

@@ -159,27 +159,32 @@ def test_generic_profiles_follow_the_providers_rules() -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "read"),
+    ("name", "read", "weight"),
     [
-        ("gpt-4o", 0.5),
-        ("gpt-4.1-mini", 0.25),
-        ("o4-mini", 0.25),
-        ("gpt-5", 0.1),
-        ("claude-sonnet-4-5", 0.1),
-        ("gemini-2.5-pro", 0.1),
-        ("qwen3-8b", 0.1),
+        ("gpt-4o", 0.5, 0.5),
+        ("gpt-4.1-mini", 0.25, 0.75),
+        ("o4-mini", 0.25, 0.75),
+        ("gpt-5", 0.1, 0.9),
+        ("claude-sonnet-4-5", 0.1, 1.15),
+        ("gemini-2.5-pro", 0.1, 0.9),
+        ("qwen3-8b", 0.1, 0.9),
     ],
 )
-def test_the_budget_prices_a_lost_cached_token_at_the_providers_discount(
-    name: str, read: float
+def test_the_budget_prices_a_lost_cached_token_at_what_sending_it_again_costs_more(
+    name: str, read: float, weight: float
 ) -> None:
-    """A profile says what a cached token costs (its share of the input price); the
-    budget of the model prices each cached token a change loses at the discount, and a
-    budget without a model at that of the current models (a tenth of the price)."""
-    assert get_profile(name).cache_read == read
-    assert Budget.for_model(name).cache_weight == 1.0 - read
+    """A profile says what a cached token costs to read and to write (shares of the input
+    price); the budget of the model prices each cached token a change loses at what
+    sending it again costs beyond reading it (Anthropic writes it again at 1.25x), and a
+    budget without a model at the current models' discount (a tenth of the price)."""
+    profile = get_profile(name)
+    assert profile.cache_read == read
+    assert profile.cache_write == (1.25 if profile.provider == "anthropic" else 1.0)
+    assert Budget.for_model(name).cache_weight == pytest.approx(weight)
     assert Budget.for_model(name, cache_weight=0.3).cache_weight == 0.3
     assert generic_profile("gpt-4o-audio", "openai").cache_read == 0.5
     assert Budget(8000).cache_weight == 0.9
     with pytest.raises(ConfigError, match=r"cache_read must be in \[0, 1\], got 1.5"):
         get_profile(name, cache_read=1.5)
+    with pytest.raises(ConfigError, match="cache_write must be >= 1, got 0.5"):
+        get_profile(name, cache_write=0.5)
