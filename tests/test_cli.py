@@ -145,20 +145,22 @@ def test_private_network_urls_are_refused_unless_allowed(tmp_path: Path) -> None
 
 
 def test_inspect_and_the_trace_name_the_entries_sent_whole_again() -> None:
-    """chat30 at 5,250: turn 16's request (a settle) sends the cut meeting note of 19
+    """chat30 at 4,000: turn 21's request (a settle) sends the cut meeting note of 19
     October whole again (restore by appending); `inspect` says so on its request line and
-    the trace lists its key under the batch. (At 4,500, where this was pinned before,
-    turn 15 sent five entries and turn 16 one; since a suffix started earlier pays only
-    for the turns it re-sends, history grows back into that room.)"""
+    the trace lists its key under the batch, with the other turns that restore. (At
+    5,250, where this was pinned before, the library now keeps its entries: an item
+    attached now is worth the top of its recency, not x1.5, so from 4,750 up chat30 sets
+    none aside that a later request could send whole again.)"""
     chat = str(Path(__file__).resolve().parents[1] / "examples" / "chat30.yaml")
     note = "note:meetings/2026-10-19.md"
-    out = lamina("inspect", chat, "--window", "5250")
+    out = lamina("inspect", chat, "--window", "4000")
     assert out.returncode == 0, out.stderr
-    held = "the system message holds 5 of 5 library entries; sent whole again"
-    assert f"request: settled (system-changed): {held}: {note}" in out.stdout.splitlines()
-    run = lamina("run", chat, "--window", "5250", "--json")
+    held = "the system message holds 6 of 6 library entries; sent whole again"
+    assert f"request: settled (history-changed): {held}: {note}" in out.stdout.splitlines()
+    run = lamina("run", chat, "--window", "4000", "--json")
     assert run.returncode == 0, run.stderr
     turns = json.loads(run.stdout)["turns"]
     restored = {i + 1: t["batch"]["restored"] for i, t in enumerate(turns)
                 if t["batch"].get("restored")}  # fmt: skip
-    assert restored == {16: [note]}
+    pdf, later = "pdf:media/sync-design-review.pdf", "note:meetings/2026-11-02.md"
+    assert restored == {15: [pdf, later], 17: [pdf, note], 21: [note], 27: [note]}

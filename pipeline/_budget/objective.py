@@ -199,10 +199,13 @@ def _relevance(turn: TurnGraph, factory: Callable[[], Retriever] | None) -> dict
     return _words(factory(), turn.query, items)
 
 
-def _weight(budget: Budget, source: str, age: int, relevance: float, *, now: bool) -> float:
-    """A unit's weight: its source's (``Budget.source_weights``), recency (halving over
-    about four turns, never below half), attached-now (x1.5) and relevance (up to x2)."""
-    recency = 1.5 if now else 0.5 + 0.5 * 0.85 ** max(0, age)
+def _weight(budget: Budget, source: str, age: int, relevance: float) -> float:
+    """A unit's weight: its source's (``Budget.source_weights``), recency (1 for what the
+    user attached now, age 0, halving over about four turns, never below half) and
+    relevance (up to x2). Recency is continuous in age: a step at age 0 (it was x1.5)
+    made each turn's attachment worth far more than the one before it, so every
+    attachment took the library's room and the next turn rebuilt it."""
+    recency = 0.5 + 0.5 * 0.85 ** max(0, age)
     return budget.source_weight(source) * recency * (1.0 + relevance)
 
 
@@ -474,7 +477,7 @@ def _history_unit(
     size = [sizes.get(t, 0) for t in turns]
     worth = [
         0.8 * n * _weight(
-            budget, "history", turn.ctx.turn - t, relevance.get(f"history:{t}", 0.0), now=False
+            budget, "history", turn.ctx.turn - t, relevance.get(f"history:{t}", 0.0)
         )
         for t, n in zip(turns, size, strict=True)
     ]  # fmt: skip
@@ -548,7 +551,7 @@ def _earlier(
             if text is not None
         )
         weight = _weight(budget, "history", turn.ctx.turn - entry.turn,
-                         relevance.get(f"history:{entry.turn}", 0.0), now=False)  # fmt: skip
+                         relevance.get(f"history:{entry.turn}", 0.0))  # fmt: skip
         tokens, value = tokens + size, value + 0.8 * size * weight
         if tokens - shown.tokens > free:
             break
@@ -635,7 +638,7 @@ def _passage_units(
         tokens = memo.cost(passage.item, count)
         total += tokens
         age = turn.ctx.turn - passage.last
-        weight = _weight(budget, "history", age, min(1.0, rel), now=False)
+        weight = _weight(budget, "history", age, min(1.0, rel))
         worth = 0.8 * weight
         ladder = Ladder((_ABSENT, Rung(tokens, worth * tokens)), lasting=False)
         units.append(_Unit("passage", key, ladder, _PASSAGE_CHOICES))
@@ -709,9 +712,9 @@ def _cached_units(
     place = {entry.key: len(units) + i for i, entry in enumerate(turn.library.entries)}
     for entry in turn.library.entries:
         w = _weight(budget, entry.view.source_type, now - entry.turn,
-                    relevance.get(entry.key, 0.0), now=False)  # fmt: skip
+                    relevance.get(entry.key, 0.0))  # fmt: skip
         if entry.key in referenced:  # re-attached: what the user asks for now
-            w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0), now=True)
+            w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0))
         head = heads.get(entry.key, 0)
         units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent))
     # The library's growth since the batch settled is sent in history's messages: a cut
@@ -753,7 +756,7 @@ def _item_units(
             heads[m.key] = -(-(head + _SEP) // len(members))
     for i, item in enumerate(turn.items):
         artifact = turn.artifact(item.key)
-        w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0), now=True)
+        w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0))
         w *= 1.0 - i / (1000.0 * (len(turn.items) + 1))  # ties: the first placed first
         unit = _item_unit(
             turn, item, sizes.get(item.key, 0), w, exact, extra,

@@ -259,12 +259,14 @@ _EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # chat30's window for the restores by appending pinned below. At 6,000 no turn restores by
 # appending any more: a restore now costs the cache only what the last request sent of the
 # entries after it, so the budget gives cut entries back in place when the room allows
-# (turn 15 restores five). At 4,750 (limit 3,250) the meeting note of 19 October, set
-# aside, is sent whole again in turn 17's settle and in turn 25, extending a batch (turns
-# 16 and 25 before the cache price became the provider's discount, 0.9 from 0.7; at
-# 4,500 before the entries set aside were kept unsent and a shed that keeps less of the
-# growth than it re-sends settled, in turns 20 and 25).
-_WINDOW = 4750
+# (turn 15 restores five). At 4,250 (limit 2,750) the meeting note of 19 October, set
+# aside, is sent whole again in turn 17's settle, and with the design-review PDF in turn
+# 25, extending a batch (at 4,750 before an item attached now was worth the top of its
+# recency instead of x1.5: the library now keeps more of its entries; turns 16 and 25 there
+# before the cache price became the provider's discount, 0.9 from 0.7; at 4,500 before
+# the entries set aside were kept unsent and a shed that keeps less of the growth than it
+# re-sends settled, in turns 20 and 25).
+_WINDOW = 4250
 
 
 def _budget(window: int = _WINDOW) -> Budget:
@@ -273,7 +275,7 @@ def _budget(window: int = _WINDOW) -> Budget:
 
 
 def _chat30(turns: int, first: int = 0, window: int = _WINDOW) -> list[Envelope]:
-    """chat30 at a 4,750-token window (``_WINDOW``) unless told: turns ``first`` to
+    """chat30 at a 4,250-token window (``_WINDOW``) unless told: turns ``first`` to
     ``turns`` (numbered from 0) of one conversation, whose restores by appending these
     tests pin."""
     from lamina import load_script, run_script
@@ -284,7 +286,7 @@ def _chat30(turns: int, first: int = 0, window: int = _WINDOW) -> list[Envelope]
 
 
 def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
-    """chat30 at 4,750: turn 17 settles (L1 or the library changed) with room beyond the
+    """chat30 at 4,250: turn 17 settles (its extension would not fit) with room beyond the
     headroom, and the meeting note of 19 October, which the budget set aside (kept in the
     library's index of entries set aside, not sent), goes whole in its user message,
     before the query, without the intro (the library shows no shorter block of it that
@@ -298,7 +300,7 @@ def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
     assert t17.batch is not None and t18.batch is not None
     keys = ["note:meetings/2026-10-19.md"]
     assert [s.key for s in t17.batch.restored] == keys
-    assert (t17.batch.reason, t18.batch.reason) == ("system-changed", "")
+    assert (t17.batch.reason, t18.batch.reason) == ("over-budget", "")
     assert [s.key for s in t18.batch.restored] == []
     messages = _messages(t17)
     (_, system), (role, user) = messages[0], messages[-1]
@@ -343,7 +345,7 @@ def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> Non
     """Restored from SQLite after turn 24, the conversation sends turns 25 and 26 (a
     turn that extends its batch and restores two entries by appending, then one that
     extends it again) byte for byte as the live one did: the budget's regret is part of
-    the state saved. (chat30 at 4,750, ``_WINDOW``.)"""
+    the state saved. (chat30 at 4,250, ``_WINDOW``.)"""
     from lamina import load_script, run_saved, run_script
     from lamina.pipeline.store import open_store
 

@@ -103,8 +103,8 @@ def test_the_default_fits_the_budget_and_costs_no_more_than_growing_the_library(
     the default sheds its deferred growth from the first block the budget changed, or
     settles as built, before it would not fit. It costs no more than growing the library
     every turn (OpenAI cost, in uncached input tokens' worth): at 6,000 44,987 against
-    48,426 (7.1% less; 47,440 with the cache priced at 0.7), at 7,000 52,288 against
-    52,441 (0.3% less), at 16,000 46,961 against 51,809, since a shed that would keep
+    48,224 (6.7% less), at 7,000 51,695 against 51,848 (0.3% less), at 16,000 46,961
+    against 51,809, since a shed that would keep
     less of the growth cached than it sends again settles instead (a growth kept deferred
     makes every later cut of history re-send all of it; before, 52,459 and 55,060 at
     6,000)."""
@@ -120,15 +120,15 @@ def test_the_default_fits_the_budget_and_costs_no_more_than_growing_the_library(
 
 
 def test_restoring_by_appending_sends_cut_entries_whole_for_a_little_more() -> None:
-    """At 5,250 the batch sends a cut entry whole again where the request has room beyond
-    the headroom (the meeting note of 19 October in turn 16's settle); each goes once a
-    batch and fits. (At 4,500, where this was pinned before, turn 15 sent five entries
-    and turn 16 one; since a suffix started earlier pays only for the turns it re-sends,
-    history grows back into that room. From 4,000 to 8,000 by 250, 5,250 is the one
-    window of this chat that still restores by appending.)"""
-    envs, conv = _chat30(5250)
+    """At 4,500 the batch sends a cut entry whole again where the request has room beyond
+    the headroom (the meeting note of 19 October in turn 24, which extends the batch);
+    each goes once a batch and fits. (At 5,250, where this was pinned before, the
+    library now keeps its entries: an item attached now is worth the top of its recency,
+    not x1.5. From 4,000 to 8,000 by 250, only 4,000 to 4,500 still restore by
+    appending.)"""
+    envs, conv = _chat30(4500)
     again = [(e.turn, s.key) for e in envs if e.batch for s in e.batch.restored]
-    assert again == [(16, "note:meetings/2026-10-19.md")]
+    assert again == [(24, "note:meetings/2026-10-19.md")]
     batch, sent = 0, set()
     for env in envs:
         assert env.report.budget is not None and env.batch is not None
