@@ -260,12 +260,12 @@ _EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 # appending any more: a restore now costs the cache only what the last request sent of the
 # entries after it, so the budget gives cut entries back in place when the room allows
 # (turn 15 restores five). At 4,250 (limit 2,750) the meeting note of 19 October, set
-# aside, is sent whole again in turn 17's settle, and with the design-review PDF in turn
-# 25, extending a batch (at 4,750 before an item attached now was worth the top of its
-# recency instead of x1.5: the library now keeps more of its entries; turns 16 and 25 there
-# before the cache price became the provider's discount, 0.9 from 0.7; at 4,500 before
-# the entries set aside were kept unsent and a shed that keeps less of the growth than it
-# re-sends settled, in turns 20 and 25).
+# aside, is sent whole again in the settles of turns 16 (with the design-review PDF) and
+# 17, and with the PDF in turn 25, extending a batch (at 4,750 before an item attached
+# now was worth the top of its recency instead of x1.5: the library now keeps more of its
+# entries; turns 16 and 25 there before the cache price became the provider's discount,
+# 0.9 from 0.7; at 4,500 before the entries set aside were kept unsent and a shed that
+# keeps less of the growth than it re-sends settled, in turns 20 and 25).
 _WINDOW = 4250
 
 

@@ -122,7 +122,7 @@ def big_vault(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_large_attachment_leaves_the_library_its_floor_and_it_comes_back(
     big_vault: Path,
 ) -> None:
-    """A 2-hour transcript arriving in a chat with a 22-entry library at 16k: the library
+    """A 2-hour transcript arriving in a chat with a 22-note library at 16k: the library
     keeps text (not all stubs), and the first short turn after it restores the entries it
     cut: a restore pays for the cache it loses (the stubs and previews last turn sent from
     the first entry it changes on), not for what it sends, so the value the entries bring

@@ -104,10 +104,9 @@ def test_the_default_fits_the_budget_and_costs_no_more_than_growing_the_library(
     settles as built, before it would not fit. It costs no more than growing the library
     every turn (OpenAI cost, in uncached input tokens' worth): at 6,000 44,987 against
     48,224 (6.7% less), at 7,000 51,695 against 51,848 (0.3% less), at 16,000 46,961
-    against 51,809, since a shed that would keep
-    less of the growth cached than it sends again settles instead (a growth kept deferred
-    makes every later cut of history re-send all of it; before, 52,459 and 55,060 at
-    6,000)."""
+    against 51,809, since a shed that would keep less of the growth cached than it sends
+    again settles instead (a growth kept deferred makes every later cut of history re-send
+    all of it; before, 52,459 and 55,060 at 6,000)."""
     envs, conv = _chat30(window)
     for i, env in enumerate(envs):
         assert env.report.budget is not None
