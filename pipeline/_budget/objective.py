@@ -711,10 +711,9 @@ def _cached_units(
     heads = _heads(turn)
     place = {entry.key: len(units) + i for i, entry in enumerate(turn.library.entries)}
     for entry in turn.library.entries:
-        w = _weight(budget, entry.view.source_type, now - entry.turn,
-                    relevance.get(entry.key, 0.0))  # fmt: skip
-        if entry.key in referenced:  # re-attached: what the user asks for now
-            w = _weight(budget, entry.view.source_type, 0, relevance.get(entry.key, 0.0))
+        # Re-attached: what the user asks for now, age 0.
+        age = 0 if entry.key in referenced else now - entry.turn
+        w = _weight(budget, entry.view.source_type, age, relevance.get(entry.key, 0.0))
         head = heads.get(entry.key, 0)
         units.append(_library_unit(turn, entry, w, head, sent=entry.key in sent))
     # The library's growth since the batch settled is sent in history's messages: a cut
