@@ -113,6 +113,12 @@ steps the room is shared in."""
 _READ = 1500
 """Characters of a unit's text its relevance is read from (its title and opening)."""
 
+_MESSAGE_WORTH = 0.8
+"""What a token of an earlier message tells the model at weight 1, in the suffix or
+recalled: a little less than a token of a note's whole form (``_value``), so history
+gives way before notes of the same weight. Set with the objective's first version, not
+measured against another value."""
+
 _CUT = frozenset({Form.PREVIEW, Form.SUMMARY, Form.EXCERPT})
 """The forms that hold part of a unit's text: one holding no prose is never sent."""
 
@@ -476,7 +482,7 @@ def _history_unit(
         return None
     size = [sizes.get(t, 0) for t in turns]
     worth = [
-        0.8 * n * _weight(
+        _MESSAGE_WORTH * n * _weight(
             budget, "history", turn.ctx.turn - t, relevance.get(f"history:{t}", 0.0)
         )
         for t, n in zip(turns, size, strict=True)
@@ -552,7 +558,7 @@ def _earlier(
         )
         weight = _weight(budget, "history", turn.ctx.turn - entry.turn,
                          relevance.get(f"history:{entry.turn}", 0.0))  # fmt: skip
-        tokens, value = tokens + size, value + 0.8 * size * weight
+        tokens, value = tokens + size, value + _MESSAGE_WORTH * size * weight
         if tokens - shown.tokens > free:
             break
         out.append((entry.turn, tokens, value))
@@ -639,7 +645,7 @@ def _passage_units(
         total += tokens
         age = turn.ctx.turn - passage.last
         weight = _weight(budget, "history", age, min(1.0, rel))
-        worth = 0.8 * weight
+        worth = _MESSAGE_WORTH * weight
         ladder = Ladder((_ABSENT, Rung(tokens, worth * tokens)), lasting=False)
         units.append(_Unit("passage", key, ladder, _PASSAGE_CHOICES))
         offered[key] = passage
