@@ -40,6 +40,7 @@ from lamina.pipeline._budget.index import (
     is_index,
 )
 from lamina.pipeline._budget.solver import (
+    Carried,
     Ladder,
     Rung,
     Solution,
@@ -74,6 +75,7 @@ from lamina.pipeline._turn.assemble import (
 )
 from lamina.pipeline._turn.draft import Draft, ItemBlock
 from lamina.pipeline._turn.graph import HistoryView, Placement, SystemPrompt, TurnGraph
+from lamina.pipeline._turn.measure import sent_tokens
 from lamina.pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
     fitted_preview_of,
@@ -1100,6 +1102,64 @@ def _turn_tokens(measured: Draft, budget: Budget) -> dict[int, int]:
     return turns
 
 
+def _carried(turn: TurnGraph, measured: Draft, used: int) -> int:
+    """The tokens the request as sent holds beyond ``measured`` (the request as built,
+    ``used`` tokens) if it extends the batch: its system message holds the settled
+    entries only, its earlier user messages the library's growth and what came with it
+    where the build has their queries. Those messages as they were sent
+    (``TurnGraph.deferred``) if that fits the limit, else as the batch's shed sends them
+    (``TurnGraph.shed``; none where it settles instead: the request goes as built), the
+    fewer of the two where both are over (a cut may make either fit)."""
+    budget = turn.ctx.budget
+    if not turn.deferred or turn.settled is None or budget is None:
+        return 0
+    sent = _as_sent(turn, measured, used, turn.deferred)
+    if budget.effective(sent) <= budget.limit:
+        return sent - used
+    if not turn.shed:
+        return 0
+    shed = sent if turn.shed == turn.deferred else _as_sent(turn, measured, used, turn.shed)
+    return min(sent, shed) - used
+
+
+def _as_sent(
+    turn: TurnGraph, measured: Draft, used: int, counts: Sequence[tuple[int, int]]
+) -> int:
+    """The tokens of ``measured`` (``used``) sent with the batch's messages of ``counts``
+    ((turn, tokens)) where it has their queries (``_carried``)."""
+    budget = turn.ctx.budget
+    assert budget is not None and turn.settled is not None
+    messages = {f"history:{t}:user": n for t, n in counts}
+    queries = {s.key: s.tokens for s in measured.l4.segments}
+    more = sum(n - queries[k] for k, n in messages.items() if k in queries)
+    if more <= 0 and measured.l2.tokens == turn.settled_tokens:
+        return used + more  # the messages hold their queries only, the system message the library
+    return sent_tokens(measured, turn.settled, turn.settled_tokens, messages,
+                       turn.ctx.counter, budget.framing)  # fmt: skip
+
+
+def _carrying(
+    turn: TurnGraph, units: Sequence[_Unit], sizes: Mapping[int, int], carried: int
+) -> Carried | None:
+    """What the request as sent carries (``_carried``) from the first unit the request as
+    built changes against it: the first library entry taken in since the batch settled,
+    else history's suffix from the batch's first message (``sizes``: ``_turn_tokens``),
+    else none (the batch began with the last turn, whose message every choice sends)."""
+    if carried <= 0:
+        return None
+    grown = {entry.key for entry in _grown(turn)}
+    first = min(t for t, _ in turn.deferred)
+    for j, u in enumerate(units):
+        if u.kind == "library" and u.key in grown:
+            return Carried(j, carried)
+        if u.kind == "history":
+            shown = u.choices[u.ladder.previous or 0].start
+            last = turn.history[-1].turn
+            resent = sum(n for t, n in sizes.items() if max(first, shown) <= t < last)
+            return Carried(j if first < last else len(units), carried, resent)
+    return Carried(len(units), carried)
+
+
 def _reserve(turns: Mapping[int, int], budget: Budget) -> int:
     """What a turn that changes forms leaves free for the next turns' growth: what the
     last turn added to history (its query and reply, framed: ``turns``, the measured
@@ -1247,14 +1307,28 @@ class Solve:
         used = budget.used(measured, turn.ctx.counter)
         before = measured.layer_tokens()
         fits = budget.effective(used) <= budget.limit
+        # A request that fits as built may not as sent: the batch's earlier messages carry
+        # what the build does not hold (``_carried``). Where that is more than the reserve
+        # (what a changed request leaves free) would hold, the solve weighs cuts that keep
+        # the batch against the settle that sending it as built makes (``solver.Carried``);
+        # the reserve holds what is carried first.
+        carried = _carried(turn, measured, used) if fits else 0
+        sizes = _turn_tokens(measured, budget)
+        settles = (
+            fits
+            and budget.effective(used + carried) > budget.limit
+            and carried > _reserve(sizes, budget)
+        )
         cut = any(e.cut or e.folded for e in turn.library.entries)
         # Nothing cut and the request fits: nothing is forgone, the regret starts over.
-        if fits and not cut and not _recallable(turn, fits=fits):
+        if fits and not settles and not cut and not _recallable(turn, fits=fits):
             report = budget.report(used, before, before, ())
             return attrs.evolve(turn, budget_report=report, measured=measured, regret=0.0)
         passages, recallable, shown = _passage_units(turn, budget, fits=fits)
-        sizes = _turn_tokens(measured, budget)
-        if fits and not cut and not passages and not _regrows(turn, sizes, budget, used):
+        if (
+            fits and not settles and not cut and not passages
+            and not _regrows(turn, sizes, budget, used)
+        ):  # fmt: skip
             report = budget.report(used, before, before, ())
             return attrs.evolve(turn, budget_report=report, measured=measured, regret=0.0)
         if passages and not turn.library.entries and not turn.items:
@@ -1301,6 +1375,7 @@ class Solve:
             solution = solve(
                 ladders, room, cache_price=budget.cache_weight, text_free=text_free,
                 regret=turn.regret,
+                carried=_carrying(turn, units, sizes, carried - reserve) if settles else None,
             )  # fmt: skip
             if solution is None and reserve:
                 reserve = 0  # the smallest forms fit only in the reserve: it gives way
@@ -1322,7 +1397,7 @@ class Solve:
                 continue  # the room the made forms leave is given to one preview, fitted to it
             choice = solution.choice
             kept = None
-            if fits:
+            if fits and not settles:
                 whole = math.floor(budget.limit / (1.0 + budget.safety_margin)) - fixed - short
                 kept = _kept(units, solution, budget.cache_weight, whole, text_free,
                              reserve if _grown(turn) else 0, shows)  # fmt: skip

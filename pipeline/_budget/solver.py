@@ -42,8 +42,14 @@ matters, so the solve is exact in the break point:
    chat of unknown length. A price paid in full every turn would keep a library cut for
    good once one large attachment made the room short.
 
-The solve is a function of the ladders and the regret alone: no clock, no dict order,
-ties by position.
+5. The request as sent may hold more than the ladders (``Carried``: a batch's earlier
+   messages): a break from the ladder where it begins on keeps the batch, so its room is
+   less what it carries; a break before it, or a choice over that room, is the request
+   sent as built, priced as a break at that ladder at the latest (re-sending of that
+   ladder only its part from the batch's first message on, ``Carried.resent``).
+
+The solve is a function of the ladders, the regret and what is carried alone: no clock,
+no dict order, ties by position.
 """
 
 from __future__ import annotations
@@ -56,7 +62,16 @@ from typing import NamedTuple
 
 import attrs
 
-__all__ = ["MAX_BREAKS", "Ladder", "Rung", "Solution", "lasting_value", "objective", "solve"]
+__all__ = [
+    "MAX_BREAKS",
+    "Carried",
+    "Ladder",
+    "Rung",
+    "Solution",
+    "lasting_value",
+    "objective",
+    "solve",
+]
 
 MAX_BREAKS = 16
 """The most break points tried: the latest ones, where a break costs least, and then
@@ -105,6 +120,22 @@ class Solution:
     objective: float
     free_value: float = 0.0
     bought: bool = False
+
+
+@attrs.frozen
+class Carried:
+    """What the request as sent holds beyond the ladders while it extends the last one
+    (``tokens``: earlier messages' indexes, references, restores, forms larger than the
+    ladders'): a choice over the room less them, or one that changes a ladder before
+    ``at`` (the first whose block the request as built sends otherwise than the batch
+    did: the first entry it grew by, or history where it began), is sent as built
+    instead, without them, and its prefix breaks at ``at`` at the latest."""
+
+    at: int
+    tokens: int
+    resent: int | None = None
+    """What sending it as built re-sends of the ladder at ``at`` if that ladder keeps last
+    turn's rung (the part from the batch's first message on); None: all of it."""
 
 
 def _cap(ladder: Ladder) -> int:
@@ -282,14 +313,43 @@ def _breaks(prefix: Sequence[int]) -> set[int]:
 
 
 def objective(
-    ladders: Sequence[Ladder], choice: Sequence[int], cache_price: float, room: int | None = None
+    ladders: Sequence[Ladder],
+    choice: Sequence[int],
+    cache_price: float,
+    room: int | None = None,
+    carried: Carried | None = None,
 ) -> tuple[float, int | None]:
     """The objective of ``choice`` and its first changed prefix ladder (None: none).
     With ``room``, a prefix ladder past the ones any request within it could keep cached
-    (``_latest``) pays nothing: it is read uncached whatever the choice."""
+    (``_latest``) pays nothing: it is read uncached whatever the choice; with ``carried``
+    too, a choice over the room less it breaks at ``Carried.at`` at the latest."""
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
     latest = len(prefix) if room is None else _latest(ladders, prefix, room)
-    return _score(ladders, choice, cache_price, prefix, latest)
+    places = [len(ladders)] * len(ladders)
+    for p, j in enumerate(prefix):
+        places[j] = p
+    settle = None if room is None else _settle(places, len(prefix), room, carried)
+    return _score(ladders, choice, cache_price, prefix, latest, settle)
+
+
+class _Settle(NamedTuple):
+    """``Carried`` as ``_score`` reads it: the prefix place of ``Carried.at``, the room
+    less what is carried and ``Carried.resent``."""
+
+    place: int
+    room: int
+    resent: int | None
+
+
+def _settle(
+    places: Sequence[int], prefixed: int, room: int, carried: Carried | None
+) -> _Settle | None:
+    """``carried`` as ``_score`` reads it (``places``: each ladder's prefix place,
+    ``prefixed`` past the prefix)."""
+    if carried is None or carried.tokens <= 0:
+        return None
+    place = places[carried.at] if carried.at < len(places) else prefixed
+    return _Settle(min(place, prefixed), room - carried.tokens, carried.resent)
 
 
 def _score(
@@ -298,17 +358,31 @@ def _score(
     cache_price: float,
     prefix: Sequence[int],
     latest: int,
+    settle: _Settle | None = None,
 ) -> tuple[float, int | None]:
+    """``choice``'s objective and first changed prefix ladder; with ``settle``, a choice
+    over its room is sent as built: its prefix breaks at its place at the latest, re-sending
+    ``_Settle.resent`` of the ladder there if that ladder keeps last turn's rung."""
     broken = next((p for p, j in enumerate(prefix) if choice[j] != ladders[j].previous), None)
     for ladder, c in zip(ladders, choice, strict=True):
         at = ladder.rungs[c].at
         if at is not None and c != ladder.previous and (broken is None or at < broken):
             broken = at  # the rung changes the block at ``at``: the request breaks there
+    partial = None
+    if settle is not None and (broken is None or settle.place < broken):
+        tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
+        if tokens > settle.room:
+            broken, partial = settle.place, settle.resent
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
     uncached = (
         0 if broken is None else sum(_resent(ladders[j], choice[j]) for j in prefix[broken:latest])
     )
-    return value - cache_price * uncached, None if broken is None else prefix[broken]
+    if partial is not None and broken is not None and broken < latest:
+        # Sent as built, the ladder where it breaks re-sends only its part from there on.
+        whole = _resent(ladders[prefix[broken]], choice[prefix[broken]])
+        uncached -= whole - min(partial, whole)
+    first = None if broken is None or broken >= len(prefix) else prefix[broken]
+    return value - cache_price * uncached, first
 
 
 def _resent(ladder: Ladder, c: int) -> int:
@@ -367,6 +441,7 @@ def solve(
     cache_price: float = 0.0,
     text_free: int = 0,
     regret: float = 0.0,
+    carried: Carried | None = None,
 ) -> Solution | None:
     """The choice of one rung a ladder that maximizes the objective (module docstring)
     within ``room`` tokens, text-free rungs within ``text_free`` (the smallest forms too,
@@ -385,6 +460,15 @@ def solve(
     at = [n] * n  # each ladder's place in the prefix (n: not in it)
     for p, j in enumerate(prefix):
         at[j] = p
+    settle = _settle(at, len(prefix), room, carried)
+
+    def rooms(b: int) -> tuple[int, ...]:
+        """The rooms a break ``b`` may have: less what the batch carries from its place on,
+        the whole room before it and there (the request is then sent as built)."""
+        if settle is None or b < settle.place:
+            return (room,)
+        return (room, settle.room) if b == settle.place else (settle.room,)
+
     start = _within_share(ladders, [_smallest(ladder.rungs) for ladder in ladders], room, text_free)
     latest = _latest(ladders, prefix, room)
     prices = [cache_price if at[j] < latest and not ladders[j].lasting else 0.0 for j in range(n)]
@@ -416,10 +500,12 @@ def solve(
 
     start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))
     start_bare = sum(_bare(ladders[j].rungs[start[j]]) for j in range(n))
-    scored: list[tuple[float, int, tuple[int, ...]]] = []  # each candidate break's solve
+    scored: list[tuple[float, int, tuple[int, ...], int]] = []  # each candidate's solve
     fixed_used = fixed_bare = 0
     fixed_start = fixed_start_bare = 0
     candidates = _breaks(prefix) | {a for a in joins if a <= len(prefix)}
+    if settle is not None:
+        candidates.add(settle.place)
     for b in range(len(prefix) + 1):
         if b > 0:
             j = prefix[b - 1]
@@ -432,23 +518,25 @@ def solve(
         if b not in candidates:
             continue
         used = fixed_used + start_used - fixed_start
-        if fixed_used > room:
+        if fixed_used > max(rooms(b)):
             break  # a later break fixes more: it cannot fit either
-        if used > room:
-            continue
-        choice = list(start)
-        for j in prefix[:b]:
-            previous = ladders[j].previous
-            assert previous is not None
-            choice[j] = previous
-        bare = fixed_bare + start_bare - fixed_start_bare
-        fixed = [p < b for p in at]
-        priced, steps = regime(b)
-        _climb(priced, steps, choice, fixed, room - used, bare, text_free)
-        scored.append((_score(ladders, choice, cache_price, prefix, latest)[0], b, tuple(choice)))
+        for r in rooms(b):
+            if used > r:
+                continue
+            choice = list(start)
+            for j in prefix[:b]:
+                previous = ladders[j].previous
+                assert previous is not None
+                choice[j] = previous
+            bare = fixed_bare + start_bare - fixed_start_bare
+            fixed = [p < b for p in at]
+            priced, steps = regime(b)
+            _climb(priced, steps, choice, fixed, r - used, bare, text_free)
+            score = _score(ladders, choice, cache_price, prefix, latest, settle)[0]
+            scored.append((score, b, tuple(choice), r))
     if not scored:
         return None
-    top, b, climbed = max(scored)  # ties to the later break
+    top, b, climbed, r = max(scored)  # ties to the later break
     priced, steps = regime(b)
     choice = list(start)
     for j in prefix[:b]:
@@ -460,25 +548,26 @@ def solve(
     used = sum(ladders[j].rungs[choice[j]].tokens for j in range(n))
     bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
     fixed = [j in held for j in range(n)]
-    grown = _climb(priced, steps, choice, fixed, room - used, bare, text_free)
+    grown = _climb(priced, steps, choice, fixed, r - used, bare, text_free)
     used += grown
     bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
     tail = [
         cache_price if b <= at[j] < latest and not ladders[j].lasting else 0.0 for j in range(n)
     ]
-    _topped(priced, free, tail, choice, room - used, bare, text_free)
-    solution = _solution(ladders, choice, cache_price, prefix, latest)
+    _topped(priced, free, tail, choice, r - used, bare, text_free)
+    solution = _solution(ladders, choice, cache_price, prefix, latest, settle)
     if solution.objective < top:  # the last pass, on join-priced values, did worse
-        solution = _solution(ladders, climbed, cache_price, prefix, latest)
+        solution = _solution(ladders, climbed, cache_price, prefix, latest, settle)
     last = _last_turns(ladders, start, room, text_free)
     if last is not None:
         # A climb prices a rung joining an earlier block by its ``join``, which may be
         # less than the break it makes: last turn's choice is a candidate too.
-        kept = _solution(ladders, last, cache_price, prefix, latest)
+        kept = _solution(ladders, last, cache_price, prefix, latest, settle)
         solution = kept if kept.objective > solution.objective else solution
     if not cache_price or last is None:
         return solution
-    bought = _solution(ladders, _free(ladders, last, room, text_free), cache_price, prefix, latest)
+    free_choice = _free(ladders, last, room, text_free)
+    bought = _solution(ladders, free_choice, cache_price, prefix, latest, settle)
     best = solution.objective
     if regret > 0 and bought.choice != solution.choice and bought.objective + regret >= best:
         solution = attrs.evolve(bought, objective=bought.objective + regret, bought=True)
@@ -491,9 +580,10 @@ def _solution(
     cache_price: float,
     prefix: Sequence[int],
     latest: int,
+    settle: _Settle | None = None,
 ) -> Solution:
     """``choice`` scored (``_score``) as a solution."""
-    score, broken = _score(ladders, choice, cache_price, prefix, latest)
+    score, broken = _score(ladders, choice, cache_price, prefix, latest, settle)
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
     return Solution(tuple(choice), tokens, value, broken, score)

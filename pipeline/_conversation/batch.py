@@ -480,6 +480,62 @@ def _extends(
     return (HISTORY_CHANGED, state.turns) if rest else ("", tuple(turns))
 
 
+def _first_stale(
+    turns: Sequence[DeferredTurn], forms: Mapping[str, str]
+) -> tuple[int, int] | None:
+    """The first block (its message's and its own index) whose entry's form in the
+    library (``forms``: key -> text of the growth's entries) is not the block's: an entry
+    the budget changed or took out. None: none."""
+    for d, turn in enumerate(turns):
+        for i, (b, k) in enumerate(zip(turn.blocks, turn.keys, strict=True)):
+            if k and forms.get(k) != b:
+                return d, i
+    return None
+
+
+def _keeps_less(
+    turns: Sequence[DeferredTurn], first: tuple[int, int], grown: int, counter: TokenCounter
+) -> bool:
+    """Whether the growth's blocks before ``first`` hold less of it (``grown`` tokens)
+    than a shed from there sends again: the batch settles instead (a growth kept deferred
+    makes every later cut of history re-send all of it)."""
+    kept = sum(
+        counter.count(b)
+        for d, turn in enumerate(turns[: first[0] + 1])
+        for i, (b, k) in enumerate(zip(turn.blocks, turn.keys, strict=True))
+        if k and (d < first[0] or i < first[1])
+    )
+    return kept < grown - kept
+
+
+def shed_counts(
+    state: BatchState, growth: Mapping[str, tuple[str, int]], counter: TokenCounter
+) -> tuple[tuple[int, int], ...]:
+    """Each deferred turn's message tokens as the batch would send them were its extension
+    over the limit (``_shed``): from the first block whose entry's form in the library
+    (``growth``: key -> text and tokens of the entries after the settled ones) is not the
+    block's, those blocks at their library forms (an entry gone, none); () when that shed
+    would settle instead (the request is then sent as built: it carries nothing)."""
+    turns = state.turns
+    if any(len(turn.keys) != len(turn.blocks) for turn in turns):
+        return ()
+    first = _first_stale(turns, {k: text for k, (text, _) in growth.items()})
+    if first is None:
+        return tuple((t.turn, t.tokens) for t in turns)
+    if _keeps_less(turns, first, sum(n for _, n in growth.values()), counter):
+        return ()
+    out = []
+    for d, turn in enumerate(turns):
+        tokens = turn.tokens
+        if d >= first[0]:
+            start = first[1] if d == first[0] else 0
+            for b, k in zip(turn.blocks[start:], turn.keys[start:], strict=True):
+                if k:
+                    tokens += (growth[k][1] if k in growth else 0) - counter.count(b)
+        out.append((turn.turn, tokens))
+    return tuple(out)
+
+
 def _shed(
     settled: int,
     turns: tuple[DeferredTurn, ...],
@@ -492,34 +548,13 @@ def _shed(
     changed (cut, folded into an index); before it every message stays as sent, so the
     cached prefix breaks there, not at the system message. What was ``sent`` in full is
     kept for the blocks kept. None when no block's entry changed, when the blocks before
-    the first that did hold less of the growth than is sent again from it (a growth kept
-    deferred makes every later cut of history re-send all of it: it settles instead), or
-    for a state saved without keys."""
+    the first that did hold less of the growth than is sent again from it (``_keeps_less``),
+    or for a state saved without keys."""
     grown = envelope.l2.segments[settled:]
-    now = {s.key: s for s in grown}
-    first: tuple[int, int] | None = None
-    for d, turn in enumerate(turns):
-        if len(turn.keys) != len(turn.blocks):
-            return None
-        i = next(
-            (i for i, (b, k) in enumerate(zip(turn.blocks, turn.keys, strict=True))
-             if k and (k not in now or now[k].text != b)),
-            None,
-        )  # fmt: skip
-        if i is not None:
-            first = (d, i)
-            break
-    if first is None:
+    if any(len(turn.keys) != len(turn.blocks) for turn in turns):
         return None
-    kept = sum(
-        counter.count(b)
-        for d, turn in enumerate(turns[: first[0] + 1])
-        for i, (b, k) in enumerate(zip(turn.blocks, turn.keys, strict=True))
-        if k and (d < first[0] or i < first[1])
-    )
-    if kept < sum(s.tokens for s in grown) - kept:
-        # Less of the growth would stay cached than is sent again: it settles instead (a
-        # growth kept deferred makes every later cut of history re-send all of it).
+    first = _first_stale(turns, {s.key: s.text for s in grown})
+    if first is None or _keeps_less(turns, first, sum(s.tokens for s in grown), counter):
         return None
     # Each grown entry with the turn whose message sent it; an index a fold made this turn
     # stands where the first entry it took stood: it goes with the entry after it.

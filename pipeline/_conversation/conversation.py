@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from lamina.pipeline._conversation.batch import NO_BATCH, BatchState, batch_turn
+from lamina.pipeline._conversation.batch import NO_BATCH, BatchState, batch_turn, shed_counts
 from lamina.pipeline._conversation.usage import Calibration, TurnUsage
 from lamina.pipeline._errors import (
     ArgumentError,
@@ -436,6 +436,7 @@ class Conversation:
             l4=self._l4,
             recall=self._recall,
         )
+        batch = self._batch if self.defer_library else None
         start = TurnGraph.build(
             processed,
             ctx,
@@ -444,7 +445,10 @@ class Conversation:
             history=tuple(self._history),
             history_view=self._history_view,
             regret=self._regret,
-            settled=None if self._batch is None or not self.defer_library else self._batch.settled,
+            settled=None if batch is None else batch.settled,
+            settled_tokens=0 if batch is None else batch.library_tokens,
+            deferred=() if batch is None else tuple((t.turn, t.tokens) for t in batch.turns),
+            shed=() if batch is None else self._shed_counts(batch),
             query=text,
         )
         if self._last_system is not None and self._last_system != self._system:
@@ -541,6 +545,12 @@ class Conversation:
 
             envelope = attrs.evolve(built, cache=measure)
         return envelope, graph
+
+    def _shed_counts(self, batch: BatchState) -> tuple[tuple[int, int], ...]:
+        """The batch's messages' tokens as the next request would send them if its
+        extension is over the limit (``shed_counts``), counted against the library."""
+        growth = {e.key: (e.text, e.tokens) for e in self._library.entries[batch.settled :]}
+        return shed_counts(batch, growth, self.counter)
 
     def _batched(self, envelope: Envelope, library: Library) -> tuple[Envelope, BatchState]:
         """``envelope`` with the request it is sent as (``batch_turn``): the batch goes on

@@ -109,6 +109,15 @@ class TurnGraph:
     # sent them until a change to them or to history sends the library as built. None:
     # the library is sent as built.
     settled: int | None = None
+    # The request as sent beside the build: the exact tokens of its first ``settled``
+    # library entries joined (``BatchState.library_tokens``), and its user messages since
+    # the batch settled as (turn, exact tokens): they hold the library's growth as they
+    # sent it, with the indexes, references and restores beside it; () when the library
+    # is sent as built. ``shed``: the same messages as the batch sends them when their
+    # extension is over the limit (``batch.shed_counts``); () where it then settles.
+    settled_tokens: int = 0
+    deferred: tuple[tuple[int, int], ...] = ()
+    shed: tuple[tuple[int, int], ...] = ()
     # The library as the model last saw it, before this turn's budget cuts: what the
     # preview of an edited note is compared with (its changed sections go first).
     seen: Library | None = attrs.field(default=None, eq=False, repr=False)

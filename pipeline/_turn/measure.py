@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 
@@ -30,6 +30,7 @@ __all__ = [
     "REPLY_PRIMING",
     "joined_tokens",
     "request_tokens",
+    "sent_tokens",
     "user_tokens",
 ]
 
@@ -106,6 +107,9 @@ class _Sent:
     l3: DraftLayer
     l4: DraftLayer
     l5: DraftLayer
+    # Each L3 segment's tokens followed by a blank line, by key (``Draft.with_sep``), where
+    # known: the user message is then counted from its blocks' counts alone.
+    seps: Mapping[str, int | None] = attrs.field(factory=dict)
 
 
 def _sent(envelope: Envelope) -> Envelope | _Sent:
@@ -121,6 +125,33 @@ def _sent(envelope: Envelope) -> Envelope | _Sent:
         DraftLayer(LayerName.L4, history, sum(s.tokens for s in history)),
         DraftLayer(LayerName.L5, (b.user,), b.user.tokens),
     )
+
+
+def sent_tokens(
+    draft: Draft,
+    settled: int,
+    library_tokens: int,
+    messages: Mapping[str, int],
+    counter: TokenCounter,
+    framing: Framing = OPENAI_FRAMING,
+) -> int:
+    """Exact tokens of ``draft`` sent as an extension of a batch (``Envelope.as_sent``):
+    its system message holds the first ``settled`` library entries (``library_tokens``
+    joined), and history's user messages the batch sent (``messages``: key -> exact
+    tokens) stand where the draft has their queries."""
+    history = tuple(
+        attrs.evolve(s, tokens=messages[s.key]) if s.key in messages else s
+        for s in draft.l4.segments
+    )
+    sent = _Sent(
+        draft.l1,
+        DraftLayer(LayerName.L2, draft.l2.segments[:settled], library_tokens),
+        draft.l3,
+        DraftLayer(LayerName.L4, history, sum(s.tokens for s in history)),
+        draft.l5,
+        draft.with_sep(),
+    )
+    return _request_tokens(sent, counter, framing)
 
 
 def _request_tokens(
@@ -180,7 +211,11 @@ def _user_known(
 ) -> list[tuple[str, int, int | None]]:
     """The user message's blocks with their tokens and, for a draft's L3 blocks, their
     tokens followed by a blank line (see ``joined_tokens``)."""
-    seps = envelope.with_sep() if isinstance(envelope, Draft) else {}
+    seps: Mapping[str, int | None] = {}
+    if isinstance(envelope, Draft):
+        seps = envelope.with_sep()
+    elif isinstance(envelope, _Sent):
+        seps = envelope.seps
     return [
         (text, counter.count(text), None) if seg is None else (text, seg.tokens, seps.get(seg.key))
         for text, seg in user_blocks(envelope.l3, envelope.l5)

@@ -486,3 +486,27 @@ def test_notes_after_a_folder_shed_the_tail_of_its_message(folders: Path) -> Non
     assert folded and not any(f'<note key="{k}"' in now[kept:] for k in folded)
     assert second.batch.tokens <= conv.budget.limit
     assert prefix_reports([first, second], conv.counter)[1].common_prefix_tokens > 1_400
+
+
+def test_shed_counts_count_the_growth_from_its_first_stale_block_at_its_library_forms() -> None:
+    """The batch's messages as its shed would send them (what the budget weighs a request
+    that fits as built against): the first message sent entries a and b, the second c.
+    The library now holds b shortened, so from b's block on the growth counts at its
+    library forms (b's new text; c as sent) and a stays as sent; b gone, its block counts
+    nothing. With a shortened too, none of the growth would stay cached before the shed's
+    start: the batch settles instead, ()."""
+    from lamina.pipeline._conversation.batch import BatchState, DeferredTurn, shed_counts
+    from lamina.pipeline.tokens import TokenCounter
+
+    counter = TokenCounter()
+    n = counter.count
+    a, b, c, short = "alpha " * 100, "bravo " * 60, "charlie " * 20, "bravo " * 10
+    first = DeferredTurn(1, "q1", (a, b, "q1"), 1000, keys=("note:a", "note:b", ""))
+    second = DeferredTurn(2, "q2", (c, "q2"), 400, keys=("note:c", ""))
+    state = BatchState(turns=(first, second))
+    growth = {"note:a": (a, n(a)), "note:b": (short, n(short)), "note:c": (c, n(c))}
+    assert shed_counts(state, growth, counter) == ((1, 1000 - n(b) + n(short)), (2, 400))
+    assert shed_counts(state, {**growth, "note:b": (b, n(b))}, counter) == ((1, 1000), (2, 400))
+    gone = {k: v for k, v in growth.items() if k != "note:b"}
+    assert shed_counts(state, gone, counter) == ((1, 1000 - n(b)), (2, 400))
+    assert shed_counts(state, {**growth, "note:a": ("alpha", n("alpha"))}, counter) == ()

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina.pipeline._budget.objective import _Choice, _passages_beside, _plain_passages, _Unit
-from lamina.pipeline._budget.solver import Ladder, Rung, Solution, objective, solve
+from lamina.pipeline._budget.solver import Carried, Ladder, Rung, Solution, objective, solve
 
 FULL, PREVIEW, STUB = Rung(1000, 1000.0), Rung(300, 550.0), Rung(40, 20.0, text_free=True)
 
@@ -174,6 +174,52 @@ def test_greedy_takes_the_best_slope_first() -> None:
     assert done is not None and sorted(done.choice) == [0, 1] and done.tokens == 1300
 
 
+def _grown_library() -> list[Ladder]:
+    """An entry the system message holds (1,000 tokens) and three the batch's messages sent
+    after it (300 tokens each, or a 40-token stub), all as last turn sent them."""
+    grown = Ladder((Rung(300, 300.0), Rung(40, 40.0, text_free=True)), previous=0)
+    return [Ladder((FULL, PREVIEW, STUB), previous=0), grown, grown, grown]
+
+
+def test_what_the_batch_carries_is_made_room_for_at_its_end() -> None:
+    """The request fits as built (1,900 of 2,000) but the batch's messages carry 200
+    tokens more: the last entry they sent is cut (the cache breaks there, 0.9 of its 300
+    tokens), not the request sent as built (all 900 of the growth re-sent)."""
+    ladders = _grown_library()
+    kept = solve(ladders, 2000, cache_price=0.9, text_free=400)
+    assert kept is not None and kept.choice == (0, 0, 0, 0) and kept.broken_at is None
+    done = solve(ladders, 2000, cache_price=0.9, text_free=400, carried=Carried(1, 200))
+    assert done is not None
+    assert done.choice == (0, 0, 0, 1) and done.broken_at == 3 and done.tokens == 1640
+    assert done.objective == 1640.0 - 0.9 * 300
+
+
+def test_a_request_that_fits_only_as_built_breaks_where_the_growth_begins() -> None:
+    """What the batch carries leaves no room for the system message's entry: the request
+    is sent as built, every form kept, priced as a break at the first entry it grew by."""
+    ladders = _grown_library()
+    done = solve(ladders, 2000, cache_price=0.9, text_free=400, carried=Carried(1, 1500))
+    assert done is not None
+    assert done.choice == (0, 0, 0, 0) and done.broken_at == 1
+    assert done.objective == objective(ladders, done.choice, 0.9, 2000, Carried(1, 1500))[0]
+    assert done.objective == 1900.0 - 0.9 * 900
+
+
+def test_a_batch_begun_inside_history_re_sends_only_its_messages_when_sent_as_built() -> None:
+    """History's suffix (1,000 tokens; cut, 400) after an entry: the batch's messages carry
+    200 tokens and begin in the suffix's last 100. Sent as built, the request re-sends
+    those 100 (0.9 x 100), less than the cut's loss (500 of value, 400 re-sent), so it
+    is; priced as re-sending the whole suffix, the cut would win (860 against 900)."""
+    history = Ladder((Rung(1000, 800.0), Rung(400, 300.0)), previous=0, lasting=False)
+    ladders = [Ladder((FULL, PREVIEW, STUB), previous=0), history]
+    done = solve(ladders, 2000, cache_price=0.9, carried=Carried(1, 200, resent=100))
+    assert done is not None and done.choice == (0, 0) and done.broken_at == 1
+    assert done.objective == 1800.0 - 0.9 * 100
+    whole = solve(ladders, 2000, cache_price=0.9, carried=Carried(1, 200))
+    assert whole is not None and whole.choice == (0, 1)
+    assert whole.objective == 1300.0 - 0.9 * 400
+
+
 @st.composite
 def _ladders(draw: st.DrawFn) -> tuple[list[Ladder], int, float]:
     n = draw(st.integers(1, 5))
@@ -216,6 +262,26 @@ def test_never_over_the_room_and_never_worse_than_last_turn(
     )
     top = max(r.value for ladder in ladders for r in ladder.rungs)
     assert done.objective >= best - top - price * 500 * len(ladders) - 1e-6
+
+
+@settings(max_examples=300, deadline=None)
+@given(_ladders(), st.integers(0, 5), st.integers(1, 1500))
+def test_a_choice_over_what_the_batch_carries_breaks_where_it_grew(
+    case: tuple[list[Ladder], int, float], at: int, carried: int
+) -> None:
+    """With what the batch carries: never over the room, None only when the smallest
+    rungs do not fit it, and a choice over the room less what is carried breaks at the
+    carried ladder at the latest (it is sent as built)."""
+    ladders, room, price = case
+    at = min(at, len(ladders) - 1)
+    done = solve(ladders, room, cache_price=price, text_free=10_000, carried=Carried(at, carried))
+    if done is None:
+        assert sum(min(r.tokens for r in ladder.rungs) for ladder in ladders) > room
+        return
+    assert done.tokens <= room
+    prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
+    if done.tokens > room - carried and at in prefix:
+        assert done.broken_at is not None and prefix.index(done.broken_at) <= prefix.index(at)
 
 
 def _assert_no_worse_than_last_turn(
