@@ -510,3 +510,40 @@ def test_shed_counts_count_the_growth_from_its_first_stale_block_at_its_library_
     gone = {k: v for k, v in growth.items() if k != "note:b"}
     assert shed_counts(state, gone, counter) == ((1, 1000 - n(b)), (2, 400))
     assert shed_counts(state, {**growth, "note:a": ("alpha", n("alpha"))}, counter) == ()
+
+
+@pytest.mark.parametrize("window", [4000, 6000, 16000])
+def test_the_budget_counts_the_request_as_the_batch_sends_it(
+    window: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the budget reads as the request sent (the build plus what the batch's earlier
+    messages carry, ``objective._carried``) is the exact count of the request the batch
+    sends, in every chat30 turn that extends its batch with the request kept as built
+    (no cut, no restore: the request is then the build extended)."""
+    import lamina.pipeline._budget.objective as objective
+    from lamina.pipeline._turn.draft import Draft
+    from lamina.pipeline._turn.graph import TurnGraph
+
+    read: dict[int, int] = {}
+    carried = objective._carried
+
+    def counted(turn: TurnGraph, measured: Draft, used: int) -> int:
+        more = carried(turn, measured, used)
+        if turn.deferred:
+            read[turn.ctx.turn] = used + more
+        return more
+
+    monkeypatch.setattr(objective, "_carried", counted)
+    from lamina import load_script, run_script
+
+    script = load_script(_EXAMPLES / "chat30.yaml")
+    budget = Budget(context_window=window, reserve_output=window // 4, recall=False)
+    conv = Conversation(script.system, vault=script.vault, budget=budget)
+    checked = 0
+    for env in run_script(script, conv):
+        assert env.batch is not None
+        extended = not (env.batch.reason or env.batch.restored or env.report.decisions)
+        if env.turn in read and extended:
+            checked += 1
+            assert read[env.turn] == env.batch.tokens, env.turn
+    assert checked >= 10
