@@ -217,6 +217,13 @@ def _weight(budget: Budget, source: str, age: int, relevance: float) -> float:
     return budget.source_weight(source) * recency * (1.0 + relevance)
 
 
+def _message_value(budget: Budget, tokens: int, age: int, relevance: float) -> float:
+    """What ``tokens`` of an earlier message ``age`` turns old tell the model, in the
+    suffix, a start of it earlier or recalled: ``_MESSAGE_WORTH`` a token, weighed as
+    history (``_weight``)."""
+    return _MESSAGE_WORTH * tokens * _weight(budget, "history", age, relevance)
+
+
 def _entry(turn: TurnGraph, view: View, of: LibraryEntry) -> LibraryEntry:
     """``view`` as a library entry in the place of ``of`` (keeping its whole form)."""
     ctx = turn.ctx
@@ -484,11 +491,9 @@ def _history_unit(
         return None
     size = [sizes.get(t, 0) for t in turns]
     worth = [
-        _MESSAGE_WORTH * n * _weight(
-            budget, "history", turn.ctx.turn - t, relevance.get(f"history:{t}", 0.0)
-        )
+        _message_value(budget, n, turn.ctx.turn - t, relevance.get(f"history:{t}", 0.0))
         for t, n in zip(turns, size, strict=True)
-    ]  # fmt: skip
+    ]
     after = [0] * (len(size) + 1)  # the tokens of the turns from each on
     for i in range(len(size) - 1, -1, -1):
         after[i] = after[i + 1] + size[i]
@@ -558,9 +563,9 @@ def _earlier(
             for role, text in (("user", entry.user), ("assistant", entry.assistant))
             if text is not None
         )
-        weight = _weight(budget, "history", turn.ctx.turn - entry.turn,
-                         relevance.get(f"history:{entry.turn}", 0.0))  # fmt: skip
-        tokens, value = tokens + size, value + _MESSAGE_WORTH * size * weight
+        worth = _message_value(budget, size, turn.ctx.turn - entry.turn,
+                               relevance.get(f"history:{entry.turn}", 0.0))  # fmt: skip
+        tokens, value = tokens + size, value + worth
         if tokens - shown.tokens > free:
             break
         out.append((entry.turn, tokens, value))
@@ -645,10 +650,8 @@ def _passage_units(
         passage = passages[key]
         tokens = memo.cost(passage.item, count)
         total += tokens
-        age = turn.ctx.turn - passage.last
-        weight = _weight(budget, "history", age, min(1.0, rel))
-        worth = _MESSAGE_WORTH * weight
-        ladder = Ladder((_ABSENT, Rung(tokens, worth * tokens)), lasting=False)
+        worth = _message_value(budget, tokens, turn.ctx.turn - passage.last, min(1.0, rel))
+        ladder = Ladder((_ABSENT, Rung(tokens, worth)), lasting=False)
         units.append(_Unit("passage", key, ladder, _PASSAGE_CHOICES))
         offered[key] = passage
     return units, offered, shown
