@@ -298,6 +298,26 @@ def _topped(
         choice[j] = best
 
 
+def _places(ladders: Sequence[Ladder], prefix: Sequence[int]) -> list[int]:
+    """Each ladder's place in the prefix (``len(ladders)``: not in it)."""
+    places = [len(ladders)] * len(ladders)
+    for p, j in enumerate(prefix):
+        places[j] = p
+    return places
+
+
+def _held_until(
+    ladders: Sequence[Ladder], start: Sequence[int], prefix: Sequence[int], b: int
+) -> list[int]:
+    """``start`` with the prefix ladders before break ``b`` at last turn's rungs."""
+    choice = list(start)
+    for j in prefix[:b]:
+        previous = ladders[j].previous
+        assert previous is not None
+        choice[j] = previous
+    return choice
+
+
 def _breaks(prefix: Sequence[int]) -> set[int]:
     """Candidate break points (positions in ``prefix``, plus ``len(prefix)``: no break),
     at most ``MAX_BREAKS``: the latest half, then evenly spread earlier ones."""
@@ -325,10 +345,7 @@ def objective(
     too, a choice over the room less it breaks at ``Carried.at`` at the latest."""
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
     latest = len(prefix) if room is None else _latest(ladders, prefix, room)
-    places = [len(ladders)] * len(ladders)
-    for p, j in enumerate(prefix):
-        places[j] = p
-    settle = None if room is None else _settle(places, len(prefix), room, carried)
+    settle = None if room is None else _settle(_places(ladders, prefix), len(prefix), room, carried)
     return _score(ladders, choice, cache_price, prefix, latest, settle)
 
 
@@ -457,9 +474,7 @@ def solve(
     of unknown length)."""
     n = len(ladders)
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
-    at = [n] * n  # each ladder's place in the prefix (n: not in it)
-    for p, j in enumerate(prefix):
-        at[j] = p
+    at = _places(ladders, prefix)
     settle = _settle(at, len(prefix), room, carried)
 
     def rooms(b: int) -> tuple[int, ...]:
@@ -520,17 +535,14 @@ def solve(
         used = fixed_used + start_used - fixed_start
         if fixed_used > max(rooms(b)):
             break  # a later break fixes more: it cannot fit either
+        base = _held_until(ladders, start, prefix, b)
+        bare = fixed_bare + start_bare - fixed_start_bare
+        fixed = [p < b for p in at]
+        priced, steps = regime(b)
         for r in rooms(b):
             if used > r:
                 continue
-            choice = list(start)
-            for j in prefix[:b]:
-                previous = ladders[j].previous
-                assert previous is not None
-                choice[j] = previous
-            bare = fixed_bare + start_bare - fixed_start_bare
-            fixed = [p < b for p in at]
-            priced, steps = regime(b)
+            choice = list(base)
             _climb(priced, steps, choice, fixed, r - used, bare, text_free)
             score = _score(ladders, choice, cache_price, prefix, latest, settle)[0]
             scored.append((score, b, tuple(choice), r))
@@ -538,11 +550,7 @@ def solve(
         return None
     top, b, climbed, r = max(scored)  # ties to the later break
     priced, steps = regime(b)
-    choice = list(start)
-    for j in prefix[:b]:
-        previous = ladders[j].previous
-        assert previous is not None
-        choice[j] = previous
+    choice = _held_until(ladders, start, prefix, b)
     held = set(prefix[:b])
     free = [j for j in range(n) if j not in held]
     used = sum(ladders[j].rungs[choice[j]].tokens for j in range(n))
