@@ -33,6 +33,7 @@ import attrs
 
 from lamina.pipeline._budget.index import (
     INDEX_SOURCE,
+    IndexLine,
     _groups,
     _Member,
     _with_index,
@@ -233,8 +234,6 @@ def _entry(turn: TurnGraph, view: View, of: LibraryEntry) -> LibraryEntry:
 
 
 def _index_line_tokens(turn: TurnGraph, key: str, title: str, full: int) -> int:
-    from lamina.pipeline._budget.index import IndexLine
-
     return turn.ctx.counter.count(IndexLine(key, title, full).render()) + 1
 
 
@@ -404,11 +403,12 @@ def _item_unit(
     item: Placement,
     size: int,
     weight: float,
-    exact: dict[tuple[str, int], int | None],
+    exact: dict[tuple[str, int], tuple[int, int] | None],
     extra: dict[str, set[int]],
     *,
     grouped: bool,
     head: int = 0,
+    framed: int | None = None,
 ) -> _Unit | None:
     """An item attached this turn: the form it has now, previews fitted to halving sizes
     down to ``MIN_PREVIEW_TOKENS`` (recoverable) or excerpts (not), then its line in its
@@ -421,7 +421,8 @@ def _item_unit(
     if item.form not in (Form.FULL, Form.PREVIEW, Form.EXCERPT):
         return None
     choices = [_Choice(str(item.form), placement=item)]
-    rungs = [Rung(size + _SEP, _value(weight, size, size, text_free=False))]
+    top = framed or size + _SEP  # the whole as framed in the request
+    rungs = [Rung(top, _value(weight, size, size, text_free=False))]
     least = MIN_PREVIEW_TOKENS if artifact.recoverable else EXCERPT_MIN_TOKENS
     # Eighths of the item, then halving down to the least: fine steps where the room is.
     limits = sorted({size * k // _STEPS for k in range(_STEPS - 1, 0, -1)}, reverse=True)
@@ -436,17 +437,17 @@ def _item_unit(
     for limit in limits:
         form = Form.PREVIEW if artifact.recoverable else Form.EXCERPT
         placement = attrs.evolve(item, form=form, limit=limit)
-        tokens: int | None = limit
+        tokens, cost = limit, limit + _SEP
         guess = form is Form.PREVIEW and (item.key, limit) not in exact
         if form is Form.PREVIEW and not guess:
-            tokens = exact[item.key, limit]
-            if tokens is None:
+            made = exact[item.key, limit]
+            if made is None:
                 break  # a preview holding no section is never sent (nor a smaller one)
-        assert tokens is not None
-        if tokens >= size:
+            tokens, cost = made
+        if cost >= top:
             continue  # no smaller than the whole, once framed
         choices.append(_Choice(str(form), placement=placement, guess=guess))
-        rungs.append(Rung(tokens + _SEP, _value(weight, size, tokens, text_free=False)))
+        rungs.append(Rung(cost, _value(weight, size, tokens, text_free=False)))
     if artifact.recoverable:
         if grouped:
             line = _index_line_tokens(turn, item.key, artifact.title, size)
@@ -749,21 +750,32 @@ def _item_units(
     measured: Draft,
     budget: Budget,
     relevance: dict[str, float],
-    exact: dict[tuple[str, int], int | None],
+    exact: dict[tuple[str, int], tuple[int, int] | None],
     extra: dict[str, set[int]],
 ) -> list[_Unit]:
     """The units of this turn's items, after every cached unit."""
     units: list[_Unit] = []
     sizes = {s.key: s.tokens for s in measured.l3.segments}
+    framed = measured.with_sep()
     groups = _groups(turn)
     grouped = {m.key for members in groups.values() for m in members}
     heads: dict[str, int] = {}
     ctx = turn.ctx
     for group, members in groups.items():
-        # Each member's share of its group's index head (the lines' block it would start).
-        head = ctx.counter.count(ctx.renderer.render(full_view(index_artifact(group, ()))))
-        for m in members:
-            heads[m.key] = -(-(head + _SEP) // len(members))
+        if not members:
+            continue
+        # Each member's share of its group's index head (the lines' block it would start):
+        # the block of one line and a count of the rest, less the line. Split exactly: the
+        # shares sum to the head, where rounding each up would count a large group's head
+        # once for each member.
+        first = members[0].key
+        line = IndexLine(first, turn.artifact(first).title, sizes.get(first, 0))
+        index = index_artifact(group, (line,), unlisted=len(members))
+        head = ctx.counter.count(ctx.renderer.render(full_view(index)))
+        head -= _index_line_tokens(turn, first, line.title, line.tokens)
+        whole, n = head + _SEP, len(members)
+        for i, m in enumerate(members):
+            heads[m.key] = whole * (i + 1) // n - whole * i // n
     for i, item in enumerate(turn.items):
         artifact = turn.artifact(item.key)
         w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0))
@@ -771,6 +783,7 @@ def _item_units(
         unit = _item_unit(
             turn, item, sizes.get(item.key, 0), w, exact, extra,
             grouped=item.key in grouped, head=heads.get(item.key, 0),
+            framed=framed.get(item.key),
         )  # fmt: skip
         if unit is not None:
             units.append(unit)
@@ -1020,10 +1033,11 @@ def _made(
     turn: TurnGraph,
     units: Sequence[_Unit],
     choice: Sequence[int],
-    exact: dict[tuple[str, int], int | None],
+    exact: dict[tuple[str, int], tuple[int, int] | None],
 ) -> bool:
-    """Make the guessed previews ``choice`` takes (their exact tokens into ``exact``;
-    None for one that holds no section); whether there were any."""
+    """Make the guessed previews ``choice`` takes (their exact tokens, alone and framed as
+    a block of the request, into ``exact``; None for one that holds no section); whether
+    there were any."""
     made = False
     for unit, c in zip(units, choice, strict=True):
         chosen = unit.choices[c]
@@ -1035,8 +1049,12 @@ def _made(
             if other.guess and placement is not None and placement.limit <= chosen.placement.limit:
                 view = fitted_preview(turn, placement)
                 empty = not has_prose(view.body)
-                tokens = turn.ctx.counter.count(turn.ctx.renderer.render(view))
-                exact[unit.key, placement.limit] = None if empty else tokens
+                text = turn.ctx.renderer.render(view)
+                tokens = turn.ctx.counter.count(text)
+                framed = count_with_sep_from(text, tokens, BLOCK_SEP, turn.ctx.counter.count)
+                exact[unit.key, placement.limit] = (
+                    None if empty else (tokens, tokens + _SEP if framed is None else framed)
+                )
     return made
 
 
@@ -1343,7 +1361,7 @@ class Solve:
             if passages:  # the suffix's turns on the passages' scale (``_passage_units``)
                 relevance = {k: v for k, v in relevance.items() if not k.startswith("history:")}
                 relevance.update(shown)
-        exact: dict[tuple[str, int], int | None] = {}
+        exact: dict[tuple[str, int], tuple[int, int] | None] = {}
         extra: dict[str, set[int]] = {}
         cached = _cached_units(turn, measured, budget, relevance, sizes, used)
         items = _item_units(turn, measured, budget, relevance, exact, extra)
@@ -1442,9 +1460,15 @@ class Solve:
                 best, fitted = (out, drafted, spent, decisions), short
                 lower = over_share is None or bare < over_share
                 if bare > 0 and lower and text_free > 0 and rounds < MAX_ROUNDS:
-                    # An index's head the lines' shares did not cover; once a cut of
-                    # the share no longer lowers it, a fit over it by no more counts.
-                    text_free -= bare
+                    # An index's head the lines' shares did not cover: the share is cut
+                    # from what the choice's forms counted, so the next solve binds; once
+                    # a cut no longer lowers it, a fit over it by no more counts.
+                    counted = sum(
+                        u.ladder.rungs[c].tokens
+                        for u, c in zip(units, choice, strict=True)
+                        if u.ladder.rungs[c].text_free
+                    )
+                    text_free = min(text_free, counted) - bare
                     over_share = bare
                     continue
                 if bare > 0 and not joining and rounds < MAX_ROUNDS:
