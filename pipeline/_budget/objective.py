@@ -1037,25 +1037,46 @@ def _made(
 ) -> bool:
     """Make the guessed previews ``choice`` takes (their exact tokens, alone and framed as
     a block of the request, into ``exact``; None for one that holds no section); whether
-    there were any."""
-    made = False
+    there were any. Where one measures more than its guess (a preview's floor: its title
+    and first lines), every unit's guessed rung next above its choice is made too: the
+    next solve would take those one at a time, each over its guess in turn."""
+    made = over = False
     for unit, c in zip(units, choice, strict=True):
         chosen = unit.choices[c]
         if not chosen.guess or chosen.placement is None:
             continue
         made = True
-        for other in unit.choices:  # the smaller ones too: the next solve may take them
+        # The smaller ones too: the next solve may take them.
+        for j, other in enumerate(unit.choices):
             placement = other.placement
             if other.guess and placement is not None and placement.limit <= chosen.placement.limit:
-                view = fitted_preview(turn, placement)
-                empty = not has_prose(view.body)
-                text = turn.ctx.renderer.render(view)
-                tokens = turn.ctx.counter.count(text)
-                framed = count_with_sep_from(text, tokens, BLOCK_SEP, turn.ctx.counter.count)
-                exact[unit.key, placement.limit] = (
-                    None if empty else (tokens, tokens + _SEP if framed is None else framed)
-                )
+                cost = _make(turn, unit.key, placement, exact)
+                over = over or (j == c and cost > unit.ladder.rungs[c].tokens)
+    if over:
+        for unit, c in zip(units, choice, strict=True):
+            up = next((o for o in reversed(unit.choices[:c]) if o.guess), None)
+            if up is not None and up.placement is not None:
+                _make(turn, unit.key, up.placement, exact)
     return made
+
+
+def _make(
+    turn: TurnGraph,
+    key: str,
+    placement: Placement,
+    exact: dict[tuple[str, int], tuple[int, int] | None],
+) -> int:
+    """Make one guessed preview into ``exact``; its framed tokens (0: it holds no prose)."""
+    view = fitted_preview(turn, placement)
+    if not has_prose(view.body):
+        exact[key, placement.limit] = None
+        return 0
+    text = turn.ctx.renderer.render(view)
+    tokens = turn.ctx.counter.count(text)
+    framed = count_with_sep_from(text, tokens, BLOCK_SEP, turn.ctx.counter.count)
+    cost = tokens + _SEP if framed is None else framed
+    exact[key, placement.limit] = (tokens, cost)
+    return cost
 
 
 def _sized(

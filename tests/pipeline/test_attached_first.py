@@ -257,6 +257,41 @@ def test_the_first_solve_of_a_large_folder_counts_its_request_closely(
     assert abs(measured - (target - room + tokens)) < 100
 
 
+def test_previews_over_their_guess_are_made_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """300 notes with properties under a deep path, attached as one folder at 16k: a
+    preview's floor (its block's opening with the long key and title, the properties)
+    measures more than the preview's limit, its guess. The solve takes the guessed previews
+    at the room's edge one at a time; the first that measures over its guess makes the
+    next guessed rung of every unit, so the turn solves a few times (131 times when each
+    was made alone) and fills its room the same."""
+    import lamina.pipeline._budget.objective as objective
+
+    solves: list[int] = []
+    solve = objective.solve
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        solves.append(1)
+        return solve(*args, **kw)
+
+    monkeypatch.setattr(objective, "solve", counting)
+    where = tmp_path / "notes" / "Compendium" / "SF1E" / "Items" / "Armaments" / "Grenades"
+    where.mkdir(parents=True)
+    for i in range(300):
+        props = "\n".join(f"prop{k}: value {i} {k} alpha beta" for k in range(6))
+        body = " ".join(f"word{i}x{k}" for k in range(60))
+        text = f"---\n{props}\n---\n\n# Item {i} of the catalogue\n\n{body}.\n"
+        text += f"\n## Details\n\n{body}.\n\n## More\n\n{body}.\n"
+        (where / f"Item number {i:03d} of the catalogue of things.md").write_text(text)
+    budget = Budget(16_000, 2_000)
+    env = Conversation("You are terse.", vault=tmp_path, budget=budget).turn(
+        "What is in these notes?", [folder("notes")]
+    )
+    assert len(solves) <= 12
+    assert env.report.budget is not None and env.report.budget.used >= 0.94 * budget.limit
+
+
 def test_an_item_cut_to_a_reference_says_it_was_not_sent(tmp_path: Path) -> None:
     for i in range(16):
         (tmp_path / f"n{i}.md").write_text(_big_note(i, 3, 200), encoding="utf-8")
