@@ -421,7 +421,7 @@ def _item_unit(
     if item.form not in (Form.FULL, Form.PREVIEW, Form.EXCERPT):
         return None
     choices = [_Choice(str(item.form), placement=item)]
-    top = framed or size + _SEP  # the whole as framed in the request
+    top = _framed(size, framed)  # the whole as the request frames it
     rungs = [Rung(top, _value(weight, size, size, text_free=False))]
     least = MIN_PREVIEW_TOKENS if artifact.recoverable else EXCERPT_MIN_TOKENS
     # Eighths of the item, then halving down to the least: fine steps where the room is.
@@ -1073,8 +1073,7 @@ def _make(
         return 0
     text = turn.ctx.renderer.render(view)
     tokens = turn.ctx.counter.count(text)
-    framed = count_with_sep_from(text, tokens, BLOCK_SEP, turn.ctx.counter.count)
-    cost = tokens + _SEP if framed is None else framed
+    cost = _framed(tokens, count_with_sep_from(text, tokens, BLOCK_SEP, turn.ctx.counter.count))
     exact[key, placement.limit] = (tokens, cost)
     return cost
 
@@ -1579,8 +1578,14 @@ def shrink(
     return TurnFitting(out, measured, report.used), list(report.decisions)
 
 
+def _framed(tokens: int, with_sep: int | None) -> int:
+    """A block's tokens with the blank line after it in the request: ``with_sep`` where
+    it was counted, else ``_SEP`` more than the block alone."""
+    return tokens + _SEP if with_sep is None else with_sep
+
+
 def _with_sep(block: ItemBlock) -> int:
-    return block.with_sep if block.with_sep is not None else block.segment.tokens + 2
+    return _framed(block.segment.tokens, block.with_sep)
 
 
 def recalled_block(passages: Sequence[Passage], turn: TurnGraph) -> ItemBlock:
