@@ -9,6 +9,10 @@ another chosen, and its largest notes by bytes; ties broken by path):
 
 - ``mixed`` (16 turns): folders, tags, single large notes, re-attachments of a note, a
   folder and a tag, and turns that only ask;
+- ``shifted`` (16 turns, where the vault has more than four folders or tags): the same
+  kinds in another order, from the fifth to the eighth largest of each, so each vault and
+  window is judged on two chats (one chat's cached share moves by several points with a
+  one-token change in an early turn);
 - ``folder`` (1 turn): the largest folder alone (its window-use target is 85%, not 90%).
 
 Each runs through ``lamina.Conversation`` with a default ``Budget`` at 4k, 8k, 16k and 32k
@@ -100,7 +104,7 @@ def _groups(counts: Counter[str], take: int) -> tuple[tuple[str, int], ...]:
     return tuple(chosen)
 
 
-def vault_shape(root: Path, take: int = 4) -> VaultShape:
+def vault_shape(root: Path, take: int = 8) -> VaultShape:
     """The ``take`` largest folders and tags (notes below them, nested tags included, as
     ``{"tag": ...}`` matches) and largest notes of the vault at ``root``."""
     from lamina.processors._notes import parse_note
@@ -128,7 +132,8 @@ def vault_shape(root: Path, take: int = 4) -> VaultShape:
 
 
 def chats(shape: VaultShape) -> tuple[Chat, ...]:
-    """The ``mixed`` chat and, when the vault has a folder, the ``folder`` chat."""
+    """The ``mixed`` chat, the ``shifted`` chat where the vault has more than four folders
+    or tags, and, when it has a folder, the ``folder`` chat."""
     folders = [{"folder": f} for f, _ in shape.folders]
     tags = [{"tag": t} for t, _ in shape.tags]
     notes = [{"note": n} for n, _ in shape.largest]
@@ -142,15 +147,26 @@ def chats(shape: VaultShape) -> tuple[Chat, ...]:
         (), at(folders, 2), at(folders, 1), at(notes, 2),
         at(tags, 2), at(tags, 0), at(folders, 3), (),
     ]  # fmt: skip
-    mixed = Chat(
-        "mixed",
-        tuple((f"Question {i + 1}: what do {_label(a)} say?", a) for i, a in enumerate(plan)),
-    )
-    out = [mixed]
+    shifted = [
+        at(notes, 4), at(folders, 4), (), at(tags, 4),
+        at(notes, 5), at(folders, 5), at(tags, 5), at(notes, 4),
+        at(folders, 6), (), at(tags, 6), at(notes, 6),
+        at(folders, 4), at(notes, 7), at(tags, 7), (),
+    ]  # fmt: skip
+    out = [_chat("mixed", plan)]
+    if len(folders) > 4 or len(tags) > 4:
+        out.append(_chat("shifted", shifted))
     if folders:
         folder = folders[0]
         out.append(Chat("folder", ((f"Question 1: what do {_label((folder,))} say?", (folder,)),)))
     return tuple(out)
+
+
+def _chat(name: str, plan: Sequence[tuple[Attach, ...]]) -> Chat:
+    return Chat(
+        name,
+        tuple((f"Question {i + 1}: what do {_label(a)} say?", a) for i, a in enumerate(plan)),
+    )
 
 
 def _label(attach: tuple[Attach, ...]) -> str:

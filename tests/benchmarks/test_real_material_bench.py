@@ -30,16 +30,21 @@ def test_the_chats_come_from_the_vaults_largest_groups_and_notes() -> None:
     sizes = [(KEPANO / p).stat().st_size for p, _ in shape.largest]
     assert sizes == [n for _, n in shape.largest] == sorted(sizes, reverse=True)
     assert chats(shape) == chats(vault_shape(KEPANO))
-    mixed, folder = chats(shape)
-    assert (mixed.name, len(mixed.turns), folder.name, len(folder.turns)) == (
-        "mixed",
-        16,
-        "folder",
-        1,
-    )
-    attached = [a for _, attach in mixed.turns for a in attach]
-    assert {k for a in attached for k in a} == {"folder", "tag", "note"}
-    assert len(attached) > len({json.dumps(a) for a in attached})  # re-attachments
+    mixed, shifted, folder = chats(shape)
+    assert [(c.name, len(c.turns)) for c in (mixed, shifted, folder)] == [
+        ("mixed", 16),
+        ("shifted", 16),
+        ("folder", 1),
+    ]
+    for chat in (mixed, shifted):
+        attached = [a for _, attach in chat.turns for a in attach]
+        assert {k for a in attached for k in a} == {"folder", "tag", "note"}
+        assert len(attached) > len({json.dumps(a) for a in attached})  # re-attachments
+    # The shifted chat attaches the fifth to eighth largest groups and notes, none of mixed's.
+    names = {json.dumps(a) for _, attach in mixed.turns for a in attach}
+    assert not names & {json.dumps(a) for _, attach in shifted.turns for a in attach}
+    # A vault with at most four folders and tags has no shifted chat.
+    assert [c.name for c in chats(vault_shape(EXAMPLES))] == ["mixed", "folder"]
 
 
 def test_the_script_judges_each_chat_and_window_and_writes_json(tmp_path: Path) -> None:
@@ -59,16 +64,16 @@ def test_the_script_judges_each_chat_and_window_and_writes_json(tmp_path: Path) 
     doc = json.loads(out.read_text(encoding="utf-8"))
     assert [v["vault"] for v in doc["vaults"]] == ["vault", "kepano-obsidian"]
     assert not any(v["held_out"] for v in doc["vaults"]) and HELD_OUT
+    names = {"vault": ["mixed", "folder"], "kepano-obsidian": ["mixed", "shifted", "folder"]}
     for vault in doc["vaults"]:
         assert [(r["chat"], r["window"]) for r in vault["rows"]] == [
-            ("mixed", 4096),
-            ("folder", 4096),
+            (name, 4096) for name in names[vault["vault"]]
         ]
         for row in vault["rows"]:
             assert row["over_limit"] == 0 and row["input_tokens"] > 0
             assert 0 < row["window_use"] <= 1.0 and 0 <= row["cached_share"] <= 1.0
             assert 0 < row["attached_share"] <= 1.0
-            assert row["turns"] == (16 if row["chat"] == "mixed" else 1)
+            assert row["turns"] == (1 if row["chat"] == "folder" else 16)
             assert isinstance(row["misses"], list)
 
 
