@@ -684,23 +684,31 @@ def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
 def _heads(turn: TurnGraph) -> dict[str, int]:
     """Each library entry's share of a new index's head in its group. A fold extends the
     group's first index after the entry, so where one stands the share is 0; else a new
-    one is started, its head shared by the group's entries after its last index (those
-    it would take). An entry set aside costs no head: that index is not sent."""
+    one is started, its head split over the group's entries after its last index (those
+    it would take: ``_shares``). An entry set aside costs no head: that index is not
+    sent."""
     entries = turn.library.entries
     later: set[str] = set()  # groups with an index after the entry being read
-    open_: dict[str, set[str]] = {}  # each group's entries after its last index
+    open_: dict[str, list[str]] = {}  # each group's entries after its last index
     for entry in reversed(entries):
         if entry.view.source_type == INDEX_SOURCE:
             later.add(entry.view.locator)
             continue
         group = stub_group(entry.whole_view)
         if group not in later:
-            open_.setdefault(group, set()).add(entry.key)
+            open_.setdefault(group, []).append(entry.key)
     heads: dict[str, int] = {}
     for group, keys in open_.items():
-        share = -(-(_Renderer(turn).head(group) + _SEP) // len(keys))
-        heads.update(dict.fromkeys(keys, share))
+        heads.update(_shares(_Renderer(turn).head(group) + _SEP, keys))
     return heads
+
+
+def _shares(whole: int, keys: Sequence[str]) -> dict[str, int]:
+    """``whole`` split over ``keys`` in shares that sum to it (an index head over the
+    members it would list): rounding each up would count a large group's head once for
+    each member."""
+    n = len(keys)
+    return {key: whole * (i + 1) // n - whole * i // n for i, key in enumerate(keys)}
 
 
 def _cached_units(
@@ -765,17 +773,13 @@ def _item_units(
         if not members:
             continue
         # Each member's share of its group's index head (the lines' block it would start):
-        # the block of one line and a count of the rest, less the line. Split exactly: the
-        # shares sum to the head, where rounding each up would count a large group's head
-        # once for each member.
+        # the block of one line and a count of the rest, less the line (``_shares``).
         first = members[0].key
         line = IndexLine(first, turn.artifact(first).title, sizes.get(first, 0))
         index = index_artifact(group, (line,), unlisted=len(members))
         head = ctx.counter.count(ctx.renderer.render(full_view(index)))
         head -= _index_line_tokens(turn, first, line.title, line.tokens)
-        whole, n = head + _SEP, len(members)
-        for i, m in enumerate(members):
-            heads[m.key] = whole * (i + 1) // n - whole * i // n
+        heads.update(_shares(head + _SEP, [m.key for m in members]))
     for i, item in enumerate(turn.items):
         artifact = turn.artifact(item.key)
         w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0))
