@@ -38,23 +38,26 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
 __all__ = [
+    "CACHED_TARGET",
     "HELD_OUT",
     "MAX_GROUP",
     "WINDOWS",
     "Chat",
     "VaultShape",
     "chats",
+    "compare",
     "full_sizes",
     "judge_vault_chat",
     "main",
     "measure",
+    "summary",
     "vault_shape",
 ]
 
@@ -67,6 +70,8 @@ SYSTEM = "You answer from the attached notes."
 REPLY = "the notes say several things about this. " * 8
 FOLDER_USE = 0.85
 """The window-use target of the single large-folder chat (the project's target)."""
+CACHED_TARGET = 0.80
+"""The cached share over its bound a chat meets (``renderers.ChatTargets``' default)."""
 
 Attach = dict[str, str]
 
@@ -231,6 +236,8 @@ def judge_vault_chat(vault: Path, chat: Chat, window: int) -> dict[str, Any]:
         "over_limit": j.count("over-limit"),
         "stub_reference": j.count("stub-reference"),
         "input_tokens": j.input_tokens,
+        "cached_tokens": j.cached_tokens,
+        "bound_tokens": j.bound_tokens,
         "seconds": round(seconds, 2),
         "misses": list(j.misses(targets)),
     }
@@ -286,14 +293,67 @@ def measure(
     return doc
 
 
+def summary(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A run in a few figures: its chats, those with a cache measure (a bound above 0) and
+    how many of them meet the cached target, their cached tokens over their bounds
+    (pooled: one chat's ratio moves by points with a few tokens changed in an early turn,
+    so a change is judged on all of them), and the chats missing any target."""
+    rows = [r for v in doc["vaults"] for r in v["rows"]]
+    cached = [r for r in rows if _tokens(r, "bound") > 0]
+    bound = sum(_tokens(r, "bound") for r in cached)
+    return {
+        "chats": len(rows),
+        "cached_chats": len(cached),
+        "cached_met": sum(r["cached_of_bound"] >= CACHED_TARGET for r in cached),
+        "pooled_cached_of_bound": round(sum(_tokens(r, "cached") for r in cached) / bound, 4)
+        if bound
+        else None,
+        "missing": sum(bool(r["misses"]) for r in rows),
+    }
+
+
+def _tokens(row: Mapping[str, Any], kind: str) -> int:
+    """A row's cached or bound tokens (from its shares in a run written before they were)."""
+    if f"{kind}_tokens" in row:
+        return int(row[f"{kind}_tokens"])
+    share = row["cached_share"] if kind == "cached" else row["cached_bound"]
+    return round(float(share) * int(row["input_tokens"]))
+
+
+_COMPARED = ("cached_of_bound", "window_use", "left_cut", "text_free_share", "over_limit")
+
+
+def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """The chats two runs both hold whose judged measures differ, a line each, then each
+    run's ``summary``: what a change to the budget did, read over every chat."""
+    old = {(v["vault"], r["chat"], r["window"]): r for v in before["vaults"] for r in v["rows"]}
+    lines = []
+    for vault in after["vaults"]:
+        for row in vault["rows"]:
+            was = old.get((vault["vault"], row["chat"], row["window"]))
+            if was is None or all(was[k] == row[k] for k in _COMPARED):
+                continue
+            moved = ", ".join(f"{k} {was[k]} -> {row[k]}" for k in _COMPARED if was[k] != row[k])
+            lines.append(f"{vault['vault']} {row['chat']} {row['window']}: {moved}")
+    for name, doc in (("before", before), ("after", after)):
+        lines.append(f"{name}: " + ", ".join(f"{k} {v}" for k, v in summary(doc).items()))
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m benchmarks.real_material VAULT... [--windows 4096,8192] [--out F]``."""
+    """``python -m benchmarks.real_material VAULT... [--windows 4096,8192] [--out F]``, or
+    ``--compare BEFORE.json AFTER.json`` (two runs' ``--out``)."""
     parser = argparse.ArgumentParser(prog="benchmarks.real_material")
     parser.add_argument("vaults", nargs="*", type=Path)
     parser.add_argument("--windows", default=",".join(str(w) for w in WINDOWS))
     parser.add_argument("--chats", default="", help="comma-separated chat names (default all)")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     args = parser.parse_args(argv)
+    if args.compare is not None:
+        before, after = (json.loads(p.read_text(encoding="utf-8")) for p in args.compare)
+        print("\n".join(compare(before, after)))
+        return 0
     vaults = args.vaults or [
         Path(p) for p in os.environ.get("LAMINA_VAULTS", "").split(os.pathsep) if p
     ]
@@ -301,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give vault paths or set LAMINA_VAULTS")
     windows = [int(w) for w in args.windows.split(",") if w]
     doc = measure(vaults, windows, [c for c in args.chats.split(",") if c])
+    doc["summary"] = summary(doc)
+    print("\n" + ", ".join(f"{k} {v}" for k, v in doc["summary"].items()))
     if args.out is not None:
         args.out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return 0

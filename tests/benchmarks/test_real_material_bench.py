@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.real_material import HELD_OUT, MAX_GROUP, chats, vault_shape
+from benchmarks.real_material import HELD_OUT, MAX_GROUP, chats, compare, summary, vault_shape
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "vault"
@@ -41,8 +41,8 @@ def test_the_chats_come_from_the_vaults_largest_groups_and_notes() -> None:
         assert {k for a in attached for k in a} == {"folder", "tag", "note"}
         assert len(attached) > len({json.dumps(a) for a in attached})  # re-attachments
     # The shifted chat attaches the fifth to eighth largest groups and notes, none of mixed's.
-    names = {json.dumps(a) for _, attach in mixed.turns for a in attach}
-    assert not names & {json.dumps(a) for _, attach in shifted.turns for a in attach}
+    first = {json.dumps(a) for _, attach in mixed.turns for a in attach}
+    assert not first & {json.dumps(a) for _, attach in shifted.turns for a in attach}
     # A vault with at most four folders and tags has no shifted chat.
     assert [c.name for c in chats(vault_shape(EXAMPLES))] == ["mixed", "folder"]
 
@@ -62,6 +62,8 @@ def test_the_script_judges_each_chat_and_window_and_writes_json(tmp_path: Path) 
     assert "kepano-obsidian: 103 notes" in proc.stdout and "stub+idx" in proc.stdout
     assert "attached" in proc.stdout
     doc = json.loads(out.read_text(encoding="utf-8"))
+    assert doc["summary"] == summary(doc) and doc["summary"]["chats"] == 5
+    assert "cached_chats 3," in proc.stdout  # mixed in both vaults, shifted in kepano
     assert [v["vault"] for v in doc["vaults"]] == ["vault", "kepano-obsidian"]
     assert not any(v["held_out"] for v in doc["vaults"]) and HELD_OUT
     names = {"vault": ["mixed", "folder"], "kepano-obsidian": ["mixed", "shifted", "folder"]}
@@ -88,3 +90,61 @@ def test_the_script_refuses_to_run_without_vaults() -> None:
         timeout=60,
     )
     assert proc.returncode == 2 and "LAMINA_VAULTS" in proc.stderr
+
+
+def _row(chat: str, cached: int, bound: int, **judged: object) -> dict[str, object]:
+    measures = {"window_use": 0.95, "left_cut": 0, "text_free_share": 0.02, "over_limit": 0}
+    return {
+        "chat": chat,
+        "window": 4096,
+        "cached_tokens": cached,
+        "bound_tokens": bound,
+        "cached_of_bound": round(cached / bound, 4) if bound else 1.0,
+        "misses": ["cached"] if bound and cached < 0.8 * bound else [],
+        **measures,
+        **judged,
+    }
+
+
+def test_a_run_is_summed_up_pooled_and_two_runs_compared() -> None:
+    """The chats with a cache measure pooled (their cached tokens over their bounds, not
+    the mean of their ratios) and counted against the target; a comparison lists the
+    chats whose judged measures moved, then both summaries."""
+    before = {
+        "vaults": [
+            {
+                "vault": "v",
+                "rows": [
+                    _row("mixed", 790, 1000),
+                    _row("shifted", 900, 1000),
+                    _row("folder", 0, 0),
+                ],
+            }
+        ]
+    }
+    after = {
+        "vaults": [
+            {
+                "vault": "v",
+                "rows": [
+                    _row("mixed", 1600, 2000),
+                    _row("shifted", 900, 1000, left_cut=2),
+                    _row("folder", 0, 0),
+                ],
+            }
+        ]
+    }
+    assert summary(before) == {
+        "chats": 3,
+        "cached_chats": 2,
+        "cached_met": 1,
+        "pooled_cached_of_bound": 0.845,
+        "missing": 1,
+    }
+    assert summary(after)["pooled_cached_of_bound"] == round(2500 / 3000, 4)
+    assert compare(before, after) == [
+        "v mixed 4096: cached_of_bound 0.79 -> 0.8",
+        "v shifted 4096: left_cut 0 -> 2",
+        "before: chats 3, cached_chats 2, cached_met 1, pooled_cached_of_bound 0.845, missing 1",
+        "after: chats 3, cached_chats 2, cached_met 2, pooled_cached_of_bound 0.8333, missing 0",
+    ]
