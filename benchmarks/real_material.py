@@ -20,7 +20,9 @@ Each runs through ``lamina.Conversation`` with a default ``Budget`` at 4k, 8k, 1
 follows each turn. Printed per chat and window: window use in the turns that cut, the
 cached-prefix share beside its bound and their ratio, turn-entries left cut, the largest
 stubs-plus-indexes share, blocks without prose, open frontmatter, requests over the limit,
-and the chat's wall time; the targets' misses and the JSON are written too.
+and the chat's wall time; the targets' misses and the JSON are written too, and the run
+is summed up (``summary``: its chats pooled). ``--compare BEFORE.json AFTER.json`` reads
+two runs: the chats whose judged measures moved, and both summaries.
 
 Held out: ``Obsidian-TTRPG-Community/Pathfinder-2E-SRD-Markdown`` (checked out as
 ``pathfinder2e-srd``, 11,181 notes) is for final checks only. Tune on the others
@@ -45,7 +47,6 @@ from typing import Any
 import attrs
 
 __all__ = [
-    "CACHED_TARGET",
     "HELD_OUT",
     "MAX_GROUP",
     "WINDOWS",
@@ -70,8 +71,6 @@ SYSTEM = "You answer from the attached notes."
 REPLY = "the notes say several things about this. " * 8
 FOLDER_USE = 0.85
 """The window-use target of the single large-folder chat (the project's target)."""
-CACHED_TARGET = 0.80
-"""The cached share over its bound a chat meets (``renderers.ChatTargets``' default)."""
 
 Attach = dict[str, str]
 
@@ -298,13 +297,16 @@ def summary(doc: Mapping[str, Any]) -> dict[str, Any]:
     how many of them meet the cached target, their cached tokens over their bounds
     (pooled: one chat's ratio moves by points with a few tokens changed in an early turn,
     so a change is judged on all of them), and the chats missing any target."""
+    from lamina.renderers import ChatTargets
+
+    target = ChatTargets().cached_of_bound
     rows = [r for v in doc["vaults"] for r in v["rows"]]
     cached = [r for r in rows if _tokens(r, "bound") > 0]
     bound = sum(_tokens(r, "bound") for r in cached)
     return {
         "chats": len(rows),
         "cached_chats": len(cached),
-        "cached_met": sum(r["cached_of_bound"] >= CACHED_TARGET for r in cached),
+        "cached_met": sum(r["cached_of_bound"] >= target for r in cached),
         "pooled_cached_of_bound": round(sum(_tokens(r, "cached") for r in cached) / bound, 4)
         if bound
         else None,
