@@ -29,7 +29,10 @@ Protocol, per conversation and window (4k, 8k, 16k; reserve by the CLI's rule,
    message, 3 to prime) against the same limit; (d) a plain Okapi BM25 (k1 1.5, b 0.75,
    lowercased words, no stemming or stop words) over single messages, the best first
    while they fit, given the same room: the limit less the request without any history
-   (system message and question, framed), each message costing its tokens and 3.
+   (system message and question, framed), each message costing its tokens and 3; (e) a
+   reference for the targets, not a method: Lamina's own retriever (BM25 over stemmed
+   words) given that same whole room, each match best first with the message before and
+   after it (what recall could reach were the suffix given up at every question).
 4. The cached-prefix share of each conversation's replay (``lamina.renderers.simulate``,
    OpenAI's prefix rule, default layout), default budget and recall off; summed over the
    five conversations (cached tokens / input tokens).
@@ -346,6 +349,39 @@ def _bm25_reached(chat: LocomoChat, limit: int, count: Callable[[str], int]) -> 
     return reached, asked
 
 
+def _whole_room_reached(
+    chat: LocomoChat, limit: int, count: Callable[[str], int]
+) -> tuple[int, int]:
+    """Evidence Lamina's retriever (``Bm25Retriever``: BM25 over stemmed words) sends when
+    the question is given the whole room plain BM25 gets: its matches best first, each
+    with the message before and after it, while they fit (reached, asked). What recall
+    could reach with this retriever were the suffix given up at every question: a
+    reference for the targets, not a method (a chat turn would send it all uncached)."""
+    from lamina.pipeline.recall import Bm25Retriever, RecallItem
+
+    messages = _messages(chat)
+    index = Bm25Retriever()
+    index.index([RecallItem(dia, i, text) for i, (dia, text, _) in enumerate(messages)])
+    place = {dia: i for i, (dia, _, _) in enumerate(messages)}
+    costs = [count(text) + _FRAMING for _, text, _ in messages]
+    bare = _FRAMING + 2 * _FRAMING + count(SYSTEM)
+    reached = asked = 0
+    for question in chat.questions:
+        room = limit - bare - count(question.question)
+        sent: set[int] = set()
+        for dia, score in index.search(question.question, len(messages)):
+            if score <= 0:
+                break
+            at = place[dia]
+            for i in (at - 1, at, at + 1):
+                if 0 <= i < len(messages) and i not in sent and costs[i] <= room:
+                    room -= costs[i]
+                    sent.add(i)
+        asked += len(question.evidence)
+        reached += sum(place[e] in sent for e in question.evidence)
+    return reached, asked
+
+
 def _p50(values: Sequence[float]) -> float:
     return statistics.median(values) if values else 0.0
 
@@ -365,8 +401,9 @@ def measure_memory(
 ) -> dict[str, Any]:
     """The ``memory`` point on LoCoMo (the protocol above; the data is fixed, ``seed`` is
     not used): per window, the share of evidence reached by the default budget, recall
-    off, ``trim_messages`` and plain BM25, cached shares, CPU p50s. ``questions`` keeps the
-    first that many of each conversation (None: all); ``{"skipped": why}`` without data."""
+    off, ``trim_messages``, plain BM25 and the retriever given the whole room, cached
+    shares, CPU p50s. ``questions`` keeps the first that many of each conversation (None:
+    all); ``{"skipped": why}`` without data."""
     del seed
     where = locomo_dir()
     if where is None:
@@ -390,13 +427,15 @@ def measure_memory(
     for window in windows:
         limit = window - _reserve(window)
         on, off = _Run(), _Run()
-        trim = bm25 = (0, 0)
+        trim = bm25 = whole = (0, 0)
         for chat in chats:
             convs = _replay(chat, _budgets(window), (on, off), cache)
             _ask(chat, convs, (on, off), TIMED_EVERY)
             t = _trim_reached(chat, limit, counter.count)
             b = _bm25_reached(chat, limit, counter.count)
+            w = _whole_room_reached(chat, limit, counter.count)
             trim, bm25 = (trim[0] + t[0], trim[1] + t[1]), (bm25[0] + b[0], bm25[1] + b[1])
+            whole = (whole[0] + w[0], whole[1] + w[1])
         advance()
         row: dict[str, Any] = {
             "window": window,
@@ -405,6 +444,7 @@ def measure_memory(
             "reached_off": _share(off.reached, off.asked),
             "trim_messages": _share(*trim),
             "bm25": _share(*bm25),
+            "whole_room": _share(*whole),
             "warm_cpu_p50_on_s": _p50(on.turn_cpu),
             "warm_cpu_p50_off_s": _p50(off.turn_cpu),
             "restore_cpu_p50_on_s": _p50(on.restore_cpu),

@@ -647,8 +647,9 @@ def _memory_table(memory: dict[str, Any], console: Console) -> None:
         f"tokens, {memory['questions']} questions; recall {'on' if memory.get('recall') else 'off'}"
     )
     table = Table(title=title)
-    columns = ("window", "reached: recall", "off", "trim_messages", "bm25", "cached: on",
-               "off", "turn cpu p50: on", "off", "restore cpu p50: on", "off")  # fmt: skip
+    columns = ("window", "reached: recall", "off", "trim_messages", "bm25", "whole room",
+               "cached: on", "off", "turn cpu p50: on", "off", "restore cpu p50: on",
+               "off")  # fmt: skip
     for col in columns:
         table.add_column(col, justify="right")
     for w in memory["windows"]:
@@ -658,6 +659,7 @@ def _memory_table(memory: dict[str, Any], console: Console) -> None:
             _pct(w["reached_off"]),
             _pct(w["trim_messages"]),
             _pct(w["bm25"]),
+            _pct(w.get("whole_room")),
             _pct(w.get("cached_share_on")),
             _pct(w.get("cached_share_off")),
             _ms(w["warm_cpu_p50_on_s"]),

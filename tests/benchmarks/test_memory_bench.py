@@ -31,6 +31,8 @@ def test_recall_reaches_more_than_the_newest_messages_on_one_conversation() -> N
     assert memory["questions"] == 40
     assert row["reached_on"] > row["trim_messages"] and row["reached_on"] > row["reached_off"]
     assert 0 <= row["bm25"] <= 1
+    # The retriever with the whole room and each match's neighbours: the targets' reference.
+    assert row["bm25"] <= row["whole_room"] <= 1
     names = {t["target"] for t in memory_targets(memory)}
     assert "answer-bearing messages reached" in names
 
