@@ -24,11 +24,13 @@ and the chat's wall time; the targets' misses and the JSON are written too, and 
 is summed up (``summary``: its chats pooled). ``--compare BEFORE.json AFTER.json`` reads
 two runs: the chats whose judged measures moved, and both summaries.
 
-Held out: ``Obsidian-TTRPG-Community/Pathfinder-2E-SRD-Markdown`` (checked out as
-``pathfinder2e-srd``, 11,181 notes) is for final checks only. Tune on the others
+Held out (``HELD_OUT``, by the folder each is checked out as): ``pathfinder2e-srd``
+(Obsidian-TTRPG-Community/Pathfinder-2E-SRD-Markdown, 11,181 notes), ``alternef``,
+``facultad-apuntes`` and ``obsidian-hub`` are for final checks only. Tune on the others
 (``obsidianmd/obsidian-help``, 6,280 notes in 34 languages; ``Obsidian-TTRPG-Community/
 Starfinder-SRD-Markdown``, 5,288 notes with tags), ``examples/vault`` and kepano; run the
-held-out vault once a change is done, and report it apart (docs/BENCHMARKS.md).
+held-out vaults once a change is done, and report them apart (the summary pools them
+apart too; docs/BENCHMARKS.md lists them all).
 
 Run: ``python -m benchmarks.real_material path/to/obsidian-help --out real.json``.
 """
@@ -65,7 +67,7 @@ __all__ = [
 WINDOWS = (4_096, 8_192, 16_384, 32_768)
 MAX_GROUP = 600
 """The most notes a chosen folder or tag holds (the issue's chats attach 400-600)."""
-HELD_OUT = ("pathfinder2e-srd",)
+HELD_OUT = ("pathfinder2e-srd", "alternef", "facultad-apuntes", "obsidian-hub")
 """Vault folder names held out for final checks (see the module docstring)."""
 SYSTEM = "You answer from the attached notes."
 REPLY = "the notes say several things about this. " * 8
@@ -296,21 +298,30 @@ def summary(doc: Mapping[str, Any]) -> dict[str, Any]:
     """A run in a few figures: its chats, those with a cache measure (a bound above 0) and
     how many of them meet the cached target, their cached tokens over their bounds
     (pooled: one chat's ratio moves by points with a few tokens changed in an early turn,
-    so a change is judged on all of them), and the chats missing any target."""
+    so a change is judged on all of them), and the chats missing any target; the same
+    measures for the held-out vaults alone (``held_out_...``), where the run has any."""
+    rows = [r for v in doc["vaults"] for r in v["rows"]]
+    out = {"chats": len(rows), **_pooled(rows), "missing": sum(bool(r["misses"]) for r in rows)}
+    held = [r for v in doc["vaults"] if v.get("held_out") for r in v["rows"]]
+    if held:
+        out.update({f"held_out_{key}": value for key, value in _pooled(held).items()})
+    return out
+
+
+def _pooled(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``rows``' chats with a cache measure, how many meet the cached target, and their
+    cached tokens over their bounds, pooled."""
     from lamina.renderers import ChatTargets
 
     target = ChatTargets().cached_of_bound
-    rows = [r for v in doc["vaults"] for r in v["rows"]]
     cached = [r for r in rows if _tokens(r, "bound") > 0]
     bound = sum(_tokens(r, "bound") for r in cached)
     return {
-        "chats": len(rows),
         "cached_chats": len(cached),
         "cached_met": sum(r["cached_of_bound"] >= target for r in cached),
         "pooled_cached_of_bound": round(sum(_tokens(r, "cached") for r in cached) / bound, 4)
         if bound
         else None,
-        "missing": sum(bool(r["misses"]) for r in rows),
     }
 
 

@@ -142,6 +142,14 @@ def test_a_run_is_summed_up_pooled_and_two_runs_compared() -> None:
         "missing": 1,
     }
     assert summary(after)["pooled_cached_of_bound"] == round(2500 / 3000, 4)
+    held = {"vault": "h", "held_out": True, "rows": [_row("mixed", 700, 1000)]}
+    both = {"vaults": [*after["vaults"], held]}
+    assert summary(both)["pooled_cached_of_bound"] == round(3200 / 4000, 4)
+    assert {k: v for k, v in summary(both).items() if k.startswith("held_out_")} == {
+        "held_out_cached_chats": 1,
+        "held_out_cached_met": 0,
+        "held_out_pooled_cached_of_bound": 0.7,
+    }
     assert compare(before, after) == [
         "v mixed 4096: cached_of_bound 0.79 -> 0.8",
         "v shifted 4096: left_cut 0 -> 2",
