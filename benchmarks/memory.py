@@ -334,19 +334,7 @@ def _bm25_reached(chat: LocomoChat, limit: int, count: Callable[[str], int]) -> 
     beside the system message and the question (reached, asked)."""
     messages = _messages(chat)
     index = _PlainBm25([text for _, text, _ in messages])
-    costs = [count(text) + _FRAMING for _, text, _ in messages]
-    bare = _FRAMING + 2 * _FRAMING + count(SYSTEM)
-    reached = asked = 0
-    for question in chat.questions:
-        room = limit - bare - count(question.question)
-        sent: set[str] = set()
-        for i in index.ranked(question.question):
-            if costs[i] <= room:
-                room -= costs[i]
-                sent.add(messages[i][0])
-        asked += len(question.evidence)
-        reached += sum(e in sent for e in question.evidence)
-    return reached, asked
+    return _filled(chat, messages, limit, count, index.ranked, around=0)
 
 
 def _whole_room_reached(
@@ -363,22 +351,40 @@ def _whole_room_reached(
     index = Bm25Retriever()
     index.index([RecallItem(dia, i, text) for i, (dia, text, _) in enumerate(messages)])
     place = {dia: i for i, (dia, _, _) in enumerate(messages)}
+
+    def ranked(query: str) -> list[int]:
+        return [place[dia] for dia, score in index.search(query, len(messages)) if score > 0]
+
+    return _filled(chat, messages, limit, count, ranked, around=1)
+
+
+def _filled(
+    chat: LocomoChat,
+    messages: Sequence[tuple[str, str, bool]],
+    limit: int,
+    count: Callable[[str], int],
+    ranked: Callable[[str], list[int]],
+    *,
+    around: int,
+) -> tuple[int, int]:
+    """Evidence sent when each question's room (the limit less the system message and the
+    question, framed) takes the messages ``ranked`` gives, best first, each with ``around``
+    messages either side, while they fit (each costing its tokens and 3): (reached,
+    asked)."""
     costs = [count(text) + _FRAMING for _, text, _ in messages]
     bare = _FRAMING + 2 * _FRAMING + count(SYSTEM)
     reached = asked = 0
     for question in chat.questions:
         room = limit - bare - count(question.question)
         sent: set[int] = set()
-        for dia, score in index.search(question.question, len(messages)):
-            if score <= 0:
-                break
-            at = place[dia]
-            for i in (at - 1, at, at + 1):
-                if 0 <= i < len(messages) and i not in sent and costs[i] <= room:
+        for at in ranked(question.question):
+            for i in range(max(0, at - around), min(len(messages), at + around + 1)):
+                if i not in sent and costs[i] <= room:
                     room -= costs[i]
                     sent.add(i)
+        ids = {messages[i][0] for i in sent}
         asked += len(question.evidence)
-        reached += sum(place[e] in sent for e in question.evidence)
+        reached += sum(e in ids for e in question.evidence)
     return reached, asked
 
 
