@@ -38,18 +38,23 @@ def _positive(_: Any, attribute: attrs.Attribute[int], value: int) -> None:
 @attrs.frozen
 class NoteOptions:
     """How notes reach the model: which frontmatter properties head the note (``auto``: all
-    but ``DISPLAY_PROPERTIES``; ``all``; ``none``; or a list of keys), and whether
+    but ``DISPLAY_PROPERTIES``; ``all``; ``none``; or a list of keys), whether
     ``![[embeds]]`` are inlined (sections always, whole notes up to ``embed_max_chars``,
-    ``embed_depth`` levels deep) or kept as links."""
+    ``embed_depth`` levels deep) or kept as links, and whether ``%%comments%%`` are hidden
+    (as Obsidian's reading view hides them: an editor's notes, and plugins' data such as
+    an Excalidraw drawing's JSON) or kept."""
 
     properties: PropertiesSetting = attrs.field(default="auto", converter=_properties)
     embeds: Literal["inline", "links"] = "inline"
     embed_max_chars: int = attrs.field(default=4000, validator=_positive)
     embed_depth: int = attrs.field(default=3, validator=_positive)
+    comments: Literal["hidden", "kept"] = "hidden"
 
     def __attrs_post_init__(self) -> None:
         if self.embeds not in ("inline", "links"):
             raise ConfigError("embeds", f"expected 'inline' or 'links', not {self.embeds!r}")
+        if self.comments not in ("hidden", "kept"):
+            raise ConfigError("comments", f"expected 'hidden' or 'kept', not {self.comments!r}")
 
 
 @attrs.frozen

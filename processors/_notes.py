@@ -12,7 +12,7 @@ import posixpath
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import attrs
 
@@ -195,6 +195,24 @@ def _fence_lines(body: str) -> list[tuple[int, int, str]]:
     return found
 
 
+def _fenced(body: str) -> list[tuple[int, int]]:
+    """The fenced code blocks of ``body``: (first fence line's start, closing fence line's
+    end), the end of the body for a block never closed."""
+    blocks: list[tuple[int, int]] = []
+    opened = 0
+    fence: str | None = None
+    for line_start, line_end, mark in _fence_lines(body):
+        rest = body[line_start:line_end].lstrip(" ")[len(mark) :]
+        was, fence = fence, fence_after(fence, mark, rest)
+        if was is None and fence is not None:
+            opened = line_start
+        elif was is not None and fence is None:
+            blocks.append((opened, line_end))
+    if fence is not None:
+        blocks.append((opened, len(body)))
+    return blocks
+
+
 def _code_free_text(body: str) -> str:
     """The body without fenced code blocks (fence lines included), inline code spans blanked.
 
@@ -203,18 +221,50 @@ def _code_free_text(body: str) -> str:
     """
     pieces: list[str] = []
     start = 0
-    fence: str | None = None
-    for line_start, line_end, mark in _fence_lines(body):
-        rest = body[line_start:line_end].lstrip(" ")[len(mark) :]
-        was, fence = fence, fence_after(fence, mark, rest)
-        if was is None and fence is not None:
-            pieces.append(body[start:line_start])
-        elif was is not None and fence is None:
-            start = line_end
-    if fence is None:
+    for opened, closed in _fenced(body):
+        pieces.append(body[start:opened])
+        start = closed
+    if start < len(body) or start == 0:
         pieces.append(body[start:])
     text = "\n".join(pieces)
     return _INLINE_CODE.sub(" ", text) if "`" in text else text
+
+
+def _without_comments(body: str) -> str:
+    """``body`` as Obsidian's reading view shows it: each ``%%`` comment (within a line or
+    over lines, up to the next ``%%``; one never closed runs to the end) taken out, its
+    lines too where it fills them. ``%%`` in fenced code or a code span is text."""
+    if "%%" not in body:
+        return body
+    code = _fenced(body)
+    start = 0
+    for opened, closed in [*code, (len(body), len(body))]:
+        text = body[start:opened]
+        if "`" in text:
+            code += [(start + m.start(), start + m.end()) for m in _INLINE_CODE.finditer(text)]
+        start = closed
+    code.sort()
+    marks: list[int] = []
+    at = body.find("%%")
+    while at >= 0:
+        inside = next((c for o, c in code if o <= at < c), None)
+        if inside is not None:
+            at = body.find("%%", inside)
+            continue
+        marks.append(at)
+        at = body.find("%%", at + 2)
+    pieces: list[str] = []
+    start = 0
+    for i in range(0, len(marks), 2):
+        cut = marks[i]
+        end = marks[i + 1] + 2 if i + 1 < len(marks) else len(body)
+        line_start = body.rfind("\n", 0, cut) + 1
+        if not body[line_start:cut].strip() and body[end : end + 1] in ("\n", ""):
+            cut, end = line_start, end + 1  # the comment fills its lines: they go too
+        pieces.append(body[start:cut])
+        start = min(end, len(body))
+    pieces.append(body[start:])
+    return "".join(pieces)
 
 
 def _links_and_tags(body: str) -> tuple[list[WikiLink], list[str]]:
@@ -277,10 +327,15 @@ def _properties(meta: Mapping[Any, Any]) -> tuple[tuple[str, str], ...]:
     return tuple((str(k), _compact(v)) for k, v in meta.items() if str(k) != "title")
 
 
-def parse_note(path: str, text: str) -> tuple[NotePayload, tuple[TurnWarning, ...]]:
+def parse_note(
+    path: str, text: str, *, comments: Literal["hidden", "kept"] = "hidden"
+) -> tuple[NotePayload, tuple[TurnWarning, ...]]:
     """A note's payload from its text, and warnings (bad frontmatter never raises: the
-    text is kept as the body)."""
-    meta, body, problems = _split_frontmatter(path, text)
+    text is kept as the body). ``%%comments%%`` are taken out of the body, and its links
+    read from what is left, unless ``comments="kept"`` (``NoteOptions.comments``); its
+    tags are read from the whole body, comments included."""
+    meta, raw, problems = _split_frontmatter(path, text)
+    body = _without_comments(raw) if comments == "hidden" else raw
     warnings = tuple(
         TurnWarning("frontmatter-malformed", f"note:{path}", p.removeprefix(f"{path}: "))
         for p in problems
@@ -293,6 +348,8 @@ def parse_note(path: str, text: str) -> tuple[NotePayload, tuple[TurnWarning, ..
     front_tags = _strings(meta.get("tags", meta.get("tag")), split_spaces=True)
     aliases = _strings(meta.get("aliases", meta.get("alias")), split_spaces=False)
     links, inline_tags = _links_and_tags(body)
+    if body is not raw:  # a tag in a comment still tags the note (a hidden tag: Obsidian
+        _, inline_tags = _links_and_tags(raw)  # indexes it), a link there is not shown
     tags = {normalize_tag(t) for t in front_tags} | set(inline_tags)
     payload = NotePayload(
         path=path,
@@ -518,10 +575,10 @@ def _load(
     if cache is not None and stamp is None:
         stamp = vault.stamp(rel)
     text, decode_warning = vault.read_text(rel)
-    memo = f"note-parse:{rel}:{text_hash(text)}"
+    memo = f"note-parse:{rel}:{text_hash(text)}:{options.comments}"
     parsed = None if cache is None else cache.get(memo)
     if not isinstance(parsed, _Parsed):
-        parsed = _Parsed(*parse_note(rel, text))
+        parsed = _Parsed(*parse_note(rel, text, comments=options.comments))
         if cache is not None:
             cache[memo] = parsed
     payload = parsed.shown.get(options)

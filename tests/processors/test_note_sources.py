@@ -75,6 +75,37 @@ def test_bad_note_options_are_config_errors() -> None:
         NoteOptions(embeds="expand")  # type: ignore[arg-type]
     with pytest.raises(ConfigError):
         NoteOptions(embed_depth=-1)
+    with pytest.raises(ConfigError, match="'hidden' or 'kept'"):
+        NoteOptions(comments="shown")  # type: ignore[arg-type]
+
+
+def test_a_drawings_json_in_a_comment_never_reaches_the_model(tmp_path: Path) -> None:
+    """An Excalidraw note (its text elements, then the drawing's JSON in a ``%%`` comment)
+    attached in a budgeted turn sends its text whole and no JSON; with ``comments="kept"``
+    the JSON is the note's text and the budget cuts it to a preview."""
+    from lamina.pipeline import Budget
+
+    shape = '{"type": "rectangle", "x": -163.85, "y": -186.02, "strokeColor": "#1e1e1e"}'
+    drawing = '{"type": "excalidraw", "elements": [\n' + ",\n".join([shape] * 3000) + "\n]}"
+    text = (
+        "---\nexcalidraw-plugin: parsed\n---\n# Text Elements\nRNG ^IB7q9B4X\n\n"
+        f"radio call-in ^GwvKCGYo\n\n%%\n# Drawing\n```json\n{drawing}\n```\n%%\n"
+    )
+    (tmp_path / "Drawing.excalidraw.md").write_text(text, encoding="utf-8")
+    budget = Budget(context_window=8_192, reserve_output=2_048)
+    hidden = Conversation("Answer.", sources=Sources.for_vault(tmp_path), budget=budget)
+    env = hidden.turn("What does the drawing say?", [note("Drawing.excalidraw.md")])
+    (segment,) = env.l3.segments
+    assert segment.form is Form.FULL and "radio call-in ^GwvKCGYo" in segment.text
+    assert "excalidraw-plugin: parsed" in segment.text and '"type"' not in segment.text
+    kept = Conversation(
+        "Answer.",
+        sources=Sources.for_vault(tmp_path, notes=NoteOptions(comments="kept")),
+        budget=budget,
+    )
+    env = kept.turn("What does the drawing say?", [note("Drawing.excalidraw.md")])
+    (segment,) = env.l3.segments
+    assert segment.form is Form.PREVIEW and '"type": "excalidraw"' in segment.text
 
 
 def test_embeds_inline_nested_sections_and_stop_at_a_cycle(tmp_path: Path) -> None:

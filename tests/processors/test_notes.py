@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -36,8 +37,10 @@ def make_ctx(root: Path, files: dict[str, str | bytes]) -> ProcessContext:
     return ProcessContext(vault=Vault(root))
 
 
-def parsed(text: str, path: str = "n.md") -> NotePayload:
-    return parse_note(path, text)[0]
+def parsed(
+    text: str, path: str = "n.md", *, comments: Literal["hidden", "kept"] = "hidden"
+) -> NotePayload:
+    return parse_note(path, text, comments=comments)[0]
 
 
 # --- frontmatter and title ------------------------------------------------------------
@@ -134,6 +137,42 @@ def test_inline_tags_skip_code_headings_numbers_and_urls() -> None:
     payload = parsed(body)
     assert payload.tags == ("after", "fine", "one", "real", "two/sub")
     assert [link.target for link in payload.links] == ["note"]
+
+
+def test_comments_are_hidden_as_in_obsidians_reading_view() -> None:
+    """``%%`` comments go (within a line, over lines, never closed: to the end), the lines a
+    block comment fills with them; ``%%`` in code is text."""
+    text = (
+        "An %%inline%% comment.\n"
+        "%%\nA block comment.\n%%\n"
+        "Kept `%%code%%` and\n```\n%% fenced %%\n```\n"
+        "Last %%never closed\nline"
+    )
+    assert parsed(text).body_text == (
+        "An  comment.\nKept `%%code%%` and\n```\n%% fenced %%\n```\nLast "
+    )
+    assert parsed(text, comments="kept").body_text == text
+
+
+def test_a_comments_tags_tag_the_note_and_its_links_are_not_read() -> None:
+    """A tag in a comment is a hidden tag (Obsidian indexes it); a link there is not shown,
+    so it is no edge and an embed there is not inlined."""
+    note_ = parsed("See [[A]]. %% #trait/hidden [[B]] ![[C]] %% #shown")
+    assert note_.tags == ("shown", "trait/hidden")
+    assert [link.target for link in note_.links] == ["A"]
+
+
+def test_an_excalidraw_drawing_reaches_the_model_as_its_text_elements() -> None:
+    """The plugin keeps the drawing's JSON in a comment: it is not the note's text."""
+    drawing = '{"type": "excalidraw", "elements": [' + '{"x": 1.5, "y": 2.5},' * 2000 + "]}"
+    text = (
+        "---\nexcalidraw-plugin: parsed\ntags: [excalidraw]\n---\n"
+        "# Text Elements\nRNG ^IB7q9B4X\n\nradio call-in ^GwvKCGYo\n\n"
+        f"%%\n# Drawing\n```json\n{drawing}\n```\n%%"
+    )
+    note_ = parsed(text, "Drawing.excalidraw.md")
+    assert note_.body_text == "# Text Elements\nRNG ^IB7q9B4X\n\nradio call-in ^GwvKCGYo\n\n"
+    assert note_.tags == ("excalidraw",)
 
 
 def test_has_tag_matches_nested_but_not_prefix_words() -> None:
