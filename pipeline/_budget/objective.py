@@ -414,10 +414,14 @@ def _item_unit(
     down to ``MIN_PREVIEW_TOKENS`` (recoverable) or excerpts (not), then its line in its
     group's index and its count there (the group, the item the user attached, reaches
     the model by its title and count whatever its members' forms), else a not-sent
-    reference. None for what has one form only."""
+    reference. A member of a group sent as a reference (re-attached: its text is in the
+    library) is that reference or its count in the index (``_reference_unit``). None for
+    what has one form only."""
     artifact = turn.artifact(item.key)
-    if item.form is Form.REFERENCE or is_index(artifact) or chunk_source(item.key) is not None:
+    if is_index(artifact) or chunk_source(item.key) is not None:
         return None
+    if item.form is Form.REFERENCE:
+        return _reference_unit(item, size, weight, head, framed) if grouped else None
     if item.form not in (Form.FULL, Form.PREVIEW, Form.EXCERPT):
         return None
     choices = [_Choice(str(item.form), placement=item)]
@@ -469,6 +473,22 @@ def _item_unit(
             )
             rungs.append(Rung(tokens, _value(weight, size, tokens, text_free=True), True))
     return _Unit("item", item.key, Ladder(tuple(rungs)), tuple(choices))
+
+
+def _reference_unit(
+    item: Placement, size: int, weight: float, head: int, framed: int | None
+) -> _Unit:
+    """A group's member sent as a reference to its library entry (attached again): the
+    reference, or its count in the group's index. Both are text-free, so the share bounds
+    them with the rest; with one form only, a folder the library holds whole sent a
+    reference for each note, over the share, and the library was cut to make room for
+    them (``test_a_re_attached_folder_counts_its_references_within_the_share``)."""
+    rungs = (
+        Rung(_framed(size, framed), _value(weight, size, size, text_free=True), True),
+        Rung(head, 0.0, True),
+    )
+    return _Unit("item", item.key, Ladder(rungs), (_Choice("reference", placement=item),
+                                                    _Choice("count")))  # fmt: skip
 
 
 def _history_unit(

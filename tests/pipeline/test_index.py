@@ -242,6 +242,28 @@ def test_a_folder_a_turn_for_16_turns_keeps_stubs_under_a_tenth_of_the_window(
     )
 
 
+def test_a_re_attached_folder_counts_its_references_within_the_share(tmp_path: Path) -> None:
+    """A folder of 120 one-line notes the library holds whole, attached again: its members
+    are references to their entries, text-free like any stub, so the share (800 tokens of
+    an 8,000 window) bounds them and the rest are counted in the folder's index. Before,
+    the references could not be counted: 3,510 tokens of them, and the library cut to 2,850
+    tokens of its 4,560 to make room for references pointing at it."""
+    (tmp_path / "notes").mkdir()
+    for i in range(120):
+        text = f"Fact {i}: the river town keeps {i} boats.\n"
+        (tmp_path / "notes" / f"n{i:03d}.md").write_text(text, encoding="utf-8")
+    conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(8_000, 1_000))
+    first = conv.turn("What is in the notes?", [folder("notes")])
+    assert {s.form for s in first.l3.segments} == {Form.FULL}
+    conv.reply("Noted.")
+    again = conv.turn("And again?", [folder("notes")])
+    check_envelope(again, first)
+    assert _text_free(again) <= 800, _text_free(again)
+    assert again.l2.tokens == first.l3.tokens  # every note still whole in the library
+    referenced = {s.key for s in again.l3.segments if s.form is Form.REFERENCE}
+    assert len(referenced) + _counted(again) == 120  # each referenced or counted
+
+
 def test_library_index_lines_give_the_full_size(tmp_path: Path) -> None:
     """A stub collapsed into the library's index keeps its entry's size in full."""
     _folders_vault(tmp_path, 3, 60)
