@@ -5,6 +5,7 @@ Wikilinks become provenance edges (``links`` / ``embeds``); they are never expan
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import functools
 import json
@@ -243,13 +244,14 @@ def _without_comments(body: str) -> str:
         if "`" in text:
             code += [(start + m.start(), start + m.end()) for m in _INLINE_CODE.finditer(text)]
         start = closed
-    code.sort()
+    code.sort()  # apart from each other: spans are looked for outside the fenced blocks
+    starts = [opened for opened, _ in code]
     marks: list[int] = []
     at = body.find("%%")
     while at >= 0:
-        inside = next((c for o, c in code if o <= at < c), None)
-        if inside is not None:
-            at = body.find("%%", inside)
+        i = bisect.bisect_right(starts, at) - 1
+        if i >= 0 and at < code[i][1]:  # in code: text, look on after it
+            at = body.find("%%", code[i][1])
             continue
         marks.append(at)
         at = body.find("%%", at + 2)
@@ -258,8 +260,11 @@ def _without_comments(body: str) -> str:
     for i in range(0, len(marks), 2):
         cut = marks[i]
         end = marks[i + 1] + 2 if i + 1 < len(marks) else len(body)
-        line_start = body.rfind("\n", 0, cut) + 1
-        if not body[line_start:cut].strip() and body[end : end + 1] in ("\n", ""):
+        line_start = cut  # back over the blanks before it (not to the line's start: a
+        while line_start and body[line_start - 1] != "\n" and body[line_start - 1].isspace():
+            line_start -= 1  # long line of comments would be read once for each)
+        alone = line_start == 0 or body[line_start - 1] == "\n"
+        if alone and body[end : end + 1] in ("\n", ""):
             cut, end = line_start, end + 1  # the comment fills its lines: they go too
         pieces.append(body[start:cut])
         start = min(end, len(body))
