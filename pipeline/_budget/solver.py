@@ -28,8 +28,8 @@ matters, so the solve is exact in the break point:
 2. The free ladders are a multiple-choice knapsack, solved by greedy on each ladder's
    upper convex hull: every ladder starts at its smallest rung, and hull steps are taken
    by falling value per token while they fit (a step that does not fit the room ends its
-   ladder's climb; one over the text-free share is skipped); a last pass gives each
-   ladder the best rung, hull or not, that still fits.
+   ladder's climb; one over the text-free share is skipped); a last pass gives the
+   room left to rungs on the hull or not, the most value per token first.
 3. The best objective over the candidates wins; ties go to the later break (more cached).
    A climb prices a rung joining an earlier block by its ``join``, which may be less than
    the break it makes, so the exact objective also weighs the best break's climb before
@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import sys
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -278,24 +279,48 @@ def _topped(
     bare: int,
     text_free: int,
 ) -> None:
-    """Each free ladder given the rung, on its hull or not, worth most that still fits
-    (in place): the greedy's last pass."""
-    for j in free:
+    """The greedy's last pass (in place): the room the climb left goes move by move to
+    the free ladders' rungs, on the hull or not, the most value per token first (a move
+    that costs no tokens first of all), each ladder's best move found again as the room
+    shrinks. (In ladder order, the first ladders took the room a later one would have
+    used better.)"""
+
+    def best(j: int) -> tuple[float, float, int, int] | None:
+        """Ladder ``j``'s move of the most value per token (then value) that fits, as a
+        heap entry: (-value per token, -value, ladder, rung)."""
         rungs, price, cap = ladders[j].rungs, prices[j], _cap(ladders[j])
-        best = choice[j]
         now = rungs[choice[j]]
-        tokens, now_bare = now.tokens, _bare(now)
-        worth = _net(now, price, cap)  # the best rung's, so far
+        worth, now_bare = _net(now, price, cap), _bare(now)
+        found: tuple[float, float, int, int] | None = None
         for i, r in enumerate(rungs):
-            bare_grow = (r.tokens if r.text_free else 0) - now_bare
-            if r.tokens - tokens > room or (bare_grow > 0 and bare + bare_grow > text_free):
+            grow, bare_grow = r.tokens - now.tokens, _bare(r) - now_bare
+            if grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
                 continue
-            if (value := _net(r, price, cap)) > worth:
-                best, worth = i, value
-        new = rungs[best]
+            gain = _net(r, price, cap) - worth
+            if gain <= 0:
+                continue
+            move = (-gain / grow if grow > 0 else -math.inf, -gain, j, i)
+            if found is None or move < found:
+                found = move
+        return found
+
+    heap = [move for j in free if (move := best(j)) is not None]
+    heapq.heapify(heap)
+    while heap:
+        move = heapq.heappop(heap)
+        j = move[2]
+        again = best(j)  # the room or the share may have shrunk since it was found
+        if again is None:
+            continue
+        if again != move:
+            heapq.heappush(heap, again)
+            continue
+        now, new = ladders[j].rungs[choice[j]], ladders[j].rungs[move[3]]
         room -= new.tokens - now.tokens
         bare += _bare(new) - _bare(now)
-        choice[j] = best
+        choice[j] = move[3]
+        if (after := best(j)) is not None:
+            heapq.heappush(heap, after)
 
 
 def _places(ladders: Sequence[Ladder], prefix: Sequence[int]) -> list[int]:

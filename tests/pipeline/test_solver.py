@@ -174,6 +174,16 @@ def test_greedy_takes_the_best_slope_first() -> None:
     assert done is not None and sorted(done.choice) == [0, 1] and done.tokens == 1300
 
 
+def test_the_room_the_climb_leaves_goes_to_the_most_value_per_token() -> None:
+    """Neither ladder's hull step fits 100 tokens (each hull skips its middle rung), so
+    the last pass shares the room: the second ladder's middle rung (3 a token) before
+    the first's (about 1 a token), not the first ladder's because it comes first."""
+    first = Ladder((Rung(0, 0.0), Rung(90, 95.0), Rung(200, 400.0)))
+    second = Ladder((Rung(0, 0.0), Rung(50, 150.0), Rung(300, 1200.0)))
+    done = solve([first, second], 100)
+    assert done is not None and done.choice == (0, 1) and done.value == 150.0
+
+
 def _grown_library() -> list[Ladder]:
     """An entry the system message holds (1,000 tokens) and three the batch's messages sent
     after it (300 tokens each, or a 40-token stub), all as last turn sent them."""
