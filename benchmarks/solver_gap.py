@@ -114,8 +114,8 @@ def exact_choice(solve: Recorded) -> tuple[int, ...] | None:
         row = np.full(room + 1, lowest)
         pick = np.full(room + 1, -1, dtype=np.int32)
         for i, rung in enumerate(ladder.rungs):
-            if rung.tokens > room or (rung.at is not None and rung.at < b):
-                continue  # over the room, or changing a block before the break
+            if rung.tokens > room or (rung.at is not None and rung.at < b and i != ladder.previous):
+                continue  # over the room, or changing a block before the break (``_score``)
             value = rung.value - price * _resent(ladder, i)
             moved = best[: room + 1 - rung.tokens] + value
             better = moved > row[rung.tokens :]
