@@ -599,7 +599,13 @@ def solve(
         solution = kept if kept.objective > solution.objective else solution
     if not cache_price or last is None:
         return solution
-    free_choice = _free(ladders, last, room, text_free)
+    # The free choice climbs every lasting ladder unpriced: the plain steps of those
+    # (a lasting ladder's price is 0), the joined ones' steps without their joins.
+    lasting = [
+        *(s for s in plain if ladders[s.ladder].lasting),
+        *(s for j in sorted(joined) if ladders[j].lasting for s in _steps(ladders[j], 0.0, j)),
+    ]
+    free_choice = _free(ladders, last, room, text_free, sorted(lasting))
     bought = _solution(ladders, free_choice, cache_price, prefix, latest, settle)
     best = solution.objective
     if regret > 0 and bought.choice != solution.choice and bought.objective + regret >= best:
@@ -664,12 +670,18 @@ def _plain(ladder: Ladder, fallback: int) -> int:
     )
 
 
-def _free(ladders: Sequence[Ladder], last: Sequence[int], room: int, text_free: int) -> list[int]:
+def _free(
+    ladders: Sequence[Ladder],
+    last: Sequence[int],
+    room: int,
+    text_free: int,
+    steps: Sequence[_Step],
+) -> list[int]:
     """The room's best use were the cache free, cutting nothing last turn sent (``last``):
-    every lasting ladder climbs from there, the others stay (what a restore would bring)."""
+    every lasting ladder climbs from there (``steps``: their hull steps, unpriced, best
+    first), the others stay (what a restore would bring)."""
     n = len(ladders)
     held = [not ladder.lasting for ladder in ladders]
-    steps = sorted(s for j in range(n) if not held[j] for s in _steps(ladders[j], 0.0, j))
     choice = list(last)
     used = sum(ladders[j].rungs[c].tokens for j, c in enumerate(choice))
     bare = sum(_bare(ladders[j].rungs[c]) for j, c in enumerate(choice))
