@@ -590,6 +590,15 @@ def _shed(
     return tuple(out), left
 
 
+def _cuts_held(envelope: Envelope, turns: Sequence[DeferredTurn]) -> bool:
+    """Whether the budget changed this turn an entry a deferred message of ``turns`` holds."""
+    budget = envelope.report.budget
+    if budget is None or not budget.decisions:
+        return False
+    targets = {d.target for d in budget.decisions}
+    return any(k in targets for turn in turns for k in turn.keys if k)
+
+
 def batch_turn(
     state: BatchState | None,
     envelope: Envelope,
@@ -671,15 +680,18 @@ def batch_turn(
     before: Mapping[str, str] = dict(state.sent)  # what the batch sent before this turn
     batch, parts, tokens, sent = extension(turns, before)
     used = count(attrs.evolve(envelope, batch=batch))
-    if not fits(used):
+    if not fits(used) or (room(used) < 0 and _cuts_held(envelope, turns)):
         # The library's growth as the budget fitted it: the deferred messages from the
-        # first block it changed are sent as the envelope builds them now.
+        # first block it changed are sent as the envelope builds them now. So too where
+        # the extension takes the headroom the budget left free because it holds entries
+        # the budget changed this turn: they are sent as changed, not as held.
         shed = _shed(state.settled, turns, before, envelope, counter)
-        if shed is None:
-            return _settled(envelope, counter, count, fits, OVER_BUDGET, room, wholes)
-        turns, before = shed
-        batch, parts, tokens, sent = extension(turns, before)
-        used = count(attrs.evolve(envelope, batch=batch))
+        if shed is not None:
+            retry = extension(*shed)
+            retried = count(attrs.evolve(envelope, batch=retry[0]))
+            if retried < used:
+                turns, before = shed
+                (batch, parts, tokens, sent), used = retry, retried
         if not fits(used):
             return _settled(envelope, counter, count, fits, OVER_BUDGET, room, wholes)
     candidate = attrs.evolve(envelope, batch=batch)

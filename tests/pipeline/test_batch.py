@@ -8,7 +8,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, load_conversation, rebuild_envelope
@@ -556,3 +556,57 @@ def test_the_budget_counts_the_request_as_the_batch_sends_it(
             checked += 1
             assert read[env.turn] == env.batch.tokens, env.turn
     assert checked >= 10
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four folders of 40 notes of 80-138 words each."""
+    root = tmp_path_factory.mktemp("uneven")
+    for folder in ("ships", "spells", "gear", "maps"):
+        (root / folder).mkdir()
+        for i in range(40):
+            body = " ".join(_WORDS[(i + k) % len(_WORDS)] for k in range(40 + (i * 7) % 30))
+            (root / folder / f"{folder}-{i:02d}.md").write_text(
+                f"# {folder.title()} {i}\n\n{body}.\n\nMore: {body}.\n", encoding="utf-8"
+            )
+    return root
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@example(window=5_500, attached=["ships", "ships", ""])
+@example(window=3_500, attached=["", "ships", "", ""])
+@given(
+    window=st.integers(10, 23).map(lambda k: k * 250),
+    attached=st.lists(
+        st.sampled_from(("ships", "spells", "gear", "maps", "")), min_size=3, max_size=7
+    ),
+)
+def test_a_question_after_a_turn_that_cut_extends_it(
+    uneven: Path, window: int, attached: list[str]
+) -> None:
+    """Over random chats of folders and questions: a question that changes no form, right
+    after a turn that changed forms, extends that turn's request byte for byte. The turn
+    that cut left the headroom free as sent: where notes it cut are held by a deferred
+    message, an extension that would send them as held and take the headroom is shed
+    (sent as the budget cut them) instead of sent while the report names them cut. Before:
+    5 of 60 such chats failed (a re-attached folder at 5,500 cut four notes its first
+    message held, which the request sent anyway, 20 tokens under the limit; the next
+    question shed)."""
+    conv = Conversation(
+        "You answer from the attached notes.",
+        vault=uneven,
+        budget=Budget(context_window=window, reserve_output=window // 4),
+    )
+    before: list[tuple[str, str]] | None = None
+    changed = False
+    for i, name in enumerate(attached):
+        env = conv.turn(f"About {i}?", [{"folder": name}] if name else [])
+        sent = _messages(env)
+        cuts = bool(env.report.budget and env.report.budget.decisions)
+        if not name and changed and not cuts and before is not None:
+            assert env.batch is not None and env.batch.reason == ""
+            assert sent[: len(before)] == before
+        before, changed = sent, cuts
+        conv.reply(f"Answer {i + 1}: " + "the notes say several things about this. " * 8)
