@@ -42,6 +42,7 @@ from lamina.pipeline._budget.index import (
 )
 from lamina.pipeline._budget.solver import (
     Carried,
+    Hulls,
     Ladder,
     Rung,
     Solution,
@@ -780,8 +781,13 @@ def _item_units(
     relevance: dict[str, float],
     exact: dict[tuple[str, int], tuple[int, int] | None],
     extra: dict[str, set[int]],
+    previous: Sequence[_Unit] = (),
+    stale: Collection[str] = (),
 ) -> list[_Unit]:
-    """The units of this turn's items, after every cached unit."""
+    """The units of this turn's items, after every cached unit: those of ``previous`` (the
+    same turn's, made before) again but for the ``stale`` keys' (their ``exact`` or
+    ``extra`` grew), made anew."""
+    kept = {u.key: u for u in previous if u.key not in stale}
     units: list[_Unit] = []
     sizes = {s.key: s.tokens for s in measured.l3.segments}
     framed = measured.with_sep()
@@ -801,6 +807,9 @@ def _item_units(
         head -= _index_line_tokens(turn, first, line.title, line.tokens)
         heads.update(_shares(head + _SEP, [m.key for m in members]))
     for i, item in enumerate(turn.items):
+        if item.key in kept:
+            units.append(kept[item.key])
+            continue
         artifact = turn.artifact(item.key)
         w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0))
         w *= 1.0 - i / (1000.0 * (len(turn.items) + 1))  # ties: the first placed first
@@ -1058,18 +1067,19 @@ def _made(
     units: Sequence[_Unit],
     choice: Sequence[int],
     exact: dict[tuple[str, int], tuple[int, int] | None],
-) -> bool:
+) -> set[str]:
     """Make the guessed previews ``choice`` takes (their exact tokens, alone and framed as
-    a block of the request, into ``exact``; None for one that holds no section); whether
-    there were any. Where one measures more than its guess (a preview's floor: its title
+    a block of the request, into ``exact``; None for one that holds no section); the keys
+    of the units made. Where one measures more than its guess (a preview's floor: its title
     and first lines), every unit's guessed rung next above its choice is made too: the
     next solve would take those one at a time, each over its guess in turn."""
-    made = over = False
+    made: set[str] = set()
+    over = False
     for unit, c in zip(units, choice, strict=True):
         chosen = unit.choices[c]
         if not chosen.guess or chosen.placement is None:
             continue
-        made = True
+        made.add(unit.key)
         # The smaller ones too: the next solve may take them.
         for j, other in enumerate(unit.choices):
             placement = other.placement
@@ -1081,6 +1091,7 @@ def _made(
             up = next((o for o in reversed(unit.choices[:c]) if o.guess), None)
             if up is not None and up.placement is not None:
                 _make(turn, unit.key, up.placement, exact)
+                made.add(unit.key)
     return made
 
 
@@ -1104,12 +1115,12 @@ def _make(
 
 def _sized(
     units: Sequence[_Unit], solution: Solution, room: int, extra: dict[str, set[int]]
-) -> bool:
+) -> str | None:
     """A preview sized to the room ``solution`` leaves (into ``extra``) for the item it
     cut whose next rung up does not fit, the one of most value per token: the greedy's
-    fractional step, made whole. Whether one was added. ``solution``'s previews are made
-    (``_made``): a guessed one measures at most its limit, so a room sized before they
-    are is lost again when they are."""
+    fractional step, made whole. The key of the item given one (None: none).
+    ``solution``'s previews are made (``_made``): a guessed one measures at most its
+    limit, so a room sized before they are is lost again when they are."""
     left = room - solution.tokens
     best: tuple[float, _Unit, int] | None = None
     for unit, c in zip(units, solution.choice, strict=True):
@@ -1123,10 +1134,10 @@ def _sized(
         if best is None or slope > best[0]:
             best = (slope, unit, chosen.tokens - _SEP + left)
     if best is None:
-        return False
+        return None
     _, unit, limit = best
     extra.setdefault(unit.key, set()).add(limit)
-    return True
+    return unit.key
 
 
 def _held(
@@ -1431,6 +1442,7 @@ class Solve:
         )
         rounds = overlaps = 0
         sized = False
+        hulls: Hulls = {}  # the solves' hull steps, kept for the next round's
         over_share: int | None = None  # what the last share cut left beyond the share
         joining = False  # folds extend an earlier index: a new one's head is over the share
         while rounds < MAX_ROUNDS:
@@ -1441,6 +1453,7 @@ class Solve:
                 ladders, room, cache_price=budget.cache_weight, text_free=text_free,
                 regret=turn.regret,
                 carried=_carrying(turn, units, sizes, carried - reserve) if settles else None,
+                hulls=hulls,
             )  # fmt: skip
             if solution is None and reserve:
                 reserve = 0  # the smallest forms fit only in the reserve: it gives way
@@ -1451,13 +1464,17 @@ class Solve:
                 cached = _cached_units(turn, measured, budget, relevance, sizes, used)
                 units = cached + items + passages
                 continue  # a summary was made: solve again with its tokens
-            if _made(turn, units, solution.choice, exact):
-                items = _item_units(turn, measured, budget, relevance, exact, extra)
+            made = _made(turn, units, solution.choice, exact)
+            if made:
+                items = _item_units(turn, measured, budget, relevance, exact, extra, items, made)
                 units = cached + items + passages
                 continue  # a guessed preview was made: solve again with its tokens
-            if not sized and _sized(units, solution, room, extra):
+            resized = None if sized else _sized(units, solution, room, extra)
+            if resized is not None:
                 sized = True
-                items = _item_units(turn, measured, budget, relevance, exact, extra)
+                items = _item_units(
+                    turn, measured, budget, relevance, exact, extra, items, {resized}
+                )
                 units = cached + items + passages
                 continue  # the room the made forms leave is given to one preview, fitted to it
             choice = solution.choice

@@ -66,6 +66,7 @@ import attrs
 __all__ = [
     "MAX_BREAKS",
     "Carried",
+    "Hulls",
     "Ladder",
     "Rung",
     "Solution",
@@ -79,7 +80,7 @@ MAX_BREAKS = 16
 evenly spread ones (a 1,600-entry library would otherwise be solved 1,600 times)."""
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Rung:
     """One form of a unit: its tokens and its value; ``text_free`` for forms without prose
     (an index line, a stub, a count). A form that changes another prefix unit's block
@@ -94,7 +95,7 @@ class Rung:
     join: float = 0.0
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Ladder:
     """A unit's forms (any order) and the rung last turn's request sent (``previous``;
     None for a unit new this turn, which sits after every cached unit)."""
@@ -453,17 +454,27 @@ def _latest(ladders: Sequence[Ladder], prefix: Sequence[int], room: int) -> int:
     return len(prefix)
 
 
-def _steps(ladder: Ladder, price: float, j: int) -> list[_Step]:
-    """The hull steps of ``ladder`` (the ``j``-th), from its smallest rung up."""
-    steps: list[_Step] = []
-    rungs, cap = ladder.rungs, _cap(ladder)
-    hull = _hull(rungs, price, cap)
-    for a, b in itertools.pairwise(hull):
-        ra, rb = rungs[a], rungs[b]
-        gain = _net(rb, price, cap) - _net(ra, price, cap)
-        if gain > 0:
-            steps.append(_Step(-(gain / max(1, rb.tokens - ra.tokens)), j, b))
-    return steps
+Hulls = dict[tuple[Ladder, float, int], list[_Step]]
+"""Hull steps by ladder, price and place: one budget stage's solves share them, since most
+ladders are the same, in the same place, from one round to the next."""
+
+
+def _steps(ladder: Ladder, price: float, j: int, hulls: Hulls | None = None) -> list[_Step]:
+    """The hull steps of ``ladder`` (the ``j``-th), from its smallest rung up (found in
+    ``hulls`` when made there before; not to be changed)."""
+    found = None if hulls is None else hulls.get((ladder, price, j))
+    if found is None:
+        found = []
+        rungs, cap = ladder.rungs, _cap(ladder)
+        hull = _hull(rungs, price, cap)
+        for a, b in itertools.pairwise(hull):
+            ra, rb = rungs[a], rungs[b]
+            gain = _net(rb, price, cap) - _net(ra, price, cap)
+            if gain > 0:
+                found.append(_Step(-(gain / max(1, rb.tokens - ra.tokens)), j, b))
+        if hulls is not None:
+            hulls[ladder, price, j] = found
+    return found
 
 
 def _priced(ladder: Ladder, b: int) -> Ladder:
@@ -484,6 +495,7 @@ def solve(
     text_free: int = 0,
     regret: float = 0.0,
     carried: Carried | None = None,
+    hulls: Hulls | None = None,
 ) -> Solution | None:
     """The choice of one rung a ladder that maximizes the objective (module docstring)
     within ``room`` tokens, text-free rungs within ``text_free`` (the smallest forms too,
@@ -496,7 +508,8 @@ def solve(
     bought once its objective plus the regret reaches the best one's (ski rental: a change
     of the prefix is paid once, what it brings stays every turn after; paying once the
     value forgone reaches the cache it costs is within twice the best choice for a chat
-    of unknown length)."""
+    of unknown length). ``hulls`` keeps the ladders' hull steps for the next solve (the
+    same choice, made faster where the ladders repeat)."""
     n = len(ladders)
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
     at = _places(ladders, prefix)
@@ -514,7 +527,9 @@ def solve(
     prices = [cache_price if at[j] < latest and not ladders[j].lasting else 0.0 for j in range(n)]
     joins = sorted({r.at for ladder in ladders for r in ladder.rungs if r.at is not None})
     joined = {j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs)}
-    plain = [s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j)]
+    plain = [
+        s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j, hulls)
+    ]
     plain.sort()
     regimes: dict[tuple[bool, ...], tuple[list[Ladder], list[_Step]]] = {}
     variants: dict[tuple[int, tuple[bool, ...]], tuple[Ladder, list[_Step]]] = {}
@@ -603,7 +618,12 @@ def solve(
     # (a lasting ladder's price is 0), the joined ones' steps without their joins.
     lasting = [
         *(s for s in plain if ladders[s.ladder].lasting),
-        *(s for j in sorted(joined) if ladders[j].lasting for s in _steps(ladders[j], 0.0, j)),
+        *(
+            s
+            for j in sorted(joined)
+            if ladders[j].lasting
+            for s in _steps(ladders[j], 0.0, j, hulls)
+        ),
     ]
     free_choice = _free(ladders, last, room, text_free, sorted(lasting))
     bought = _solution(ladders, free_choice, cache_price, prefix, latest, settle)

@@ -226,11 +226,13 @@ def test_the_next_turn_stops_the_preparing_and_the_rest_goes_on_after_its_librar
 
 
 def test_a_turn_right_after_a_large_promotion_waits_for_its_library_not_its_ranking(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The turn after one that filled half the window asks for the library while the
     worker still ranks its new entries: the ranking stops after the entry it is on, goes
-    on after that turn's library, and the requests are those waiting for all of it gives."""
+    on after that turn's library, and the requests are those waiting for all of it gives.
+    The worker's first entry goes on once the turn has asked (not on a clock started
+    before it: a loaded machine took longer to get there)."""
     from lamina.pipeline.tokens import TokenCounter
     from lamina.pipeline.views import TextRankSummarizer, summary_pool
     from lamina.renderers import openai_messages
@@ -245,6 +247,15 @@ def test_a_turn_right_after_a_large_promotion_waits_for_its_library_not_its_rank
             ranked.append(text)
             super().prepare(text)
 
+    asked = Promotion.result
+
+    def result(self: Promotion, *, next_turn: bool = False) -> Library:
+        if next_turn and not gate.is_set():
+            # Opened just after this call stops the ranking (its first statement).
+            threading.Timer(0.2, gate.set).start()
+        return asked(self, next_turn=next_turn)
+
+    monkeypatch.setattr(Promotion, "result", result)
     vault = _vault(tmp_path)
     sent = {}
     for wait in (True, False):
@@ -262,7 +273,6 @@ def test_a_turn_right_after_a_large_promotion_waits_for_its_library_not_its_rank
             assert len(ranked) == 4
         else:
             assert entered.wait(10)  # the worker is on its first entry
-            threading.Timer(0.3, gate.set).start()
         second = conv.turn("again?")
         assert len(ranked) == (4 if wait else 1)  # stopped after the entry it was on
         _ = conv.library  # the rest ran after the second turn's library
