@@ -11,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lamina.pipeline._budget.objective import _Choice, _passages_beside, _plain_passages, _Unit
-from lamina.pipeline._budget.solver import Carried, Ladder, Rung, Solution, objective, solve
+from lamina.pipeline._budget.solver import (
+    Carried,
+    Hulls,
+    Ladder,
+    Rung,
+    Solution,
+    objective,
+    solve,
+)
 
 FULL, PREVIEW, STUB = Rung(1000, 1000.0), Rung(300, 550.0), Rung(40, 20.0, text_free=True)
 
@@ -358,6 +366,23 @@ def test_rungs_joining_an_index_keep_the_solvers_promises(
 def test_the_same_ladders_give_the_same_choice(case: tuple[list[Ladder], int, float]) -> None:
     ladders, room, price = case
     assert solve(ladders, room, cache_price=price) == solve(list(ladders), room, cache_price=price)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_joining(), st.integers(0, 1500), st.floats(0, 1000))
+def test_solves_sharing_their_hull_steps_choose_as_alone(
+    case: tuple[list[Ladder], int, float], other: int, regret: float
+) -> None:
+    """A budget stage's rounds share the ladders' hull steps (``Hulls``): each solve,
+    the same ladders in another order and room first, chooses what it chooses alone."""
+    ladders, room, price = case
+    hulls: Hulls = {}
+    moved = ladders[::-1]
+    first = solve(moved, other, cache_price=price, regret=regret, hulls=hulls)
+    again = solve(ladders, room, cache_price=price, regret=regret, hulls=hulls)
+    assert first == solve(moved, other, cache_price=price, regret=regret)
+    assert again == solve(ladders, room, cache_price=price, regret=regret)
+    assert hulls or all(any(r.join for r in ladder.rungs) for ladder in ladders)
 
 
 @pytest.mark.parametrize(("window", "reserve"), [(6000, 1500), (3000, 400)])
