@@ -454,24 +454,27 @@ def _latest(ladders: Sequence[Ladder], prefix: Sequence[int], room: int) -> int:
     return len(prefix)
 
 
-Hulls = dict[tuple[Ladder, float, int], list[_Step]]
+Hulls = dict[tuple[Ladder, float, int], tuple[_Step, ...]]
 """Hull steps by ladder, price and place: one budget stage's solves share them, since most
 ladders are the same, in the same place, from one round to the next."""
 
 
-def _steps(ladder: Ladder, price: float, j: int, hulls: Hulls | None = None) -> list[_Step]:
+def _steps(
+    ladder: Ladder, price: float, j: int, hulls: Hulls | None = None
+) -> tuple[_Step, ...]:
     """The hull steps of ``ladder`` (the ``j``-th), from its smallest rung up (found in
-    ``hulls`` when made there before; not to be changed)."""
+    ``hulls`` when made there before)."""
     found = None if hulls is None else hulls.get((ladder, price, j))
     if found is None:
-        found = []
+        steps: list[_Step] = []
         rungs, cap = ladder.rungs, _cap(ladder)
         hull = _hull(rungs, price, cap)
         for a, b in itertools.pairwise(hull):
             ra, rb = rungs[a], rungs[b]
             gain = _net(rb, price, cap) - _net(ra, price, cap)
             if gain > 0:
-                found.append(_Step(-(gain / max(1, rb.tokens - ra.tokens)), j, b))
+                steps.append(_Step(-(gain / max(1, rb.tokens - ra.tokens)), j, b))
+        found = tuple(steps)
         if hulls is not None:
             hulls[ladder, price, j] = found
     return found
@@ -532,7 +535,7 @@ def solve(
     ]
     plain.sort()
     regimes: dict[tuple[bool, ...], tuple[list[Ladder], list[_Step]]] = {}
-    variants: dict[tuple[int, tuple[bool, ...]], tuple[Ladder, list[_Step]]] = {}
+    variants: dict[tuple[int, tuple[bool, ...]], tuple[Ladder, tuple[_Step, ...]]] = {}
 
     def regime(b: int) -> tuple[list[Ladder], list[_Step]]:
         """The ladders as priced for break ``b`` and their steps (the same for every ``b``
