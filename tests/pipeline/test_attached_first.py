@@ -292,6 +292,34 @@ def test_previews_over_their_guess_are_made_together(
     assert env.report.budget is not None and env.report.budget.used >= 0.94 * budget.limit
 
 
+def test_previews_under_their_guess_are_not_chased_a_solve_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The benchmark's 800-note folder at 64k: the previews the first solves take measure
+    a few tokens under their guesses, and each solve after spent what they freed on one
+    more guess (20 solves). What they free under a thousandth of the room goes to the
+    exact forms it can take, without solving again: 10 solves, the room filled the same."""
+    import lamina.pipeline._budget.objective as objective
+    from benchmarks.budget_fit import SEED, folder_workload
+    from benchmarks.workload import Workload, write_vault
+
+    solves: list[int] = []
+    solve = objective.solve
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        solves.append(1)
+        return solve(*args, **kw)
+
+    monkeypatch.setattr(objective, "solve", counting)
+    write_vault(Workload("folder", folder_workload(SEED, 800), (), ()), tmp_path)
+    budget = Budget(64_000, 8_000)
+    env = Conversation("You are terse.", vault=tmp_path, budget=budget).turn(
+        "What do these notes say about the sync protocol?", [folder("folder")]
+    )
+    assert len(solves) <= 12
+    assert env.report.budget is not None and env.report.budget.used >= 0.94 * budget.limit
+
+
 def test_an_item_cut_to_a_reference_says_it_was_not_sent(tmp_path: Path) -> None:
     for i in range(16):
         (tmp_path / f"n{i}.md").write_text(_big_note(i, 3, 200), encoding="utf-8")
