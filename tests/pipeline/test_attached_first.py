@@ -257,25 +257,29 @@ def test_the_first_solve_of_a_large_folder_counts_its_request_closely(
     assert abs(measured - (target - room + tokens)) < 100
 
 
-def test_previews_over_their_guess_are_made_together(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def solves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The budget stage's solves this test makes, one entry each."""
+    import lamina.pipeline._budget.objective as objective
+
+    counted: list[int] = []
+    solve = objective.solve
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        counted.append(1)
+        return solve(*args, **kw)
+
+    monkeypatch.setattr(objective, "solve", counting)
+    return counted
+
+
+def test_previews_over_their_guess_are_made_together(tmp_path: Path, solves: list[int]) -> None:
     """300 notes with properties under a deep path, attached as one folder at 16k: a
     preview's floor (its block's opening with the long key and title, the properties)
     measures more than the preview's limit, its guess. The solve takes the guessed previews
     at the room's edge one at a time; the first that measures over its guess makes the
     next guessed rung of every unit, so the turn solves a few times (131 times when each
     was made alone) and fills its room the same."""
-    import lamina.pipeline._budget.objective as objective
-
-    solves: list[int] = []
-    solve = objective.solve
-
-    def counting(*args: Any, **kw: Any) -> Any:
-        solves.append(1)
-        return solve(*args, **kw)
-
-    monkeypatch.setattr(objective, "solve", counting)
     where = tmp_path / "notes" / "Compendium" / "SF1E" / "Items" / "Armaments" / "Grenades"
     where.mkdir(parents=True)
     for i in range(300):
@@ -293,24 +297,15 @@ def test_previews_over_their_guess_are_made_together(
 
 
 def test_previews_under_their_guess_are_not_chased_a_solve_each(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, solves: list[int]
 ) -> None:
     """The benchmark's 800-note folder at 64k: the previews the first solves take measure
     a few tokens under their guesses, and each solve after spent what they freed on one
     more guess (20 solves). What they free under a thousandth of the room goes to the
     exact forms it can take, without solving again: 10 solves, the room filled the same."""
-    import lamina.pipeline._budget.objective as objective
     from benchmarks.budget_fit import SEED, folder_workload
     from benchmarks.workload import Workload, write_vault
 
-    solves: list[int] = []
-    solve = objective.solve
-
-    def counting(*args: Any, **kw: Any) -> Any:
-        solves.append(1)
-        return solve(*args, **kw)
-
-    monkeypatch.setattr(objective, "solve", counting)
     write_vault(Workload("folder", folder_workload(SEED, 800), (), ()), tmp_path)
     budget = Budget(64_000, 8_000)
     env = Conversation("You are terse.", vault=tmp_path, budget=budget).turn(
