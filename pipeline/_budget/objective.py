@@ -1505,6 +1505,7 @@ class Solve:
             (turn, measured, used, []) if fits else None
         )
         rounds = overlaps = 0
+        last = measured
         sized = False
         hulls: Hulls = {}  # the solves' hull steps, kept for the next round's
         over_share: int | None = None  # what the last share cut left beyond the share
@@ -1564,13 +1565,11 @@ class Solve:
                 continue
             rounds += 1
             out, decisions, block = _apply(turn, units, choice, recallable, join=joining)
-            # The recalled block as ``_apply`` rendered and counted it: what ``draft`` makes.
-            base = (
-                measured
-                if block is None
-                else attrs.evolve(measured, items=(*measured.items, block))
-            )
-            drafted = draft(out, base)
+            # The last round's draft (the request as built at first): ``draft`` makes again
+            # only the blocks whose placement changed since. The recalled block as
+            # ``_apply`` rendered and counted it: what ``draft`` makes.
+            base = last if block is None else attrs.evolve(last, items=(*last.items, block))
+            drafted = last = draft(out, base)
             spent = budget.used(drafted, turn.ctx.counter)
             over = budget.effective(spent) - budget.limit
             bare = _text_free_tokens(drafted) - share

@@ -257,20 +257,25 @@ def test_the_first_solve_of_a_large_folder_counts_its_request_closely(
     assert abs(measured - (target - room + tokens)) < 100
 
 
+def _calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[int]:
+    """The calls to ``module.name`` this test makes from now on, one entry each."""
+    counted: list[int] = []
+    original = getattr(module, name)
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        counted.append(1)
+        return original(*args, **kw)
+
+    monkeypatch.setattr(module, name, counting)
+    return counted
+
+
 @pytest.fixture
 def solves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The budget stage's solves this test makes, one entry each."""
     import lamina.pipeline._budget.objective as objective
 
-    counted: list[int] = []
-    solve = objective.solve
-
-    def counting(*args: Any, **kw: Any) -> Any:
-        counted.append(1)
-        return solve(*args, **kw)
-
-    monkeypatch.setattr(objective, "solve", counting)
-    return counted
+    return _calls(monkeypatch, objective, "solve")
 
 
 def test_previews_over_their_guess_are_made_together(tmp_path: Path, solves: list[int]) -> None:
@@ -303,16 +308,36 @@ def test_previews_under_their_guess_are_not_chased_a_solve_each(
     a few tokens under their guesses, and each solve after spent what they freed on one
     more guess (20 solves). What they free under a thousandth of the room goes to the
     exact forms it can take, without solving again: 10 solves, the room filled the same."""
+    budget = Budget(64_000, 8_000)
+    env = _benchmark_folder_turn(tmp_path, 800, budget)
+    assert len(solves) <= 12
+    assert env.report.budget is not None and env.report.budget.used >= 0.94 * budget.limit
+
+
+def test_a_round_draws_again_only_the_blocks_it_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same folder turn: each round's draft makes again only the item blocks whose
+    placement changed since the last round's (the request as built was drafted once):
+    1,591 item views, where drafting each round against the request as built made 5,486."""
+    import lamina.pipeline._turn.assemble as assemble
+
+    views = _calls(monkeypatch, assemble, "item_view")
+    budget = Budget(64_000, 8_000)
+    env = _benchmark_folder_turn(tmp_path, 800, budget)
+    assert len(views) <= 2_000
+    assert env.report.budget is not None and env.report.budget.used >= 0.94 * budget.limit
+
+
+def _benchmark_folder_turn(root: Path, notes: int, budget: Budget) -> Envelope:
+    """One turn attaching ``benchmarks/budget_fit.py``'s folder of ``notes`` notes."""
     from benchmarks.budget_fit import SEED, folder_workload
     from benchmarks.workload import Workload, write_vault
 
-    write_vault(Workload("folder", folder_workload(SEED, 800), (), ()), tmp_path)
-    budget = Budget(64_000, 8_000)
-    env = Conversation("You are terse.", vault=tmp_path, budget=budget).turn(
+    write_vault(Workload("folder", folder_workload(SEED, notes), (), ()), root)
+    return Conversation("You are terse.", vault=root, budget=budget).turn(
         "What do these notes say about the sync protocol?", [folder("folder")]
     )
-    assert len(solves) <= 12
-    assert env.report.budget is not None and env.report.budget.used >= 0.94 * budget.limit
 
 
 def test_an_item_cut_to_a_reference_says_it_was_not_sent(tmp_path: Path) -> None:
