@@ -592,15 +592,11 @@ def solve(
     if not scored:
         return None
     top, b, climbed, r = max(scored)  # ties to the later break
-    priced, steps = regime(b)
-    choice = _held_until(ladders, start, prefix, b)
+    priced, _ = regime(b)
+    choice = list(climbed)
     held = set(prefix[:b])
     free = [j for j in range(n) if j not in held]
     used = sum(ladders[j].rungs[choice[j]].tokens for j in range(n))
-    bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
-    fixed = [j in held for j in range(n)]
-    grown = _climb(priced, steps, choice, fixed, r - used, bare, text_free)
-    used += grown
     bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
     tail = [
         cache_price if b <= at[j] < latest and not ladders[j].lasting else 0.0 for j in range(n)
