@@ -50,7 +50,9 @@ from lamina.pipeline._budget.solver import (
     Solution,
     lasting_value,
     objective,
+    scored,
     solve,
+    topped,
 )
 from lamina.pipeline._budget.stubs import SET_ASIDE, _Renderer, fold, stub_group
 from lamina.pipeline._errors import BudgetExceeded
@@ -1108,10 +1110,12 @@ def _as_made(
     room: int,
     cache_price: float,
     carried: Carried | None,
+    text_free: int,
 ) -> Solution | None:
     """``solution`` on ``units``, the ladders its guessed previews were made into, if it
     still fits ``room`` and the made previews freed at most ``SOLVE_TOLERANCE`` of it,
-    that spent on the exact forms of this turn's items in one pass (None: solve again).
+    that spent on this turn's items' made forms by the greedy's last pass
+    (``solver.topped``; None: solve again).
     A made preview measures a few tokens under its guess, and each solve after spent them
     on the next guess: 20 of a 1,600-note folder turn's 27 solves at 200k."""
     if len(guessed) != len(units):
@@ -1131,32 +1135,13 @@ def _as_made(
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
     if tokens > room or (solution.tokens - tokens) > room * SOLVE_TOLERANCE:
         return None
-    # What the made previews freed goes to the exact forms of this turn's items it can
-    # take (new in the request: no cache price), the most value per token first.
-    left = room - tokens
-    steps: list[tuple[float, int, int, int]] = []
-    for j, (unit, c) in enumerate(zip(units, choice, strict=True)):
-        if unit.kind != "item":
-            continue
-        now = unit.ladder.rungs[c]
-        for k, up in enumerate(unit.ladder.rungs[:c]):
-            grow = up.tokens - now.tokens
-            exact = not up.text_free and not unit.choices[k].guess
-            if exact and 0 < grow <= left and up.value > now.value:
-                steps.append(((up.value - now.value) / grow, -grow, j, k))
-    moved: set[int] = set()
-    for _, grow, j, k in sorted(steps, reverse=True):
-        if j not in moved and -grow <= left:
-            moved.add(j)
-            choice[j] = k
-            left += grow
-    tokens = room - left
-    score, broken = objective(ladders, choice, cache_price, room, carried)
-    value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
-    return attrs.evolve(
-        solution, choice=tuple(choice), tokens=tokens, value=value, broken_at=broken,
-        objective=score,
-    )  # fmt: skip
+    # What the made previews freed goes to this turn's items (new in the request: no
+    # cache price), but to guessed previews (made only when a solve takes them).
+    items = [j for j, u in enumerate(units) if u.kind == "item"]
+    guesses = {(j, k) for j in items for k, c in enumerate(units[j].choices) if c.guess}
+    choice = list(topped(ladders, choice, room, text_free, items, guesses))
+    out = scored(ladders, choice, cache_price, room, carried)
+    return attrs.evolve(out, free_value=solution.free_value, bought=solution.bought)
 
 
 def _make(
@@ -1532,7 +1517,9 @@ class Solve:
             if made:
                 items = _item_units(turn, measured, budget, relevance, exact, extra, items, made)
                 guessed, units = units, cached + items + passages
-                solution = _as_made(guessed, units, solution, room, budget.cache_weight, carry)
+                solution = _as_made(
+                    guessed, units, solution, room, budget.cache_weight, carry, text_free
+                )
                 if solution is None:
                     continue  # a guessed preview was made: solve again with its tokens
             resized = None if sized else _sized(units, solution, room, extra)

@@ -58,7 +58,7 @@ import heapq
 import itertools
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 import attrs
@@ -72,7 +72,9 @@ __all__ = [
     "Solution",
     "lasting_value",
     "objective",
+    "scored",
     "solve",
+    "topped",
 ]
 
 MAX_BREAKS = 16
@@ -279,12 +281,13 @@ def _topped(
     room: int,
     bare: int,
     text_free: int,
+    barred: Collection[tuple[int, int]] = (),
 ) -> None:
     """The greedy's last pass (in place): the room the climb left goes move by move to
-    the free ladders' rungs, on the hull or not, the most value per token first (a move
-    that costs no tokens first of all), each ladder's best move found again as the room
-    shrinks. (In ladder order, the first ladders took the room a later one would have
-    used better.)"""
+    the free ladders' rungs (but the ``barred`` (ladder, rung) pairs), on the hull or
+    not, the most value per token first (a move that costs no tokens first of all), each
+    ladder's best move found again as the room shrinks. (In ladder order, the first
+    ladders took the room a later one would have used better.)"""
 
     def best(j: int) -> tuple[float, float, int, int] | None:
         """Ladder ``j``'s move of the most value per token (then value) that fits, as a
@@ -296,6 +299,8 @@ def _topped(
         for i, r in enumerate(rungs):
             grow, bare_grow = r.tokens - now.tokens, _bare(r) - now_bare
             if grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
+                continue
+            if barred and (j, i) in barred:
                 continue
             gain = _net(r, price, cap) - worth
             if gain <= 0:
@@ -322,6 +327,23 @@ def _topped(
         choice[j] = move[3]
         if (after := best(j)) is not None:
             heapq.heappush(heap, after)
+
+
+def topped(
+    ladders: Sequence[Ladder],
+    choice: Sequence[int],
+    room: int,
+    text_free: int,
+    free: Sequence[int],
+    barred: Collection[tuple[int, int]] = (),
+) -> tuple[int, ...]:
+    """``choice`` with the room it leaves given to the ``free`` ladders, unpriced, by the
+    greedy's last pass (``_topped``; never to the ``barred`` (ladder, rung) pairs)."""
+    out = list(choice)
+    used = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, out, strict=True))
+    bare = sum(_bare(ladder.rungs[c]) for ladder, c in zip(ladders, out, strict=True))
+    _topped(ladders, free, [0.0] * len(ladders), out, room - used, bare, text_free, barred)
+    return tuple(out)
 
 
 def _places(ladders: Sequence[Ladder], prefix: Sequence[int]) -> list[int]:
@@ -369,10 +391,22 @@ def objective(
     With ``room``, a prefix ladder past the ones any request within it could keep cached
     (``_latest``) pays nothing: it is read uncached whatever the choice; with ``carried``
     too, a choice over the room less it breaks at ``Carried.at`` at the latest."""
+    solution = scored(ladders, choice, cache_price, room, carried)
+    return solution.objective, solution.broken_at
+
+
+def scored(
+    ladders: Sequence[Ladder],
+    choice: Sequence[int],
+    cache_price: float,
+    room: int | None = None,
+    carried: Carried | None = None,
+) -> Solution:
+    """``choice`` as a solution: its tokens, value and ``objective``."""
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
     latest = len(prefix) if room is None else _latest(ladders, prefix, room)
     settle = None if room is None else _settle(_places(ladders, prefix), len(prefix), room, carried)
-    return _score(ladders, choice, cache_price, prefix, latest, settle)
+    return _solution(ladders, choice, cache_price, prefix, latest, settle)
 
 
 class _Settle(NamedTuple):

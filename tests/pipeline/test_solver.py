@@ -19,6 +19,7 @@ from lamina.pipeline._budget.solver import (
     Solution,
     objective,
     solve,
+    topped,
 )
 
 FULL, PREVIEW, STUB = Rung(1000, 1000.0), Rung(300, 550.0), Rung(40, 20.0, text_free=True)
@@ -190,6 +191,26 @@ def test_the_room_the_climb_leaves_goes_to_the_most_value_per_token() -> None:
     second = Ladder((Rung(0, 0.0), Rung(50, 150.0), Rung(300, 1200.0)))
     done = solve([first, second], 100)
     assert done is not None and done.choice == (0, 1) and done.value == 150.0
+
+
+def test_a_top_up_gives_the_room_left_to_the_free_ladders_but_their_barred_rungs() -> None:
+    """60 tokens left: the second ladder's best move (its 50-token rung, 3 a token) is
+    barred (a preview not made yet), so the room goes to its 40-token rung and the first
+    ladder's 20-token one; the third ladder is not free and keeps its rung."""
+    first = Ladder((Rung(0, 0.0), Rung(20, 30.0), Rung(90, 95.0)))
+    second = Ladder((Rung(0, 0.0), Rung(40, 60.0), Rung(50, 150.0)))
+    third = Ladder((Rung(0, 0.0), Rung(10, 100.0)))
+    ladders = [first, second, third]
+    assert topped(ladders, (0, 0, 0), 60, 0, [0, 1]) == (0, 2, 0)
+    assert topped(ladders, (0, 0, 0), 60, 0, [0, 1], {(1, 2)}) == (1, 1, 0)
+
+
+def test_a_top_up_keeps_the_text_free_share() -> None:
+    """A line (text-free) is worth the most a token, but the share holds 10 tokens."""
+    line = Ladder((Rung(0, 0.0), Rung(30, 90.0, text_free=True)))
+    text = Ladder((Rung(0, 0.0), Rung(60, 60.0)))
+    assert topped([line, text], (0, 0), 100, 10, [0, 1]) == (0, 1)
+    assert topped([line, text], (0, 0), 100, 30, [0, 1]) == (1, 1)
 
 
 def _grown_library() -> list[Ladder]:
