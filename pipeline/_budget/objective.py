@@ -1592,10 +1592,11 @@ class Solve:
                 refining = within
                 if not within and kept is None and rounds < MAX_ROUNDS:
                     # A fit that changes forms and takes the next turn's room would make
-                    # that turn change them again: the room shrinks by what it takes, as
-                    # for an overshoot (a kept request changes none; its passages leave).
+                    # that turn change them again: the room shrinks by what it takes (a
+                    # kept request changes none; its passages leave). It fits the limit,
+                    # so the step is not widened as an overshoot's is.
                     tight = short
-                    short += taken + max(8, short // 2)
+                    short += taken + 8
                     continue
             else:
                 tight = short

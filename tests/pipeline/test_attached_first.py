@@ -340,6 +340,19 @@ def _benchmark_folder_turn(root: Path, notes: int, budget: Budget) -> Envelope:
     )
 
 
+def test_a_fit_that_takes_a_little_of_the_reserve_gives_back_only_that() -> None:
+    """kepano-obsidian's 52 templates at 3,000 (limit 2,400, the reserve its 120-token
+    headroom): a round's fit takes a token of the reserve at a room cut by 51 tokens. The
+    next room is cut by that token and the usual 8, not by half the cut again as an
+    overshoot of the limit is, so the fit leaves 23 tokens beyond the reserve, not 42."""
+    vault = Path(__file__).resolve().parents[1] / "data" / "kepano-obsidian"
+    budget = Budget(3000, 600)
+    conv = Conversation("You answer from the attached notes.", vault=vault, budget=budget)
+    env = conv.turn("What are these templates for?", [folder("Templates")])
+    target = budget.limit - budget.headroom_tokens
+    assert target - 30 <= exact_request_tokens(env) <= target
+
+
 def test_an_item_cut_to_a_reference_says_it_was_not_sent(tmp_path: Path) -> None:
     for i in range(16):
         (tmp_path / f"n{i}.md").write_text(_big_note(i, 3, 200), encoding="utf-8")
