@@ -637,6 +637,29 @@ def _bare(section: str) -> bool:
     return all(not line.strip() or line.startswith("#") for line in rest.split("\n"))
 
 
+_Span = tuple[str | None, str, tuple[int, int]]
+
+
+@functools.lru_cache(maxsize=64)
+def _ranked_sections(
+    body: str, words: frozenset[str], old: str | None
+) -> tuple[tuple[_Span, ...], tuple[str, ...], tuple[int, ...], tuple[bool, ...]]:
+    """``body``'s sections with text or a heading (their spans), each one's text, the order
+    a preview takes them in (``_priority``, then document order) and which hold no line of
+    text: the same for every size a note is fitted to (a budget fits one to several)."""
+    spans = tuple((h, b, at) for h, b, at in section_spans(body) if h is not None or b.strip())
+    seen = {_section_text(h, b) for h, b in split_sections(old)} if old is not None else None
+    texts = tuple(_section_text(h, b) for h, b, _ in spans)
+    order = sorted(
+        range(len(spans)),
+        key=lambda i: (
+            _priority(spans[i][0], spans[i][1], words, seen is not None and texts[i] not in seen),
+            i,
+        ),
+    )
+    return spans, texts, tuple(order), tuple(_bare(t) for t in texts)
+
+
 def fitted_preview_of(
     body: str,
     counter: TokenCounter,
@@ -647,18 +670,8 @@ def fitted_preview_of(
 ) -> Preview:
     """``fit_preview`` with its exact token count and blocks, made from the sections' counts
     (the whole preview is encoded only when the pieces may not add up)."""
-    spans = [(h, b, at) for h, b, at in section_spans(body) if h is not None or b.strip()]
+    spans, texts, order, bare = _ranked_sections(body, words, old)
     sections = [(h, b) for h, b, _ in spans]
-    seen = {_section_text(h, b) for h, b in split_sections(old)} if old is not None else None
-    texts = [_section_text(h, b) for h, b in sections]
-    order = sorted(
-        range(len(sections)),
-        key=lambda i: (
-            _priority(*sections[i], words, seen is not None and texts[i] not in seen),
-            i,
-        ),
-    )
-    bare = [_bare(t) for t in texts]
     small = _small(counter)
     budget = max_tokens
     while True:
