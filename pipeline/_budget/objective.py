@@ -1136,7 +1136,7 @@ def _as_made(
     if tokens > room or (solution.tokens - tokens) > room * SOLVE_TOLERANCE:
         return None
     # What the made previews freed goes to this turn's items (new in the request: no
-    # cache price), but to guessed previews (made only when a solve takes them).
+    # cache price), never to a guessed preview (one is made only when a solve takes it).
     items = [j for j, u in enumerate(units) if u.kind == "item"]
     guesses = {(j, k) for j in items for k, c in enumerate(units[j].choices) if c.guess}
     choice = list(topped(ladders, choice, room, text_free, items, guesses))
