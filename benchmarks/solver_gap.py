@@ -140,15 +140,15 @@ def exact_choice(solve: Recorded) -> tuple[int, ...] | None:
 def _gaps(solves: Sequence[Recorded]) -> dict[str, Any]:
     """The solves' gaps: the exact choice's objective less the greedy's, over the exact
     one's size (at least 1)."""
-    from lamina.pipeline._budget.solver import objective
+    from lamina.pipeline._budget.solver import scored
 
     gaps: list[float] = []
     for solve in solves:
         choice = exact_choice(solve)
         if choice is None:
             continue
-        ours = objective(solve.ladders, solve.solution.choice, solve.cache_price, solve.room)[0]
-        theirs = objective(solve.ladders, choice, solve.cache_price, solve.room)[0]
+        ours = scored(solve.ladders, solve.solution.choice, solve.cache_price, solve.room).objective
+        theirs = scored(solve.ladders, choice, solve.cache_price, solve.room).objective
         gaps.append((theirs - ours) / max(1.0, abs(theirs)))
     return {
         "solves": len(solves),

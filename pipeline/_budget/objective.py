@@ -49,7 +49,6 @@ from lamina.pipeline._budget.solver import (
     Rung,
     Solution,
     lasting_value,
-    objective,
     scored,
     solve,
     topped,
@@ -1334,7 +1333,7 @@ def _kept(
         for j, c in zip(at, found, strict=True):
             picked[j] = c if units[j].kind == "passage" else 0
         choice = tuple(picked)
-    return choice if objective(whole, choice, price)[0] >= solution.objective else None
+    return choice if scored(whole, choice, price).objective >= solution.objective else None
 
 
 def _regret(

@@ -71,7 +71,6 @@ __all__ = [
     "Rung",
     "Solution",
     "lasting_value",
-    "objective",
     "scored",
     "solve",
     "topped",
@@ -380,21 +379,6 @@ def _breaks(prefix: Sequence[int]) -> set[int]:
     return {*spread, *late}
 
 
-def objective(
-    ladders: Sequence[Ladder],
-    choice: Sequence[int],
-    cache_price: float,
-    room: int | None = None,
-    carried: Carried | None = None,
-) -> tuple[float, int | None]:
-    """The objective of ``choice`` and its first changed prefix ladder (None: none).
-    With ``room``, a prefix ladder past the ones any request within it could keep cached
-    (``_latest``) pays nothing: it is read uncached whatever the choice; with ``carried``
-    too, a choice over the room less it breaks at ``Carried.at`` at the latest."""
-    solution = scored(ladders, choice, cache_price, room, carried)
-    return solution.objective, solution.broken_at
-
-
 def scored(
     ladders: Sequence[Ladder],
     choice: Sequence[int],
@@ -402,7 +386,11 @@ def scored(
     room: int | None = None,
     carried: Carried | None = None,
 ) -> Solution:
-    """``choice`` as a solution: its tokens, value and ``objective``."""
+    """``choice`` as a solution: its tokens, value, objective and first changed prefix
+    ladder (None: none). With ``room``, a prefix ladder past the ones any request within
+    it could keep cached (``_latest``) pays nothing: it is read uncached whatever the
+    choice; with ``carried`` too, a choice over the room less it breaks at
+    ``Carried.at`` at the latest."""
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
     latest = len(prefix) if room is None else _latest(ladders, prefix, room)
     settle = None if room is None else _settle(_places(ladders, prefix), len(prefix), room, carried)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from benchmarks.solver_gap import KEPANO, Recorded, exact_choice, gap_rows
-from lamina.pipeline._budget.solver import Ladder, Rung, objective, solve
+from lamina.pipeline._budget.solver import Ladder, Rung, scored, solve
 
 
 def test_the_exact_choice_finds_what_the_greedy_misses() -> None:
@@ -17,7 +17,7 @@ def test_the_exact_choice_finds_what_the_greedy_misses() -> None:
     assert done is not None and done.choice == (2, 0) and done.objective == 314.0
     recorded = Recorded(ladders, 523, 0.0, 10_000, 0.0, None, done)
     choice = exact_choice(recorded)
-    assert choice == (0, 3) and objective(ladders, choice, 0.0, 523)[0] == 578.0
+    assert choice == (0, 3) and scored(ladders, choice, 0.0, 523).objective == 578.0
 
 
 def test_the_greedy_never_beats_its_exact_baseline_on_a_real_chat() -> None:

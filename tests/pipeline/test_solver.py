@@ -17,10 +17,19 @@ from lamina.pipeline._budget.solver import (
     Ladder,
     Rung,
     Solution,
-    objective,
+    scored,
     solve,
     topped,
 )
+
+
+def _objective(
+    ladders: list[Ladder], choice: tuple[int, ...], price: float, room: int | None = None
+) -> tuple[float, int | None]:
+    """A choice's objective and first changed prefix ladder (``scored``)."""
+    done = scored(ladders, choice, price, room)
+    return done.objective, done.broken_at
+
 
 FULL, PREVIEW, STUB = Rung(1000, 1000.0), Rung(300, 550.0), Rung(40, 20.0, text_free=True)
 
@@ -76,7 +85,7 @@ def test_the_regret_buys_back_what_the_cache_price_holds_back() -> None:
         turns += 1
     assert done is not None and turns == 1 and regret == 980
     assert done.choice == (0, 0, 0, 0, 0) and done.broken_at == 0
-    assert done.objective == objective(ladders, done.choice, 0.9, 5000)[0] + regret
+    assert done.objective == scored(ladders, done.choice, 0.9, 5000).objective + regret
 
 
 def test_no_regret_where_a_restore_would_cut_what_was_sent() -> None:
@@ -130,13 +139,13 @@ def test_a_count_joining_an_index_breaks_the_prefix_at_the_index_once() -> None:
     assert done is not None and done.tokens <= 250 and done.broken_at == 0
     assert done.choice[0] == 0 and sorted(done.choice[1:]) == [0, 0, 1, 1, 1]
     best = max(
-        objective(ladders, choice, price, 250)[0]
+        scored(ladders, choice, price, 250).objective
         for choice in itertools.product(*(range(len(ladder.rungs)) for ladder in ladders))
         if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True)) <= 250
     )
     assert done.objective == pytest.approx(best) == 210.0 - price * 250
     # One entry counted: the request still breaks at the index, not at the entry.
-    assert objective(ladders, (0, 0, 0, 0, 0, 1), price) == (410.0 - price * 550, 0)
+    assert _objective(ladders, (0, 0, 0, 0, 0, 1), price) == (410.0 - price * 550, 0)
 
 
 def test_a_forced_cut_keeps_what_fits() -> None:
@@ -150,13 +159,13 @@ def test_a_forced_cut_keeps_what_fits() -> None:
     )
     done = solve([history], 700, cache_price=0.9)
     assert done is not None and done.choice == (2,) and done.broken_at == 0
-    assert done.objective == objective([history], (2,), 0.9, 700)[0] == 480.0
+    assert done.objective == scored([history], (2,), 0.9, 700).objective == 480.0
     # Where the whole fits, a cut pays for the tokens it re-sends uncached (history gives
     # way to the chat's growth: what it re-sends now, not what last turn sent).
-    assert objective([history], (2,), 0.9, 1000) == (480.0 - 0.9 * 600, 0)
+    assert _objective([history], (2,), 0.9, 1000) == (480.0 - 0.9 * 600, 0)
     # A unit whose form lasts pays the cache it loses: what last turn sent.
     lasting = attrs.evolve(history, lasting=True)
-    assert objective([lasting], (2,), 0.9, 1000) == (480.0 - 0.9 * 1000, 0)
+    assert _objective([lasting], (2,), 0.9, 1000) == (480.0 - 0.9 * 1000, 0)
 
 
 def test_a_suffix_started_earlier_pays_only_for_the_turns_it_re_sends() -> None:
@@ -166,8 +175,8 @@ def test_a_suffix_started_earlier_pays_only_for_the_turns_it_re_sends() -> None:
     whatever the break. So starting earlier is worth 200 - 0.7 * 100 = 130 against 100
     kept; priced on all 300 re-sent (-10), a suffix once cut never grew back."""
     history = Ladder((Rung(100, 100.0), Rung(300, 200.0), Rung(50, 50.0)), 0, lasting=False)
-    assert objective([history], (1,), 0.7, 1000) == (200.0 - 0.7 * 100, 0)
-    assert objective([history], (2,), 0.7, 1000) == (50.0 - 0.7 * 50, 0)  # a cut: all kept
+    assert _objective([history], (1,), 0.7, 1000) == (200.0 - 0.7 * 100, 0)
+    assert _objective([history], (2,), 0.7, 1000) == (50.0 - 0.7 * 50, 0)  # a cut: all kept
     done = solve([history], 1000, cache_price=0.7)
     assert done is not None and done.choice == (1,) and done.objective == 130.0
 
@@ -240,7 +249,7 @@ def test_a_request_that_fits_only_as_built_breaks_where_the_growth_begins() -> N
     done = solve(ladders, 2000, cache_price=0.9, text_free=400, carried=Carried(1, 1500))
     assert done is not None
     assert done.choice == (0, 0, 0, 0) and done.broken_at == 1
-    assert done.objective == objective(ladders, done.choice, 0.9, 2000, Carried(1, 1500))[0]
+    assert done.objective == scored(ladders, done.choice, 0.9, 2000, Carried(1, 1500)).objective
     assert done.objective == 1900.0 - 0.9 * 900
 
 
@@ -295,7 +304,7 @@ def test_never_over_the_room_and_never_worse_than_last_turn(
     )
     _assert_no_worse_than_last_turn(ladders, room, price, done)
     best = max(
-        objective(ladders, choice, price, room)[0]
+        scored(ladders, choice, price, room).objective
         for choice in itertools.product(*(range(len(ladder.rungs)) for ladder in ladders))
         if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True)) <= room
     )
@@ -333,7 +342,7 @@ def _assert_no_worse_than_last_turn(
         for ladder in ladders
     ]
     if sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, keep, strict=True)) <= room:
-        assert done.objective >= objective(ladders, keep, price, room)[0] - 1e-6
+        assert done.objective >= scored(ladders, keep, price, room).objective - 1e-6
 
 
 def _smallest_plain(ladder: Ladder) -> int:
@@ -377,7 +386,7 @@ def test_rungs_joining_an_index_keep_the_solvers_promises(
         assert sum(min(r.tokens for r in ladder.rungs) for ladder in ladders) > room
         return
     assert done.tokens <= room
-    assert done.objective == objective(ladders, done.choice, price, room)[0]
+    assert done.objective == scored(ladders, done.choice, price, room).objective
     _assert_no_worse_than_last_turn(ladders, room, price, done)
     assert solve(list(ladders), room, cache_price=price, text_free=10_000) == done
 
