@@ -6,7 +6,7 @@ runs. Afterwards the ladders left free by the break the greedy chose are solved 
 a dynamic program over tokens (the multiple-choice knapsack, with numpy), the prefix
 before the break kept as last turn sent it and each rung valued less the cache price of
 what it re-sends where the objective prices it. Both choices are scored by the same
-``solver.objective``; the exact one is the baseline, measured in the same run.
+``solver.scored``; the exact one is the baseline, measured in the same run.
 
 Left out, and counted: solves whose choice the regret bought or that weigh what a batch
 carries (their objective has terms the program does not hold), and those whose exact

@@ -534,7 +534,7 @@ def solve(
     within ``room`` tokens, text-free rungs within ``text_free`` (the smallest forms too,
     as far as the room allows: ``_within_share``); None when not even the smallest rungs
     fit. A candidate break ``b`` prices each rung that changes a block before ``b`` its
-    ``join`` less (``_priced``); every candidate is scored by the exact ``objective``.
+    ``join`` less (``_priced``); every candidate is scored by the exact objective (``_score``).
 
     ``regret`` is the value the requests sent have forgone since the last buy (``_free``'s
     value over theirs, turn by turn): the choice the solve makes when the cache is free is
@@ -589,7 +589,7 @@ def solve(
 
     start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))
     start_bare = sum(_bare(ladders[j].rungs[start[j]]) for j in range(n))
-    scored: list[tuple[float, int, tuple[int, ...], int]] = []  # each candidate's solve
+    climbs: list[tuple[float, int, tuple[int, ...], int]] = []  # each candidate's solve
     fixed_used = fixed_bare = 0
     fixed_start = fixed_start_bare = 0
     candidates = _breaks(prefix) | {a for a in joins if a <= len(prefix)}
@@ -619,10 +619,10 @@ def solve(
             choice = list(base)
             _climb(priced, steps, choice, fixed, r - used, bare, text_free)
             score = _score(ladders, choice, cache_price, prefix, latest, settle)[0]
-            scored.append((score, b, tuple(choice), r))
-    if not scored:
+            climbs.append((score, b, tuple(choice), r))
+    if not climbs:
         return None
-    top, b, climbed, r = max(scored)  # ties to the later break
+    top, b, climbed, r = max(climbs)  # ties to the later break
     priced, _ = regime(b)
     choice = list(climbed)
     held = set(prefix[:b])
