@@ -21,8 +21,9 @@ follows each turn. Printed per chat and window: window use in the turns that cut
 cached-prefix share beside its bound and their ratio, turn-entries left cut, the largest
 stubs-plus-indexes share, blocks without prose, open frontmatter, requests over the limit,
 and the chat's wall time; the targets' misses and the JSON are written too, and the run
-is summed up (``summary``: its chats pooled). ``--compare BEFORE.json AFTER.json`` reads
-two runs: the chats whose judged measures moved, and both summaries.
+is summed up (``summary``: its chats pooled; ``forgone``: the bound's tokens left uncached,
+by how each request was sent). ``--compare BEFORE.json AFTER.json`` reads two runs: the
+chats whose judged measures moved, both summaries and both forgone sums.
 
 Held out (``HELD_OUT``, by the folder each is checked out as): ``pathfinder2e-srd``
 (Obsidian-TTRPG-Community/Pathfinder-2E-SRD-Markdown, 11,181 notes), ``alternef``,
@@ -56,6 +57,7 @@ __all__ = [
     "VaultShape",
     "chats",
     "compare",
+    "forgone",
     "full_sizes",
     "judge_vault_chat",
     "main",
@@ -239,6 +241,7 @@ def judge_vault_chat(vault: Path, chat: Chat, window: int) -> dict[str, Any]:
         "input_tokens": j.input_tokens,
         "cached_tokens": j.cached_tokens,
         "bound_tokens": j.bound_tokens,
+        "forgone": dict(j.forgone),
         "seconds": round(seconds, 2),
         "misses": list(j.misses(targets)),
     }
@@ -325,6 +328,22 @@ def _pooled(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def forgone(doc: Mapping[str, Any]) -> dict[str, int]:
+    """The bound's tokens a run's chats left uncached, pooled by how each request was
+    sent (``ChatJudgement.forgone``), the largest first; rows written before it was kept
+    add nothing."""
+    by: Counter[str] = Counter()
+    for vault in doc["vaults"]:
+        for row in vault["rows"]:
+            by.update(row.get("forgone", {}))
+    return dict(sorted(by.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _forgone_line(name: str, doc: Mapping[str, Any]) -> list[str]:
+    by = forgone(doc)
+    return [f"{name} forgone: " + ", ".join(f"{k} {v}" for k, v in by.items())] if by else []
+
+
 def _tokens(row: Mapping[str, Any], kind: str) -> int:
     """A row's cached or bound tokens (from its shares in a run written before they were)."""
     if f"{kind}_tokens" in row:
@@ -350,6 +369,8 @@ def compare(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
             lines.append(f"{vault['vault']} {row['chat']} {row['window']}: {moved}")
     for name, doc in (("before", before), ("after", after)):
         lines.append(f"{name}: " + ", ".join(f"{k} {v}" for k, v in summary(doc).items()))
+    for name, doc in (("before", before), ("after", after)):
+        lines += _forgone_line(name, doc)
     return lines
 
 
@@ -376,6 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = measure(vaults, windows, [c for c in args.chats.split(",") if c])
     doc["summary"] = summary(doc)
     print("\n" + ", ".join(f"{k} {v}" for k, v in doc["summary"].items()))
+    print("\n".join(_forgone_line("run", doc)))
     if args.out is not None:
         args.out.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     return 0

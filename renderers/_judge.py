@@ -105,6 +105,12 @@ class ChatJudgement:
     """The same attachments whole: each block's full form, and the full size an index
     line lists for an item sent only as that line (items counted in an index without a
     line, and blocks whose full size is unknown, count as sent)."""
+    forgone: tuple[tuple[str, int], ...] = ()
+    """The bound's tokens the requests left uncached (``bound_tokens - cached_tokens``),
+    by how each request after the first was sent: ``extended`` (its batch extended
+    the last request) or why it settled (``Batch.reason``: ``system-changed``,
+    ``history-changed``, ``over-budget``...; ``unbatched`` without a batch), the largest
+    first: where a chat's cache goes."""
 
     @property
     def attached_share(self) -> float:
@@ -287,6 +293,7 @@ def judge_chat(
     totals = [prompt_tokens(default_prompt(e), counter, budget) for e in envelopes]
     later = zip(totals[1:], envelopes[1:], strict=True)  # the first request adds everything
     bound = sum(max(0, total - _added_tokens(env)) for total, env in later)
+    forgone = _forgone(envelopes, totals, [r.common_prefix_tokens for r in reports])
     for env in envelopes:
         batch = env.batch
         if batch is None or batch.reason:
@@ -385,4 +392,17 @@ def judge_chat(
         findings=tuple(findings),
         attached_tokens=sent_now,
         attached_whole=whole_now,
+        forgone=forgone,
     )
+
+
+def _forgone(
+    envelopes: Sequence[Envelope], totals: Sequence[int], cached: Sequence[int]
+) -> tuple[tuple[str, int], ...]:
+    """``ChatJudgement.forgone``: each request's bound less what it kept cached (``totals``
+    and ``cached``: its tokens and cached prefix), summed by how it was sent."""
+    by: dict[str, int] = {}
+    for env, total, kept in list(zip(envelopes, totals, cached, strict=True))[1:]:
+        how = "unbatched" if env.batch is None else env.batch.reason or "extended"
+        by[how] = by.get(how, 0) + max(0, total - _added_tokens(env)) - kept
+    return tuple(sorted(by.items(), key=lambda kv: (-kv[1], kv[0])))

@@ -114,8 +114,12 @@ _NOT_YET: dict[tuple[str, str], str] = {}
 
 
 @cache
+def _run(name: str) -> Judged:
+    return CHATS[name]()
+
+
 def judged(name: str) -> ChatJudgement:
-    return CHATS[name]()[1]
+    return _run(name)[1]
 
 
 def _marks(name: str, check: str) -> Any:
@@ -169,6 +173,17 @@ def test_no_finding(name: str, check: str) -> None:
 def test_stubs_and_indexes_stay_a_small_share_of_the_window(name: str) -> None:
     j = judged(name)
     assert j.text_free_share <= TARGETS.text_free_share, j.summary()
+
+
+@pytest.mark.parametrize("name", list(CHATS))
+def test_the_cache_forgone_is_summed_by_how_each_request_was_sent(name: str) -> None:
+    """What the bound leaves uncached, split by each request's batch reason after the
+    first (``ChatJudgement.forgone``): the parts make up the whole, the largest first."""
+    envs, j = _run(name)
+    how = {e.batch.reason or "extended" for e in envs[1:] if e.batch is not None}
+    assert {k for k, _ in j.forgone} == how
+    assert sum(n for _, n in j.forgone) == j.bound_tokens - j.cached_tokens
+    assert [n for _, n in j.forgone] == sorted((n for _, n in j.forgone), reverse=True)
 
 
 def test_the_public_vault_is_small_and_licensed() -> None:

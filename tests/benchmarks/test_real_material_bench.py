@@ -9,7 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.real_material import HELD_OUT, MAX_GROUP, chats, compare, summary, vault_shape
+from benchmarks.real_material import (
+    HELD_OUT,
+    MAX_GROUP,
+    chats,
+    compare,
+    forgone,
+    summary,
+    vault_shape,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "vault"
@@ -77,6 +85,8 @@ def test_the_script_judges_each_chat_and_window_and_writes_json(tmp_path: Path) 
             assert 0 < row["attached_share"] <= 1.0
             assert row["turns"] == (1 if row["chat"] == "folder" else 16)
             assert isinstance(row["misses"], list)
+            assert sum(row["forgone"].values()) == row["bound_tokens"] - row["cached_tokens"]
+    assert f"run forgone: {', '.join(f'{k} {v}' for k, v in forgone(doc).items())}" in proc.stdout
 
 
 def test_the_script_refuses_to_run_without_vaults() -> None:
@@ -155,4 +165,26 @@ def test_a_run_is_summed_up_pooled_and_two_runs_compared() -> None:
         "v shifted 4096: left_cut 0 -> 2",
         "before: chats 3, cached_chats 2, cached_met 1, pooled_cached_of_bound 0.845, missing 1",
         "after: chats 3, cached_chats 2, cached_met 2, pooled_cached_of_bound 0.8333, missing 0",
+    ]
+
+
+def test_the_cache_forgone_is_pooled_by_how_the_requests_were_sent() -> None:
+    """A run's rows' ``forgone`` summed by reason, the largest first (rows written before
+    it was kept add nothing); a comparison ends with both runs' sums."""
+    doc = {
+        "vaults": [
+            {
+                "vault": "v",
+                "rows": [
+                    _row("mixed", 790, 1000, forgone={"over-budget": 150, "extended": 60}),
+                    _row("shifted", 900, 1000, forgone={"extended": 100}),
+                    _row("folder", 0, 0),
+                ],
+            }
+        ]
+    }
+    assert list(forgone(doc).items()) == [("extended", 160), ("over-budget", 150)]
+    assert compare(doc, doc)[-2:] == [
+        "before forgone: extended 160, over-budget 150",
+        "after forgone: extended 160, over-budget 150",
     ]

@@ -76,6 +76,28 @@ def test_unbudgeted_chat_cuts_nothing_and_counts_its_cache_and_its_bound() -> No
     added = second.l3.tokens + second.l5.tokens + reply.tokens
     assert j.bound_tokens == conv.count_request(second) - added
     assert j.cached_of_bound == j.cached_share / j.cached_bound
+    # The second request extends the first: all the bound leaves uncached is that turn's.
+    assert second.batch is not None and second.batch.reason == ""
+    assert j.forgone == (("extended", j.bound_tokens - j.cached_tokens),)
+
+
+def test_the_cache_forgone_is_summed_by_how_each_request_was_sent() -> None:
+    """Each request after the first adds its bound less its cached prefix under its
+    batch's reason (``extended`` when it extended the last one): the sums make up the
+    chat's bound less its cached tokens, the largest first; a request without a batch
+    counts as ``unbatched``. (The real chats' reasons: ``tests/test_real_material.py``.)"""
+    conv, envs = _budgeted_spec_chat()
+    j = judge_chat(envs, conv.counter, budget=conv.budget)
+    how = [e.batch.reason or "extended" for e in envs[1:] if e.batch is not None]
+    assert how == ["extended"] * 3
+    assert j.forgone == (("extended", j.bound_tokens - j.cached_tokens),)
+    # The last request sent as built instead: its whole prefix is new, the largest part.
+    last = attrs.evolve(envs[-1], batch=None)
+    unbatched = judge_chat([*envs[:-1], last], conv.counter, budget=conv.budget)
+    assert [k for k, _ in unbatched.forgone] == ["unbatched", "extended"]
+    assert sum(n for _, n in unbatched.forgone) == (
+        unbatched.bound_tokens - unbatched.cached_tokens
+    )
 
 
 def _spec_chat(conv: Conversation) -> list[Envelope]:
