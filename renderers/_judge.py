@@ -292,8 +292,9 @@ def judge_chat(
     reports = prefix_reports(envelopes, counter, budget=budget)
     totals = [prompt_tokens(default_prompt(e), counter, budget) for e in envelopes]
     later = zip(totals[1:], envelopes[1:], strict=True)  # the first request adds everything
-    bound = sum(max(0, total - _added_tokens(env)) for total, env in later)
-    forgone = _forgone(envelopes, totals, [r.common_prefix_tokens for r in reports])
+    bounds = [max(0, total - _added_tokens(env)) for total, env in later]
+    bound = sum(bounds)
+    forgone = _forgone(envelopes[1:], bounds, [r.common_prefix_tokens for r in reports[1:]])
     for env in envelopes:
         batch = env.batch
         if batch is None or batch.reason:
@@ -397,12 +398,12 @@ def judge_chat(
 
 
 def _forgone(
-    envelopes: Sequence[Envelope], totals: Sequence[int], cached: Sequence[int]
+    envelopes: Sequence[Envelope], bounds: Sequence[int], cached: Sequence[int]
 ) -> tuple[tuple[str, int], ...]:
-    """``ChatJudgement.forgone``: each request's bound less what it kept cached (``totals``
-    and ``cached``: its tokens and cached prefix), summed by how it was sent."""
+    """``ChatJudgement.forgone``: each request's bound less what it kept cached (``bounds``
+    and ``cached``: the requests after the first), summed by how it was sent."""
     by: dict[str, int] = {}
-    for env, total, kept in list(zip(envelopes, totals, cached, strict=True))[1:]:
+    for env, bound, kept in zip(envelopes, bounds, cached, strict=True):
         how = "unbatched" if env.batch is None else env.batch.reason or "extended"
-        by[how] = by.get(how, 0) + max(0, total - _added_tokens(env)) - kept
+        by[how] = by.get(how, 0) + bound - kept
     return tuple(sorted(by.items(), key=lambda kv: (-kv[1], kv[0])))
