@@ -371,10 +371,14 @@ def _warning_text(warning: object) -> str:
     return str(warning)
 
 
-def _messages(turn: Mapping[str, Any]) -> etree._Element:
+def _messages(
+    turn: Mapping[str, Any], previous: Mapping[str, Any] | None = None
+) -> etree._Element:
     """The request's messages as sent, in order: role, size and what each carries (the
     system message the library's settled entries, an earlier user message its deferred
-    context); a run of plain history messages is one line, so the page stays linear."""
+    context). A run of plain history messages is one line, and so is a run of those the
+    last request (``previous``) sent the same in the same place before its own turn's
+    message, so the page stays linear however long a batch grows."""
     batch = turn.get("batch") or {}
     layers = turn.get("layers") or {}
     library = len((layers.get("L2") or {}).get("segments", ()))
@@ -383,15 +387,27 @@ def _messages(turn: Mapping[str, Any]) -> etree._Element:
     users = [int(str(s["key"]).split(":")[1]) for s in (layers.get("L4") or {}).get("segments", ())
              if str(s["key"]).endswith(":user")]
     messages = turn.get("messages") or []
+    before = [(str(m.get("role", "")), str(m.get("content", "")))
+              for m in (previous or {}).get("messages") or ()]  # fmt: skip
     items: list[etree._Element] = []
-    plain: list[int] = []  # sizes of the current run of plain history messages
+    run: list[int] = []  # sizes of the current run of plain or unchanged messages
+    runs = ""  # what the run is: "history" or "same"
 
     def flush() -> None:
-        if plain:
-            items.append(E.li({"data-role": "history"}, f"{len(plain)} history "
-                              f"message{'s' if len(plain) != 1 else ''} (L4: earlier queries "
-                              f"and replies) · {_n(sum(plain))} characters"))
-            plain.clear()
+        if run:
+            s = "s" if len(run) != 1 else ""
+            what = (f"{len(run)} history message{s} (L4: earlier queries and replies)"
+                    if runs == "history" else
+                    f"{len(run)} message{s} as the last request sent them")  # fmt: skip
+            items.append(E.li({"data-role": runs}, f"{what} · {_n(sum(run))} characters"))
+            run.clear()
+
+    def add(kind: str, size: int) -> None:
+        nonlocal runs
+        if kind != runs:
+            flush()
+            runs = kind
+        run.append(size)
 
     seen_users = 0
     for i, m in enumerate(messages):
@@ -403,8 +419,11 @@ def _messages(turn: Mapping[str, Any]) -> etree._Element:
         else:
             number = users[seen_users] if role == "user" and seen_users < len(users) else None
             seen_users += role == "user"
+            if i < len(before) - 1 and before[i] == (role, content):
+                add("same", len(content))
+                continue
             if number is None or number not in deferred:
-                plain.append(len(content))
+                add("history", len(content))
                 continue
             what = f"turn {number}'s message with the context it attached (deferred)"
         flush()
@@ -531,7 +550,7 @@ def _turn_section(
     for warning in turn.get("warnings") or ():
         section.append(E.p({"class": "warn"}, "warning: ", _t(_warning_text(warning))))
     section.append(_artifacts(turn, previous, blocks, shown))
-    section.append(_messages(turn))
+    section.append(_messages(turn, previous))
     request = turn.get("request")
     if request is not None:
         section.append(E.details(E.summary("request body"),

@@ -112,6 +112,29 @@ def test_hostile_block_text_is_serialized_as_text(tmp_path: Path) -> None:
     assert doc.xpath("//svg//g[@class='break']/@data-reason")[0] == expected
 
 
+def test_messages_the_last_request_sent_the_same_are_one_line(tmp_path: Path) -> None:
+    """A batch's messages the request before sent the same, before its own turn's, are one
+    line; the one it ended with is listed once, as the deferred message it now is (a
+    batch of 200 turns listed every message in each turn: 7 MB)."""
+    _, envelopes, trace = _conversation(tmp_path / "v", 3)
+    doc = lxml.html.document_fromstring(render_report(trace, report_blocks(envelopes)))
+    items = [
+        li.text_content()
+        for li in doc.xpath("//section[@id='turn-3']//details[@class='messages']/ol/li")
+    ]
+    assert items[:2] == [
+        "system · 37 characters · L1 and the library (0 of 2 entries): You are terse. "
+        "Memory: metric units.",
+        "2 messages as the last request sent them · 1,272 characters",
+    ]
+    assert items[2].startswith(
+        "user · 1,233 characters · turn 2's message with the context it attached (deferred): "
+    )
+    assert items[3:4] == ["1 history message (L4: earlier queries and replies) · 39 characters"]
+    assert items[4].startswith("user · 1,233 characters · this turn's context (L3) and query")
+    assert len(items) == 5
+
+
 def test_two_hundred_turn_report_size_and_write_time(tmp_path: Path) -> None:
     """Figures for the issue's note (printed with -s); the size stays under a few MB."""
     _, envelopes, trace = _conversation(tmp_path / "v", 200)
