@@ -257,5 +257,5 @@ def test_simulate_shows_each_layout_beside_the_window() -> None:
         row = next(r for r in rows if r.startswith(f"{layout} ") and " openai " in r)
         assert row.split()[-2:] == [str(largest), str(over)]
     assert data["layouts"]["default"]["openai"]["over_limit"] == 0
-    assert data["layouts"]["append-only"]["openai"]["over_limit"] == 21
+    assert data["layouts"]["append-only"]["openai"]["over_limit"] == 22
     assert "naive: the yardstick, not a layout Lamina sends" in text.stdout

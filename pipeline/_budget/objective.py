@@ -1132,6 +1132,8 @@ def _as_made(
         choice.append(at)
     ladders = [u.ladder for u in units]
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
+    if carried is not None and not solution.sent_as_built:
+        room -= carried.tokens  # it extends the batch: the room less what that carries
     if tokens > room or (solution.tokens - tokens) > room * SOLVE_TOLERANCE:
         return None
     # What the made previews freed goes to this turn's items (new in the request: no
@@ -1231,17 +1233,15 @@ def _carried(turn: TurnGraph, measured: Draft, used: int) -> int:
     ``used`` tokens) if it extends the batch: its system message holds the settled
     entries only, its earlier user messages the library's growth and what came with it
     where the build has their queries. Those messages as they were sent
-    (``TurnGraph.deferred``) if that fits the limit, else as the batch's shed sends them
-    (``TurnGraph.shed``; none where it settles instead: the request goes as built), the
-    fewer of the two where both are over (a cut may make either fit)."""
+    (``TurnGraph.deferred``) if that fits the limit or the batch cannot shed, else as
+    the batch's shed sends them (``TurnGraph.shed``), the fewer of the two where both
+    are over (a cut may make either fit)."""
     budget = turn.ctx.budget
     if not turn.deferred or turn.settled is None or budget is None:
         return 0
     sent = _as_sent(turn, measured, used, turn.deferred)
-    if budget.effective(sent) <= budget.limit:
+    if budget.effective(sent) <= budget.limit or not turn.shed:
         return sent - used
-    if not turn.shed:
-        return 0
     shed = sent if turn.shed == turn.deferred else _as_sent(turn, measured, used, turn.shed)
     return min(sent, shed) - used
 
@@ -1266,7 +1266,8 @@ def _carrying(
     turn: TurnGraph, units: Sequence[_Unit], sizes: Mapping[int, int], carried: int
 ) -> Carried | None:
     """What the request as sent carries (``_carried``) from the first unit the request as
-    built changes against it: the first library entry taken in since the batch settled,
+    built changes against it: the first library entry taken in since the batch settled
+    (the later ones whose blocks the batch cannot shed from, ``TurnGraph.sheds``, held),
     else history's suffix from the batch's first message (``sizes``: ``_turn_tokens``),
     else none (the batch began with the last turn, whose message every choice sends)."""
     if carried <= 0:
@@ -1275,7 +1276,12 @@ def _carrying(
     first = min(t for t, _ in turn.deferred)
     for j, u in enumerate(units):
         if u.kind == "library" and u.key in grown:
-            return Carried(j, carried)
+            held = frozenset(
+                k for k in range(j + 1, len(units))
+                if units[k].kind == "library" and units[k].key in grown
+                and units[k].key not in turn.sheds and units[k].ladder.previous is not None
+            )  # fmt: skip
+            return Carried(j, carried, held=held)
         if u.kind == "history":
             shown = u.choices[u.ladder.previous or 0].start
             last = turn.history[-1].turn
@@ -1300,6 +1306,7 @@ def _kept(
     text_free: int,
     reserve: int,
     shown: Collection[str],
+    carried: Carried | None = None,
 ) -> tuple[int, ...] | None:
     """The request as it is (every unit in its present form, the first rung: it fits
     ``room``) with the passages that fit beside it outside ``reserve``, if that is worth
@@ -1310,7 +1317,8 @@ def _kept(
     than this count gives it, and one that passages push over the limit as sent is sent
     as built, its whole prefix broken. The suffix keeps its start, so a passage it shows
     (``shown``: their keys) is never sent (``_apply``): none takes room another could
-    use."""
+    use. With ``carried`` (what the request over the limit as sent carries), it is
+    priced as the settle it makes: sent as built (``solver.Carried``)."""
     whole = [u.ladder for u in units]
     choice = tuple(0 for _ in units)
     if any(u.kind == "passage" for u in units):
@@ -1333,7 +1341,9 @@ def _kept(
         for j, c in zip(at, found, strict=True):
             picked[j] = c if units[j].kind == "passage" else 0
         choice = tuple(picked)
-    return choice if scored(whole, choice, price).objective >= solution.objective else None
+    # Over the limit as sent (``carried``), the request kept settles: it is sent as built.
+    score = scored(whole, choice, price, None if carried is None else room, carried)
+    return choice if score.objective >= solution.objective else None
 
 
 def _regret(
@@ -1431,18 +1441,16 @@ class Solve:
         used = budget.used(measured, turn.ctx.counter)
         before = measured.layer_tokens()
         fits = budget.effective(used) <= budget.limit
-        # A request that fits as built may not as sent: the batch's earlier messages carry
-        # what the build does not hold (``_carried``). Where that is more than the reserve
-        # (what a changed request leaves free) would hold, the solve weighs cuts that keep
-        # the batch against the settle that sending it as built makes (``solver.Carried``);
-        # the reserve holds what is carried first.
-        carried = _carried(turn, measured, used) if fits else 0
+        # The request as sent may not fit where the build does: the batch's earlier
+        # messages carry what the build does not hold (``_carried``), fitting as built or
+        # not. One that would pass the limit so settles if kept as it stands, and is
+        # priced so (``_kept``); a changed request leaves the reserve free, which holds
+        # what is carried first; beyond it the solve weighs cuts that keep the batch
+        # against the settle that sending it as built makes (``solver.Carried``), and a
+        # fit that keeps the batch is measured with what it carries.
+        carried = _carried(turn, measured, used)
         sizes = _turn_tokens(measured, budget)
-        settles = (
-            fits
-            and budget.effective(used + carried) > budget.limit
-            and carried > _reserve(sizes, budget)
-        )
+        settles = budget.effective(used + carried) > budget.limit
         cut = any(e.cut or e.folded for e in turn.library.entries)
         # Nothing cut and the request fits: nothing is forgone, the regret starts over.
         if fits and not settles and not cut and not _recallable(turn, fits=fits):
@@ -1531,10 +1539,11 @@ class Solve:
                 continue  # the room the made forms leave is given to one preview, fitted to it
             choice = solution.choice
             kept = None
-            if fits and not settles:
+            if fits:
                 whole = math.floor(budget.limit / (1.0 + budget.safety_margin)) - fixed - short
+                as_built = _carrying(turn, units, sizes, carried) if settles else None
                 kept = _kept(units, solution, budget.cache_weight, whole, text_free,
-                             reserve if _grown(turn) else 0, shows)  # fmt: skip
+                             reserve if _grown(turn) else 0, shows, as_built)  # fmt: skip
             if kept is not None:
                 choice = kept
             regret = _regret(turn, units, solution, choice)
@@ -1558,6 +1567,9 @@ class Solve:
             drafted = last = draft(out, base)
             spent = budget.used(drafted, turn.ctx.counter)
             over = budget.effective(spent) - budget.limit
+            if carry is not None and choice == solution.choice and not solution.sent_as_built:
+                # Extending the batch, the request as sent holds what it carries too.
+                over = max(over, budget.effective(spent + carried) - budget.limit)
             bare = _text_free_tokens(drafted) - share
             taken = budget.effective(spent) - (budget.limit - reserve)  # of the reserve
             within = taken <= 0

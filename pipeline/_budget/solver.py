@@ -44,9 +44,11 @@ matters, so the solve is exact in the break point:
 
 5. The request as sent may hold more than the ladders (``Carried``: a batch's earlier
    messages): a break from the ladder where it begins on keeps the batch, so its room is
-   less what it carries; a break before it, or a choice over that room, is the request
-   sent as built, priced as a break at that ladder at the latest (re-sending of that
-   ladder only its part from the batch's first message on, ``Carried.resent``).
+   less what it carries and the ladders the batch holds (``Carried.held``: entries whose
+   messages it cannot send otherwise) keep last turn's rungs; a break before it, a
+   choice over that room or one that changes a held ladder is the request sent as
+   built, priced as a break at that ladder at the latest (re-sending of that ladder only
+   its part from the batch's first message on, ``Carried.resent``).
 
 The solve is a function of the ladders, the regret and what is carried alone: no clock,
 no dict order, ties by position.
@@ -123,6 +125,9 @@ class Solution:
     objective: float
     free_value: float = 0.0
     bought: bool = False
+    sent_as_built: bool = False
+    """Whether, against what is ``Carried``, the choice is sent as built (its prefix broken
+    where the batch began) rather than extending the batch."""
 
 
 @attrs.frozen
@@ -139,6 +144,9 @@ class Carried:
     resent: int | None = None
     """What sending it as built re-sends of the ladder at ``at`` if that ladder keeps last
     turn's rung (the part from the batch's first message on); None: all of it."""
+    held: frozenset[int] = frozenset()
+    """The ladders past ``at`` the batch holds as last turn sent them: a change to one
+    sends the request as built too (a batch's message that cannot be sent otherwise)."""
 
 
 def _cap(ladder: Ladder) -> int:
@@ -345,6 +353,26 @@ def topped(
     return tuple(out)
 
 
+def _holding(
+    ladders: Sequence[Ladder], held: Collection[int], choice: list[int], fixed: Sequence[bool]
+) -> tuple[list[bool], int, int]:
+    """``choice`` (in place) with the ``held`` ladders at last turn's rungs, as a batch
+    kept holds them (``Carried.held``): the ladders fixed after, and the tokens and the
+    text-free tokens that adds."""
+    kept = list(fixed)
+    grew = bare_grew = 0
+    for j in sorted(held):
+        if kept[j]:
+            continue
+        previous = ladders[j].previous
+        assert previous is not None
+        old, new = ladders[j].rungs[choice[j]], ladders[j].rungs[previous]
+        grew += new.tokens - old.tokens
+        bare_grew += _bare(new) - _bare(old)
+        choice[j], kept[j] = previous, True
+    return kept, grew, bare_grew
+
+
 def _places(ladders: Sequence[Ladder], prefix: Sequence[int]) -> list[int]:
     """Each ladder's place in the prefix (``len(ladders)``: not in it)."""
     places = [len(ladders)] * len(ladders)
@@ -399,11 +427,12 @@ def scored(
 
 class _Settle(NamedTuple):
     """``Carried`` as ``_score`` reads it: the prefix place of ``Carried.at``, the room
-    less what is carried and ``Carried.resent``."""
+    less what is carried, ``Carried.resent`` and ``Carried.held``."""
 
     place: int
     room: int
     resent: int | None
+    held: frozenset[int]
 
 
 def _settle(
@@ -414,7 +443,7 @@ def _settle(
     if carried is None or carried.tokens <= 0:
         return None
     place = places[carried.at] if carried.at < len(places) else prefixed
-    return _Settle(min(place, prefixed), room - carried.tokens, carried.resent)
+    return _Settle(min(place, prefixed), room - carried.tokens, carried.resent, carried.held)
 
 
 def _score(
@@ -424,9 +453,10 @@ def _score(
     prefix: Sequence[int],
     latest: int,
     settle: _Settle | None = None,
-) -> tuple[float, int | None]:
-    """``choice``'s objective and first changed prefix ladder; with ``settle``, a choice
-    over its room is sent as built: its prefix breaks at its place at the latest, re-sending
+) -> tuple[float, int | None, bool]:
+    """``choice``'s objective, first changed prefix ladder and whether it is sent as
+    built; with ``settle``, a choice over its room or that changes a ladder the batch
+    holds is sent as built: its prefix breaks at its place at the latest, re-sending
     ``_Settle.resent`` of the ladder there if that ladder keeps last turn's rung."""
     broken = next((p for p, j in enumerate(prefix) if choice[j] != ladders[j].previous), None)
     for ladder, c in zip(ladders, choice, strict=True):
@@ -436,7 +466,7 @@ def _score(
     partial = None
     if settle is not None and (broken is None or settle.place < broken):
         tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
-        if tokens > settle.room:
+        if tokens > settle.room or any(choice[j] != ladders[j].previous for j in settle.held):
             broken, partial = settle.place, settle.resent
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
     uncached = (
@@ -447,7 +477,8 @@ def _score(
         whole = _resent(ladders[prefix[broken]], choice[prefix[broken]])
         uncached -= whole - min(partial, whole)
     first = None if broken is None or broken >= len(prefix) else prefix[broken]
-    return value - cache_price * uncached, first
+    built = settle is not None and broken is not None and broken <= settle.place
+    return value - cache_price * uncached, first, built
 
 
 def _resent(ladder: Ladder, c: int) -> int:
@@ -614,10 +645,13 @@ def solve(
         fixed = [p < b for p in at]
         priced, steps = regime(b)
         for r in rooms(b):
-            if used > r:
+            choice, stays, taken, bare_taken = list(base), fixed, used, bare
+            if settle is not None and r == settle.room and settle.held:
+                stays, grew, bare_grew = _holding(ladders, settle.held, choice, fixed)
+                taken, bare_taken = taken + grew, bare_taken + bare_grew
+            if taken > r:
                 continue
-            choice = list(base)
-            _climb(priced, steps, choice, fixed, r - used, bare, text_free)
+            _climb(priced, steps, choice, stays, r - taken, bare_taken, text_free)
             score = _score(ladders, choice, cache_price, prefix, latest, settle)[0]
             climbs.append((score, b, tuple(choice), r))
     if not climbs:
@@ -626,6 +660,8 @@ def solve(
     priced, _ = regime(b)
     choice = list(climbed)
     held = set(prefix[:b])
+    if settle is not None and r == settle.room:
+        held |= settle.held
     free = [j for j in range(n) if j not in held]
     used = sum(ladders[j].rungs[choice[j]].tokens for j in range(n))
     bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
@@ -672,10 +708,10 @@ def _solution(
     settle: _Settle | None = None,
 ) -> Solution:
     """``choice`` scored (``_score``) as a solution."""
-    score, broken = _score(ladders, choice, cache_price, prefix, latest, settle)
+    score, broken, built = _score(ladders, choice, cache_price, prefix, latest, settle)
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
-    return Solution(tuple(choice), tokens, value, broken, score)
+    return Solution(tuple(choice), tokens, value, broken, score, sent_as_built=built)
 
 
 def lasting_value(ladders: Sequence[Ladder], choice: Sequence[int]) -> float:

@@ -51,6 +51,7 @@ __all__ = [
     "batch_turn",
     "choose_restores",
     "segment_reference",
+    "shed_keys",
 ]
 
 APPEND_REFERENCES_INTRO = (
@@ -533,6 +534,34 @@ def shed_counts(
                 if k:
                     tokens += (growth[k][1] if k in growth else 0) - counter.count(b)
         out.append((turn.turn, tokens))
+    return tuple(out)
+
+
+def shed_keys(
+    state: BatchState, growth: Mapping[str, tuple[str, int]], counter: TokenCounter
+) -> tuple[str, ...]:
+    """The keys of the library's growth (``growth``: key -> text and tokens of the entries
+    after the settled ones) a change to which the batch sheds from when its extension is
+    over the limit (``_shed``), in the order sent; a change to another settles the batch
+    (the blocks before it hold less of the growth than a shed sends again:
+    ``_keeps_less``). A block already stale sheds from there: after it, every key is one
+    if that shed keeps the batch, none if not."""
+    turns = state.turns
+    if any(len(turn.keys) != len(turn.blocks) for turn in turns):
+        return ()
+    first = _first_stale(turns, {k: text for k, (text, _) in growth.items()})
+    grown = sum(n for _, n in growth.values())
+    out: list[str] = []
+    kept, sheds = 0, False
+    for d, turn in enumerate(turns):
+        for i, (b, k) in enumerate(zip(turn.blocks, turn.keys, strict=True)):
+            if not k:
+                continue
+            if first is None or (d, i) <= first:
+                sheds = not 2 * kept < grown  # as ``_keeps_less`` from here
+                kept += counter.count(b)
+            if sheds:
+                out.append(k)
     return tuple(out)
 
 

@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from lamina.pipeline._conversation.batch import NO_BATCH, BatchState, batch_turn, shed_counts
+from lamina.pipeline._conversation.batch import (
+    NO_BATCH,
+    BatchState,
+    batch_turn,
+    shed_counts,
+    shed_keys,
+)
 from lamina.pipeline._conversation.usage import Calibration, TurnUsage
 from lamina.pipeline._errors import (
     ArgumentError,
@@ -449,6 +455,7 @@ class Conversation:
             settled_tokens=0 if batch is None else batch.library_tokens,
             deferred=() if batch is None else tuple((t.turn, t.tokens) for t in batch.turns),
             shed=() if batch is None else self._shed_counts(batch),
+            sheds=() if batch is None else shed_keys(batch, self._growth(batch), self.counter),
             query=text,
         )
         if self._last_system is not None and self._last_system != self._system:
@@ -549,8 +556,11 @@ class Conversation:
     def _shed_counts(self, batch: BatchState) -> tuple[tuple[int, int], ...]:
         """The batch's messages' tokens as the next request would send them if its
         extension is over the limit (``shed_counts``), counted against the library."""
-        growth = {e.key: (e.text, e.tokens) for e in self._library.entries[batch.settled :]}
-        return shed_counts(batch, growth, self.counter)
+        return shed_counts(batch, self._growth(batch), self.counter)
+
+    def _growth(self, batch: BatchState) -> dict[str, tuple[str, int]]:
+        """The library's entries after the batch's settled ones: key -> text and tokens."""
+        return {e.key: (e.text, e.tokens) for e in self._library.entries[batch.settled :]}
 
     def _batched(self, envelope: Envelope, library: Library) -> tuple[Envelope, BatchState]:
         """``envelope`` with the request it is sent as (``batch_turn``): the batch goes on

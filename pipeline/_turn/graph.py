@@ -115,9 +115,13 @@ class TurnGraph:
     # sent it, with the indexes, references and restores beside it; () when the library
     # is sent as built. ``shed``: the same messages as the batch sends them when their
     # extension is over the limit (``batch.shed_counts``); () where it then settles.
+    # ``sheds``: the growth's keys a change to which the batch sheds from (its blocks
+    # from there sent as the library holds them); a change to another settles it
+    # (``batch.shed_keys``).
     settled_tokens: int = 0
     deferred: tuple[tuple[int, int], ...] = ()
     shed: tuple[tuple[int, int], ...] = ()
+    sheds: tuple[str, ...] = ()
     # The library as the model last saw it, before this turn's budget cuts: what the
     # preview of an edited note is compared with (its changed sections go first).
     seen: Library | None = attrs.field(default=None, eq=False, repr=False)

@@ -512,6 +512,33 @@ def test_shed_counts_count_the_growth_from_its_first_stale_block_at_its_library_
     assert shed_counts(state, {**growth, "note:a": ("alpha", n("alpha"))}, counter) == ()
 
 
+def test_shed_keys_are_the_growth_a_change_to_which_keeps_the_batch() -> None:
+    """A change to an entry of the growth sheds from its block only where the blocks
+    before it hold at least half the growth (101, 62 and 41 tokens: from c's block on,
+    163 of 204); from an earlier one the batch settles. A block already stale sheds from
+    there: after it, every key is one if that shed keeps the batch (b shortened: 101 of
+    154 before it), none if not (a shortened: nothing before it)."""
+    from lamina.pipeline._conversation.batch import BatchState, DeferredTurn, shed_keys
+    from lamina.pipeline.tokens import TokenCounter
+
+    counter = TokenCounter()
+    n = counter.count
+    a, b, c, short = "alpha " * 100, "bravo " * 60, "charlie " * 20, "bravo " * 10
+    assert (n(a), n(b), n(c), n(short)) == (101, 62, 41, 12)
+    first = DeferredTurn(1, "q1", (a, b, "q1"), 1000, keys=("note:a", "note:b", ""))
+    second = DeferredTurn(2, "q2", (c, "q2"), 400, keys=("note:c", ""))
+    state = BatchState(turns=(first, second))
+    growth = {"note:a": (a, n(a)), "note:b": (b, n(b)), "note:c": (c, n(c))}
+    assert shed_keys(state, growth, counter) == ("note:c",)
+    assert shed_keys(state, {**growth, "note:b": (short, n(short))}, counter) == (
+        "note:b",
+        "note:c",
+    )
+    assert shed_keys(state, {**growth, "note:a": ("alpha", 1)}, counter) == ()
+    unkeyed = DeferredTurn(1, "q1", (a, b, "q1"), 1000)
+    assert shed_keys(BatchState(turns=(unkeyed, second)), growth, counter) == ()
+
+
 @pytest.mark.parametrize("window", [4000, 6000, 16000])
 def test_the_budget_counts_the_request_as_the_batch_sends_it(
     window: int, monkeypatch: pytest.MonkeyPatch

@@ -268,6 +268,26 @@ def test_a_batch_begun_inside_history_re_sends_only_its_messages_when_sent_as_bu
     assert whole.objective == 1300.0 - 0.9 * 400
 
 
+def test_a_batch_kept_holds_the_entries_it_cannot_shed_from() -> None:
+    """The second grown entry is one the batch cannot shed from (``Carried.held``): a
+    choice that keeps the batch leaves it as sent and cuts the third (the cache breaks
+    there), and one that cuts it is priced as the request sent as built, a break where
+    the growth begins (all 900 of it re-sent), however little that choice is over."""
+    ladders = _grown_library()
+    held = Carried(1, 200, held=frozenset({2}))
+    done = solve(ladders, 2000, cache_price=0.9, text_free=400, carried=held)
+    assert done is not None
+    assert done.choice == (0, 0, 0, 1) and done.broken_at == 3 and not done.sent_as_built
+    cut = scored(ladders, (0, 0, 1, 0), 0.9, 2000, held)
+    assert cut.broken_at == 1 and cut.sent_as_built
+    assert cut.objective == 1640.0 - 0.9 * 900
+    free = scored(ladders, (0, 0, 1, 0), 0.9, 2000, Carried(1, 200))
+    assert free.broken_at == 2 and not free.sent_as_built
+    only = solve(ladders, 2000, cache_price=0.9, text_free=400,
+                 carried=Carried(1, 200, held=frozenset({2, 3})))  # fmt: skip
+    assert only is not None and only.sent_as_built and only.choice == (0, 0, 0, 0)
+
+
 @st.composite
 def _ladders(draw: st.DrawFn) -> tuple[list[Ladder], int, float]:
     n = draw(st.integers(1, 5))
@@ -313,23 +333,28 @@ def test_never_over_the_room_and_never_worse_than_last_turn(
 
 
 @settings(max_examples=300, deadline=None)
-@given(_ladders(), st.integers(0, 5), st.integers(1, 1500))
+@given(_ladders(), st.integers(0, 5), st.integers(1, 1500), st.sets(st.integers(0, 5)))
 def test_a_choice_over_what_the_batch_carries_breaks_where_it_grew(
-    case: tuple[list[Ladder], int, float], at: int, carried: int
+    case: tuple[list[Ladder], int, float], at: int, carried: int, held: set[int]
 ) -> None:
     """With what the batch carries: never over the room, None only when the smallest
-    rungs do not fit it, and a choice over the room less what is carried breaks at the
-    carried ladder at the latest (it is sent as built)."""
+    rungs do not fit it, and a choice over the room less what is carried, or one that
+    changes a ladder the batch holds, breaks at the carried ladder at the latest (it is
+    sent as built, and says so)."""
     ladders, room, price = case
     at = min(at, len(ladders) - 1)
-    done = solve(ladders, room, cache_price=price, text_free=10_000, carried=Carried(at, carried))
+    prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
+    holds = frozenset(j for j in held if j in prefix and j > at)
+    carry = Carried(at, carried, held=holds)
+    done = solve(ladders, room, cache_price=price, text_free=10_000, carried=carry)
     if done is None:
         assert sum(min(r.tokens for r in ladder.rungs) for ladder in ladders) > room
         return
     assert done.tokens <= room
-    prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
-    if done.tokens > room - carried and at in prefix:
+    changed = any(done.choice[j] != ladders[j].previous for j in holds)
+    if (done.tokens > room - carried or changed) and at in prefix:
         assert done.broken_at is not None and prefix.index(done.broken_at) <= prefix.index(at)
+        assert done.sent_as_built
 
 
 def _assert_no_worse_than_last_turn(

@@ -207,8 +207,8 @@ def test_the_report_draws_the_bands_and_lists_the_messages_as_sent(
 def test_an_entry_set_aside_is_neither_listed_nor_counted() -> None:
     """chat30 at 5,000: by turn 15 the library keeps its index of entries set aside for
     room, which has no text and sends no byte; the rows, the trace's layers, stats and
-    batch, and the report's system message list and count only the six entries the system
-    message holds (they said 7 of 7, the set-aside index counted as an entry)."""
+    batch, and the report's system message list and count only the seven entries the
+    system message holds (they said 8 of 8, the set-aside index counted as an entry)."""
     script = load_script(ROOT / "examples" / "chat30.yaml")
     script = type(script)(script.path, script.system, script.turns[:15], VAULT)
     conv = Conversation(script.system, vault=VAULT, budget=Budget(context_window=5000))
@@ -216,10 +216,10 @@ def test_an_entry_set_aside_is_neither_listed_nor_counted() -> None:
     env = envelopes[-1]
     assert [s.key for s in env.l2.segments if not s.text] == ["index:earlier turns"]
     sent = [s.key for s in listed_segments(env.l2)]
-    assert len(sent) == 6 and "index:earlier turns" not in sent
+    assert len(sent) == 7 and "index:earlier turns" not in sent
     assert [r.key for r in sent_rows(env) if r.band == "L2"] == sent
     turn = trace_document(envelopes, conv.counter, budget=conv.budget)["turns"][-1]
     assert [s["key"] for s in turn["layers"]["L2"]["segments"]] == sent
-    assert turn["stats"]["segments"]["L2"] == 6 and turn["batch"]["settled_entries"] == 6
+    assert turn["stats"]["segments"]["L2"] == 7 and turn["batch"]["settled_entries"] == 7
     page = lxml.html.document_fromstring(render_report({"turns": [turn]}, {}))
-    assert "L1 and the library (6 of 6 entries)" in page.text_content()
+    assert "L1 and the library (7 of 7 entries)" in page.text_content()
