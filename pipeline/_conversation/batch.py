@@ -506,6 +506,12 @@ def _keeps_less(
         for i, (b, k) in enumerate(zip(turn.blocks, turn.keys, strict=True))
         if k and (d < first[0] or i < first[1])
     )
+    return _holds_less(kept, grown)
+
+
+def _holds_less(kept: int, grown: int) -> bool:
+    """Whether blocks holding ``kept`` tokens of a growth of ``grown`` hold less of it
+    than a shed after them sends again (``_keeps_less``, ``shed_keys``)."""
     return kept < grown - kept
 
 
@@ -558,7 +564,7 @@ def shed_keys(
             if not k:
                 continue
             if first is None or (d, i) <= first:
-                sheds = not 2 * kept < grown  # as ``_keeps_less`` from here
+                sheds = not _holds_less(kept, grown)
                 kept += counter.count(b)
             if sheds:
                 out.append(k)

@@ -443,6 +443,7 @@ class Conversation:
             recall=self._recall,
         )
         batch = self._batch if self.defer_library else None
+        shed, sheds = self._shed(batch)
         start = TurnGraph.build(
             processed,
             ctx,
@@ -454,8 +455,8 @@ class Conversation:
             settled=None if batch is None else batch.settled,
             settled_tokens=0 if batch is None else batch.library_tokens,
             deferred=() if batch is None else tuple((t.turn, t.tokens) for t in batch.turns),
-            shed=() if batch is None else self._shed_counts(batch),
-            sheds=() if batch is None else shed_keys(batch, self._growth(batch), self.counter),
+            shed=shed,
+            sheds=sheds,
             query=text,
         )
         if self._last_system is not None and self._last_system != self._system:
@@ -553,14 +554,17 @@ class Conversation:
             envelope = attrs.evolve(built, cache=measure)
         return envelope, graph
 
-    def _shed_counts(self, batch: BatchState) -> tuple[tuple[int, int], ...]:
+    def _shed(
+        self, batch: BatchState | None
+    ) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...]]:
         """The batch's messages' tokens as the next request would send them if its
-        extension is over the limit (``shed_counts``), counted against the library."""
-        return shed_counts(batch, self._growth(batch), self.counter)
-
-    def _growth(self, batch: BatchState) -> dict[str, tuple[str, int]]:
-        """The library's entries after the batch's settled ones: key -> text and tokens."""
-        return {e.key: (e.text, e.tokens) for e in self._library.entries[batch.settled :]}
+        extension is over the limit (``shed_counts``), and the growth's keys a change to
+        which it sheds from (``shed_keys``), both counted against the library's entries
+        after the settled ones; none without a batch."""
+        if batch is None:
+            return (), ()
+        growth = {e.key: (e.text, e.tokens) for e in self._library.entries[batch.settled :]}
+        return shed_counts(batch, growth, self.counter), shed_keys(batch, growth, self.counter)
 
     def _batched(self, envelope: Envelope, library: Library) -> tuple[Envelope, BatchState]:
         """``envelope`` with the request it is sent as (``batch_turn``): the batch goes on
