@@ -414,7 +414,7 @@ def _item_unit(
     exact: dict[tuple[str, int], tuple[int, int] | None],
     extra: dict[str, set[int]],
     *,
-    grouped: bool,
+    line: int | None = None,
     head: int = 0,
     framed: int | None = None,
 ) -> _Unit | None:
@@ -423,13 +423,14 @@ def _item_unit(
     group's index and its count there (the group, the item the user attached, reaches
     the model by its title and count whatever its members' forms), else a not-sent
     reference. A member of a group sent as a reference (re-attached: its text is in the
-    library) is that reference or its count in the index (``_reference_unit``). None for
-    what has one form only."""
+    library) is that reference or its count in the index (``_reference_unit``). ``line``:
+    the tokens of its line in its group's index (None: in no group). None for what has
+    one form only."""
     artifact = turn.artifact(item.key)
     if is_index(artifact) or chunk_source(item.key) is not None:
         return None
     if item.form is Form.REFERENCE:
-        return _reference_unit(item, size, weight, head, framed) if grouped else None
+        return _reference_unit(item, size, weight, head, framed) if line is not None else None
     if item.form not in (Form.FULL, Form.PREVIEW, Form.EXCERPT):
         return None
     choices = [_Choice(str(item.form), placement=item)]
@@ -448,7 +449,7 @@ def _item_unit(
         limits.append(least)
     for limit in limits:
         form = Form.PREVIEW if artifact.recoverable else Form.EXCERPT
-        placement = attrs.evolve(item, form=form, limit=limit)
+        placement = Placement(item.key, form, item.marks, limit)
         tokens, cost = limit, limit + _SEP
         guess = form is Form.PREVIEW and (item.key, limit) not in exact
         if form is Form.PREVIEW and not guess:
@@ -461,8 +462,7 @@ def _item_unit(
         choices.append(_Choice(str(form), placement=placement, guess=guess))
         rungs.append(Rung(cost, _value(weight, size, tokens, text_free=False)))
     if artifact.recoverable:
-        if grouped:
-            line = _index_line_tokens(turn, item.key, artifact.title, size)
+        if line is not None:
             choices.append(_Choice("index"))
             rungs.append(Rung(line + head, _value(weight, size, line, text_free=True), True))
             # Counted in its group's index: a line's worth goes, its tokens too, so the
@@ -781,9 +781,52 @@ def _grown(turn: TurnGraph) -> tuple[LibraryEntry, ...]:
     return () if turn.settled is None else turn.library.entries[turn.settled :]
 
 
+@attrs.frozen
+class _Items:
+    """What every ladder of this turn's items reads from the measured request and the
+    groups, the same in each of a turn's rounds: made once a turn (``_items_of``)."""
+
+    sizes: dict[str, int]
+    """Each item's tokens as measured."""
+    framed: dict[str, int | None]
+    """Each item's tokens with its separator, as the request frames it."""
+    lines: dict[str, int]
+    """The tokens of each grouped item's line in its group's index (an item in no group
+    has none)."""
+    heads: dict[str, int]
+    """Each grouped item's share of its group's index head (``_shares``)."""
+
+
+def _items_of(turn: TurnGraph, measured: Draft) -> _Items:
+    """``_Items`` of ``turn`` as ``measured``: each member's share of its group's index
+    head is the block of one line and a count of the rest, less the line."""
+    sizes = {s.key: s.tokens for s in measured.l3.segments}
+    groups = _groups(turn)
+    heads: dict[str, int] = {}
+    ctx = turn.ctx
+    for group, members in groups.items():
+        if not members:
+            continue
+        first = members[0].key
+        line = IndexLine(first, turn.artifact(first).title, sizes.get(first, 0))
+        index = index_artifact(group, (line,), unlisted=len(members))
+        head = ctx.counter.count(ctx.renderer.render(full_view(index)))
+        head -= _index_line_tokens(turn, first, line.title, line.tokens)
+        heads.update(_shares(head + _SEP, [m.key for m in members]))
+    grouped = {m.key for members in groups.values() for m in members}
+    lines = {
+        item.key: _index_line_tokens(
+            turn, item.key, turn.artifact(item.key).title, sizes.get(item.key, 0)
+        )
+        for item in turn.items
+        if item.key in grouped
+    }
+    return _Items(sizes, measured.with_sep(), lines, heads)
+
+
 def _item_units(
     turn: TurnGraph,
-    measured: Draft,
+    of: _Items,
     budget: Budget,
     relevance: dict[str, float],
     exact: dict[tuple[str, int], tuple[int, int] | None],
@@ -796,23 +839,6 @@ def _item_units(
     ``extra`` grew), made anew."""
     kept = {u.key: u for u in previous if u.key not in stale}
     units: list[_Unit] = []
-    sizes = {s.key: s.tokens for s in measured.l3.segments}
-    framed = measured.with_sep()
-    groups = _groups(turn)
-    grouped = {m.key for members in groups.values() for m in members}
-    heads: dict[str, int] = {}
-    ctx = turn.ctx
-    for group, members in groups.items():
-        if not members:
-            continue
-        # Each member's share of its group's index head (the lines' block it would start):
-        # the block of one line and a count of the rest, less the line (``_shares``).
-        first = members[0].key
-        line = IndexLine(first, turn.artifact(first).title, sizes.get(first, 0))
-        index = index_artifact(group, (line,), unlisted=len(members))
-        head = ctx.counter.count(ctx.renderer.render(full_view(index)))
-        head -= _index_line_tokens(turn, first, line.title, line.tokens)
-        heads.update(_shares(head + _SEP, [m.key for m in members]))
     for i, item in enumerate(turn.items):
         if item.key in kept:
             units.append(kept[item.key])
@@ -821,9 +847,9 @@ def _item_units(
         w = _weight(budget, artifact.source_type, 0, relevance.get(item.key, 0.0))
         w *= 1.0 - i / (1000.0 * (len(turn.items) + 1))  # ties: the first placed first
         unit = _item_unit(
-            turn, item, sizes.get(item.key, 0), w, exact, extra,
-            grouped=item.key in grouped, head=heads.get(item.key, 0),
-            framed=framed.get(item.key),
+            turn, item, of.sizes.get(item.key, 0), w, exact, extra,
+            line=of.lines.get(item.key), head=of.heads.get(item.key, 0),
+            framed=of.framed.get(item.key),
         )  # fmt: skip
         if unit is not None:
             units.append(unit)
@@ -1475,7 +1501,8 @@ class Solve:
         exact: dict[tuple[str, int], tuple[int, int] | None] = {}
         extra: dict[str, set[int]] = {}
         cached = _cached_units(turn, measured, budget, relevance, sizes, used)
-        items = _item_units(turn, measured, budget, relevance, exact, extra)
+        of = _items_of(turn, measured)
+        items = _item_units(turn, of, budget, relevance, exact, extra)
         units = cached + items + passages
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
         fixed = used - now
@@ -1522,7 +1549,7 @@ class Solve:
                 continue  # a summary was made: solve again with its tokens
             made = _made(turn, units, solution.choice, exact)
             if made:
-                items = _item_units(turn, measured, budget, relevance, exact, extra, items, made)
+                items = _item_units(turn, of, budget, relevance, exact, extra, items, made)
                 guessed, units = units, cached + items + passages
                 solution = _as_made(
                     guessed, units, solution, room, budget.cache_weight, carry, text_free
@@ -1532,9 +1559,7 @@ class Solve:
             resized = None if sized else _sized(units, solution, room, extra)
             if resized is not None:
                 sized = True
-                items = _item_units(
-                    turn, measured, budget, relevance, exact, extra, items, {resized}
-                )
+                items = _item_units(turn, of, budget, relevance, exact, extra, items, {resized})
                 units = cached + items + passages
                 continue  # the room the made forms leave is given to one preview, fitted to it
             choice = solution.choice

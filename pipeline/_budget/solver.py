@@ -172,19 +172,19 @@ def _hull(rungs: Sequence[Rung], price: float, cap: int = sys.maxsize) -> list[i
             return [lo]
         return [lo, hi]
     order = sorted(range(len(rungs)), key=lambda i: (rungs[i].tokens, -rungs[i].value, i))
+    nets = [_net(r, price, cap) for r in rungs]
     points: list[int] = []
     for i in order:
-        r = rungs[i]
-        v = _net(r, price, cap)
-        if points and rungs[points[-1]].tokens == r.tokens:
+        tokens, v = rungs[i].tokens, nets[i]
+        if points and rungs[points[-1]].tokens == tokens:
             continue  # same size, lower value (sorted)
-        if points and v <= _net(rungs[points[-1]], price, cap):
+        if points and v <= nets[points[-1]]:
             continue  # larger and worth no more
         while len(points) >= 2:
-            a, b = rungs[points[-2]], rungs[points[-1]]
-            va, vb = _net(a, price, cap), _net(b, price, cap)
-            # b is under the chord a -> r: drop it (slopes must fall)
-            if (vb - va) * (r.tokens - a.tokens) <= (v - va) * (b.tokens - a.tokens):
+            p, q = points[-2], points[-1]
+            va, at = nets[p], rungs[p].tokens
+            # q is under the chord p -> i: drop it (slopes must fall)
+            if (nets[q] - va) * (tokens - at) <= (v - va) * (rungs[q].tokens - at):
                 points.pop()
             else:
                 break
@@ -301,15 +301,19 @@ def _topped(
         heap entry: (-value per token, -value, ladder, rung)."""
         rungs, price, cap = ladders[j].rungs, prices[j], _cap(ladders[j])
         now = rungs[choice[j]]
-        worth, now_bare = _net(now, price, cap), _bare(now)
+        worth, now_tokens, now_bare = _net(now, price, cap), now.tokens, _bare(now)
         found: tuple[float, float, int, int] | None = None
-        for i, r in enumerate(rungs):
-            grow, bare_grow = r.tokens - now.tokens, _bare(r) - now_bare
-            if grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
+        for i, r in enumerate(rungs):  # ``_net`` and ``_bare`` inlined: the hot loop
+            tokens = r.tokens
+            grow = tokens - now_tokens
+            if grow > room:
+                continue
+            bare_grow = (tokens if r.text_free else 0) - now_bare
+            if bare_grow > 0 and bare + bare_grow > text_free:
                 continue
             if barred and (j, i) in barred:
                 continue
-            gain = _net(r, price, cap) - worth
+            gain = r.value - price * (tokens if tokens < cap else cap) - worth
             if gain <= 0:
                 continue
             move = (-gain / grow if grow > 0 else -math.inf, -gain, j, i)
