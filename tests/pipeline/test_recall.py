@@ -327,12 +327,6 @@ def test_the_suffix_start_moves_only_where_the_objective_gains() -> None:
     assert 1 <= len(moved) <= 15
 
 
-def _recalled_tokens(env: Envelope) -> int:
-    """The recalled blocks' own tokens (the stage checks the exact request, blank lines
-    and the query's label included, against its room)."""
-    return sum(s.tokens for s in env.l3.segments if s.source_type == "recalled")
-
-
 @settings(max_examples=25, deadline=None)
 @given(
     words=st.lists(st.sampled_from(WORDS), min_size=3, max_size=12),
