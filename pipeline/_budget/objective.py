@@ -802,6 +802,11 @@ def _items_of(turn: TurnGraph, measured: Draft) -> _Items:
     head is the block of one line and a count of the rest, less the line."""
     sizes = {s.key: s.tokens for s in measured.l3.segments}
     groups = _groups(turn)
+    lines = {
+        m.key: _index_line_tokens(turn, m.key, turn.artifact(m.key).title, sizes.get(m.key, 0))
+        for members in groups.values()
+        for m in members
+    }
     heads: dict[str, int] = {}
     ctx = turn.ctx
     for group, members in groups.items():
@@ -810,17 +815,8 @@ def _items_of(turn: TurnGraph, measured: Draft) -> _Items:
         first = members[0].key
         line = IndexLine(first, turn.artifact(first).title, sizes.get(first, 0))
         index = index_artifact(group, (line,), unlisted=len(members))
-        head = ctx.counter.count(ctx.renderer.render(full_view(index)))
-        head -= _index_line_tokens(turn, first, line.title, line.tokens)
+        head = ctx.counter.count(ctx.renderer.render(full_view(index))) - lines[first]
         heads.update(_shares(head + _SEP, [m.key for m in members]))
-    grouped = {m.key for members in groups.values() for m in members}
-    lines = {
-        item.key: _index_line_tokens(
-            turn, item.key, turn.artifact(item.key).title, sizes.get(item.key, 0)
-        )
-        for item in turn.items
-        if item.key in grouped
-    }
     return _Items(sizes, measured.with_sep(), lines, heads)
 
 

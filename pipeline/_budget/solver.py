@@ -301,19 +301,15 @@ def _topped(
         heap entry: (-value per token, -value, ladder, rung)."""
         rungs, price, cap = ladders[j].rungs, prices[j], _cap(ladders[j])
         now = rungs[choice[j]]
-        worth, now_tokens, now_bare = _net(now, price, cap), now.tokens, _bare(now)
+        worth, now_bare = _net(now, price, cap), _bare(now)
         found: tuple[float, float, int, int] | None = None
-        for i, r in enumerate(rungs):  # ``_net`` and ``_bare`` inlined: the hot loop
-            tokens = r.tokens
-            grow = tokens - now_tokens
-            if grow > room:
-                continue
-            bare_grow = (tokens if r.text_free else 0) - now_bare
-            if bare_grow > 0 and bare + bare_grow > text_free:
+        for i, r in enumerate(rungs):
+            grow, bare_grow = r.tokens - now.tokens, _bare(r) - now_bare
+            if grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
                 continue
             if barred and (j, i) in barred:
                 continue
-            gain = r.value - price * (tokens if tokens < cap else cap) - worth
+            gain = _net(r, price, cap) - worth
             if gain <= 0:
                 continue
             move = (-gain / grow if grow > 0 else -math.inf, -gain, j, i)

@@ -481,6 +481,12 @@ def _extends(
     return (HISTORY_CHANGED, state.turns) if rest else ("", tuple(turns))
 
 
+def _unkeyed(turns: Sequence[DeferredTurn]) -> bool:
+    """Whether ``turns`` come from a state saved without each block's key (before they
+    were kept): which block holds which entry is then unknown, and nothing sheds."""
+    return any(len(turn.keys) != len(turn.blocks) for turn in turns)
+
+
 def _first_stale(
     turns: Sequence[DeferredTurn], forms: Mapping[str, str]
 ) -> tuple[int, int] | None:
@@ -524,7 +530,7 @@ def shed_counts(
     block's, those blocks at their library forms (an entry gone, none); () when that shed
     would settle instead (the request is then sent as built: it carries nothing)."""
     turns = state.turns
-    if any(len(turn.keys) != len(turn.blocks) for turn in turns):
+    if _unkeyed(turns):
         return ()
     first = _first_stale(turns, {k: text for k, (text, _) in growth.items()})
     if first is None:
@@ -553,7 +559,7 @@ def shed_keys(
     ``_keeps_less``). A block already stale sheds from there: after it, every key is one
     if that shed keeps the batch, none if not."""
     turns = state.turns
-    if any(len(turn.keys) != len(turn.blocks) for turn in turns):
+    if _unkeyed(turns):
         return ()
     first = _first_stale(turns, {k: text for k, (text, _) in growth.items()})
     grown = sum(n for _, n in growth.values())
@@ -586,7 +592,7 @@ def _shed(
     the first that did hold less of the growth than is sent again from it (``_keeps_less``),
     or for a state saved without keys."""
     grown = envelope.l2.segments[settled:]
-    if any(len(turn.keys) != len(turn.blocks) for turn in turns):
+    if _unkeyed(turns):
         return None
     first = _first_stale(turns, {s.key: s.text for s in grown})
     if first is None or _keeps_less(turns, first, sum(s.tokens for s in grown), counter):
