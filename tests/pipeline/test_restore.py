@@ -123,10 +123,14 @@ def test_a_large_attachment_leaves_the_library_its_floor_and_it_comes_back(
     big_vault: Path,
 ) -> None:
     """A 2-hour transcript arriving in a chat with a 22-note library at 16k: the library
-    keeps text (not all stubs), and the first short turn after it restores the entries it
+    keeps text (not all stubs), and the first short turn after it gives back what was
     cut: a restore pays for the cache it loses (the stubs and previews last turn sent from
     the first entry it changes on), not for what it sends, so the value the entries bring
-    back outweighs it at once; the turn after keeps its prefix."""
+    back outweighs it at once; the turn after keeps its prefix. What comes back first is
+    the transcript's own entry (its carry-forward preview grows to what the turn sent):
+    the library's last, its restore breaks least. (While a note's whole counted in its
+    value beyond the limit, the transcript's turn cut 11 of the library's 12 whole entries
+    and the short turn unfolded four that were set aside; now it cuts 7.)"""
     budget = Budget(16_000, reserve_output=2_000)
     conv = Conversation("You answer.", vault=big_vault, budget=budget)
     previous: Envelope | None = None
@@ -146,12 +150,14 @@ def test_a_large_attachment_leaves_the_library_its_floor_and_it_comes_back(
     # The transcript's preview enters L2 in carry-forward form, not as its 10k-token cut.
     entry = conv.library.get("note:transcript.md")
     assert entry is not None and entry.tokens < 3_000
-    cut_before = sum(1 for e in conv.library if e.cut)
+    before = {e.key: e.tokens for e in conv.library}
     first = conv.turn("What did we decide?")
     check_envelope(first, big)
-    restored = [d for d in first.report.decisions if d.action is DecisionAction.RESTORED]
-    assert restored
-    assert sum(1 for e in conv.library if e.cut) < cut_before
+    restored = {d.target for d in first.report.decisions if d.action is DecisionAction.RESTORED}
+    after = {e.key: e.tokens for e in conv.library}
+    assert "note:transcript.md" in restored
+    assert all(after[k] > before[k] for k in restored if k in after)
+    assert sum(after.values()) > sum(before.values())
     assert exact_request_tokens(first) == first.report.budget.used <= budget.limit  # type: ignore[union-attr]
     conv.reply("Two things.")
     after = conv.turn("And the third?")
