@@ -170,22 +170,23 @@ class _Unit:
     choices: tuple[_Choice, ...]
 
 
-def _value(weight: float, whole: int, tokens: int, *, text_free: bool, limit: int) -> float:
+def _value(weight: float, whole: int, tokens: int, *, text_free: bool, cap: int) -> float:
     """What a form tells the model: ``weight`` times the square root of the text it
     carries times the unit's whole size, so value grows with text but less per token
     (a preview is worth more per token than the whole); a text-free form (a line, a
     stub: a title and how to ask for it) is worth half of that. A form tells at most what
-    the whole does, however its framing counts. The whole counts at most the ``limit``
-    (what one request holds): a note larger than that tells the model no more than a
+    the whole does, however its framing counts. The whole counts at most ``cap`` (the
+    limit: what one request holds): a note larger than that tells the model no more than a
     request of it could, and counted whole, a preview of a note many windows long was
     worth more per token than the cache of everything before it, so each such
     attachment took the library's room and the next turn rebuilt it."""
-    worth = weight * math.sqrt(max(0, min(tokens, whole)) * max(1, min(whole, limit)))
+    worth = weight * math.sqrt(max(0, min(tokens, whole)) * max(1, min(whole, cap)))
     return worth / 2 if text_free else worth
 
 
 def _limit(turn: TurnGraph) -> int:
-    """The turn's limit (``Budget.limit``): the most a unit's whole counts (``_value``)."""
+    """The turn's limit (``Budget.limit``): the most a unit's whole counts (``_value``'s
+    ``cap``)."""
     budget = turn.ctx.budget
     assert budget is not None
     return budget.limit
@@ -400,20 +401,17 @@ def _library_unit(
             if f is forms[0] or (f.tokens < forms[0].tokens and f.choice.form != "full")
         )
     full = max(entry.full_tokens, entry.tokens)
-    most = _limit(turn)
+    cap = _limit(turn)
     rungs = []
     choices = []
     for form in forms:
         if form.choice.entry is None and form.choice.form == "index":
             form = attrs.evolve(form, tokens=form.tokens + head)
         if form.value is None:
-            tokens = form.tokens - _SEP
-            value = _value(weight, full, tokens, text_free=form.text_free, limit=most)
+            value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free, cap=cap)
         elif form.choice.unfold:  # an unfold: what its entries are worth
             back = form.choice.unfold
-            value = sum(
-                _value(weight, e.tokens, e.tokens, text_free=False, limit=most) for e in back
-            )
+            value = sum(_value(weight, e.tokens, e.tokens, text_free=False, cap=cap) for e in back)
         else:
             value = form.value
         rungs.append(Rung(form.tokens, value, form.text_free))
@@ -450,10 +448,10 @@ def _item_unit(
         return _reference_unit(item, size, weight, head, framed, _limit(turn))
     if item.form not in (Form.FULL, Form.PREVIEW, Form.EXCERPT):
         return None
-    most = _limit(turn)
+    cap = _limit(turn)
     choices = [_Choice(str(item.form), placement=item)]
     top = _framed(size, framed)  # the whole as the request frames it
-    rungs = [Rung(top, _value(weight, size, size, text_free=False, limit=most))]
+    rungs = [Rung(top, _value(weight, size, size, text_free=False, cap=cap))]
     least = MIN_PREVIEW_TOKENS if artifact.recoverable else EXCERPT_MIN_TOKENS
     # Eighths of the item, then halving down to the least: fine steps where the room is.
     limits = sorted({size * k // _STEPS for k in range(_STEPS - 1, 0, -1)}, reverse=True)
@@ -478,12 +476,12 @@ def _item_unit(
         if cost >= top:
             continue  # no smaller than the whole, once framed
         choices.append(_Choice(str(form), placement=placement, guess=guess))
-        rungs.append(Rung(cost, _value(weight, size, tokens, text_free=False, limit=most)))
+        rungs.append(Rung(cost, _value(weight, size, tokens, text_free=False, cap=cap)))
     if artifact.recoverable:
         if line is not None:
             choices.append(_Choice("index"))
-            value = _value(weight, size, line, text_free=True, limit=most)
-            rungs.append(Rung(line + head, value, True))
+            worth = _value(weight, size, line, text_free=True, cap=cap)
+            rungs.append(Rung(line + head, worth, True))
             # Counted in its group's index: a line's worth goes, its tokens too, so the
             # text-free share binds the lines like any other text-free form.
             choices.append(_Choice("count"))
@@ -498,22 +496,20 @@ def _item_unit(
                     placement=attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0),
                 )
             )
-            value = _value(weight, size, tokens, text_free=True, limit=most)
-            rungs.append(Rung(tokens, value, True))
+            rungs.append(Rung(tokens, _value(weight, size, tokens, text_free=True, cap=cap), True))
     return _Unit("item", item.key, Ladder(tuple(rungs)), tuple(choices))
 
 
 def _reference_unit(
-    item: Placement, size: int, weight: float, head: int, framed: int | None, limit: int
+    item: Placement, size: int, weight: float, head: int, framed: int | None, cap: int
 ) -> _Unit:
     """A group's member sent as a reference to its library entry (attached again): the
     reference, or its count in the group's index. Both are text-free, so the share bounds
     them with the rest; with one form only, a folder the library holds whole sent a
     reference for each note, over the share, and the library was cut to make room for
     them (``test_a_re_attached_folder_counts_its_references_within_the_share``)."""
-    value = _value(weight, size, size, text_free=True, limit=limit)
     rungs = (
-        Rung(_framed(size, framed), value, True),
+        Rung(_framed(size, framed), _value(weight, size, size, text_free=True, cap=cap), True),
         Rung(head, 0.0, True),
     )
     return _Unit("item", item.key, Ladder(rungs), (_Choice("reference", placement=item),
@@ -715,19 +711,18 @@ def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
     if tokens <= EXCERPT_MIN_TOKENS:
         return None
     choices = [_Choice("text", text=text)]
-    most = _limit(turn)
-    rungs = [Rung(tokens, _value(1.5, tokens, tokens, text_free=False, limit=most))]
+    cap = _limit(turn)
+    rungs = [Rung(tokens, _value(1.5, tokens, tokens, text_free=False, cap=cap))]
     preview = make_preview(text, counter, section_tokens=turn.ctx.policy.section_tokens).text
     size = counter.count(preview)
     if size < tokens:
         choices.append(_Choice("preview", text=preview))
-        rungs.append(Rung(size, _value(1.5, tokens, size, text_free=False, limit=most)))
+        rungs.append(Rung(size, _value(1.5, tokens, size, text_free=False, cap=cap)))
     limit = tokens // 2
     while limit >= EXCERPT_MIN_TOKENS:
         cut = make_excerpt(text, counter, limit).text
         choices.append(_Choice("excerpt", text=cut))
-        value = _value(1.5, tokens, limit, text_free=False, limit=most)
-        rungs.append(Rung(counter.count(cut), value))
+        rungs.append(Rung(counter.count(cut), _value(1.5, tokens, limit, text_free=False, cap=cap)))
         limit //= 2
     return _Unit("l1", "system:mutable", Ladder(tuple(rungs), 0), tuple(choices))
 
