@@ -1351,13 +1351,14 @@ def _kept(
     """The request as it is (every unit in its present form, the first rung: it fits
     ``room``) with the passages that fit beside it outside ``reserve``, if that is worth
     at least ``solution``: a request that fits is changed only for more. Passages are
-    this turn's only; they leave the ``reserve`` free where the library has grown since
-    the batch settled (``TurnGraph.settled``): the request is then sent as an extension
-    of the last one (``Envelope.batch``), whose messages hold that growth in more tokens
-    than this count gives it, and one that passages push over the limit as sent is sent
-    as built, its whole prefix broken. The suffix keeps its start, so a passage it shows
-    (``shown``: their keys) is never sent (``_apply``): none takes room another could
-    use. With ``carried`` (what the request over the limit as sent carries), it is
+    this turn's only; they leave ``reserve`` free: what the request as sent carries
+    beyond this count (it extends the last one, ``Envelope.batch``, whose messages hold
+    more tokens than the build: ``_carried``), and at least the reserve where the library
+    has grown since the batch settled (``TurnGraph.settled``). One that passages push over
+    the limit as sent is sent as built: a settle, its prefix broken from the batch's
+    first message or, the library grown, from its growth. The suffix keeps its start, so
+    a passage it shows (``shown``: their keys) is never sent (``_apply``): none takes room
+    another could use. With ``carried`` (what the request over the limit as sent carries), it is
     priced as the settle it makes: sent as built (``solver.Carried``)."""
     whole = [u.ladder for u in units]
     choice = tuple(0 for _ in units)
@@ -1486,8 +1487,10 @@ class Solve:
         # not. One that would pass the limit so settles if kept as it stands, and is
         # priced so (``_kept``); a changed request leaves the reserve free, which holds
         # what is carried first; beyond it the solve weighs cuts that keep the batch
-        # against the settle that sending it as built makes (``solver.Carried``), and a
-        # fit that keeps the batch is measured with what it carries.
+        # against the settle that sending it as built makes (``solver.Carried``, whether
+        # or not the request as it stands fits as sent), and a fit that keeps the batch is
+        # measured with what it carries. A request kept as it stands takes passages only
+        # beside what it carries.
         carried = _carried(turn, measured, used)
         sizes = _turn_tokens(measured, budget)
         settles = budget.effective(used + carried) > budget.limit
@@ -1547,7 +1550,7 @@ class Solve:
             ladders = [u.ladder for u in units]
             limit = math.floor((budget.limit - reserve) / (1.0 + budget.safety_margin))
             room = limit - fixed - short
-            carry = _carrying(turn, units, sizes, carried - reserve) if settles else None
+            carry = _carrying(turn, units, sizes, carried - reserve)
             solution = solve(
                 ladders, room, cache_price=budget.cache_weight, text_free=text_free,
                 regret=turn.regret, carried=carry, hulls=hulls,
@@ -1581,8 +1584,9 @@ class Solve:
             if fits:
                 whole = math.floor(budget.limit / (1.0 + budget.safety_margin)) - fixed - short
                 as_built = _carrying(turn, units, sizes, carried) if settles else None
-                kept = _kept(units, solution, budget.cache_weight, whole, text_free,
-                             reserve if _grown(turn) else 0, shows, as_built)  # fmt: skip
+                free = max(reserve if _grown(turn) else 0, carried)  # beside the passages
+                kept = _kept(units, solution, budget.cache_weight, whole, text_free, free, shows,
+                             as_built)  # fmt: skip
             if kept is not None:
                 choice = kept
             regret = _regret(turn, units, solution, choice)

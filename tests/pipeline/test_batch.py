@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, load_conversation, rebuild_envelope
-from lamina.pipeline import Budget, ConversationState, Envelope, check_envelope
+from lamina.pipeline import Budget, ConversationState, DecisionAction, Envelope, check_envelope
 from lamina.pipeline.store import ConversationInfo, save_turn
 from lamina.renderers import openai_messages, prefix_reports
 from tests.stores import Backend
@@ -314,6 +314,28 @@ def test_cut_entries_are_sent_whole_again_where_the_request_has_room() -> None:
         assert seg.text not in system
     assert t17.batch.tokens <= _budget().limit
     assert _messages(t18)[: len(messages)] == messages
+
+
+@pytest.mark.parametrize("window", [6500, 7000, 7750, 8000])
+def test_recalled_passages_leave_free_what_the_batch_carries(window: int) -> None:
+    """chat30 with recall (the default budget, reserve a quarter of the window): a request
+    kept as it stood took recalled passages up to the limit as built, and its extension
+    of the batch, whose earlier messages carry tokens the build does not hold, was then
+    over the limit and settled, re-sending history from the batch's first message (on
+    e230001, 43 turns of the windows 3,500-9,000 whose only change was a recall: turns 21
+    and 24 at 6,500, 17 and 21 at 7,000). The passages now leave what the extension
+    carries free, so such a turn extends the batch."""
+    from lamina import load_script, run_script
+
+    script = load_script(_EXAMPLES / "chat30.yaml")
+    budget = Budget(context_window=window, reserve_output=window // 4)
+    conv = Conversation(script.system, vault=script.vault, budget=budget)
+    for env in run_script(script, conv):
+        report = env.report.budget
+        assert env.batch is not None and report is not None
+        recall_only = {d.action for d in report.decisions} == {DecisionAction.RECALLED}
+        assert not (recall_only and env.batch.reason == "over-budget"), env.turn
+        assert env.batch.tokens <= report.limit
 
 
 def test_a_shed_that_would_keep_less_of_the_growth_than_it_resends_settles() -> None:
