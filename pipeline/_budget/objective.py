@@ -442,13 +442,11 @@ def _item_unit(
     artifact = turn.artifact(item.key)
     if is_index(artifact) or chunk_source(item.key) is not None:
         return None
+    cap = _limit(turn)
     if item.form is Form.REFERENCE:
-        if line is None:
-            return None
-        return _reference_unit(item, size, weight, head, framed, _limit(turn))
+        return None if line is None else _reference_unit(item, size, weight, head, framed, cap)
     if item.form not in (Form.FULL, Form.PREVIEW, Form.EXCERPT):
         return None
-    cap = _limit(turn)
     choices = [_Choice(str(item.form), placement=item)]
     top = _framed(size, framed)  # the whole as the request frames it
     rungs = [Rung(top, _value(weight, size, size, text_free=False, cap=cap))]
@@ -1358,8 +1356,8 @@ def _kept(
     the limit as sent is sent as built: a settle, its prefix broken from the batch's
     first message or, the library grown, from its growth. The suffix keeps its start, so
     a passage it shows (``shown``: their keys) is never sent (``_apply``): none takes room
-    another could use. With ``carried`` (what the request over the limit as sent carries), it is
-    priced as the settle it makes: sent as built (``solver.Carried``)."""
+    another could use. With ``carried`` (what the request over the limit as sent
+    carries), it is priced as the settle it makes: sent as built (``solver.Carried``)."""
     whole = [u.ladder for u in units]
     choice = tuple(0 for _ in units)
     if any(u.kind == "passage" for u in units):
