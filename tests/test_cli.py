@@ -145,24 +145,22 @@ def test_private_network_urls_are_refused_unless_allowed(tmp_path: Path) -> None
 
 
 def test_inspect_and_the_trace_name_the_entries_sent_whole_again() -> None:
-    """chat30 at 4,000: turn 17's request (a settle) sends the cut design review whole
-    again (restore by appending); `inspect` says so on its request line and the trace
-    lists its key under the batch, with the other turns that restore: turn 15 (the review
-    and the auth notes) and turn 24 (the meeting note of 19 October). (Pinned again when
-    the budget's rungs became exact counts, framed as blocks of the request: before, the
-    request's first solve counted two tokens for each block's separator and one for each
-    member of a large group's index; turn 15 restored the 2 November note where it now
-    restores the auth notes, turn 17 the 19 October note too, and turn 28 what turn 24
-    now does.)"""
+    """chat30 at 4,000: turn 16's request (a settle) sends the cut meeting note of 19
+    October whole again (restore by appending); `inspect` says so on its request line
+    and the trace lists its key under the batch, with the other turn that restores it:
+    turn 19. (Pinned again when a copy in L3 came to be valued by what it adds to the
+    library's: before, turn 17 sent the design review whole again, turn 15 the review
+    and the auth notes, turn 24 the meeting note; and when the budget's rungs became
+    exact counts, framed as blocks of the request.)"""
     chat = str(Path(__file__).resolve().parents[1] / "examples" / "chat30.yaml")
     out = lamina("inspect", chat, "--window", "4000")
     assert out.returncode == 0, out.stderr
-    pdf, note = "pdf:media/sync-design-review.pdf", "note:meetings/2026-10-19.md"
-    held = "the system message holds 5 of 5 library entries; sent whole again"
-    assert f"request: settled (over-budget): {held}: {pdf}" in out.stdout.splitlines()
+    note = "note:meetings/2026-10-19.md"
+    held = "the system message holds 3 of 3 library entries; sent whole again"
+    assert f"request: settled (over-budget): {held}: {note}" in out.stdout.splitlines()
     run = lamina("run", chat, "--window", "4000", "--json")
     assert run.returncode == 0, run.stderr
     turns = json.loads(run.stdout)["turns"]
     restored = {i + 1: t["batch"]["restored"] for i, t in enumerate(turns)
                 if t["batch"].get("restored")}  # fmt: skip
-    assert restored == {15: [pdf, "note:docs/auth.md"], 17: [pdf], 24: [note]}
+    assert restored == {16: [note], 19: [note]}

@@ -133,6 +133,9 @@ measured against another value."""
 _CUT = frozenset({Form.PREVIEW, Form.SUMMARY, Form.EXCERPT})
 """The forms that hold part of a unit's text: one holding no prose is never sent."""
 
+_TEXT = _CUT | {Form.FULL}
+"""The forms that hold a unit's text (a stub or an index holds none)."""
+
 
 @attrs.frozen
 class _Choice:
@@ -168,6 +171,19 @@ class _Unit:
     key: str
     ladder: Ladder
     choices: tuple[_Choice, ...]
+
+
+@attrs.frozen
+class _Whole:
+    """The library entry of an item attached again while it holds a cut form (the item
+    is sent in L3 once more): the entry whole (``grown``), the tokens that adds to the
+    form it holds, its place in the prefix and the cache price of the prefix from there
+    on (``Rung.at``, ``Rung.join``)."""
+
+    grown: LibraryEntry
+    tokens: int
+    at: int
+    join: float
 
 
 def _value(weight: float, whole: int, tokens: int, *, text_free: bool, cap: int) -> float:
@@ -430,15 +446,19 @@ def _item_unit(
     line: int | None = None,
     head: int = 0,
     framed: int | None = None,
+    held: _Whole | None = None,
 ) -> _Unit | None:
     """An item attached this turn: the form it has now, previews fitted to halving sizes
     down to ``MIN_PREVIEW_TOKENS`` (recoverable) or excerpts (not), then its line in its
     group's index and its count there (the group, the item the user attached, reaches
     the model by its title and count whatever its members' forms), else a not-sent
-    reference. A member of a group sent as a reference (re-attached: its text is in the
-    library) is that reference or its count in the index (``_reference_unit``). ``line``:
-    the tokens of its line in its group's index (None: in no group). None for what has
-    one form only."""
+    reference. An item the library holds cut (``held``) may instead grow whole there, a
+    change of the prefix at its place (``Rung.at``), and be counted in its group's
+    index or, in none, referred to. A form holding what the library holds of it is
+    valued by what it adds to that (the library's ladder values what it holds). A member
+    of a group sent as a reference (re-attached: its text is in the library) is that
+    reference or its count in the index (``_reference_unit``). ``line``: the tokens of its
+    line in its group's index (None: in no group). None for what has one form only."""
     artifact = turn.artifact(item.key)
     if is_index(artifact) or chunk_source(item.key) is not None:
         return None
@@ -447,9 +467,19 @@ def _item_unit(
         return None if line is None else _reference_unit(item, size, weight, head, framed, cap)
     if item.form not in (Form.FULL, Form.PREVIEW, Form.EXCERPT):
         return None
+    # A copy of what the library holds tells the model only what it adds to that.
+    entry = turn.library.get(item.key)
+    held_text = 0
+    if entry is not None and entry.content_hash == artifact.content_hash and entry.form in _TEXT:
+        held_text = entry.tokens
+    base = _value(weight, size, held_text, text_free=False, cap=cap)
+
+    def adds(tokens: int) -> float:
+        return max(0.0, _value(weight, size, tokens, text_free=False, cap=cap) - base)
+
     choices = [_Choice(str(item.form), placement=item)]
     top = _framed(size, framed)  # the whole as the request frames it
-    rungs = [Rung(top, _value(weight, size, size, text_free=False, cap=cap))]
+    rungs = [Rung(top, adds(size))]
     least = MIN_PREVIEW_TOKENS if artifact.recoverable else EXCERPT_MIN_TOKENS
     # Eighths of the item, then halving down to the least: fine steps where the room is.
     limits = sorted({size * k // _STEPS for k in range(_STEPS - 1, 0, -1)}, reverse=True)
@@ -474,7 +504,8 @@ def _item_unit(
         if cost >= top:
             continue  # no smaller than the whole, once framed
         choices.append(_Choice(str(form), placement=placement, guess=guess))
-        rungs.append(Rung(cost, _value(weight, size, tokens, text_free=False, cap=cap)))
+        rungs.append(Rung(cost, adds(tokens)))
+    referred: Placement | None = None
     if artifact.recoverable:
         if line is not None:
             choices.append(_Choice("index"))
@@ -485,16 +516,23 @@ def _item_unit(
             choices.append(_Choice("count"))
             rungs.append(Rung(head, 0.0, True))
         else:
-            marks = (*item.marks, (NOT_SENT, "true"))
+            # A reference to the library's copy (its mark says which form), else to a
+            # note not sent.
+            marks = item.marks if held_text else (*item.marks, (NOT_SENT, "true"))
+            referred = attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0)
             ref = turn.ctx.renderer.render(reference_view(artifact, marks))
             tokens = turn.ctx.counter.count(ref) + _SEP
-            choices.append(
-                _Choice(
-                    "reference",
-                    placement=attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0),
-                )
-            )
+            choices.append(_Choice("reference", placement=referred))
             rungs.append(Rung(tokens, _value(weight, size, tokens, text_free=True, cap=cap), True))
+    if held is not None:  # beside it: counted in its group's index, else referred to
+        part, referred = head, None
+        if line is None:
+            marks = tuple(m for m in item.marks if m[0] != "library")  # whole there now
+            referred = attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0)
+            ref = turn.ctx.renderer.render(reference_view(artifact, marks))
+            part = turn.ctx.counter.count(ref) + _SEP
+        choices.append(_Choice("grown", entry=held.grown, placement=referred))
+        rungs.append(Rung(held.tokens + part, adds(size), at=held.at, join=held.join))
     return _Unit("item", item.key, Ladder(tuple(rungs)), tuple(choices))
 
 
@@ -762,9 +800,11 @@ def _cached_units(
     relevance: dict[str, float],
     sizes: Mapping[int, int],
     used: int,
-) -> list[_Unit]:
+) -> tuple[list[_Unit], dict[str, _Whole]]:
     """The units of the cached prefix, in its order: L1's mutable part, the library,
-    history (``sizes``: ``measured``'s history turns' tokens, ``used`` its tokens)."""
+    history (``sizes``: ``measured``'s history turns' tokens, ``used`` its tokens); and
+    the entries of the items sent again in L3 that could grow whole in their place
+    (``_wholes``)."""
     units: list[_Unit] = []
     l1 = _l1_unit(turn, measured)
     if l1 is not None:
@@ -788,7 +828,40 @@ def _cached_units(
     history = _history_unit(turn, sizes, relevance, used, at)
     if history is not None:
         units.append(history)
-    return units
+    return units, _wholes(turn, units, sent, budget)
+
+
+def _wholes(
+    turn: TurnGraph, units: Sequence[_Unit], sent: Collection[str], budget: Budget
+) -> dict[str, _Whole]:
+    """Each library entry holding less than its note while the note is attached again
+    (sent in L3, ``sent``): the entry whole in its place, its tokens over the form it
+    holds and the cache price of the prefix from its place. Grown there, the item needs
+    no copy in L3 (it is a reference, or counted in its group's index) and the next turn
+    nothing to give back; the library's own ladder holds no whole while the item is sent
+    (not twice)."""
+    ctx = turn.ctx
+    after = 0
+    wholes: dict[str, _Whole] = {}
+    for at in range(len(units) - 1, -1, -1):
+        unit = units[at]
+        after += unit.ladder.rungs[unit.ladder.previous or 0].tokens
+        entry = turn.library.get(unit.key) if unit.kind == "library" else None
+        if entry is None or unit.key not in sent:
+            continue
+        artifact = turn.artifact(unit.key)
+        if entry.content_hash != artifact.content_hash or not artifact.recoverable:
+            continue  # pinned to an older version, or not to be sent whole again
+        view = full_view(artifact)
+        text = ctx.renderer.render(view)
+        tokens = ctx.counter.count(text)
+        now = unit.ladder.rungs[0]
+        if tokens + _SEP <= now.tokens:
+            continue
+        grown = LibraryEntry(view, text, tokens, ctx.turn, tokens)
+        join = budget.cache_weight * after
+        wholes[unit.key] = _Whole(grown, tokens + _SEP - now.tokens, at, join)
+    return wholes
 
 
 def _grown(turn: TurnGraph) -> tuple[LibraryEntry, ...]:
@@ -843,12 +916,14 @@ def _item_units(
     relevance: dict[str, float],
     exact: dict[tuple[str, int], tuple[int, int] | None],
     extra: dict[str, set[int]],
+    growing: Mapping[str, _Whole],
     previous: Sequence[_Unit] = (),
     stale: Collection[str] = (),
 ) -> list[_Unit]:
-    """The units of this turn's items, after every cached unit: those of ``previous`` (the
-    same turn's, made before) again but for the ``stale`` keys' (their ``exact`` or
-    ``extra`` grew), made anew."""
+    """The units of this turn's items, after every cached unit (``growing``: the library
+    entries they may grow, ``_wholes``): those of ``previous`` (the same turn's,
+    made before) again but for the ``stale`` keys' (their ``exact`` or ``extra`` grew),
+    made anew."""
     kept = {u.key: u for u in previous if u.key not in stale}
     units: list[_Unit] = []
     for i, item in enumerate(turn.items):
@@ -861,7 +936,7 @@ def _item_units(
         unit = _item_unit(
             turn, item, of.sizes.get(item.key, 0), w, exact, extra,
             line=of.lines.get(item.key), head=of.heads.get(item.key, 0),
-            framed=of.framed.get(item.key),
+            framed=of.framed.get(item.key), held=growing.get(item.key),
         )  # fmt: skip
         if unit is not None:
             units.append(unit)
@@ -904,6 +979,9 @@ def _decision(unit: _Unit, old: _Choice, new: _Choice, saved: int) -> Decision:
         else "cut (the objective's best use of the room)"
     )
     to = new.form
+    unsent = new.placement is None or (NOT_SENT, "true") in new.placement.marks
+    if new.form == "reference" and not unsent:  # a reference to the library's copy
+        action = DecisionAction.REFERENCED
     if new.form == "count":
         to = "dropped"  # set aside: kept in the library's index not sent (``SET_ASIDE``)
     elif new.form not in ("preview", "summary", "excerpt", "evicted", "index", "reference", "text"):
@@ -943,16 +1021,33 @@ def _apply(
     indexed: dict[str, bool] = {}
     unfolds: list[tuple[str, tuple[LibraryEntry, ...]]] = []
     recalled: list[Passage] = []
+    # Items grown whole in the library: its entry's own choice gives way.
+    grown = {u.key for u, c in zip(units, choice, strict=True) if u.choices[c].form == "grown"}
     for unit, c in zip(units, choice, strict=True):
         ladder = unit.ladder
         base = ladder.previous if ladder.previous is not None else 0
-        if c == base:
+        if c == base or (unit.kind == "library" and unit.key in grown):
             continue
         if unit.kind == "passage":
             recalled.append(passages[unit.key])
             continue
         old, new = unit.choices[base], unit.choices[c]
         saved = ladder.rungs[base].tokens - ladder.rungs[c].tokens
+        if new.form == "grown":
+            assert new.entry is not None
+            current = library.get(unit.key)
+            assert current is not None
+            library = library.replace(new.entry)
+            decisions.append(Decision(
+                "budget", unit.key, str(current.form), "full",
+                f"library given back whole in place of its copy in L3: {current.form} -> full",
+                current.tokens - new.entry.tokens, layer="L2", action=DecisionAction.RESTORED,
+            ))  # fmt: skip
+            if new.placement is None:
+                indexed[unit.key] = False  # counted in its group's index
+            else:
+                items[at[unit.key]] = new.placement
+            continue
         if unit.kind != "item" or new.form not in ("index", "count"):
             decisions.append(_decision(unit, old, new, saved))
         warnings += (TurnWarning("summary-failed", unit.key, f"summary: {f}") for f in new.failures)
@@ -981,7 +1076,7 @@ def _apply(
         else:
             assert new.placement is not None
             items[at[unit.key]] = new.placement
-    changed = {d.target for d in decisions if d.layer == "L2"}
+    changed = {d.target for d in decisions if d.layer == "L2"} - grown
     for i, item in enumerate(items):
         if (
             item.form is Form.REFERENCE
@@ -1162,7 +1257,7 @@ def _as_made(
         want = old.choices[c]
         at = c if old is new else next(
             (j for j, o in enumerate(new.choices)
-             if o.form == want.form and o.placement == want.placement),
+             if (o.form, o.placement, o.entry) == (want.form, want.placement, want.entry)),
             None,
         )  # fmt: skip
         if at is None:
@@ -1177,8 +1272,13 @@ def _as_made(
     # What the made previews freed goes to this turn's items (new in the request: no
     # cache price), never to a guessed preview (one is made only when a solve takes it).
     items = [j for j, u in enumerate(units) if u.kind == "item"]
-    guesses = {(j, k) for j in items for k, c in enumerate(units[j].choices) if c.guess}
-    choice = list(topped(ladders, choice, room, text_free, items, guesses))
+    barred = {
+        (j, k)
+        for j in items
+        for k, c in enumerate(units[j].choices)
+        if c.guess or ladders[j].rungs[k].at is not None  # a guess, or a change of the prefix
+    }
+    choice = list(topped(ladders, choice, room, text_free, items, barred))
     out = scored(ladders, choice, cache_price, room, carried)
     return attrs.evolve(out, free_value=solution.free_value, bought=solution.bought)
 
@@ -1515,9 +1615,9 @@ class Solve:
                 relevance.update(shown)
         exact: dict[tuple[str, int], tuple[int, int] | None] = {}
         extra: dict[str, set[int]] = {}
-        cached = _cached_units(turn, measured, budget, relevance, sizes, used)
+        cached, growing = _cached_units(turn, measured, budget, relevance, sizes, used)
         of = _items_of(turn, measured)
-        items = _item_units(turn, of, budget, relevance, exact, extra)
+        items = _item_units(turn, of, budget, relevance, exact, extra, growing)
         units = cached + items + passages
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
         fixed = used - now
@@ -1559,12 +1659,12 @@ class Solve:
             if solution is None:
                 break
             if _summarized(turn, units, solution.choice):
-                cached = _cached_units(turn, measured, budget, relevance, sizes, used)
+                cached, growing = _cached_units(turn, measured, budget, relevance, sizes, used)
                 units = cached + items + passages
                 continue  # a summary was made: solve again with its tokens
             made = _made(turn, units, solution.choice, exact)
             if made:
-                items = _item_units(turn, of, budget, relevance, exact, extra, items, made)
+                items = _item_units(turn, of, budget, relevance, exact, extra, growing, items, made)
                 guessed, units = units, cached + items + passages
                 solution = _as_made(
                     guessed, units, solution, room, budget.cache_weight, carry, text_free
@@ -1574,7 +1674,9 @@ class Solve:
             resized = None if sized else _sized(units, solution, room, extra)
             if resized is not None:
                 sized = True
-                items = _item_units(turn, of, budget, relevance, exact, extra, items, {resized})
+                items = _item_units(
+                    turn, of, budget, relevance, exact, extra, growing, items, {resized}
+                )
                 units = cached + items + passages
                 continue  # the room the made forms leave is given to one preview, fitted to it
             choice = solution.choice

@@ -364,26 +364,27 @@ def test_a_shed_that_would_keep_less_of_the_growth_than_it_resends_settles() -> 
 
 
 def test_restores_by_appending_survive_a_store_round_trip(tmp_path: Path) -> None:
-    """Restored from SQLite after turn 24, the conversation sends turns 25 and 26 (a
-    turn that extends its batch and restores two entries by appending, then one that
-    extends it again) byte for byte as the live one did: the budget's regret is part of
-    the state saved. (chat30 at 4,250, ``_WINDOW``.)"""
+    """Restored from SQLite after turn 15, the conversation sends turns 16 and 17 (two
+    turns that settle their batch and send cut entries whole again, two then one) byte
+    for byte as the live one did: the budget's regret is part of the state saved. (chat30
+    at 4,250, ``_WINDOW``; before a copy in L3 was valued by what it adds to the
+    library's, turn 25 extended its batch with two restores instead.)"""
     from lamina import load_script, run_saved, run_script
     from lamina.pipeline.store import open_store
 
     script = load_script(_EXAMPLES / "chat30.yaml")
     live = Conversation(script.system, vault=script.vault, budget=_budget())
-    want = _chat30(26, 24)
+    want = _chat30(17, 15)
     assert [[s.key for s in e.batch.restored] for e in want if e.batch] == [
         ["pdf:media/sync-design-review.pdf", "note:meetings/2026-10-19.md"],
-        [],
+        ["note:meetings/2026-10-19.md"],
     ]
-    assert [e.batch.reason for e in want if e.batch] == ["", ""]
+    assert [e.batch.reason for e in want if e.batch] == ["over-budget", "over-budget"]
     with open_store(str(tmp_path / "s.db")) as store:
         store.create(ConversationInfo("c", vault=str(script.vault)))
-        run_saved(attrs.evolve(script, turns=script.turns[:24]), live, store, "c")
+        run_saved(attrs.evolve(script, turns=script.turns[:15]), live, store, "c")
         again = load_conversation(store, "c", vault=script.vault)
-    got = run_script(attrs.evolve(script, turns=script.turns[24:26]), again, check=False)
+    got = run_script(attrs.evolve(script, turns=script.turns[15:17]), again, check=False)
     assert [_messages(e) for e in got] == [_messages(e) for e in want]
     assert [e.batch for e in got] == [e.batch for e in want]
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from benchmarks.real_material import full_sizes
 from lamina import Conversation, parse_script
-from lamina.pipeline import Budget, Envelope, Form, SystemPrompt, check_envelope
+from lamina.pipeline import Budget, DecisionAction, Envelope, Form, SystemPrompt, check_envelope
 from lamina.pipeline._budget.objective import _cut_points
 from lamina.pipeline.errors import BudgetExceeded, ConfigError
 from lamina.pipeline.text import defuse_special_tokens
@@ -385,6 +385,70 @@ def test_a_fit_between_rooms_leaves_no_room_a_cut_item_would_fit(tmp_path: Path)
     judged = judge_chat(envs, conv.counter, budget=conv.budget, full_sizes=sizes)
     assert [f for f in judged.findings if f.check == "left-cut"] == []
     assert all(exact_request_tokens(env) <= budget.limit for env in envs)
+
+
+_LONG = "# Long\n\n" + "\n\n".join(
+    f"## Part {i}\n\n" + " ".join(f"Sentence {i}.{j} is about sync." for j in range(40))
+    for i in range(8)
+)
+
+
+def _reattached(tmp_path: Path, window: int, *, first: bool) -> tuple[Envelope, Envelope]:
+    """Six short notes and a long one (``first``: the long one attached before them, so
+    its library entry stands first), then the long one attached again: (the turn before,
+    the re-attaching turn)."""
+    (tmp_path / "long.md").write_text(_LONG)
+    for i in range(6):
+        (tmp_path / f"n{i}.md").write_text(f"# Note {i}\n\n" + f"Some words about {i}. " * 40)
+    conv = Conversation("You answer.", vault=tmp_path, budget=Budget(window, reserve_output=500))
+    turns = [[note("long.md")], [note(f"n{i}.md") for i in range(6)]]
+    for attach in turns if first else turns[::-1]:
+        before = conv.turn("What do these say?", attach)
+        conv.reply("They say several things.")
+    return before, conv.turn("What does the long note say?", [note("long.md")])
+
+
+def test_a_reattached_note_is_not_sent_again_beside_a_larger_copy_in_the_library(
+    tmp_path: Path,
+) -> None:
+    """At 3,000 the library holds the long note as a 1,012-token preview and the note is
+    attached again: a copy in L3 tells the model only what it adds to the library's, so
+    the item refers to the library's copy (the decision says so, not "not sent") and the
+    library is not cut for it. Before, L3 sent a 362-token preview beside the library's
+    1,012-token one and two short notes were cut to their counts to make room for it."""
+    before, env = _reattached(tmp_path, 3000, first=True)
+    sent = env.l3.get("note:long.md")
+    assert sent is not None and sent.form is Form.REFERENCE
+    assert "not-sent" not in sent.text
+    assert env.l2.get("note:long.md") == before.l2.get("note:long.md")
+    assert env.l2.get("note:long.md").form is Form.PREVIEW  # type: ignore[union-attr]
+    assert env.report.budget is not None
+    actions = {d.target: d.action for d in env.report.budget.decisions}
+    assert actions["note:long.md"] is DecisionAction.REFERENCED
+    assert DecisionAction.COMPACTED not in {a for k, a in actions.items() if k != "note:n5.md"}
+    check_envelope(env, before)
+
+
+def test_a_reattached_note_grows_whole_in_the_library_when_its_copy_would_not_fit(
+    tmp_path: Path,
+) -> None:
+    """At 6,000 the long note's whole copy (2,948 tokens) does not fit in L3 beside the
+    library's 1,012-token preview of it, which stands last in the library: the entry
+    grows whole in its place (breaking the prefix only from there) and L3 refers to it, so
+    the model reads the whole note once, in fewer tokens. Before, L3 sent a 2,196-token
+    preview of it beside the library's preview."""
+    before, env = _reattached(tmp_path, 6000, first=False)
+    held = env.l2.get("note:long.md")
+    assert held is not None and held.form is Form.FULL
+    sent = env.l3.get("note:long.md")
+    assert sent is not None and sent.form is Form.REFERENCE
+    request = env.system_text + env.user_text
+    assert request.count("Sentence 7.39 is about sync.") == 1
+    assert env.report.budget is not None
+    (grown,) = [d for d in env.report.budget.decisions if d.target == "note:long.md"]
+    assert grown.action is DecisionAction.RESTORED and "in place of its copy" in grown.reason
+    assert str(grown.from_form) == "preview" and env.report.budget.used < 5_000
+    check_envelope(env, before)
 
 
 def test_llm_summaries_that_fail_or_overrun_still_fit_and_are_reported(tmp_path: Path) -> None:

@@ -64,7 +64,7 @@ def test_the_conversations_batches_are_the_batched_layouts() -> None:
         assert build_prompt([env], "default").chat() == want
 
 
-@pytest.mark.parametrize(("window", "same"), [(6000, 11), (7000, 16), (8000, 13), (16000, 30)])
+@pytest.mark.parametrize(("window", "same"), [(6000, 11), (7000, 16), (8000, 26), (16000, 30)])
 def test_under_a_budget_the_layers_are_the_same_until_the_budget_prices_the_deferral(
     window: int, same: int
 ) -> None:
@@ -75,10 +75,11 @@ def test_under_a_budget_the_layers_are_the_same_until_the_budget_prices_the_defe
     (the deferred chat cuts two library entries where the other cuts history); at 7,000
     from turn 17, where the deferred chat's recalled passages leave free what its batch
     carries (taken up to the limit as built, they pushed the extension over it and the
-    batch settled); at 8,000 from turn
-    14, where both cut the API docs it attaches to a preview, the deferred chat's smaller
-    by what its batch carries. A budget that cuts nothing builds the same layers either
-    way."""
+    batch settled); at 8,000 from turn 27, where both recall passages and the deferred
+    chat's leave free what its batch carries (from turn 14 before a copy in L3 was valued
+    by what it adds to the library's: both cut the API docs it attaches again to a
+    preview, the deferred chat's smaller). A budget that cuts nothing builds the same
+    layers either way."""
     deferred, _ = _chat30(window)
     built, _ = _chat30(window, defer=False)
     assert [e.layers for e in deferred[:same]] == [e.layers for e in built[:same]]
@@ -126,15 +127,14 @@ def test_the_default_fits_the_budget_and_costs_no_more_than_growing_the_library(
 
 
 def test_restoring_by_appending_sends_cut_entries_whole_for_a_little_more() -> None:
-    """At 4,500 the batch sends a cut entry whole again where the request has room beyond
-    the headroom (the meeting note of 19 October in turn 24, which extends the batch);
-    each goes once a batch and fits. (At 5,250, where this was pinned before, the
-    library now keeps its entries: an item attached now is worth the top of its recency,
-    not x1.5. From 4,000 to 8,000 by 250, only 4,000 to 4,500 still restore by
-    appending.)"""
-    envs, conv = _chat30(4500)
+    """At 5,250 the batch sends a cut entry whole again where the request has room beyond
+    the headroom (the meeting note of 19 October in turn 10); each goes once a batch and
+    fits. (From 4,000 to 8,000 by 250, only 4,000 and 5,250 restore by appending since a
+    copy in L3 is valued by what it adds to the library's; 4,000 to 4,500 did before,
+    4,500 in turn 24.)"""
+    envs, conv = _chat30(5250)
     again = [(e.turn, s.key) for e in envs if e.batch for s in e.batch.restored]
-    assert again == [(24, "note:meetings/2026-10-19.md")]
+    assert again == [(10, "note:meetings/2026-10-19.md")]
     batch, sent = 0, set()
     for env in envs:
         assert env.report.budget is not None and env.batch is not None
