@@ -505,7 +505,6 @@ def _item_unit(
             continue  # no smaller than the whole, once framed
         choices.append(_Choice(str(form), placement=placement, guess=guess))
         rungs.append(Rung(cost, adds(tokens)))
-    referred: Placement | None = None
     if artifact.recoverable:
         if line is not None:
             choices.append(_Choice("index"))
@@ -519,21 +518,27 @@ def _item_unit(
             # A reference to the library's copy (its mark says which form), else to a
             # note not sent.
             marks = item.marks if held_text else (*item.marks, (NOT_SENT, "true"))
-            referred = attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0)
-            ref = turn.ctx.renderer.render(reference_view(artifact, marks))
-            tokens = turn.ctx.counter.count(ref) + _SEP
+            referred, tokens = _referred(turn, item, marks)
             choices.append(_Choice("reference", placement=referred))
             rungs.append(Rung(tokens, _value(weight, size, tokens, text_free=True, cap=cap), True))
     if held is not None:  # beside it: counted in its group's index, else referred to
-        part, referred = head, None
-        if line is None:
-            marks = tuple(m for m in item.marks if m[0] != "library")  # whole there now
-            referred = attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0)
-            ref = turn.ctx.renderer.render(reference_view(artifact, marks))
-            part = turn.ctx.counter.count(ref) + _SEP
-        choices.append(_Choice("grown", entry=held.grown, placement=referred))
+        whole: tuple[Placement | None, int] = (None, head)
+        if line is None:  # the library holds it whole now: no mark of a cut form
+            whole = _referred(turn, item, tuple(m for m in item.marks if m[0] != "library"))
+        beside, part = whole
+        choices.append(_Choice("grown", entry=held.grown, placement=beside))
         rungs.append(Rung(held.tokens + part, adds(size), at=held.at, join=held.join))
     return _Unit("item", item.key, Ladder(tuple(rungs)), tuple(choices))
+
+
+def _referred(
+    turn: TurnGraph, item: Placement, marks: tuple[tuple[str, str], ...]
+) -> tuple[Placement, int]:
+    """``item`` sent as a reference with ``marks``, and that block's tokens in the
+    request (its separator counted)."""
+    ref = turn.ctx.renderer.render(reference_view(turn.artifact(item.key), marks))
+    placement = attrs.evolve(item, form=Form.REFERENCE, marks=marks, limit=0)
+    return placement, turn.ctx.counter.count(ref) + _SEP
 
 
 def _reference_unit(
