@@ -1270,9 +1270,10 @@ def _as_made(
         choice.append(at)
     ladders = [u.ladder for u in units]
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
-    if carried is not None and not solution.sent_as_built:
-        room -= carried.tokens  # it extends the batch: the room less what that carries
-    if tokens > room or (solution.tokens - tokens) > room * SOLVE_TOLERANCE:
+    fits = room  # extending the batch: the room less what that carries (``scored`` takes
+    if carried is not None and not solution.sent_as_built:  # it off the room itself)
+        fits -= carried.tokens
+    if tokens > fits or (solution.tokens - tokens) > fits * SOLVE_TOLERANCE:
         return None
     # What the made previews freed goes to this turn's items (new in the request: no
     # cache price), never to a guessed preview (one is made only when a solve takes it).
@@ -1283,7 +1284,7 @@ def _as_made(
         for k, c in enumerate(units[j].choices)
         if c.guess or ladders[j].rungs[k].at is not None  # a guess, or a change of the prefix
     }
-    choice = list(topped(ladders, choice, room, text_free, items, barred))
+    choice = list(topped(ladders, choice, fits, text_free, items, barred))
     out = scored(ladders, choice, cache_price, room, carried)
     return attrs.evolve(out, free_value=solution.free_value, bought=solution.bought)
 
@@ -1491,16 +1492,32 @@ def _kept(
 
 
 def _regret(
-    turn: TurnGraph, units: Sequence[_Unit], solution: Solution, choice: Sequence[int]
+    turn: TurnGraph,
+    units: Sequence[_Unit],
+    solution: Solution,
+    choice: Sequence[int],
+    *,
+    extending: bool,
 ) -> float:
     """The regret the next turn starts from (``solver.solve``): none once ``choice`` is
     the bought one, else this turn's plus what ``choice`` forgoes of the free value (of
     the units whose forms last: history's suffix gives way to the chat's growth within
-    turns and recall brings its messages back uncached, a passage leaves with its turn)."""
+    turns and recall brings its messages back uncached, a passage leaves with its turn).
+
+    A break the choice pays while the batch extends (``extending``: the solve saw what
+    its messages carry) is the batch's rent: it counts too, so the choice the regret buys,
+    sent as built, settles the batch once the breaks made to keep it cost what a settle
+    does (ski rental, as for the value forgone). A turn after a request sent as built
+    (the batch settled: ``TurnGraph.deferred`` holds that turn alone) starts over: that
+    break paid for what the regret would have bought."""
     if solution.bought and tuple(choice) == solution.choice:
         return 0.0
     value = lasting_value([u.ladder for u in units], choice)
-    return turn.regret + max(0.0, solution.free_value - value)
+    regret = 0.0 if len(turn.deferred) == 1 else turn.regret
+    rent = extending and tuple(choice) == solution.choice and not solution.sent_as_built
+    if rent and solution.broken_at is not None:
+        regret += max(0.0, solution.value - solution.objective)  # the cache the break loses
+    return regret + max(0.0, solution.free_value - value)
 
 
 def _next_short(fitted: int, tight: int, free: int) -> int | None:
@@ -1694,7 +1711,7 @@ class Solve:
                              as_built)  # fmt: skip
             if kept is not None:
                 choice = kept
-            regret = _regret(turn, units, solution, choice)
+            regret = _regret(turn, units, solution, choice, extending=carry is not None)
             if kept is not None and not any(kept[j] for j, u in enumerate(units)
                                             if u.kind == "passage"):  # fmt: skip
                 report = budget.report(used, before, before, ())

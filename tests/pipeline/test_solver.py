@@ -511,3 +511,41 @@ def test_a_two_rung_ladders_hull_and_smallest_are_the_general_ones(
         second.value - price * second.tokens <= first.value - price * first.tokens
     )
     assert solver._hull(rungs, price) == (order if keep else order[:1])
+
+
+def test_a_made_preview_that_extends_the_batch_is_scored_as_an_extension() -> None:
+    """``_as_made`` fits the choice into the room less what the batch carries and scores
+    it against the solve's room (``scored`` takes the carried tokens off itself): before,
+    it took them off twice, so an extension filling its room was scored as sent as built,
+    its prefix broken where the batch began."""
+    from lamina.pipeline._budget.objective import _as_made
+
+    units = [
+        _Unit("library", "e", Ladder((Rung(100, 100.0),), 0), (_Choice("full"),)),
+        _Unit("item", "i", Ladder((Rung(10, 5.0), Rung(300, 200.0))), (_Choice("i"), _Choice("f"))),
+    ]
+    carried = Carried(0, 100)
+    solution = Solution((0, 1), 400, 300.0, None, 300.0)
+    made = _as_made(units, units, solution, 500, 0.9, carried, 0)
+    assert made is not None and made.tokens == 400
+    assert not made.sent_as_built and made.broken_at is None and made.objective == 300.0
+
+
+def test_a_break_that_keeps_the_batch_adds_its_price_to_the_regret() -> None:
+    """``_regret``: a break paid while the batch extends is the batch's rent and counts
+    with the value forgone, so the regret buys the settle once the breaks cost what it
+    does; not while no batch is carried, nor for a request sent as built; the turn after
+    a settle (the batch's messages hold that turn alone) starts over."""
+    from types import SimpleNamespace
+
+    from lamina.pipeline._budget.objective import _regret
+
+    units = [_Unit("library", "e", Ladder((Rung(100, 100.0), Rung(20, 30.0)), 0), ())]
+    cut = Solution((1,), 20, 30.0, 0, -60.0, free_value=100.0)  # 90 of cache lost, 70 forgone
+    batch = SimpleNamespace(regret=50.0, deferred=((3, 10), (4, 10)))
+    assert _regret(batch, units, cut, (1,), extending=True) == 50.0 + 90.0 + 70.0
+    assert _regret(batch, units, cut, (1,), extending=False) == 50.0 + 70.0
+    built = attrs.evolve(cut, sent_as_built=True)
+    assert _regret(batch, units, built, (1,), extending=True) == 50.0 + 70.0
+    settled = SimpleNamespace(regret=50.0, deferred=((4, 10),))
+    assert _regret(settled, units, cut, (1,), extending=True) == 90.0 + 70.0
