@@ -522,10 +522,9 @@ def _item_unit(
             choices.append(_Choice("reference", placement=referred))
             rungs.append(Rung(tokens, _value(weight, size, tokens, text_free=True, cap=cap), True))
     if held is not None:  # beside it: counted in its group's index, else referred to
-        whole: tuple[Placement | None, int] = (None, head)
-        if line is None:  # the library holds it whole now: no mark of a cut form
-            whole = _referred(turn, item, tuple(m for m in item.marks if m[0] != "library"))
-        beside, part = whole
+        # (the library holds it whole now: no mark of a cut form)
+        unmarked = tuple(m for m in item.marks if m[0] != "library")
+        beside, part = (None, head) if line is not None else _referred(turn, item, unmarked)
         choices.append(_Choice("grown", entry=held.grown, placement=beside))
         rungs.append(Rung(held.tokens + part, adds(size), at=held.at, join=held.join))
     return _Unit("item", item.key, Ladder(tuple(rungs)), tuple(choices))
@@ -1270,8 +1269,10 @@ def _as_made(
         choice.append(at)
     ladders = [u.ladder for u in units]
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
-    fits = room  # extending the batch: the room less what that carries (``scored`` takes
-    if carried is not None and not solution.sent_as_built:  # it off the room itself)
+    # Extending the batch, the choice fits the room less what that carries; it is scored
+    # against the room itself (``scored`` takes that off).
+    fits = room
+    if carried is not None and not solution.sent_as_built:
         fits -= carried.tokens
     if tokens > fits or (solution.tokens - tokens) > fits * SOLVE_TOLERANCE:
         return None
