@@ -1506,11 +1506,12 @@ def _regret(
     turns and recall brings its messages back uncached, a passage leaves with its turn).
 
     A break the choice pays while the batch extends (``extending``: the solve saw what
-    its messages carry) is the batch's rent: it counts too, so the choice the regret buys,
-    sent as built, settles the batch once the breaks made to keep it cost what a settle
-    does (ski rental, as for the value forgone). A turn after a request sent as built
-    (the batch settled: ``TurnGraph.deferred`` holds that turn alone) starts over: that
-    break paid for what the regret would have bought."""
+    its messages carry) is the batch's rent: it counts too (this turn's already in this
+    turn's buy, ``solver.solve``), so the choice the regret buys, sent as built, settles
+    the batch once the breaks made to keep it cost what a settle does (ski rental, as
+    for the value forgone). A turn after a request sent as built (the batch settled:
+    ``TurnGraph.deferred`` holds that turn alone) starts over: that break paid for what
+    the regret would have bought."""
     if solution.bought and tuple(choice) == solution.choice:
         return 0.0
     value = lasting_value([u.ladder for u in units], choice)

@@ -572,8 +572,11 @@ def solve(
     bought once its objective plus the regret reaches the best one's (ski rental: a change
     of the prefix is paid once, what it brings stays every turn after; paying once the
     value forgone reaches the cache it costs is within twice the best choice for a chat
-    of unknown length). ``hulls`` keeps the ladders' hull steps for the next solve (the
-    same choice, made faster where the ladders repeat)."""
+    of unknown length). Keeping the batch (``carried``), the best choice's break is rent
+    it pays this turn: it counts in this turn's buy as the turns before's do (ski rental
+    buys on the day the rent paid would reach the price, not the day after). ``hulls``
+    keeps the ladders' hull steps for the next solve (the same choice, made faster where
+    the ladders repeat)."""
     n = len(ladders)
     prefix = [j for j, ladder in enumerate(ladders) if ladder.previous is not None]
     at = _places(ladders, prefix)
@@ -694,6 +697,8 @@ def solve(
     free_choice = _free(ladders, last, room, text_free, sorted(lasting))
     bought = _solution(ladders, free_choice, cache_price, prefix, latest, settle)
     best = solution.objective
+    if carried is not None and not solution.sent_as_built and solution.broken_at is not None:
+        regret += max(0.0, solution.value - solution.objective)
     if regret > 0 and bought.choice != solution.choice and bought.objective + regret >= best:
         solution = attrs.evolve(bought, objective=bought.objective + regret, bought=True)
     return attrs.evolve(solution, free_value=lasting_value(ladders, bought.choice))

@@ -288,6 +288,24 @@ def test_a_batch_kept_holds_the_entries_it_cannot_shed_from() -> None:
     assert only is not None and only.sent_as_built and only.choice == (0, 0, 0, 0)
 
 
+def test_the_rent_a_kept_batch_pays_now_counts_toward_the_buy() -> None:
+    """Keeping the batch, the best choice cuts the last entry and pays its break now (0.9
+    of its 300 tokens, 270); sent as built, the request breaks where the growth begins
+    (0.9 of 900): 280 worse. That rent counts with the regret in this turn's buy, so a
+    regret of 10 buys the settle, 9 does not; without a batch no rent is counted."""
+    ladders = _grown_library()
+    kept = solve(ladders, 2000, cache_price=0.9, text_free=400, carried=Carried(1, 200), regret=9.0)
+    assert kept is not None and kept.choice == (0, 0, 0, 1) and not kept.bought
+    assert kept.value - kept.objective == 0.9 * 300
+    bought = solve(ladders, 2000, cache_price=0.9, text_free=400, carried=Carried(1, 200),
+                   regret=10.0)  # fmt: skip
+    assert bought is not None and bought.bought and bought.sent_as_built
+    assert bought.choice == (0, 0, 0, 0) and bought.broken_at == 1
+    assert bought.objective == 1900.0 - 0.9 * 900 + 10.0 + 0.9 * 300
+    free = solve(ladders, 2000, cache_price=0.9, text_free=400, regret=10.0)
+    assert free is not None and not free.bought and free.choice == (0, 0, 0, 0)
+
+
 @st.composite
 def _ladders(draw: st.DrawFn) -> tuple[list[Ladder], int, float]:
     n = draw(st.integers(1, 5))
