@@ -49,6 +49,7 @@ from lamina.pipeline._budget.solver import (
     Rung,
     Solution,
     lasting_value,
+    rent,
     scored,
     solve,
     topped,
@@ -1516,9 +1517,8 @@ def _regret(
         return 0.0
     value = lasting_value([u.ladder for u in units], choice)
     regret = 0.0 if len(turn.deferred) == 1 else turn.regret
-    rent = extending and tuple(choice) == solution.choice and not solution.sent_as_built
-    if rent and solution.broken_at is not None:
-        regret += max(0.0, solution.value - solution.objective)  # the cache the break loses
+    if tuple(choice) == solution.choice:
+        regret += rent(solution, extending=extending)
     return regret + max(0.0, solution.free_value - value)
 
 

@@ -73,6 +73,7 @@ __all__ = [
     "Rung",
     "Solution",
     "lasting_value",
+    "rent",
     "scored",
     "solve",
     "topped",
@@ -697,8 +698,7 @@ def solve(
     free_choice = _free(ladders, last, room, text_free, sorted(lasting))
     bought = _solution(ladders, free_choice, cache_price, prefix, latest, settle)
     best = solution.objective
-    if carried is not None and not solution.sent_as_built and solution.broken_at is not None:
-        regret += max(0.0, solution.value - solution.objective)
+    regret += rent(solution, extending=carried is not None)
     if regret > 0 and bought.choice != solution.choice and bought.objective + regret >= best:
         solution = attrs.evolve(bought, objective=bought.objective + regret, bought=True)
     return attrs.evolve(solution, free_value=lasting_value(ladders, bought.choice))
@@ -717,6 +717,15 @@ def _solution(
     tokens = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, choice, strict=True))
     value = sum(ladder.rungs[c].value for ladder, c in zip(ladders, choice, strict=True))
     return Solution(tuple(choice), tokens, value, broken, score, sent_as_built=built)
+
+
+def rent(solution: Solution, *, extending: bool) -> float:
+    """What ``solution`` pays to keep the batch (``extending``: solved against what it
+    carries): the cache its break loses (``value - objective``), where it extends the
+    batch rather than being sent as built and breaks the prefix; else none."""
+    if not extending or solution.sent_as_built or solution.broken_at is None:
+        return 0.0
+    return max(0.0, solution.value - solution.objective)
 
 
 def lasting_value(ladders: Sequence[Ladder], choice: Sequence[int]) -> float:
