@@ -308,7 +308,10 @@ def _library_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple
     ctx = turn.ctx
     if entry.view.source_type == INDEX_SOURCE:
         return _index_forms(turn, entry, sent=sent)
-    key = ("l2-forms", entry.key, text_hash(entry.text), entry.whole_view.content_hash,
+    # A cut entry's whole by its text too: one note's wholes of two sizes (previews made
+    # for two windows) may be cut to the same text.
+    whole = "" if entry.whole is None else text_hash(entry.whole.body)
+    key = ("l2-forms", entry.key, text_hash(entry.text), entry.whole_view.content_hash, whole,
            entry.turn, entry.full_tokens, ctx.counter.name)  # fmt: skip
     forms = ctx.views.get(key, lambda: _entry_forms(turn, entry))
     guessed = [f.choice.summary for f in forms if f.choice.summary is not None]
@@ -1662,6 +1665,7 @@ class Solve:
         best: tuple[TurnGraph, Draft, int, list[Decision]] | None = (
             (turn, measured, used, []) if fits else None
         )
+        measured_choices: set[tuple[int, ...]] = set()  # what the rounds drafted
         rounds = overlaps = 0
         last = measured
         sized = False
@@ -1725,6 +1729,9 @@ class Solve:
                 passages = [u for u in passages if u.key not in held]
                 units = cached + items + passages
                 continue
+            if refining and choice in measured_choices:
+                break  # the room changed, the choice did not: its measure is known
+            measured_choices.add(choice)
             rounds += 1
             out, decisions, block = _apply(turn, units, choice, recallable, join=joining)
             # The last round's draft (the request as built at first): ``draft`` makes again

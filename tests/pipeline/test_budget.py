@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import networkx as nx
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -19,13 +20,17 @@ from hypothesis import strategies as st
 from benchmarks.real_material import full_sizes
 from lamina import Conversation, parse_script
 from lamina.pipeline import Budget, DecisionAction, Envelope, Form, SystemPrompt, check_envelope
-from lamina.pipeline._budget.objective import _cut_points
+from lamina.pipeline._budget.objective import _cut_points, _library_forms
+from lamina.pipeline._model.library import LibraryEntry
+from lamina.pipeline._turn.graph import TurnContext, TurnGraph
+from lamina.pipeline._views.preview import fitted_preview_of
 from lamina.pipeline.errors import BudgetExceeded, ConfigError
+from lamina.pipeline.sources import make_artifact
 from lamina.pipeline.text import defuse_special_tokens
 from lamina.pipeline.tokens import TokenCounter, get_encoding
-from lamina.pipeline.views import LLMSummarizer
-from lamina.processors import ProcessContext, Sources, Vault, folder, note, selection
-from lamina.renderers import judge_chat, openai_messages, trace_document
+from lamina.pipeline.views import LLMSummarizer, ViewMemo, full_view, reference_view
+from lamina.processors import NotePayload, ProcessContext, Sources, Vault, folder, note, selection
+from lamina.renderers import XmlRenderer, judge_chat, openai_messages, trace_document
 from tests.strategies import conversations, localize, serve_site, write_property_vault
 
 ENC = get_encoding("o200k_base")
@@ -520,3 +525,47 @@ def test_the_engines_running_count_equals_a_full_recount(
         if env is None or env.report.budget is None:
             continue
         assert env.report.budget.used == _recount(env, 5, 4, lead, template)
+
+
+def test_a_cut_entry_restores_its_own_whole_beside_another_cut_to_the_same_text() -> None:
+    """Conversations of one process share the forms memo: one note promoted as previews of
+    two sizes (two windows), both cut to the same stub, restores each its own preview."""
+    counter = TokenCounter()
+    views = ViewMemo()
+    body = "\n\n".join(f"## Part {i}\n\n" + "Some words about it. " * 12 for i in range(8))
+    payload = NotePayload("big.md", "big", (), (), body, ())
+    artifact = make_artifact("note", "note:big.md", payload, recoverable=True)
+    stub = reference_view(artifact, (("evicted", "true"),))
+    for size in (80, 160):
+        preview = fitted_preview_of(body, counter, size).text
+        whole = attrs.evolve(full_view(artifact), form=Form.PREVIEW, body=preview)
+        ctx = TurnContext(3, counter, XmlRenderer(), budget=Budget(8000, 1000), views=views)
+        turn = TurnGraph(graph=nx.DiGraph(), ctx=ctx)
+        text = XmlRenderer().render(stub)
+        entry = LibraryEntry(stub, text, counter.count(text), 1, 900, whole=whole)
+        (restore,) = [f for f in _library_forms(turn, entry, sent=False) if f.choice.form == "full"]
+        assert restore.choice.entry is not None and restore.choice.entry.view == whole
+
+
+def test_a_turn_never_measures_the_same_request_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refining round whose solve repeats a choice a round measured ends the rounds: no
+    turn of chat30 at 6,000 drafts one request twice (two of its turns did: the room grew
+    or shrank by a few tokens a round and the same choice was measured again)."""
+    from lamina import load_script, run_script
+    from lamina.pipeline._budget import objective
+
+    drafts: list[tuple[int, tuple[object, ...]]] = []
+    real = objective.draft
+
+    def recording(*args: Any) -> Any:
+        made = real(*args)
+        if len(args) == 2:  # a round's (the first draft is the request as it stands)
+            drafts.append((made.turn, tuple(layer.segments for layer in made.layers)))
+        return made
+
+    monkeypatch.setattr(objective, "draft", recording)
+    script = load_script(Path(__file__).resolve().parents[2] / "examples" / "chat30.yaml")
+    budget = Budget(context_window=6000, reserve_output=1500)
+    run_script(script, Conversation(script.system, vault=script.vault, budget=budget))
+    assert len({turn for turn, _ in drafts}) > 5
+    assert len(drafts) == len(set(drafts))
