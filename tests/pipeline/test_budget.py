@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.real_material import full_sizes
-from lamina import Conversation, parse_script
+from lamina import Conversation, load_script, parse_script, run_script
 from lamina.pipeline import Budget, DecisionAction, Envelope, Form, SystemPrompt, check_envelope
 from lamina.pipeline._budget.objective import _cut_points, _library_forms
 from lamina.pipeline._model.library import LibraryEntry
@@ -541,7 +541,7 @@ def test_a_cut_entry_restores_its_own_whole_beside_another_cut_to_the_same_text(
         whole = attrs.evolve(full_view(artifact), form=Form.PREVIEW, body=preview)
         ctx = TurnContext(3, counter, XmlRenderer(), budget=Budget(8000, 1000), views=views)
         turn = TurnGraph(graph=nx.DiGraph(), ctx=ctx)
-        text = XmlRenderer().render(stub)
+        text = ctx.renderer.render(stub)
         entry = LibraryEntry(stub, text, counter.count(text), 1, 900, whole=whole)
         (restore,) = [f for f in _library_forms(turn, entry, sent=False) if f.choice.form == "full"]
         assert restore.choice.entry is not None and restore.choice.entry.view == whole
@@ -551,7 +551,6 @@ def test_a_turn_never_measures_the_same_request_twice(monkeypatch: pytest.Monkey
     """A refining round whose solve repeats a choice a round measured ends the rounds: no
     turn of chat30 at 6,000 drafts one request twice (two of its turns did: the room grew
     or shrank by a few tokens a round and the same choice was measured again)."""
-    from lamina import load_script, run_script
     from lamina.pipeline._budget import objective
 
     drafts: list[tuple[int, tuple[object, ...]]] = []
