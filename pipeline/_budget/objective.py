@@ -88,6 +88,7 @@ from lamina.pipeline._views.preview import (
     has_prose,
     make_excerpt,
     make_preview,
+    refitted_preview,
 )
 from lamina.pipeline._views.views import ViewMemo, body_preview, full_view, reference_view
 
@@ -291,10 +292,13 @@ def _excerpt(views: ViewMemo, memo: tuple[object, ...], body: str, counter: Toke
     return views.get(memo, lambda: make_excerpt(body, counter, limit).text)
 
 
-def _fitted(views: ViewMemo, memo: tuple[object, ...], body: str, counter: TokenCounter,
+def _fitted(views: ViewMemo, memo: tuple[object, ...], whole: View, counter: TokenCounter,
             limit: int) -> str:  # fmt: skip
-    """``body``'s preview fitted to ``limit`` tokens, remembered under ``memo``."""
-    return views.get(memo, lambda: fitted_preview_of(body, counter, limit).text)
+    """A preview of ``whole`` (a note, or a preview of one) fitted to ``limit`` tokens,
+    remembered under ``memo``."""
+    if whole.form is Form.PREVIEW:
+        return views.get(memo, lambda: refitted_preview(whole.body, counter, limit))
+    return views.get(memo, lambda: fitted_preview_of(whole.body, counter, limit).text)
 
 
 def _library_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple[_Form, ...]:
@@ -302,9 +306,9 @@ def _library_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple
     preview and previews fitted to halving sizes, a summary, excerpts (non-recoverable),
     a stub, its index line and set aside (counted in an index not sent); an
     index's, unfolded into its entries and kept as a count. An entry's forms are
-    remembered by its text and all else they carry of it (its turn, its full size: the
-    memo is shared by every conversation of the process; the ladder's values change with
-    the query, the forms do not)."""
+    remembered by its text and all else they carry of it (its turn, its full size, the
+    summarizer and the summaries it made: the memo is shared by every conversation of
+    the process; the ladder's values change with the query, the forms do not)."""
     ctx = turn.ctx
     if entry.view.source_type == INDEX_SOURCE:
         return _index_forms(turn, entry, sent=sent)
@@ -312,12 +316,15 @@ def _library_forms(turn: TurnGraph, entry: LibraryEntry, *, sent: bool) -> tuple
     # for two windows) may be cut to the same text.
     whole = "" if entry.whole is None else text_hash(entry.whole.body)
     key = ("l2-forms", entry.key, text_hash(entry.text), entry.whole_view.content_hash, whole,
-           entry.turn, entry.full_tokens, ctx.counter.name)  # fmt: skip
+           entry.turn, entry.full_tokens, ctx.counter.name, ctx.summarizer.id)  # fmt: skip
     forms = ctx.views.get(key, lambda: _entry_forms(turn, entry))
     guessed = [f.choice.summary for f in forms if f.choice.summary is not None]
-    if any(ctx.summaries.made(ctx.summarizer, k, t) is not None for k, _, t in guessed):
-        # Its summary was made since: the forms are remembered with it from now on.
-        forms = ctx.views.get((*key, "summarized"), lambda: _entry_forms(turn, entry))
+    made = [ctx.summaries.made(ctx.summarizer, k, t) for k, _, t in guessed]
+    if any(m is not None for m in made):
+        # Its summary was made since: the forms are remembered with it from now on, by its
+        # text (another conversation's summarizer of the same id may have made another).
+        texts = tuple("" if m is None else text_hash(m.text) for m in made)
+        forms = ctx.views.get((*key, "summarized", *texts), lambda: _entry_forms(turn, entry))
     return forms
 
 
@@ -371,15 +378,19 @@ def _entry_forms(turn: TurnGraph, entry: LibraryEntry) -> tuple[_Form, ...]:
             add("excerpt", attrs.evolve(whole, form=Form.EXCERPT, body=text))
             limit //= 2
         return tuple(forms)
-    if whole.form is Form.FULL:
-        preview = body_preview(whole.body, ctx.counter, ctx.policy, ctx.views)
-        if preview.text != whole.body:
-            add("preview", attrs.evolve(whole, form=Form.PREVIEW, body=preview.text))
+    if whole.form in (Form.FULL, Form.PREVIEW):
+        size = full
+        if whole.form is Form.FULL:
+            preview = body_preview(whole.body, ctx.counter, ctx.policy, ctx.views)
+            if preview.text != whole.body:
+                add("preview", attrs.evolve(whole, form=Form.PREVIEW, body=preview.text))
+        else:  # held as the preview first sent: previews of it, halving from its size
+            size = _entry(turn, whole, entry).tokens
         empty = ctx.renderer.render(attrs.evolve(whole, form=Form.PREVIEW, body=""))
-        limit = (full - ctx.counter.count(empty)) // 2
+        limit = (size - ctx.counter.count(empty)) // 2
         while limit >= MIN_PREVIEW_TOKENS:
-            memo = ("l2-fit", text_hash(whole.body), ctx.counter.name, limit)
-            text = _fitted(ctx.views, memo, whole.body, ctx.counter, limit)
+            fit = ("l2-fit", text_hash(whole.body), str(whole.form), ctx.counter.name, limit)
+            text = _fitted(ctx.views, fit, whole, ctx.counter, limit)
             add("preview", attrs.evolve(whole, form=Form.PREVIEW, body=text))
             limit //= 2
     if full > 2 * summary_cap(ctx.policy):

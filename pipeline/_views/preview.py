@@ -50,6 +50,7 @@ __all__ = [
     "has_prose",
     "make_excerpt",
     "make_preview",
+    "refitted_preview",
 ]
 
 Boundary = Literal["sentence", "paragraph", "line", "word"]
@@ -713,4 +714,28 @@ def fitted_preview_of(
         excess = total - max_tokens
         if excess <= 0 or budget <= 1:
             return Preview(out, len(sections), kept, cut or kept < len(sections), total, blocks)
+        budget -= excess
+
+
+def refitted_preview(preview: str, counter: TokenCounter, max_tokens: int) -> str:
+    """A preview of ``preview`` (itself a preview of a note) of at most ``max_tokens``
+    tokens: its sections fitted as ``fit_preview`` fits a note's, and one omitted line
+    counting the sections both cuts left out. A note held only as a preview (the form it
+    was first sent in) steps down in fine sizes like one held whole."""
+    lines = preview.rsplit("\n\n", 1)
+    m = OMITTED_LINE.fullmatch(lines[-1]) if len(lines) == 2 else None
+    if m is None:
+        return fit_preview(preview, counter, max_tokens)
+    inner, before = lines[0], int(re.findall(r"\d+", lines[-1])[0])
+    budget = max_tokens
+    while True:
+        fitted = fitted_preview_of(inner, counter, max(budget, 1))
+        kept = fitted.text
+        if fitted.sections_kept < fitted.sections_total:
+            kept = kept.rsplit("\n\n", 1)[0]
+        line = _omitted_line(before + fitted.sections_total - fitted.sections_kept)
+        out = f"{kept}\n\n{line}"
+        excess = _count(counter, out) - max_tokens
+        if excess <= 0 or budget <= 1:
+            return out
         budget -= excess

@@ -430,9 +430,11 @@ def test_a_preview_at_its_smallest_goes_unsent_instead_of_cycling(
 def test_a_note_many_windows_long_takes_no_more_than_a_window_is_worth(tmp_path: Path) -> None:
     """Four notes in the library, then a note of about 40 windows attached at 4k: its
     whole counts at most the limit in its value, so its preview takes the room of the
-    library's last entry only and the cached prefix keeps its bound's share. (Counted
-    whole, each more token of its preview was worth several cached ones: the library
-    from its second entry on was cut for a 1,707-token preview, 74% of the bound.)"""
+    library's last two entries only (each cut to a preview of the preview it holds) and
+    the cached prefix keeps its bound's share. (Counted whole, each more token of its
+    preview was worth several cached ones: the library from its second entry on was cut
+    for a 1,707-token preview, 74% of the bound. Before entries held as previews had
+    previews of their own, the last entry went to a stub for a 500-token preview.)"""
     for i in range(4):
         (tmp_path / f"n{i}.md").write_text(_big_note(i, 3, 60), encoding="utf-8")
     (tmp_path / "long.md").write_text(_big_note(99, 300, 100), encoding="utf-8")
@@ -442,7 +444,9 @@ def test_a_note_many_windows_long_takes_no_more_than_a_window_is_worth(tmp_path:
     envs.append(conv.turn("What does the long note say?", [note("long.md")]))
     sent = [(s.key, s.form, s.tokens) for s in envs[0].l3.segments]
     kept = [(s.key, s.form, s.tokens) for s in envs[1].l2.segments]
-    assert kept[:3] == sent[:3]  # the library's first three entries as they came
+    assert kept[:2] == sent[:2]  # the library's first two entries as they came
+    for (key, form, tokens), (key_sent, _, tokens_sent) in list(zip(kept, sent, strict=True))[2:]:
+        assert key == key_sent and form is Form.PREVIEW and tokens < tokens_sent
     (long,) = envs[1].l3.segments
     assert long.form is Form.PREVIEW and long.tokens < 1000
     judged = judge_chat(envs, conv.counter, budget=conv.budget)

@@ -469,12 +469,15 @@ def test_llm_summaries_that_fail_or_overrun_still_fit_and_are_reported(tmp_path:
         return "way too long " * 2000
 
     (tmp_path / "big.md").write_text(_note(1, size=200))
+    (tmp_path / "small.md").write_text(_note(2, size=10))
     summarizer = LLMSummarizer(complete, TokenCounter(), chunk_tokens=500, timeout=0.1)
     budget = Budget(600, 100)
     conv = Conversation(vault=tmp_path, budget=budget, summarizer=summarizer)
     conv.turn("read this", attach=[note("big.md")])
     conv.reply("done")
-    env = conv.turn("summarize")  # the library's big.md is summarized
+    # The small note takes room: the library's big.md (held as the preview first sent)
+    # is summarized, its summary's size between two of the previews of that preview.
+    env = conv.turn("summarize", attach=[note("small.md")])
     assert exact_request_tokens(env) <= 500
     assert env.l2.segments[0].form in (Form.SUMMARY, Form.REFERENCE)
     assert any(w.code == "summary-failed" for w in env.report.warnings), env.report.warnings

@@ -24,6 +24,7 @@ from lamina.pipeline.tokens import TokenCounter
 from lamina.pipeline.views import LLMSummarizer
 from lamina.renderers import openai_messages
 from tests.cli import lamina
+from tests.pipeline.test_summary_pool import summary_answer
 from tests.stores import Backend
 
 
@@ -55,8 +56,9 @@ TURNS: list[dict[str, Any]] = [
     {"user": "q5", "attach": [{"note": "other.md"}, {"note": "big.md"}]},
 ]
 WINDOW = ("--window", "1500", "--reserve", "200")
-# A budget small enough that the library's copy of big.md is summarized.
-SUMMARIZING = Budget(1500, 200)
+# A budget small enough that the library's copy of big.md is summarized (a summary of
+# about 180 tokens, between two of the previews of the preview turn 1 sent).
+SUMMARIZING = Budget(850, 200)
 
 
 def _write(path: Path, body: dict[str, Any]) -> str:
@@ -249,7 +251,7 @@ def _counting_summarizer() -> tuple[LLMSummarizer, list[int]]:
 
     def complete(prompt: str) -> str:
         calls.append(next(numbers))
-        return f"Summary number {calls[-1]} of the text."
+        return summary_answer(prompt, calls[-1])
 
     return LLMSummarizer(complete, TokenCounter()), calls
 
@@ -298,7 +300,7 @@ def test_summaries_are_saved_in_the_same_transaction_as_their_turn(
         save_turn(store, "c", conv)
         assert store.get_summary(*key) == result
         assert conv.summaries.unsaved() == ()
-    assert result.text == "Summary number 1 of the text."
+    assert result.text.startswith("Summary number 1 of the text.")
 
 
 def test_a_conversation_outliving_its_store_still_summarizes(

@@ -14,9 +14,11 @@ from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
     cut_to_tokens,
+    fit_preview,
     has_prose,
     make_excerpt,
     make_preview,
+    refitted_preview,
 )
 from tests.strategies import MARKDOWN_LINE
 
@@ -529,3 +531,23 @@ def test_has_prose_is_the_judges_criterion(body: str, prose: bool) -> None:
     """Frontmatter, headings, embeds and links, and an omitted-sections line are not
     prose: a cut form of only those is never sent."""
     assert has_prose(body) is prose
+
+
+def test_a_preview_of_a_preview_counts_the_sections_both_cuts_left_out() -> None:
+    """A note held only as a preview steps down like one held whole: the preview's
+    sections fitted again, one omitted line counting what both cuts left out."""
+    note = "# Ships\n\n" + "\n\n".join(
+        f"## Part {i}\n\nThe ship {i} sails at dawn. It carries {i} crates of tea. The crew sings."
+        for i in range(6)
+    )
+    preview = fit_preview(note, COUNTER, 80)
+    assert preview.endswith("\n\n[... 4 more sections omitted ...]")
+    part = "The ship {0} sails at dawn. It carries {0} crates of tea. The crew sings."
+    assert refitted_preview(preview, COUNTER, 50) == (
+        f"# Ships\n\n## Part 0\n{part.format(0)}\n\n[... 5 more sections omitted ...]"
+    )
+    assert refitted_preview(preview, COUNTER, 30) == (
+        "# Ships\n\n## Part 0\nThe ship 0 sails at dawn. ...\n\n[... 5 more sections omitted ...]"
+    )
+    assert refitted_preview(preview, COUNTER, 80) == preview
+    assert COUNTER.count(refitted_preview(preview, COUNTER, 30)) <= 30

@@ -4,6 +4,7 @@ same summarizer with the same settings, within a bound, from any thread."""
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import attrs
 import pytest
 
 from lamina import Conversation, load_conversation, parse_script, run_saved
-from lamina.pipeline import Budget
+from lamina.pipeline import Budget, Form
 from lamina.pipeline.errors import ConfigError
 from lamina.pipeline.store import ConversationInfo, SqliteStore
 from lamina.pipeline.tokens import TokenCounter
@@ -39,13 +40,14 @@ def _note(i: int, size: int) -> str:
 
 BIG = _note(1, 40)
 # Turn 2 attaches other.md: the budget cuts the library's preview of big.md to a
-# summary, which turn 3 sends again.
+# summary (one of about 180 tokens, between two of the previews of that preview), which
+# turn 3 sends again (and summarizes other.md, held as a preview, to keep its preview).
 TURNS = [
     {"user": "q1", "attach": [{"note": "big.md"}], "reply": "answer 1"},
     {"user": "q2", "attach": [{"note": "other.md"}], "reply": "answer 2"},
     {"user": "q3", "attach": [{"note": "big.md"}], "reply": "answer 3"},
 ]
-SUMMARIZING = Budget(1500, 200)
+SUMMARIZING = Budget(875, 200)
 
 
 @pytest.fixture
@@ -73,13 +75,25 @@ class _Counting:
         return self.inner.summarize(text, target_tokens)
 
 
+def summary_answer(prompt: str, number: int) -> str:
+    """What a summarizing model answers ``prompt``: numbered (so reuse is visible), about
+    three quarters of the tokens it asks for at most (a summary of the size asked for)."""
+    found = re.search(r"in at most (\d+) tokens", prompt)
+    assert found is not None, prompt[:200]
+    sentences = max(0, (int(found.group(1)) * 3 // 4 - 8) // 12)
+    return f"Summary number {number} of the text." + _SENTENCE * sentences
+
+
+_SENTENCE = " The note lists facts about the store and how it syncs."
+
+
 def _numbered() -> tuple[LLMSummarizer, list[int]]:
     """An LLM summarizer whose every call answers differently (so reuse is visible)."""
     numbers, calls = itertools.count(1), []
 
     def complete(prompt: str) -> str:
         calls.append(next(numbers))
-        return f"Summary number {calls[-1]} of the text."
+        return summary_answer(prompt, calls[-1])
 
     return LLMSummarizer(complete, COUNTER), calls
 
@@ -102,6 +116,27 @@ def test_a_second_conversation_reuses_the_summary_without_running_the_summarizer
     assert first.calls >= 1
     assert second.calls == 0
     assert sent[0] == sent[1]
+
+
+def test_a_conversation_sends_only_the_summaries_its_own_summarizer_made(
+    big_vault: Path,
+) -> None:
+    """Two conversations of one process, the same chat, two summarizers: each sends the
+    summary its own made. (The budget's forms, remembered for the whole process, were
+    keyed without the summarizer: the second conversation sent the first one's TextRank
+    summary under its LLM summarizer's name.)"""
+    texts = []
+    for summarizer in (TextRankSummarizer(COUNTER), _numbered()[0]):
+        conv = _chat(big_vault, summarizer)
+        for t in TURNS[:2]:
+            env = conv.turn(t["user"], t["attach"])
+            conv.reply(t["reply"])
+        (entry,) = env.l2.segments
+        assert entry.form is Form.SUMMARY
+        texts.append(entry.text)
+    ranked, numbered = texts
+    assert "Summary number" not in ranked
+    assert "Summary number 1 of the text." in numbered
 
 
 def test_summarizers_with_other_settings_do_not_share() -> None:
@@ -192,17 +227,17 @@ def test_a_summary_from_the_pool_is_saved_with_the_turn_and_renders_after_a_rest
     for t in TURNS:
         elsewhere.turn(t["user"], t["attach"])
         elsewhere.reply(t["reply"])
-    assert calls == [1]
+    assert calls == [1, 2]  # big.md's at turn 2, other.md's at turn 3 (not sent)
     conv = _chat(big_vault, summarizer)
     with SqliteStore(tmp_path / "chat.db") as store:
         store.create(ConversationInfo("c"))
         run_saved(parse_script({"turns": TURNS}), conv, store, "c")
-        assert calls == [1]  # the pool's summary, saved with turn 2
+        assert calls == [1, 2]  # the pool's summaries, saved with turns 2 and 3
         expected = openai_messages(conv.turn("q4", [{"note": "big.md"}]))
         summary_pool().clear()
         restored = load_conversation(store, "c", vault=big_vault, summarizer=summarizer)
         again = openai_messages(restored.turn("q4", [{"note": "big.md"}]))
-    assert calls == [1]
+    assert calls == [1, 2]
     assert any("Summary number 1 of the text." in m["content"] for m in expected)
     assert again == expected
 
