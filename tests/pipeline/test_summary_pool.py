@@ -41,7 +41,8 @@ def _note(i: int, size: int) -> str:
 BIG = _note(1, 40)
 # Turn 2 attaches other.md: the budget cuts the library's preview of big.md to a
 # summary (one of about 180 tokens, between two of the previews of that preview), which
-# turn 3 sends again (and summarizes other.md, held as a preview, to keep its preview).
+# turn 3 sends again (other.md, held as a preview there, is summarized too and keeps a
+# preview).
 TURNS = [
     {"user": "q1", "attach": [{"note": "big.md"}], "reply": "answer 1"},
     {"user": "q2", "attach": [{"note": "other.md"}], "reply": "answer 2"},
@@ -75,6 +76,9 @@ class _Counting:
         return self.inner.summarize(text, target_tokens)
 
 
+_SENTENCE = " The note lists facts about the store and how it syncs."
+
+
 def summary_answer(prompt: str, number: int) -> str:
     """What a summarizing model answers ``prompt``: numbered (so reuse is visible), about
     three quarters of the tokens it asks for at most (a summary of the size asked for)."""
@@ -82,9 +86,6 @@ def summary_answer(prompt: str, number: int) -> str:
     assert found is not None, prompt[:200]
     sentences = max(0, (int(found.group(1)) * 3 // 4 - 8) // 12)
     return f"Summary number {number} of the text." + _SENTENCE * sentences
-
-
-_SENTENCE = " The note lists facts about the store and how it syncs."
 
 
 def _numbered() -> tuple[LLMSummarizer, list[int]]:
