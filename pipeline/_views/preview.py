@@ -720,8 +720,11 @@ def fitted_preview_of(
 def refitted_preview(preview: str, counter: TokenCounter, max_tokens: int) -> str:
     """A preview of ``preview`` (itself a preview of a note) of at most ``max_tokens``
     tokens: its sections fitted as ``fit_preview`` fits a note's, and one omitted line
-    counting the sections both cuts left out. A note held only as a preview (the form it
-    was first sent in) steps down in fine sizes like one held whole."""
+    counting the sections both cuts left out; ``preview`` itself where it fits. A note
+    held only as a preview (the form it was first sent in) steps down in fine sizes like
+    one held whole."""
+    if _count(counter, preview) <= max_tokens:
+        return preview
     lines = preview.rsplit("\n\n", 1)
     m = OMITTED_LINE.fullmatch(lines[-1]) if len(lines) == 2 else None
     if m is None:

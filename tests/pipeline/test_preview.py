@@ -6,7 +6,7 @@ import random
 import re
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from lamina.pipeline._errors import ConfigError
@@ -551,3 +551,29 @@ def test_a_preview_of_a_preview_counts_the_sections_both_cuts_left_out() -> None
     )
     assert refitted_preview(preview, COUNTER, 80) == preview
     assert COUNTER.count(refitted_preview(preview, COUNTER, 30)) <= 30
+
+
+_OMITTED_COUNT = re.compile(r"\[\.\.\. (\d+) more sections? omitted \.\.\.\]")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(["# H", "## H", "text"]), st.integers(0, 30)), max_size=12),
+    st.integers(64, 400),
+    st.integers(32, 400),
+)
+@example(lines=[("# H", 30), ("text", 23), ("## H", 26)], first=287, second=93)
+def test_a_preview_of_a_preview_fits_and_omits_no_fewer_sections(
+    lines: list[tuple[str, int]], first: int, second: int
+) -> None:
+    """Within its limit, one omitted line counting at least what the first cut left out,
+    and the preview itself where it fits."""
+    body = "\n\n".join(f"{kind} " + "word " * n for kind, n in lines) or "text"
+    preview = fit_preview(f"# Title\n\n{body}", COUNTER, first)
+    again = refitted_preview(preview, COUNTER, second)
+    assert COUNTER.count(again) <= second
+    before, after = _OMITTED_COUNT.findall(preview), _OMITTED_COUNT.findall(again)
+    assert len(after) <= 1
+    assert sum(map(int, after)) >= sum(map(int, before))
+    if COUNTER.count(preview) <= second:
+        assert again == preview
