@@ -3,9 +3,11 @@ the answer-bearing messages than keeping the newest, without lowering the cached
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from benchmarks.memory import locomo_chat, locomo_dir, measure_memory, memory_targets
+from benchmarks.memory import locomo_chat, locomo_dir, main, measure_memory, memory_targets
 
 DATA = locomo_dir()
 pytestmark = pytest.mark.skipif(
@@ -42,3 +44,17 @@ def test_recall_does_not_lower_the_cached_share() -> None:
     memory = measure_memory(0, (8_192,), conversations=("26",), questions=40)
     (row,) = memory["windows"]
     assert row["cached_share_on"] >= row["cached_share_off"]
+
+
+def test_the_command_measures_the_conversations_it_is_given(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``python -m benchmarks.memory 4096 --conversations 47``: the docs' held-out rows are
+    measured apart from the tuned ones; a conversation not in the data is refused."""
+    assert main(["4096", "--conversations", "47"]) == 0
+    memory = json.loads(capsys.readouterr().out)
+    assert memory["data"] == "LoCoMo 47"
+    assert [row["window"] for row in memory["windows"]] == [4096]
+    with pytest.raises(SystemExit):
+        main(["--conversations", "12"])
+    assert "12 not among 26, 41, 43, 47, 49" in capsys.readouterr().err
