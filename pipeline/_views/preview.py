@@ -354,8 +354,9 @@ def _cut_note_text(
     return closed, True, _count(counter, closed)
 
 
-OMITTED_LINE = re.compile(r"\[\.\.\. \d+ more sections? omitted \.\.\.\]")
-"""The line that counts the sections a preview left out (``_omitted_line``)."""
+OMITTED_LINE = re.compile(r"\[\.\.\. (\d+) more sections? omitted \.\.\.\]")
+"""The line that counts the sections a preview left out (``_omitted_line``); its group,
+that count."""
 
 
 def _omitted_line(n: int) -> str:
@@ -723,13 +724,14 @@ def refitted_preview(preview: str, counter: TokenCounter, max_tokens: int) -> st
     counting the sections both cuts left out; ``preview`` itself where it fits. A note
     held only as a preview (the form it was first sent in) steps down in fine sizes like
     one held whole."""
-    if _count(counter, preview) <= max_tokens:
+    # Counted through the memo: the budget asks for one preview at each halving size.
+    if counter.count(preview) <= max_tokens:
         return preview
     lines = preview.rsplit("\n\n", 1)
-    m = OMITTED_LINE.fullmatch(lines[-1]) if len(lines) == 2 else None
-    if m is None:
+    omitted = OMITTED_LINE.fullmatch(lines[-1]) if len(lines) == 2 else None
+    if omitted is None:
         return fit_preview(preview, counter, max_tokens)
-    inner, before = lines[0], int(re.findall(r"\d+", lines[-1])[0])
+    inner, before = lines[0], int(omitted.group(1))
     budget = max_tokens
     while True:
         fitted = fitted_preview_of(inner, counter, max(budget, 1))

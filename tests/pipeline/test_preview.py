@@ -13,6 +13,7 @@ from lamina.pipeline._errors import ConfigError
 from lamina.pipeline._tokens.counter import TokenCounter
 from lamina.pipeline._views.preview import (
     EXCERPT_MIN_TOKENS,
+    OMITTED_LINE,
     cut_to_tokens,
     fit_preview,
     has_prose,
@@ -553,9 +554,6 @@ def test_a_preview_of_a_preview_counts_the_sections_both_cuts_left_out() -> None
     assert COUNTER.count(refitted_preview(preview, COUNTER, 30)) <= 30
 
 
-_OMITTED_COUNT = re.compile(r"\[\.\.\. (\d+) more sections? omitted \.\.\.\]")
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.tuples(st.sampled_from(["# H", "## H", "text"]), st.integers(0, 30)), max_size=12),
@@ -572,7 +570,7 @@ def test_a_preview_of_a_preview_fits_and_omits_no_fewer_sections(
     preview = fit_preview(f"# Title\n\n{body}", COUNTER, first)
     again = refitted_preview(preview, COUNTER, second)
     assert COUNTER.count(again) <= second
-    before, after = _OMITTED_COUNT.findall(preview), _OMITTED_COUNT.findall(again)
+    before, after = OMITTED_LINE.findall(preview), OMITTED_LINE.findall(again)
     assert len(after) <= 1
     assert sum(map(int, after)) >= sum(map(int, before))
     if COUNTER.count(preview) <= second:
