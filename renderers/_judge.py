@@ -357,7 +357,7 @@ def judge_chat(
         library = _library_named(env)
         attached = {s.key for s in env.l3.segments if s.text and _enters_library(s)}
         here = library | attached | {s.key for s in restored}
-        for key in sorted(shown_before - here):
+        for key in sorted(shown_before - here - whole):  # not in full in the request either
             full = latest.get(key, (full_sizes or {}).get(key))
             if full is not None and full <= room:
                 find(

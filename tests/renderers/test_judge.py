@@ -19,6 +19,7 @@ from lamina.pipeline import (
     LayerName,
     Segment,
 )
+from lamina.pipeline.layout import Batch
 from lamina.renderers import FREE_MARGIN, judge_chat
 from lamina.renderers._judge import _has_prose, _open_frontmatter
 
@@ -165,6 +166,27 @@ def test_an_entry_set_aside_is_left_cut_when_its_full_form_fits_the_room_less_5p
 
     assert left_cut(1000) == ["note:a.md"]
     assert left_cut(1001) == []
+
+
+def test_an_entry_set_aside_while_the_request_still_holds_it_whole_is_not_left_cut() -> None:
+    """The same set-aside entry, its whole block in an earlier message the request as sent
+    still holds (it extends the request that sent it: ``Batch.reason`` ""): the model
+    has it in full, so it is not left cut; the request sent as built instead drops that
+    message, and it is. (A 4,000-token window over tests/data/kepano-obsidian did this:
+    turn 2 set aside a category note turn 1's message sent whole.)"""
+    conv, envs = _budgeted_spec_chat()
+    whole = _segment('<note key="note:a.md">\nSome text.\n</note>', Form.FULL, tokens=900)
+    shown = _rebuilt(envs[-1], (whole,), limit=2000, effective=1900)
+    gone = _rebuilt(envs[-1], (), limit=2000, effective=1000)
+    user = Segment("history:5:user", Form.FULL, "history", "u", "Short?", 2)
+
+    def left_cut(reason: str) -> list[str]:
+        batch = Batch(settled=0, library_tokens=0, turns=(), user=user, tokens=0, reason=reason)
+        j = judge_chat([shown, attrs.evolve(gone, batch=batch)], conv.counter, budget=conv.budget)
+        return [f.key for f in j.findings if f.check == "left-cut" and f.turn == gone.turn]
+
+    assert left_cut("") == []
+    assert left_cut("over-budget") == ["note:a.md"]
 
 
 def test_a_turn_that_only_gives_back_did_not_cut() -> None:
