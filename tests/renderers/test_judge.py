@@ -169,11 +169,11 @@ def test_an_entry_set_aside_is_left_cut_when_its_full_form_fits_the_room_less_5p
 
 
 def test_an_entry_set_aside_while_the_request_still_holds_it_whole_is_not_left_cut() -> None:
-    """The same set-aside entry, its whole block in an earlier message the request as sent
-    still holds (it extends the request that sent it: ``Batch.reason`` ""): the model
-    has it in full, so it is not left cut; the request sent as built instead drops that
-    message, and it is. (A 4,000-token window over tests/data/kepano-obsidian did this:
-    turn 2 set aside a category note turn 1's message sent whole.)"""
+    """The same set-aside entry, its whole block sent by the request this one extends
+    (``Batch.reason`` "": the request as sent still holds that block): the model has it
+    in full, so it is not left cut; sent as built instead, the request holds it nowhere,
+    and it is. (A 4,000-token window over tests/data/kepano-obsidian did this: turn 2 set
+    aside a category note turn 1's message sent whole.)"""
     conv, envs = _budgeted_spec_chat()
     whole = _segment('<note key="note:a.md">\nSome text.\n</note>', Form.FULL, tokens=900)
     shown = _rebuilt(envs[-1], (whole,), limit=2000, effective=1900)
