@@ -669,16 +669,18 @@ def fitted_preview_of(
     *,
     words: frozenset[str] = frozenset(),
     old: str | None = None,
+    omitted: int = 0,
 ) -> Preview:
     """``fit_preview`` with its exact token count and blocks, made from the sections' counts
-    (the whole preview is encoded only when the pieces may not add up)."""
+    (the whole preview is encoded only when the pieces may not add up). ``omitted``:
+    sections an earlier cut left out of ``body``, counted in the omitted line too."""
     spans, texts, order, bare = _ranked_sections(body, words, old)
     sections = [(h, b) for h, b, _ in spans]
     small = _small(counter)
     budget = max_tokens
     while True:
         picked: list[tuple[int, str, int]] = []
-        left = budget - small(_omitted_line(len(sections)))
+        left = budget - small(_omitted_line(len(sections) + omitted))
         cut = False
         for i in order:
             n = _section_tokens(body, spans[i][0], spans[i][2], texts[i], counter, small)
@@ -704,8 +706,8 @@ def fitted_preview_of(
         # Chosen by priority, shown in document order (properties first, headings in turn).
         chosen = [(text, n) for _, text, n in sorted(picked)]
         kept = len(chosen)
-        if kept < len(sections):
-            line = _omitted_line(len(sections) - kept)
+        if kept < len(sections) or omitted:
+            line = _omitted_line(len(sections) - kept + omitted)
             chosen.append((line, small(line)))
         out = "\n\n".join(t for t, _ in chosen)
         total = count_joined_from(chosen, "\n\n", small)
@@ -731,16 +733,4 @@ def refitted_preview(preview: str, counter: TokenCounter, max_tokens: int) -> st
     omitted = OMITTED_LINE.fullmatch(lines[-1]) if len(lines) == 2 else None
     if omitted is None:
         return fit_preview(preview, counter, max_tokens)
-    inner, before = lines[0], int(omitted.group(1))
-    budget = max_tokens
-    while True:
-        fitted = fitted_preview_of(inner, counter, max(budget, 1))
-        kept = fitted.text
-        if fitted.sections_kept < fitted.sections_total:
-            kept = kept.rsplit("\n\n", 1)[0]
-        line = _omitted_line(before + fitted.sections_total - fitted.sections_kept)
-        out = f"{kept}\n\n{line}"
-        excess = _count(counter, out) - max_tokens
-        if excess <= 0 or budget <= 1:
-            return out
-        budget -= excess
+    return fitted_preview_of(lines[0], counter, max_tokens, omitted=int(omitted.group(1))).text
