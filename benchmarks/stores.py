@@ -12,14 +12,18 @@ PostgreSQL is a throwaway local cluster (Unix socket, ``fsync=off`` as in the te
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import multiprocessing
+import os
 import random
+import signal
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +35,12 @@ DEPTHS = (10, 100)
 WORKERS = 8
 WORKER_TURNS = {"small": 15, "medium": 30, "large": 60}
 SAMPLES = 5
+STARTED_S = 60
+"""Seconds the workers and the clock wait for each other at the start (a worker that failed
+opening its store breaks the start instead of leaving the rest waiting)."""
+FINISHED_S = 120
+"""Seconds the workers may take to save their turns (a few on a laptop); a worker still
+saving then prints its threads' stacks, is killed, and the run fails."""
 
 
 def _vault(root: Path) -> Path:
@@ -92,10 +102,16 @@ def _latency(value: str, vault: Path, prepared: list[tuple[Any, Any, Any]]) -> d
 def _worker(value: str, prepared: list[tuple[Any, Any, Any]], name: str, start: Any) -> None:
     from lamina.pipeline.store import ConversationInfo, Head, open_store
 
-    with open_store(value, timeout=60) as store:
-        store.create(ConversationInfo(name))
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks, if it is stuck
+    with ExitStack() as stack:
+        try:
+            store = stack.enter_context(open_store(value, timeout=60))
+            store.create(ConversationInfo(name))
+        except BaseException:
+            start.abort()  # the other workers and the clock stop waiting at once
+            raise
         head = Head()
-        start.wait()
+        start.wait(STARTED_S)
         for record, state, manifest in prepared:
             head = store.save_turn(name, record, state, manifest, parent=head)
 
@@ -108,14 +124,34 @@ def _throughput(value: str, vault: Path, turns: int) -> dict[str, Any]:
              for n in range(WORKERS)]  # fmt: skip
     for p in procs:
         p.start()
-    start.wait()
-    began = time.perf_counter()
-    for p in procs:
-        p.join()
-    seconds = time.perf_counter() - began
-    if any(p.exitcode != 0 for p in procs):
-        raise RuntimeError(f"a store worker failed: {[p.exitcode for p in procs]}")
+    try:
+        start.wait(STARTED_S)  # broken, not waited on forever, if a worker fails first
+        began = time.perf_counter()
+        for p in procs:
+            p.join(max(0.0, began + FINISHED_S - time.perf_counter()))
+        seconds = time.perf_counter() - began
+    except threading.BrokenBarrierError:
+        seconds = 0.0
+    finally:
+        _end_stuck(procs)
+    if any(p.exitcode != 0 for p in procs) or not seconds:
+        raise RuntimeError(f"a store worker failed: exit codes {[p.exitcode for p in procs]}")
     return {"workers": WORKERS, "turns": WORKERS * turns, "turns_per_s": WORKERS * turns / seconds}
+
+
+def _end_stuck(procs: list[Any]) -> None:
+    """Kill the workers still running after a short grace (a worker ending on a broken
+    start), each first printing its threads' stacks to stderr."""
+    grace = time.perf_counter() + 5
+    for p in procs:
+        p.join(max(0.0, grace - time.perf_counter()))
+    stuck = [p for p in procs if p.exitcode is None]
+    for p in stuck:
+        os.kill(p.pid, signal.SIGUSR1)
+    time.sleep(1 if stuck else 0)
+    for p in stuck:
+        p.kill()
+        p.join()
 
 
 @contextmanager
@@ -187,7 +223,9 @@ def format_table(doc: dict[str, Any]) -> str:
 
 
 def main(scale: str = "small", out: str | None = None, postgres_url: str | None = None) -> None:
-    """``lamina bench --suite stores``: run, print the table, write the JSON."""
+    """``lamina bench --suite stores``: run, print the table, write the JSON. SIGUSR1 prints
+    the threads' stacks to stderr (for a run that seems stuck)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     doc = run(scale, postgres_url)
     print(format_table(doc))
     if out is not None:

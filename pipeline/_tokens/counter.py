@@ -149,6 +149,17 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return pool
 
 
+def _in_child() -> None:
+    """A forked child has none of the parent's threads: a pool it inherited would queue its
+    work for workers that do not exist, so it makes its own."""
+    global _pool_lock
+    _pool_lock = threading.Lock()
+    _pools.clear()
+
+
+os.register_at_fork(after_in_child=_in_child)
+
+
 def count_with_sep_from(
     text: str, tokens: int, sep: str, count: Callable[[str], int]
 ) -> int | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -12,6 +14,11 @@ __all__ = ["Promotion"]
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+# Held around each unit of the worker's work (a make, a preparing step), and by a fork:
+# a process forked while the worker runs would inherit the locks that work holds (of this
+# promotion, of the count memos, of recall) held by a thread it does not have.
+_step = threading.RLock()
+_started: weakref.WeakSet[Promotion] = weakref.WeakSet()
 
 
 def _worker() -> ThreadPoolExecutor:
@@ -37,7 +44,10 @@ class Promotion:
     is left (``rest``) goes on after that turn's own library (``carry``).
     """
 
-    __slots__ = ("_carried", "_done", "_future", "_lock", "_make", "_prepare", "_rest", "_stop")
+    __slots__ = (
+        "__weakref__", "_carried", "_done", "_future", "_lock", "_make", "_prepare", "_rest",
+        "_stop",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -73,6 +83,7 @@ class Promotion:
     def start(self) -> None:
         """Make the library on the background worker (idempotent)."""
         if self._future is None and self._done is None:
+            _started.add(self)
             self._future = _worker().submit(self._run)
 
     def result(self, *, next_turn: bool = False) -> Library:
@@ -89,7 +100,8 @@ class Promotion:
     def _run(self) -> Library:
         with self._lock:
             if self._done is None:
-                done = self._make()
+                with _step:
+                    done = self._make()
                 if self._prepare is not None:
                     self._rest = [*self._carried, iter(self._prepare(done))]
                     self._carried = []
@@ -101,8 +113,28 @@ class Promotion:
         """Run the preparing steps in order until they end or the next turn stops them."""
         rest = self._rest
         while rest and not self._stop.is_set():
-            if next(rest[0], _END) is _END:
+            with _step:
+                ended = next(rest[0], _END) is _END
+            if ended:
                 rest.pop(0)
 
 
 _END = object()
+
+
+def _in_child() -> None:
+    """A forked child has no worker thread: it gets a pool of its own when it needs one,
+    and makes a promotion the parent's worker had under way itself (the same bytes)."""
+    global _pool, _pool_lock, _step
+    _pool, _pool_lock, _step = None, threading.Lock(), threading.RLock()
+    for promotion in list(_started):
+        promotion._lock = threading.Lock()
+        if promotion._future is not None and not promotion._future.done():
+            promotion._future = None
+
+
+os.register_at_fork(
+    before=lambda: _step.acquire(),
+    after_in_parent=lambda: _step.release(),
+    after_in_child=_in_child,
+)

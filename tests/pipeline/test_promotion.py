@@ -13,6 +13,7 @@ from lamina import Conversation
 from lamina.pipeline import Budget, Library
 from lamina.pipeline._turn.promotion import Promotion
 from lamina.pipeline.errors import ArgumentError, StageError
+from tests.forked import in_forked_child
 
 _PARTS = (f"## Part {i}\n\n" + "Sentence of the plan. " * 80 for i in range(12))
 _NOTE = "# Plan\n\n" + "\n\n".join(_PARTS)
@@ -279,3 +280,25 @@ def test_a_turn_right_after_a_large_promotion_waits_for_its_library_not_its_rank
         assert len(ranked) == 4
         sent[wait] = [openai_messages(first), openai_messages(second)]
     assert sent[False] == sent[True]
+
+
+def test_a_process_forked_while_the_worker_prepares_makes_the_library_itself() -> None:
+    """The worker holds the promotion's lock through its preparing; a child forked then has
+    no worker, so a lock inherited held would leave its next turn waiting forever."""
+    preparing = threading.Event()
+    steps = 0
+
+    def prepare(_: Library) -> Iterator[None]:
+        nonlocal steps
+        for _ in range(200):
+            yield
+            steps += 1
+            preparing.set()
+            threading.Event().wait(0.01)
+
+    promotion = Promotion(Library, prepare)
+    promotion.start()
+    assert preparing.wait(10)
+    assert in_forked_child(lambda: promotion.result(next_turn=True)) == Library()
+    assert promotion.result(next_turn=True) == Library()
+    assert 0 < steps < 200  # the parent's worker was still preparing when it forked

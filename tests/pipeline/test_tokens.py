@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from lamina.pipeline.errors import ConfigError
 from lamina.pipeline.tokens import CountMemo, TokenCounter, get_encoding
+from tests.forked import in_forked_child
 
 
 def test_encodings_load_from_package_data_without_network() -> None:
@@ -300,3 +301,15 @@ def test_known_reads_a_count_without_encoding() -> None:
     n, m = counter.count("hello world"), counter.count(long)
     assert (counter.known("hello world"), counter.known(long)) == (n, m)
     assert counter.encoded_chars == len("hello world") + len(long)
+
+
+def test_a_forked_child_counts_on_threads_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's counting threads are not in a forked child: a pool it inherited would
+    queue the work for them and wait forever."""
+    import lamina.pipeline._tokens.counter as tokens_module
+
+    monkeypatch.setattr(tokens_module, "PARALLEL_CHARS", 1)
+    monkeypatch.setattr(tokens_module, "_workers", lambda: 2)
+    texts = [f"text number {i} of the batch" for i in range(40)]
+    expected = TokenCounter(memo=CountMemo()).count_many(texts)  # the pool is made here
+    assert in_forked_child(lambda: TokenCounter(memo=CountMemo()).count_many(texts)) == expected
