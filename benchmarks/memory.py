@@ -197,7 +197,11 @@ class _Run:
 
 
 def _replay(
-    chat: LocomoChat, budgets: Sequence[Any], runs: Sequence[_Run], cache: bool
+    chat: LocomoChat,
+    budgets: Sequence[Any],
+    runs: Sequence[_Run],
+    cache: bool,
+    retriever: Callable[[], Any] | None = None,
 ) -> list[Any]:
     """The chat through one conversation per budget in lockstep (each turn on every
     conversation before the next); the conversations at the end. Each turn is timed
@@ -205,7 +209,10 @@ def _replay(
     from lamina.pipeline import Conversation
     from lamina.renderers import XmlRenderer, simulate
 
-    convs = [Conversation(SYSTEM, renderer=XmlRenderer(), budget=b) for b in budgets]
+    convs = [
+        Conversation(SYSTEM, renderer=XmlRenderer(), budget=b, retriever=retriever)
+        for b in budgets
+    ]
     envelopes: list[list[Any]] = [[] for _ in budgets]
     warm = chat.sessions[1] if len(chat.sessions) > 1 else 1
     for number, turn in enumerate(chat.turns, 1):
@@ -229,7 +236,11 @@ def _replay(
 
 
 def _ask(
-    chat: LocomoChat, convs: Sequence[Any], runs: Sequence[_Run], every: int
+    chat: LocomoChat,
+    convs: Sequence[Any],
+    runs: Sequence[_Run],
+    every: int,
+    retriever: Callable[[], Any] | None = None,
 ) -> None:
     """Each question as the next turn of the conversation restored from its state."""
     from lamina.pipeline import Conversation
@@ -240,7 +251,7 @@ def _ask(
     for i, question in enumerate(chat.questions):
         for state, run in zip(states, runs, strict=True):
             cpu = time.thread_time()
-            env = Conversation.restore(state, renderer=XmlRenderer()).turn(
+            env = Conversation.restore(state, renderer=XmlRenderer(), retriever=retriever).turn(
                 question.question, background=False
             )
             if i % every == 0:
@@ -396,6 +407,14 @@ def _share(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
 
 
+def _named(retriever: Callable[[], Any] | None) -> str:
+    """How the document names the retriever: "default" (BM25), or the factory's place."""
+    if retriever is None:
+        return "default"
+    module, name = getattr(retriever, "__module__", None), getattr(retriever, "__qualname__", None)
+    return f"{module}:{name}" if module and name else repr(retriever)
+
+
 def measure_memory(
     seed: int = 0,
     windows: Sequence[int] = WINDOWS,
@@ -404,12 +423,14 @@ def measure_memory(
     questions: int | None = None,
     cache: bool = True,
     advance: Callable[[], None] = lambda: None,
+    retriever: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
     """The ``memory`` point on LoCoMo (the protocol above; the data is fixed, ``seed`` is
     not used): per window, the share of evidence reached by the default budget, recall
     off, ``trim_messages``, plain BM25 and the retriever given the whole room, cached
     shares, CPU p50s. ``questions`` keeps the first that many of each conversation (None:
-    all); ``{"skipped": why}`` without data."""
+    all); ``retriever`` makes the recall-on conversations' ``Retriever`` (None: BM25, the
+    default); ``{"skipped": why}`` without data."""
     del seed
     where = locomo_dir()
     if where is None:
@@ -428,6 +449,7 @@ def measure_memory(
         "tokens": sum(counter.count(t) for c in chats for _, t, _ in _messages(c)),
         "questions": sum(len(c.questions) for c in chats),
         "recall": bool(_budgets(windows[0])[0].recall) if windows else True,
+        "retriever": _named(retriever),
         "windows": [],
     }
     for window in windows:
@@ -435,8 +457,8 @@ def measure_memory(
         on, off = _Run(), _Run()
         trim = bm25 = whole = (0, 0)
         for chat in chats:
-            convs = _replay(chat, _budgets(window), (on, off), cache)
-            _ask(chat, convs, (on, off), TIMED_EVERY)
+            convs = _replay(chat, _budgets(window), (on, off), cache, retriever)
+            _ask(chat, convs, (on, off), TIMED_EVERY, retriever)
             t = _trim_reached(chat, limit, counter.count)
             b = _bm25_reached(chat, limit, counter.count)
             w = _whole_room_reached(chat, limit, counter.count)
@@ -491,14 +513,23 @@ def memory_targets(memory: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m benchmarks.memory [WINDOW ...] [--conversations 26,41,43]``: the point
-    as JSON, over the conversations named (the docs report 26, 41, 43, which the
-    passages' value and floor were chosen on, apart from the held-out 47 and 49)."""
+    """``python -m benchmarks.memory [WINDOW ...] [--conversations 26,41,43]
+    [--questions N] [--retriever MODULE:NAME]``: the point as JSON, over the conversations
+    named (the docs report 26, 41, 43, which the passages' value and floor were chosen on,
+    apart from the held-out 47 and 49), with a host's retriever if one is named."""
     import argparse
 
     parser = argparse.ArgumentParser(prog="benchmarks.memory")
     parser.add_argument("windows", nargs="*", type=int)
     parser.add_argument("--conversations", default=",".join(CONVERSATIONS))
+    parser.add_argument(
+        "--retriever",
+        metavar="MODULE:NAME",
+        help="a host's Retriever factory (e.g. embeddings) in place of the default BM25",
+    )
+    parser.add_argument(
+        "--questions", type=int, metavar="N", help="the first N questions of each conversation"
+    )
     args = parser.parse_args(argv)
     names = tuple(name for name in args.conversations.split(",") if name)
     unknown = sorted(set(names) - set(CONVERSATIONS))
@@ -506,7 +537,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--conversations: {', '.join(unknown) or 'none'} not among "
                      f"{', '.join(CONVERSATIONS)}")  # fmt: skip
     windows = tuple(args.windows) or WINDOWS
-    print(json.dumps(measure_memory(0, windows, conversations=names), indent=2))
+    retriever = None
+    if args.retriever:
+        module, _, name = args.retriever.partition(":")
+        if not module or not name:
+            parser.error(f"--retriever: {args.retriever!r} is not MODULE:NAME")
+        import importlib
+
+        try:
+            retriever = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError) as exc:
+            parser.error(f"--retriever: {args.retriever!r}: {exc}")
+    doc = measure_memory(
+        0, windows, conversations=names, questions=args.questions, retriever=retriever
+    )
+    print(json.dumps(doc, indent=2))
     return 0
 
 

@@ -4,10 +4,12 @@ the answer-bearing messages than keeping the newest, without lowering the cached
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import pytest
 
 from benchmarks.memory import locomo_chat, locomo_dir, main, measure_memory, memory_targets
+from lamina.pipeline.recall import Bm25Retriever, RecallItem
 
 DATA = locomo_dir()
 pytestmark = pytest.mark.skipif(
@@ -58,3 +60,34 @@ def test_the_command_measures_the_conversations_it_is_given(
     with pytest.raises(SystemExit):
         main(["--conversations", "12"])
     assert "12 not among 26, 41, 43, 47, 49" in capsys.readouterr().err
+
+
+class CountingRetriever:
+    """A host's retriever for the command's test: Lamina's BM25, counting its searches."""
+
+    searches = 0
+
+    def __init__(self) -> None:
+        self._inner = Bm25Retriever()
+
+    def index(self, items: Sequence[RecallItem]) -> None:
+        self._inner.index(items)
+
+    def search(self, query: str, k: int) -> Sequence[tuple[str, float]]:
+        CountingRetriever.searches += 1
+        return self._inner.search(query, k)
+
+
+def test_the_command_measures_a_host_retriever(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--retriever MODULE:NAME`` puts a host's retriever (embeddings, say) in place of
+    the default for the recall-on conversations; the document names it."""
+    CountingRetriever.searches = 0
+    named = f"{__name__}:CountingRetriever"
+    assert main(["4096", "--conversations", "47", "--questions", "3", "--retriever", named]) == 0
+    memory = json.loads(capsys.readouterr().out)
+    assert memory["retriever"] == named and memory["questions"] == 3
+    assert CountingRetriever.searches > 3  # the chat's turns and the questions
+    for bad, says in (("nocolon", "is not MODULE:NAME"), (f"{__name__}:Nope", "Nope")):
+        with pytest.raises(SystemExit):
+            main(["--retriever", bad])
+        assert says in capsys.readouterr().err

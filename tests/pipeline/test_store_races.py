@@ -24,23 +24,31 @@ from tests.stores import BACKENDS, Backend
 
 WORKERS = 8
 ROUNDS = 20
+WAIT_S = 60
+"""Seconds a racer waits for the others at a round's barrier, and the test for a result."""
 
 
 def _racer(store_path: str, vault: str, name: str, barrier: Barrier, conn: Connection) -> None:
-    """Each round: load the head, build a turn, wait for all, then try to save it."""
-    store = open_store(store_path, timeout=30)
-    for n in range(ROUNDS):
-        barrier.wait()
-        conv = load_conversation(store, "c", vault=vault)
-        text = f"round {n} from {name}"
-        env = conv.turn(text, [{"note": "project-spec.md"}])
-        conv.reply(f"reply {n} {name}")
-        barrier.wait()  # every worker now holds the same head
-        try:
-            save_turn(store, "c", conv, env, [{"note": "project-spec.md"}])
-            conn.send(("won", n, text))
-        except ConflictError as exc:
-            conn.send(("lost", n, exc.head_turn))
+    """Each round: load the head, build a turn, wait for all, then try to save it. A racer
+    that fails says why and breaks the barrier, so no other waits there for ever."""
+    try:
+        store = open_store(store_path, timeout=30)
+        for n in range(ROUNDS):
+            barrier.wait(WAIT_S)
+            conv = load_conversation(store, "c", vault=vault)
+            text = f"round {n} from {name}"
+            env = conv.turn(text, [{"note": "project-spec.md"}])
+            conv.reply(f"reply {n} {name}")
+            barrier.wait(WAIT_S)  # every worker now holds the same head
+            try:
+                save_turn(store, "c", conv, env, [{"note": "project-spec.md"}])
+                conn.send(("won", n, text))
+            except ConflictError as exc:
+                conn.send(("lost", n, exc.head_turn))
+    except BaseException as exc:
+        barrier.abort()
+        conn.send(("failed", name, f"{type(exc).__name__}: {exc}"))
+        raise
 
 
 def test_racing_workers_exactly_one_wins_each_round(backend: Backend, vault: Path) -> None:
@@ -62,15 +70,20 @@ def test_racing_workers_exactly_one_wins_each_round(backend: Backend, vault: Pat
     for p in procs:
         p.start()
     winners: list[str] = []
-    for n in range(ROUNDS):
-        results = [parent.recv() for parent, _ in pipes]
-        won = [r for r in results if r[0] == "won"]
-        assert len(won) == 1, results
-        assert all(r == ("lost", n, n + 2) for r in results if r[0] == "lost"), results
-        winners.append(won[0][2])
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    try:
+        for n in range(ROUNDS):
+            results = [parent.recv() if parent.poll(WAIT_S) else None for parent, _ in pipes]
+            won = [r for r in results if r is not None and r[0] == "won"]
+            assert len(won) == 1, results
+            assert all(r == ("lost", n, n + 2) for r in results if r != won[0]), results
+            winners.append(won[0][2])
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
     with backend.open() as store:
         records = store.turns("c")
         assert [r.user for r in records] == ["start", *winners]
