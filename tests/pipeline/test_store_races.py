@@ -25,7 +25,8 @@ from tests.stores import BACKENDS, Backend
 WORKERS = 8
 ROUNDS = 20
 WAIT_S = 60
-"""Seconds a racer waits for the others at a round's barrier, and the test for a result."""
+"""Seconds a racer waits for the others at a round's barrier, and the test for a round's
+results."""
 
 
 def _racer(store_path: str, vault: str, name: str, barrier: Barrier, conn: Connection) -> None:
@@ -72,7 +73,11 @@ def test_racing_workers_exactly_one_wins_each_round(backend: Backend, vault: Pat
     winners: list[str] = []
     try:
         for n in range(ROUNDS):
-            results = [parent.recv() if parent.poll(WAIT_S) else None for parent, _ in pipes]
+            until = time.monotonic() + WAIT_S  # for the whole round, not each racer
+            results = [
+                parent.recv() if parent.poll(max(0.0, until - time.monotonic())) else None
+                for parent, _ in pipes
+            ]
             won = [r for r in results if r is not None and r[0] == "won"]
             assert len(won) == 1, results
             assert all(r == ("lost", n, n + 2) for r in results if r != won[0]), results
