@@ -536,6 +536,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown or not names:
         parser.error(f"--conversations: {', '.join(unknown) or 'none'} not among "
                      f"{', '.join(CONVERSATIONS)}")  # fmt: skip
+    if args.questions is not None and args.questions < 1:
+        parser.error(f"--questions: {args.questions} is not a count of questions (at least 1)")
     windows = tuple(args.windows) or WINDOWS
     retriever = None
     if args.retriever:

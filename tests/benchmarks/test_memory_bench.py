@@ -87,7 +87,11 @@ def test_the_command_measures_a_host_retriever(capsys: pytest.CaptureFixture[str
     memory = json.loads(capsys.readouterr().out)
     assert memory["retriever"] == named and memory["questions"] == 3
     assert CountingRetriever.searches > 3  # the chat's turns and the questions
-    for bad, says in (("nocolon", "is not MODULE:NAME"), (f"{__name__}:Nope", "Nope")):
+    for bad, says in (
+        (["--retriever", "nocolon"], "is not MODULE:NAME"),
+        (["--retriever", f"{__name__}:Nope"], "Nope"),
+        (["--questions", "0"], "at least 1"),
+    ):
         with pytest.raises(SystemExit):
-            main(["--retriever", bad])
+            main(bad)
         assert says in capsys.readouterr().err
