@@ -124,6 +124,7 @@ def _throughput(value: str, vault: Path, turns: int) -> dict[str, Any]:
              for n in range(WORKERS)]  # fmt: skip
     for p in procs:
         p.start()
+    seconds: float | None = None  # None: the start broke
     try:
         start.wait(STARTED_S)  # broken, not waited on forever, if a worker fails first
         began = time.perf_counter()
@@ -131,10 +132,10 @@ def _throughput(value: str, vault: Path, turns: int) -> dict[str, Any]:
             p.join(max(0.0, began + FINISHED_S - time.perf_counter()))
         seconds = time.perf_counter() - began
     except threading.BrokenBarrierError:
-        seconds = 0.0
+        pass
     finally:
         _end_stuck(procs)
-    if any(p.exitcode != 0 for p in procs) or not seconds:
+    if seconds is None or any(p.exitcode != 0 for p in procs):
         raise RuntimeError(f"a store worker failed: exit codes {[p.exitcode for p in procs]}")
     return {"workers": WORKERS, "turns": WORKERS * turns, "turns_per_s": WORKERS * turns / seconds}
 
