@@ -132,6 +132,10 @@ def _settled(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str
     why = str((turn.get("batch") or {}).get("settled") or "")
     if why == "over-budget":
         cause = " because the extended request would not have fit the window"
+    elif why == "given-back":
+        cause = (
+            " because the budget gave back whole an entry an earlier user message sent cut"
+        )
     elif why == "no-batch":
         cause = (
             " because there was no batch to extend (a state saved without one, or an agent loop)"

@@ -106,11 +106,21 @@ def _check(turn: Mapping[str, Any], previous: Mapping[str, Any] | None) -> str:
         return "library-grew"
     if m := re.fullmatch(
         r"The library's deferred growth settled( because the extended request would not have "
-        r"fit the window)?: (.*), so the request repeats the one before only up to there "
+        r"fit the window| because the budget gave back whole an entry an earlier user message "
+        r"sent cut)?: (.*), so the request repeats the one before only up to there "
         r"\(([\d,]+) of ([\d,]+) tokens\)\.",
         sentence,
     ):
-        assert (m[1] is not None) == (turn["batch"]["settled"] == "over-budget")
+        causes = {
+            " because the extended request would not have fit the window": "over-budget",
+            " because the budget gave back whole an entry an earlier user message sent cut": (
+                "given-back"
+            ),
+        }
+        if m[1]:
+            assert causes[m[1]] == turn["batch"]["settled"]
+        else:
+            assert turn["batch"]["settled"] not in causes.values()
         assert (_n(m[3]), _n(m[4])) == (cached, total)
         assert previous["sent"]["deferred"] > 0 == turn["sent"]["deferred"]
         grew = [k for k in _settled(turn) if k not in _settled(previous)]

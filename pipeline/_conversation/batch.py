@@ -24,6 +24,7 @@ from lamina.pipeline._model.envelope import (
     BLOCK_SEP,
     QUERY_LABEL,
     Batch,
+    DecisionAction,
     Envelope,
     Form,
     Segment,
@@ -40,6 +41,7 @@ from lamina.pipeline._views.views import SegmentRenderer
 __all__ = [
     "APPEND_REFERENCES_INTRO",
     "FIRST_TURN",
+    "GIVEN_BACK",
     "HISTORY_CHANGED",
     "NO_BATCH",
     "OVER_BUDGET",
@@ -75,6 +77,8 @@ FIRST_TURN = "first-turn"
 SYSTEM_CHANGED = "system-changed"
 HISTORY_CHANGED = "history-changed"
 OVER_BUDGET = "over-budget"
+# The budget gave back an entry of the library's growth a deferred message sent cut.
+GIVEN_BACK = "given-back"
 # No batch to extend: a state saved without one, or the turn after an agent loop's.
 NO_BATCH = "no-batch"
 
@@ -631,6 +635,20 @@ def _shed(
     return tuple(out), left
 
 
+def _given_back(
+    envelope: Envelope, settled: int, turns: Sequence[DeferredTurn], sent: Mapping[str, str]
+) -> bool:
+    """Whether the budget gave back this turn an entry of the library's growth (after the
+    first ``settled``) that a deferred message of ``turns`` holds cut, no message having
+    ``sent`` it whole: while the batch extends, that message is what the model reads."""
+    budget = envelope.report.budget
+    if budget is None:
+        return False
+    back = {d.target for d in budget.decisions if d.action is DecisionAction.RESTORED}
+    held = {k for turn in turns for k in turn.keys if k} & back
+    return any(seg.key in held and seg.key not in sent for seg in envelope.l2.segments[settled:])
+
+
 def _cuts_held(envelope: Envelope, turns: Sequence[DeferredTurn]) -> bool:
     """Whether the budget changed this turn an entry a deferred message of ``turns`` holds."""
     budget = envelope.report.budget
@@ -721,20 +739,26 @@ def batch_turn(
     before: Mapping[str, str] = dict(state.sent)  # what the batch sent before this turn
     batch, parts, tokens, sent = extension(turns, before)
     used = count(attrs.evolve(envelope, batch=batch))
-    if not fits(used) or (room(used) < 0 and _cuts_held(envelope, turns)):
+    owed = _given_back(envelope, state.settled, turns, sent)
+    if not fits(used) or (room(used) < 0 and _cuts_held(envelope, turns)) or owed:
         # The library's growth as the budget fitted it: the deferred messages from the
         # first block it changed are sent as the envelope builds them now. So too where
         # the extension takes the headroom the budget left free because it holds entries
-        # the budget changed this turn: they are sent as changed, not as held.
+        # the budget changed this turn: they are sent as changed, not as held; and where
+        # the budget gave back an entry a deferred message sent cut, if that fits: the
+        # model reads the deferred message, not the library as built.
         shed = _shed(state.settled, turns, before, envelope, counter)
         if shed is not None:
             retry = extension(*shed)
             retried = count(attrs.evolve(envelope, batch=retry[0]))
-            if retried < used:
+            if retried < used or (owed and fits(retried)):
                 turns, before = shed
                 (batch, parts, tokens, sent), used = retry, retried
+                owed = False  # the shed sends it as the library holds it
         if not fits(used):
             return _settled(envelope, counter, count, fits, OVER_BUDGET, room, wholes)
+        if owed:  # no shed sends it: the request as built does (the budget priced that)
+            return _settled(envelope, counter, count, fits, GIVEN_BACK, room, wholes)
     candidate = attrs.evolve(envelope, batch=batch)
     free = room(used)
     # The library's growth too: a deferred message sends an entry cut once the budget

@@ -12,8 +12,16 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lamina import Conversation, load_conversation, rebuild_envelope
-from lamina.pipeline import Budget, ConversationState, DecisionAction, Envelope, check_envelope
+from lamina.pipeline import (
+    Budget,
+    ConversationState,
+    DecisionAction,
+    Envelope,
+    Form,
+    check_envelope,
+)
 from lamina.pipeline.store import ConversationInfo, save_turn
+from lamina.pipeline.tools import tool
 from lamina.renderers import openai_messages, prefix_reports
 from tests.stores import Backend
 
@@ -233,7 +241,9 @@ def test_each_request_extends_the_last_or_settles_with_a_reason(
                 assert messages[: len(previous)] == previous
                 assert len(messages) > len(previous)
             elif previous is not None:
-                assert env.batch.reason in {"system-changed", "history-changed", "over-budget"}
+                assert env.batch.reason in {
+                    "system-changed", "history-changed", "over-budget", "given-back"
+                }
             if budget is not None:
                 assert conv.count_request(env) == env.batch.tokens <= budget.limit
                 # The report's second figure is the request as sent, beside ``used``.
@@ -658,3 +668,53 @@ def test_a_question_after_a_turn_that_cut_extends_it(
             assert sent[: len(before)] == before
         before, changed = sent, cuts
         conv.reply(f"Answer {i + 1}: " + "the notes say several things about this. " * 8)
+
+
+def test_an_entry_the_budget_gives_back_reaches_the_model(tmp_path: Path) -> None:
+    """A note attached beside a search result its host weighs 8x goes out as a preview,
+    which enters the library's growth as sent; two turns later the budget gives the note
+    back whole. While the batch extends, the model reads the deferred message (the
+    preview), so the request settles (``given-back``) and sends the library as built: the
+    note whole, the search result gone with its turn. (It extended, so the model never
+    read the note whole while every report said it was given back.)"""
+
+    def note_text(title: str, parts: int) -> str:
+        sections = (
+            f"## Part {i}\n\n"
+            + " ".join(f"The {title} of part {i} lists item {j} at mark {i * j}." for j in range(8))
+            for i in range(parts)
+        )
+        return f"# {title}\n\n" + "\n\n".join(sections) + "\n"
+
+    (tmp_path / "atlas.md").write_text(note_text("atlas", 2), encoding="utf-8")
+    (tmp_path / "survey.md").write_text(note_text("survey", 4), encoding="utf-8")
+    rows = "\n".join(f"row {i}: sample {i} weighed {i * 7 % 13} grams" for i in range(500))
+    budget = Budget(3_600, reserve_output=500, source_weights={"tool": 8.0})
+    conv = Conversation("You answer.", vault=tmp_path, budget=budget)
+    envs = [conv.turn("The atlas.", [{"note": "atlas.md"}])]
+    conv.reply("Read.")
+    envs.append(conv.turn("The survey beside the search.", [{"note": "survey.md"}],
+                          tools=[tool("search", {"q": "samples"}, rows)]))  # fmt: skip
+    conv.reply("Noted.")
+    sent = envs[1].l3.get("note:survey.md")
+    assert sent is not None and sent.form is Form.PREVIEW
+    last = "The survey of part 3 lists item 7 at mark 21."
+    for i in range(3):
+        envs.append(conv.turn(f"Question {i}: what else?"))
+        conv.reply("More.")
+        check_envelope(envs[-1], envs[-2])
+    given = next(e for e in envs if "note:survey.md" in _restored(e))
+    assert given.batch is not None and given.batch.reason == "given-back"
+    for env in envs[envs.index(given) :]:
+        assert env.l2.get("note:survey.md").form is Form.FULL  # type: ignore[union-attr]
+        assert any(last in str(content) for _, content in _messages(env))
+        assert env.batch is not None and env.batch.tokens <= budget.limit
+    before = envs[envs.index(given) - 1]
+    assert not any(last in str(content) for _, content in _messages(before))
+
+
+def _restored(env: Envelope) -> set[str]:
+    """The entries the budget gave back in ``env``."""
+    budget = env.report.budget
+    actions = () if budget is None else budget.decisions
+    return {d.target for d in actions if d.action is DecisionAction.RESTORED}

@@ -175,3 +175,25 @@ def test_a_break_is_explained_from_the_library_entrys_own_chain_of_cuts() -> Non
         "to find it) (saving 1,100 tokens) to fit this turn in the window, so the request is "
         "sent uncached from there on.",
     )
+
+
+def test_a_batch_settled_for_an_entry_given_back_says_so() -> None:
+    """A request the batch settles because the budget gave back an entry of the library's
+    deferred growth says why, and what the system message took."""
+    from lamina.renderers import explain_cache
+
+    previous = {"turn": 3, "layers": {"L2": {"segments": []}}, "batch": {"settled_entries": 0}}
+    turn = {
+        "turn": 4,
+        "tokens_total": 1108,
+        "cache": {"common_prefix_tokens": 11, "break_reason": "library-settled"},
+        "layers": {"L2": {"segments": [{"key": "note:atlas.md"}, {"key": "note:survey.md"}]}},
+        "batch": {"settled": "given-back", "settled_entries": 2},
+    }
+    assert explain_cache(turn, previous) == (
+        "The library's deferred growth settled because the budget gave back whole an entry an "
+        "earlier user message sent cut: the library in the system message took 2 entries "
+        "(note:atlas.md, note:survey.md) and the earlier user messages that carried context "
+        "are sent as their bare queries, so the request repeats the one before only up to "
+        "there (11 of 1,108 tokens).",
+    )
