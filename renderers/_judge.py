@@ -367,7 +367,8 @@ def judge_chat(
                     f"free beyond {FREE_MARGIN:.0%} of the limit",
                 )
         shown_before |= library | attached
-        for seg in (*shown, *env.l3.segments):
+        # The library's growth too: an extending request holds it in the earlier messages.
+        for seg in (*env.l2.segments, *env.l3.segments):
             shown_cut = seg.form in _CUT_FORMS or (
                 seg.form is Form.REFERENCE and (seg.unsent or seg.key in stubs)
             )

@@ -151,6 +151,22 @@ def test_an_entry_shown_only_cut_is_left_cut_when_its_growth_fits_the_room_less_
     assert left_cut(911) == []
 
 
+def test_an_entry_of_the_deferred_growth_shown_only_cut_is_left_cut() -> None:
+    """The same preview as the library's growth of a request that extends its batch
+    (nothing of the library settled: the entry stands as the block an earlier user message
+    sent) is left cut as in the system message. (The judge read the settled library only:
+    obsidian-help mixed 32k held 40 release notes so, needing 11-86 tokens each with 28-88
+    free, and none was counted.)"""
+    conv, envs = _budgeted_spec_chat()
+    preview = _segment('<note key="note:a.md" form="preview">\nSome text.\n</note>')
+    env = _rebuilt(envs[-1], (preview,), limit=2000, effective=1000)
+    user = Segment("history:5:user", Form.FULL, "history", "u", "Short?", 2)
+    batch = Batch(settled=0, library_tokens=0, turns=(), user=user, tokens=1000, reason="")
+    extending = attrs.evolve(env, batch=batch)
+    j = judge_chat([extending], conv.counter, budget=conv.budget, full_sizes={"note:a.md": 910})
+    assert [f.key for f in j.findings if f.check == "left-cut"] == ["note:a.md"]
+
+
 def test_an_entry_set_aside_is_left_cut_when_its_full_form_fits_the_room_less_5pc() -> None:
     """A library entry an earlier request showed whole (900 tokens) and a later one leaves
     out altogether (set aside, kept unsent) is left cut when its full form fits the later
