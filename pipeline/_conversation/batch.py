@@ -635,27 +635,27 @@ def _shed(
     return tuple(out), left
 
 
+def _held_decided(
+    envelope: Envelope, turns: Sequence[DeferredTurn], action: DecisionAction | None = None
+) -> set[str]:
+    """The entries a deferred message of ``turns`` holds that the budget decided on this
+    turn (``action``: by that action only)."""
+    budget = envelope.report.budget
+    decisions = () if budget is None else budget.decisions
+    targets = {d.target for d in decisions if action is None or d.action is action}
+    if not targets:
+        return set()
+    return {k for turn in turns for k in turn.keys if k in targets}
+
+
 def _given_back(
     envelope: Envelope, settled: int, turns: Sequence[DeferredTurn], sent: Mapping[str, str]
 ) -> bool:
     """Whether the budget gave back this turn an entry of the library's growth (after the
     first ``settled``) that a deferred message of ``turns`` holds cut, no message having
     ``sent`` it whole: while the batch extends, that message is what the model reads."""
-    budget = envelope.report.budget
-    if budget is None:
-        return False
-    back = {d.target for d in budget.decisions if d.action is DecisionAction.RESTORED}
-    held = {k for turn in turns for k in turn.keys if k} & back
+    held = _held_decided(envelope, turns, DecisionAction.RESTORED)
     return any(seg.key in held and seg.key not in sent for seg in envelope.l2.segments[settled:])
-
-
-def _cuts_held(envelope: Envelope, turns: Sequence[DeferredTurn]) -> bool:
-    """Whether the budget changed this turn an entry a deferred message of ``turns`` holds."""
-    budget = envelope.report.budget
-    if budget is None or not budget.decisions:
-        return False
-    targets = {d.target for d in budget.decisions}
-    return any(k in targets for turn in turns for k in turn.keys if k)
 
 
 def batch_turn(
@@ -740,7 +740,7 @@ def batch_turn(
     batch, parts, tokens, sent = extension(turns, before)
     used = count(attrs.evolve(envelope, batch=batch))
     owed = _given_back(envelope, state.settled, turns, sent)
-    if not fits(used) or (room(used) < 0 and _cuts_held(envelope, turns)) or owed:
+    if not fits(used) or (room(used) < 0 and bool(_held_decided(envelope, turns))) or owed:
         # The library's growth as the budget fitted it: the deferred messages from the
         # first block it changed are sent as the envelope builds them now. So too where
         # the extension takes the headroom the budget left free because it holds entries
