@@ -782,12 +782,11 @@ def _l1_unit(turn: TurnGraph, measured: Draft) -> _Unit | None:
     return _Unit("l1", "system:mutable", Ladder(tuple(rungs), 0), tuple(choices))
 
 
-def _heads(turn: TurnGraph) -> dict[str, int]:
-    """Each library entry's share of a new index's head in its group. A fold extends the
-    group's first index after the entry, so where one stands the share is 0; else a new
-    one is started, its head split over the group's entries after its last index (those
-    it would take: ``_shares``). An entry set aside costs no head: that index is not
-    sent."""
+def _open_groups(turn: TurnGraph) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """Each library group a new index would start in: its head's tokens (with its
+    separator) and the entries after its last index (those it would take). A fold
+    extends the group's first index after the entry, so where one stands the entry is
+    in no group here; an entry set aside costs no head: that index is not sent."""
     entries = turn.library.entries
     later: set[str] = set()  # groups with an index after the entry being read
     open_: dict[str, list[str]] = {}  # each group's entries after its last index
@@ -798,18 +797,52 @@ def _heads(turn: TurnGraph) -> dict[str, int]:
         group = stub_group(entry.whole_view)
         if group not in later:
             open_.setdefault(group, []).append(entry.key)
+    return {g: (_Renderer(turn).head(g) + _SEP, tuple(keys)) for g, keys in open_.items()}
+
+
+def _heads(
+    groups: Mapping[str, tuple[int, tuple[str, ...]]], taking: Mapping[str, int]
+) -> dict[str, int]:
+    """Each library entry's share of a new index's head in its group (``_open_groups``): the
+    head split over as many lines as a measured round's index of the group took
+    (``taking``), else over every entry it could take. An index line's rung costs its
+    share, so a head one line would carry alone is priced whole once measured."""
     heads: dict[str, int] = {}
-    for group, keys in open_.items():
-        heads.update(_shares(_Renderer(turn).head(group) + _SEP, keys))
+    for group, (whole, keys) in groups.items():
+        heads.update(_shares(whole, keys, taking.get(group, len(keys))))
     return heads
 
 
-def _shares(whole: int, keys: Sequence[str]) -> dict[str, int]:
-    """``whole`` split over ``keys`` in shares that sum to it (an index head over the
-    members it would list): rounding each up would count a large group's head once for
-    each member."""
-    n = len(keys)
-    return {key: whole * (i + 1) // n - whole * i // n for i, key in enumerate(keys)}
+def _taking(
+    units: Sequence[_Unit],
+    choice: Sequence[int],
+    groups: Mapping[str, tuple[int, tuple[str, ...]]],
+    taking: Mapping[str, int],
+) -> dict[str, int]:
+    """``taking`` narrowed to what ``choice`` (a measured round's) gives each group's new
+    index: where it lists fewer lines than the head is split over (``_heads``), the head
+    is split over those from now on. A split only narrows, so the rounds do not swing
+    between two prices of one head."""
+    group_of = {key: g for g, (_, keys) in groups.items() for key in keys}
+    lines: dict[str, int] = {}
+    for unit, c in zip(units, choice, strict=True):
+        if unit.kind == "library" and (g := group_of.get(unit.key)) is not None:
+            picked = unit.choices[c]
+            if picked.form == "index" and picked.entry is None:
+                lines[g] = lines.get(g, 0) + 1
+    out = dict(taking)
+    for g, n in lines.items():
+        if n < out.get(g, len(groups[g][1])):
+            out[g] = n
+    return out
+
+
+def _shares(whole: int, keys: Sequence[str], slots: int | None = None) -> dict[str, int]:
+    """``whole`` (an index head) split into ``slots`` shares (one per key by default)
+    that sum to it, dealt to ``keys`` in turn: any ``slots`` keys in a row carry it
+    once. Rounding each share up would count a large group's head once per member."""
+    n = max(1, len(keys) if slots is None else slots)
+    return {key: whole * (i % n + 1) // n - whole * (i % n) // n for i, key in enumerate(keys)}
 
 
 def _cached_units(
@@ -819,11 +852,12 @@ def _cached_units(
     relevance: dict[str, float],
     sizes: Mapping[int, int],
     used: int,
+    heads: Mapping[str, int],
 ) -> tuple[list[_Unit], dict[str, _Whole]]:
     """The units of the cached prefix, in its order: L1's mutable part, the library,
-    history (``sizes``: ``measured``'s history turns' tokens, ``used`` its tokens); and
-    the entries of the items sent again in L3 that could grow whole in their place
-    (``_wholes``)."""
+    history (``sizes``: ``measured``'s history turns' tokens, ``used`` its tokens;
+    ``heads``: each entry's share of a new index's head, ``_heads``); and the entries of
+    the items sent again in L3 that could grow whole in their place (``_wholes``)."""
     units: list[_Unit] = []
     l1 = _l1_unit(turn, measured)
     if l1 is not None:
@@ -831,7 +865,6 @@ def _cached_units(
     referenced = {i.key for i in turn.items if i.form is Form.REFERENCE}
     sent = {i.key for i in turn.items if i.form is not Form.REFERENCE}
     now = turn.ctx.turn
-    heads = _heads(turn)
     place = {entry.key: len(units) + i for i, entry in enumerate(turn.library.entries)}
     for entry in turn.library.entries:
         # Re-attached: what the user asks for now, age 0.
@@ -1653,7 +1686,11 @@ class Solve:
                 relevance.update(shown)
         exact: dict[tuple[str, int], tuple[int, int] | None] = {}
         extra: dict[str, set[int]] = {}
-        cached, growing = _cached_units(turn, measured, budget, relevance, sizes, used)
+        groups = _open_groups(turn)
+        taking: dict[str, int] = {}  # the library's new indexes' lines, as measured
+        cached, growing = _cached_units(
+            turn, measured, budget, relevance, sizes, used, _heads(groups, taking)
+        )
         of = _items_of(turn, measured)
         items = _item_units(turn, of, budget, relevance, exact, extra, growing)
         units = cached + items + passages
@@ -1698,7 +1735,9 @@ class Solve:
             if solution is None:
                 break
             if _summarized(turn, units, solution.choice):
-                cached, growing = _cached_units(turn, measured, budget, relevance, sizes, used)
+                cached, growing = _cached_units(
+                    turn, measured, budget, relevance, sizes, used, _heads(groups, taking)
+                )
                 units = cached + items + passages
                 continue  # a summary was made: solve again with its tokens
             made = _made(turn, units, solution.choice, exact)
@@ -1751,6 +1790,17 @@ class Solve:
             base = last if block is None else attrs.evolve(last, items=(*last.items, block))
             drafted = last = draft(out, base)
             spent = budget.used(drafted, turn.ctx.counter)
+            narrowed = _taking(units, choice, groups, taking)
+            repriced: int | None = None  # what the round measured beyond its rungs, repriced
+            if narrowed != taking:  # a new index's head, priced as this round sent it
+                taking = narrowed
+                cached, growing = _cached_units(
+                    turn, measured, budget, relevance, sizes, used, _heads(groups, taking)
+                )
+                units = cached + items + passages
+                counted = sum(u.ladder.rungs[c].tokens for u, c in zip(units, choice, strict=True))
+                repriced = spent - fixed - counted
+
             over = budget.effective(spent) - budget.limit
             if carry is not None and choice == solution.choice and not solution.sent_as_built:
                 # Extending the batch, the request as sent holds what it carries too.
@@ -1791,8 +1841,14 @@ class Solve:
                     # that turn change them again: the room shrinks by what it takes (a
                     # kept request changes none; its passages leave). It fits the limit,
                     # so the step is not widened as an overshoot's is.
-                    tight = short
-                    short += taken + 8
+                    if repriced is not None:
+                        # A head the rungs did not price took it: the next room leaves
+                        # what the choice measured beyond its rungs priced as sent (no
+                        # room has measured too much at those prices yet).
+                        tight, short = None, repriced
+                    else:
+                        tight = short
+                        short += taken + 8
                     continue
             else:
                 tight = short

@@ -392,6 +392,46 @@ def test_a_fit_between_rooms_leaves_no_room_a_cut_item_would_fit(tmp_path: Path)
     assert all(exact_request_tokens(env) <= budget.limit for env in envs)
 
 
+def test_a_new_index_head_one_entry_would_carry_alone_is_priced_whole(tmp_path: Path) -> None:
+    """A folder of 40 short notes fills the library, then a long note comes: a cut of the
+    library puts a note on a line of a new index of its group, whose head its rung
+    counted a fortieth of. The rounds now price a new index's head over the lines a
+    measured round gave it, so the room that overshoot took back is used (main before
+    this: 46 tokens free beyond the next turn's room, over a quarter of the headroom;
+    now 12)."""
+    rng = random.Random(4)
+    words = (
+        *("river", "stone", "ledger", "harbor", "lantern", "orchard", "signal", "copper"),
+        *("meadow", "quartz", "thistle", "anchor", "cinder", "willow", "basalt", "falcon"),
+    )
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    for group, count in (("a", 40), ("b", 30)):
+        (tmp_path / group).mkdir()
+        for i in range(count):
+            parts = [f"## Part {s}\n\n{text(rng.randint(10, 45)).capitalize()}." for s in
+                     range(rng.randint(1, 3))]  # fmt: skip
+            body = "\n\n".join(parts)
+            (tmp_path / group / f"{group}{i:03d}.md").write_text(
+                f"# {group.upper()} note {i}\n\n{body}\n"
+            )
+    sections = "\n\n".join(f"## Section {s}\n\n{text(120)}." for s in range(12))
+    (tmp_path / "big.md").write_text(f"# Big\n\n{sections}\n")
+    budget = Budget(context_window=4200, reserve_output=1050)
+    conv = Conversation("You answer from the attached notes.", vault=tmp_path, budget=budget)
+    conv.turn("Question 1: what do these say?", [{"folder": "a"}])
+    conv.reply("Answer 1: " + "the notes say several things about this. " * 8)
+    env = conv.turn("Question 2: what does this say?", [{"note": "big.md"}])
+    report = env.report.budget
+    assert report is not None
+    assert any(d.target.startswith("note:a/") for d in report.decisions)
+    free = budget.limit - budget.headroom_tokens - report.effective
+    assert 0 <= free <= budget.headroom_tokens // 4, free
+    assert exact_request_tokens(env) <= budget.limit
+
+
 _LONG = "# Long\n\n" + "\n\n".join(
     f"## Part {i}\n\n" + " ".join(f"Sentence {i}.{j} is about sync." for j in range(40))
     for i in range(8)

@@ -107,21 +107,29 @@ def test_a_groups_index_head_is_counted_once_over_the_entries_it_would_take() ->
     """Each library entry after its group's last index carries a share of the head a new
     index of the group would cost, the shares summing to the head and its separator (they
     were each rounded up: 400 entries counted a head of about 20 tokens 400 times); an
-    entry before the group's index carries none, a fold extends that index."""
-    from lamina.pipeline._budget.objective import _SEP, _heads
+    entry before the group's index carries none, a fold extends that index. Once a
+    measured round gives the new index k lines, the head is split over k: any k entries
+    in a row carry it once, one line alone carries it whole."""
+    from lamina.pipeline._budget.objective import _SEP, _heads, _open_groups
     from lamina.pipeline._budget.stubs import _Renderer, stub_group
 
     turn = _turn(2)
     entries = [_entry(turn, f"docs/{i:03d}.md") for i in range(7)]
     group = stub_group(entries[0].whole_view)
     head = _Renderer(turn).head(group) + _SEP
-    heads = _heads(attrs.evolve(turn, library=Library(tuple(entries))))
+    groups = _open_groups(attrs.evolve(turn, library=Library(tuple(entries))))
+    assert groups == {group: (head, tuple(reversed([e.key for e in entries])))}
+    heads = _heads(groups, {})
     assert sorted(heads) == sorted(e.key for e in entries)
     assert sum(heads.values()) == head and max(heads.values()) - min(heads.values()) <= 1
+    assert set(_heads(groups, {group: 1}).values()) == {head}
+    keys = groups[group][1]
+    three = _heads(groups, {group: 3})
+    assert all(sum(three[k] for k in keys[i : i + 3]) == head for i in range(len(keys) - 2))
     # An index of the group after the first three: only the entries after it carry shares.
     folded, _, _ = fold(
         turn, Library(tuple(entries)), group, [_entry(turn, "docs/003.md", stub=True)]
     )
-    after = _heads(attrs.evolve(turn, library=folded))
+    after = _heads(_open_groups(attrs.evolve(turn, library=folded)), {})
     assert set(after) == {"note:docs/004.md", "note:docs/005.md", "note:docs/006.md"}
     assert sum(after.values()) == head
