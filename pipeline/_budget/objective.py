@@ -159,6 +159,12 @@ class _Choice:
     """Why a summarizer's chunks failed (a summary made in their place): reported as
     the turn's warnings when this form is sent."""
 
+    @property
+    def line(self) -> bool:
+        """A library entry's line in its group's index (an index entry's own ``index``
+        form carries the entry): the rung that pays a share of a new index's head."""
+        return self.form == "index" and self.entry is None
+
 
 _Join = tuple[float, int | None]
 """The cache price of the prefix between an index and an entry after it, and the index's
@@ -436,7 +442,7 @@ def _library_unit(
     rungs = []
     choices = []
     for form in forms:
-        if form.choice.entry is None and form.choice.form == "index":
+        if form.choice.line:
             form = attrs.evolve(form, tokens=form.tokens + head)
         if form.value is None:
             value = _value(weight, full, form.tokens - _SEP, text_free=form.text_free, cap=cap)
@@ -826,10 +832,9 @@ def _taking(
     group_of = {key: g for g, (_, keys) in groups.items() for key in keys}
     lines: dict[str, int] = {}
     for unit, c in zip(units, choice, strict=True):
-        if unit.kind == "library" and (g := group_of.get(unit.key)) is not None:
-            picked = unit.choices[c]
-            if picked.form == "index" and picked.entry is None:
-                lines[g] = lines.get(g, 0) + 1
+        g = group_of.get(unit.key) if unit.kind == "library" else None
+        if g is not None and unit.choices[c].line:
+            lines[g] = lines.get(g, 0) + 1
     out = dict(taking)
     for g, n in lines.items():
         if n < out.get(g, len(groups[g][1])):
