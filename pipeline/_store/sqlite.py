@@ -6,6 +6,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,7 +146,7 @@ class SqliteStore(SqlStore):
                         raise StoreCorrupt(self._path, "not a Lamina store (it has no tables)")
                     self._version = check_readable(self._path, version)
                     return
-                self._db.execute("PRAGMA journal_mode=WAL").fetchone()
+                self._wal()
                 self._db.execute("PRAGMA synchronous=NORMAL")
                 self._db.execute("PRAGMA foreign_keys=ON")
                 self._migrate()
@@ -177,6 +178,24 @@ class SqliteStore(SqlStore):
             finally:
                 db.close()
 
+    def _wal(self) -> None:
+        """Put the file in WAL mode. The switch reads the file, then writes its header:
+        while another connection holds the write lock (a second process opening a new
+        store, mid-switch or mid-migration), SQLite answers busy at once instead of
+        calling its busy handler, which a reader waiting for a writer could deadlock. So
+        the wait is here: retry, sleeping a little longer each time, until the timeout."""
+        deadline = time.monotonic() + self._timeout
+        pause = 0.001
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL").fetchone()
+                return
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc) or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+
     def _refuse_foreign(self) -> int | None:
         """Refuse another application's SQLite file by reading it only: nothing (not even
         the journal mode in its header) may change before it is known to be a store whose
@@ -199,7 +218,7 @@ class SqliteStore(SqlStore):
             yield
         except sqlite3.OperationalError as exc:
             text = str(exc).lower()
-            if "locked" in text or "busy" in text:
+            if _busy(exc):
                 raise StoreLocked(
                     self._path, f"another process holds the lock (waited {self._timeout:g} s)"
                 ) from None
@@ -279,3 +298,9 @@ class SqliteStore(SqlStore):
 
     def _untext(self, value: Any) -> Any:
         return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    """Another connection holds the lock (SQLite's "database is locked")."""
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -186,6 +188,31 @@ def test_held_write_lock_gives_store_locked(tmp_path: Path) -> None:
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+def test_a_new_store_opens_while_another_process_holds_its_write_lock(tmp_path: Path) -> None:
+    """A second process opening the same new store (as parallel workers do) finds the file
+    write-locked while the first switches it to WAL or migrates it. SQLite answers that
+    switch busy at once, without its busy handler; the store waits for the lock as every
+    other statement does, then opens."""
+    path = tmp_path / "s.db"
+    with subprocess.Popen(
+        [sys.executable, "-c",
+         "import sqlite3, time\n"
+         f"db = sqlite3.connect({str(path)!r}, isolation_level=None)\n"
+         "db.execute('BEGIN IMMEDIATE')\n"
+         "print('held', flush=True)\n"
+         "time.sleep(0.5)\n"
+         "db.execute('ROLLBACK')\n"],
+        stdout=subprocess.PIPE, text=True,
+    ) as holder:  # fmt: skip
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            with SqliteStore(path, timeout=30) as store:
+                store.create(ConversationInfo("c"))
+                assert [info.id for info in store.conversations()] == ["c"]
+        finally:
+            assert holder.wait(timeout=30) == 0
 
 
 def test_summary_memo_keeps_the_first_write(backend: Backend) -> None:
