@@ -97,6 +97,13 @@ class Rung:
     text_free: bool = False
     at: int | None = None
     join: float = 0.0
+    bare: int = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(lambda r: r.tokens if r.text_free else 0, takes_self=True),
+    )
+    """The tokens it counts against the text-free share (none for a form with text)."""
 
 
 @attrs.frozen(cache_hash=True)
@@ -110,6 +117,13 @@ class Ladder:
     """Whether the form chosen stays in the requests after this one (a library entry, an
     item attached now), rather than giving way to the chat's growth (history's suffix)
     or leaving with its turn (a passage): the regret counts only what lasts."""
+    smallest: int = attrs.field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=attrs.Factory(lambda ladder: _smallest(ladder.rungs), takes_self=True),
+    )
+    """Its smallest rung (then the most value, then the first): where a solve starts it."""
 
 
 @attrs.frozen
@@ -159,7 +173,7 @@ def _cap(ladder: Ladder) -> int:
 
 def _net(rung: Rung, price: float, cap: int) -> float:
     """A rung's value less ``price`` for each token it re-sends of the ``cap`` cached."""
-    return rung.value - price * min(rung.tokens, cap)
+    return rung.value - price * (rung.tokens if rung.tokens < cap else cap)
 
 
 def _hull(rungs: Sequence[Rung], price: float, cap: int = sys.maxsize) -> list[int]:
@@ -200,10 +214,6 @@ def _smallest(rungs: Sequence[Rung]) -> int:
     return min(range(len(rungs)), key=lambda i: (rungs[i].tokens, -rungs[i].value, i))
 
 
-def _bare(rung: Rung) -> int:
-    return rung.tokens if rung.text_free else 0
-
-
 def _within_share(
     ladders: Sequence[Ladder], start: list[int], room: int, text_free: int
 ) -> list[int]:
@@ -211,7 +221,7 @@ def _within_share(
     smallest rung with less of them, the fewest tokens per text-free token first, until
     the text-free share holds or the room is spent: the share binds the smallest forms
     too (a ladder whose only small forms are text-free grows to one with text)."""
-    bare = sum(_bare(ladders[j].rungs[c]) for j, c in enumerate(start))
+    bare = sum(ladders[j].rungs[c].bare for j, c in enumerate(start))
     if bare <= text_free:
         return start
     used = sum(ladders[j].rungs[c].tokens for j, c in enumerate(start))
@@ -220,11 +230,11 @@ def _within_share(
         now = ladder.rungs[start[j]]
         if not now.text_free:
             continue
-        better = [i for i, r in enumerate(ladder.rungs) if _bare(r) < now.tokens]
+        better = [i for i, r in enumerate(ladder.rungs) if r.bare < now.tokens]
         if better:
             i = min(better, key=lambda i: (ladder.rungs[i].tokens, -ladder.rungs[i].value, i))
             r = ladder.rungs[i]
-            moves.append(((r.tokens - now.tokens) / (now.tokens - _bare(r)), j, i))
+            moves.append(((r.tokens - now.tokens) / (now.tokens - r.bare), j, i))
     out = list(start)
     for _, j, i in sorted(moves):
         if bare <= text_free:
@@ -233,7 +243,7 @@ def _within_share(
         if used + new.tokens - now.tokens > room:
             continue
         used += new.tokens - now.tokens
-        bare += _bare(new) - _bare(now)
+        bare += new.bare - now.bare
         out[j] = i
     return out
 
@@ -271,7 +281,7 @@ def _climb(
         if new.tokens <= old.tokens:
             continue  # a later step of a ladder already climbed past this one
         grow = new.tokens - old.tokens
-        bare_grow = _bare(new) - _bare(old)
+        bare_grow = new.bare - old.bare
         if used + grow > room:
             stopped.add(j)
             continue
@@ -302,16 +312,19 @@ def _topped(
         heap entry: (-value per token, -value, ladder, rung)."""
         rungs, price, cap = ladders[j].rungs, prices[j], _cap(ladders[j])
         now = rungs[choice[j]]
-        worth, now_bare = _net(now, price, cap), _bare(now)
+        worth, now_bare, now_tokens = _net(now, price, cap), now.bare, now.tokens
         found: tuple[float, float, int, int] | None = None
-        for i, r in enumerate(rungs):
-            grow, bare_grow = r.tokens - now.tokens, _bare(r) - now_bare
-            if grow > room or (bare_grow > 0 and bare + bare_grow > text_free):
+        for i, r in enumerate(rungs):  # (``_net`` written out: this runs for every rung)
+            grow = r.tokens - now_tokens
+            if grow > room:
+                continue
+            bare_grow = r.bare - now_bare
+            if bare_grow > 0 and bare + bare_grow > text_free:
+                continue
+            gain = r.value - price * (r.tokens if r.tokens < cap else cap) - worth
+            if gain <= 0:
                 continue
             if barred and (j, i) in barred:
-                continue
-            gain = _net(r, price, cap) - worth
-            if gain <= 0:
                 continue
             move = (-gain / grow if grow > 0 else -math.inf, -gain, j, i)
             if found is None or move < found:
@@ -331,7 +344,7 @@ def _topped(
             continue
         now, new = ladders[j].rungs[choice[j]], ladders[j].rungs[move[3]]
         room -= new.tokens - now.tokens
-        bare += _bare(new) - _bare(now)
+        bare += new.bare - now.bare
         choice[j] = move[3]
         if (after := best(j)) is not None:
             heapq.heappush(heap, after)
@@ -349,7 +362,7 @@ def topped(
     greedy's last pass (``_topped``; never to the ``barred`` (ladder, rung) pairs)."""
     out = list(choice)
     used = sum(ladder.rungs[c].tokens for ladder, c in zip(ladders, out, strict=True))
-    bare = sum(_bare(ladder.rungs[c]) for ladder, c in zip(ladders, out, strict=True))
+    bare = sum(ladder.rungs[c].bare for ladder, c in zip(ladders, out, strict=True))
     _topped(ladders, free, [0.0] * len(ladders), out, room - used, bare, text_free, barred)
     return tuple(out)
 
@@ -369,7 +382,7 @@ def _holding(
         assert previous is not None
         old, new = ladders[j].rungs[choice[j]], ladders[j].rungs[previous]
         grew += new.tokens - old.tokens
-        bare_grew += _bare(new) - _bare(old)
+        bare_grew += new.bare - old.bare
         choice[j], kept[j] = previous, True
     return kept, grew, bare_grew
 
@@ -504,7 +517,7 @@ def _latest(
     the cache a change can lose ends there, past it the prefix is read uncached whatever
     the solve chooses."""
     if smallest is None:
-        smallest = [_smallest(ladder.rungs) for ladder in ladders]
+        smallest = [ladder.smallest for ladder in ladders]
     small = [ladder.rungs[c].tokens for ladder, c in zip(ladders, smallest, strict=True)]
     used = sum(small)
     for p, j in enumerate(prefix):
@@ -590,7 +603,7 @@ def solve(
             return (room,)
         return (room, settle.room) if b == settle.place else (settle.room,)
 
-    smallest = [_smallest(ladder.rungs) for ladder in ladders]
+    smallest = [ladder.smallest for ladder in ladders]
     start = _within_share(ladders, smallest, room, text_free)
     latest = _latest(ladders, prefix, room, smallest)
     prices = [cache_price if at[j] < latest and not ladders[j].lasting else 0.0 for j in range(n)]
@@ -623,7 +636,7 @@ def solve(
         return regimes[key]
 
     start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))
-    start_bare = sum(_bare(ladders[j].rungs[start[j]]) for j in range(n))
+    start_bare = sum(ladders[j].rungs[start[j]].bare for j in range(n))
     climbs: list[tuple[float, int, tuple[int, ...], int]] = []  # each candidate's solve
     fixed_used = fixed_bare = 0
     fixed_start = fixed_start_bare = 0
@@ -636,9 +649,9 @@ def solve(
             previous = ladders[j].previous
             assert previous is not None
             fixed_used += ladders[j].rungs[previous].tokens
-            fixed_bare += _bare(ladders[j].rungs[previous])
+            fixed_bare += ladders[j].rungs[previous].bare
             fixed_start += ladders[j].rungs[start[j]].tokens
-            fixed_start_bare += _bare(ladders[j].rungs[start[j]])
+            fixed_start_bare += ladders[j].rungs[start[j]].bare
         if b not in candidates:
             continue
         used = fixed_used + start_used - fixed_start
@@ -668,7 +681,7 @@ def solve(
         held |= settle.held
     free = [j for j in range(n) if j not in held]
     used = sum(ladders[j].rungs[choice[j]].tokens for j in range(n))
-    bare = sum(_bare(ladders[j].rungs[choice[j]]) for j in range(n))
+    bare = sum(ladders[j].rungs[choice[j]].bare for j in range(n))
     tail = [
         cache_price if b <= at[j] < latest and not ladders[j].lasting else 0.0 for j in range(n)
     ]
@@ -745,8 +758,8 @@ def _last_turns(
         for j, ladder in enumerate(ladders)
     )
     rungs = [ladder.rungs[c] for ladder, c in zip(ladders, choice, strict=True)]
-    share = max(text_free, sum(_bare(ladders[j].rungs[c]) for j, c in enumerate(start)))
-    if sum(r.tokens for r in rungs) > room or sum(_bare(r) for r in rungs) > share:
+    share = max(text_free, sum(ladders[j].rungs[c].bare for j, c in enumerate(start)))
+    if sum(r.tokens for r in rungs) > room or sum(r.bare for r in rungs) > share:
         return None
     return choice
 
@@ -784,9 +797,9 @@ def _free(
     held = [not ladder.lasting for ladder in ladders]
     choice = list(last)
     used = sum(ladders[j].rungs[c].tokens for j, c in enumerate(choice))
-    bare = sum(_bare(ladders[j].rungs[c]) for j, c in enumerate(choice))
+    bare = sum(ladders[j].rungs[c].bare for j, c in enumerate(choice))
     used += _climb(ladders, steps, choice, held, room - used, bare, text_free)
-    bare = sum(_bare(ladders[j].rungs[c]) for j, c in enumerate(choice))
+    bare = sum(ladders[j].rungs[c].bare for j, c in enumerate(choice))
     free = [j for j in range(n) if not held[j]]
     _topped(ladders, free, [0.0] * n, choice, room - used, bare, text_free)
     return choice
