@@ -181,6 +181,19 @@ def test_a_suffix_started_earlier_pays_only_for_the_turns_it_re_sends() -> None:
     assert done is not None and done.choice == (1,) and done.objective == 130.0
 
 
+def test_a_ladders_facts_follow_its_rungs() -> None:
+    """``Rung.bare`` and ``Ladder.smallest`` are made with the value, so a ladder evolved
+    (as a solve prices one for a break) has them for its new rungs, and they take no part
+    in equality: a ladder is the same key of the solves' hull cache however made."""
+    a, b = Rung(40, 20.0, text_free=True), Rung(40, 30.0)
+    ladder = Ladder((FULL, a, b))
+    assert (a.bare, b.bare, FULL.bare) == (40, 0, 0)
+    assert ladder.smallest == 2  # same size, more value
+    cheaper = attrs.evolve(ladder, rungs=(FULL, a, attrs.evolve(b, value=10.0)))
+    assert cheaper.smallest == 1
+    assert cheaper == Ladder(cheaper.rungs) and hash(cheaper) == hash(Ladder(cheaper.rungs))
+
+
 def test_none_when_even_the_smallest_forms_do_not_fit() -> None:
     assert solve([Ladder((PREVIEW, FULL))], 299) is None
 
