@@ -1693,9 +1693,13 @@ class Solve:
         extra: dict[str, set[int]] = {}
         groups = _open_groups(turn)
         taking: dict[str, int] = {}  # the library's new indexes' lines, as measured
-        cached, growing = _cached_units(
-            turn, measured, budget, relevance, sizes, used, _heads(groups, taking)
-        )
+
+        def cached_at(taking: Mapping[str, int]) -> tuple[list[_Unit], dict[str, _Whole]]:
+            """The cached prefix's units, a new index's head split as ``taking`` says."""
+            heads = _heads(groups, taking)
+            return _cached_units(turn, measured, budget, relevance, sizes, used, heads)
+
+        cached, growing = cached_at(taking)
         of = _items_of(turn, measured)
         items = _item_units(turn, of, budget, relevance, exact, extra, growing)
         units = cached + items + passages
@@ -1740,9 +1744,7 @@ class Solve:
             if solution is None:
                 break
             if _summarized(turn, units, solution.choice):
-                cached, growing = _cached_units(
-                    turn, measured, budget, relevance, sizes, used, _heads(groups, taking)
-                )
+                cached, growing = cached_at(taking)
                 units = cached + items + passages
                 continue  # a summary was made: solve again with its tokens
             made = _made(turn, units, solution.choice, exact)
@@ -1799,9 +1801,7 @@ class Solve:
             repriced: int | None = None  # what the round measured beyond its rungs, repriced
             if narrowed != taking:  # a new index's head, priced as this round sent it
                 taking = narrowed
-                cached, growing = _cached_units(
-                    turn, measured, budget, relevance, sizes, used, _heads(groups, taking)
-                )
+                cached, growing = cached_at(taking)
                 units = cached + items + passages
                 counted = sum(u.ladder.rungs[c].tokens for u, c in zip(units, choice, strict=True))
                 repriced = spent - fixed - counted

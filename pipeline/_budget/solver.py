@@ -506,19 +506,11 @@ def _resent(ladder: Ladder, c: int) -> int:
     return min(ladder.rungs[c].tokens, _cap(ladder))
 
 
-def _latest(
-    ladders: Sequence[Ladder],
-    prefix: Sequence[int],
-    room: int,
-    smallest: Sequence[int] | None = None,
-) -> int:
+def _latest(ladders: Sequence[Ladder], prefix: Sequence[int], room: int) -> int:
     """How many prefix ladders a request within ``room`` can keep as last turn sent them
-    (every other ladder at its smallest rung, ``smallest`` where the caller found them):
-    the cache a change can lose ends there, past it the prefix is read uncached whatever
-    the solve chooses."""
-    if smallest is None:
-        smallest = [ladder.smallest for ladder in ladders]
-    small = [ladder.rungs[c].tokens for ladder, c in zip(ladders, smallest, strict=True)]
+    (every other ladder at its smallest rung): the cache a change can lose ends there,
+    past it the prefix is read uncached whatever the solve chooses."""
+    small = [ladder.rungs[ladder.smallest].tokens for ladder in ladders]
     used = sum(small)
     for p, j in enumerate(prefix):
         previous = ladders[j].previous
@@ -605,7 +597,7 @@ def solve(
 
     smallest = [ladder.smallest for ladder in ladders]
     start = _within_share(ladders, smallest, room, text_free)
-    latest = _latest(ladders, prefix, room, smallest)
+    latest = _latest(ladders, prefix, room)
     prices = [cache_price if at[j] < latest and not ladders[j].lasting else 0.0 for j in range(n)]
     joins = sorted({r.at for ladder in ladders for r in ladder.rungs if r.at is not None})
     joined = {j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs)}
