@@ -90,7 +90,13 @@ from lamina.pipeline._views.preview import (
     make_preview,
     refitted_preview,
 )
-from lamina.pipeline._views.views import ViewMemo, body_preview, full_view, reference_view
+from lamina.pipeline._views.views import (
+    ViewMemo,
+    body_preview,
+    excerpt_view,
+    full_view,
+    reference_view,
+)
 
 if TYPE_CHECKING:
     from lamina.pipeline._turn.budget import Budget
@@ -517,7 +523,15 @@ def _item_unit(
         placement = Placement(item.key, form, item.marks, limit)
         tokens, cost = limit, limit + _SEP
         guess = form is Form.PREVIEW and (item.key, limit) not in exact
-        if form is Form.PREVIEW and not guess:
+        if form is Form.EXCERPT:  # counted as made (an excerpt is cheap; not many are sent)
+            ctx = turn.ctx
+            view = excerpt_view(artifact, ctx.counter, limit, item.marks, ctx.views)
+            if view.body == artifact.payload.body():
+                continue  # the whole text under another name: it cuts nothing
+            text = ctx.renderer.render(view)
+            tokens = ctx.counter.count(text)
+            cost = _framed(tokens, count_with_sep_from(text, tokens, BLOCK_SEP, ctx.counter.count))
+        elif form is Form.PREVIEW and not guess:
             made = exact[item.key, limit]
             if made is None:
                 break  # a preview holding no section is never sent (nor a smaller one)

@@ -432,6 +432,48 @@ def test_a_new_index_head_one_entry_would_carry_alone_is_priced_whole(tmp_path: 
     assert exact_request_tokens(env) <= budget.limit
 
 
+def test_an_excerpt_rung_counts_the_block_it_sends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A selection (not recoverable: sent whole or excerpted) beside a note that overflows
+    the window: each excerpt rung of its ladder counts at least the block the request
+    would send, and none holds the whole text (an excerpt of a limit over the text is the
+    text itself under another name). Before, a rung counted its limit, the excerpt's text
+    without its framing, so a limit over the text was offered as a cut: a variant of the
+    solve measured on 2026-12-07 (not landed) cut the README demo's 47-token selection to
+    a 51-token "excerpt" that way."""
+    from lamina.pipeline._budget import objective
+    from lamina.pipeline._turn.assemble import item_view
+
+    captured: list[tuple[Any, Any]] = []
+    real = objective._item_unit
+
+    def capturing(turn: Any, item: Any, *args: Any, **kwargs: Any) -> Any:
+        unit = real(turn, item, *args, **kwargs)
+        if unit is not None and item.key.startswith("selection:"):
+            captured.append((turn, unit))
+        return unit
+
+    monkeypatch.setattr(objective, "_item_unit", capturing)
+    sections = "\n\n".join(f"## Part {i}\n\n" + "The sync log grows. " * 60 for i in range(8))
+    (tmp_path / "long.md").write_text(f"# Long\n\n{sections}\n")
+    words = " ".join(f"word{i}" for i in range(40))
+    conv = Conversation("You are terse.", vault=tmp_path, budget=Budget(2000, reserve_output=400))
+    env = conv.turn("What do these say?", [note("long.md"), selection(words)])
+    assert exact_request_tokens(env) <= conv.budget.limit
+    excerpts = [
+        (turn, rung, choice)
+        for turn, unit in captured
+        for rung, choice in zip(unit.ladder.rungs, unit.choices, strict=True)
+        if choice.form == "excerpt"
+    ]
+    assert excerpts
+    for turn, rung, choice in excerpts:
+        view = item_view(turn, choice.placement)
+        assert view.body != turn.artifact(choice.placement.key).payload.body()
+        assert rung.tokens >= turn.ctx.counter.count(turn.ctx.renderer.render(view))
+
+
 _LONG = "# Long\n\n" + "\n\n".join(
     f"## Part {i}\n\n" + " ".join(f"Sentence {i}.{j} is about sync." for j in range(40))
     for i in range(8)
