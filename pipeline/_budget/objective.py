@@ -528,9 +528,7 @@ def _item_unit(
             view = excerpt_view(artifact, ctx.counter, limit, item.marks, ctx.views)
             if view.body == artifact.payload.body():
                 continue  # the whole text under another name: it cuts nothing
-            text = ctx.renderer.render(view)
-            tokens = ctx.counter.count(text)
-            cost = _framed(tokens, count_with_sep_from(text, tokens, BLOCK_SEP, ctx.counter.count))
+            tokens, cost = _block(turn, view)
         elif form is Form.PREVIEW and not guess:
             made = exact[item.key, limit]
             if made is None:
@@ -1368,11 +1366,17 @@ def _make(
     if not has_prose(view.body):
         exact[key, placement.limit] = None
         return 0
+    exact[key, placement.limit] = made = _block(turn, view)
+    return made[1]
+
+
+def _block(turn: TurnGraph, view: View) -> tuple[int, int]:
+    """``view``'s block as the request sends it: its tokens, and with the blank line
+    after it (``_framed``)."""
+    counter = turn.ctx.counter
     text = turn.ctx.renderer.render(view)
-    tokens = turn.ctx.counter.count(text)
-    cost = _framed(tokens, count_with_sep_from(text, tokens, BLOCK_SEP, turn.ctx.counter.count))
-    exact[key, placement.limit] = (tokens, cost)
-    return cost
+    tokens = counter.count(text)
+    return tokens, _framed(tokens, count_with_sep_from(text, tokens, BLOCK_SEP, counter.count))
 
 
 def _sized(
