@@ -563,6 +563,21 @@ def _item_unit(
     return _Unit("item", item.key, Ladder(tuple(rungs)), tuple(choices))
 
 
+def _reheaded(unit: _Unit, old: int, head: int) -> _Unit:
+    """An item's ``unit`` with its share of its group's index head ``head`` instead of
+    ``old``: the forms that send the index (its line, its count, its library entry grown
+    with it counted there) cost the difference, the others stay."""
+    if old == head:
+        return unit
+    rungs = tuple(
+        attrs.evolve(r, tokens=r.tokens - old + head)
+        if c.form in ("index", "count") or (c.form == "grown" and c.placement is None)
+        else r
+        for r, c in zip(unit.ladder.rungs, unit.choices, strict=True)
+    )
+    return attrs.evolve(unit, ladder=attrs.evolve(unit.ladder, rungs=rungs))
+
+
 def _referred(
     turn: TurnGraph, item: Placement, marks: tuple[tuple[str, str], ...]
 ) -> tuple[Placement, int]:
@@ -854,6 +869,34 @@ def _taking(
     return out
 
 
+def _sent_heads(
+    units: Sequence[_Unit],
+    choice: Sequence[int],
+    of: _Items,
+    groups: Mapping[str, tuple[int, tuple[str, ...]]],
+    drafted: Draft,
+) -> dict[str, int]:
+    """The head of each of this turn's groups' indexes ``drafted`` sends whose head its
+    members' rungs still share (``groups``' head not 0), to be fixed: the block less the
+    lines ``choice`` gave it, as measured, or the head with a count line
+    (``_Items.groups``) if that is more, as a later round may count members a lines-only
+    index did not."""
+    sent = drafted.with_sep()
+    heads: dict[str, int] = {}
+    for group, (head, keys) in groups.items():
+        block = sent.get(f"{INDEX_SOURCE}:{group}")
+        if block is None or not head:
+            continue
+        members = set(keys)
+        lines = sum(
+            of.lines.get(u.key, 0)
+            for u, c in zip(units, choice, strict=True)
+            if u.kind == "item" and u.key in members and u.choices[c].form == "index"
+        )
+        heads[group] = max(block - lines, of.groups[group][0])
+    return heads
+
+
 def _shares(whole: int, keys: Sequence[str], slots: int | None = None) -> dict[str, int]:
     """``whole`` (an index head) split into ``slots`` shares (one per key by default)
     that sum to it, dealt to ``keys`` in turn: any ``slots`` keys in a row carry it
@@ -951,13 +994,14 @@ class _Items:
     lines: dict[str, int]
     """The tokens of each grouped item's line in its group's index (an item in no group
     has none)."""
-    heads: dict[str, int]
-    """Each grouped item's share of its group's index head (``_shares``)."""
+    groups: dict[str, tuple[int, tuple[str, ...]]]
+    """Each group's index head (with its separator) and its members, split over them as
+    ``_heads`` says."""
 
 
 def _items_of(turn: TurnGraph, measured: Draft) -> _Items:
-    """``_Items`` of ``turn`` as ``measured``: each member's share of its group's index
-    head is the block of one line and a count of the rest, less the line."""
+    """``_Items`` of ``turn`` as ``measured``: each group's index head is the block of
+    one line and a count of the rest, less the line."""
     sizes = {s.key: s.tokens for s in measured.l3.segments}
     groups = _groups(turn)
     lines = {
@@ -965,7 +1009,7 @@ def _items_of(turn: TurnGraph, measured: Draft) -> _Items:
         for members in groups.values()
         for m in members
     }
-    heads: dict[str, int] = {}
+    heads: dict[str, tuple[int, tuple[str, ...]]] = {}
     ctx = turn.ctx
     for group, members in groups.items():
         if not members:
@@ -974,7 +1018,7 @@ def _items_of(turn: TurnGraph, measured: Draft) -> _Items:
         line = IndexLine(first, turn.artifact(first).title, sizes.get(first, 0))
         index = index_artifact(group, (line,), unlisted=len(members))
         head = ctx.counter.count(ctx.renderer.render(full_view(index))) - lines[first]
-        heads.update(_shares(head + _SEP, [m.key for m in members]))
+        heads[group] = (head + _SEP, tuple(m.key for m in members))
     return _Items(sizes, measured.with_sep(), lines, heads)
 
 
@@ -986,13 +1030,15 @@ def _item_units(
     exact: dict[tuple[str, int], tuple[int, int] | None],
     extra: dict[str, set[int]],
     growing: Mapping[str, _Whole],
+    heads: Mapping[str, int],
     previous: Sequence[_Unit] = (),
     stale: Collection[str] = (),
 ) -> list[_Unit]:
     """The units of this turn's items, after every cached unit (``growing``: the library
-    entries they may grow, ``_wholes``): those of ``previous`` (the same turn's,
-    made before) again but for the ``stale`` keys' (their ``exact`` or ``extra`` grew),
-    made anew."""
+    entries they may grow, ``_wholes``; ``heads``: each grouped item's share of its
+    group's index head, ``_heads``): those of ``previous`` (the same turn's, made before)
+    again but for the ``stale`` keys' (their ``exact``, ``extra`` or share grew), made
+    anew."""
     kept = {u.key: u for u in previous if u.key not in stale}
     units: list[_Unit] = []
     for i, item in enumerate(turn.items):
@@ -1004,7 +1050,7 @@ def _item_units(
         w *= 1.0 - i / (1000.0 * (len(turn.items) + 1))  # ties: the first placed first
         unit = _item_unit(
             turn, item, of.sizes.get(item.key, 0), w, exact, extra,
-            line=of.lines.get(item.key), head=of.heads.get(item.key, 0),
+            line=of.lines.get(item.key), head=heads.get(item.key, 0),
             framed=of.framed.get(item.key), held=growing.get(item.key),
         )  # fmt: skip
         if unit is not None:
@@ -1324,7 +1370,7 @@ def _as_made(
     choice: list[int] = []
     for old, new, c in zip(guessed, units, solution.choice, strict=True):
         want = old.choices[c]
-        at = c if old is new else next(
+        at = c if old.choices is new.choices else next(
             (j for j, o in enumerate(new.choices)
              if (o.form, o.placement, o.entry) == (want.form, want.placement, want.entry)),
             None,
@@ -1719,7 +1765,18 @@ class Solve:
 
         cached, growing = cached_at(taking)
         of = _items_of(turn, measured)
-        items = _item_units(turn, of, budget, relevance, exact, extra, growing)
+        # This turn's groups' index heads, shared by their members' rungs until a measured
+        # round sends the index: then the head is fixed, as it measured (``_sent_heads``).
+        item_groups = of.groups
+        item_heads = _heads(item_groups, {})
+
+        def items_of(previous: Sequence[_Unit] = (), stale: Collection[str] = ()) -> list[_Unit]:
+            """This turn's items' units, those of ``previous`` kept but the ``stale``."""
+            return _item_units(
+                turn, of, budget, relevance, exact, extra, growing, item_heads, previous, stale
+            )
+
+        items = items_of()
         units = cached + items + passages
         now = sum(u.ladder.rungs[u.ladder.previous or 0].tokens for u in units)
         fixed = used - now
@@ -1767,7 +1824,7 @@ class Solve:
                 continue  # a summary was made: solve again with its tokens
             made = _made(turn, units, solution.choice, exact)
             if made:
-                items = _item_units(turn, of, budget, relevance, exact, extra, growing, items, made)
+                items = items_of(items, made)
                 guessed, units = units, cached + items + passages
                 solution = _as_made(
                     guessed, units, solution, room, budget.cache_weight, carry, text_free
@@ -1777,9 +1834,7 @@ class Solve:
             resized = None if sized else _sized(units, solution, room, extra)
             if resized is not None:
                 sized = True
-                items = _item_units(
-                    turn, of, budget, relevance, exact, extra, growing, items, {resized}
-                )
+                items = items_of(items, {resized})
                 units = cached + items + passages
                 continue  # the room the made forms leave is given to one preview, fitted to it
             choice = solution.choice
@@ -1816,10 +1871,24 @@ class Solve:
             drafted = last = draft(out, base)
             spent = budget.used(drafted, turn.ctx.counter)
             narrowed = _taking(units, choice, groups, taking)
+            sent_heads = _sent_heads(units, choice, of, item_groups, drafted)
             repriced: int | None = None  # what the round measured beyond its rungs, repriced
-            if narrowed != taking:  # a new index's head, priced as this round sent it
-                taking = narrowed
-                cached, growing = cached_at(taking)
+            if narrowed != taking or sent_heads:
+                # A new index's head, priced as this round sent it.
+                if narrowed != taking:
+                    taking = narrowed
+                    cached, growing = cached_at(taking)
+                if sent_heads:
+                    # A member joining an index sent adds its line only, one leaving it
+                    # frees nothing (the others keep it): the head is fixed, text-free.
+                    item_groups = {g: (0 if g in sent_heads else head, keys)
+                                   for g, (head, keys) in item_groups.items()}  # fmt: skip
+                    fixed += sum(sent_heads.values())
+                    text_free -= sum(sent_heads.values())
+                    heads = _heads(item_groups, {})
+                    items = [_reheaded(u, item_heads.get(u.key, 0), heads.get(u.key, 0))
+                             for u in items]  # fmt: skip
+                    item_heads = heads
                 units = cached + items + passages
                 counted = sum(u.ladder.rungs[c].tokens for u, c in zip(units, choice, strict=True))
                 repriced = spent - fixed - counted

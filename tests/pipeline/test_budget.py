@@ -474,6 +474,44 @@ def test_an_excerpt_rung_counts_the_block_it_sends(
         assert rung.tokens >= turn.ctx.counter.count(turn.ctx.renderer.render(view))
 
 
+def test_a_folder_index_head_is_priced_over_the_members_a_round_put_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder of 120 notes at 4,096: most members go to the folder's index as lines
+    or counts, the rest as previews. Each member's rung carried a share of the index's
+    head split over all 120, so the members sent as previews left their shares out, every
+    round measured about that much over its estimate, and the rounds shrank the room by a
+    few tokens at a time (four rounds measured). Once a round sends the index its head is
+    fixed as measured, and members' index rungs carry their lines only: two rounds."""
+    from lamina.pipeline._budget import objective
+
+    rng = random.Random(7)
+    words = ("sync", "protocol", "ledger", "harbor", "lantern", "orchard", "signal", "copper")
+    (tmp_path / "folder").mkdir()
+    for i in range(120):
+        parts = [
+            f"## Part {s}\n\n" + " ".join(rng.choice(words) for _ in range(rng.randint(30, 90)))
+            for s in range(rng.randint(1, 4))
+        ]
+        (tmp_path / "folder" / f"n{i:03d}.md").write_text(f"# Note {i}\n\n" + "\n\n".join(parts))
+    rounds = 0
+    real = objective.draft
+
+    def counting(*args: Any) -> Any:
+        nonlocal rounds
+        rounds += len(args) == 2  # a round's draft (the first is the request as it stands)
+        return real(*args)
+
+    monkeypatch.setattr(objective, "draft", counting)
+    budget = Budget(context_window=4096, reserve_output=512)
+    conv = Conversation("You are terse.", vault=tmp_path, budget=budget)
+    env = conv.turn("What do these notes say about the sync protocol?", [folder("folder")])
+    forms = {s.source_type for s in env.l3.segments}
+    assert "index" in forms and "note" in forms, forms
+    assert rounds == 2
+    assert exact_request_tokens(env) <= budget.limit
+
+
 _LONG = "# Long\n\n" + "\n\n".join(
     f"## Part {i}\n\n" + " ".join(f"Sentence {i}.{j} is about sync." for j in range(40))
     for i in range(8)

@@ -201,15 +201,16 @@ def test_cuts_are_states_over_random_chats(turns: list[list[str]], window: int) 
 def test_stubs_folded_into_a_library_index_survive_a_store(
     tmp_path: Path,
 ) -> None:
-    """A documentation vault at 5.5k: by turn 9 small library entries are folded into
+    """A documentation vault at 5,250: by turn 9 small library entries are folded into
     their folders' indexes (``LibraryEntry.folded`` keeps them); a conversation restored
     from SQLite holds the same library and decides the next turn byte for byte the same.
     (At 8k the budget now cuts the library to previews there and folds nothing; at 5k,
     since a copy in L3 is valued by what it adds to the library's, the re-attached note
-    cuts nothing and nothing is folded by turn 9.)"""
+    cuts nothing and nothing is folded by turn 9; at 5.5k, since a folder's index head is
+    fixed once a round sends it, neither.)"""
     from tests.test_real_material import KEPANO, KEPANO_CHAT
 
-    budget = Budget(5500, reserve_output=1000)
+    budget = Budget(5250, reserve_output=1000)
     live = Conversation("You answer from the attached notes.", vault=KEPANO, budget=budget)
     previous: Envelope | None = None
     with SqliteStore(tmp_path / "chat.db") as store:
