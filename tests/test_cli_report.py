@@ -87,8 +87,8 @@ def test_demo_introduces_itself_explains_each_small_prefix_and_says_what_next(
     assert "1 prefix break (turn 4)" in summary
     # The claim beside its baseline: each layout's tokens, requests over, largest, cost.
     baseline = summary.split("─ Against other layouts ─", 1)[1]
-    assert "default 18,306 tokens sent" in baseline
-    assert "append-only 19,362 tokens sent" in baseline and "3 of 6 over the limit" in baseline
+    assert "default 18,285 tokens sent" in baseline
+    assert "append-only 19,341 tokens sent" in baseline and "3 of 6 over the limit" in baseline
     assert "naive: the yardstick" in baseline
     assert "lamina demo --full" in text.split("─ Next ─", 1)[1]
 

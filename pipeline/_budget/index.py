@@ -84,6 +84,9 @@ class ItemIndex:
     """Lines of an earlier index of the group, as they were written, before ``lines``."""
     kept_items: int = 0
     """How many items ``kept`` lists."""
+    earlier: int = 0
+    """Items attached again and counted, not listed: their text is already in the
+    conversation (counted apart from ``unlisted``, which were not sent for lack of room)."""
 
     @property
     def title(self) -> str:
@@ -96,16 +99,26 @@ class ItemIndex:
     @property
     def items(self) -> int:
         listed = len(self.lines) + sum(len(line.embeds) for line in self.lines)
-        return self.kept_items + listed + self.unlisted
+        return self.kept_items + listed + self.unlisted + self.earlier
+
+    def _said(self) -> str:
+        """What happened to the items: why they are not sent."""
+        if not self.earlier:
+            return _HEADS[self.where]
+        rest = self.items - self.earlier
+        why = f"{self.earlier} already in this conversation" + (
+            f", {rest} for lack of room" if rest else ""
+        )
+        return f"were attached but not sent here ({why})"
 
     def body(self) -> str:
         if not (self.lines or self.kept):
             return (
-                f"{self.items} items of {self.group} {_HEADS[self.where]}; they are not listed "
+                f"{self.items} items of {self.group} {self._said()}; they are not listed "
                 "here. Ask for one by its key, or for the folder again, to have it sent."
             )
         head = (
-            f"{self.items} items of {self.group} {_HEADS[self.where]}; each line gives key, "
+            f"{self.items} items of {self.group} {self._said()}; each line gives key, "
             "title and size in full. Ask for one by its key to have it sent."
         )
         tail = (f"[... {self.unlisted} more items of {self.group} not listed ...]",)
@@ -128,11 +141,12 @@ def index_artifact(
     kept: Sequence[str] = (),
     kept_items: int = 0,
     key: str = "",
+    earlier: int = 0,
 ) -> Artifact:
     """The index artifact of ``group`` (key ``index:<group>`` unless ``key`` is given)
     listing ``lines`` (after ``kept``, an earlier index's lines that list ``kept_items``
-    items)."""
-    payload = ItemIndex(group, tuple(lines), unlisted, where, tuple(kept), kept_items)
+    items), counting ``unlisted`` items not sent and ``earlier`` ones already sent."""
+    payload = ItemIndex(group, tuple(lines), unlisted, where, tuple(kept), kept_items, earlier)
     return make_artifact(INDEX_SOURCE, key or f"{INDEX_SOURCE}:{group}", payload, recoverable=True)
 
 
@@ -210,12 +224,18 @@ def _listed(turn: TurnGraph, group: str) -> set[str]:
 
 
 def _with_index(
-    turn: TurnGraph, group: str, members: Sequence[_Member], gone: set[str], unlisted: int = 0
+    turn: TurnGraph,
+    group: str,
+    members: Sequence[_Member],
+    gone: set[str],
+    unlisted: int = 0,
+    earlier: int = 0,
 ) -> TurnGraph:
     """``turn`` with ``gone`` taken out of its items and listed in ``group``'s index (made,
-    or rewritten in its place; else placed where the first of them was)."""
+    or rewritten in its place; else placed where the first of them was), counting
+    ``unlisted`` and ``earlier`` (``ItemIndex``)."""
     listed = _listed(turn, group) | gone
-    artifact = index_artifact(group, _lines(turn, members, listed), unlisted)
+    artifact = index_artifact(group, _lines(turn, members, listed), unlisted, earlier=earlier)
     graph = turn.graph.copy()
     if artifact.key not in graph:
         graph.add_node(artifact.key, kind="artifact", artifact=artifact)

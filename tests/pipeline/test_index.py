@@ -262,6 +262,38 @@ def test_a_re_attached_folder_counts_its_references_within_the_share(tmp_path: P
     assert again.l2.tokens == first.l3.tokens  # every note still whole in the library
     referenced = {s.key for s in again.l3.segments if s.form is Form.REFERENCE}
     assert len(referenced) + _counted(again) == 120  # each referenced or counted
+    # The counted references are said to be in the conversation, not left out for room.
+    index = again.l3.get("index:folder:notes")
+    assert index is not None
+    head = index.text.split("\n")[1]
+    assert f"({_counted(again)} already in this conversation)" in head, head
+    assert "for lack of room" not in index.text
+
+
+def test_an_index_says_which_counted_items_are_already_in_the_conversation() -> None:
+    """An index counting items not sent for room and items attached again says which is
+    which; without the latter its head is as before."""
+    line = IndexLine("note:docs/api.md", "API", 120)
+    both = index_artifact("tag:#sync", (line,), unlisted=2, earlier=1)
+    assert XmlRenderer().render(full_view(both)) == (
+        '<index key="index:tag:#sync" title="index of tag:#sync" items="4">\n'
+        "4 items of tag:#sync were attached but not sent here (1 already in this "
+        "conversation, 3 for lack of room); each line gives key, title and size in full. "
+        "Ask for one by its key to have it sent.\n"
+        "- note:docs/api.md | API | 120 tokens\n"
+        "[... 2 more items of tag:#sync not listed ...]\n"
+        "</index>"
+    )
+    earlier = index_artifact("tag:#sync", (), earlier=3)
+    assert earlier.payload.body() == (
+        "3 items of tag:#sync were attached but not sent here (3 already in this "
+        "conversation); they are not listed here. Ask for one by its key, or for the "
+        "folder again, to have it sent."
+    )
+    plain = index_artifact("tag:#sync", (line,), unlisted=2)
+    assert plain.payload.body().startswith(
+        "3 items of tag:#sync were attached but not sent for lack of room; each line"
+    )
 
 
 def test_library_index_lines_give_the_full_size(tmp_path: Path) -> None:
