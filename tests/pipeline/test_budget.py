@@ -474,7 +474,7 @@ def test_an_excerpt_rung_counts_the_block_it_sends(
         assert rung.tokens >= turn.ctx.counter.count(turn.ctx.renderer.render(view))
 
 
-def test_a_folder_index_head_is_priced_over_the_members_a_round_put_in_it(
+def test_a_folder_index_head_is_fixed_once_a_round_sends_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A folder of 120 notes at 4,096: most members go to the folder's index as lines
