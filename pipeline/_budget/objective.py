@@ -1279,27 +1279,24 @@ def _indexed(
     ``lines`` as lines, the rest counted; and the group's one decision."""
     listed = [k for k in gone if k in lines]
     counted = len(gone) - len(listed)
+    rest = set(gone) - lines  # the counted
     # Counted references (attached again) to entries the library holds as they were: their
     # text is in the conversation already (``_apply`` marks the others not sent).
     earlier = sum(
         1
         for i in turn.items
-        if i.key in gone and i.key not in lines and i.form is Form.REFERENCE
-        and (NOT_SENT, "true") not in i.marks
-    )  # fmt: skip
-    unlisted = counted - earlier
-    out = _with_index(
-        turn, group, members, set(listed) or set(gone), *((unlisted, earlier) if listed else ())
+        if i.key in rest and i.form is Form.REFERENCE and (NOT_SENT, "true") not in i.marks
     )
-    if not listed:
-        key = f"{INDEX_SOURCE}:{group}"
-        out = out.with_artifact(index_artifact(group, (), unlisted, earlier=earlier))
-        out = attrs.evolve(
-            out, items=tuple(i for i in out.items if i.key not in set(gone) or i.key == key)
-        )
-    elif counted:
-        rest = set(gone) - set(listed)
+    unlisted = counted - earlier
+    if listed:
+        out = _with_index(turn, group, members, set(listed), unlisted, earlier)
         out = attrs.evolve(out, items=tuple(i for i in out.items if i.key not in rest))
+    else:  # nothing listed: the index counts them all, in the first one's place
+        key = f"{INDEX_SOURCE}:{group}"
+        out = _with_index(turn, group, members, rest)
+        out = out.with_artifact(index_artifact(group, (), unlisted, earlier=earlier))
+        kept = tuple(i for i in out.items if i.key not in rest or i.key == key)
+        out = attrs.evolve(out, items=kept)
     why = (
         "no form of each fits"
         if not counted
