@@ -55,6 +55,7 @@ from lamina.pipeline._budget.solver import (
     topped,
 )
 from lamina.pipeline._budget.stubs import SET_ASIDE, _Renderer, fold, stub_group
+from lamina.pipeline._collector import paused
 from lamina.pipeline._errors import BudgetExceeded
 from lamina.pipeline._hashing import text_hash
 from lamina.pipeline._model.artifacts import Artifact, TurnWarning
@@ -1720,6 +1721,12 @@ class Solve:
     None: no relevance."""
 
     def __call__(self, turn: TurnGraph) -> TurnGraph:
+        # The rounds' ladders are many small values, freed by reference counting: the
+        # cyclic collector's full passes over the host's heap would free none of them.
+        with paused():
+            return self._fitted(turn)
+
+    def _fitted(self, turn: TurnGraph) -> TurnGraph:
         budget = turn.ctx.budget
         if budget is None:
             return turn
