@@ -20,7 +20,9 @@ def _collector_on() -> Iterator[None]:
     was = gc.isenabled()
     gc.enable()
     yield
-    if not was:
+    if was:  # as the test found it, whatever the test left
+        gc.enable()
+    else:
         gc.disable()
 
 
