@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -1647,13 +1648,26 @@ def _regret(
     return regret + max(0.0, solution.free_value - value)
 
 
-def _next_short(fitted: int, tight: int, free: int) -> int | None:
+def _least_growth(units: Sequence[_Unit], choice: Sequence[int]) -> int:
+    """The fewest tokens a unit's form chosen in ``choice`` grows by to its next larger
+    rung (the most an int holds: none grows)."""
+    least = sys.maxsize
+    for unit, c in zip(units, choice, strict=True):
+        now = unit.ladder.rungs[c].tokens
+        for rung in unit.ladder.rungs:
+            if now < rung.tokens < now + least:
+                least = rung.tokens - now
+    return least
+
+
+def _next_short(fitted: int, tight: int, free: int, growth: int) -> int | None:
     """The ``short`` the next round solves with, between the best fit so far (solved with
     ``fitted``), which measured ``free`` tokens under the room it may fill, and a ``short``
     that measured too much (``tight``): the room grows by what the fit left, unless a room
     that large already measured too much, then halfway between the two. None when the fit
-    left nothing or no ``short`` lies between."""
-    if free <= 0:
+    left less than ``growth`` (``_least_growth`` of its choice: no form grows into what is
+    left, and each round is a solve, an apply and a draft) or no ``short`` lies between."""
+    if free <= 0 or free < growth:
         return None
     guess = fitted - free
     if tight < guess < fitted:
@@ -1819,6 +1833,7 @@ class Solve:
         hulls: Hulls = {}  # the solves' hull steps, kept for the next round's
         over_share: int | None = None  # what the last share cut left beyond the share
         joining = False  # folds extend an earlier index: a new one's head is over the share
+        growth = sys.maxsize  # the best fit's least growth (``_least_growth``)
         while rounds < MAX_ROUNDS:
             ladders = [u.ladder for u in units]
             limit = math.floor((budget.limit - reserve) / (1.0 + budget.safety_margin))
@@ -1919,10 +1934,12 @@ class Solve:
             if refining:  # a fit leaves the next turn's room, in the text-free share
                 if over <= 0 and within and bare <= (over_share or 0):
                     best, fitted = (out, drafted, spent, decisions), short
+                    growth = _least_growth(units, choice)
                 else:
                     tight = short
             elif over <= 0:
                 best, fitted = (out, drafted, spent, decisions), short
+                growth = _least_growth(units, choice)
                 lower = over_share is None or bare < over_share
                 if bare > 0 and lower and text_free > 0 and rounds < MAX_ROUNDS:
                     # An index's head the lines' shares did not cover: the share is cut
@@ -1967,7 +1984,7 @@ class Solve:
             # rounds last, so the room a fit leaves is used.
             if not refining or rounds >= MAX_ROUNDS or tight is None or best is None:
                 break
-            step = _next_short(fitted, tight, limit - best[2])
+            step = _next_short(fitted, tight, limit - best[2], growth)
             if step is None:
                 break
             short = step

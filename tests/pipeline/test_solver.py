@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 from pathlib import Path
 
 import attrs
@@ -580,3 +581,38 @@ def test_a_break_that_keeps_the_batch_adds_its_price_to_the_regret() -> None:
     assert _regret(batch, units, built, (1,), extending=True) == 50.0 + 70.0
     settled = SimpleNamespace(regret=50.0, deferred=((4, 10),))
     assert _regret(settled, units, cut, (1,), extending=True) == 90.0 + 70.0
+
+
+def test_the_least_growth_is_the_smallest_step_up_from_the_choice() -> None:
+    """``_least_growth``: the fewest tokens any unit's chosen form grows by to a larger
+    rung of its ladder (rungs in any order); none larger anywhere: no growth at all."""
+    from lamina.pipeline._budget.objective import _least_growth
+
+    units = [
+        _Unit("item", "a", Ladder((Rung(300, 9.0), Rung(40, 3.0), Rung(90, 5.0))), ()),
+        _Unit("item", "b", Ladder((Rung(20, 1.0), Rung(75, 4.0))), ()),
+        _Unit("library", "c", Ladder((Rung(100, 8.0),), 0), ()),
+    ]
+    assert _least_growth(units, (1, 1, 0)) == 50  # a: 40 -> 90; b stands at its largest
+    assert _least_growth(units, (2, 0, 0)) == 55  # b: 20 -> 75, a: 90 -> 300 is more
+    assert _least_growth(units, (0, 1, 0)) == sys.maxsize
+
+
+@pytest.mark.parametrize(
+    ("free", "growth", "expected"),
+    [
+        (0, 1, None),  # the fit left nothing
+        (3, 4, None),  # no form grows into 3 tokens: the rounds end
+        (4, 4, -14),  # the room grows by what the fit left
+        (30, 4, -22),  # -30 measured too much before: halfway between
+    ],
+)
+def test_refining_rounds_end_where_no_form_grows_into_what_is_left(
+    free: int, growth: int, expected: int | None
+) -> None:
+    """``_next_short`` between the best fit (solved with short -10) and a short that
+    measured too much (-34). A fit at 200k that left 3 tokens free took three more rounds
+    (a solve, an apply and a draft each, about 40 ms) that gained at most 6 tokens."""
+    from lamina.pipeline._budget.objective import _next_short
+
+    assert _next_short(-10, -34, free, growth) == expected
