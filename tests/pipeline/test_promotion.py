@@ -252,8 +252,15 @@ def test_a_turn_right_after_a_large_promotion_waits_for_its_library_not_its_rank
 
     def result(self: Promotion, *, next_turn: bool = False) -> Library:
         if next_turn and not gate.is_set():
-            # Opened just after this call stops the ranking (its first statement).
-            threading.Timer(0.2, gate.set).start()
+            # Opened once this call has stopped the ranking (its first statement): on a
+            # timer of 0.2 s, a loaded machine opened it first and two entries ran.
+            stop = self._stop
+
+            def opened() -> None:
+                stop.wait(10)
+                gate.set()
+
+            threading.Thread(target=opened, daemon=True).start()
         return asked(self, next_turn=next_turn)
 
     monkeypatch.setattr(Promotion, "result", result)
