@@ -464,6 +464,19 @@ def _library_unit(
     return _Unit("library", entry.key, Ladder(tuple(rungs), 0), tuple(choices))
 
 
+def _limits(size: int, least: int, recoverable: bool) -> list[int]:
+    """An item's preview (or excerpt) limits, largest first: eighths of its ``size``, then
+    halving down to ``least``, and ``least`` itself for a recoverable item larger than it:
+    fine steps where the room is."""
+    limits = sorted({size * k // _STEPS for k in range(_STEPS - 1, 0, -1)}, reverse=True)
+    while limits and limits[-1] // 2 >= least:
+        limits.append(limits[-1] // 2)
+    limits = [limit for limit in limits if limit >= least]
+    if recoverable and (not limits or limits[-1] > least) and size > least:
+        limits.append(least)
+    return limits
+
+
 def _item_unit(
     turn: TurnGraph,
     item: Placement,
@@ -509,38 +522,36 @@ def _item_unit(
     choices = [_Choice(str(item.form), placement=item)]
     top = _framed(size, framed)  # the whole as the request frames it
     rungs = [Rung(top, adds(size))]
-    least = MIN_PREVIEW_TOKENS if artifact.recoverable else EXCERPT_MIN_TOKENS
-    # Eighths of the item, then halving down to the least: fine steps where the room is.
-    limits = sorted({size * k // _STEPS for k in range(_STEPS - 1, 0, -1)}, reverse=True)
-    while limits and limits[-1] // 2 >= least:
-        limits.append(limits[-1] // 2)
-    limits = [limit for limit in limits if limit >= least]
-    limits = sorted(
-        {*limits, *(x for x in extra.get(item.key, ()) if least <= x < size)}, reverse=True
-    )
-    if artifact.recoverable and (not limits or limits[-1] > least) and size > least:
-        limits.append(least)
+    recoverable = artifact.recoverable
+    least = MIN_PREVIEW_TOKENS if recoverable else EXCERPT_MIN_TOKENS
+    limits = _limits(size, least, recoverable)
+    asked = extra.get(item.key)
+    if asked:  # sizes a round fitted to the room (``_sized``), among them
+        limits = sorted({*limits, *(x for x in asked if least <= x < size)}, reverse=True)
+        if recoverable and (not limits or limits[-1] > least) and size > least:
+            limits.append(least)
+    form = Form.PREVIEW if recoverable else Form.EXCERPT
+    name, key, marks = str(form), item.key, item.marks
     for limit in limits:
-        form = Form.PREVIEW if artifact.recoverable else Form.EXCERPT
-        placement = Placement(item.key, form, item.marks, limit)
+        placement = Placement(key, form, marks, limit)
         tokens, cost = limit, limit + _SEP
-        guess = form is Form.PREVIEW and (item.key, limit) not in exact
+        guess = recoverable and (key, limit) not in exact
         if form is Form.EXCERPT:  # counted as made (an excerpt is cheap; not many are sent)
             ctx = turn.ctx
             view = excerpt_view(artifact, ctx.counter, limit, item.marks, ctx.views)
             if view.body == artifact.payload.body():
                 continue  # the whole text under another name: it cuts nothing
             tokens, cost = _block(turn, view)
-        elif form is Form.PREVIEW and not guess:
-            made = exact[item.key, limit]
+        elif not guess:
+            made = exact[key, limit]
             if made is None:
                 break  # a preview holding no section is never sent (nor a smaller one)
             tokens, cost = made
         if cost >= top:
             continue  # no smaller than the whole, once framed
-        choices.append(_Choice(str(form), placement=placement, guess=guess))
+        choices.append(_Choice(name, placement=placement, guess=guess))
         rungs.append(Rung(cost, adds(tokens)))
-    if artifact.recoverable:
+    if recoverable:
         if line is not None:
             choices.append(_Choice("index"))
             worth = _value(weight, size, line, text_free=True, cap=cap)
