@@ -54,6 +54,7 @@ __all__ = [
     "choose_restores",
     "segment_reference",
     "shed_keys",
+    "stale_key",
 ]
 
 APPEND_REFERENCES_INTRO = (
@@ -579,6 +580,19 @@ def shed_keys(
             if sheds:
                 out.append(k)
     return tuple(out)
+
+
+def stale_key(state: BatchState, growth: Mapping[str, tuple[str, int]]) -> str:
+    """The key of the first block of the batch's messages whose entry's form in the
+    library (``growth``: key -> text and tokens of the entries after the settled ones) is
+    not the block's ("": none, or a state saved without keys): a note sent whole or as a
+    large preview enters the library in carry-forward form, so its block is stale from
+    the next turn on, and a shed for any entry after it re-sends from there (``_shed``)."""
+    turns = state.turns
+    if _unkeyed(turns):
+        return ""
+    first = _first_stale(turns, {k: text for k, (text, _) in growth.items()})
+    return "" if first is None else turns[first[0]].keys[first[1]]
 
 
 def _shed(

@@ -14,6 +14,7 @@ from lamina.pipeline._conversation.batch import (
     batch_turn,
     shed_counts,
     shed_keys,
+    stale_key,
 )
 from lamina.pipeline._conversation.usage import Calibration, TurnUsage
 from lamina.pipeline._errors import (
@@ -443,7 +444,7 @@ class Conversation:
             recall=self._recall,
         )
         batch = self._batch if self.defer_library else None
-        shed, sheds = self._shed(batch)
+        shed, sheds, stale = self._shed(batch)
         start = TurnGraph.build(
             processed,
             ctx,
@@ -457,6 +458,7 @@ class Conversation:
             deferred=() if batch is None else tuple((t.turn, t.tokens) for t in batch.turns),
             shed=shed,
             sheds=sheds,
+            stale=stale,
             query=text,
         )
         if self._last_system is not None and self._last_system != self._system:
@@ -556,15 +558,18 @@ class Conversation:
 
     def _shed(
         self, batch: BatchState | None
-    ) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...]]:
+    ) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...], str]:
         """The batch's messages' tokens as the next request would send them if its
-        extension is over the limit (``shed_counts``), and the growth's keys a change to
-        which it sheds from (``shed_keys``), both counted against the library's entries
-        after the settled ones; none without a batch."""
+        extension is over the limit (``shed_counts``), the growth's keys a change to which
+        it sheds from (``shed_keys``) and the first entry whose block is stale
+        (``stale_key``), all against the library's entries after the settled ones; none
+        without a batch."""
         if batch is None:
-            return (), ()
+            return (), (), ""
         growth = {e.key: (e.text, e.tokens) for e in self._library.entries[batch.settled :]}
-        return shed_counts(batch, growth, self.counter), shed_keys(batch, growth, self.counter)
+        counter = self.counter
+        sheds = shed_keys(batch, growth, counter)
+        return shed_counts(batch, growth, counter), sheds, stale_key(batch, growth)
 
     def _batched(self, envelope: Envelope, library: Library) -> tuple[Envelope, BatchState]:
         """``envelope`` with the request it is sent as (``batch_turn``): the batch goes on

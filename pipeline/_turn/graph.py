@@ -117,11 +117,14 @@ class TurnGraph:
     # extension is over the limit (``batch.shed_counts``); () where it then settles.
     # ``sheds``: the growth's keys a change to which the batch sheds from (its blocks
     # from there sent as the library holds them); a change to another settles it
-    # (``batch.shed_keys``).
+    # (``batch.shed_keys``). ``stale``: the growth's first entry whose block the batch
+    # sent otherwise than the library now holds it ("": none; ``batch.stale_key``): a
+    # shed re-sends from that block whichever entry it is for.
     settled_tokens: int = 0
     deferred: tuple[tuple[int, int], ...] = ()
     shed: tuple[tuple[int, int], ...] = ()
     sheds: tuple[str, ...] = ()
+    stale: str = ""
     # The library as the model last saw it, before this turn's budget cuts: what the
     # preview of an edited note is compared with (its changed sections go first).
     seen: Library | None = attrs.field(default=None, eq=False, repr=False)

@@ -543,6 +543,25 @@ def test_shed_counts_count_the_growth_from_its_first_stale_block_at_its_library_
     assert shed_counts(state, {**growth, "note:a": ("alpha", n("alpha"))}, counter) == ()
 
 
+def test_the_stale_key_is_the_first_block_the_library_holds_otherwise() -> None:
+    """``stale_key``: the entry of the first block whose library form is not what the
+    batch's message sent (b shortened as it entered the library: b; a too: a), "" when
+    every block is as the library holds it or the state kept no keys."""
+    from lamina.pipeline._conversation.batch import BatchState, DeferredTurn, stale_key
+
+    a, b, c = "alpha " * 100, "bravo " * 60, "charlie " * 20
+    first = DeferredTurn(1, "q1", (a, b, "q1"), 1000, keys=("note:a", "note:b", ""))
+    second = DeferredTurn(2, "q2", (c, "q2"), 400, keys=("note:c", ""))
+    state = BatchState(turns=(first, second))
+    growth = {"note:a": (a, 101), "note:b": (b, 62), "note:c": (c, 41)}
+    assert stale_key(state, growth) == ""
+    assert stale_key(state, {**growth, "note:b": ("bravo", 1)}) == "note:b"
+    assert stale_key(state, {**growth, "note:a": ("alpha", 1), "note:c": ("c", 1)}) == "note:a"
+    assert stale_key(state, {**growth, "note:c": ("c", 1)}) == "note:c"
+    unkeyed = DeferredTurn(1, "q1", (a, b, "q1"), 1000)
+    assert stale_key(BatchState(turns=(unkeyed,)), {"note:a": ("alpha", 1)}) == ""
+
+
 def test_shed_keys_are_the_growth_a_change_to_which_keeps_the_batch() -> None:
     """A change to an entry of the growth sheds from its block only where the blocks
     before it hold at least half the growth (101, 62 and 41 tokens: from c's block on,

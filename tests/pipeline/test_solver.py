@@ -616,3 +616,30 @@ def test_refining_rounds_end_where_no_form_grows_into_what_is_left(
     from lamina.pipeline._budget.objective import _next_short
 
     assert _next_short(-10, -34, free, growth) == expected
+
+
+def test_a_change_after_a_stale_block_of_the_batch_breaks_at_that_block() -> None:
+    """``_shed_from_stale``: an entry the batch sheds from, standing after the first block
+    the library holds otherwise than the batch sent it (``TurnGraph.stale``), breaks the
+    prefix at that block when it changes: its rungs but last turn's carry that place
+    (``Rung.at``), so the solve prices the shed as sent. Entries before it, entries the
+    batch does not shed from and history are as they were; so is everything without a
+    stale block."""
+    from types import SimpleNamespace
+
+    from lamina.pipeline._budget.objective import _shed_from_stale
+
+    def unit(kind: str, key: str, previous: int | None = 0) -> _Unit:
+        return _Unit(kind, key, Ladder((Rung(80, 8.0), Rung(120, 9.0)), previous), ())
+
+    units = [
+        unit("library", "a"), unit("library", "b"), unit("library", "c"),
+        unit("library", "d"), unit("history", "h"), unit("item", "i", None),
+    ]  # fmt: skip
+    turn = SimpleNamespace(stale="b", sheds=("b", "c"))
+    out = _shed_from_stale(turn, units)  # type: ignore[arg-type]
+    assert [r.at for r in out[2].ladder.rungs] == [None, 1]  # c: breaks at b's place
+    assert out[0] == units[0] and out[1] == units[1]  # a, and b itself: their own places
+    assert out[3] == units[3]  # d: not shed from (a change settles the batch)
+    assert out[4:] == units[4:]
+    assert _shed_from_stale(SimpleNamespace(stale="", sheds=("c",)), units) == units  # type: ignore[arg-type]
