@@ -464,14 +464,17 @@ def _library_unit(
     return _Unit("library", entry.key, Ladder(tuple(rungs), 0), tuple(choices))
 
 
-def _limits(size: int, least: int, recoverable: bool) -> list[int]:
+def _limits(size: int, least: int, recoverable: bool, asked: Collection[int] = ()) -> list[int]:
     """An item's preview (or excerpt) limits, largest first: eighths of its ``size``, then
-    halving down to ``least``, and ``least`` itself for a recoverable item larger than it:
-    fine steps where the room is."""
+    halving down to ``least``, with the sizes a round fitted to the room (``asked``,
+    ``_sized``), and ``least`` itself for a recoverable item larger than it: fine steps
+    where the room is."""
     limits = sorted({size * k // _STEPS for k in range(_STEPS - 1, 0, -1)}, reverse=True)
     while limits and limits[-1] // 2 >= least:
         limits.append(limits[-1] // 2)
     limits = [limit for limit in limits if limit >= least]
+    if asked:
+        limits = sorted({*limits, *(x for x in asked if least <= x < size)}, reverse=True)
     if recoverable and (not limits or limits[-1] > least) and size > least:
         limits.append(least)
     return limits
@@ -524,12 +527,7 @@ def _item_unit(
     rungs = [Rung(top, adds(size))]
     recoverable = artifact.recoverable
     least = MIN_PREVIEW_TOKENS if recoverable else EXCERPT_MIN_TOKENS
-    limits = _limits(size, least, recoverable)
-    asked = extra.get(item.key)
-    if asked:  # sizes a round fitted to the room (``_sized``), among them
-        limits = sorted({*limits, *(x for x in asked if least <= x < size)}, reverse=True)
-        if recoverable and (not limits or limits[-1] > least) and size > least:
-            limits.append(least)
+    limits = _limits(size, least, recoverable, extra.get(item.key, ()))
     form = Form.PREVIEW if recoverable else Form.EXCERPT
     name, key, marks = str(form), item.key, item.marks
     for limit in limits:
@@ -1877,7 +1875,7 @@ class Solve:
         hulls: Hulls = {}  # the solves' hull steps, kept for the next round's
         over_share: int | None = None  # what the last share cut left beyond the share
         joining = False  # folds extend an earlier index: a new one's head is over the share
-        growth = sys.maxsize  # the best fit's least growth (``_least_growth``)
+        chosen: tuple[Sequence[_Unit], Sequence[int]] = ((), ())  # the best fit's choice
         while rounds < MAX_ROUNDS:
             ladders = [u.ladder for u in units]
             limit = math.floor((budget.limit - reserve) / (1.0 + budget.safety_margin))
@@ -1978,12 +1976,12 @@ class Solve:
             if refining:  # a fit leaves the next turn's room, in the text-free share
                 if over <= 0 and within and bare <= (over_share or 0):
                     best, fitted = (out, drafted, spent, decisions), short
-                    growth = _least_growth(units, choice)
+                    chosen = (units, choice)
                 else:
                     tight = short
             elif over <= 0:
                 best, fitted = (out, drafted, spent, decisions), short
-                growth = _least_growth(units, choice)
+                chosen = (units, choice)
                 lower = over_share is None or bare < over_share
                 if bare > 0 and lower and text_free > 0 and rounds < MAX_ROUNDS:
                     # An index's head the lines' shares did not cover: the share is cut
@@ -2028,7 +2026,7 @@ class Solve:
             # rounds last, so the room a fit leaves is used.
             if not refining or rounds >= MAX_ROUNDS or tight is None or best is None:
                 break
-            step = _next_short(fitted, tight, limit - best[2], growth)
+            step = _next_short(fitted, tight, limit - best[2], _least_growth(*chosen))
             if step is None:
                 break
             short = step
