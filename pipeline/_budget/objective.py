@@ -1872,7 +1872,7 @@ class Solve:
         rounds = overlaps = 0
         last = measured
         sized = False
-        hulls: Hulls = {}  # the solves' hull steps, kept for the next round's
+        hulls = Hulls()  # the solves' hull steps and sorted steps, kept for the next round's
         over_share: int | None = None  # what the last share cut left beyond the share
         joining = False  # folds extend an earlier index: a new one's head is over the share
         chosen: tuple[Sequence[_Unit], Sequence[int]] = ((), ())  # the best fit's choice

@@ -521,9 +521,16 @@ def _latest(ladders: Sequence[Ladder], prefix: Sequence[int], room: int) -> int:
     return len(prefix)
 
 
-Hulls = dict[tuple[Ladder, float, int], tuple[_Step, ...]]
-"""Hull steps by ladder, price and place: one budget stage's solves share them, since most
-ladders are the same, in the same place, from one round to the next."""
+@attrs.define
+class Hulls:
+    """What one budget stage's solves share, since most ladders are the same, in the same
+    place, from one round to the next: hull steps by ladder, price and place
+    (``steps``), and the last solve's ladders, their prices, the ladders left out (those
+    whose rungs join an earlier block) and the others' steps sorted (``last``), which the
+    next solve sorts again only where its ladders changed."""
+
+    steps: dict[tuple[Ladder, float, int], tuple[_Step, ...]] = attrs.Factory(dict)
+    last: tuple[tuple[Ladder, ...], Sequence[float], frozenset[int], list[_Step]] | None = None
 
 
 def _steps(
@@ -531,7 +538,7 @@ def _steps(
 ) -> tuple[_Step, ...]:
     """The hull steps of ``ladder`` (the ``j``-th), from its smallest rung up (found in
     ``hulls`` when made there before)."""
-    found = None if hulls is None else hulls.get((ladder, price, j))
+    found = None if hulls is None else hulls.steps.get((ladder, price, j))
     if found is None:
         steps: list[_Step] = []
         rungs, cap = ladder.rungs, _cap(ladder)
@@ -543,8 +550,41 @@ def _steps(
                 steps.append(_Step(-(gain / max(1, rb.tokens - ra.tokens)), j, b))
         found = tuple(steps)
         if hulls is not None:
-            hulls[ladder, price, j] = found
+            hulls.steps[ladder, price, j] = found
     return found
+
+
+def _sorted_steps(
+    ladders: Sequence[Ladder], prices: Sequence[float], joined: frozenset[int], hulls: Hulls | None
+) -> list[_Step]:
+    """The hull steps of every ladder but the ``joined``, best first: the last solve's
+    (``Hulls.last``) with those of the ladders or prices that changed since made again
+    (a few, from one round to the next), else all of them."""
+    n = len(ladders)
+    last = None if hulls is None else hulls.last
+    if hulls is not None and last is not None and len(last[0]) == n and last[2] == joined:
+        before, paid, _, steps = last
+        changed = {
+            j
+            for j in range(n)
+            if j not in joined and (ladders[j] is not before[j] or prices[j] != paid[j])
+        }
+        if len(changed) <= n // 2:
+            if changed:
+                steps = [s for s in steps if s.ladder not in changed]
+                steps += (
+                    s for j in sorted(changed) for s in _steps(ladders[j], prices[j], j, hulls)
+                )
+                steps.sort()  # a sorted run and a few new steps
+            hulls.last = (tuple(ladders), prices, joined, steps)
+            return steps
+    plain = [
+        s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j, hulls)
+    ]
+    plain.sort()
+    if hulls is not None:
+        hulls.last = (tuple(ladders), prices, joined, plain)
+    return plain
 
 
 def _priced(ladder: Ladder, b: int) -> Ladder:
@@ -600,11 +640,8 @@ def solve(
     latest = _latest(ladders, prefix, room)
     prices = [cache_price if at[j] < latest and not ladders[j].lasting else 0.0 for j in range(n)]
     joins = sorted({r.at for ladder in ladders for r in ladder.rungs if r.at is not None})
-    joined = {j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs)}
-    plain = [
-        s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j, hulls)
-    ]
-    plain.sort()
+    joined = frozenset(j for j, ladder in enumerate(ladders) if any(r.join for r in ladder.rungs))
+    plain = _sorted_steps(ladders, prices, joined, hulls)
     regimes: dict[tuple[bool, ...], tuple[list[Ladder], list[_Step]]] = {}
     variants: dict[tuple[int, tuple[bool, ...]], tuple[Ladder, tuple[_Step, ...]]] = {}
 
@@ -623,8 +660,7 @@ def solve(
                     variants[j, mine] = (ladder, _steps(ladder, prices[j], j))
                 priced[j], steps = variants[j, mine]
                 moving += steps
-            moving.sort()
-            regimes[key] = (priced, list(heapq.merge(plain, moving)))
+            regimes[key] = (priced, sorted([*plain, *moving]) if moving else plain)
         return regimes[key]
 
     start_used = sum(ladders[j].rungs[start[j]].tokens for j in range(n))

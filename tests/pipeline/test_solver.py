@@ -18,6 +18,7 @@ from lamina.pipeline._budget.solver import (
     Ladder,
     Rung,
     Solution,
+    _sorted_steps,
     scored,
     solve,
     topped,
@@ -463,13 +464,45 @@ def test_solves_sharing_their_hull_steps_choose_as_alone(
     """A budget stage's rounds share the ladders' hull steps (``Hulls``): each solve,
     the same ladders in another order and room first, chooses what it chooses alone."""
     ladders, room, price = case
-    hulls: Hulls = {}
+    hulls = Hulls()
     moved = ladders[::-1]
     first = solve(moved, other, cache_price=price, regret=regret, hulls=hulls)
     again = solve(ladders, room, cache_price=price, regret=regret, hulls=hulls)
     assert first == solve(moved, other, cache_price=price, regret=regret)
     assert again == solve(ladders, room, cache_price=price, regret=regret)
-    assert hulls or all(any(r.join for r in ladder.rungs) for ladder in ladders)
+    assert hulls.steps or all(any(r.join for r in ladder.rungs) for ladder in ladders)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ladders(), _ladders(), st.integers(0, 1500), st.data())
+def test_a_solve_after_another_sorts_again_only_the_ladders_that_changed(
+    case: tuple[list[Ladder], int, float],
+    more: tuple[list[Ladder], int, float],
+    other: int,
+    data: st.DataObject,
+) -> None:
+    """The next round's solve keeps the last one's sorted steps but those of the ladders
+    that changed (``Hulls.last``): the steps are those made afresh (the ladders joining
+    an earlier block left out), and it chooses what it chooses alone."""
+    ladders, room, price = case
+    ladders = ladders + more[0]  # two or more: one may change while the rest stay
+    n = len(ladders)
+    hulls = Hulls()
+    solve(ladders, other, cache_price=price, hulls=hulls)
+    j = data.draw(st.integers(0, n - 1))
+    old = ladders[j]
+    rungs = tuple(attrs.evolve(r, value=r.value * 2 + 1) for r in old.rungs)
+    changed = [*ladders[:j], Ladder(rungs, old.previous, old.lasting), *ladders[j + 1 :]]
+    assert solve(changed, room, cache_price=price, hulls=hulls) == solve(
+        changed, room, cache_price=price
+    )
+    prices = data.draw(st.lists(st.sampled_from([0.0, price]), min_size=n, max_size=n))
+    joined = frozenset(data.draw(st.sets(st.integers(0, n - 1), max_size=n // 2)))
+    _sorted_steps(ladders, prices, joined, hulls)
+    prices[j] = price + 1  # a change of price alone is a change too
+    fresh = _sorted_steps(changed, prices, joined, None)
+    assert _sorted_steps(changed, prices, joined, hulls) == fresh
+    assert not any(s.ladder in joined for s in fresh)
 
 
 @pytest.mark.parametrize(("window", "reserve"), [(6000, 1500), (3000, 400)])
