@@ -530,7 +530,7 @@ class Hulls:
     next solve sorts again only where its ladders changed."""
 
     steps: dict[tuple[Ladder, float, int], tuple[_Step, ...]] = attrs.Factory(dict)
-    last: tuple[tuple[Ladder, ...], Sequence[float], frozenset[int], list[_Step]] | None = None
+    last: tuple[tuple[Ladder, ...], tuple[float, ...], frozenset[int], list[_Step]] | None = None
 
 
 def _steps(
@@ -576,14 +576,14 @@ def _sorted_steps(
                     s for j in sorted(changed) for s in _steps(ladders[j], prices[j], j, hulls)
                 )
                 steps.sort()  # a sorted run and a few new steps
-            hulls.last = (tuple(ladders), prices, joined, steps)
+            hulls.last = (tuple(ladders), tuple(prices), joined, steps)
             return steps
     plain = [
         s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j, hulls)
     ]
     plain.sort()
     if hulls is not None:
-        hulls.last = (tuple(ladders), prices, joined, plain)
+        hulls.last = (tuple(ladders), tuple(prices), joined, plain)
     return plain
 
 

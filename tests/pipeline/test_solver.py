@@ -499,9 +499,10 @@ def test_a_solve_after_another_sorts_again_only_the_ladders_that_changed(
     prices = data.draw(st.lists(st.sampled_from([0.0, price]), min_size=n, max_size=n))
     joined = frozenset(data.draw(st.sets(st.integers(0, n - 1), max_size=n // 2)))
     _sorted_steps(ladders, prices, joined, hulls)
-    prices[j] = price + 1  # a change of price alone is a change too
-    fresh = _sorted_steps(changed, prices, joined, None)
-    assert _sorted_steps(changed, prices, joined, hulls) == fresh
+    moved = list(prices)
+    moved[data.draw(st.integers(0, n - 1))] = price + 1  # a price changed alone is a change
+    fresh = _sorted_steps(changed, moved, joined, None)
+    assert _sorted_steps(changed, moved, joined, hulls) == fresh
     assert not any(s.ladder in joined for s in fresh)
 
 
