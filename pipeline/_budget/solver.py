@@ -561,30 +561,29 @@ def _sorted_steps(
     (``Hulls.last``) with those of the ladders or prices that changed since made again
     (a few, from one round to the next), else all of them."""
     n = len(ladders)
+    steps: list[_Step] | None = None
     last = None if hulls is None else hulls.last
-    if hulls is not None and last is not None and len(last[0]) == n and last[2] == joined:
-        before, paid, _, steps = last
+    if last is not None and len(last[0]) == n and last[2] == joined:
+        before, paid, _, kept = last
         changed = {
             j
             for j in range(n)
             if j not in joined and (ladders[j] is not before[j] or prices[j] != paid[j])
         }
-        if len(changed) <= n // 2:
-            if changed:
-                steps = [s for s in steps if s.ladder not in changed]
-                steps += (
-                    s for j in sorted(changed) for s in _steps(ladders[j], prices[j], j, hulls)
-                )
-                steps.sort()  # a sorted run and a few new steps
-            hulls.last = (tuple(ladders), tuple(prices), joined, steps)
-            return steps
-    plain = [
-        s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j, hulls)
-    ]
-    plain.sort()
+        if not changed:
+            steps = kept
+        elif len(changed) <= n // 2:
+            steps = [s for s in kept if s.ladder not in changed]
+            steps += (s for j in sorted(changed) for s in _steps(ladders[j], prices[j], j, hulls))
+            steps.sort()  # a sorted run and a few new steps
+    if steps is None:
+        steps = [
+            s for j in range(n) if j not in joined for s in _steps(ladders[j], prices[j], j, hulls)
+        ]
+        steps.sort()
     if hulls is not None:
-        hulls.last = (tuple(ladders), tuple(prices), joined, plain)
-    return plain
+        hulls.last = (tuple(ladders), tuple(prices), joined, steps)
+    return steps
 
 
 def _priced(ladder: Ladder, b: int) -> Ladder:
