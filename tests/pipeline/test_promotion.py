@@ -11,7 +11,7 @@ import pytest
 
 from lamina import Conversation
 from lamina.pipeline import Budget, Library
-from lamina.pipeline._turn.promotion import Promotion
+from lamina.pipeline._turn.promotion import Promotion, _worker
 from lamina.pipeline.errors import ArgumentError, StageError
 from tests.forked import in_forked_child
 
@@ -57,8 +57,13 @@ def test_a_turn_returns_before_its_promotion_is_made() -> None:
         made.append(1)
         return Library()
 
+    # The one worker is held until released by a job that is not a promotion's step: a
+    # make holds the step lock (``promotion._step``), so with the blocker's make under
+    # way the queued one would wait for it, and the worker winning the race to start it
+    # failed this test on a loaded machine ([1, 2]).
+    gate = _worker().submit(release.wait, 10)
     blocker = Promotion(make)
-    blocker.start()  # occupies the one worker until released
+    blocker.start()  # queued behind the gate until released
     queued = Promotion(lambda: made.append(2) or Library())  # type: ignore[func-returns-value]
     queued.start()
     assert made == []
@@ -66,6 +71,7 @@ def test_a_turn_returns_before_its_promotion_is_made() -> None:
     assert queued.result() == Library()
     assert made == [2]
     release.set()
+    assert gate.result(10)
     assert blocker.result() == Library()
     assert made == [2, 1]
     assert blocker.result() == Library() and made == [2, 1]
